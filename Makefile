@@ -1,0 +1,45 @@
+# Every target creates/refreshes the virtualenv first: a fresh clone needs only Python 3.11.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SOURCE_ROOTS := libs/hashing services/ingest services/index services/gateway tools proto/gen
+
+.PHONY: venv test lint typecheck unit up proto proto-check bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	# compat mode puts only the repo root on sys.path: add every source root so the
+	# cortex.* namespace spans them and new packages need no reinstall.
+	printf '%s\n' $(addprefix $(CURDIR)/,$(SOURCE_ROOTS)) > $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/cortex-source-roots.pth
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+
+typecheck: venv
+	$(BIN)/mypy libs/hashing/cortex services/ingest/cortex/ingest/codec.py
+
+unit: venv
+	$(BIN)/pytest
+
+## The README's test command: lint, types, generated-code drift, the whole suite.
+test: venv lint typecheck
+	$(BIN)/pytest
+
+## The README's dev-cluster command.
+up: venv
+	$(BIN)/cortex up $(ARGS)
+
+proto: venv
+	$(BIN)/python tools/gen_proto.py
+
+proto-check: venv
+	$(BIN)/python tools/gen_proto.py --check
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

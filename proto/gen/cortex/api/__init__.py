@@ -1,0 +1,1 @@
+"""Generated gRPC contracts (betterproto for grpclib). Regenerate with `make proto`."""

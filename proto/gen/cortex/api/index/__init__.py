@@ -1,0 +1,1 @@
+"""Generated: cortex.index.v1."""

@@ -1,0 +1,13 @@
+"""Process and port helpers shared by the test suite, the dev-cluster launcher and benchmarks.
+
+Nothing here sleeps for a fixed time: every wait polls a condition until a deadline.
+"""
+
+from cortex.testing.procs import (
+    RedisServer,
+    free_port,
+    wait_until,
+    wait_until_async,
+)
+
+__all__ = ["RedisServer", "free_port", "wait_until", "wait_until_async"]

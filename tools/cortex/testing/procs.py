@@ -1,0 +1,141 @@
+"""Free ports, bounded waits and a private ``redis-server``."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["RedisServer", "free_port", "wait_until", "wait_until_async"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read, release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> None:
+    """Poll ``predicate`` until it is true; ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate!r}")
+        time.sleep(interval)
+
+
+async def wait_until_async(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
+) -> None:
+    """Async twin of :func:`wait_until`; ``predicate`` may be a coroutine function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate!r}")
+        await asyncio.sleep(interval)
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A private, non-persistent ``redis-server`` on a free loopback port.
+
+    Use as a context manager; ``url`` is ready once ``__enter__`` returns.
+    ``stop()``/``start()`` let tests simulate an outage on the same port.
+    """
+
+    def __init__(self, port: int | None = None, binary: str = "redis-server") -> None:
+        path = shutil.which(binary)
+        if path is None:
+            raise FileNotFoundError(
+                f"{binary!r} not found on PATH: install it (Debian: apt-get install redis-server)"
+            )
+        self.binary = path
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="cortex-redis-")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        log = Path(self._dir.name, "redis.log")
+        self._proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", self.host,
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", self._dir.name,
+                "--logfile", str(log),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        proc = self._proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"redis-server exited with {proc.returncode}: {tail}")
+            return _port_open(self.host, self.port)
+
+        wait_until(up, timeout, what=f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+    def __repr__(self) -> str:
+        state = "running" if self._proc is not None and self._proc.poll() is None else "stopped"
+        return f"RedisServer(port={self.port}, {state})"
