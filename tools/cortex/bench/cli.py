@@ -1,0 +1,38 @@
+"""``cortex bench``: benchmark tools, each writing a markdown report.
+
+Every benchmark module exposes ``register(bench_subparsers)``. They are imported
+only when ``cortex bench`` runs; a benchmark whose module is absent is listed as
+unavailable instead of breaking the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# benchmark name -> module that registers it
+BENCHMARKS: dict[str, str] = {
+    "hashing": "cortex.bench.hashing",
+    "wire": "cortex.bench.wire",
+    "index": "cortex.bench.index",
+    "ingest": "cortex.bench.ingest",
+    "sim": "cortex.bench.sim",
+    "overhead": "cortex.bench.overhead",
+    "routing": "cortex.bench.routing",
+}
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark and write its report")
+    bench_sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, module_name in BENCHMARKS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            bench_sub.add_parser(name, help="(not available in this build)")
+            continue
+        module.register(bench_sub)
+
