@@ -1,0 +1,175 @@
+"""The admin API, behind ``Authorization: Bearer <server.admin_token>``.
+
+* ``GET /admin/workers`` — every worker in the pool with health, breaker, load and ledger;
+* ``POST /admin/workers`` — register a worker (a registry spec object), ``201``;
+* ``DELETE /admin/workers/{id}`` — deregister it;
+* ``POST /admin/explain`` — the routing decision for a request body, without sending it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
+from cortex.gateway.http import Request, send_json
+from cortex.gateway.payload import Endpoint, parse_body, parse_request
+from cortex.gateway.pool import WorkerState
+from cortex.gateway.runtime import Gateway
+from cortex.gateway.types import Send
+from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec
+
+__all__ = ["AdminHandler"]
+
+_ENDPOINTS = {"chat": Endpoint.CHAT, "completions": Endpoint.COMPLETIONS,
+              "generate": Endpoint.GENERATE}
+
+
+def _worker_json(w: WorkerState, now: float, stale_after_s: float) -> dict[str, Any]:
+    load = w.fresh_engine_load(now, stale_after_s)
+    return {
+        "id": w.id,
+        "url": w.spec.url,
+        "engine": w.spec.engine.value,
+        "role": w.spec.role.value,
+        "model": w.spec.model,
+        "health": w.health.value,
+        "last_probe_error": w.last_probe_error,
+        "breaker": w.breaker.state.value,
+        "routable": w.routable(),
+        "inflight": w.inflight,
+        "engine_running": load.running if load else None,
+        "engine_waiting": load.waiting if load else None,
+        "ledger": w.ledger.value,
+        "spec": w.spec.to_dict(),
+    }
+
+
+class AdminHandler:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self._token = (gateway.config.server.admin_token or "").encode()
+
+    def _authorize(self, request: Request) -> None:
+        if not self._token:
+            raise GatewayError("the admin API is disabled (no admin token configured)",
+                               code=ErrorCode.ADMIN_DISABLED, status=403)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                 self._token):
+            raise GatewayError("missing or wrong admin bearer token",
+                               code=ErrorCode.UNAUTHORIZED, status=401)
+
+    async def __call__(self, request: Request, send: Send) -> None:
+        self._authorize(request)
+        path, method = request.path, request.method
+        if path == "/admin/workers" and method == "GET":
+            await self.list_workers(send)
+        elif path == "/admin/workers" and method == "POST":
+            await self.add_worker(request, send)
+        elif path.startswith("/admin/workers/") and method == "DELETE":
+            await self.remove_worker(path.removeprefix("/admin/workers/"), send)
+        elif path == "/admin/explain" and method == "POST":
+            await self.explain(request, send)
+        elif path in ("/admin/workers", "/admin/explain") or path.startswith("/admin/workers/"):
+            raise GatewayError(f"method {method} not allowed here",
+                               code=ErrorCode.METHOD_NOT_ALLOWED, status=405)
+        else:
+            raise GatewayError("no such admin endpoint", code=ErrorCode.NOT_FOUND, status=404)
+
+    async def list_workers(self, send: Send) -> None:
+        now = time.monotonic()
+        stale = self.gw.config.routing.load_stale_after_s
+        watcher = self.gw.watcher
+        await send_json(send, 200, {
+            "registry": watcher.health.value if watcher else "unknown",
+            "workers": [_worker_json(w, now, stale) for w in self.gw.pool],
+        })
+
+    async def add_worker(self, request: Request, send: Send) -> None:
+        body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
+        try:
+            spec = WorkerSpec.from_dict(body)
+        except SpecError as exc:
+            raise ClientError(f"invalid worker spec: {exc}") from None
+        try:
+            await self.gw.registry.register(spec, self.gw.config.registry.lease_ttl_s)
+        except RegistryUnavailable:
+            raise ServiceUnavailable("the worker registry is unreachable",
+                                     code=ErrorCode.REGISTRY_UNAVAILABLE) from None
+        if self.gw.watcher is not None:
+            self.gw.watcher.poke()
+        await send_json(send, 201, {"worker": spec.to_dict()})
+
+    async def remove_worker(self, worker_id: str, send: Send) -> None:
+        try:
+            found = await self.gw.registry.deregister(worker_id)
+        except RegistryUnavailable:
+            raise ServiceUnavailable("the worker registry is unreachable",
+                                     code=ErrorCode.REGISTRY_UNAVAILABLE) from None
+        if not found:
+            raise GatewayError(f"no worker '{worker_id}'", code=ErrorCode.WORKER_NOT_FOUND,
+                               status=404)
+        if self.gw.watcher is not None:
+            self.gw.watcher.poke()
+        await send_json(send, 200, {"removed": worker_id})
+
+    async def explain(self, request: Request, send: Send) -> None:
+        """Body: the inference request; endpoint from ``?endpoint=chat|completions|generate``,
+        else inferred (``messages`` → chat, ``prompt`` → completions, else generate)."""
+        body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
+        query = dict(p.partition("=")[::2] for p in request.query.decode().split("&") if p)
+        name = query.get("endpoint")
+        if name is not None:
+            if name not in _ENDPOINTS:
+                raise ClientError(f"endpoint must be one of {sorted(_ENDPOINTS)}",
+                                  param="endpoint")
+            endpoint = _ENDPOINTS[name]
+        else:
+            endpoint = (Endpoint.CHAT if "messages" in body
+                        else Endpoint.COMPLETIONS if "prompt" in body else Endpoint.GENERATE)
+        req = parse_request(endpoint, body, self.gw.config)
+        router = self.gw.router
+        assert router is not None
+        deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s
+        routed = await router.route(req, deadline, record=False)
+        decision = routed.decision
+        t = routed.timings
+        await send_json(send, 200, {
+            "model": req.model.name,
+            "endpoint": endpoint.value,
+            "prompt_tokens": routed.prompt_tokens,
+            "block_size": req.model.block_size,
+            "block_keys": len(routed.keys),
+            "query_blocks": routed.query_blocks,
+            "match_source": routed.match_source,
+            "index_version": routed.index_version,
+            "decision": {
+                "mode": decision.mode.value,
+                "reason": decision.reason.value,
+                "worker": decision.chosen.worker_id,
+                "hit_tokens": decision.hit_tokens,
+            },
+            "candidates": [
+                {
+                    "worker": s.worker_id,
+                    "rank": rank,
+                    "ledger": s.candidate.ledger.value,
+                    "index_tokens": s.candidate.index_tokens,
+                    "predicted_tokens": s.candidate.predicted_tokens,
+                    "matched_tokens": s.credited_tokens,
+                    "credit_note": s.note or None,
+                    "active": s.candidate.active,
+                    "inflight": s.candidate.inflight,
+                    "engine_running": s.candidate.engine_running,
+                    "engine_waiting": s.candidate.engine_waiting,
+                    "high_watermark": s.candidate.high_watermark,
+                    "score": s.score,
+                }
+                for rank, s in enumerate(decision.ranked)
+            ],
+            "timings_ms": {"tokenize": t.tokenize * 1e3, "hash": t.hash * 1e3,
+                           "match": t.match * 1e3, "score": t.score * 1e3,
+                           "total": t.total * 1e3},
+        })

@@ -1,0 +1,120 @@
+"""The ASGI application: one lifespan owns the :class:`Gateway`; a flat table routes paths.
+
+Unknown paths answer 404, known paths with another method 405, both as OpenAI error
+objects. An unexpected exception becomes a 500 ``internal_error`` without details (they go
+to the log with the request id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from cortex.gateway.admin import AdminHandler
+from cortex.gateway.config import GatewayConfig
+from cortex.gateway.errors import ErrorCode, GatewayError
+from cortex.gateway.http import Request, send_error
+from cortex.gateway.inference import InferenceHandler, request_id_of
+from cortex.gateway.ops import OpsHandler
+from cortex.gateway.payload import Endpoint
+from cortex.gateway.runtime import Gateway
+from cortex.gateway.types import Receive, Scope, Send
+from cortex.registry import Registry
+
+__all__ = ["GatewayApp"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request, Send], Awaitable[None]]
+
+
+class GatewayApp:
+    """``GatewayApp(config)`` is the ASGI callable hypercorn serves."""
+
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+        self.config = config
+        self._registry = registry
+        self.gateway: Gateway | None = None
+        self.started = asyncio.Event()  # set once startup completed
+        self._routes: dict[str, dict[str, Handler]] = {}
+
+    def _build_routes(self, gw: Gateway) -> None:
+        inference = InferenceHandler(gw)
+        ops = OpsHandler(gw)
+        admin = AdminHandler(gw)
+
+        def infer(endpoint: Endpoint) -> Handler:
+            async def handle(request: Request, send: Send) -> None:
+                await inference(request, send, endpoint)
+            return handle
+
+        self._routes = {
+            Endpoint.CHAT.value: {"POST": infer(Endpoint.CHAT)},
+            Endpoint.COMPLETIONS.value: {"POST": infer(Endpoint.COMPLETIONS)},
+            Endpoint.GENERATE.value: {"POST": infer(Endpoint.GENERATE)},
+            "/v1/models": {"GET": lambda r, s: ops.models(s)},
+            "/health/live": {"GET": lambda r, s: ops.live(s)},
+            "/health/ready": {"GET": lambda r, s: ops.ready(s)},
+            "/metrics": {"GET": lambda r, s: ops.metrics(s)},
+        }
+        self._admin = admin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        gateway = Gateway(self.config, registry=self._registry)
+        try:
+            await gateway.__aenter__()
+        except Exception as exc:
+            log.exception("gateway startup failed")
+            await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+            return
+        self.gateway = gateway
+        self._build_routes(gateway)
+        await send({"type": "lifespan.startup.complete"})
+        self.started.set()
+        try:
+            message = await receive()
+            assert message["type"] == "lifespan.shutdown"
+        finally:
+            self.gateway = None
+            await gateway.__aexit__(None, None, None)
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            if self.gateway is None:
+                raise GatewayError("the gateway is not running", code=ErrorCode.SHUTTING_DOWN,
+                                   status=503)
+            if request.path.startswith("/admin/"):
+                await self._admin(request, send)
+                return
+            methods = self._routes.get(request.path)
+            if methods is None:
+                raise GatewayError(f"no route for {request.path}", code=ErrorCode.NOT_FOUND,
+                                   status=404)
+            handler = methods.get(request.method)
+            if handler is None:
+                raise GatewayError(f"method {request.method} not allowed on {request.path}",
+                                   code=ErrorCode.METHOD_NOT_ALLOWED, status=405)
+            await handler(request, send)
+        except GatewayError as exc:
+            await send_error(send, exc, [(b"x-request-id", request_id_of(request).encode())])
+        except Exception:
+            request_id = request_id_of(request)
+            log.exception("unhandled error request_id=%s path=%s", request_id, request.path,
+                          extra={"request_id": request_id})
+            await send_error(send, GatewayError("internal error"),
+                             [(b"x-request-id", request_id.encode())])
+
+    def __repr__(self) -> str:
+        return f"GatewayApp(running={self.gateway is not None})"

@@ -1,0 +1,89 @@
+"""``cortex gateway``: run the gateway until SIGINT/SIGTERM.
+
+Configuration comes from ``--config`` (TOML or JSON; default ``$CORTEX_GATEWAY_CONFIG``) and
+``CORTEX_GATEWAY_*`` environment variables (see :mod:`cortex.gateway.config`); ``--host`` and
+``--port`` override the file. Exit codes: 0 clean stop, 2 bad configuration, 1 start failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+_FIELDS = ("worker", "request_id", "mode")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the structured fields (worker, request id, mode)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for name in _FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser("gateway", help="run the OpenAI-compatible gateway")
+    parser.add_argument("--config", help="config file (.toml or .json)")
+    parser.add_argument("--host", help="listen address (overrides server.host)")
+    parser.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cortex.gateway.config import load_config
+    from cortex.gateway.errors import ConfigError
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    env = dict(os.environ)
+    if args.host:
+        env["CORTEX_GATEWAY_SERVER_HOST"] = args.host
+    if args.port is not None:
+        env["CORTEX_GATEWAY_SERVER_PORT"] = str(args.port)
+    try:
+        config = load_config(args.config, env)
+    except ConfigError as exc:
+        print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(config))
+    except RuntimeError as exc:
+        logging.getLogger("cortex.gateway").error("gateway failed: %s (%r)", exc, exc.__cause__)
+        return 1
+    return 0
+
+
+async def _serve(config: Any) -> None:
+    from cortex.gateway.server import GatewayServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with GatewayServer(config) as server:
+        logging.getLogger("cortex.gateway").info("gateway listening on %s", server.url)
+        await stop.wait()

@@ -1,0 +1,426 @@
+"""The gateway's one configuration object: frozen, validated on creation, built at the edge.
+
+Sources, later wins: built-in defaults → a TOML or JSON file → environment variables.
+Every scalar of a section is settable as ``CORTEX_GATEWAY_<SECTION>_<FIELD>`` (e.g.
+``CORTEX_GATEWAY_SERVER_PORT=8080``, ``CORTEX_GATEWAY_ROUTING_ALPHA=1.5``,
+``CORTEX_GATEWAY_INDEX_TARGETS=10.0.0.5:50051,10.0.0.6:50051``); the model and worker
+lists come from the file, or as JSON in ``CORTEX_GATEWAY_MODELS`` / ``CORTEX_GATEWAY_WORKERS``.
+Only :func:`load_config` reads the environment. Unknown keys are errors (typos must not pass
+silently); every error names the offending key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+from cortex.gateway.errors import ConfigError
+from cortex.hashing import Engine, HashDomain
+from cortex.registry.errors import SpecError
+from cortex.registry.spec import WorkerSpec
+
+__all__ = [
+    "BreakerConfig",
+    "GatewayConfig",
+    "HealthConfig",
+    "IndexConfig",
+    "LoadConfig",
+    "ModelConfig",
+    "RegistryConfig",
+    "RoutingConfig",
+    "RoutingWeights",
+    "ServerConfig",
+    "UpstreamConfig",
+    "load_config",
+]
+
+ENV_PREFIX = "CORTEX_GATEWAY_"
+
+
+def _positive(section: str, **values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ConfigError(f"{section}.{name}: must be > 0, got {value!r}")
+
+
+def _non_negative(section: str, **values: float) -> None:
+    for name, value in values.items():
+        if value < 0:
+            raise ConfigError(f"{section}.{name}: must be >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The HTTP listener. ``admin_token`` unset disables the admin API."""
+
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_body_bytes: int = 16 * 1024 * 1024
+    admin_token: str | None = field(default=None, repr=False)
+    graceful_timeout_s: float = 10.0
+    keep_alive_timeout_s: float = 75.0
+    backlog: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
+        _positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
+                  keep_alive_timeout_s=self.keep_alive_timeout_s)
+        _non_negative("server", graceful_timeout_s=self.graceful_timeout_s)
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ConfigError("server.admin_token: must be at least 16 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One served model: how to produce exactly the tokens its engines see.
+
+    ``tokenizer``: a ``tokenizer.json`` (or its directory); ``None`` = the default DeepSeek
+    tokenizer. ``chat_template``: a Jinja file (or ``tokenizer_config.json``); ``None`` = the
+    tokenizer directory's template, else the default. ``block_size`` (tokens) and ``engine``
+    with ``hash_model`` (defaults to ``name``) form the hash domain. ``max_prompt_tokens``
+    rejects longer prompts with a 400. ``reports_cached_tokens``: the engines run with cache
+    reporting on, so a usage without ``cached_tokens`` means 0 (truth check).
+    """
+
+    name: str
+    engine: Engine = Engine.SGLANG
+    block_size: int = 16
+    tokenizer: Path | None = None
+    chat_template: Path | None = None
+    hash_model: str | None = None
+    max_prompt_tokens: int | None = None
+    tokenize_cache_tokens: int = 1_000_000
+    reports_cached_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError("models[].name: must be a non-empty string")
+        where = f"models[{self.name}]"
+        try:
+            object.__setattr__(self, "engine", Engine(self.engine))
+        except ValueError:
+            raise ConfigError(f"{where}.engine: must be one of sglang, vllm") from None
+        _positive(where, block_size=self.block_size)
+        _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens)
+        if self.max_prompt_tokens is not None:
+            _positive(where, max_prompt_tokens=self.max_prompt_tokens)
+        for name in ("tokenizer", "chat_template"):
+            value = getattr(self, name)
+            if value is not None:
+                path = Path(value)
+                if not path.exists():
+                    raise ConfigError(f"{where}.{name}: {path} does not exist")
+                object.__setattr__(self, name, path)
+
+    @property
+    def domain(self) -> HashDomain:
+        """The hash domain (model + block size + engine kind) this model's keys live in."""
+        return HashDomain(self.hash_model or self.name, self.block_size, self.engine)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingWeights:
+    """``score(w) = alpha*credited_tokens - beta*active_requests - gamma*queued_requests``.
+
+    ``alpha`` per cached prompt token, ``beta`` per request running on the worker (the
+    larger of the gateway's own in-flight count and the engine's running count), ``gamma``
+    per request waiting in the engine's queue (the engine-reported proxy of queue delay).
+    """
+
+    alpha: float = 1.0
+    beta: float = 64.0
+    gamma: float = 128.0
+
+    def __post_init__(self) -> None:
+        _non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """Scoring and the caches in front of the index.
+
+    ``high_watermark``: active requests at or above which a worker gets no cache credit
+    (``watermarks`` overrides it per worker id; a worker label ``cortex/high-watermark``
+    too). ``predicted_ttl_s``: how long a routed request's blocks are credited to the chosen
+    worker. ``hot_cache_staleness_ms``: the oldest index answer reused without a round trip.
+    ``load_stale_after_s``: engine load older than this counts as missing.
+    """
+
+    weights: RoutingWeights = field(default_factory=RoutingWeights)
+    high_watermark: int = 64
+    watermarks: Mapping[str, int] = field(default_factory=dict)
+    predicted_ttl_s: float = 2.0
+    predicted_max_keys: int = 1_000_000
+    hot_cache_staleness_ms: float = 250.0
+    hot_cache_max_entries: int = 8192
+    load_stale_after_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive("routing", high_watermark=self.high_watermark,
+                  predicted_max_keys=self.predicted_max_keys,
+                  load_stale_after_s=self.load_stale_after_s)
+        _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s,
+                      hot_cache_staleness_ms=self.hot_cache_staleness_ms,
+                      hot_cache_max_entries=self.hot_cache_max_entries)
+        for worker, mark in self.watermarks.items():
+            if not isinstance(mark, int) or mark < 1:
+                raise ConfigError(f"routing.watermarks.{worker}: must be an integer >= 1")
+        object.__setattr__(self, "watermarks", types.MappingProxyType(dict(self.watermarks)))
+
+
+@dataclass(frozen=True, slots=True)
+class IndexConfig:
+    """Index replicas (``host:port``) and how long a Match may take. Empty = no index."""
+
+    targets: tuple[str, ...] = ()
+    match_timeout_ms: float = 100.0
+    retry_after_ms: float = 1000.0
+    workers_poll_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive("index", match_timeout_ms=self.match_timeout_ms,
+                  retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s)
+        for target in self.targets:
+            host, _, port = target.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"index.targets: {target!r} is not host:port")
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    """Worker registry. ``redis_url`` unset = an in-process registry (single gateway)."""
+
+    redis_url: str | None = None
+    lease_ttl_s: float = 10.0
+    poll_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("registry", lease_ttl_s=self.lease_ttl_s, poll_interval_s=self.poll_interval_s)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """Worker health probes; each success renews the worker's registry lease."""
+
+    interval_s: float = 2.0
+    timeout_s: float = 2.0
+    unhealthy_after: int = 2
+    healthy_after: int = 1
+
+    def __post_init__(self) -> None:
+        _positive("health", interval_s=self.interval_s, timeout_s=self.timeout_s,
+                  unhealthy_after=self.unhealthy_after, healthy_after=self.healthy_after)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Per-worker circuit breaker: ``failures`` within ``window_s`` open it for ``open_s``,
+    then ``half_open_successes`` consecutive successes close it."""
+
+    failures: int = 5
+    window_s: float = 30.0
+    open_s: float = 10.0
+    half_open_successes: int = 2
+
+    def __post_init__(self) -> None:
+        _positive("breaker", failures=self.failures, window_s=self.window_s, open_s=self.open_s,
+                  half_open_successes=self.half_open_successes)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    """Engine load polling (SGLang ``/v1/loads`` | ``/get_load``, vLLM ``/metrics``)."""
+
+    poll_interval_s: float = 0.5
+    timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("load", poll_interval_s=self.poll_interval_s, timeout_s=self.timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """Calls to workers. ``request_timeout_s`` bounds a whole request (routing included);
+    ``max_attempts`` counts the first try; only failures before the first byte retry."""
+
+    connect_timeout_s: float = 3.0
+    request_timeout_s: float = 600.0
+    max_attempts: int = 3
+    max_connections: int = 0
+    retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504)
+
+    def __post_init__(self) -> None:
+        _positive("upstream", connect_timeout_s=self.connect_timeout_s,
+                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts)
+        _non_negative("upstream", max_connections=self.max_connections)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything the gateway needs, validated. Build it with :func:`load_config` or
+    :meth:`from_mapping`; pass it down, never re-read the environment."""
+
+    models: tuple[ModelConfig, ...]
+    server: ServerConfig = field(default_factory=ServerConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    workers: tuple[WorkerSpec, ...] = ()
+    gateway_id: str = "gateway"
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("models: at least one served model is required")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"models: duplicate model names in {names}")
+        ids = [w.id for w in self.workers]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"workers: duplicate worker ids in {ids}")
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> GatewayConfig:
+        """Build from a decoded file (TOML/JSON layout); raises :class:`ConfigError`."""
+        config: GatewayConfig = _build(cls, data, "")
+        return config
+
+
+# ---- building dataclasses from plain data, with key-naming errors ----
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = [a for a in get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(value, options[0], where)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: must be a table/object")
+        return _build(hint, value, where)
+    if hint is WorkerSpec:
+        try:
+            return value if isinstance(value, WorkerSpec) else WorkerSpec.from_dict(value)
+        except SpecError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if origin is tuple:
+        item = get_args(hint)[0]
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: must be a list")
+        return tuple(_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict) or hint is Mapping:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: must be a table/object")
+        value_hint = get_args(hint)[1]
+        return {str(k): _convert(v, value_hint, f"{where}.{k}") for k, v in value.items()}
+    if hint is bool:
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false",
+                                                         "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: must be true or false, got {value!r}")
+        return value
+    if hint is int or hint is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: must be a number, got {value!r}")
+        try:
+            number = hint(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: must be a number, got {value!r}") from None
+        if hint is int and isinstance(value, float) and number != value:
+            raise ConfigError(f"{where}: must be an integer, got {value!r}")
+        return number
+    if hint is str or hint is Path or hint is Engine:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: must be a string, got {value!r}")
+        try:
+            return hint(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return value
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown key(s) {', '.join(unknown)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{where}.{name}" if where else name
+        kwargs[name] = _convert(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as exc:
+        raise ConfigError(f"{where or 'config'}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{where or 'config'}: {exc}") from None
+
+
+_SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream")
+
+
+def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for var, text in env.items():
+        if not var.startswith(ENV_PREFIX) or var == ENV_PREFIX + "CONFIG":
+            continue
+        rest = var[len(ENV_PREFIX):].lower()
+        if rest in ("models", "workers"):
+            try:
+                raw[rest] = json.loads(text)
+            except ValueError as exc:
+                raise ConfigError(f"{var}: not valid JSON: {exc}") from None
+            continue
+        if rest == "gateway_id":
+            raw["gateway_id"] = text
+            continue
+        section, _, name = rest.partition("_")
+        if section not in _SECTIONS or not name:
+            raise ConfigError(f"{var}: unknown setting")
+        table = raw.setdefault(section, {})
+        if section == "routing" and name in ("alpha", "beta", "gamma"):
+            table = table.setdefault("weights", {})
+        table[name] = text
+
+
+def load_config(path: Path | str | None, env: Mapping[str, str]) -> GatewayConfig:
+    """Read ``path`` (``.toml`` or ``.json``; ``None`` = ``$CORTEX_GATEWAY_CONFIG`` or
+    nothing), apply ``CORTEX_GATEWAY_*`` overrides from ``env``, validate."""
+    if path is None:
+        path = env.get(ENV_PREFIX + "CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+        try:
+            raw = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+    _env_overrides(raw, env)
+    if "models" not in raw:
+        raise ConfigError("models: at least one served model is required")
+    return GatewayConfig.from_mapping(raw)

@@ -1,0 +1,182 @@
+"""Dispatch: run a routing decision against workers, up to the first byte.
+
+The one seam between routing and HTTP. Today a decision runs on one regular worker per
+attempt; prefill/decode pairs plug in here (a dispatcher that opens a pair and returns the
+decode leg as the :class:`Opened` response), leaving routing and streaming untouched.
+
+Failures before the first byte — connection refused, a retryable status, a timeout, a
+stream that ends before its first chunk — move the request to the next worker of the
+decision's ranking (at most ``max_attempts`` tries in all). A worker's in-flight count is
+held from the attempt until :meth:`Opened.close`, i.e. until its response stream ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from cortex.gateway.config import UpstreamConfig
+from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.payload import Endpoint, InferenceRequest
+from cortex.gateway.pool import WorkerPool, WorkerState
+from cortex.gateway.router import Routed, Router
+from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
+
+__all__ = ["Dispatcher", "Opened", "upstream_body"]
+
+log = logging.getLogger(__name__)
+
+
+def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
+    """The body to send: the client's bytes, or with ``stream_options.include_usage`` set
+    when the gateway needs the usage chunk the client did not ask for."""
+    if not req.stream or req.wants_usage or req.endpoint is Endpoint.GENERATE:
+        return raw
+    body = dict(req.body)
+    options = dict(body.get("stream_options") or {})
+    options["include_usage"] = True
+    body["stream_options"] = options
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@dataclass(eq=False)
+class Opened:
+    """A worker answered: its response, the body bytes already read (the first chunk of a
+    stream, or the whole body otherwise) and the in-flight slot to release."""
+
+    worker: WorkerState
+    response: UpstreamResponse
+    head: bytes
+    attempts: int
+    _metrics: GatewayMetrics = field(repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        """Release the connection and the worker's in-flight slot (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.response.close()
+        _release(self.worker, self._metrics)
+
+
+def _acquire(worker: WorkerState, metrics: GatewayMetrics) -> None:
+    worker.inflight += 1
+    metrics.worker_inflight.labels(worker=worker.id).set(worker.inflight)
+
+
+def _release(worker: WorkerState, metrics: GatewayMetrics) -> None:
+    worker.inflight -= 1
+    metrics.worker_inflight.labels(worker=worker.id).set(worker.inflight)
+
+
+class Dispatcher:
+    """Single-worker dispatch with bounded retries before the first byte."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        upstream: UpstreamClient,
+        router: Router,
+        config: UpstreamConfig,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.pool = pool
+        self.upstream = upstream
+        self.router = router
+        self.config = config
+        self.metrics = metrics
+
+    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
+                   ) -> Opened:
+        """Send to the decision's workers in order until one answers.
+
+        Raises :class:`UpstreamError` (502/504) when every attempt failed, and
+        :class:`ServiceUnavailable` when no ranked worker is routable any more. The caller's
+        deadline (``asyncio.timeout``) bounds the whole loop.
+        """
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        path = req.endpoint.value
+        last: UpstreamFailure | None = None
+        attempts = 0
+        for scored in routed.decision.ranked:
+            if attempts >= self.config.max_attempts:
+                break
+            worker = self.pool.get(scored.worker_id)
+            if worker is None or not worker.routable():
+                continue
+            if attempts:
+                self.metrics.retries.labels(reason=last.kind.value if last else "unknown").inc()
+            attempts += 1
+            opened = await self._attempt(worker, path, body, headers, req.stream, attempts)
+            if isinstance(opened, Opened):
+                self.router.commit(routed, worker.id)
+                return opened
+            last = opened
+            log.info("attempt failed worker=%s request_id=%s: %s", worker.id, request_id, opened,
+                     extra={"worker": worker.id, "request_id": request_id})
+        if last is None:
+            raise ServiceUnavailable("no available worker for this request")
+        if last.kind is FailureKind.TIMEOUT:
+            raise UpstreamError("the worker did not answer in time",
+                                code=ErrorCode.UPSTREAM_TIMEOUT, status=504)
+        raise UpstreamError("the worker failed to answer")
+
+    async def _attempt(
+        self,
+        worker: WorkerState,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        attempts: int,
+    ) -> Opened | UpstreamFailure:
+        breaker = worker.breaker
+        breaker.on_attempt()
+        _acquire(worker, self.metrics)
+        response: UpstreamResponse | None = None
+        try:
+            response = await self.upstream.post(worker.spec.url.rstrip("/") + path, body, headers)
+            if response.status in self.config.retry_statuses:
+                await response.read()
+                raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
+                                      response.status)
+            if response.status != 200 or not stream:
+                head = await response.read()
+            else:
+                head = b""
+                async for chunk in response.chunks():
+                    head = chunk
+                    break
+                if not head:
+                    raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
+        except UpstreamFailure as failure:
+            if response is not None:
+                response.close()
+            _release(worker, self.metrics)
+            self.metrics.upstream_errors.labels(worker=worker.id, kind=failure.kind.value).inc()
+            if failure.status == 429:
+                breaker.on_abandon()  # busy, not broken
+            else:
+                breaker.on_failure()
+            return failure
+        except BaseException:
+            # cancelled (client gone, deadline) or a bug: no verdict on the worker
+            if response is not None:
+                response.close()
+            _release(worker, self.metrics)
+            breaker.on_abandon()
+            raise
+        breaker.on_success()
+        return Opened(worker, response, head, attempts, self.metrics)
+
+    def failed_midstream(self, opened: Opened, failure: UpstreamFailure) -> None:
+        """The worker broke after the first byte: count it against the worker."""
+        opened.worker.breaker.on_failure()
+        self.metrics.upstream_errors.labels(worker=opened.worker.id,
+                                            kind=failure.kind.value).inc()
+
+    def __repr__(self) -> str:
+        return f"Dispatcher(max_attempts={self.config.max_attempts})"

@@ -1,0 +1,123 @@
+"""The gateway's exception hierarchy and the OpenAI error objects it answers with.
+
+Three families, grouped by who should react:
+
+* :class:`ClientError` — the request is wrong; the caller fixes it (4xx, nothing sent upstream).
+* :class:`ServiceUnavailable` — the gateway cannot serve it now (503); the caller retries later.
+* :class:`UpstreamError` — the chosen worker failed (502/504); routing already retried what
+  could be retried.
+
+Every error carries a stable ``code`` (clients and dashboards key on it) and a message written
+for the caller; internal details (exception text, worker URLs) never go into it.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+
+__all__ = [
+    "ClientError",
+    "ConfigError",
+    "ErrorCode",
+    "GatewayError",
+    "ServiceUnavailable",
+    "UpstreamError",
+    "error_body",
+]
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes of the ``error.code`` field."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    MODEL_NOT_FOUND = "model_not_found"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNAUTHORIZED = "unauthorized"
+    ADMIN_DISABLED = "admin_disabled"
+    WORKER_NOT_FOUND = "worker_not_found"
+    NO_AVAILABLE_WORKER = "no_available_worker"
+    REGISTRY_UNAVAILABLE = "registry_unavailable"
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_STREAM_ERROR = "upstream_stream_error"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL_ERROR = "internal_error"
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+}
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+    status: int = 500
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        status: int | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.code, self.param)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.status}, {self.code.value}, {self.message!r})"
+
+
+class ClientError(GatewayError):
+    """The request is invalid; the caller must change it. Never reaches a worker."""
+
+    status = 400
+    code = ErrorCode.INVALID_REQUEST
+
+
+class ServiceUnavailable(GatewayError):
+    """No worker can take the request right now (none live, all tripped, shutting down)."""
+
+    status = 503
+    code = ErrorCode.NO_AVAILABLE_WORKER
+
+
+class UpstreamError(GatewayError):
+    """The worker failed or timed out before answering; retries were exhausted."""
+
+    status = 502
+    code = ErrorCode.UPSTREAM_ERROR
+
+
+class ConfigError(GatewayError, ValueError):
+    """The configuration is invalid; raised at start-up with the offending key in the message."""
+
+
+def error_body(status: int, message: str, code: ErrorCode, param: str | None = None) -> bytes:
+    """An OpenAI-style error object: ``{"error": {message, type, param, code}}``."""
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return json.dumps(
+        {"error": {"message": message, "type": kind, "param": param, "code": code.value}}
+    ).encode()

@@ -1,0 +1,84 @@
+"""Minimal ASGI HTTP helpers: a request view with a bounded body reader, and responses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
+from cortex.gateway.types import Receive, Scope, Send
+
+__all__ = ["Headers", "Request", "send_bytes", "send_error", "send_json"]
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Request:
+    """An HTTP request: method, path, lower-cased headers and the body, read once."""
+
+    __slots__ = ("_receive", "headers", "method", "path", "query", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.scope = scope
+        self._receive = receive
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.query: bytes = scope.get("query_string", b"")
+        self.headers: dict[str, str] = {
+            k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+        }
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body; :class:`ClientError` (413) past ``limit`` bytes."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ClientError(f"request body over {limit} bytes",
+                              code=ErrorCode.REQUEST_TOO_LARGE, status=413)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise ClientError(f"request body over {limit} bytes",
+                                      code=ErrorCode.REQUEST_TOO_LARGE, status=413)
+                parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    @property
+    def receive(self) -> Receive:
+        return self._receive
+
+    def __repr__(self) -> str:
+        return f"Request({self.method} {self.path})"
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the request was answered."""
+
+
+def _headers(content_type: bytes, length: int, extra: Iterable[tuple[bytes, bytes]]) -> Headers:
+    return [(b"content-type", content_type), (b"content-length", str(length).encode()), *extra]
+
+
+async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
+                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": _headers(content_type, len(body), extra)})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_json(send: Send, status: int, obj: Any,
+                    extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    await send_bytes(send, status, json.dumps(obj).encode(), b"application/json", extra)
+
+
+async def send_error(send: Send, error: GatewayError,
+                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    await send_bytes(send, error.status, error.body(), b"application/json", extra)

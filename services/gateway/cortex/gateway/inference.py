@@ -1,0 +1,280 @@
+"""The inference endpoints: validate → route → dispatch → answer or stream back.
+
+Every response carries ``x-request-id`` (the client's, else a fresh one; sent upstream too)
+and the decision headers ``x-cortex-cache-hit-tokens``, ``x-cortex-assigned-worker``,
+``x-cortex-match-mode`` (``none`` / ``0`` when the request was rejected before routing).
+
+The exchange with the worker runs in its own task raced against ``http.disconnect``: a
+client that goes away cancels it, which closes the upstream connection (the engine aborts
+the generation) and frees the worker's in-flight slot. The request's deadline
+(``upstream.request_timeout_s``) bounds routing (the index Match) and the upstream call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from cortex.gateway.dispatch import Opened, upstream_body
+from cortex.gateway.errors import ErrorCode, GatewayError
+from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
+from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
+from cortex.gateway.router import Routed
+from cortex.gateway.runtime import Gateway
+from cortex.gateway.sse import SSEForwarder, cached_tokens_of, sse_error_event
+from cortex.gateway.types import Receive, Send
+from cortex.gateway.upstream import FailureKind, UpstreamFailure
+
+__all__ = ["InferenceHandler", "request_id_of"]
+
+log = logging.getLogger(__name__)
+
+_NOT_ROUTED: Headers = [
+    (b"x-cortex-cache-hit-tokens", b"0"),
+    (b"x-cortex-assigned-worker", b"none"),
+    (b"x-cortex-match-mode", b"none"),
+]
+_SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def request_id_of(request: Request) -> str:
+    """The client's ``x-request-id`` when sane, else a fresh one."""
+    given = request.headers.get("x-request-id", "")
+    if 0 < len(given) <= 128 and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class InferenceHandler:
+    """``POST /v1/chat/completions``, ``/v1/completions``, ``/generate``."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.metrics = gateway.metrics
+        self.config = gateway.config
+
+    async def __call__(self, request: Request, send: Send, endpoint: Endpoint) -> None:
+        started = time.perf_counter()
+        request_id = request_id_of(request)
+        base: Headers = [(b"x-request-id", request_id.encode())]
+        status = 200
+        self.metrics.inflight.inc()
+        try:
+            status = await self._handle(request, send, endpoint, request_id, base)
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(endpoint=endpoint.value, status=str(status)).inc()
+            self.metrics.request_seconds.labels(endpoint=endpoint.value).observe(
+                time.perf_counter() - started)
+
+    async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
+                      base: Headers) -> int:
+        deadline = time.monotonic() + self.config.upstream.request_timeout_s
+        router = self.gw.router
+        assert router is not None
+        try:
+            raw = await request.body(self.config.server.max_body_bytes)
+            req = parse_request(endpoint, parse_body(raw), self.config)
+            routed = await router.route(req, deadline)
+        except ClientDisconnected:
+            self.metrics.client_disconnects.inc()
+            return 499
+        except GatewayError as exc:
+            self.metrics.rejected.labels(code=exc.code.value).inc()
+            await send_error(send, exc, [*base, *_NOT_ROUTED])
+            return exc.status
+        decision = routed.decision
+        log.debug("routed request_id=%s worker=%s mode=%s reason=%s hit_tokens=%d",
+                  request_id, decision.chosen.worker_id, decision.mode.value,
+                  decision.reason.value, decision.hit_tokens,
+                  extra={"request_id": request_id, "worker": decision.chosen.worker_id,
+                         "mode": decision.mode.value})
+        body = upstream_body(req, raw)
+        exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline)
+        if await _race_disconnect(request.receive, exchange.run()):
+            self.metrics.client_disconnects.inc()
+            log.info("client disconnected request_id=%s worker=%s", request_id,
+                     exchange.worker_id, extra={"request_id": request_id,
+                                                "worker": exchange.worker_id})
+            return 499
+        return exchange.status
+
+
+async def _race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
+    """Run ``work`` until done or the client disconnects (then cancel it); ``True`` if the
+    client went away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if task.done():
+        task.result()
+        return False
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return True
+
+
+class _Exchange:
+    """One request's conversation with its worker(s), inside the disconnect race."""
+
+    def __init__(self, gw: Gateway, req: InferenceRequest, routed: Routed, body: bytes,
+                 request_id: str, base: Headers, send: Send, deadline: float) -> None:
+        self.gw = gw
+        self.req = req
+        self.routed = routed
+        self.body = body
+        self.request_id = request_id
+        self.base = base
+        self.send = send
+        self.deadline = deadline
+        self.status = 200
+        self.worker_id = routed.decision.chosen.worker_id
+
+    def _headers(self, opened: Opened | None) -> Headers:
+        decision = self.routed.decision
+        worker = opened.worker.id if opened is not None else decision.chosen.worker_id
+        hit = self.routed.credited_tokens(worker)
+        return [
+            *self.base,
+            (b"x-cortex-cache-hit-tokens", str(hit).encode()),
+            (b"x-cortex-assigned-worker", worker.encode()),
+            (b"x-cortex-match-mode", decision.mode.value.encode()),
+            (b"x-cortex-match-reason", decision.reason.value.encode()),
+            (b"x-cortex-attempts", str(opened.attempts if opened else 0).encode()),
+        ]
+
+    async def run(self) -> None:
+        dispatcher = self.gw.dispatcher
+        assert dispatcher is not None
+        opened: Opened | None = None
+        streaming = False
+        loop_deadline = asyncio.get_running_loop().time() + (self.deadline - time.monotonic())
+        try:
+            async with asyncio.timeout_at(loop_deadline):
+                opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id)
+                self.worker_id = opened.worker.id
+                response = opened.response
+                if response.status != 200 or not self.req.stream:
+                    self.status = response.status
+                    await send_bytes(self.send, response.status, opened.head,
+                                     response.content_type.encode(), self._headers(opened))
+                    if response.status == 200:
+                        self._truth_check(opened, _json_or_none(opened.head))
+                    return
+                streaming = True
+                await self._stream(opened)
+        except TimeoutError:
+            self.status = 504
+            if streaming:
+                await self._end_stream(sse_error_event(
+                    "the request timed out", ErrorCode.UPSTREAM_TIMEOUT.value))
+            else:
+                await send_error(self.send, GatewayError(
+                    "the worker did not answer in time", code=ErrorCode.UPSTREAM_TIMEOUT,
+                    status=504), self._headers(opened))
+        except UpstreamFailure as failure:  # after the first byte: never retried
+            assert opened is not None
+            self.status = 502
+            dispatcher.failed_midstream(opened, failure)
+            log.warning("worker failed mid-stream worker=%s request_id=%s: %s", opened.worker.id,
+                        self.request_id, failure, extra={"worker": opened.worker.id,
+                                                         "request_id": self.request_id})
+            await self._end_stream(sse_error_event(
+                "the worker failed while streaming", ErrorCode.UPSTREAM_STREAM_ERROR.value))
+        except GatewayError as exc:
+            self.status = exc.status
+            await send_error(self.send, exc, self._headers(opened) if opened else
+                             [*self.base, *self._not_sent()])
+        finally:
+            if opened is not None:
+                opened.close()
+
+    def _not_sent(self) -> Headers:
+        decision = self.routed.decision
+        return [
+            (b"x-cortex-cache-hit-tokens", b"0"),
+            (b"x-cortex-assigned-worker", b"none"),
+            (b"x-cortex-match-mode", decision.mode.value.encode()),
+        ]
+
+    async def _stream(self, opened: Opened) -> None:
+        send = self.send
+        req = self.req
+        forwarder = SSEForwarder(strip_usage=not req.wants_usage
+                                 and req.endpoint is not Endpoint.GENERATE)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_SSE_HEADERS, *self._headers(opened)]})
+        out = forwarder.feed(opened.head)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        async for chunk in opened.response.chunks():
+            out = forwarder.feed(chunk)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = forwarder.finish()
+        if not forwarder.done:
+            if tail:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
+            raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended without [DONE]")
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        holder = forwarder.usage_holder
+        self._truth_check(opened, holder)
+
+    async def _end_stream(self, data: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": False})
+
+    def _truth_check(self, opened: Opened, obj: Any) -> None:
+        """Compare the engine's cached tokens with the hit the gateway predicted."""
+        metrics = self.gw.metrics
+        actual = cached_tokens_of(obj)
+        if actual is None and isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
+            if self.req.model.reports_cached_tokens:
+                actual = 0  # engines omit the details when nothing was cached
+        if actual is None:
+            metrics.prediction.labels(outcome="unknown").inc()
+            return
+        predicted = self.routed.credited_tokens(opened.worker.id)
+        metrics.predicted_tokens.inc(predicted)
+        metrics.actual_tokens.inc(actual)
+        if predicted > actual:
+            metrics.prediction.labels(outcome="over").inc()
+            metrics.overpredicted_tokens.observe(predicted - actual)
+            log.info("cache hit over-predicted worker=%s request_id=%s predicted=%d actual=%d",
+                     opened.worker.id, self.request_id, predicted, actual,
+                     extra={"worker": opened.worker.id, "request_id": self.request_id})
+        elif predicted < actual:
+            metrics.prediction.labels(outcome="under").inc()
+            metrics.underpredicted_tokens.observe(actual - predicted)
+        else:
+            metrics.prediction.labels(outcome="exact").inc()
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None

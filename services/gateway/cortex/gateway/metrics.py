@@ -1,0 +1,121 @@
+"""Every metric the gateway exports, in one place (prefix ``cortex_gateway_``).
+
+One :class:`GatewayMetrics` per gateway instance, each with its own collector registry, so
+several in-process gateways (tests, the dev launcher) never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_FAST = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics (names are part of the operator contract)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "cortex_gateway_"
+        # requests
+        self.requests = Counter(p + "requests_total", "HTTP requests answered",
+                                ["endpoint", "status"], registry=r)
+        self.request_seconds = Histogram(p + "request_duration_seconds",
+                                         "Time from request to end of response",
+                                         ["endpoint"], buckets=_SLOW, registry=r)
+        self.rejected = Counter(p + "rejected_total", "Requests rejected before routing",
+                                ["code"], registry=r)
+        self.client_disconnects = Counter(p + "client_disconnects_total",
+                                          "Clients gone before the response ended", registry=r)
+        self.inflight = Gauge(p + "inflight_requests", "Requests being served", registry=r)
+        # routing
+        self.routing_seconds = Histogram(p + "routing_seconds",
+                                         "Routing decision time by stage",
+                                         ["stage"], buckets=_FAST, registry=r)
+        self.decisions = Counter(p + "decisions_total", "Routing decisions",
+                                 ["mode", "reason"], registry=r)
+        self.prompt_tokens = Histogram(p + "prompt_tokens", "Prompt tokens per routed request",
+                                       buckets=_TOKENS, registry=r)
+        self.tokenize_cache = Counter(p + "tokenize_cache_total",
+                                      "Prompt segments served from / missing in the cache",
+                                      ["result"], registry=r)
+        self.hot_cache = Counter(p + "hot_cache_lookups_total",
+                                 "Index answers served from the hot cache",
+                                 ["result"], registry=r)
+        self.hot_cache_invalidations = Counter(p + "hot_cache_invalidations_total",
+                                               "Hot cache answers dropped by the change feed",
+                                               ["reason"], registry=r)
+        self.hot_cache_entries = Gauge(p + "hot_cache_entries", "Answers in the hot cache",
+                                       registry=r)
+        self.predicted_keys = Gauge(p + "predicted_blocks", "Blocks in the predicted side index",
+                                    registry=r)
+        # truth check: predicted vs the engine's cached_tokens
+        self.predicted_tokens = Counter(p + "predicted_cached_tokens_total",
+                                        "Cached prompt tokens the gateway predicted", registry=r)
+        self.actual_tokens = Counter(p + "actual_cached_tokens_total",
+                                     "Cached prompt tokens the engines reported", registry=r)
+        self.prediction = Counter(p + "cache_prediction_total",
+                                  "Predictions checked against the engine",
+                                  ["outcome"], registry=r)
+        self.overpredicted_tokens = Histogram(p + "cache_overprediction_tokens",
+                                              "Predicted minus reported cached tokens, when over",
+                                              buckets=_TOKENS[1:], registry=r)
+        self.underpredicted_tokens = Histogram(p + "cache_underprediction_tokens",
+                                               "Reported minus predicted cached tokens, when under",
+                                               buckets=_TOKENS[1:], registry=r)
+        # upstream
+        self.upstream_errors = Counter(p + "upstream_errors_total", "Failed upstream attempts",
+                                       ["worker", "kind"], registry=r)
+        self.retries = Counter(p + "retries_total", "Attempts moved to the next worker",
+                               ["reason"], registry=r)
+        self.upstream_ttfb = Histogram(p + "upstream_first_byte_seconds",
+                                       "Time to the worker's response headers",
+                                       buckets=_SLOW, registry=r)
+        # workers
+        self.worker_inflight = Gauge(p + "worker_inflight", "Requests open on a worker",
+                                     ["worker"], registry=r)
+        self.worker_engine_running = Gauge(p + "worker_engine_running",
+                                           "Engine-reported running requests", ["worker"],
+                                           registry=r)
+        self.worker_engine_waiting = Gauge(p + "worker_engine_waiting",
+                                           "Engine-reported waiting requests", ["worker"],
+                                           registry=r)
+        self.worker_healthy = Gauge(p + "worker_healthy", "1 if the last probes passed",
+                                    ["worker"], registry=r)
+        self.worker_breaker_open = Gauge(p + "worker_breaker_open",
+                                         "1 while the worker's circuit breaker is not closed",
+                                         ["worker"], registry=r)
+        self.workers = Gauge(p + "workers", "Workers in the pool by health", ["health"],
+                             registry=r)
+        self.probes = Counter(p + "health_probes_total", "Health probes", ["result"], registry=r)
+        self.lease_renewals = Counter(p + "lease_renewals_total", "Registry lease renewals",
+                                      ["result"], registry=r)
+        self.load_polls = Counter(p + "load_polls_total", "Engine load polls", ["result"],
+                                  registry=r)
+        # dependencies and readiness
+        self.index_available = Gauge(p + "index_available", "1 while the index answers Match",
+                                     registry=r)
+        self.index_errors = Counter(p + "index_errors_total", "Failed index calls", ["kind"],
+                                    registry=r)
+        self.change_batches = Counter(p + "index_change_batches_total",
+                                      "Change feed batches received", registry=r)
+        self.ready = Gauge(p + "ready", "1 while the gateway can route", registry=r)
+        self.degraded = Gauge(p + "degraded", "1 per active degradation reason", ["reason"],
+                              registry=r)
+        self.exact_routing = Gauge(p + "exact_routing_enabled",
+                                   "0 when exact KV routing is off for a model",
+                                   ["model", "reason"], registry=r)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        data: bytes = generate_latest(self.registry)
+        return data
+
+    def __repr__(self) -> str:
+        return "GatewayMetrics()"

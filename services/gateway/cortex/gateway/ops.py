@@ -1,0 +1,58 @@
+"""Operational endpoints: liveness, readiness, metrics, the model list."""
+
+from __future__ import annotations
+
+import time
+
+from cortex.gateway.http import send_bytes, send_json
+from cortex.gateway.metrics import CONTENT_TYPE
+from cortex.gateway.pool import Health
+from cortex.gateway.runtime import Gateway, Readiness
+from cortex.gateway.types import Send
+
+__all__ = ["OpsHandler"]
+
+
+class OpsHandler:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self._created = int(time.time())
+
+    async def live(self, send: Send) -> None:
+        await send_json(send, 200, {"status": "live"})
+
+    async def ready(self, send: Send) -> None:
+        """200 while some worker is routable (``status`` says ``degraded`` and why), 503
+        otherwise."""
+        state, reasons = self.gw.readiness()
+        workers = list(self.gw.pool)
+        index = self.gw.index
+        watcher = self.gw.watcher
+        await send_json(send, 503 if state is Readiness.UNAVAILABLE else 200, {
+            "status": state.value,
+            "degraded": [r.value for r in reasons],
+            "workers": {
+                "total": len(workers),
+                "healthy": sum(1 for w in workers if w.health is Health.HEALTHY),
+                "routable": sum(1 for w in workers if w.routable()),
+            },
+            "index": ("not_configured" if index is None
+                      else "available" if index.available else "unavailable"),
+            "change_feed": bool(index and index.feed_connected),
+            "registry": watcher.health.value if watcher else "unknown",
+        })
+
+    async def metrics(self, send: Send) -> None:
+        self.gw.readiness()  # refresh the readiness gauges
+        await send_bytes(send, 200, self.gw.metrics.render(), CONTENT_TYPE.encode())
+
+    async def models(self, send: Send) -> None:
+        """Models with registered workers that this gateway is configured to serve."""
+        served = {m.name for m in self.gw.config.models}
+        await send_json(send, 200, {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": self._created, "owned_by": "cortex"}
+                for name in self.gw.pool.models() if name in served
+            ],
+        })

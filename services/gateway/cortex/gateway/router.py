@@ -1,0 +1,286 @@
+"""Routing: request → exact prompt tokens → block keys → index match (hot cache first) →
+predicted blocks → scoring → :class:`Routed`. The async part is the one index call.
+
+Hit accounting follows the engines: a request whose prompt is fully cached still computes
+its last token, so at most ``(prompt_tokens - 1) // block_size`` blocks can be hits; the
+query sent to the index is cut there, while predictions credit every full block (the
+engine caches them all once the prompt is processed).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from cortex.api.index import v1 as pb
+from cortex.gateway.config import GatewayConfig, ModelConfig
+from cortex.gateway.errors import ClientError, ErrorCode, ServiceUnavailable
+from cortex.gateway.hotcache import HotCache
+from cortex.gateway.matching import LedgerState, MatchAnswer, WorkerMatch
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.payload import InferenceRequest, PromptKind
+from cortex.gateway.pool import WorkerPool, WorkerState
+from cortex.gateway.predicted import PredictedBlocks
+from cortex.gateway.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.tokenize import PromptTokenizer, TemplateError
+from cortex.hashing import HashDomain
+
+__all__ = ["Matcher", "Routed", "Router", "StageTimings"]
+
+log = logging.getLogger(__name__)
+
+
+class Matcher(Protocol):
+    """What routing needs from the index client (an in-memory one serves unit tests)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    @property
+    def feed_connected(self) -> bool: ...
+
+    async def match(self, domain: HashDomain, keys: list[int], deadline: float
+                    ) -> MatchAnswer | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimings:
+    """Seconds spent per routing stage."""
+
+    tokenize: float
+    hash: float
+    match: float
+    score: float
+
+    @property
+    def total(self) -> float:
+        return self.tokenize + self.hash + self.match + self.score
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A routing outcome: the decision plus what it was computed from."""
+
+    decision: Decision
+    model: ModelConfig
+    prompt_tokens: int
+    keys: list[int]  # every full block of the prompt
+    query_blocks: int  # blocks that could be hits (sent to the index)
+    match_source: str  # "hot_cache" | "index" | "none"
+    index_version: int
+    timings: StageTimings
+
+    def credited_tokens(self, worker_id: str) -> int:
+        """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
+        for scored in self.decision.ranked:
+            if scored.worker_id == worker_id:
+                return scored.credited_tokens
+        return 0
+
+
+class Router:
+    """Holds the routing caches; one per gateway process. Not thread-safe (event loop)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pool: WorkerPool,
+        tokenizers: Mapping[str, PromptTokenizer],
+        matcher: Matcher | None,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.tokenizers = tokenizers
+        self.matcher = matcher
+        self.metrics = metrics
+        routing = config.routing
+        self.hot = HotCache(routing.hot_cache_max_entries, routing.hot_cache_staleness_ms)
+        self.predicted = PredictedBlocks(routing.predicted_ttl_s, routing.predicted_max_keys)
+        self._turn = 0
+        self._rng = random.Random()
+        self._domain_ids = {m.name: f"{m.domain.model}/{m.block_size}/{m.engine.value}"
+                            for m in config.models}
+
+    # ---- tokens ----
+
+    def tokens(self, req: InferenceRequest) -> list[int]:
+        """The exact prompt token ids the engine will see (first prompt of a batch).
+
+        Raises :class:`ClientError` when the chat template rejects the messages or the
+        prompt exceeds the model's limit.
+        """
+        prompt = req.prompt
+        if prompt.kind is PromptKind.TOKENS:
+            ids = list(prompt.token_ids)
+        else:
+            tokenizer = self.tokenizers[req.model.name]
+            stats = tokenizer.cache.stats
+            hits, misses = stats.hits, stats.misses
+            if prompt.kind is PromptKind.CHAT:
+                try:
+                    text = tokenizer.render(prompt.messages, prompt.add_generation_prompt,
+                                            **(prompt.template_kwargs or {}))
+                except TemplateError as exc:
+                    raise ClientError(f"messages cannot be rendered: {exc}",
+                                      code=ErrorCode.INVALID_REQUEST, param="messages") from None
+                ids = tokenizer.encode_chat(text)
+            else:
+                ids = tokenizer.encode_text(prompt.text)
+            if stats.hits - hits:
+                self.metrics.tokenize_cache.labels(result="hit").inc(stats.hits - hits)
+            if stats.misses - misses:
+                self.metrics.tokenize_cache.labels(result="miss").inc(stats.misses - misses)
+        limit = req.model.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise ClientError(
+                f"prompt has {len(ids)} tokens, over this model's limit of {limit}",
+                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages"
+                if prompt.kind is PromptKind.CHAT else "prompt")
+        return ids
+
+    # ---- routing ----
+
+    async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True
+                    ) -> Routed:
+        """Tokenize, hash, match and score. ``deadline``: ``time.monotonic()`` seconds.
+
+        Raises :class:`ClientError` (bad prompt) or :class:`ServiceUnavailable` (no
+        routable worker). ``record=False`` (explain) leaves metrics and counters alone.
+        """
+        model = req.model
+        t0 = time.perf_counter()
+        ids = self.tokens(req)
+        t1 = time.perf_counter()
+        keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
+        query_blocks = max(len(ids) - 1, 0) // model.block_size
+        query = keys[:query_blocks]
+        t2 = time.perf_counter()
+        workers = self.pool.candidates(model.name)
+        if not workers:
+            raise ServiceUnavailable(f"no available worker for model '{model.name}'")
+        answer, source = await self._match(model, query, deadline)
+        t3 = time.perf_counter()
+        cache_off = self._cache_off(ids, query, answer)
+        predicted = self.predicted.match(query) if answer is not None else {}
+        folded = answer.per_worker() if answer is not None else {}
+        candidates = [self._candidate(w, model, folded.get(w.id), predicted.get(w.id, 0))
+                      for w in workers]
+        if record:
+            self._turn += 1
+        decision = decide(candidates, self.config.routing.weights, cache_off=cache_off,
+                          turn=self._turn, rng=self._rng)
+        t4 = time.perf_counter()
+        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        if record:
+            m = self.metrics
+            m.routing_seconds.labels(stage="tokenize").observe(timings.tokenize)
+            m.routing_seconds.labels(stage="hash").observe(timings.hash)
+            m.routing_seconds.labels(stage="match").observe(timings.match)
+            m.routing_seconds.labels(stage="score").observe(timings.score)
+            m.routing_seconds.labels(stage="total").observe(timings.total)
+            m.decisions.labels(mode=decision.mode.value, reason=decision.reason.value).inc()
+            m.prompt_tokens.observe(len(ids))
+        return Routed(decision, model, len(ids), keys, query_blocks, source,
+                      answer.index_version if answer is not None else 0, timings)
+
+    def commit(self, routed: Routed, worker_id: str) -> None:
+        """The request was sent to ``worker_id``: predict its blocks there."""
+        self.predicted.credit(worker_id, routed.keys)
+        self.metrics.predicted_keys.set(len(self.predicted))
+
+    def _cache_off(self, ids: list[int], query: list[int], answer: MatchAnswer | None
+                   ) -> Reason | None:
+        if not query:
+            return Reason.SHORT_PROMPT
+        if answer is None:
+            return Reason.INDEX_UNAVAILABLE
+        return None
+
+    async def _match(self, model: ModelConfig, query: list[int], deadline: float
+                     ) -> tuple[MatchAnswer | None, str]:
+        matcher = self.matcher
+        if matcher is None or not query or not matcher.available:
+            return None, "none"
+        use_cache = matcher.feed_connected
+        key = HotCache.key(self._domain_ids[model.name], query)
+        if use_cache and key is not None:
+            cached = self.hot.get(key)
+            if cached is not None:
+                self.metrics.hot_cache.labels(result="hit").inc()
+                return cached, "hot_cache"
+            self.metrics.hot_cache.labels(result="miss").inc()
+        answer = await matcher.match(model.domain, query, deadline)
+        if answer is None:
+            return None, "none"
+        if use_cache and key is not None and matcher.feed_connected:
+            self.hot.put(key, answer)
+            self.metrics.hot_cache_entries.set(len(self.hot))
+        return answer, "index"
+
+    def _candidate(self, worker: WorkerState, model: ModelConfig, match: WorkerMatch | None,
+                   predicted_blocks: int) -> Candidate:
+        routing = self.config.routing
+        load = worker.fresh_engine_load(time.monotonic(), routing.load_stale_after_s)
+        blocked = None
+        spec = worker.spec
+        if spec.engine is not model.engine:
+            blocked = "engine_mismatch"
+        elif spec.block_size is not None and spec.block_size != model.block_size:
+            blocked = "block_size_mismatch"
+        bs = model.block_size
+        return Candidate(
+            worker_id=worker.id,
+            inflight=worker.inflight,
+            engine_running=load.running if load is not None else None,
+            engine_waiting=load.waiting if load is not None else None,
+            high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),
+            ledger=match.state if match is not None else LedgerState.UNKNOWN,
+            index_tokens=match.ready_blocks * bs if match is not None else 0,
+            predicted_tokens=predicted_blocks * bs,
+            credit_blocked=blocked,
+        )
+
+    # ---- the index change feed ----
+
+    def on_changes(self, batch: pb.ChangeBatch) -> None:
+        """Invalidate what a change batch makes too optimistic."""
+        if batch.reset:
+            self.hot.clear()
+            self.metrics.hot_cache_invalidations.labels(reason="reset").inc()
+        removed = {s.worker_id for s in batch.removed_blocks_sources}
+        if removed:
+            keys: list[int] | array[int] = list(batch.removed_keys)
+            if batch.removed_keys_le:
+                keys = array("Q")
+                keys.frombytes(batch.removed_keys_le)
+            dropped = self.hot.invalidate_workers(removed)
+            self.metrics.hot_cache_invalidations.labels(reason="removed").inc(dropped)
+            for worker_id in removed:
+                self.predicted.forget_keys(worker_id, keys)
+        cleared = {s.worker_id for s in batch.cleared_sources}
+        if cleared:
+            dropped = self.hot.invalidate_workers(cleared)
+            self.metrics.hot_cache_invalidations.labels(reason="cleared").inc(dropped)
+            for worker_id in cleared:
+                self.predicted.forget_worker(worker_id)
+        self.metrics.hot_cache_entries.set(len(self.hot))
+
+    def on_feed_lost(self) -> None:
+        self.hot.clear()
+        self.metrics.hot_cache_invalidations.labels(reason="feed_lost").inc()
+        self.metrics.hot_cache_entries.set(0)
+
+    def forget_workers(self, worker_ids: list[str]) -> None:
+        """Workers left the pool."""
+        self.hot.invalidate_workers(worker_ids)
+        for worker_id in worker_ids:
+            self.predicted.forget_worker(worker_id)
+
+    def __repr__(self) -> str:
+        return f"Router({self.hot!r}, {self.predicted!r})"

@@ -1,0 +1,224 @@
+"""``Gateway``: one gateway process's state and background work, owned by one ``async with``.
+
+Startup order: tokenizers → registry → upstream session → index client → static workers
+seeded → registry watcher → first health probes (so a gateway with reachable workers is
+ready when startup ends) → background loops (pool sync, probes, load polls, status).
+Shutdown unwinds the same stack; background loops are cancelled first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from enum import StrEnum
+from types import TracebackType
+from typing import Any
+
+from cortex.gateway.config import GatewayConfig
+from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.health import HealthMonitor
+from cortex.gateway.index_client import IndexClient
+from cortex.gateway.load import LoadPoller
+from cortex.gateway.matching import LedgerState
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.pool import WorkerPool
+from cortex.gateway.router import Router
+from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.upstream import UpstreamClient
+from cortex.registry import (
+    MemoryRegistry,
+    RedisRegistry,
+    Registry,
+    RegistryUnavailable,
+    RegistryWatcher,
+    WorkerSpec,
+)
+
+__all__ = ["Degradation", "Gateway", "Readiness"]
+
+log = logging.getLogger(__name__)
+
+
+class Readiness(StrEnum):
+    READY = "ready"
+    DEGRADED = "degraded"  # can route, without something (see Degradation)
+    UNAVAILABLE = "unavailable"  # cannot route at all
+
+
+class Degradation(StrEnum):
+    NO_INDEX = "no_index"
+    NO_REDIS = "no_redis"
+    NO_READY_LEDGER = "no_ready_ledger"
+
+
+class Gateway:
+    """Use as ``async with Gateway(config) as gw``; the ASGI app reads its parts.
+
+    ``registry``: inject one (tests, a launcher sharing a MemoryRegistry); by default Redis
+    when ``registry.redis_url`` is set, else an in-process registry.
+    """
+
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.pool = WorkerPool(config.breaker)
+        self.registry: Registry = registry or self._make_registry()
+        self._own_registry = registry is None
+        self.tokenizers: dict[str, PromptTokenizer] = {}
+        self.upstream = UpstreamClient(config.upstream)
+        self.index: IndexClient | None = None
+        self.router: Router | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.watcher: RegistryWatcher | None = None
+        self.health: HealthMonitor | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _make_registry(self) -> Registry:
+        cfg = self.config.registry
+        if cfg.redis_url:
+            return RedisRegistry(cfg.redis_url, default_ttl_s=cfg.lease_ttl_s)
+        return MemoryRegistry(default_ttl_s=cfg.lease_ttl_s)
+
+    # ---- lifecycle ----
+
+    async def __aenter__(self) -> Gateway:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stop()
+
+    async def _start(self) -> None:
+        config = self.config
+        for model in config.models:
+            self.tokenizers[model.name] = await asyncio.to_thread(
+                PromptTokenizer.load, model.tokenizer, model.chat_template,
+                model.tokenize_cache_tokens,
+            )
+        if self._own_registry:
+            await self._stack.enter_async_context(self.registry)
+        await self._stack.enter_async_context(self.upstream)
+        if config.index.targets:
+            self.index = await self._stack.enter_async_context(IndexClient(
+                config.index, self.metrics, self._on_changes, self._on_feed_lost,
+                self._on_ledgers))
+        self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics)
+        self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
+                                     self.metrics)
+        for spec in config.workers:
+            try:
+                await self.registry.register(spec, config.registry.lease_ttl_s)
+            except RegistryUnavailable as exc:
+                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
+                            extra={"worker": spec.id})
+        self.watcher = await self._stack.enter_async_context(
+            RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
+        self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
+                                    config.health, config.registry.lease_ttl_s, self.metrics)
+        loads = LoadPoller(self.pool, self.upstream.session, config.load, self.metrics)
+        added = self._sync_pool()
+        await self.health.probe_all(w for w in self.pool if w.id in added)
+        await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
+        self._tasks = [
+            asyncio.create_task(self._pool_loop(), name="gateway-pool"),
+            asyncio.create_task(self.health.run(), name="gateway-health"),
+            asyncio.create_task(loads.run(), name="gateway-load"),
+            asyncio.create_task(self._status_loop(), name="gateway-status"),
+        ]
+        for model in config.models:
+            self.metrics.exact_routing.labels(model=model.name, reason="").set(
+                1 if self.index is not None else 0)
+        log.info("gateway started: %d models, %d workers, index=%s", len(config.models),
+                 len(self.pool), self.index)
+
+    async def _stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._stack.aclose()
+
+    # ---- registry → pool ----
+
+    def _registry_view(self) -> Mapping[str, WorkerSpec]:
+        watcher = self.watcher
+        if watcher is None or (watcher.polls and watcher.last_ok_monotonic is None):
+            # the registry was never readable: serve the static seeds
+            return {spec.id: spec for spec in self.config.workers}
+        return watcher.workers
+
+    def _sync_pool(self) -> list[str]:
+        added, removed = self.pool.sync(self._registry_view())
+        if added or removed:
+            log.info("worker pool changed: added=%s removed=%s", added, removed)
+        if removed and self.router is not None:
+            self.router.forget_workers(removed)
+        return added
+
+    async def _pool_loop(self) -> None:
+        assert self.watcher is not None and self.health is not None
+        version = self.watcher.version
+        while True:
+            version = await self.watcher.wait_changed(version)
+            added = self._sync_pool()
+            if added:
+                await self.health.probe_all(w for w in self.pool if w.id in added)
+
+    async def _status_loop(self) -> None:
+        while True:
+            self.readiness()
+            await asyncio.sleep(1.0)
+
+    # ---- index callbacks ----
+
+    def _on_changes(self, batch: Any) -> None:
+        if self.router is not None:
+            self.router.on_changes(batch)
+
+    def _on_feed_lost(self) -> None:
+        if self.router is not None:
+            self.router.on_feed_lost()
+
+    def _on_ledgers(self, states: dict[str, LedgerState]) -> None:
+        for worker in self.pool:
+            worker.ledger = states.get(worker.id, LedgerState.UNKNOWN)
+
+    # ---- status ----
+
+    def degradations(self) -> list[Degradation]:
+        out: list[Degradation] = []
+        if self.index is None or not self.index.available:
+            out.append(Degradation.NO_INDEX)
+        if self.watcher is None or self.watcher.degraded:
+            out.append(Degradation.NO_REDIS)
+        if self.index is not None and self.index.available and not any(
+            w.ledger is LedgerState.READY for w in self.pool if w.routable()
+        ):
+            out.append(Degradation.NO_READY_LEDGER)
+        return out
+
+    def readiness(self) -> tuple[Readiness, list[Degradation]]:
+        """Ready while some worker is routable; degraded names what is missing."""
+        reasons = self.degradations()
+        routable = any(w.routable() for w in self.pool)
+        state = (Readiness.UNAVAILABLE if not routable
+                 else Readiness.DEGRADED if reasons else Readiness.READY)
+        self.metrics.ready.set(1 if routable else 0)
+        for reason in Degradation:
+            self.metrics.degraded.labels(reason=reason.value).set(reason in reasons)
+        return state, reasons
+
+    def __repr__(self) -> str:
+        return f"Gateway(models={[m.name for m in self.config.models]}, {self.pool!r})"

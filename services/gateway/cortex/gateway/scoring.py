@@ -1,0 +1,207 @@
+"""Scoring and the degrade chain: candidates with their matches and loads → one decision.
+
+``score(w) = alpha*credited_tokens(w) - beta*active(w) - gamma*queued(w)`` where a worker's
+cache credit is its longest READY prefix (index ledger or predicted blocks), withheld when the
+worker is at or over its high-watermark — affinity yields to load for that worker only.
+
+The degrade chain, in fixed order, reports what the decision could rest on:
+
+* ``exact_kv`` — some READY ledger holds a prefix and the best score has that credit;
+* ``load_aware`` — cache data usable but no credited hit (or load outweighed it), every
+  candidate's engine load known;
+* ``fallback_p2c`` — engine load partly missing: power of two choices on what is known;
+* ``fallback_round_robin`` — only liveness known.
+
+The reason says why cache credit was or was not used. Pure and deterministic given ``turn``
+(a counter spreading ties) and ``rng`` (the two p2c draws).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cortex.gateway.config import RoutingWeights
+from cortex.gateway.matching import LedgerState
+
+__all__ = ["Candidate", "Decision", "MatchMode", "Reason", "Scored", "decide"]
+
+
+class MatchMode(StrEnum):
+    """How the decision was made (the ``x-cortex-match-mode`` header)."""
+
+    EXACT_KV = "exact_kv"
+    LOAD_AWARE = "load_aware"
+    P2C = "fallback_p2c"
+    ROUND_ROBIN = "fallback_round_robin"
+
+
+class Reason(StrEnum):
+    """Why cache credit was (or was not) part of the decision."""
+
+    HIT = "hit"
+    PREDICTED_HIT = "predicted_hit"
+    LOAD_OUTWEIGHS_HIT = "load_outweighs_hit"
+    NO_HIT = "no_hit"
+    OVER_WATERMARK = "over_watermark"
+    NO_READY_LEDGER = "no_ready_ledger"
+    INDEX_UNAVAILABLE = "index_unavailable"
+    SHORT_PROMPT = "short_prompt"
+    NOT_TOKENIZED = "prompt_not_tokenized"
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One live worker able to serve the request, with what is known about it.
+
+    ``inflight``: requests this gateway has open on it. ``engine_running`` /
+    ``engine_waiting``: the engine's last fresh report (``None`` = unknown or stale).
+    ``index_tokens`` / ``predicted_tokens``: leading prompt tokens held per the index (READY
+    sources only) and per predicted blocks. ``credit_blocked``: why this worker may not get
+    cache credit at all (e.g. ``block_size_mismatch``), or ``None``.
+    """
+
+    worker_id: str
+    inflight: int = 0
+    engine_running: int | None = None
+    engine_waiting: int | None = None
+    high_watermark: int = 64
+    ledger: LedgerState = LedgerState.UNKNOWN
+    index_tokens: int = 0
+    predicted_tokens: int = 0
+    credit_blocked: str | None = None
+
+    @property
+    def active(self) -> int:
+        """Requests running on the worker: the larger of ours and the engine's count."""
+        return max(self.inflight, self.engine_running or 0)
+
+    @property
+    def queued(self) -> int:
+        return self.engine_waiting or 0
+
+    @property
+    def load_known(self) -> bool:
+        return self.engine_waiting is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A candidate with its credited tokens, score and, when credit was withheld, why."""
+
+    candidate: Candidate
+    credited_tokens: int
+    score: float
+    note: str = ""
+
+    @property
+    def worker_id(self) -> str:
+        return self.candidate.worker_id
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome: the mode, the reason and every candidate ranked (the chosen one first,
+    then the order in which failures before the first byte fall back)."""
+
+    mode: MatchMode
+    reason: Reason
+    ranked: tuple[Scored, ...]
+
+    @property
+    def chosen(self) -> Scored:
+        return self.ranked[0]
+
+    @property
+    def hit_tokens(self) -> int:
+        """Prompt tokens predicted to be cached on the chosen worker."""
+        return self.ranked[0].credited_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision({self.mode.value}, {self.reason.value}, worker={self.chosen.worker_id},"
+            f" hit_tokens={self.hit_tokens}, candidates={len(self.ranked)})"
+        )
+
+
+def _credit(c: Candidate, cache_off: Reason | None) -> tuple[int, str]:
+    raw = max(c.index_tokens, c.predicted_tokens)
+    if cache_off is not None:
+        return 0, cache_off.value
+    if c.credit_blocked is not None:
+        return 0, c.credit_blocked
+    if c.ledger is not LedgerState.READY:
+        return 0, f"ledger_{c.ledger.value}"
+    if raw and c.active >= c.high_watermark:
+        return 0, Reason.OVER_WATERMARK.value
+    return raw, ""
+
+
+def decide(
+    candidates: Sequence[Candidate],
+    weights: RoutingWeights,
+    *,
+    cache_off: Reason | None = None,
+    turn: int = 0,
+    rng: random.Random | None = None,
+) -> Decision:
+    """Rank ``candidates`` (non-empty) and pick one.
+
+    ``cache_off``: why no candidate may get cache credit for this request (index down,
+    prompt not tokenizable, shorter than a block), or ``None``.
+    """
+    if not candidates:
+        raise ValueError("decide() needs at least one candidate")
+    n = len(candidates)
+    scored: list[tuple[Scored, int]] = []
+    for i, c in enumerate(candidates):
+        credit, note = _credit(c, cache_off)
+        score = weights.alpha * credit - weights.beta * c.active - weights.gamma * c.queued
+        scored.append((Scored(c, credit, score, note), (i - turn) % n))
+
+    def by_score(item: tuple[Scored, int]) -> tuple[float, int, int]:
+        s, rotation = item
+        return (-s.score, s.candidate.active, rotation)
+
+    if any(s.credited_tokens for s, _ in scored):
+        ranked = tuple(s for s, _ in sorted(scored, key=by_score))
+        best = ranked[0]
+        if best.credited_tokens:
+            c = best.candidate
+            reason = Reason.PREDICTED_HIT if c.predicted_tokens > c.index_tokens else Reason.HIT
+            return Decision(MatchMode.EXACT_KV, reason, ranked)
+        return Decision(MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, ranked)
+
+    reason = cache_off or _no_credit_reason(candidates)
+    if all(c.load_known for c in candidates):
+        ranked = tuple(s for s, _ in sorted(scored, key=by_score))
+        return Decision(MatchMode.LOAD_AWARE, reason, ranked)
+    under = [item for item in scored if item[0].candidate.active < item[0].candidate.high_watermark]
+    pool = under or scored
+    if any(c.load_known for c in candidates):
+        return Decision(MatchMode.P2C, reason, _p2c(pool, scored, rng or random.Random()))
+    rotation = sorted(scored, key=lambda item: (item not in pool, item[1]))
+    return Decision(MatchMode.ROUND_ROBIN, reason, tuple(s for s, _ in rotation))
+
+
+def _no_credit_reason(candidates: Sequence[Candidate]) -> Reason:
+    ready = [c for c in candidates if c.ledger is LedgerState.READY and c.credit_blocked is None]
+    if not ready:
+        return Reason.NO_READY_LEDGER
+    if any(max(c.index_tokens, c.predicted_tokens) for c in ready):
+        return Reason.OVER_WATERMARK
+    return Reason.NO_HIT
+
+
+def _p2c(
+    pool: list[tuple[Scored, int]], everyone: list[tuple[Scored, int]], rng: random.Random
+) -> tuple[Scored, ...]:
+    def load(s: Scored) -> int:
+        return s.candidate.active + s.candidate.queued
+
+    picks = [s for s, _ in rng.sample(pool, min(2, len(pool)))]
+    picks.sort(key=load)
+    rest = sorted((s for s, _ in everyone if s not in picks), key=load)
+    return (*picks, *rest)

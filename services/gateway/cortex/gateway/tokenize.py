@@ -1,0 +1,265 @@
+"""Prompt text → the exact token ids the engine will see, cached by segment.
+
+Rendering and the engine's tokenization rules come from :mod:`cortex.sim.tokenization`
+(the one shared definition the simulated engine uses too): the gateway imports them, it does
+not restate them.
+
+Why segment caching is exact: a Hugging Face tokenizer first splits the text on its added
+(special) tokens and then normalizes, pre-tokenizes and encodes each piece between them on
+its own. So ``encode(text)`` equals the concatenation, in order, of the ids of each special
+token and of each piece encoded alone — with two caveats this module checks at load time:
+pieces are cached together with "starts the text" (some pre-tokenizers treat offset 0
+specially), and tokenizers whose added tokens match only as whole words, or whose
+normalizer could change where added tokens match, are not segmented at all (every call then
+encodes the whole text). The post-processor's special tokens (BOS/EOS templates) are added
+around the concatenation exactly as ``add_special_tokens=True`` would.
+
+A long system prompt or an earlier turn of a conversation is one piece between the
+template's special tokens, so it is encoded once and then served from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cortex.sim.tokenization import ChatTokenizer, TemplateError
+from tokenizers import Tokenizer
+
+__all__ = ["PromptTokenizer", "SegmentCache", "TemplateError", "TokenizerStats"]
+
+
+@dataclass(slots=True)
+class TokenizerStats:
+    """Counters of the segment cache (pieces, not requests)."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class SegmentCache:
+    """LRU of ``(piece, starts_text) → token ids``, bounded by the total cached tokens."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self.stats = TokenizerStats()
+        self._entries: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+
+    def get(self, key: tuple[str, bool]) -> list[int] | None:
+        ids = self._entries.get(key)
+        if ids is None:
+            self.stats.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.stats.hits += 1
+        return ids
+
+    def put(self, key: tuple[str, bool], ids: list[int]) -> None:
+        if len(ids) > self.max_tokens or key in self._entries:
+            return
+        self._entries[key] = ids
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens:
+            _, old = self._entries.popitem(last=False)
+            self.tokens -= len(old)
+            self.stats.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return (
+            f"SegmentCache(segments={len(self._entries)}, tokens={self.tokens}/{self.max_tokens},"
+            f" hits={self.stats.hits}, misses={self.stats.misses})"
+        )
+
+
+class _AddedTokenMatcher:
+    """Leftmost-longest search of a set of added tokens (what the tokenizer's Aho-Corasick
+    pass does), with the tokens' ``lstrip``/``rstrip`` whitespace absorption.
+
+    Candidates are found with a regex over the tokens' two-character prefixes, so text
+    without them is scanned at C speed.
+    """
+
+    def __init__(self, tokens: Sequence[tuple[str, int, bool, bool]]) -> None:
+        # content -> (id, lstrip, rstrip)
+        self.tokens = {content: (tid, lstrip, rstrip) for content, tid, lstrip, rstrip in tokens}
+        # Candidates are found by the tokens' two-character prefixes (one for 1-char tokens).
+        lengths: dict[str, set[int]] = {}
+        for content in self.tokens:
+            lengths.setdefault(content[:2], set()).add(len(content))
+        self._lengths = {head: sorted(ls, reverse=True) for head, ls in lengths.items()}
+        heads = sorted(lengths, key=len, reverse=True)
+        self._first = re.compile("|".join(map(re.escape, heads))) if heads else None
+
+    def split(self, text: str) -> list[tuple[str, int | None]]:
+        """``text`` as ``(piece, None)`` and ``(content, id)`` parts, in order."""
+        if self._first is None:
+            return [(text, None)]
+        parts: list[tuple[str, int | None]] = []
+        search = self._first.search
+        lengths = self._lengths
+        tokens = self.tokens
+        piece_start = 0
+        pos = 0
+        while True:
+            found = search(text, pos)
+            if found is None:
+                break
+            at = found.start()
+            hit = None
+            for length in lengths[found.group()]:
+                candidate = text[at : at + length]
+                if candidate in tokens:
+                    hit = candidate
+                    break
+            if hit is None:
+                pos = at + 1
+                continue
+            tid, lstrip, rstrip = tokens[hit]
+            left, end = at, at + len(hit)
+            if lstrip:
+                while left > piece_start and text[left - 1].isspace():
+                    left -= 1
+            if rstrip:
+                while end < len(text) and text[end].isspace():
+                    end += 1
+            if left > piece_start:
+                parts.append((text[piece_start:left], None))
+            parts.append((hit, tid))
+            piece_start = pos = end
+        if piece_start < len(text):
+            parts.append((text[piece_start:], None))
+        return parts
+
+
+class _Splitter:
+    """Splits text on added tokens in the tokenizer's two passes: tokens matched on the raw
+    text first, then ("normalized") tokens matched inside the remaining pieces."""
+
+    def __init__(self, raw: _AddedTokenMatcher, normalized: _AddedTokenMatcher) -> None:
+        self._raw = raw
+        self._normalized = normalized
+
+    def split(self, text: str) -> list[tuple[str, int | None]]:
+        parts: list[tuple[str, int | None]] = []
+        for piece, tid in self._raw.split(text):
+            if tid is None:
+                parts.extend(self._normalized.split(piece))
+            else:
+                parts.append((piece, tid))
+        return parts
+
+
+def _splitter(tokenizer: Tokenizer) -> _Splitter | None:
+    """The tokenizer's added-token splitting, or ``None`` when its matching rules cannot be
+    reproduced exactly (then every call encodes the whole text)."""
+    described = json.loads(tokenizer.to_str())
+    normalizer = described.get("normalizer")
+    trivial_normalizer = normalizer is None or (
+        normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")
+    )
+    if '"prepend_scheme": "first"' in json.dumps(described.get("pre_tokenizer")):
+        return None
+    raw: list[tuple[str, int, bool, bool]] = []
+    normalized: list[tuple[str, int, bool, bool]] = []
+    for token_id, token in tokenizer.get_added_tokens_decoder().items():
+        if token.single_word or (token.normalized and not trivial_normalizer):
+            return None
+        if token.content:
+            entry = (token.content, token_id, token.lstrip, token.rstrip)
+            (normalized if token.normalized else raw).append(entry)
+    if not raw and not normalized:
+        return None
+    return _Splitter(_AddedTokenMatcher(raw), _AddedTokenMatcher(normalized))
+
+
+def _affixes(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """Ids the post-processor adds before and after a single sequence."""
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    raise ValueError("cannot locate the sequence inside the post-processed encoding")
+
+
+class PromptTokenizer:
+    """A model's chat template and tokenizer with a segment cache in front.
+
+    :meth:`encode_chat` and :meth:`encode_text` return exactly what
+    ``ChatTokenizer.encode_prompt(render(...))`` and ``ChatTokenizer.encode_text`` return
+    (the sim's and the engine's tokenization), only faster on repeated segments.
+    Synchronous and CPU-bound (~1 µs per uncached token); not thread-safe.
+    """
+
+    def __init__(self, chat: ChatTokenizer, cache_tokens: int = 1_000_000) -> None:
+        self.chat = chat
+        self.cache = SegmentCache(cache_tokens)
+        self._tok = chat.tokenizer
+        self._splitter = _splitter(chat.tokenizer) if cache_tokens > 0 else None
+        self.segmented = self._splitter is not None
+        self._prefix, self._suffix = _affixes(chat.tokenizer)
+
+    @classmethod
+    def load(
+        cls,
+        tokenizer: Path | None = None,
+        chat_template: Path | None = None,
+        cache_tokens: int = 1_000_000,
+    ) -> PromptTokenizer:
+        """Load like the engine/sim does; ``None`` paths = the shared defaults."""
+        return cls(ChatTokenizer.load(tokenizer, chat_template), cache_tokens)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """The chat prompt text; raises :class:`TemplateError` (a client error)."""
+        return self.chat.render(messages, add_generation_prompt, **kwargs)
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Ids of a rendered chat prompt (special tokens added only when it lacks its BOS)."""
+        bos = self.chat.bos_token
+        return self._encode(text, add_special=not (bool(bos) and text.startswith(bos)))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of a plain completion prompt (the tokenizer's special tokens added)."""
+        return self._encode(text, add_special=True)
+
+    def _encode(self, text: str, add_special: bool) -> list[int]:
+        if self._splitter is None:
+            ids: list[int] = self._tok.encode(text, add_special_tokens=add_special).ids
+            return ids
+        out: list[int] = list(self._prefix) if add_special else []
+        first = True
+        for piece, token_id in self._splitter.split(text):
+            if token_id is not None:
+                out.append(token_id)
+            else:
+                out.extend(self._piece(piece, first))
+            first = False
+        if add_special:
+            out.extend(self._suffix)
+        return out
+
+    def _piece(self, piece: str, first: bool) -> list[int]:
+        key = (piece, first)
+        ids = self.cache.get(key)
+        if ids is None:
+            ids = self._tok.encode(piece, add_special_tokens=False).ids
+            self.cache.put(key, ids)
+        return ids
+
+    def __repr__(self) -> str:
+        return f"PromptTokenizer({self.chat!r}, segmented={self.segmented}, {self.cache!r})"

@@ -1,0 +1,155 @@
+"""Small client helpers for the Index service: ledger-update builders and a Sync session.
+
+Used by the index's own tests and benchmarks, and handy for ingest / gateway tests that drive
+a real in-process index. Keys travel in the ``*_le`` twins (uint64 little-endian).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from types import TracebackType
+
+from cortex.api.index import v1 as pb
+from cortex.hashing import Engine, HashDomain
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality
+
+__all__ = [
+    "SYNC_METHOD",
+    "LedgerUpdates",
+    "SyncSession",
+    "pack_keys",
+]
+
+SYNC_METHOD = "/cortex.index.v1.Index/Sync"
+_ENGINE_KINDS = {Engine.SGLANG: 1, Engine.VLLM: 2}  # EngineKind values
+
+
+def pack_keys(keys: Sequence[int]) -> bytes:
+    """uint64 little-endian bytes of ``keys`` (a ``*_le`` field)."""
+    packed = array("Q", keys)
+    if packed.itemsize != 8:  # pragma: no cover
+        raise RuntimeError("array('Q') is not 64-bit here")
+    return packed.tobytes()
+
+
+class LedgerUpdates:
+    """Builds the ordered ``LedgerUpdate`` stream of one source, numbering ``seq`` itself.
+
+    ``snapshot()`` may start a new epoch (``epoch=``); every call returns the next update.
+    """
+
+    def __init__(
+        self, worker_id: str, domain: HashDomain, *, dp_rank: int = 0, epoch: int = 1,
+        seq: int = 0,
+    ) -> None:
+        self.source = pb.Source(worker_id=worker_id, dp_rank=dp_rank)
+        self.domain = pb.Domain(model=domain.model, block_size=domain.block_size,
+                                engine=pb.EngineKind(_ENGINE_KINDS[domain.engine]))
+        self.epoch = epoch
+        self.seq = seq
+
+    def __repr__(self) -> str:
+        return (f"LedgerUpdates({self.source.worker_id}#{self.source.dp_rank}, "
+                f"epoch={self.epoch}, seq={self.seq})")
+
+    def _next(self, **op: object) -> pb.LedgerUpdate:
+        self.seq += 1
+        return pb.LedgerUpdate(source=self.source, domain=self.domain, epoch=self.epoch,
+                               seq=self.seq, **op)  # type: ignore[arg-type]
+
+    def store(self, parent_key: int, keys: Sequence[int]) -> pb.LedgerUpdate:
+        return self._next(store=pb.StoreBlocks(parent_key=parent_key, keys_le=pack_keys(keys)))
+
+    def remove(self, keys: Sequence[int]) -> pb.LedgerUpdate:
+        return self._next(remove=pb.RemoveBlocks(keys_le=pack_keys(keys)))
+
+    def clear(self, reason: str = "all_blocks_cleared") -> pb.LedgerUpdate:
+        return self._next(clear=pb.ClearBlocks(reason=reason))
+
+    def set_state(self, state: int, reason: str = "") -> pb.LedgerUpdate:
+        """``state``: a ``LedgerState`` value."""
+        return self._next(state=pb.SetState(state=pb.LedgerState(state), reason=reason))
+
+    def snapshot(
+        self,
+        parent_keys: Sequence[int],
+        keys: Sequence[int],
+        *,
+        state: int = 2,
+        epoch: int | None = None,
+    ) -> pb.LedgerUpdate:
+        """``state``: a ``LedgerState`` value (default READY)."""
+        if epoch is not None and epoch != self.epoch:
+            self.epoch, self.seq = epoch, 0
+        snapshot = pb.Snapshot(
+            parent_keys_le=pack_keys(parent_keys),
+            keys_le=pack_keys(keys),
+            state=pb.LedgerState(state),
+        )
+        return self._next(snapshot=snapshot)
+
+    def chain_snapshot(
+        self, chains: Sequence[tuple[int, Sequence[int]]], *, epoch: int | None = None,
+        state: int = 2,
+    ) -> pb.LedgerUpdate:
+        """A snapshot of ``(parent_key, chain keys)`` chains."""
+        parents: list[int] = []
+        keys: list[int] = []
+        for parent, chain in chains:
+            parents.extend([parent, *chain[:-1]])
+            keys.extend(chain)
+        return self.snapshot(parents, keys, epoch=epoch, state=state)
+
+    def remove_source(self, reason: str = "lease_lost") -> pb.LedgerUpdate:
+        return self._next(remove_source=pb.RemoveSource(reason=reason))
+
+
+class SyncSession:
+    """One open ``Sync`` stream: ``await session.send(updates)`` returns the reply.
+
+    ``async with SyncSession(channel, ingest_id="ingest-0") as session: ...``; leaving the
+    block ends the stream (half-close, then the server's trailers).
+    """
+
+    def __init__(self, channel: Channel, ingest_id: str = "test-ingest") -> None:
+        self.channel = channel
+        self.ingest_id = ingest_id
+        self._cm = channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch,
+                                   pb.SyncReply)
+        self._stream: Stream[pb.UpdateBatch, pb.SyncReply] | None = None
+
+    def __repr__(self) -> str:
+        return f"SyncSession(ingest_id={self.ingest_id!r}, open={self._stream is not None})"
+
+    async def __aenter__(self) -> SyncSession:
+        self._stream = await self._cm.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stream, self._stream = self._stream, None
+        try:
+            if stream is not None and exc is None:
+                await stream.end()
+                while await stream.recv_message() is not None:
+                    pass
+        finally:
+            await self._cm.__aexit__(exc_type, exc, tb)
+
+    async def send(self, updates: Sequence[pb.LedgerUpdate]) -> pb.SyncReply:
+        """Send one batch and wait for its reply."""
+        if self._stream is None:
+            raise RuntimeError("SyncSession is not open")
+        await self._stream.send_message(
+            pb.UpdateBatch(ingest_id=self.ingest_id, updates=list(updates))
+        )
+        reply = await self._stream.recv_message()
+        if reply is None:
+            raise ConnectionError("Sync stream ended without a reply")
+        return reply

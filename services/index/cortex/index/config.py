@@ -1,0 +1,83 @@
+"""Index configuration: one frozen, validated object, read at the edge (``cli.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cortex.index.errors import ConfigError
+
+__all__ = ["IndexConfig"]
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class IndexConfig:
+    """Settings of one index process. Validated on creation (:class:`ConfigError`).
+
+    Network: ``port`` 0 binds an ephemeral port (read ``IndexServer.port``);
+    ``metrics_port`` None disables the Prometheus endpoint, 0 picks an ephemeral one.
+    Sizes are in bytes, keys, records or blocks as named; times in seconds.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = 50051
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9464
+    # memory
+    memory_budget_bytes: int = 2 * _GIB
+    """Estimated tree bytes at which least-recently-matched leaves are evicted (0 = none)."""
+    low_watermark: float = 0.95
+    """Eviction stops at this fraction of the budget (amortises the leaf scan)."""
+    # queries
+    max_query_blocks: int = 1 << 16
+    max_query_tokens: int = 1 << 22
+    # change feed
+    changes_max_keys: int = 1 << 20
+    """Removed keys the change ring keeps; a subscriber further behind gets a reset."""
+    changes_max_records: int = 1 << 16
+    changes_batch_keys: int = 4096
+    """Most removed keys in one ChangeBatch."""
+    changes_heartbeat_s: float = 1.0
+    """An idle change feed sends an empty batch (current version) this often."""
+    # ledger sync
+    resync_retry_s: float = 5.0
+    """A source still awaiting a snapshot is listed in SyncReply.resync again after this."""
+    max_tombstones: int = 4096
+    """Removed sources remembered (so their late duplicates stay duplicates)."""
+    apply_slice_s: float = 0.005
+    """A Sync batch yields to queries after this much apply time."""
+    # lifecycle
+    shutdown_grace_s: float = 5.0
+    """On SIGTERM: health NOT_SERVING, streams told to go, in-flight calls get this long."""
+
+    def __post_init__(self) -> None:
+        for name in ("port", "metrics_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ConfigError(f"{name} must be in [0, 65535], got {value}")
+        if not self.host or not self.metrics_host:
+            raise ConfigError("host and metrics_host must be non-empty")
+        if self.memory_budget_bytes < 0:
+            raise ConfigError(f"memory_budget_bytes must be >= 0, got {self.memory_budget_bytes}")
+        if not 0.0 < self.low_watermark <= 1.0:
+            raise ConfigError(f"low_watermark must be in (0, 1], got {self.low_watermark}")
+        positive_ints = (
+            "max_query_blocks",
+            "max_query_tokens",
+            "changes_max_keys",
+            "changes_max_records",
+            "changes_batch_keys",
+        )
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_tombstones < 0:
+            raise ConfigError(f"max_tombstones must be >= 0, got {self.max_tombstones}")
+        positive_times = ("changes_heartbeat_s", "apply_slice_s")
+        for name in positive_times:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("resync_retry_s", "shutdown_grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -1,0 +1,146 @@
+"""Every Prometheus metric of the index (``cortex_index_`` prefix), in one place.
+
+Each :class:`IndexMetrics` owns its registry, so several in-process servers (tests, benches)
+never collide. Sizes are read from the core at scrape time (no cost on the hot path).
+"""
+
+from __future__ import annotations
+
+from collections import Counter as TallyCounter
+from collections.abc import Callable, Iterator
+
+from cortex.index.model import LedgerState, domain_label
+from cortex.index.prefix_index import PrefixIndex
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "IndexMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 100e-3,
+)
+
+
+class _CoreCollector(Collector):
+    """Sizes and states read from the core when Prometheus scrapes."""
+
+    def __init__(self, core: Callable[[], PrefixIndex]) -> None:
+        self._core = core
+
+    def collect(self) -> Iterator[Metric]:
+        core = self._core()
+        stats = core.stats()
+        blocks = GaugeMetricFamily(
+            "cortex_index_blocks", "Tree nodes (distinct blocks) per hash domain", labels=["domain"]
+        )
+        holdings = GaugeMetricFamily(
+            "cortex_index_holdings", "(block, source) pairs per hash domain", labels=["domain"]
+        )
+        domain_bytes = GaugeMetricFamily(
+            "cortex_index_domain_bytes", "Estimated tree bytes per hash domain", labels=["domain"]
+        )
+        evictions = CounterMetricFamily(
+            "cortex_index_evicted_blocks",
+            "Blocks evicted for the memory budget, per hash domain",
+            labels=["domain"],
+        )
+        for d in stats.domains:
+            label = [domain_label(d.domain)]
+            blocks.add_metric(label, d.blocks)
+            holdings.add_metric(label, d.holdings)
+            domain_bytes.add_metric(label, d.bytes_estimate)
+            evictions.add_metric(label, d.evictions)
+        yield from (blocks, holdings, domain_bytes, evictions)
+        yield GaugeMetricFamily(
+            "cortex_index_bytes_estimate", "Estimated bytes of all trees",
+            value=stats.bytes_estimate,
+        )
+        yield GaugeMetricFamily(
+            "cortex_index_memory_budget_bytes", "Memory budget (0 = unbounded)",
+            value=stats.bytes_budget,
+        )
+        yield CounterMetricFamily(
+            "cortex_index_evictions", "Blocks evicted for the memory budget", value=stats.evictions
+        )
+        yield CounterMetricFamily(
+            "cortex_index_eviction_passes", "Eviction passes run", value=core.eviction_passes
+        )
+        yield GaugeMetricFamily(
+            "cortex_index_version", "Current ledger version", value=stats.version
+        )
+        sources = GaugeMetricFamily(
+            "cortex_index_sources", "Known sources by ledger state", labels=["state"]
+        )
+        tally = TallyCounter(rec.effective_state for rec in core.ledger)
+        for state in LedgerState:
+            if state is not LedgerState.UNSPECIFIED:
+                sources.add_metric([state.name.lower()], tally.get(state, 0))
+        yield sources
+        yield GaugeMetricFamily(
+            "cortex_index_change_log_weight", "Removed keys + cleared sources in the change ring",
+            value=core.changes.weight,
+        )
+
+
+class IndexMetrics:
+    """The index's metrics and their registry (``render()`` gives the exposition text)."""
+
+    def __init__(self, core: Callable[[], PrefixIndex]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.match_requests = Counter(
+            "cortex_index_match_requests", "Match calls by outcome", ["outcome"], registry=r
+        )
+        self.match_seconds = Histogram(
+            "cortex_index_match_seconds", "Match handling time in the index (s)",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.match_query_blocks = Histogram(
+            "cortex_index_match_query_blocks", "Full blocks per Match query",
+            buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384), registry=r,
+        )
+        self.updates = Counter(
+            "cortex_index_updates", "Ledger updates by op and verdict", ["op", "verdict"],
+            registry=r,
+        )
+        self.update_batches = Counter(
+            "cortex_index_update_batches", "Sync batches received", registry=r
+        )
+        self.rejected_updates = Counter(
+            "cortex_index_rejected_updates", "Malformed ledger updates", registry=r
+        )
+        self.resync_requests = Counter(
+            "cortex_index_resync_requests", "Sources listed in SyncReply.resync", registry=r
+        )
+        self.apply_seconds = Histogram(
+            "cortex_index_apply_batch_seconds", "Time to apply one Sync batch (s)",
+            buckets=(1e-4, 5e-4, 1e-3, 5e-3, 10e-3, 50e-3, 0.1, 0.5, 1.0), registry=r,
+        )
+        self.sync_streams = Gauge(
+            "cortex_index_sync_streams", "Open Sync streams (ingest connections)", registry=r
+        )
+        self.change_subscribers = Gauge(
+            "cortex_index_change_subscribers", "Open Changes streams", registry=r
+        )
+        self.change_batches = Counter(
+            "cortex_index_change_batches", "ChangeBatch messages sent", registry=r
+        )
+        self.change_resets = Counter(
+            "cortex_index_change_resets", "ChangeBatch resets sent", registry=r
+        )
+        self.serving = Gauge(
+            "cortex_index_serving", "1 while the index serves, 0 while it drains", registry=r
+        )
+        r.register(_CoreCollector(core))
+        ProcessCollector(namespace="cortex_index", registry=r)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def __repr__(self) -> str:
+        return f"IndexMetrics(collectors={len(list(self.registry.collect()))})"

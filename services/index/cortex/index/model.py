@@ -1,0 +1,121 @@
+"""Value types of the index core: sources, ledger states and ledger updates.
+
+These are the socket-free twins of the ``cortex.index.v1`` messages; ``convert`` translates at
+the gRPC boundary. Hash domains are :class:`cortex.hashing.HashDomain` (model + block size +
+engine kind), which is hashable and so keys the per-domain trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+from cortex.hashing import HashDomain
+
+__all__ = [
+    "ClearBlocks",
+    "LedgerState",
+    "LedgerUpdate",
+    "Op",
+    "RemoveBlocks",
+    "RemoveSource",
+    "SetState",
+    "Snapshot",
+    "Source",
+    "StoreBlocks",
+    "domain_label",
+]
+
+
+class LedgerState(IntEnum):
+    """A source's ledger state; values equal ``cortex.index.v1.LedgerState``.
+
+    Only ``READY`` sources get exact-KV credit from routers.
+    """
+
+    UNSPECIFIED = 0
+    SYNCING = 1
+    READY = 2
+    STALE = 3
+    REMOVED = 4
+    MISALIGNED = 5
+
+
+class Source(NamedTuple):
+    """One ledger source: a worker's data-parallel rank."""
+
+    worker_id: str
+    dp_rank: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}#{self.dp_rank}"
+
+
+def domain_label(domain: HashDomain) -> str:
+    """``model/block_size/engine``: the domain's name in logs and metric labels."""
+    return f"{domain.model}/{domain.block_size}/{domain.engine.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreBlocks:
+    """The source now holds ``keys``, a chain of consecutive blocks after ``parent_key``."""
+
+    parent_key: int
+    keys: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveBlocks:
+    """The source no longer holds ``keys`` (no subtree removal implied)."""
+
+    keys: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ClearBlocks:
+    """The source holds nothing any more (engine cache reset, unrepaired gap, ...)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """The source's ledger state changed at ingest (``REMOVED`` prunes it like RemoveSource)."""
+
+    state: LedgerState
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The source's full ledger: ``(parent_keys[i], keys[i])`` pairs listed parents-first.
+
+    Replaces whatever the index held for the source and starts (or replaces) an epoch.
+    """
+
+    parent_keys: list[int]
+    keys: list[int]
+    state: LedgerState = LedgerState.READY
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSource:
+    """The source is gone (lease lost): prune it everywhere."""
+
+    reason: str = ""
+
+
+Op = StoreBlocks | RemoveBlocks | ClearBlocks | SetState | Snapshot | RemoveSource
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerUpdate:
+    """One ordered update of one source: ``(epoch, seq)`` grows by one seq per update."""
+
+    source: Source
+    domain: HashDomain
+    epoch: int
+    seq: int
+    op: Op

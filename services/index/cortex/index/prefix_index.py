@@ -1,0 +1,527 @@
+"""The index core: per-domain radix trees, the per-source ledger, the version, the change log
+and the memory budget. Pure and synchronous: the gRPC shell only moves messages in and out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from cortex.hashing import Engine, HashDomain
+from cortex.index.changes import Change, ChangeLog
+from cortex.index.errors import InvalidArgument
+from cortex.index.ledger import Ledger, SourceRecord, Verdict
+from cortex.index.model import (
+    ClearBlocks,
+    LedgerState,
+    LedgerUpdate,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    Source,
+    StoreBlocks,
+)
+from cortex.index.tree import RadixHashTree, node_bytes
+
+__all__ = [
+    "ApplyResult",
+    "DomainStats",
+    "IndexStats",
+    "MatchResult",
+    "PrefixIndex",
+    "SourceMatch",
+    "WorkerView",
+    "initial_version",
+]
+
+SourceMatch = tuple[Source, int, LedgerState]
+"""``(source, matched_blocks, state)`` of one source in a Match answer."""
+
+_Roster = list[tuple[int, Source, SourceRecord]]
+
+
+def initial_version(now_s: float | None = None) -> int:
+    """The version a fresh process starts at: wall-clock microseconds.
+
+    Versions then stay monotonic across index restarts (as long as fewer than a million
+    changes per second are applied), so a ``since_version`` from a previous process is below
+    the new process's floor and the change feed answers it with a reset.
+    """
+    return max(1, int((time.time() if now_s is None else now_s) * 1_000_000))
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """A Match answer: ``matches`` has every source of the domain after the candidate filter.
+
+    ``domain`` is None when no domain of the model matched (then ``matches`` is empty);
+    ``query_blocks`` counts the query's full blocks before any ``max_blocks`` cap.
+    """
+
+    model: str
+    domain: HashDomain | None
+    version: int
+    query_blocks: int
+    matches: list[SourceMatch]
+
+    def blocks_of(self, worker_id: str, dp_rank: int = 0) -> int:
+        """Matched blocks of one source (0 when absent)."""
+        for source, blocks, _ in self.matches:
+            if source == (worker_id, dp_rank):
+                return blocks
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """Outcome of one update: its verdict, and whether to ask ingest for a snapshot."""
+
+    verdict: Verdict
+    request_resync: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One source as the Workers query reports it."""
+
+    source: Source
+    domain: HashDomain
+    state: LedgerState
+    reason: str
+    blocks: int
+    epoch: int
+    seq: int
+    updated_unix_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DomainStats:
+    domain: HashDomain
+    blocks: int  # nodes
+    holdings: int  # (node, source) pairs
+    sources: int
+    bytes_estimate: int
+    evictions: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    blocks: int
+    holdings: int
+    bytes_estimate: int
+    bytes_budget: int
+    evictions: int
+    version: int
+    domains: list[DomainStats]
+
+
+class PrefixIndex:
+    """Everything the index knows, behind four verbs: ``apply``, ``match``, ``workers``,
+    ``stats`` (plus ``changes`` for the feed).
+
+    ``memory_budget_bytes`` (0 = unbounded) is enforced after every store: when the estimate
+    exceeds it, least-recently-matched leaves are evicted (globally across domains) until the
+    estimate is at ``low_watermark * budget``. Evictions are logged as removals, so gateway
+    caches drop them too. ``max_query_blocks`` / ``max_query_tokens`` bound one Match.
+    """
+
+    def __init__(
+        self,
+        *,
+        memory_budget_bytes: int = 0,
+        low_watermark: float = 0.95,
+        max_query_blocks: int = 1 << 16,
+        max_query_tokens: int = 1 << 22,
+        changes_max_keys: int = 1 << 20,
+        changes_max_records: int = 1 << 16,
+        resync_retry_s: float = 5.0,
+        max_tombstones: int = 4096,
+        start_version: int | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if memory_budget_bytes < 0:
+            raise ValueError("memory_budget_bytes must be >= 0")
+        if not 0.0 < low_watermark <= 1.0:
+            raise ValueError("low_watermark must be in (0, 1]")
+        self.memory_budget_bytes = memory_budget_bytes
+        self.low_watermark = low_watermark
+        self.max_query_blocks = max_query_blocks
+        self.max_query_tokens = max_query_tokens
+        self._wall = wall_clock
+        self.version = initial_version(wall_clock()) if start_version is None else start_version
+        self.ledger = Ledger(resync_retry_s=resync_retry_s, max_tombstones=max_tombstones)
+        self.changes = ChangeLog(self.version, max_keys=changes_max_keys,
+                                 max_records=changes_max_records)
+        self.trees: dict[HashDomain, RadixHashTree] = {}
+        self._by_model: dict[str, list[HashDomain]] = {}
+        self._rosters: dict[HashDomain, _Roster] = {}
+        self._tick = 0  # recency clock: one tick per store or match
+        self.evictions = 0
+        self.eviction_passes = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefixIndex(version={self.version}, domains={len(self.trees)}, "
+            f"blocks={sum(t.nodes for t in self.trees.values())}, "
+            f"bytes={self.bytes_estimate}, budget={self.memory_budget_bytes}, "
+            f"evictions={self.evictions}, {self.ledger!r})"
+        )
+
+    @property
+    def bytes_estimate(self) -> int:
+        return sum(tree.bytes_estimate for tree in self.trees.values())
+
+    # ---- domains ---------------------------------------------------------------------------
+
+    def resolve_domain(
+        self, model: str, block_size: int = 0, engine: Engine | None = None
+    ) -> HashDomain | None:
+        """The model's domain, narrowed by ``block_size`` (0 = any) and ``engine`` (None = any).
+
+        None when no domain fits; :class:`InvalidArgument` when several do.
+        """
+        domains = self._by_model.get(model)
+        if not domains:
+            return None
+        if len(domains) == 1 and not block_size and engine is None:
+            return domains[0]
+        fits = [
+            d for d in domains
+            if (not block_size or d.block_size == block_size)
+            and (engine is None or d.engine == engine)
+        ]
+        if len(fits) > 1:
+            names = ", ".join(f"block_size={d.block_size} engine={d.engine.value}" for d in fits)
+            raise InvalidArgument(
+                f"model {model!r} has {len(fits)} hash domains ({names}): "
+                "set block_size and/or engine"
+            )
+        return fits[0] if fits else None
+
+    def _attach(self, source: Source, domain: HashDomain) -> RadixHashTree:
+        tree = self.trees.get(domain)
+        if tree is None:
+            tree = self.trees[domain] = RadixHashTree()
+            self._by_model.setdefault(domain.model, []).append(domain)
+        if not tree.has_source(source):
+            tree.add_source(source)
+            self._rosters.pop(domain, None)
+        return tree
+
+    def _detach(self, source: Source, domain: HashDomain) -> int:
+        tree = self.trees.get(domain)
+        if tree is None:
+            return 0
+        dropped = tree.remove_source(source)
+        self._rosters.pop(domain, None)
+        if not tree.sources:
+            del self.trees[domain]
+            models = self._by_model[domain.model]
+            models.remove(domain)
+            if not models:
+                del self._by_model[domain.model]
+        return dropped
+
+    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> _Roster:
+        roster = self._rosters.get(domain)
+        if roster is None:
+            records = self.ledger
+            roster = []
+            for bit, source in tree.bits():
+                rec = records.get(source)
+                if rec is not None:
+                    roster.append((bit, source, rec))
+            self._rosters[domain] = roster
+        return roster
+
+    # ---- updates ---------------------------------------------------------------------------
+
+    def _bump(self) -> int:
+        self.version += 1
+        return self.version
+
+    def _log_cleared(self, domain: HashDomain, source: Source) -> None:
+        self.changes.append(Change(self.version, domain, source))
+
+    def apply(self, update: LedgerUpdate) -> ApplyResult:
+        """Sequence and apply one ledger update (see :mod:`cortex.index.ledger` for the rules).
+
+        Never raises for a bad op: a malformed update leaves its source awaiting a snapshot
+        and comes back as ``RESYNC`` with ``error`` set.
+        """
+        now = self._wall()
+        source = update.source
+        prior = self.ledger.get(source)
+        old_domain = prior.domain if prior is not None and not prior.removed else None
+        was_held = 0
+        if old_domain is not None and old_domain in self.trees:
+            was_held = self.trees[old_domain].blocks_of(source)
+        admission = self.ledger.admit(update, now)
+        verdict = admission.verdict
+        if verdict is Verdict.DUPLICATE or verdict is Verdict.STALE:
+            return ApplyResult(verdict)
+        if verdict is Verdict.RESYNC:
+            rec = self.ledger.get(source)
+            assert rec is not None
+            changed = admission.left_ready
+            if admission.discard and old_domain is not None:
+                if old_domain != rec.domain:
+                    self._detach(source, old_domain)
+                else:
+                    self.trees[old_domain].clear(source)
+                changed = changed or was_held > 0
+            if not rec.removed:
+                self._attach(source, rec.domain)
+            if changed:
+                self._bump()
+                self._log_cleared(old_domain or rec.domain, source)
+            return ApplyResult(verdict, admission.request_resync)
+        try:
+            self._apply_op(update, old_domain, was_held, admission.left_ready, now)
+        except InvalidArgument as exc:
+            failed = self.ledger.failed(source, update.domain, str(exc), now)
+            rec = self.ledger.get(source)
+            if rec is not None and not rec.removed:
+                self._attach(source, rec.domain)
+            self._bump()
+            self._log_cleared(update.domain, source)
+            return ApplyResult(Verdict.RESYNC, failed.request_resync, str(exc))
+        return ApplyResult(Verdict.APPLY)
+
+    def reject(
+        self, source: Source, domain: HashDomain | None, reason: str
+    ) -> ApplyResult:
+        """An update too malformed to sequence: its source (if known) needs a snapshot."""
+        now = self._wall()
+        prior = self.ledger.get(source)
+        was_ready = prior is not None and prior.effective_state is LedgerState.READY
+        admission = self.ledger.failed(source, domain, reason, now)
+        rec = self.ledger.get(source)
+        if rec is not None and not rec.removed:
+            self._attach(source, rec.domain)
+            if was_ready:
+                self._bump()
+                self._log_cleared(rec.domain, source)
+        return ApplyResult(Verdict.RESYNC, admission.request_resync, reason)
+
+    def _apply_op(
+        self,
+        update: LedgerUpdate,
+        old_domain: HashDomain | None,
+        was_held: int,
+        left_ready: bool,
+        now: float,
+    ) -> None:
+        source, domain, op = update.source, update.domain, update.op
+        if isinstance(op, RemoveSource) or (
+            isinstance(op, SetState) and op.state is LedgerState.REMOVED
+        ):
+            if old_domain is not None:
+                self._detach(source, old_domain)
+            self.ledger.removed(source, op.reason, now)
+            self._bump()
+            if old_domain is not None:
+                self._log_cleared(old_domain, source)
+            return
+        if isinstance(op, Snapshot):
+            if old_domain is not None and old_domain != domain:
+                self._detach(source, old_domain)
+            tree = self._attach(source, domain)
+            tree.clear(source)
+            self._bump()
+            if was_held or left_ready:
+                self._log_cleared(old_domain or domain, source)
+            self._tick += 1
+            tree.store_pairs(source, op.parent_keys, op.keys, self._tick)
+            self.ledger.snapshot_applied(source, domain, op.state, op.reason, now)
+            self._enforce_budget()
+            return
+        tree = self._attach(source, domain)
+        if isinstance(op, StoreBlocks):
+            self._tick += 1
+            tree.store(source, op.parent_key, op.keys, self._tick)
+            self._bump()
+            self._enforce_budget()
+        elif isinstance(op, RemoveBlocks):
+            dropped = tree.remove(source, op.keys)
+            self._bump()
+            if dropped.size:
+                self.changes.append(Change(self.version, domain, source, dropped))
+        elif isinstance(op, ClearBlocks):
+            tree.clear(source)
+            self._bump()
+            self._log_cleared(domain, source)
+        else:
+            assert isinstance(op, SetState)
+            if op.state is LedgerState.UNSPECIFIED:
+                raise InvalidArgument("SetState.state is unspecified")
+            self.ledger.set_state(source, op.state, op.reason, now)
+            self._bump()
+            if left_ready or op.state is not LedgerState.READY:
+                self._log_cleared(domain, source)
+
+    # ---- memory budget --------------------------------------------------------------------
+
+    def _enforce_budget(self) -> int:
+        """Evict least-recently-matched leaves until the estimate is at the low watermark.
+
+        One pass scans every tree's leaves once, orders them by recency globally and evicts
+        them oldest first in growing chunks; an evicted leaf's ancestors that become leaves
+        and are at least as old go too. Returns the blocks evicted.
+        """
+        budget = self.memory_budget_bytes
+        if not budget or self.bytes_estimate <= budget:
+            return 0
+        target = int(budget * self.low_watermark)
+        version = self._bump()
+        self.eviction_passes += 1
+        evicted = 0
+        while self.bytes_estimate > target:
+            entries = [(domain, tree, *tree.leaves()) for domain, tree in self.trees.items()]
+            if not entries:
+                break
+            ages = np.concatenate([e[2] for e in entries])
+            slots = np.concatenate([e[3] for e in entries])
+            owner = np.concatenate([np.full(len(e[3]), i) for i, e in enumerate(entries)])
+            order = np.argsort(ages, kind="stable")
+            pass_evicted = 0
+            pos, chunk = 0, 1
+            while pos < len(order):
+                excess = self.bytes_estimate - target
+                if excess <= 0:
+                    break
+                need = math.ceil(excess / min(node_bytes(e[1].words) for e in entries))
+                sel = order[pos : pos + chunk]
+                pos, chunk = pos + chunk, min(chunk * 2, 1 << 16)
+                cutoff = int(ages[sel[-1]])
+                for i in np.unique(owner[sel]).tolist():
+                    domain, tree = entries[i][0], entries[i][1]
+                    count, dropped = tree.evict_from(slots[sel[owner[sel] == i]], cutoff, need)
+                    need -= count
+                    pass_evicted += count
+                    for source, keys in dropped:
+                        self.changes.append(Change(version, domain, source, keys))
+                    if need <= 0:
+                        break
+            if not pass_evicted:
+                break
+            evicted += pass_evicted
+        self.evictions += evicted
+        return evicted
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def match(
+        self,
+        model: str,
+        *,
+        block_keys: Sequence[int] | None = None,
+        token_ids: Sequence[int] | None = None,
+        block_size: int = 0,
+        engine: Engine | None = None,
+        candidate_workers: Collection[str] = (),
+        max_blocks: int = 0,
+        lora_name: str = "",
+        cache_salt: str = "",
+    ) -> MatchResult:
+        """Per source of the model's domain, the consecutive leading query blocks it holds.
+
+        ``block_keys`` (Cortex keys) win over ``token_ids`` (the index keys full blocks of
+        the resolved domain, with ``lora_name`` / ``cache_salt`` root extras). ``max_blocks``
+        caps matching (0 = none). Raises :class:`InvalidArgument` for an empty model, an
+        ambiguous domain, or a query over ``max_query_blocks`` / ``max_query_tokens``.
+        """
+        if not model:
+            raise InvalidArgument("model is required")
+        if max_blocks < 0:
+            raise InvalidArgument("max_blocks must be >= 0")
+        domain = self.resolve_domain(model, block_size, engine)
+        if block_keys:
+            if len(block_keys) > self.max_query_blocks:
+                raise InvalidArgument(
+                    f"{len(block_keys)} block keys exceed the limit of {self.max_query_blocks}"
+                )
+            query_blocks = len(block_keys)
+            keys: Sequence[int] = block_keys[:max_blocks] if max_blocks else block_keys
+        elif token_ids:
+            if len(token_ids) > self.max_query_tokens:
+                raise InvalidArgument(
+                    f"{len(token_ids)} token ids exceed the limit of {self.max_query_tokens}"
+                )
+            size = domain.block_size if domain is not None else block_size
+            query_blocks = len(token_ids) // size if size else 0
+            if domain is None:
+                return MatchResult(model, None, self.version, query_blocks, [])
+            if max_blocks:
+                token_ids = token_ids[: max_blocks * size]
+            try:
+                keys = domain.keys(token_ids, lora_name or None, cache_salt or None)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from exc
+        else:
+            query_blocks, keys = 0, []
+        tree = self.trees.get(domain) if domain is not None else None
+        if tree is None or domain is None:
+            return MatchResult(model, domain, self.version, query_blocks, [])
+        self._tick += 1
+        counts = tree.match(keys, self._tick)
+        roster = self._roster(domain, tree)
+        if candidate_workers:
+            wanted = set(candidate_workers)
+            matches = [
+                (source, counts[bit], rec.effective_state)
+                for bit, source, rec in roster
+                if source.worker_id in wanted
+            ]
+        else:
+            matches = [(source, counts[bit], rec.effective_state) for bit, source, rec in roster]
+        return MatchResult(model, domain, self.version, query_blocks, matches)
+
+    def workers(self, model: str = "") -> list[WorkerView]:
+        """Every known source (tombstones included) of ``model`` (empty = all models)."""
+        out: list[WorkerView] = []
+        for rec in self.ledger:
+            if model and rec.domain.model != model:
+                continue
+            tree = None if rec.removed else self.trees.get(rec.domain)
+            out.append(
+                WorkerView(
+                    source=rec.source,
+                    domain=rec.domain,
+                    state=rec.effective_state,
+                    reason=rec.reason,
+                    blocks=tree.blocks_of(rec.source) if tree is not None else 0,
+                    epoch=rec.epoch,
+                    seq=max(rec.seq, 0),
+                    updated_unix_s=rec.updated_unix_s,
+                )
+            )
+        out.sort(key=lambda w: (w.domain.model, w.source))
+        return out
+
+    def stats(self) -> IndexStats:
+        domains = [
+            DomainStats(
+                domain=domain,
+                blocks=tree.nodes,
+                holdings=tree.holdings,
+                sources=len(tree.sources),
+                bytes_estimate=tree.bytes_estimate,
+                evictions=tree.evicted,
+            )
+            for domain, tree in self.trees.items()
+        ]
+        return IndexStats(
+            blocks=sum(d.blocks for d in domains),
+            holdings=sum(d.holdings for d in domains),
+            bytes_estimate=sum(d.bytes_estimate for d in domains),
+            bytes_budget=self.memory_budget_bytes,
+            evictions=self.evictions,
+            version=self.version,
+            domains=domains,
+        )

@@ -1,0 +1,446 @@
+"""The gRPC shell of the index: the ``cortex.index.v1.Index`` service on grpclib, the
+``grpc.health.v1`` service, the Prometheus endpoint, and :class:`IndexServer`, the runner
+that owns them all (``async with IndexServer(config) as srv``).
+
+Handlers only move messages between the wire and :class:`PrefixIndex`; validation errors
+become ``INVALID_ARGUMENT`` with a message and no internals. Match requests are decoded by
+:mod:`cortex.index.wire` (``IndexServiceBase``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from types import TracebackType
+from typing import TypeVar
+
+import grpclib.server
+from aiohttp import web
+from cortex.api.index import v1 as pb
+from cortex.index.changes import ChangeSet
+from cortex.index.config import IndexConfig
+from cortex.index.convert import (
+    change_batch,
+    domain_from_pb,
+    match_args,
+    match_reply,
+    op_name,
+    source_from_pb,
+    stats_response,
+    update_from_pb,
+    workers_response,
+)
+from cortex.index.errors import InvalidArgument
+from cortex.index.ledger import Verdict
+from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
+from cortex.index.model import Source
+from cortex.index.prefix_index import ApplyResult, PrefixIndex
+from cortex.index.wire import IndexServiceBase, MatchQuery, MatchReply
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.health.check import ServiceStatus
+from grpclib.health.service import Health
+
+__all__ = ["IndexServer", "IndexService"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_DRAINING = "index is shutting down"
+
+
+class _Drained(Exception):
+    """The server began draining while a stream waited."""
+
+
+class IndexService(IndexServiceBase):
+    """``cortex.index.v1.Index`` over a :class:`PrefixIndex` (one per process)."""
+
+    def __init__(
+        self, core: PrefixIndex, config: IndexConfig, metrics: IndexMetrics, index_id: str
+    ) -> None:
+        self.core = core
+        self.config = config
+        self.metrics = metrics
+        self.index_id = index_id
+        self._changed = asyncio.Event()
+        self._draining = asyncio.Event()
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._last_reject_log = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexService(index_id={self.index_id}, inflight={self._inflight}, "
+            f"draining={self._draining.is_set()}, {self.core!r})"
+        )
+
+    # ---- lifecycle helpers ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+
+    def drain(self) -> None:
+        """Ask every open stream to end (with UNAVAILABLE, so clients reconnect elsewhere)."""
+        self._draining.set()
+
+    async def wait_idle(self) -> None:
+        """Until no call is in flight."""
+        await self._idle.wait()
+
+    def notify(self) -> None:
+        """Wake change-feed subscribers (the core changed)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
+        """Until ``event`` is set or ``timeout`` (s) passes; :class:`_Drained` on drain."""
+        if self._draining.is_set():
+            raise _Drained
+        waiters = {
+            asyncio.ensure_future(event.wait()),
+            asyncio.ensure_future(self._draining.wait()),
+        }
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if self._draining.is_set():
+            raise _Drained
+
+    async def _next(self, stream: AsyncIterator[_T]) -> _T | None:
+        """The next message of ``stream`` (None at its end); :class:`_Drained` on drain."""
+        if self._draining.is_set():
+            raise _Drained
+        receive = asyncio.ensure_future(anext(stream))
+        drain = asyncio.ensure_future(self._draining.wait())
+        try:
+            await asyncio.wait({receive, drain}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drain.cancel()
+            if not receive.done():
+                receive.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await receive
+        if not receive.done() or receive.cancelled():
+            raise _Drained
+        try:
+            return receive.result()
+        except StopAsyncIteration:
+            return None
+
+    # ---- queries --------------------------------------------------------------------------
+
+    async def match_query(self, query: MatchQuery) -> MatchReply:
+        with self._call():
+            started = time.perf_counter()
+            try:
+                args = match_args(query)
+                result = self.core.match(args.model, **args.as_kwargs())
+            except InvalidArgument as exc:
+                self.metrics.match_requests.labels("invalid").inc()
+                raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+            reply = match_reply(result, args)
+            self.metrics.match_seconds.observe(time.perf_counter() - started)
+            self.metrics.match_requests.labels("ok").inc()
+            self.metrics.match_query_blocks.observe(result.query_blocks)
+            return reply
+
+    async def workers(self, workers_request: pb.WorkersRequest) -> pb.WorkersResponse:
+        with self._call():
+            views = self.core.workers(workers_request.model)
+            return workers_response(views, self.core.version)
+
+    async def stats(self, stats_request: pb.StatsRequest) -> pb.StatsResponse:
+        with self._call():
+            return stats_response(self.core.stats(), self.index_id)
+
+    # ---- ledger updates -------------------------------------------------------------------
+
+    def _apply(self, update: pb.LedgerUpdate) -> tuple[ApplyResult, Source | None]:
+        op = op_name(update)
+        try:
+            core_update = update_from_pb(update)
+        except InvalidArgument as exc:
+            self.metrics.rejected_updates.inc()
+            source = domain = None
+            with contextlib.suppress(InvalidArgument):
+                source = source_from_pb(update.source)
+            with contextlib.suppress(InvalidArgument):
+                domain = domain_from_pb(update.domain)
+            now = time.monotonic()
+            if now - self._last_reject_log >= 1.0:  # at most one line a second
+                self._last_reject_log = now
+                log.warning("rejected ledger update: %s (source=%s op=%s)", exc, source, op)
+            if source is None:
+                return ApplyResult(Verdict.STALE, error=str(exc)), None
+            result = self.core.reject(source, domain, str(exc))
+        else:
+            source = core_update.source
+            result = self.core.apply(core_update)
+            if result.error is not None:
+                log.warning("ledger update failed: %s (source=%s op=%s)", result.error, source, op)
+        self.metrics.updates.labels(op, result.verdict.value).inc()
+        return result, source
+
+    async def sync(
+        self, update_batch_iterator: AsyncIterator[pb.UpdateBatch]
+    ) -> AsyncIterator[pb.SyncReply]:
+        """One reply per received batch: acks, the version, sources to re-snapshot."""
+        metrics = self.metrics
+        metrics.sync_streams.inc()
+        applied = 0
+        ingest_id = ""
+        try:
+            with self._call():
+                while True:
+                    try:
+                        batch = await self._next(update_batch_iterator)
+                    except _Drained:
+                        raise GRPCError(Status.UNAVAILABLE, _DRAINING) from None
+                    if batch is None:
+                        return
+                    if batch.ingest_id != ingest_id:
+                        ingest_id = batch.ingest_id
+                        log.info("sync stream from ingest %r", ingest_id)
+                    started = slice_start = time.perf_counter()
+                    resync: dict[Source, None] = {}
+                    for update in batch.updates:
+                        result, source = self._apply(update)
+                        if result.request_resync and source is not None:
+                            resync[source] = None
+                        if time.perf_counter() - slice_start > self.config.apply_slice_s:
+                            self.notify()
+                            await asyncio.sleep(0)  # let queries in between
+                            slice_start = time.perf_counter()
+                    applied += 1
+                    metrics.update_batches.inc()
+                    metrics.apply_seconds.observe(time.perf_counter() - started)
+                    if resync:
+                        metrics.resync_requests.inc(len(resync))
+                    self.notify()
+                    yield pb.SyncReply(
+                        applied_batches=applied,
+                        index_version=self.core.version,
+                        resync=[pb.Source(worker_id=s.worker_id, dp_rank=s.dp_rank)
+                                for s in resync],
+                        index_id=self.index_id,
+                    )
+        finally:
+            metrics.sync_streams.dec()
+
+    # ---- change feed ----------------------------------------------------------------------
+
+    async def changes(self, changes_request: pb.ChangesRequest) -> AsyncIterator[pb.ChangeBatch]:
+        """Catch up from ``since_version`` (0 = now), then stream; heartbeats when idle."""
+        metrics, config, core = self.metrics, self.config, self.core
+        model = changes_request.model
+        cursor = changes_request.since_version or core.version
+        metrics.change_subscribers.inc()
+        try:
+            with self._call():
+                last_sent: float | None = None
+                while True:
+                    event = self._changed  # grab before reading: no lost wake-up
+                    current = core.version
+                    sets = core.changes.since(
+                        cursor, current, model=model, max_batch_keys=config.changes_batch_keys
+                    )
+                    now = time.monotonic()
+                    if not sets and (
+                        last_sent is None or now - last_sent >= config.changes_heartbeat_s
+                    ):
+                        sets = [ChangeSet(cursor, current)]
+                    for change in sets:
+                        if change.reset:
+                            metrics.change_resets.inc()
+                            log.info("change feed reset (cursor=%d current=%d floor=%d)",
+                                     cursor, current, core.changes.floor)
+                        metrics.change_batches.inc()
+                        yield change_batch(change)
+                        cursor = change.to_version
+                        last_sent = time.monotonic()
+                    assert last_sent is not None
+                    timeout = max(0.0, config.changes_heartbeat_s - (time.monotonic() - last_sent))
+                    try:
+                        await self._wait(event, timeout)
+                    except _Drained:
+                        raise GRPCError(Status.UNAVAILABLE, _DRAINING) from None
+        finally:
+            metrics.change_subscribers.dec()
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket bound to ``host:port`` (port 0: the kernel picks)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class IndexServer:
+    """An index process in a box: gRPC (Index + health), Prometheus, graceful stop.
+
+    ``async with IndexServer(IndexConfig(host="127.0.0.1", port=0, metrics_port=None)) as
+    srv:`` serves at ``srv.target`` until the block ends (then :meth:`stop`). ``core`` is the
+    live :class:`PrefixIndex` (tests may inspect it; mutate it only through gRPC).
+    """
+
+    def __init__(self, config: IndexConfig | None = None) -> None:
+        self.config = config or IndexConfig()
+        self.index_id = uuid.uuid4().hex[:16]
+        c = self.config
+        self.core = PrefixIndex(
+            memory_budget_bytes=c.memory_budget_bytes,
+            low_watermark=c.low_watermark,
+            max_query_blocks=c.max_query_blocks,
+            max_query_tokens=c.max_query_tokens,
+            changes_max_keys=c.changes_max_keys,
+            changes_max_records=c.changes_max_records,
+            resync_retry_s=c.resync_retry_s,
+            max_tombstones=c.max_tombstones,
+        )
+        self.metrics = IndexMetrics(lambda: self.core)
+        self._service: IndexService | None = None
+        self._serving = ServiceStatus()
+        self._grpc: grpclib.server.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._port: int | None = None
+        self._metrics_port: int | None = None
+        self._stopped = asyncio.Event()
+
+    def __repr__(self) -> str:
+        state = "serving" if self._grpc is not None and not self._stopped.is_set() else "stopped"
+        return (
+            f"IndexServer({state}, target={self.config.host}:{self._port}, "
+            f"metrics_port={self._metrics_port}, index_id={self.index_id})"
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound gRPC port (after start)."""
+        if self._port is None:
+            raise RuntimeError("IndexServer is not started")
+        return self._port
+
+    @property
+    def target(self) -> str:
+        """``host:port`` for a client channel."""
+        host = self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port, or None when disabled."""
+        return self._metrics_port
+
+    async def start(self) -> None:
+        """Bind and serve. Raises ``OSError`` when a port is taken."""
+        if self._grpc is not None:
+            raise RuntimeError("IndexServer already started")
+        c = self.config
+        service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
+        health = Health({service: [self._serving]})
+        server = grpclib.server.Server([service, health])
+        try:
+            sock = _bound_socket(c.host, c.port)
+            self._port = sock.getsockname()[1]
+            await server.start(sock=sock)
+            self._grpc = server
+            if c.metrics_port is not None:
+                await self._start_metrics(c.metrics_host, c.metrics_port)
+        except BaseException:
+            await self._close_transports()
+            raise
+        self._serving.set(True)
+        self.metrics.serving.set(1)
+        log.info("index serving grpc=%s metrics=%s index_id=%s budget=%d",
+                 self.target, self._metrics_port, self.index_id, c.memory_budget_bytes)
+
+    async def _start_metrics(self, host: str, port: int) -> None:
+        async def metrics(_: web.Request) -> web.Response:
+            body = self.metrics.render()
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self._http = runner
+        sock = _bound_socket(host, port)
+        self._metrics_port = sock.getsockname()[1]
+        await web.SockSite(runner, sock).start()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain and stop: health NOT_SERVING, streams end with UNAVAILABLE, in-flight
+        calls get ``grace_s`` (default ``config.shutdown_grace_s``) seconds, then the rest
+        is cancelled. Idempotent; completes its cleanup even when cancelled.
+        """
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.config.shutdown_grace_s if grace_s is None else grace_s
+        self._serving.set(False)
+        self.metrics.serving.set(0)
+        service = self._service
+        try:
+            if service is not None:
+                service.drain()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(service.wait_idle(), grace)
+        finally:
+            await self._close_transports()
+        log.info("index stopped index_id=%s version=%d", self.index_id, self.core.version)
+
+    async def _close_transports(self) -> None:
+        grpc, self._grpc = self._grpc, None
+        http, self._http = self._http, None
+        try:
+            if grpc is not None:
+                grpc.close()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(grpc.wait_closed(), 5.0)
+        finally:
+            if http is not None:
+                await http.cleanup()
+
+    async def wait_stopped(self) -> None:
+        """Until :meth:`stop` has been called."""
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> IndexServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

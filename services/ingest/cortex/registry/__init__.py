@@ -1,0 +1,40 @@
+"""The worker registry: Redis leases of worker specs, shared by every Cortex service.
+
+- :class:`WorkerSpec` — a validated worker description (JSON at ``cortex:v1:worker:<id>``);
+- :class:`Registry` — register / renew / deregister / get / list / changes, implemented by
+  :class:`RedisRegistry` and :class:`MemoryRegistry`;
+- :class:`RegistryWatcher` — the last known registry, polled (≤ 1 s) and woken by the
+  channel, ``degraded`` while the store is unreachable;
+- :class:`LeaseKeeper` — hold a lease while a context is open.
+"""
+
+from cortex.registry.base import DEFAULT_TTL_S, Listing, Registry
+from cortex.registry.endpoint import Endpoint, parse_endpoint
+from cortex.registry.errors import RegistryError, RegistryUnavailable, SpecError
+from cortex.registry.lease import LeaseKeeper
+from cortex.registry.memory import MemoryRegistry
+from cortex.registry.redis_registry import DEFAULT_NAMESPACE, RedisRegistry
+from cortex.registry.spec import SPEC_VERSION, WorkerRole, WorkerSpec
+from cortex.registry.watcher import RegistryDiff, RegistryHealth, RegistryWatcher, diff_specs
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TTL_S",
+    "SPEC_VERSION",
+    "Endpoint",
+    "LeaseKeeper",
+    "Listing",
+    "MemoryRegistry",
+    "RedisRegistry",
+    "Registry",
+    "RegistryDiff",
+    "RegistryError",
+    "RegistryHealth",
+    "RegistryUnavailable",
+    "RegistryWatcher",
+    "SpecError",
+    "WorkerRole",
+    "WorkerSpec",
+    "diff_specs",
+    "parse_endpoint",
+]

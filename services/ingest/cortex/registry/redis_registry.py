@@ -1,0 +1,203 @@
+"""``RedisRegistry``: worker leases as Redis keys with a TTL.
+
+Layout (``namespace`` defaults to ``cortex:v1:``):
+
+- ``<ns>worker:<id>`` → the spec's JSON, expiring with the lease (``PX``);
+- ``<ns>workers`` → a pub/sub channel carrying ``put <id>`` / ``del <id>`` on register and
+  deregister, so watchers react faster than their polling interval.
+
+Every redis error is translated into :class:`RegistryUnavailable` at this boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from cortex.registry.base import DEFAULT_TTL_S, Listing, Registry
+from cortex.registry.errors import RegistryUnavailable, SpecError
+from cortex.registry.spec import WorkerSpec
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+__all__ = ["DEFAULT_NAMESPACE", "RedisRegistry"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "cortex:v1:"
+_SCAN_COUNT = 500
+_T = TypeVar("_T")
+
+
+class RedisRegistry(Registry):
+    """Leases in Redis. ``op_timeout_s`` bounds every command (connect included); there are
+    no hidden retries: callers decide (watchers poll again, CLIs report the error)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        default_ttl_s: float = DEFAULT_TTL_S,
+        namespace: str = DEFAULT_NAMESPACE,
+        op_timeout_s: float = 2.0,
+    ) -> None:
+        super().__init__(default_ttl_s)
+        if op_timeout_s <= 0:
+            raise ValueError(f"op_timeout_s must be > 0, got {op_timeout_s}")
+        self.url = url
+        self.namespace = namespace
+        self.channel = f"{namespace}workers"
+        self._prefix = f"{namespace}worker:"
+        try:
+            self._client: aioredis.Redis = aioredis.Redis.from_url(
+                url,
+                socket_timeout=op_timeout_s,
+                socket_connect_timeout=op_timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=False,
+            )
+        except ValueError as exc:
+            raise RegistryUnavailable(f"bad redis URL {url!r}: {exc}") from None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RedisRegistry(url={self._safe_url()!r}, namespace={self.namespace!r})"
+
+    def _safe_url(self) -> str:
+        # never print a password
+        _, sep, tail = self.url.rpartition("@")
+        return f"{self.url.split('://', 1)[0]}://***@{tail}" if sep else self.url
+
+    def key(self, worker_id: str) -> str:
+        return f"{self._prefix}{worker_id}"
+
+    async def _run(self, what: str, call: Awaitable[_T]) -> _T:
+        try:
+            return await call
+        except (RedisError, OSError) as exc:
+            raise RegistryUnavailable(f"redis {self._safe_url()}: {what} failed: {exc}") from exc
+
+    async def register(self, spec: WorkerSpec, ttl_s: float | None = None) -> None:
+        ttl = self._ttl(ttl_s)
+        payload = spec.to_json()
+
+        async def call() -> None:
+            async with self._client.pipeline(transaction=True) as pipe:
+                if ttl:
+                    pipe.set(self.key(spec.id), payload, px=max(1, round(ttl * 1000)))
+                else:
+                    pipe.set(self.key(spec.id), payload)
+                pipe.publish(self.channel, f"put {spec.id}")
+                await pipe.execute()
+
+        await self._run(f"register {spec.id}", call())
+
+    async def renew(self, worker_id: str, ttl_s: float | None = None) -> bool:
+        ttl = self._ttl(ttl_s)
+        if ttl:
+            done = await self._run(
+                f"renew {worker_id}",
+                self._client.pexpire(self.key(worker_id), max(1, round(ttl * 1000))),
+            )
+            return bool(done)
+
+        async def persist() -> bool:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.persist(self.key(worker_id))
+                pipe.exists(self.key(worker_id))
+                _, exists = await pipe.execute()
+            return bool(exists)
+
+        return await self._run(f"renew {worker_id}", persist())
+
+    async def deregister(self, worker_id: str) -> bool:
+        async def call() -> bool:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(self.key(worker_id))
+                pipe.publish(self.channel, f"del {worker_id}")
+                deleted, _ = await pipe.execute()
+            return bool(deleted)
+
+        return await self._run(f"deregister {worker_id}", call())
+
+    async def get(self, worker_id: str) -> WorkerSpec | None:
+        raw = await self._run(f"get {worker_id}", self._client.get(self.key(worker_id)))
+        if raw is None:
+            return None
+        try:
+            return WorkerSpec.from_json(raw)
+        except SpecError as exc:
+            log.warning("unreadable registry entry worker=%s: %s", worker_id, exc,
+                        extra={"worker": worker_id})
+            return None
+
+    async def list(self) -> Listing:
+        return await self._run("list", self._list())
+
+    async def _list(self) -> Listing:
+        keys: list[bytes] = [
+            key async for key in self._client.scan_iter(match=f"{self._prefix}*", count=_SCAN_COUNT)
+        ]
+        workers: dict[str, WorkerSpec] = {}
+        ttls: dict[str, float | None] = {}
+        invalid: dict[str, str] = {}
+        for start in range(0, len(keys), _SCAN_COUNT):
+            chunk = keys[start : start + _SCAN_COUNT]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.get(key)
+                    pipe.pttl(key)
+                replies: list[Any] = await pipe.execute()
+            for i, key in enumerate(chunk):
+                raw, pttl = replies[2 * i], replies[2 * i + 1]
+                worker_id = key.decode(errors="replace")[len(self._prefix) :]
+                if raw is None:  # expired between SCAN and GET
+                    continue
+                try:
+                    spec = WorkerSpec.from_json(raw)
+                except SpecError as exc:
+                    invalid[worker_id] = str(exc)
+                    continue
+                if spec.id != worker_id:
+                    invalid[worker_id] = f"entry holds a spec for {spec.id!r}"
+                    continue
+                workers[worker_id] = spec
+                ttls[worker_id] = pttl / 1000 if pttl >= 0 else None
+        return Listing(workers=workers, ttl_s=ttls, invalid=invalid)
+
+    async def changes(self) -> AsyncIterator[str]:
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await self._run("subscribe", pubsub.subscribe(self.channel))
+            while True:
+                message = await self._run(
+                    "channel read", pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                )
+                if message is None or message.get("type") != "message":
+                    continue
+                data = message.get("data", b"")
+                text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+                _, _, worker_id = text.partition(" ")
+                if worker_id:
+                    yield worker_id
+        finally:
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except (RedisError, OSError):
+                pass
+
+    async def ping(self) -> None:
+        """Raise ``RegistryUnavailable`` unless Redis answers."""
+        await self._run("ping", self._client.ping())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._client.aclose()
+        except (RedisError, OSError):
+            pass

@@ -1,0 +1,425 @@
+"""SourceTracker: seq rules, replay repair, resets, key mapping and alignment (pure)."""
+
+from __future__ import annotations
+
+from itertools import count
+
+import pytest
+from cortex.hashing import Engine, HashDomain, block_keys
+from cortex.ingest.codec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    EventBatch,
+    encode_batch,
+)
+from cortex.ingest.ops import Clear, Drop, LedgerState, Remove, Reset, SetState, SourceId, Store
+from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay, TrackerConfig
+
+BS = 4
+DOMAIN = HashDomain("m", BS, Engine.VLLM)
+_ts = count(1)
+
+
+def payload(*events: Event, engine: Engine = Engine.VLLM, version: str = "0.33.0") -> bytes:
+    batch = EventBatch(ts=float(next(_ts)), events=tuple(events), dp_rank=0)
+    return encode_batch(batch, engine, version)
+
+
+def stored(
+    hashes: list[int], tokens: list[int], parent: int | None = None, **fields: object
+) -> BlockStored:
+    fields.setdefault("medium", "GPU")
+    return BlockStored(tuple(hashes), parent, tuple(tokens), BS, **fields)  # type: ignore[arg-type]
+
+
+def removed(*hashes: int, medium: str = "GPU") -> BlockRemoved:
+    return BlockRemoved(tuple(hashes), medium)
+
+
+def tracker(
+    replay: bool = False, block_size: int | None = BS, max_pending: int = 10_000
+) -> SourceTracker:
+    cfg = TrackerConfig(
+        engine=Engine.VLLM,
+        model="m",
+        block_size=block_size,
+        replay=replay,
+        max_pending=max_pending,
+    )
+    t = SourceTracker(SourceId("w", 0), cfg)
+    t.start()
+    return t
+
+
+TOKENS = list(range(1, 13))  # three blocks of 4
+KEYS = DOMAIN.keys(TOKENS)
+
+
+def test_live_without_replay_is_ready_and_maps_keys() -> None:
+    t = tracker()
+    assert t.take_ops() == [
+        Reset(LedgerState.SYNCING, "connecting"),
+        SetState(LedgerState.READY, "live (no replay endpoint)"),
+    ]
+    assert t.take_commands() == []
+    t.on_message(7, payload(stored([11, 12], TOKENS[:8])))
+    t.on_message(8, payload(stored([13], TOKENS[8:], parent=12)))
+    assert t.take_ops() == [Store(DOMAIN.root_key(), KEYS[:2]), Store(KEYS[1], KEYS[2:])]
+    t.on_message(9, payload(removed(13, 99), AllBlocksCleared()))
+    assert t.take_ops() == [Remove([KEYS[2]]), Clear("all_blocks_cleared")]
+    assert t.stats.unknown_removed_blocks == 1
+    assert t.stats.events == {"BlockStored": 2, "BlockRemoved": 1, "AllBlocksCleared": 1}
+    assert t.stats.blocks == {"stored": 3, "removed": 2}
+    assert t.stats.clears == {"all_blocks_cleared": 1}
+    assert len(t.ledger) == 0
+
+
+def test_unknown_parent_is_counted_not_guessed() -> None:
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, payload(stored([13], TOKENS[8:], parent=12)))
+    assert t.take_ops() == []
+    assert t.stats.unknown_parent_blocks == 1
+
+
+def test_duplicate_is_dropped_and_lower_seq_with_new_payload_is_a_restart() -> None:
+    t = tracker()
+    t.take_ops()
+    first = payload(stored([11], TOKENS[:4]))
+    t.on_message(0, first)
+    t.on_message(1, payload(stored([12], TOKENS[4:8], parent=11)))
+    t.on_message(1, payload(stored([12], TOKENS[4:8], parent=11)))  # same seq, new ts: restart
+    ops = t.take_ops()
+    assert ops[2] == Reset(LedgerState.READY, "seq_reset")
+    assert t.stats.seq_resets == 1
+    t.on_message(0, first)  # expected is 0 after the reset: applied
+    assert t.stats.duplicates == 0
+    t.on_message(0, first)  # now a duplicate
+    assert t.stats.duplicates == 1
+    assert t.expected == 1
+
+
+def test_restart_from_zero_resets() -> None:
+    t = tracker()
+    for seq in range(3):
+        t.on_message(seq, payload(stored([100 + seq], TOKENS[:4])))
+    t.take_ops()
+    t.on_message(0, payload(AllBlocksCleared()))
+    ops = t.take_ops()
+    assert ops == [Reset(LedgerState.READY, "seq_reset")]  # empty ledger: no Clear op
+    assert t.stats.clears == {"seq_reset": 1, "all_blocks_cleared": 1}
+
+
+def test_gap_without_replay_resets_and_continues() -> None:
+    t = tracker()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    t.take_ops()
+    t.on_message(5, payload(stored([21], TOKENS[4:8])))
+    assert t.take_ops() == [
+        Reset(LedgerState.READY, "gap_unrepaired"),
+        Store(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
+    ]
+    assert t.stats.gaps == 1 and t.expected == 6
+
+
+def state(t: SourceTracker) -> LedgerState:
+    """The tracker's state (a call, so mypy does not carry narrowing across inputs)."""
+    return t.state
+
+
+def replayed_tracker() -> SourceTracker:
+    """A replay-capable tracker whose initial replay found an empty buffer."""
+    t = tracker(replay=True)
+    assert t.take_commands() == [StartReplay(0)]
+    t.on_replay_end()
+    assert state(t) is LedgerState.READY
+    t.take_ops()
+    return t
+
+
+def test_initial_replay_recovers_the_buffer_then_goes_ready() -> None:
+    t = tracker(replay=True)
+    assert t.take_commands() == [StartReplay(0)]
+    assert state(t) is LedgerState.SYNCING
+    t.on_message(42, payload(stored([13], TOKENS[8:], parent=12)))  # live, held
+    t.on_replay_item(40, payload(stored([11, 12], TOKENS[:8])))  # buffer starts at 40: ok
+    t.on_replay_item(41, payload(removed(11)))
+    t.on_replay_end()
+    ops = t.take_ops()
+    assert ops == [
+        Reset(LedgerState.SYNCING, "connecting"),
+        Store(DOMAIN.root_key(), KEYS[:2]),
+        Remove([KEYS[0]]),
+        SetState(LedgerState.READY, "in sync"),
+        Store(KEYS[1], KEYS[2:]),
+    ]
+    assert t.stats.replays == {("initial", "ok"): 1}
+    assert t.stats.clears == {}
+
+
+def test_gap_repaired_by_replay() -> None:
+    t = replayed_tracker()
+    batches = [
+        payload(stored([11], TOKENS[:4])),
+        payload(stored([12], TOKENS[4:8], parent=11)),
+        payload(stored([13], TOKENS[8:], parent=12)),
+        payload(stored([14], TOKENS[:4])),
+        payload(removed(11)),
+    ]
+    t.on_message(0, batches[0])
+    t.on_message(3, batches[3])  # 1, 2 missing
+    assert state(t) is LedgerState.STALE
+    assert t.take_commands() == [StartReplay(1)]
+    t.on_message(4, batches[4])  # held while replaying
+    assert t.pending == 2
+    for seq in (1, 2, 3):  # the replay also resends 3, which is held: applied once
+        t.on_replay_item(seq, batches[seq])
+    t.on_replay_end()
+    assert state(t) is LedgerState.READY
+    assert t.stats.replays == {("initial", "ok"): 1, ("gap", "ok"): 1}
+    assert t.stats.gaps == 1 and t.stats.duplicates == 1
+    assert t.expected == 5 and t.pending == 0
+    assert t.take_ops() == [
+        Store(DOMAIN.root_key(), KEYS[:1]),
+        SetState(LedgerState.STALE, "gap: seq 1..2 missing"),
+        Store(KEYS[0], KEYS[1:2]),
+        Store(KEYS[1], KEYS[2:]),
+        Store(DOMAIN.root_key(), KEYS[:1]),  # hash 14 holds the same tokens as 11 ...
+        SetState(LedgerState.READY, "in sync"),
+    ]  # ... so removing 11 leaves the key held: no Remove
+    assert KEYS[0] in t.ledger
+
+
+def test_gap_replay_that_lost_batches_resets_and_continues() -> None:
+    t = replayed_tracker()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    t.on_message(5, payload(stored([21], TOKENS[4:8])))
+    assert t.take_commands() == [StartReplay(1)]
+    t.on_replay_item(3, payload(stored([31], TOKENS[8:])))  # 1, 2 gone from the buffer
+    t.on_replay_item(4, payload(removed(31)))
+    t.on_replay_end()
+    ops = t.take_ops()
+    assert Reset(LedgerState.READY, "gap_unrepaired") in ops
+    assert ops[-2:] == [
+        SetState(LedgerState.READY, "resynced"),
+        Store(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
+    ]
+    assert t.stats.replays[("gap", "incomplete")] == 1
+    assert t.ledger.key_of(11) is None and t.ledger.key_of(21) is not None
+
+
+def test_replay_timeout_resets_and_drains() -> None:
+    t = replayed_tracker()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    t.on_message(2, payload(stored([13], TOKENS[4:8])))
+    t.take_commands()
+    t.on_replay_timeout()
+    assert t.take_commands() == [AbortReplay()]
+    assert state(t) is LedgerState.READY and t.expected == 3
+    assert t.stats.clears == {"gap_unrepaired": 1}
+    assert t.stats.replays[("gap", "incomplete")] == 1
+
+
+def test_replay_showing_other_batches_under_applied_seqs_is_a_restart() -> None:
+    t = replayed_tracker()
+    for seq in range(3):
+        t.on_message(seq, payload(stored([100 + seq], TOKENS[:4])))
+    t.on_message(5, payload(stored([105], TOKENS[:4])))
+    assert t.take_commands() == [StartReplay(3)]
+    t.on_replay_item(2, payload(AllBlocksCleared()))  # a different batch 2: new publisher
+    assert t.take_commands() == [AbortReplay(), StartReplay(0)]
+    assert t.stats.seq_resets == 1
+    t.on_replay_item(0, payload(stored([1], TOKENS[:4])))
+    t.on_replay_end()
+    assert state(t) is LedgerState.READY and t.expected == 1
+    assert t.ledger.key_of(1) is not None and t.ledger.key_of(100) is None
+
+
+def test_live_restart_during_a_replay() -> None:
+    t = replayed_tracker()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    t.on_message(3, payload(stored([14], TOKENS[:4])))
+    t.take_commands()
+    t.on_message(0, payload(AllBlocksCleared()))  # the engine came back
+    assert t.take_commands() == [AbortReplay()]
+    assert not t.replaying and t.expected == 1 and len(t.ledger) == 0
+
+
+def test_hold_buffer_overflow_gives_up_the_replay() -> None:
+    t = replayed_tracker()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    for seq in range(2, 6):
+        t.on_message(seq, payload(stored([20 + seq], TOKENS[:4])))
+    assert t.replaying  # max_pending not reached yet (default 10,000)
+    small = tracker(replay=True, max_pending=2)
+    small.on_replay_end()
+    small.on_message(0, payload(stored([11], TOKENS[:4])))
+    for seq in range(2, 6):
+        small.on_message(seq, payload(stored([20 + seq], TOKENS[:4])))
+    assert not small.replaying and small.expected == 6
+    assert small.stats.clears == {"replay_overflow": 1}
+    assert small.stats.replays[("gap", "incomplete")] == 1
+
+
+def test_reconnect_verifies_through_replay() -> None:
+    t = replayed_tracker()
+    batches = [payload(stored([100 + seq], TOKENS[:4])) for seq in range(3)]
+    for seq, data in enumerate(batches):
+        t.on_message(seq, data)
+    t.on_reconnected()
+    assert state(t) is LedgerState.STALE
+    assert t.take_commands() == [StartReplay(0)]
+    for seq, data in enumerate(batches):
+        t.on_replay_item(seq, data)  # same digests: the same publisher
+    t.on_replay_item(3, payload(removed(100)))  # missed during the break
+    t.on_replay_end()
+    assert state(t) is LedgerState.READY and t.expected == 4
+    assert t.stats.seq_resets == 0 and t.stats.replays[("reconnect", "ok")] == 1
+
+
+def test_learned_block_size_announces_then_mismatch_is_misaligned() -> None:
+    t = tracker(block_size=None)
+    assert t.take_ops() == []  # no domain yet: the index does not hear of the source
+    assert t.snapshot() is None
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    ops = t.take_ops()
+    assert ops[0] == Reset(LedgerState.READY, "live (no replay endpoint)")
+    assert t.domain == DOMAIN
+    t.on_message(1, payload(BlockStored((12,), None, tuple(range(8)), 8, medium="GPU")))
+    assert state(t) is LedgerState.MISALIGNED
+    assert t.take_ops() == [
+        Reset(LedgerState.MISALIGNED, "block size: events say 8, first events says 4")
+    ]
+    t.on_message(2, payload(stored([13], TOKENS[:4])))
+    assert t.take_ops() == []
+    assert t.stats.ignored_blocks == {"misaligned": 2}
+    snap = t.snapshot()
+    assert snap is not None and snap.state is LedgerState.MISALIGNED and snap.keys == []
+
+
+def test_registry_block_size_disagreeing_with_events_is_misaligned() -> None:
+    t = tracker(block_size=16)
+    t.take_ops()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    assert state(t) is LedgerState.MISALIGNED
+    assert "registry says 16" in t.reason
+    assert t.stats.alignment_mismatches == {"block_size": 1}
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        (stored([11], TOKENS[:4], medium="CPU"), "medium"),
+        (stored([11], TOKENS[:4], group_idx=1), "group"),
+        (BlockStored((11,), None, (), 0, medium="GPU"), "placeholder"),
+        (stored([11], TOKENS[:4], extra_keys=(("mm-hash", 0),)), "extra_keys"),
+        (stored([11], TOKENS[:4], lora_id=3), "lora_without_name"),
+        (stored([11, 12], TOKENS[:4]), "token_count"),
+    ],
+)
+def test_unplaceable_stores_are_counted(event: BlockStored, reason: str) -> None:
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, payload(event))
+    assert t.take_ops() == []
+    assert reason in t.stats.ignored_blocks
+
+
+def test_removal_from_another_tier_keeps_the_device_block() -> None:
+    t = tracker()
+    t.on_message(0, payload(stored([11], TOKENS[:4]), removed(11, medium="CPU")))
+    assert t.ledger.key_of(11) is not None
+    assert t.stats.ignored_blocks == {"medium": 1}
+
+
+def test_lora_and_cache_salt_root_the_chain() -> None:
+    t = tracker()
+    t.take_ops()
+    t.on_message(
+        0,
+        payload(
+            stored([11], TOKENS[:4], lora_name="ad", lora_id=1, extra_keys=(("ad", "salt-1"),))
+        ),
+    )
+    assert t.take_ops() == [
+        Store(DOMAIN.root_key("ad", "salt-1"), DOMAIN.keys(TOKENS[:4], "ad", "salt-1"))
+    ]
+    sg = SourceTracker(SourceId("s", 0), TrackerConfig(Engine.SGLANG, "m", BS))
+    sg.start()
+    sg.take_ops()
+    sg.on_message(
+        0, payload(stored([5], TOKENS[:4], cache_salt="s1"), engine=Engine.SGLANG, version="0.5.23")
+    )
+    domain = HashDomain("m", BS, Engine.SGLANG)
+    assert sg.take_ops() == [
+        Store(domain.root_key(None, "s1"), domain.keys(TOKENS[:4], None, "s1"))
+    ]
+
+
+def test_undecodable_batch_is_counted_and_resets_a_non_empty_ledger() -> None:
+    t = tracker()
+    t.on_message(0, b"\xc1 not msgpack")
+    assert t.stats.decode_errors == 1 and t.stats.clears == {}
+    t.on_message(1, payload(stored([11], TOKENS[:4])))
+    t.take_ops()
+    t.on_message(2, b"\x93\x01")
+    assert t.take_ops() == [Reset(LedgerState.READY, "undecodable_batch")]
+    t.on_message(3, payload(stored([12], TOKENS[:4])))
+    assert t.expected == 4 and len(t.ledger) == 1
+
+
+def test_remove_drops_the_source() -> None:
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, payload(stored([11], TOKENS[:4])))
+    t.remove("lease expired")
+    assert t.take_ops()[-2:] == [
+        SetState(LedgerState.REMOVED, "lease expired"),
+        Drop("lease expired"),
+    ]
+    assert t.snapshot() is None
+    t.on_message(1, payload(stored([12], TOKENS[:4])))
+    assert t.take_ops() == []
+
+
+def test_snapshot_lists_the_ledger() -> None:
+    t = tracker()
+    t.on_message(0, payload(stored([11, 12, 13], TOKENS)))
+    snap = t.snapshot()
+    assert snap is not None
+    assert snap.keys == KEYS and snap.parent_keys == [DOMAIN.root_key(), *KEYS[:2]]
+    assert snap.state is LedgerState.READY and snap.domain == DOMAIN
+
+
+GOLD_VLLM = (1403909460543360175, 1643945449041937783)
+GOLD_SGLANG = (8635429971592222890, 1256577331724852459, 5689809685380680247)
+
+
+def test_alignment_vectors_match_and_a_wrong_seed_is_reported() -> None:
+    cfg = TrackerConfig(Engine.VLLM, "m", 16, align_every=1)
+    good = SourceTracker(SourceId("v", 0), cfg)
+    good.start()
+    event = BlockStored(GOLD_VLLM, None, tuple(range(1, 33)), 16, medium="GPU")
+    good.on_message(0, payload(event))
+    assert good.stats.alignment_checks == 1 and good.stats.alignment_mismatches == {}
+    seeded = SourceTracker(
+        SourceId("v", 1), TrackerConfig(Engine.VLLM, "m", 16, align_every=1, hash_seed="0")
+    )
+    seeded.start()
+    seeded.on_message(0, payload(event))
+    assert seeded.stats.alignment_mismatches == {"seed": 1}
+    assert len(seeded.ledger) == 2  # a hash mismatch does not stop exact routing
+    sg = SourceTracker(SourceId("s", 0), TrackerConfig(Engine.SGLANG, "m", 16, align_every=1))
+    sg.start()
+    sg.on_message(
+        0,
+        payload(
+            BlockStored(GOLD_SGLANG, None, tuple(range(1, 49)), 16, medium="GPU"),
+            engine=Engine.SGLANG,
+            version="0.5.23",
+        ),
+    )
+    assert sg.stats.alignment_checks == 1 and sg.stats.alignment_mismatches == {}
+    assert block_keys(list(range(1, 49)), 16, sg.domain.root_key())  # type: ignore[union-attr]

@@ -1,0 +1,118 @@
+"""RedisRegistry against a real private redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from cortex.registry import RedisRegistry, RegistryUnavailable, WorkerSpec
+from cortex.testing import RedisServer, free_port, wait_until_async
+
+
+def worker(worker_id: str = "w1", **overrides: object) -> WorkerSpec:
+    fields: dict[str, object] = {
+        "id": worker_id, "url": "http://127.0.0.1:9000", "engine": "sglang", "model": "m",
+        "kv_events": "tcp://127.0.0.1:5557",
+    }
+    fields.update(overrides)
+    return WorkerSpec(**fields)  # type: ignore[arg-type]
+
+
+async def test_register_get_list_ttl_and_deregister(redis_server: RedisServer) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+        await reg.register(worker("a"), ttl_s=30)
+        await reg.register(worker("b", engine="vllm"), ttl_s=0)
+        assert await reg.get("a") == worker("a")
+        listing = await reg.list()
+        assert set(listing.workers) == {"a", "b"}
+        assert 25 < (listing.ttl_s["a"] or 0) <= 30
+        assert listing.ttl_s["b"] is None
+        assert await reg.deregister("a") is True
+        assert await reg.deregister("a") is False
+        assert await reg.get("a") is None
+        assert await reg.renew("b", ttl_s=5) is True
+        assert 0 < ((await reg.list()).ttl_s["b"] or 0) <= 5
+
+
+async def test_lease_expires_without_renewal(redis_server: RedisServer) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+        await reg.register(worker("a"), ttl_s=0.3)
+        await reg.register(worker("b"), ttl_s=0.3)
+
+        async def a_gone() -> bool:
+            assert await reg.renew("b", ttl_s=0.3)
+            return await reg.get("a") is None
+
+        await wait_until_async(a_gone, timeout=5, what="lease of a to expire")
+        assert await reg.renew("a") is False
+        assert set((await reg.list()).workers) == {"b"}
+
+
+async def test_invalid_entries_are_skipped_and_reported(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await client.set("cortex:v1:worker:junk", b"\xff not json")
+        await client.set("cortex:v1:worker:other", worker("someone-else").to_json())
+    finally:
+        await client.aclose()
+    async with RedisRegistry(redis_server.url) as reg:
+        await reg.register(worker("good"))
+        listing = await reg.list()
+        assert set(listing.workers) == {"good"}
+        assert set(listing.invalid) == {"junk", "other"}
+        assert await reg.get("junk") is None
+
+
+async def test_namespaces_do_not_mix(redis_server: RedisServer) -> None:
+    async with (
+        RedisRegistry(redis_server.url) as one,
+        RedisRegistry(redis_server.url, namespace="staging:") as two,
+    ):
+        await one.register(worker("a"))
+        assert not (await two.list()).workers
+
+
+async def test_changes_channel_reports_put_and_del(redis_server: RedisServer) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+        seen: list[str] = []
+        subscribed = asyncio.Event()
+
+        async def consume() -> None:
+            iterator = reg.changes()
+            subscribed.set()
+            async for worker_id in iterator:
+                seen.append(worker_id)
+
+        task = asyncio.create_task(consume())
+        await subscribed.wait()
+
+        async def registered() -> bool:
+            # the SUBSCRIBE may land after the first publish: register until one is seen
+            if not seen:
+                await reg.register(worker("a"))
+            return bool(seen)
+
+        await wait_until_async(registered, timeout=5, what="a put notification")
+        await reg.deregister("a")
+        await wait_until_async(lambda: seen[-1:] == ["a"] and len(seen) >= 2, timeout=5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_unreachable_redis_raises_registry_unavailable() -> None:
+    async with RedisRegistry(f"redis://127.0.0.1:{free_port()}/0", op_timeout_s=0.5) as reg:
+        with pytest.raises(RegistryUnavailable, match="list failed"):
+            await reg.list()
+        with pytest.raises(RegistryUnavailable):
+            await reg.register(worker())
+
+
+def test_bad_url_is_registry_unavailable() -> None:
+    with pytest.raises(RegistryUnavailable, match="bad redis URL"):
+        RedisRegistry("http://not-redis")
+
+
+def test_repr_hides_password() -> None:
+    reg = RedisRegistry("redis://user:secret@127.0.0.1:1/0")
+    assert "secret" not in repr(reg)

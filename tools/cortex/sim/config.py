@@ -1,0 +1,213 @@
+"""The simulated worker's configuration: one frozen, validated object built at the edge.
+
+Every time is in milliseconds (``*_ms``) or seconds (``*_s``) as its name says; sizes are
+in tokens or blocks as their names say. Ports may be 0 (the OS picks one; the running
+:class:`~cortex.sim.server.SimServer` exposes the real port).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from cortex.hashing import Engine
+from cortex.ingest.codec import ENCODER_VERSIONS
+
+__all__ = [
+    "DEFAULT_VERSIONS",
+    "FaultConfig",
+    "Role",
+    "SimConfig",
+    "TimingConfig",
+    "default_bootstrap_port",
+]
+
+DEFAULT_VERSIONS: dict[Engine, str] = {Engine.SGLANG: "0.5.23", Engine.VLLM: "0.33.0"}
+"""Engine version whose wire formats the sim speaks when none is given."""
+
+_VERSION = re.compile(r"\d+(\.\d+){1,3}")
+_SGLANG_BOOTSTRAP_PORT = 8998
+
+
+def _padded(version: str) -> tuple[int, ...]:
+    parts = [int(p) for p in version.removeprefix("v").split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def default_bootstrap_port() -> int:
+    """SGLang's default ``disaggregation_bootstrap_port``."""
+    return _SGLANG_BOOTSTRAP_PORT
+
+
+class Role(StrEnum):
+    """Serving role: a regular worker, or one half of a PD pair."""
+
+    REGULAR = "regular"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+def _non_negative(name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _port(name: str, value: int | None) -> None:
+    if value is not None and not 0 <= value <= 65535:
+        raise ValueError(f"{name} must be in [0, 65535], got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class TimingConfig:
+    """Cost model: cache hits show up as a shorter time to first token.
+
+    TTFT = admission queueing + prefill-lane queueing + ``prefill_overhead_ms``
+    + ``prefill_ms_per_uncached_token`` * uncached prompt tokens; then
+    ``decode_ms_per_token`` per further output token. Prefills run one at a time
+    (a GPU runs one prefill batch at a time); decodes of running requests overlap.
+    ``zero_cost`` skips every sleep (overhead benchmarks).
+    """
+
+    prefill_ms_per_uncached_token: float = 0.02
+    prefill_overhead_ms: float = 2.0
+    decode_ms_per_token: float = 5.0
+    zero_cost: bool = False
+
+    def __post_init__(self) -> None:
+        _non_negative("prefill_ms_per_uncached_token", self.prefill_ms_per_uncached_token)
+        _non_negative("prefill_overhead_ms", self.prefill_overhead_ms)
+        _non_negative("decode_ms_per_token", self.decode_ms_per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """Faults armed at start-up; the admin endpoint changes them at run time.
+
+    ``drop_batches`` / ``duplicate_batches`` / ``reorder_batches``: the next N event
+    batches are dropped (seq gap; still replayable), sent twice, or swapped with the
+    batch after them. ``http_down``: requests hang unanswered (admin paths excepted).
+    ``error_rate``: probability in [0, 1] that a request gets ``error_status``.
+    ``latency_ms``: added before every request is handled. ``cut_stream_after``: a
+    streaming response is cut (connection closed, no ``[DONE]``) after k chunks.
+    """
+
+    drop_batches: int = 0
+    duplicate_batches: int = 0
+    reorder_batches: int = 0
+    http_down: bool = False
+    error_rate: float = 0.0
+    error_status: int = 500
+    latency_ms: float = 0.0
+    cut_stream_after: int | None = None
+
+    def __post_init__(self) -> None:
+        _non_negative("drop_batches", self.drop_batches)
+        _non_negative("duplicate_batches", self.duplicate_batches)
+        _non_negative("reorder_batches", self.reorder_batches)
+        _non_negative("latency_ms", self.latency_ms)
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
+        if not 400 <= self.error_status <= 599:
+            raise ValueError(f"error_status must be a 4xx/5xx code, got {self.error_status}")
+        if self.cut_stream_after is not None and self.cut_stream_after < 0:
+            raise ValueError(f"cut_stream_after must be >= 0, got {self.cut_stream_after}")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything one simulated worker needs; validated on creation.
+
+    ``kv_events_port``: ZMQ PUB port (0 = any free port). ``replay_port``: replay
+    ROUTER port, ``None`` = no replay socket. ``bootstrap_port``: SGLang prefill's
+    bootstrap HTTP server (``None`` = SGLang's default 8998; 0 = any free port).
+    ``transfer_port``: the prefill's KV side channel (ZMQ ROUTER) that decode sims
+    pull from (0 = any free port). ``advertise_host``: the host peers should dial
+    when ``host`` is a wildcard. ``output_tokens``: range of the natural answer
+    length in tokens (where the seeded text generator emits EOS).
+    """
+
+    engine: Engine = Engine.SGLANG
+    engine_version: str = ""
+    role: Role = Role.REGULAR
+    host: str = "127.0.0.1"
+    port: int = 0
+    kv_events_port: int = 0
+    replay_port: int | None = 0
+    topic: str = ""
+    model: str = "cortex-sim"
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    block_size: int = 16
+    kv_capacity_blocks: int = 4096
+    max_running: int = 64
+    max_model_len: int = 131072
+    buffer_steps: int = 10_000
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    bootstrap_port: int | None = None
+    transfer_port: int = 0
+    bootstrap_timeout_s: float = 300.0
+    transfer_timeout_s: float = 300.0
+    kv_hold_timeout_s: float = 480.0
+    seed: int = 0
+    output_tokens: tuple[int, int] = (16, 64)
+    advertise_host: str | None = None
+    engine_id: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", Engine(self.engine))
+        object.__setattr__(self, "role", Role(self.role))
+        if not self.engine_version:
+            object.__setattr__(self, "engine_version", DEFAULT_VERSIONS[self.engine])
+        if not _VERSION.fullmatch(self.engine_version.removeprefix("v")):
+            raise ValueError(f"engine_version must look like 0.5.23, got {self.engine_version!r}")
+        supported = {_padded(v): v for v in ENCODER_VERSIONS[self.engine]}
+        canonical = supported.get(_padded(self.engine_version))
+        if canonical is None:
+            raise ValueError(
+                f"no {self.engine.value} {self.engine_version} wire format; supported: "
+                f"{', '.join(ENCODER_VERSIONS[self.engine])}")
+        object.__setattr__(self, "engine_version", canonical)
+        for name in ("port", "kv_events_port", "replay_port", "bootstrap_port", "transfer_port"):
+            _port(name, getattr(self, name))
+        if not self.model:
+            raise ValueError("model must be a non-empty name")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_capacity_blocks < 1:
+            raise ValueError(f"kv_capacity_blocks must be >= 1, got {self.kv_capacity_blocks}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.buffer_steps < 1:
+            raise ValueError(f"buffer_steps must be >= 1, got {self.buffer_steps}")
+        for name in ("bootstrap_timeout_s", "transfer_timeout_s", "kv_hold_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        low, high = self.output_tokens
+        if not 1 <= low <= high:
+            raise ValueError(f"output_tokens must be 1 <= min <= max, got {self.output_tokens}")
+        if self.bootstrap_port is not None and self.engine is not Engine.SGLANG:
+            raise ValueError("bootstrap_port is an SGLang option (vLLM PD uses kv_transfer_params)")
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.engine_version.split("."))
+
+    @property
+    def public_host(self) -> str:
+        """The host peers dial: ``advertise_host``, else ``host`` unless it is a wildcard."""
+        if self.advertise_host:
+            return self.advertise_host
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    @property
+    def runs_bootstrap_server(self) -> bool:
+        return self.engine is Engine.SGLANG and self.role is Role.PREFILL
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """SGLang decode runs without a radix cache (its default); every other role caches."""
+        return not (self.engine is Engine.SGLANG and self.role is Role.DECODE)
