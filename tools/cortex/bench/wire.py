@@ -53,7 +53,7 @@ TOKENS = 4096
 KEYS = 256
 WORKERS = 32
 VOCAB = 152_064
-DEFAULT_SECONDS = 0.15
+DEFAULT_SECONDS = 0.25
 _BATCH_S = 0.005  # one timed batch: long enough to dwarf timer overhead
 
 Op = Callable[[], object] | None
@@ -212,6 +212,18 @@ def build_rows(pb2: ModuleType | None) -> list[Row]:
             ),
             Row(
                 "grpcio (upb)",
+                "repeated, parse only",
+                {
+                    "tok_enc": None,
+                    "tok_dec": lambda: pb2.MatchRequest.FromString(up_tok),
+                    "key_enc": None,
+                    "key_dec": lambda: pb2.MatchRequest.FromString(up_key),
+                    "rep_enc": None,
+                    "rep_dec": None,
+                },
+            ),
+            Row(
+                "grpcio (upb)",
                 "`*_le` twin",
                 {
                     "tok_enc": lambda: pb2.MatchRequest(
@@ -242,6 +254,8 @@ def _check(rows: Sequence[Row], tokens: list[int], keys: list[int], reply: Match
             if op is None or column.endswith("enc"):
                 continue
             value: Any = op()
+            if row.form.endswith("parse only"):
+                continue
             if column == "tok_dec":
                 got = getattr(value, "token_ids", value)
                 assert list(got) == tokens, (row, column)
@@ -336,7 +350,9 @@ def render(rows: Sequence[Row], timings: dict[tuple[str, str, str], float], seco
         "- betterproto's pure-Python codec is what a generated grpclib server would use without",
         "  the hook in `cortex.index.wire` (`IndexServiceBase`).",
         "- Decodes end with usable integers: `list(...)` of upb's repeated containers, an",
-        "  `array` from the twin bytes. upb is C: it is the bar, not a Cortex code path.",
+        '  `array` from the twin bytes; upb\'s "parse only" row leaves them inside upb (reading',
+        "  them element by element from Python is what costs), and its reply decode is parse",
+        "  only too. upb is C: it is the bar, not a Cortex code path.",
         "",
     ]
     return "\n".join(lines)

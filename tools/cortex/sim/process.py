@@ -45,18 +45,29 @@ class SimProcess:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> SimProcess:
+        """Launch and wait until ready (``SimProcessError`` with the log tail otherwise)."""
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting (start several, then :meth:`wait_ready` each)."""
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._log,
                                      stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(self._env or {})})
+
+    def wait_ready(self) -> dict[str, Any]:
+        """Wait for the ready line; stops the process and raises on failure."""
         try:
             self.info = self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
+        return self.info
 
     def _wait_ready(self) -> dict[str, Any]:
-        assert self.proc is not None and self.proc.stdout is not None
+        if self.proc is None or self.proc.stdout is None:
+            raise SimProcessError("the sim process was not launched")
         deadline = time.monotonic() + self.startup_timeout_s
         buffer = b""
         with selectors.DefaultSelector() as sel:
@@ -105,6 +116,10 @@ class SimProcess:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the process (if launched) and delete its log file."""
         self.stop()
         self._log.close()
         self.log_path.unlink(missing_ok=True)

@@ -69,6 +69,10 @@ class _CoreCollector(Collector):
         yield CounterMetricFamily(
             "cortex_index_eviction_passes", "Eviction passes run", value=core.eviction_passes
         )
+        yield CounterMetricFamily(
+            "cortex_index_eviction_seconds", "Time spent evicting (s)",
+            value=core.eviction_seconds,
+        )
         yield GaugeMetricFamily(
             "cortex_index_version", "Current ledger version", value=stats.version
         )

@@ -163,6 +163,7 @@ class PrefixIndex:
         self._tick = 0  # recency clock: one tick per store or match
         self.evictions = 0
         self.eviction_passes = 0
+        self.eviction_seconds = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -377,6 +378,7 @@ class PrefixIndex:
         budget = self.memory_budget_bytes
         if not budget or self.bytes_estimate <= budget:
             return 0
+        started = time.perf_counter()
         target = int(budget * self.low_watermark)
         version = self._bump()
         self.eviction_passes += 1
@@ -412,6 +414,7 @@ class PrefixIndex:
                 break
             evicted += pass_evicted
         self.evictions += evicted
+        self.eviction_seconds += time.perf_counter() - started
         return evicted
 
     # ---- queries ---------------------------------------------------------------------------

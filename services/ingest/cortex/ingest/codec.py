@@ -28,6 +28,7 @@ __all__ = [
     "ENCODER_VERSIONS",
     "MAX_PAYLOAD_BYTES",
     "AllBlocksCleared",
+    "BlockHash",
     "BlockRemoved",
     "BlockStored",
     "CodecError",
@@ -135,33 +136,14 @@ class EventBatch:
 # order; fields were only ever appended, so a shorter array is an older engine.
 
 _VLLM_STORED: Final = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-    "locality",
-    "ownership",
-    "session_id",
-    "lookahead_token_ids",
-)
+    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+    "locality", "ownership", "session_id", "lookahead_token_ids",
+)  # fmt: skip
 _SGLANG_STORED: Final = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "cache_salt",
-    "session_id",
-    "lora_name",
-)
+    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+    "cache_salt", "session_id", "lora_name",
+)  # fmt: skip
 _VLLM_REMOVED: Final = ("block_hashes", "medium", "group_idx", "locality", "ownership")
 _SGLANG_REMOVED: Final = ("block_hashes", "medium")
 
@@ -232,15 +214,9 @@ def _kind(value: object) -> str:
 
 
 _KIND_NAMES: Final[dict[type, str]] = {
-    type(None): "nil",
-    bool: "bool",
-    int: "int",
-    float: "float",
-    str: "str",
-    bytes: "bin",
-    tuple: "array",
-    dict: "map",
-}
+    type(None): "nil", bool: "bool", int: "int", float: "float", str: "str", bytes: "bin",
+    tuple: "array", dict: "map",
+}  # fmt: skip
 
 
 def _batch(obj: object, engine: Engine) -> EventBatch:

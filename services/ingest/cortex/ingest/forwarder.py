@@ -191,6 +191,7 @@ class IndexForwarder:
         self.overflows = 0
         self.resync_requests = 0
         self._stream_batches = 0  # batches sent on the current stream
+        self._stream_replies = 0  # replies received on the current stream
         self._queue: deque[_QueueItem] = deque()
         self._outbox: deque[bytes] = deque()  # encoded snapshot updates, sent first
         self._dirty: dict[SourceId, None] = {}  # ordered set: sources owed a snapshot
@@ -253,9 +254,8 @@ class IndexForwarder:
             while True:
                 self.state = ForwarderState.CONNECTING
                 channel = Channel(self.target.host, self.target.port, codec=RawCodec())
-                got_reply = False
                 try:
-                    got_reply = await self._stream(channel)
+                    await self._stream(channel)
                 except (
                     GRPCError, StreamTerminatedError, ProtocolError, OSError, TimeoutError,
                     IndexUnavailable,
@@ -263,7 +263,7 @@ class IndexForwarder:
                     self._disconnected(exc)
                 finally:
                     channel.close()
-                if got_reply:
+                if self._stream_replies:  # it worked for a while: retry promptly
                     backoff = self.config.backoff_min_s
                 self.state = ForwarderState.BACKOFF
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
@@ -272,7 +272,7 @@ class IndexForwarder:
             self.state = ForwarderState.STOPPED
             self._reset_stream()
 
-    async def _stream(self, channel: Channel) -> bool:
+    async def _stream(self, channel: Channel) -> None:
         async with channel.request(
             SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch, pb.SyncReply
         ) as stream:
@@ -291,13 +291,13 @@ class IndexForwarder:
                 await asyncio.gather(replies, sender, return_exceptions=True)
             for task in done:
                 task.result()  # re-raise the failure
-            return self.acked_batches > 0 or self.index_id != ""
 
     def _connected(self) -> None:
         self._reset_stream()
         self.state = ForwarderState.STREAMING
         self.connects += 1
         self._stream_batches = 0
+        self._stream_replies = 0
         self.acked_batches = 0
         for source in self.ledgers.live_sources():
             self._dirty[source] = None
@@ -339,7 +339,7 @@ class IndexForwarder:
                 await self._wake.wait()
                 continue
             data = encode_batch_bytes(self.ingest_id, updates)
-            await stream.send_message(EncodedBatch(data, len(updates)))
+            await stream.send_message(EncodedBatch(data, len(updates)))  # type: ignore[arg-type]
             self.sent_batches += 1
             self._stream_batches += 1
             self.sent_updates += len(updates)
@@ -452,6 +452,7 @@ class IndexForwarder:
             reply = await stream.recv_message()
             if reply is None:
                 raise IndexUnavailable("the index ended the Sync stream")
+            self._stream_replies += 1
             self.acked_batches = reply.applied_batches
             if reply.index_id and reply.index_id != self.index_id:
                 if self.index_id:

@@ -1,0 +1,111 @@
+"""Segment-cached tokenization is identical to tokenizing the whole rendered prompt."""
+
+from __future__ import annotations
+
+import functools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, Tokenizer
+
+from cortex.gateway.tokenize import PromptTokenizer
+from cortex.sim.tokenization import ChatTokenizer
+
+SPECIALS = ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>",
+            "</think>", "<think>", "<｜tool▁call▁begin｜>", "<mask>"]
+WORDS = ["hello", " world", "\n", "\n\n", "  ", "123456", "über", "日本語のテキスト", "😀", "<b>",
+         "<", "｜", "tab\there", " 42", "x=1;", "END", "\r\n", "-", "'s", "don't"]
+
+
+@functools.cache
+def chat() -> ChatTokenizer:
+    return ChatTokenizer.load()
+
+
+@functools.cache
+def shared() -> PromptTokenizer:
+    # one instance across examples: later examples hit segments cached by earlier ones
+    return PromptTokenizer(chat(), cache_tokens=200_000)
+
+
+text = st.lists(st.sampled_from(WORDS + SPECIALS), max_size=30).map("".join)
+message = st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "user", "assistant", "tool"]),
+    "content": st.one_of(text, st.sampled_from(["You are a helpful assistant. " * 20])),
+})
+conversation = st.lists(message, min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation, st.booleans())
+def test_chat_prompt_tokens_equal_whole_prompt_tokenization(
+    messages: list[dict[str, str]], add_generation_prompt: bool
+) -> None:
+    tok = shared()
+    rendered = tok.render(messages, add_generation_prompt)
+    expected = chat().encode_prompt(rendered)
+    assert tok.encode_chat(rendered) == expected
+    assert tok.encode_chat(rendered) == expected  # warm: served from the segment cache
+
+
+@settings(max_examples=200, deadline=None)
+@given(text)
+def test_plain_text_tokens_equal_whole_text_tokenization(prompt: str) -> None:
+    assert shared().encode_text(prompt) == chat().encode_text(prompt)
+
+
+def test_long_system_prompt_is_tokenized_once() -> None:
+    tok = PromptTokenizer(chat())
+    system = {"role": "system", "content": "Rules of the house. " * 500}
+    first = tok.render([system, {"role": "user", "content": "question one"}])
+    tok.encode_chat(first)
+    misses = tok.cache.stats.misses
+    second = tok.render([system, {"role": "user", "content": "question two"}])
+    assert tok.encode_chat(second) == chat().encode_prompt(second)
+    # only the new user message was encoded
+    assert tok.cache.stats.misses - misses == 1
+    assert tok.cache.stats.hits >= 1
+
+
+def test_cache_is_bounded_by_tokens() -> None:
+    tok = PromptTokenizer(chat(), cache_tokens=50)
+    for i in range(40):
+        tok.encode_text(f"distinct prompt number {i} with some words")
+    assert tok.cache.tokens <= 50
+    assert tok.cache.stats.evictions > 0
+
+
+def _tokenizer_with(*tokens: AddedToken) -> ChatTokenizer:
+    base = chat()
+    inner = Tokenizer.from_str(base.tokenizer.to_str())
+    inner.add_special_tokens(list(tokens))
+    return ChatTokenizer(inner, base.template_text, base.bos_token, base.eos_token,
+                         base.eos_token_id, "test")
+
+
+@settings(max_examples=150, deadline=None)
+@given(text)
+def test_stripping_added_tokens_are_reproduced(prompt: str) -> None:
+    custom = _tokenizer_with(AddedToken("<mask>", lstrip=True, rstrip=True, special=True),
+                             AddedToken("END", rstrip=True, special=True))
+    tok = _custom_prompt_tokenizer(custom)
+    assert tok.segmented
+    assert tok.encode_text(prompt) == custom.encode_text(prompt)
+    assert tok.encode_chat(prompt) == custom.encode_prompt(prompt)
+
+
+_CUSTOM: dict[int, PromptTokenizer] = {}
+
+
+def _custom_prompt_tokenizer(custom: ChatTokenizer) -> PromptTokenizer:
+    # hypothesis calls the test many times: build the (slow) instance once
+    if not _CUSTOM:
+        _CUSTOM[0] = PromptTokenizer(custom)
+    return _CUSTOM[0]
+
+
+def test_single_word_tokens_disable_segmentation() -> None:
+    custom = _tokenizer_with(AddedToken("word", single_word=True, special=True))
+    tok = PromptTokenizer(custom)
+    assert not tok.segmented
+    assert tok.encode_text("a word, swords") == custom.encode_text("a word, swords")
