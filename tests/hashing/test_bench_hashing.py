@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from cortex.bench import hashing
 from cortex.cli.main import main
 

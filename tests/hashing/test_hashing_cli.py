@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from cortex.cli.main import main
 from cortex.hashing.cli import MAX_TOKENS, InputError, parse_tokens
 from cortex.hashing.keys import Engine, HashDomain

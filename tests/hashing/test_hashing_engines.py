@@ -14,6 +14,9 @@ import msgpack
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
 from cortex.hashing import (
     VLLM_HASH_ALGOS,
     Engine,
@@ -26,8 +29,6 @@ from cortex.hashing import (
     vllm_extra_keys,
     vllm_none_hash,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 BATCHES = Path(__file__).with_name("data") / "engine_batches.json"
 WIDE_TOKENS = st.lists(st.integers(0, 2**64 - 1), max_size=60)

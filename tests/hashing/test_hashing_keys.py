@@ -9,6 +9,9 @@ from dataclasses import FrozenInstanceError
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
 from cortex.hashing import keys as keys_module
 from cortex.hashing.keys import (
     HASH_VERSION,
@@ -19,8 +22,6 @@ from cortex.hashing.keys import (
     root_key,
 )
 from cortex.hashing.packing import pack_tokens
-from hypothesis import given
-from hypothesis import strategies as st
 
 TOKENS = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300)
 BLOCK_SIZES = st.integers(min_value=1, max_value=40)

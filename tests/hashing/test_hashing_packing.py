@@ -7,6 +7,9 @@ from array import array
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from cortex.hashing.packing import (
     pack_keys,
     pack_tokens,
@@ -15,8 +18,6 @@ from cortex.hashing.packing import (
     unpack_keys,
     unpack_tokens,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=100))

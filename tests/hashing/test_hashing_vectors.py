@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from cortex.hashing import vectors
 from cortex.hashing.keys import HASH_VERSION
 

@@ -42,7 +42,8 @@ def tokens() -> list[int]:
     rng = np.random.default_rng(11)
     small = rng.integers(0, 2**17, 4096, dtype=np.uint64)
     large = rng.integers(2**21, 2**32, 4096, dtype=np.uint64)
-    return np.where(np.arange(4096) % 3 == 0, large, small).tolist()
+    mixed: list[int] = np.where(np.arange(4096) % 3 == 0, large, small).tolist()
+    return mixed
 
 
 @pytest.fixture

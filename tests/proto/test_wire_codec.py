@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -433,7 +432,7 @@ def test_corrupted_responses_fail_only_with_wire_error(
             decode_match_response(bytes(data))
         return
     decoded = decode_match_response(bytes(data))
-    assert [astuple(h) for h in decoded.matches] == [
+    assert [tuple(h) for h in decoded.matches] == [
         (m.worker_id, m.matched_blocks, m.matched_tokens, m.state, m.dp_rank) for m in ref.matches
     ]
     assert decoded.index_version == ref.index_version

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from cortex.hashing import (
     HASH_VERSION,
     Engine,

@@ -81,7 +81,7 @@ class Supervisor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded launcher
+                preexec_fn=_die_with_parent,
             )
         child = Child(name, list(argv), log_path, proc)
         self.children.append(child)

@@ -38,6 +38,7 @@ from itertools import repeat
 
 import cbor2
 import xxhash
+
 from cortex.hashing.keys import Engine
 from cortex.hashing.packing import MAX_TOKEN, TokenInput, pack_tokens, token_list
 

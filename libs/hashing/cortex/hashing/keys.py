@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import xxhash
+
 from cortex.hashing.packing import TokenInput, pack_tokens
 
 __all__ = ["HASH_VERSION", "Engine", "HashDomain", "block_keys", "domain_seed", "root_key"]
