@@ -13,9 +13,6 @@ in between get one-line docstrings. The output is a function of the .proto files
 toolchain versions (grpcio-tools, betterproto, black, isort) and nothing else.
 
 Exit codes: 0 done / up to date, 1 stale (``--check``), 2 the toolchain failed.
-
-:func:`grpcio_stubs` builds plain grpcio modules from the same contract, for the interop
-tests and the wire benchmark.
 """
 
 from __future__ import annotations
@@ -24,13 +21,10 @@ import argparse
 import difflib
 import importlib.metadata
 import importlib.util
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
-from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "proto"
@@ -42,7 +36,7 @@ API_DOC = (
 TOOLCHAIN = ("grpcio-tools", "betterproto", "black", "isort")
 DIFF_LINES = 40  # per file, in the --check summary
 
-__all__ = ["GenerationError", "GrpcioStubs", "generate", "grpcio_stubs", "main", "stale_files"]
+__all__ = ["GenerationError", "generate", "main", "stale_files"]
 
 
 class GenerationError(RuntimeError):
@@ -190,41 +184,6 @@ def _write(expected: dict[str, str], stale: dict[str, str], gen_root: Path) -> N
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(expected[rel], encoding="utf-8")
-
-
-class GrpcioStubs(NamedTuple):
-    """grpcio's modules for the index contract: messages (upb codec) and service stubs."""
-
-    pb2: ModuleType
-    pb2_grpc: ModuleType
-
-
-def grpcio_stubs(out_dir: Path, proto: Path | None = None) -> GrpcioStubs:
-    """Plain grpcio modules (``_pb2``, ``_pb2_grpc``) for the index contract, built in out_dir.
-
-    The .proto is compiled under a flat file name, so the modules are the top-level
-    ``cortex_index_v1_pb2`` / ``cortex_index_v1_pb2_grpc``, which cannot collide with the
-    ``cortex`` namespace; the proto package and so every wire name stay ``cortex.index.v1``.
-    Loaded once per process: protobuf's descriptor pool holds each message name once.
-    """
-    names = ("cortex_index_v1_pb2", "cortex_index_v1_pb2_grpc")
-    if all(name in sys.modules for name in names):
-        return GrpcioStubs(sys.modules[names[0]], sys.modules[names[1]])
-    source = proto or PROTO_ROOT / "cortex" / "index" / "v1" / "index.proto"
-    src = out_dir / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, src / "cortex_index_v1.proto")
-    flat = src / "cortex_index_v1.proto"
-    _protoc([f"-I{src}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", str(flat)])
-    modules = []
-    for name in names:
-        spec = importlib.util.spec_from_file_location(name, out_dir / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # the _pb2_grpc module imports the _pb2 one by name
-        spec.loader.exec_module(module)
-        modules.append(module)
-    return GrpcioStubs(modules[0], modules[1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,10 +11,18 @@ from tokenizers import AddedToken, Tokenizer
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.sim.tokenization import ChatTokenizer
 
-SPECIALS = ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>",
-            "</think>", "<think>", "<｜tool▁call▁begin｜>", "<mask>"]
+SPECIALS = [
+    "<\uff5cUser\uff5c>",
+    "<\uff5cAssistant\uff5c>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+    "</think>",
+    "<think>",
+    "<\uff5ctool\u2581call\u2581begin\uff5c>",
+    "<mask>",
+]
 WORDS = ["hello", " world", "\n", "\n\n", "  ", "123456", "über", "日本語のテキスト", "😀", "<b>",
-         "<", "｜", "tab\there", " 42", "x=1;", "END", "\r\n", "-", "'s", "don't"]
+         "<", "\uff5c", "tab\there", " 42", "x=1;", "END", "\r\n", "-", "'s", "don't"]
 
 
 @functools.cache
@@ -83,25 +91,20 @@ def _tokenizer_with(*tokens: AddedToken) -> ChatTokenizer:
                          base.eos_token_id, "test")
 
 
+@functools.cache
+def stripping() -> tuple[ChatTokenizer, PromptTokenizer]:
+    custom = _tokenizer_with(AddedToken("<mask>", lstrip=True, rstrip=True, special=True),
+                             AddedToken("END", rstrip=True, special=True))
+    return custom, PromptTokenizer(custom)
+
+
 @settings(max_examples=150, deadline=None)
 @given(text)
 def test_stripping_added_tokens_are_reproduced(prompt: str) -> None:
-    custom = _tokenizer_with(AddedToken("<mask>", lstrip=True, rstrip=True, special=True),
-                             AddedToken("END", rstrip=True, special=True))
-    tok = _custom_prompt_tokenizer(custom)
+    custom, tok = stripping()
     assert tok.segmented
     assert tok.encode_text(prompt) == custom.encode_text(prompt)
     assert tok.encode_chat(prompt) == custom.encode_prompt(prompt)
-
-
-_CUSTOM: dict[int, PromptTokenizer] = {}
-
-
-def _custom_prompt_tokenizer(custom: ChatTokenizer) -> PromptTokenizer:
-    # hypothesis calls the test many times: build the (slow) instance once
-    if not _CUSTOM:
-        _CUSTOM[0] = PromptTokenizer(custom)
-    return _CUSTOM[0]
 
 
 def test_single_word_tokens_disable_segmentation() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from grpclib.client import Channel
+
 from cortex.api.index import v1 as pb
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
-from grpclib.client import Channel
 
 
 def loopback_config(**overrides: object) -> IndexConfig:

@@ -10,6 +10,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from grpclib.client import Channel
+
 from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
 from cortex.index.client import LedgerUpdates, SyncSession
@@ -18,7 +20,6 @@ from cortex.index.grpcio_stubs import load_grpcio_stubs
 from cortex.index.server import IndexServer
 from cortex.index.tree import node_bytes
 from cortex.index.wire import match_request
-from grpclib.client import Channel
 
 DOMAIN = HashDomain("qwen", 4, Engine.VLLM)
 ROOT = DOMAIN.root_key()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
 from cortex.index.errors import InvalidArgument

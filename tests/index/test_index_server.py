@@ -8,6 +8,12 @@ from collections.abc import Callable
 
 import aiohttp
 import pytest
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.health.v1.health_grpc import HealthStub
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+
 from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
 from cortex.index.client import LedgerUpdates, SyncSession
@@ -15,11 +21,6 @@ from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.index.wire import call_match, encode_match_request, match_request
 from cortex.testing import wait_until_async
-from grpclib.client import Channel
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError, StreamTerminatedError
-from grpclib.health.v1.health_grpc import HealthStub
-from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 DOMAIN = HashDomain("llama-3-8b", 16, Engine.SGLANG)
 ROOT = DOMAIN.root_key()

@@ -8,6 +8,10 @@ from collections.abc import AsyncIterator
 
 import grpclib.server
 import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+
 from cortex.api.index.v1 import (
     ChangeBatch,
     ChangesRequest,
@@ -20,6 +24,7 @@ from cortex.api.index.v1 import (
     UpdateBatch,
     WorkerMatch,
 )
+from cortex.index.grpcio_stubs import GrpcioStubs, load_grpcio_stubs
 from cortex.index.wire import (
     IndexServiceBase,
     MatchDomain,
@@ -28,18 +33,15 @@ from cortex.index.wire import (
     WorkerHit,
     pack_block_keys,
 )
-from gen_proto import GrpcioStubs, grpcio_stubs
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol
 
 MASK64 = 2**64 - 1
 
 
 @pytest.fixture(scope="session")
 def grpcio_modules(tmp_path_factory: pytest.TempPathFactory) -> GrpcioStubs:
-    """``cortex_index_v1_pb2`` / ``_pb2_grpc``, generated once per test session."""
-    return grpcio_stubs(tmp_path_factory.mktemp("grpcio"))
+    """grpcio's ``index_pb2`` / ``index_pb2_grpc``, loaded once per process (protobuf's
+    descriptor pool takes each message name once, so every test shares one loader)."""
+    return load_grpcio_stubs(tmp_path_factory.mktemp("grpcio"))
 
 
 def digest(query: MatchQuery) -> int:

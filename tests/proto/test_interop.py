@@ -15,7 +15,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from gen_proto import GrpcioStubs
+
+from cortex.index.grpcio_stubs import GrpcioStubs
 
 pytestmark = pytest.mark.timeout(30)
 MASK64 = 2**64 - 1
@@ -31,7 +32,7 @@ async def call(grpcio: GrpcioStubs, port: int, fn: Any) -> Any:
 
     def run() -> Any:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            return fn(grpcio.pb2_grpc.IndexStub(channel), grpcio.pb2)
+            return fn(grpcio.grpc.IndexStub(channel), grpcio.pb2)
 
     return await asyncio.to_thread(run)
 

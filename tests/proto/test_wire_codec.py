@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from cortex.api.index.v1 import MatchRequest, MatchResponse
+from cortex.index.grpcio_stubs import GrpcioStubs as Grpcio
 from cortex.index.wire import (
     MatchDomain,
     MatchQuery,
@@ -28,10 +33,6 @@ from cortex.index.wire import (
     pack_block_keys,
     pack_token_ids,
 )
-from gen_proto import GrpcioStubs as Grpcio
-from google.protobuf.message import DecodeError
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.timeout(60)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -93,7 +94,7 @@ unknown_field = st.one_of(
 
 request_fragment = st.one_of(
     st.text(max_size=12).map(lambda s: ld(1, s.encode())),
-    st.lists(st.one_of(token, uint64), max_size=40).map(
+    st.lists(st.one_of(token, uint64), max_size=80).map(  # > 32 bytes: the numpy path
         lambda xs: ld(2, b"".join(varint(x) for x in xs))
     ),
     st.lists(st.one_of(token, uint64), min_size=1, max_size=40).map(
@@ -248,6 +249,8 @@ def test_random_bytes_fail_only_with_wire_error(grpcio_modules: Grpcio, data: by
     ("data", "message"),
     [
         (b"\x12\x02\x80\x80", "truncated varint"),
+        (ld(2, b"\x01" * 40 + b"\x80"), "truncated varint"),  # the numpy path
+        (ld(2, b"\x01" * 40 + b"\xff" * 10 + b"\x01"), "longer than 10 bytes"),
         (b"\x12\x0b" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
         (b"\x10" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
         (b"\x1a\x03\x01\x02\x03", "multiple of 8"),

@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
 from cortex.api.index.v1 import ChangesRequest, IndexStub, MatchRequest, MatchResponse
 from cortex.index.wire import (
     MATCH_METHOD,
@@ -21,9 +25,6 @@ from cortex.index.wire import (
     encode_match_request,
     match_request,
 )
-from grpclib.client import Channel
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 pytestmark = pytest.mark.timeout(30)
 MASK64 = 2**64 - 1

@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 import zmq.asyncio
+
 from cortex.sim.config import SimConfig, TimingConfig
 from cortex.sim.server import SimServer
 from cortex.sim.testkit import EventSubscriber, StartSim

@@ -38,6 +38,7 @@ def test_second_request_hits_block_aligned_prefix_and_stores_once() -> None:
     assert run(cache, other) == 8
     (event,) = cache.drain_events()
     assert isinstance(event, BlocksStored)
+    assert isinstance(stored[0], BlocksStored)
     assert event.parent_block_hash == stored[0].block_hashes[1]
     assert event.token_ids == (99,) * 4
 

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 import zmq
 import zmq.asyncio
+
 from cortex.hashing import engine_event_ints
 from cortex.ingest.codec import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from cortex.ingest.frames import ReplayEnd, parse_replay_reply, replay_request
@@ -35,7 +36,7 @@ async def replay(endpoint: str, start: int) -> list[int]:
     try:
         sock.connect(endpoint)
         await sock.send_multipart(replay_request(start))
-        seqs = []
+        seqs: list[int] = []
         while True:
             reply = parse_replay_reply(await asyncio.wait_for(sock.recv_multipart(), 10))
             if isinstance(reply, ReplayEnd):

@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from cortex.sim.testkit import StartSim, chat_body
 
 LONG = "Tell me everything about the long and winding history of the Roman empire, please. " * 3

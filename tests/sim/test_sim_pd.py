@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from cortex.sim.process import SimProcess
 from cortex.sim.testkit import chat_body
 

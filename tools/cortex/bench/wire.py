@@ -95,10 +95,11 @@ def _reply() -> MatchReply:
 def _grpcio() -> ModuleType | None:
     """grpcio's generated messages (built now by protoc), or None without the dev tools."""
     try:
-        from gen_proto import grpcio_stubs
-    except ImportError:
+        from cortex.index.grpcio_stubs import load_grpcio_stubs
+
+        return load_grpcio_stubs(Path(tempfile.mkdtemp(prefix="cortex-bench-wire-"))).pb2
+    except ImportError:  # grpcio-tools is a dev dependency
         return None
-    return grpcio_stubs(Path(tempfile.mkdtemp(prefix="cortex-bench-wire-"))).pb2
 
 
 def _array_u32(data: bytes) -> array[int]:

@@ -32,6 +32,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 from aiohttp import web
+
 from cortex.sim.sockets import bind_tcp, site_port
 
 __all__ = [

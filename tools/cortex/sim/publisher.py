@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import zmq
 import zmq.asyncio
+
 from cortex.hashing import Engine
 from cortex.ingest import codec, frames
 from cortex.sim.cache import BlocksRemoved, BlocksStored, CacheEvent

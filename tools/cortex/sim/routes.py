@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
+
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim.config import Role, SimConfig

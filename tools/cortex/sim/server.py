@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import zmq.asyncio
 from aiohttp import web
+
 from cortex.sim.config import Role, SimConfig
 from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState

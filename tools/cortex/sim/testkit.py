@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import zmq
 import zmq.asyncio
+
 from cortex.hashing import Engine
 from cortex.ingest.codec import (
     AllBlocksCleared,

@@ -310,15 +310,15 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         if value is None:
             return None
         return _convert(value, options[0], where)
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: must be a table/object")
-        return _build(hint, value, where)
     if hint is WorkerSpec:
         try:
             return value if isinstance(value, WorkerSpec) else WorkerSpec.from_dict(value)
         except SpecError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: must be a table/object")
+        return _build(hint, value, where)
     if origin is tuple:
         item = get_args(hint)[0]
         if isinstance(value, str):

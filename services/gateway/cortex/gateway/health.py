@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable
 
 import aiohttp
+
 from cortex.gateway.config import HealthConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import Health, WorkerPool, WorkerState

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from types import TracebackType
 
 import grpclib.client
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
 from cortex.api.index import v1 as pb
 from cortex.gateway.config import IndexConfig
 from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine, HashDomain
 from cortex.index.wire import WireError, call_match, encode_match_request
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 __all__ = ["IndexClient", "ledger_state"]
 

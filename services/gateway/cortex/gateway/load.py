@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import aiohttp
+
 from cortex.gateway.config import LoadConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import EngineLoad, Health, WorkerPool, WorkerState

@@ -73,6 +73,7 @@ class Gateway:
         self.dispatcher: Dispatcher | None = None
         self.watcher: RegistryWatcher | None = None
         self.health: HealthMonitor | None = None
+        self.loads: LoadPoller | None = None
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -127,7 +128,8 @@ class Gateway:
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
                                     config.health, config.registry.lease_ttl_s, self.metrics)
-        loads = LoadPoller(self.pool, self.upstream.session, config.load, self.metrics)
+        loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
+                                        self.metrics)
         added = self._sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
@@ -168,13 +170,15 @@ class Gateway:
         return added
 
     async def _pool_loop(self) -> None:
-        assert self.watcher is not None and self.health is not None
+        assert self.watcher is not None and self.health is not None and self.loads is not None
         version = self.watcher.version
         while True:
             version = await self.watcher.wait_changed(version)
             added = self._sync_pool()
             if added:
                 await self.health.probe_all(w for w in self.pool if w.id in added)
+                await asyncio.gather(*(self.loads.poll(w) for w in self.pool
+                                       if w.id in added and w.routable()))
 
     async def _status_loop(self) -> None:
         while True:

@@ -13,12 +13,13 @@ import os
 import socket
 from types import TracebackType
 
+from hypercorn.asyncio import serve
+from hypercorn.config import Config as HypercornConfig
+
 from cortex.gateway.app import GatewayApp
 from cortex.gateway.config import GatewayConfig
 from cortex.gateway.runtime import Gateway
 from cortex.registry import Registry
-from hypercorn.asyncio import serve
-from hypercorn.config import Config as HypercornConfig
 
 __all__ = ["GatewayServer"]
 

@@ -20,6 +20,8 @@ template's special tokens, so it is encoded once and then served from the cache.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 from collections import OrderedDict
@@ -28,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex.sim.tokenization import ChatTokenizer, TemplateError
 from tokenizers import Tokenizer
+
+from cortex.sim.tokenization import ChatTokenizer, TemplateError
 
 __all__ = ["PromptTokenizer", "SegmentCache", "TemplateError", "TokenizerStats"]
 
@@ -209,6 +212,12 @@ class PromptTokenizer:
         self.segmented = self._splitter is not None
         self._prefix, self._suffix = _affixes(chat.tokenizer)
 
+    def fork(self) -> PromptTokenizer:
+        """The same tokenizer and rules with an empty cache of the same size (cheap)."""
+        twin = copy.copy(self)
+        twin.cache = SegmentCache(self.cache.max_tokens)
+        return twin
+
     @classmethod
     def load(
         cls,
@@ -216,8 +225,11 @@ class PromptTokenizer:
         chat_template: Path | None = None,
         cache_tokens: int = 1_000_000,
     ) -> PromptTokenizer:
-        """Load like the engine/sim does; ``None`` paths = the shared defaults."""
-        return cls(ChatTokenizer.load(tokenizer, chat_template), cache_tokens)
+        """Load like the engine/sim does; ``None`` paths = the shared defaults.
+
+        Loading parses a large ``tokenizer.json`` (~0.5 s): the parsed tokenizer is kept per
+        process and shared; each call gets its own segment cache."""
+        return _loaded(tokenizer, chat_template, cache_tokens).fork()
 
     def render(
         self,
@@ -263,3 +275,9 @@ class PromptTokenizer:
 
     def __repr__(self) -> str:
         return f"PromptTokenizer({self.chat!r}, segmented={self.segmented}, {self.cache!r})"
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(tokenizer: Path | None, chat_template: Path | None, cache_tokens: int
+            ) -> PromptTokenizer:
+    return PromptTokenizer(ChatTokenizer.load(tokenizer, chat_template), cache_tokens)

@@ -13,6 +13,7 @@ from enum import StrEnum
 from types import TracebackType
 
 import aiohttp
+
 from cortex.gateway.config import UpstreamConfig
 
 __all__ = ["FailureKind", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+
 from cortex.hashing import HashDomain
 from cortex.index.model import Source
 

@@ -10,10 +10,11 @@ from array import array
 from collections.abc import Sequence
 from types import TracebackType
 
-from cortex.api.index import v1 as pb
-from cortex.hashing import Engine, HashDomain
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
+
+from cortex.api.index import v1 as pb
+from cortex.hashing import Engine, HashDomain
 
 __all__ = [
     "SYNC_METHOD",

@@ -14,6 +14,7 @@ from typing import Any
 
 import betterproto
 import numpy as np
+
 from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import ChangeSet

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Iterator
 
-from cortex.index.model import LedgerState, domain_label
-from cortex.index.prefix_index import PrefixIndex
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+
+from cortex.index.model import LedgerState, domain_label
+from cortex.index.prefix_index import PrefixIndex
 
 __all__ = ["CONTENT_TYPE", "IndexMetrics"]
 

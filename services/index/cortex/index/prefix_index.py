@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
 from cortex.index.errors import InvalidArgument
@@ -369,11 +370,12 @@ class PrefixIndex:
     # ---- memory budget --------------------------------------------------------------------
 
     def _enforce_budget(self) -> int:
-        """Evict least-recently-matched leaves until the estimate is at the low watermark.
+        """Evict least-recently-matched subtrees until the estimate is at the low watermark.
 
-        One pass scans every tree's leaves once, orders them by recency globally and evicts
-        them oldest first in growing chunks; an evicted leaf's ancestors that become leaves
-        and are at least as old go too. Returns the blocks evicted.
+        A pass picks the recency cutoff that covers the excess (one partition over every
+        live node of every tree, so the LRU order is global across domains) and evicts each
+        node whose whole subtree is that old: leaves first, inner nodes with their last
+        child. Returns the blocks evicted.
         """
         budget = self.memory_budget_bytes
         if not budget or self.bytes_estimate <= budget:
@@ -383,36 +385,28 @@ class PrefixIndex:
         version = self._bump()
         self.eviction_passes += 1
         evicted = 0
-        while self.bytes_estimate > target:
-            entries = [(domain, tree, *tree.leaves()) for domain, tree in self.trees.items()]
-            if not entries:
+        widen = 1
+        for _ in range(16):
+            excess = self.bytes_estimate - target
+            if excess <= 0 or not self.trees:
                 break
-            ages = np.concatenate([e[2] for e in entries])
-            slots = np.concatenate([e[3] for e in entries])
-            owner = np.concatenate([np.full(len(e[3]), i) for i, e in enumerate(entries)])
-            order = np.argsort(ages, kind="stable")
-            pass_evicted = 0
-            pos, chunk = 0, 1
-            while pos < len(order):
-                excess = self.bytes_estimate - target
-                if excess <= 0:
+            per_node = min(node_bytes(t.words) for t in self.trees.values())
+            recency = np.concatenate([t.live_recency() for t in self.trees.values()])
+            if not recency.size:
+                break
+            k = min(recency.size, math.ceil(excess / per_node) * widen) - 1
+            cutoff = int(np.partition(recency, k)[k])
+            round_evicted = 0
+            for domain, tree in list(self.trees.items()):
+                count, dropped = tree.evict_older_than(cutoff)
+                round_evicted += count
+                for source, keys in dropped:
+                    self.changes.append(Change(version, domain, source, keys))
+            evicted += round_evicted
+            if not round_evicted:
+                if k == recency.size - 1:
                     break
-                need = math.ceil(excess / min(node_bytes(e[1].words) for e in entries))
-                sel = order[pos : pos + chunk]
-                pos, chunk = pos + chunk, min(chunk * 2, 1 << 16)
-                cutoff = int(ages[sel[-1]])
-                for i in np.unique(owner[sel]).tolist():
-                    domain, tree = entries[i][0], entries[i][1]
-                    count, dropped = tree.evict_from(slots[sel[owner[sel] == i]], cutoff, need)
-                    need -= count
-                    pass_evicted += count
-                    for source, keys in dropped:
-                        self.changes.append(Change(version, domain, source, keys))
-                    if need <= 0:
-                        break
-            if not pass_evicted:
-                break
-            evicted += pass_evicted
+                widen *= 2  # young descendants protected the oldest: look further
         self.evictions += evicted
         self.eviction_seconds += time.perf_counter() - started
         return evicted

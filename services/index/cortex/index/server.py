@@ -21,6 +21,11 @@ from typing import TypeVar
 
 import grpclib.server
 from aiohttp import web
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.health.check import ServiceStatus
+from grpclib.health.service import Health
+
 from cortex.api.index import v1 as pb
 from cortex.index.changes import ChangeSet
 from cortex.index.config import IndexConfig
@@ -41,10 +46,6 @@ from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
 from cortex.index.model import Source
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
 from cortex.index.wire import IndexServiceBase, MatchQuery, MatchReply
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from grpclib.health.check import ServiceStatus
-from grpclib.health.service import Health
 
 __all__ = ["IndexServer", "IndexService"]
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
 from cortex.index.errors import InvalidArgument
 from cortex.index.model import Source
 
@@ -452,30 +453,42 @@ class RadixHashTree:
 
     # ---- eviction ------------------------------------------------------------------------
 
-    def oldest_leaves(
-        self, limit: int
-    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-        """Up to ``limit`` leaves with the oldest recency: ``(recency, slots)``, unordered."""
+    def live_recency(self) -> npt.NDArray[np.uint64]:
+        """Recency ticks of every live node (to pick an eviction cutoff)."""
         hi = self._high
-        leaves = np.flatnonzero((self._parent[:hi] != FREE) & (self._children[:hi] == 0))
-        if limit <= 0:
-            return np.zeros(0, _U64), np.zeros(0, np.int64)
-        if leaves.size > limit:
-            part = np.argpartition(self._recency[leaves], limit - 1)[:limit]
-            leaves = leaves[part]
-        return self._recency[leaves], leaves.astype(np.int64)
+        recency: npt.NDArray[np.uint64] = self._recency[:hi][self._parent[:hi] != FREE]
+        return recency
 
-    def evict(self, slots: npt.NDArray[np.int64]) -> list[tuple[Source, npt.NDArray[np.uint64]]]:
-        """Forget leaf ``slots`` for every holder; returns ``(source, dropped keys)`` pairs.
+    def evict_older_than(
+        self, cutoff: int
+    ) -> tuple[int, list[tuple[Source, npt.NDArray[np.uint64]]]]:
+        """Evict every node whose whole subtree has recency <= ``cutoff``.
 
-        Inner nodes are refused (skipped): evicting them would strand their subtree.
+        That is exactly what repeatedly evicting a least-recently-used *leaf* (recency <=
+        ``cutoff``) converges to, done in a few vectorised passes: a young node protects its
+        ancestors, and only unprotected old nodes go, so no kept node loses a descendant's
+        link. Returns ``(evicted nodes, [(source, keys it lost)])``.
         """
-        slots = np.unique(slots)
-        slots = slots[(self._parent[slots] != FREE) & (self._children[slots] == 0)]
-        if not slots.size:
-            return []
-        rows = self._holders[slots]
-        keys = self._key[slots]
+        hi = self._high
+        parent = self._parent[:hi]
+        live = parent != FREE
+        old = live & (self._recency[:hi] <= cutoff)
+        protected = np.zeros(hi, np.bool_)
+        young_parents = parent[live & ~old]
+        protected[young_parents[young_parents >= 0]] = True
+        # protection climbs through old ancestors only (a young one protects its own parent)
+        frontier = np.flatnonzero(protected & old)
+        while frontier.size:
+            up = parent[frontier]
+            up = up[up >= 0]
+            up = up[~protected[up]]
+            protected[up] = True
+            frontier = up[old[up]]
+        victims = np.flatnonzero(old & ~protected)
+        if not victims.size:
+            return 0, []
+        rows = self._holders[victims]
+        keys = self._key[victims]
         dropped: list[tuple[Source, npt.NDArray[np.uint64]]] = []
         for bit, source in self.bits():
             held = (rows[:, bit >> 6] & _U64(1 << (bit & 63))) != 0
@@ -483,44 +496,25 @@ class RadixHashTree:
             if count:
                 self._held[bit] -= count
                 dropped.append((source, keys[held]))
-        self._holders[slots] = 0
-        self.evicted += len(slots)
-        self._reclaim(slots)
-        return dropped
-
-    def leaves(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-        """Every leaf: ``(recency, slots)`` (one vectorised scan of the columns)."""
-        hi = self._high
-        slots = np.flatnonzero((self._parent[:hi] != FREE) & (self._children[:hi] == 0))
-        return self._recency[slots], slots.astype(np.int64)
-
-    def evict_from(
-        self, slots: npt.NDArray[np.int64], cutoff: int, limit: int
-    ) -> tuple[int, list[tuple[Source, npt.NDArray[np.uint64]]]]:
-        """Evict up to ``limit`` nodes: the leaf ``slots`` with recency <= ``cutoff``, then
-        the ancestors that thereby become such leaves. Returns ``(evicted, dropped)`` with the
-        keys each source lost.
-        """
-        slots = slots[self._recency[slots] <= cutoff]
-        before = self.evicted
-        merged: dict[Source, list[npt.NDArray[np.uint64]]] = {}
-        while slots.size and self.evicted - before < limit:
-            slots = slots[: limit - (self.evicted - before)]
-            parents = self._parent[slots].astype(np.int64)
-            for source, keys in self.evict(slots):
-                merged.setdefault(source, []).append(keys)
-            parents = np.unique(parents[parents >= 0])
-            parents = parents[(self._parent[parents] != FREE) & (self._children[parents] == 0)]
-            slots = parents[self._recency[parents] <= cutoff]
-        dropped = [(source, np.concatenate(parts)) for source, parts in merged.items()]
-        return self.evicted - before, dropped
-
-    def evict_older(
-        self, cutoff: int, limit: int
-    ) -> tuple[int, list[tuple[Source, npt.NDArray[np.uint64]]]]:
-        """:meth:`evict_from` the ``limit`` oldest leaves."""
-        _, slots = self.oldest_leaves(limit)
-        return self.evict_from(slots, cutoff, limit)
+        slot_of = self._slot_of
+        for key in keys.tolist():
+            del slot_of[key]
+        parents = parent[victims].astype(np.int64)
+        victim_mask = np.zeros(hi, np.bool_)
+        victim_mask[victims] = True
+        outside = parents[parents >= 0]
+        outside = outside[~victim_mask[outside]]
+        self._parent[victims] = FREE
+        self._key[victims] = 0
+        self._recency[victims] = 0
+        self._children[victims] = 0
+        self._holders[victims] = 0
+        self._push_free(victims.astype(np.int64))
+        self.evicted += len(victims)
+        if outside.size:
+            np.subtract.at(self._children, outside, 1)
+            self._reclaim(self._dead(np.unique(outside)))
+        return len(victims), dropped
 
     # ---- checks --------------------------------------------------------------------------
 

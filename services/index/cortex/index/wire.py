@@ -50,10 +50,11 @@ import grpclib.const
 import grpclib.server
 import numpy as np
 import numpy.typing as npt
-from cortex.api.index.v1 import IndexBase, MatchRequest, MatchResponse
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.metadata import Deadline, _MetadataLike
+
+from cortex.api.index.v1 import IndexBase, MatchRequest, MatchResponse
 
 __all__ = [
     "MATCH_METHOD",
@@ -84,6 +85,7 @@ _MASK64 = 0xFFFFFFFFFFFFFFFF
 _MAX_FIELD = (1 << 29) - 1
 _MAX_GROUP_DEPTH = 100  # upb's default nesting limit
 _RUN_WINDOW = 256  # bytes scanned first for a run of unpacked elements; grows x4
+_SCALAR_MAX = 32  # packed varint payloads up to this many bytes are decoded in Python
 _BUFFERS_MAX = 1 << 16  # payload bytes (~20k tokens) up to which work arrays are kept
 assert array("I").itemsize == 4 and array("Q").itemsize == 8
 
@@ -434,9 +436,13 @@ def decode_match_request(data: bytes | bytearray | memoryview) -> MatchQuery:
             tag, pos = _tag(buf, pos, end)
         if tag == 0x12:  # token_ids, packed
             start, pos = _span(buf, pos, end)
-            if start != pos:
+            if pos - start > _SCALAR_MAX:
                 raw = np.frombuffer(buf, np.uint8, pos - start, start)
                 tokens.frombytes(_varint_values(raw).astype(np.uint32).tobytes())
+            else:  # a few tokens (or many tiny chunks): numpy's call overhead would dominate
+                while start < pos:
+                    value, start = _varint(buf, start, pos)
+                    tokens.append(value & _MASK32)
         elif tag == 0x1A:  # block_keys, packed
             start, pos = _span(buf, pos, end)
             if (pos - start) % 8:

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
 from cortex.api.index import v1 as pb
 from cortex.hashing import HashDomain
 from cortex.ingest.errors import ConfigError, IndexUnavailable
@@ -43,9 +47,6 @@ from cortex.ingest.ops import (
     Store,
 )
 from cortex.ingest.wire import EncodedBatch, RawCodec, UpdateEncoder, encode_batch_bytes
-from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 __all__ = [
     "EpochClock",

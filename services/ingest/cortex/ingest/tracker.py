@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Final
 
 import xxhash
+
 from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ingest.alignment import AUTO, AlignmentChecker
 from cortex.ingest.codec import (

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpclib.encoding.proto import ProtoCodec
+
 from cortex.hashing import Engine, HashDomain, pack_keys
 from cortex.ingest.ops import LedgerState, SourceId
-from grpclib.encoding.proto import ProtoCodec
 
 __all__ = [
     "EncodedBatch",

@@ -1,0 +1,154 @@
+"""``cortex ingest``: run an ingest process, or ask which shard owns a worker.
+
+Flags win over environment variables (``CORTEX_REDIS_URL``, ``CORTEX_INDEX`` — comma
+separated ``HOST:PORT`` —, ``CORTEX_INGEST_SHARD``, ``CORTEX_INGEST_METRICS_PORT``,
+``CORTEX_INGEST_ID``). Everything is validated before anything starts; a bad setting exits 2
+with a clear message. SIGTERM / SIGINT stop the process cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from cortex.ingest.alignment import AUTO
+from cortex.ingest.config import IngestConfig
+from cortex.ingest.errors import ConfigError
+from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
+from cortex.ingest.service import IngestService
+from cortex.ingest.shard import ShardSpec, shard_of
+
+__all__ = ["build_config", "register"]
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "ingest", help="KV-event ingest: engines' events -> index ledgers",
+        description="Follow every registered worker's KV events and feed the index.",
+    )
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    sub = parser.add_subparsers(dest="ingest_command", metavar="COMMAND")
+
+    env = os.environ.get
+    run = sub.add_parser("run", help="run an ingest process (until SIGTERM / SIGINT)")
+    run.add_argument("--redis", default=env("CORTEX_REDIS_URL"),
+                     help="registry Redis URL (default: $CORTEX_REDIS_URL)")
+    run.add_argument("--namespace", default="cortex:v1:", help="registry key prefix")
+    run.add_argument("--index", action="append", default=[], metavar="HOST:PORT",
+                     help="an index replica (repeatable; default: $CORTEX_INDEX, comma list)")
+    run.add_argument("--shard", default=env("CORTEX_INGEST_SHARD", "0/1"), metavar="i/K",
+                     help="own the workers whose id hashes to shard i of K (default: 0/1)")
+    run.add_argument("--ingest-id", default=env("CORTEX_INGEST_ID", ""),
+                     help="name reported to the index (default: ingest-<i>of<K>@<host>)")
+    run.add_argument("--metrics-host", default="0.0.0.0")
+    run.add_argument("--metrics-port", type=int,
+                     default=int(env("CORTEX_INGEST_METRICS_PORT", "9465")),
+                     help="HTTP port for /metrics and /health (-1 = off; default: 9465)")
+    run.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
+                     help="registry polling interval (<= 1 s)")
+    run.add_argument("--no-channel", action="store_true",
+                     help="do not subscribe to the registry's pub/sub channel")
+    run.add_argument("--replay-timeout", type=float, default=2.0, metavar="S",
+                     help="abandon a replay silent for this long")
+    run.add_argument("--max-pending", type=int, default=10_000, metavar="N",
+                     help="live batches held per source while it replays")
+    run.add_argument("--queue-max", type=int, default=100_000, metavar="N",
+                     help="updates queued per index replica before snapshots take over")
+    run.add_argument("--align-every", type=int, default=64, metavar="N",
+                     help="check 1 in N chain-start stores against engine hashes (0 = off)")
+    run.add_argument("--hash-algo", default=AUTO,
+                     help="vLLM --prefix-caching-hash-algo for the alignment check "
+                          "(default: auto = learn)")
+    run.add_argument("--hash-seed", default=None,
+                     help="vLLM workers' PYTHONHASHSEED for the alignment check")
+    run.add_argument("--log-level", default="INFO")
+    run.set_defaults(func=_cmd_run)
+
+    owner = sub.add_parser("shard-of", help="print which shard owns each worker id")
+    owner.add_argument("--shards", type=int, required=True, metavar="K")
+    owner.add_argument("worker_ids", nargs="+", metavar="ID")
+    owner.set_defaults(func=_cmd_shard_of)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def build_config(args: argparse.Namespace) -> IngestConfig:
+    """Flags (and their environment defaults) -> a validated config; ``ConfigError``."""
+    if not args.redis:
+        raise ConfigError("--redis URL is required (or set $CORTEX_REDIS_URL)")
+    addresses = list(args.index) or [
+        a for a in os.environ.get("CORTEX_INDEX", "").split(",") if a.strip()
+    ]
+    if not addresses:
+        raise ConfigError("at least one --index HOST:PORT is required (or set $CORTEX_INDEX)")
+    shard = ShardSpec.parse(args.shard)
+    metrics_port = None if args.metrics_port < 0 else args.metrics_port
+    ingest_id = args.ingest_id or f"ingest-{shard.index}of{shard.count}@{socket.gethostname()}"
+    return IngestConfig(
+        index=tuple(IndexTarget.parse(a) for a in addresses),
+        redis_url=args.redis,
+        registry_namespace=args.namespace,
+        shard=shard,
+        ingest_id=ingest_id,
+        metrics_host=args.metrics_host,
+        metrics_port=metrics_port,
+        poll_interval_s=args.poll_interval,
+        use_channel=not args.no_channel,
+        replay_timeout_s=args.replay_timeout,
+        max_pending_batches=args.max_pending,
+        align_every=args.align_every,
+        hash_algo=args.hash_algo,
+        hash_seed=args.hash_seed,
+        forwarder=ForwarderConfig(queue_max_updates=args.queue_max),
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config = build_config(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(_serve(config))
+    except OSError as exc:  # e.g. the metrics port is taken
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(config: IngestConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with IngestService(config) as service:
+        log.info("ingest %s running; metrics on port %s", config.ingest_id, service.metrics_port)
+        await stop.wait()
+        log.info("ingest %s stopping", config.ingest_id)
+
+
+def _cmd_shard_of(args: argparse.Namespace) -> int:
+    if args.shards < 1:
+        print("error: --shards must be >= 1", file=sys.stderr)
+        return 2
+    for worker_id in args.worker_ids:
+        print(f"{worker_id}\t{shard_of(worker_id, args.shards)}/{args.shards}")
+    return 0

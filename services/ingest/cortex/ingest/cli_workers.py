@@ -1,0 +1,221 @@
+"""``cortex workers``: add, list and remove worker registrations (Redis leases).
+
+``add`` validates the whole spec before touching Redis: a bad URL, engine or port is a clear
+error and nothing is written. Exit codes: 0 done, 1 registry unavailable or worker not found,
+2 invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from cortex.hashing import Engine
+from cortex.registry import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TTL_S,
+    LeaseKeeper,
+    RedisRegistry,
+    RegistryUnavailable,
+    SpecError,
+    WorkerRole,
+    WorkerSpec,
+)
+
+__all__ = ["register"]
+
+_ENV_REDIS = "CORTEX_REDIS_URL"
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "workers", help="manage the worker registry (Redis leases)",
+        description="Add, list and remove workers in the Cortex registry.",
+    )
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    sub = parser.add_subparsers(dest="workers_command", metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--redis", default=os.environ.get(_ENV_REDIS),
+                       help=f"Redis URL (default: ${_ENV_REDIS})")
+        p.add_argument("--namespace", default=DEFAULT_NAMESPACE,
+                       help="registry key prefix (default: %(default)s)")
+        p.add_argument("--timeout", type=float, default=2.0, metavar="S",
+                       help="Redis operation timeout in seconds (default: %(default)s)")
+
+    add = sub.add_parser("add", help="register a worker (or replace its entry)")
+    common(add)
+    add.add_argument("--id", required=True, help="worker id (unique in the fleet)")
+    add.add_argument("--url", required=True, help="worker base URL, e.g. http://10.0.0.5:30000")
+    add.add_argument("--engine", required=True, help="sglang | vllm")
+    add.add_argument("--role", default=WorkerRole.REGULAR.value,
+                     help="regular | prefill | decode (default: %(default)s)")
+    add.add_argument("--model", required=True, help="served model name")
+    add.add_argument("--kv-events", metavar="tcp://HOST:PORT",
+                     help="KV-event PUB endpoint base (DP rank r uses PORT+r)")
+    add.add_argument("--replay", metavar="tcp://HOST:PORT", help="replay ROUTER endpoint base")
+    add.add_argument("--topic", default="", help="KV-event topic (default: empty)")
+    add.add_argument("--block-size", type=int, metavar="B",
+                     help="tokens per KV block, if known (else learned from events)")
+    add.add_argument("--dp-size", type=int, default=1, metavar="N",
+                     help="data-parallel ranks (default: %(default)s)")
+    add.add_argument("--bootstrap-port", type=int, metavar="N",
+                     help="SGLang prefill bootstrap port")
+    add.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                     help="a label (repeatable)")
+    add.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, metavar="S",
+                     help="lease in seconds, renewed by gateways whose health probe succeeds"
+                          " (default: %(default)s; 0 = static entry without expiry)")
+    add.add_argument("--keep", action="store_true",
+                     help="stay in the foreground renewing the lease until interrupted")
+    add.set_defaults(func=_cmd_add)
+
+    ls = sub.add_parser("list", help="list registered workers")
+    common(ls)
+    ls.add_argument("--json", action="store_true", help="print JSON (one object)")
+    ls.set_defaults(func=_cmd_list)
+
+    rm = sub.add_parser("rm", help="remove a worker now")
+    common(rm)
+    rm.add_argument("worker_id", metavar="ID")
+    rm.set_defaults(func=_cmd_rm)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _fail(message: str, code: int, out: TextIO = sys.stderr) -> int:
+    print(f"error: {message}", file=out)
+    return code
+
+
+def _registry(args: argparse.Namespace) -> RedisRegistry:
+    if not args.redis:
+        raise SpecError(f"--redis URL is required (or set ${_ENV_REDIS})")
+    return RedisRegistry(args.redis, namespace=args.namespace, op_timeout_s=args.timeout)
+
+
+def _labels(items: Sequence[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"labels: {item!r} must be KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _spec(args: argparse.Namespace) -> WorkerSpec:
+    engine = args.engine.lower()
+    if engine not in {e.value for e in Engine}:
+        raise SpecError(f"engine: unknown engine {args.engine!r} (expected sglang or vllm)")
+    return WorkerSpec(
+        id=args.id,
+        url=args.url,
+        engine=Engine(engine),
+        role=WorkerRole(args.role) if args.role in {r.value for r in WorkerRole} else args.role,
+        model=args.model,
+        dp_size=args.dp_size,
+        kv_events=args.kv_events,
+        topic=args.topic,
+        replay=args.replay,
+        bootstrap_port=args.bootstrap_port,
+        block_size=args.block_size,
+        labels=_labels(args.label),
+    )
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    try:
+        if args.ttl < 0:
+            raise SpecError("--ttl must be >= 0")
+        if args.keep and args.ttl == 0:
+            raise SpecError("--keep needs a lease (--ttl > 0)")
+        spec = _spec(args)
+        registry = _registry(args)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    try:
+        return asyncio.run(_add(registry, spec, args.ttl, args.keep))
+    except RegistryUnavailable as exc:
+        return _fail(f"registry unavailable: {exc}", 1)
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _add(registry: RedisRegistry, spec: WorkerSpec, ttl: float, keep: bool) -> int:
+    async with registry:
+        if not keep:
+            await registry.register(spec, ttl)
+            lease = "no expiry" if ttl == 0 else f"lease {ttl:g}s"
+            print(f"registered {spec.id} ({lease})")
+            return 0
+        async with LeaseKeeper(registry, spec, ttl_s=ttl):
+            print(f"registered {spec.id}; renewing every {ttl / 3:g}s (Ctrl-C to remove)")
+            await asyncio.Event().wait()  # until interrupted
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    try:
+        registry = _registry(args)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    try:
+        listing = asyncio.run(_list(registry))
+    except RegistryUnavailable as exc:
+        return _fail(f"registry unavailable: {exc}", 1)
+    workers = sorted(listing.workers.values(), key=lambda s: s.id)
+    if args.json:
+        print(json.dumps({
+            "workers": [{**s.to_dict(), "ttl_s": listing.ttl_s.get(s.id)} for s in workers],
+            "invalid": dict(listing.invalid),
+        }, indent=2, sort_keys=True))
+        return 0
+    rows = [("ID", "ENGINE", "ROLE", "MODEL", "DP", "BLOCK", "KV-EVENTS", "REPLAY", "TTL")]
+    for s in workers:
+        ttl = listing.ttl_s.get(s.id)
+        rows.append((
+            s.id, s.engine.value, s.role.value, s.model, str(s.dp_size),
+            str(s.block_size or "-"), s.kv_events or "-", s.replay or "-",
+            "static" if ttl is None else f"{ttl:.1f}s",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip())
+    for worker_id, reason in sorted(listing.invalid.items()):
+        print(f"warning: unreadable entry {worker_id}: {reason}", file=sys.stderr)
+    return 0
+
+
+async def _list(registry: RedisRegistry) -> Any:
+    async with registry:
+        return await registry.list()
+
+
+def _cmd_rm(args: argparse.Namespace) -> int:
+    try:
+        registry = _registry(args)
+    except SpecError as exc:
+        return _fail(str(exc), 2)
+    try:
+        found = asyncio.run(_rm(registry, args.worker_id))
+    except RegistryUnavailable as exc:
+        return _fail(f"registry unavailable: {exc}", 1)
+    if not found:
+        return _fail(f"no worker {args.worker_id!r} in the registry", 1)
+    print(f"removed {args.worker_id}")
+    return 0
+
+
+async def _rm(registry: RedisRegistry, worker_id: str) -> bool:
+    async with registry:
+        return await registry.deregister(worker_id)

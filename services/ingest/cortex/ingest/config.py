@@ -1,0 +1,79 @@
+"""``IngestConfig``: every setting of one ingest process, validated on creation.
+
+Built once at the edge (``cortex ingest run`` flags / environment) and passed down; nothing
+below reads the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cortex.hashing import VLLM_HASH_ALGOS
+from cortex.ingest.alignment import AUTO
+from cortex.ingest.errors import ConfigError
+from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
+from cortex.ingest.shard import ShardSpec
+
+__all__ = ["IngestConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class IngestConfig:
+    """Settings of one ingest process. Times in seconds, sizes in batches or updates.
+
+    ``redis_url`` is where the registry lives (``None`` when the caller hands the service a
+    registry object, e.g. a ``MemoryRegistry`` in tests). ``index`` lists every index replica
+    to feed. ``metrics_port`` ``None`` disables the HTTP endpoint, 0 picks a free port.
+    ``hash_algo`` / ``hash_seed`` configure the vLLM alignment check (a worker's labels
+    ``hash_algo`` / ``hash_seed`` override them).
+    """
+
+    index: tuple[IndexTarget, ...] = ()
+    redis_url: str | None = None
+    registry_namespace: str = "cortex:v1:"
+    shard: ShardSpec = field(default_factory=ShardSpec)
+    ingest_id: str = ""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9465
+    poll_interval_s: float = 1.0
+    use_channel: bool = True
+    redis_timeout_s: float = 2.0
+    replay_timeout_s: float = 2.0
+    max_pending_batches: int = 10_000
+    sub_hwm: int = 100_000
+    read_burst: int = 512
+    align_every: int = 64
+    hash_algo: str = AUTO
+    hash_seed: str | None = None
+    tombstone_ttl_s: float = 600.0
+    forwarder: ForwarderConfig = field(default_factory=ForwarderConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.index, tuple):
+            object.__setattr__(self, "index", tuple(self.index))
+        if len(set(self.index)) != len(self.index):
+            raise ConfigError("index replicas must be distinct")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port {self.metrics_port} out of range 0..65535")
+        positive = {
+            "poll_interval_s": self.poll_interval_s,
+            "redis_timeout_s": self.redis_timeout_s,
+            "replay_timeout_s": self.replay_timeout_s,
+            "tombstone_ttl_s": self.tombstone_ttl_s,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
+        if self.poll_interval_s > 1.0:
+            raise ConfigError("poll_interval_s must be <= 1 s (architecture §2)")
+        for name in ("max_pending_batches", "sub_hwm", "read_burst"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.align_every < 0:
+            raise ConfigError("align_every must be >= 0 (0 = off)")
+        if self.hash_algo != AUTO and self.hash_algo not in VLLM_HASH_ALGOS:
+            raise ConfigError(
+                f"hash_algo {self.hash_algo!r} must be 'auto' or one of {list(VLLM_HASH_ALGOS)}"
+            )
+        if not self.ingest_id:
+            object.__setattr__(self, "ingest_id", f"ingest-{self.shard.index}of{self.shard.count}")

@@ -1,0 +1,225 @@
+"""Every Prometheus metric of the ingest service (prefix ``cortex_ingest_``), in one place.
+
+Per-source counters live as plain ints in each tracker's :class:`SourceStats` and are turned
+into metric families at scrape time by :class:`IngestCollector`: the event hot path pays
+nothing for metrics, and a worker that leaves takes its series with it. Each service instance
+has its own ``CollectorRegistry`` (several can run in one test process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from cortex.ingest.ops import LedgerState
+
+if TYPE_CHECKING:
+    from cortex.ingest.service import IngestService
+
+__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "IngestMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+P = "cortex_ingest_"
+
+# name -> help; the collector below emits exactly these (plus the lag histogram).
+METRIC_NAMES: dict[str, str] = {
+    # per source (labels: worker, dp_rank, ...)
+    f"{P}messages": "Messages received, by path (live / replay).",
+    f"{P}batches": "Event batches applied to the ledger.",
+    f"{P}events": "Events applied, by type.",
+    f"{P}blocks": "Blocks in applied events, by op (stored / removed).",
+    f"{P}duplicates": "Duplicate batches dropped.",
+    f"{P}gaps": "Seq gaps detected in the live stream.",
+    f"{P}seq_resets": "Publisher restarts detected (seq went back).",
+    f"{P}replays": "Replays finished, by kind and outcome (ok / incomplete).",
+    f"{P}clears": "Ledger clears, by reason.",
+    f"{P}unknown_parent_blocks": "Stored blocks not placed: their parent is unknown.",
+    f"{P}unknown_removed_blocks": "Removed blocks that were not in the ledger.",
+    f"{P}ignored_blocks": "Stored/removed blocks ignored for device-cache routing, by reason.",
+    f"{P}decode_errors": "Payloads that failed to decode.",
+    f"{P}bad_frames": "Malformed ZMQ messages (not [topic, seq, payload] / replay replies).",
+    f"{P}unknown_events": "Events with a tag the codec does not know (skipped).",
+    f"{P}alignment_checks": "Stored events whose engine hashes were recomputed.",
+    f"{P}alignment_mismatches": "Alignment mismatches, by likely cause.",
+    f"{P}state_transitions": "Ledger state transitions, by from / to.",
+    f"{P}source_state": "Ledger state of each source (1 for the current state).",
+    f"{P}ledger_blocks": "Blocks in each source's ledger.",
+    f"{P}source_lag_seconds": "Now minus the timestamp of the source's last applied batch.",
+    f"{P}pending_batches": "Live batches held while a replay runs.",
+    f"{P}source_connected": "1 while the source's event socket is connected.",
+    # per index replica (label: index)
+    f"{P}index_up": "1 while the Sync stream to the index replica is open.",
+    f"{P}index_queue_depth": "Updates waiting to be sent to the index replica.",
+    f"{P}index_batches": "UpdateBatches sent to the index replica.",
+    f"{P}index_updates": "LedgerUpdates sent to the index replica.",
+    f"{P}index_bytes": "Bytes of UpdateBatches sent to the index replica.",
+    f"{P}index_acked_batches": "Batches the replica acknowledged on the current stream.",
+    f"{P}index_connects": "Sync streams opened to the index replica.",
+    f"{P}index_failures": "Failed connects or broken streams.",
+    f"{P}index_overflows": "Times the send queue was full (the source is re-sent as a snapshot).",
+    f"{P}index_snapshots": "Source snapshots sent.",
+    f"{P}index_resync_requests": "Sources the replica asked to resync.",
+    # registry
+    f"{P}registry_degraded": "1 while the registry (Redis) is unreachable.",
+    f"{P}registry_workers": "Workers in the last known registry.",
+    f"{P}registry_invalid_entries": "Unreadable registry entries (skipped).",
+    f"{P}owned_workers": "Workers this ingest shard follows.",
+    # histogram
+    f"{P}lag_seconds": "Now minus the batch timestamp, at apply time.",
+}
+
+
+def _help(name: str) -> str:
+    return METRIC_NAMES[name]
+
+
+def _counter(name: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, _help(name), labels=labels)
+
+
+def _gauge(name: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, _help(name), labels=labels)
+
+
+class IngestCollector(Collector):
+    """Reads the service's trackers, runners, forwarders and watcher at scrape time."""
+
+    def __init__(self, service: IngestService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self._service
+        src = ["worker", "dp_rank"]
+        messages = _counter(f"{P}messages", [*src, "path"])
+        batches = _counter(f"{P}batches", src)
+        events = _counter(f"{P}events", [*src, "type"])
+        blocks = _counter(f"{P}blocks", [*src, "op"])
+        duplicates = _counter(f"{P}duplicates", src)
+        gaps = _counter(f"{P}gaps", src)
+        resets = _counter(f"{P}seq_resets", src)
+        replays = _counter(f"{P}replays", [*src, "kind", "outcome"])
+        clears = _counter(f"{P}clears", [*src, "reason"])
+        unknown_parent = _counter(f"{P}unknown_parent_blocks", src)
+        unknown_removed = _counter(f"{P}unknown_removed_blocks", src)
+        ignored = _counter(f"{P}ignored_blocks", [*src, "reason"])
+        decode_errors = _counter(f"{P}decode_errors", src)
+        bad_frames = _counter(f"{P}bad_frames", src)
+        unknown_events = _counter(f"{P}unknown_events", src)
+        checks = _counter(f"{P}alignment_checks", src)
+        mismatches = _counter(f"{P}alignment_mismatches", [*src, "cause"])
+        transitions = _counter(f"{P}state_transitions", [*src, "from", "to"])
+        state = _gauge(f"{P}source_state", [*src, "state"])
+        ledger_blocks = _gauge(f"{P}ledger_blocks", src)
+        lag = _gauge(f"{P}source_lag_seconds", src)
+        pending = _gauge(f"{P}pending_batches", src)
+        connected = _gauge(f"{P}source_connected", src)
+        for source, runner in service.runners.items():
+            t = runner.tracker
+            s = t.stats
+            lv = [source.worker_id, str(source.dp_rank)]
+            messages.add_metric([*lv, "live"], s.messages)
+            messages.add_metric([*lv, "replay"], s.replayed)
+            batches.add_metric(lv, s.batches)
+            for kind, value in s.events.items():
+                events.add_metric([*lv, kind], value)
+            for op, value in s.blocks.items():
+                blocks.add_metric([*lv, op], value)
+            duplicates.add_metric(lv, s.duplicates)
+            gaps.add_metric(lv, s.gaps)
+            resets.add_metric(lv, s.seq_resets)
+            for (kind, outcome), value in s.replays.items():
+                replays.add_metric([*lv, kind, outcome], value)
+            for reason, value in s.clears.items():
+                clears.add_metric([*lv, reason], value)
+            unknown_parent.add_metric(lv, s.unknown_parent_blocks)
+            unknown_removed.add_metric(lv, s.unknown_removed_blocks)
+            for reason, value in s.ignored_blocks.items():
+                ignored.add_metric([*lv, reason], value)
+            decode_errors.add_metric(lv, s.decode_errors)
+            bad_frames.add_metric(lv, runner.bad_frames)
+            unknown_events.add_metric(lv, s.unknown_events)
+            checks.add_metric(lv, s.alignment_checks)
+            for cause, value in s.alignment_mismatches.items():
+                mismatches.add_metric([*lv, cause], value)
+            for (old, new), value in s.transitions.items():
+                transitions.add_metric([*lv, old, new], value)
+            for candidate in LedgerState:
+                if candidate is not LedgerState.UNSPECIFIED:
+                    state.add_metric([*lv, candidate.name], 1.0 if t.state is candidate else 0.0)
+            ledger_blocks.add_metric(lv, len(t.ledger))
+            if s.last_lag_s is not None:
+                lag.add_metric(lv, s.last_lag_s)
+            pending.add_metric(lv, t.pending)
+            connected.add_metric(lv, 1.0 if runner.connected else 0.0)
+        yield from (
+            messages, batches, events, blocks, duplicates, gaps, resets, replays, clears,
+            unknown_parent, unknown_removed, ignored, decode_errors, bad_frames,
+            unknown_events, checks, mismatches, transitions, state, ledger_blocks, lag,
+            pending, connected,
+        )
+
+        idx = ["index"]
+        up = _gauge(f"{P}index_up", idx)
+        depth = _gauge(f"{P}index_queue_depth", idx)
+        sent_batches = _counter(f"{P}index_batches", idx)
+        sent_updates = _counter(f"{P}index_updates", idx)
+        sent_bytes = _counter(f"{P}index_bytes", idx)
+        acked = _gauge(f"{P}index_acked_batches", idx)
+        connects = _counter(f"{P}index_connects", idx)
+        failures = _counter(f"{P}index_failures", idx)
+        overflows = _counter(f"{P}index_overflows", idx)
+        snapshots = _counter(f"{P}index_snapshots", idx)
+        resyncs = _counter(f"{P}index_resync_requests", idx)
+        for f in service.forwarders:
+            label = [str(f.target)]
+            up.add_metric(label, 1.0 if f.state.value == "streaming" else 0.0)
+            depth.add_metric(label, f.queue_depth)
+            sent_batches.add_metric(label, f.sent_batches)
+            sent_updates.add_metric(label, f.sent_updates)
+            sent_bytes.add_metric(label, f.sent_bytes)
+            acked.add_metric(label, f.acked_batches)
+            connects.add_metric(label, f.connects)
+            failures.add_metric(label, f.failures)
+            overflows.add_metric(label, f.overflows)
+            snapshots.add_metric(label, f.snapshots)
+            resyncs.add_metric(label, f.resync_requests)
+        yield from (up, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
+                    failures, overflows, snapshots, resyncs)
+
+        watcher = service.watcher
+        degraded = _gauge(f"{P}registry_degraded", [])
+        degraded.add_metric([], 1.0 if watcher.degraded else 0.0)
+        known = _gauge(f"{P}registry_workers", [])
+        known.add_metric([], len(watcher.listing.workers))
+        invalid = _gauge(f"{P}registry_invalid_entries", [])
+        invalid.add_metric([], len(watcher.listing.invalid))
+        owned = _gauge(f"{P}owned_workers", [])
+        owned.add_metric([], len(service.sessions))
+        yield from (degraded, known, invalid, owned)
+
+
+class IngestMetrics:
+    """The service's metric registry: the collector plus the lag histogram."""
+
+    def __init__(self, service: IngestService) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(IngestCollector(service))
+        self.lag = Histogram(
+            f"{P}lag_seconds",
+            _help(f"{P}lag_seconds"),
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+
+    def observe_lag(self, seconds: float) -> None:
+        self.lag.observe(max(0.0, seconds))
+
+    def render(self) -> bytes:
+        data: bytes = generate_latest(self.registry)
+        return data

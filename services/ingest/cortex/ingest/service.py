@@ -1,0 +1,392 @@
+"""``IngestService``: the in-process ingest runner (``async with IngestService(config) as ing``).
+
+It owns everything one ingest process runs:
+
+- a :class:`~cortex.registry.RegistryWatcher` and the reconciliation of worker sessions with
+  the registry (workers of this shard only; a worker that left — lease expired or removed —
+  is dropped: its sources get ``REMOVED`` and a ``RemoveSource`` reaches every index);
+- per worker and DP rank a :class:`~cortex.ingest.tracker.SourceTracker` and its
+  :class:`~cortex.ingest.source.SourceRunner`;
+- one :class:`~cortex.ingest.forwarder.IndexForwarder` per index replica;
+- the HTTP endpoint for ``/metrics`` and ``/health/*``.
+
+Exit cancels every task and closes every socket, also when cancelled itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+
+import zmq.asyncio
+from aiohttp import web
+
+from cortex.hashing import HashDomain
+from cortex.ingest.config import IngestConfig
+from cortex.ingest.forwarder import IndexForwarder
+from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
+from cortex.ingest.ops import LedgerState, Op, SnapshotView, SourceId
+from cortex.ingest.source import SourceRunner
+from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
+
+__all__ = ["IngestService", "WorkerSession"]
+
+log = logging.getLogger(__name__)
+
+_LABEL_HASH_ALGO = "hash_algo"
+_LABEL_HASH_SEED = "hash_seed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Wiring:
+    """The parts of a worker spec the ingest depends on: a change restarts the session."""
+
+    engine: str
+    model: str
+    block_size: int | None
+    topic: str
+    events: tuple[str | None, ...]
+    replay: tuple[str | None, ...]
+    hash_algo: str | None
+    hash_seed: str | None
+
+    @classmethod
+    def of(cls, spec: WorkerSpec) -> _Wiring:
+        ranks = range(spec.dp_size)
+        return cls(
+            engine=spec.engine.value,
+            model=spec.model,
+            block_size=spec.block_size,
+            topic=spec.topic,
+            events=tuple(spec.kv_events_endpoint(r) for r in ranks),
+            replay=tuple(spec.replay_endpoint(r) for r in ranks),
+            hash_algo=spec.labels.get(_LABEL_HASH_ALGO),
+            hash_seed=spec.labels.get(_LABEL_HASH_SEED),
+        )
+
+
+class WorkerSession:
+    """One worker's sources: a tracker and a runner task per DP rank."""
+
+    def __init__(self, spec: WorkerSpec, runners: list[SourceRunner]) -> None:
+        self.spec = spec
+        self.wiring = _Wiring.of(spec)
+        self.runners = runners
+        self.tasks = [
+            asyncio.create_task(runner.run(), name=f"source-{runner.source}")
+            for runner in runners
+        ]
+
+    def __repr__(self) -> str:
+        states = ",".join(r.tracker.state.name for r in self.runners)
+        return f"WorkerSession({self.spec.id}, ranks={len(self.runners)}, states={states})"
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class IngestService:
+    """See the module docstring. ``registry`` overrides ``config.redis_url`` (tests pass a
+    ``MemoryRegistry``); a registry passed in is not closed by the service."""
+
+    def __init__(self, config: IngestConfig, *, registry: Registry | None = None) -> None:
+        if registry is None and config.redis_url is None:
+            raise ValueError("IngestService needs config.redis_url or a registry")
+        self.config = config
+        self._own_registry = registry is None
+        self.registry: Registry = registry or RedisRegistry(
+            config.redis_url or "",
+            namespace=config.registry_namespace,
+            op_timeout_s=config.redis_timeout_s,
+        )
+        self.watcher = RegistryWatcher(
+            self.registry, interval_s=config.poll_interval_s, use_channel=config.use_channel
+        )
+        self.forwarders = [
+            IndexForwarder(target, ingest_id=config.ingest_id, ledgers=self,
+                           config=config.forwarder)
+            for target in config.index
+        ]
+        self.metrics = IngestMetrics(self)
+        self.sessions: dict[str, WorkerSession] = {}
+        self._trackers: dict[SourceId, SourceTracker] = {}
+        self._runners: dict[SourceId, SourceRunner] = {}
+        self._tombstones: dict[SourceId, tuple[HashDomain, str, float]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: web.AppRunner | None = None
+        self._watcher_open = False
+        self.metrics_port: int | None = None
+        self.started_unix_s = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"IngestService(id={self.config.ingest_id}, shard={self.config.shard}, "
+            f"workers={len(self.sessions)}, sources={len(self._trackers)}, "
+            f"registry={self.watcher.health.value}, index={len(self.forwarders)})"
+        )
+
+    # ---- views --------------------------------------------------------------------------
+
+    @property
+    def trackers(self) -> Mapping[SourceId, SourceTracker]:
+        return MappingProxyType(self._trackers)
+
+    @property
+    def runners(self) -> Mapping[SourceId, SourceRunner]:
+        return MappingProxyType(self._runners)
+
+    def state_of(self, worker_id: str, dp_rank: int = 0) -> LedgerState | None:
+        tracker = self._trackers.get(SourceId(worker_id, dp_rank))
+        return None if tracker is None else tracker.state
+
+    @property
+    def degraded(self) -> bool:
+        return self.watcher.degraded
+
+    @property
+    def synced(self) -> bool:
+        """Every index replica is streaming with nothing left to send or acknowledge."""
+        return all(f.idle for f in self.forwarders)
+
+    # ---- LedgerSource (what forwarders read) ----------------------------------------------
+
+    def live_sources(self) -> Iterable[SourceId]:
+        return list(self._trackers)
+
+    def snapshot(self, source: SourceId) -> SnapshotView | None:
+        tracker = self._trackers.get(source)
+        return None if tracker is None else tracker.snapshot()
+
+    def tombstones(self) -> Iterable[tuple[SourceId, HashDomain, str]]:
+        now = time.monotonic()
+        for source in [s for s, (_, _, until) in self._tombstones.items() if until <= now]:
+            del self._tombstones[source]
+        return [(s, domain, reason) for s, (domain, reason, _) in self._tombstones.items()]
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> IngestService:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stop()
+
+    async def _start(self) -> None:
+        self.started_unix_s = time.time()
+        self._ctx = zmq.asyncio.Context()
+        if self.config.metrics_port is not None:
+            await self._start_http()
+        for forwarder in self.forwarders:
+            self._tasks.append(
+                asyncio.create_task(forwarder.run(), name=f"forward-{forwarder.target}")
+            )
+        await self.watcher.__aenter__()
+        self._watcher_open = True
+        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
+        log.info(
+            "ingest %s started: shard %s, %d index replica(s), registry %s",
+            self.config.ingest_id, self.config.shard, len(self.forwarders),
+            self.watcher.health.value,
+        )
+
+    async def _stop(self) -> None:
+        # Cleanup must finish even if this task is cancelled meanwhile: shield each step.
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await _settle(asyncio.gather(*tasks, return_exceptions=True))
+        sessions, self.sessions = list(self.sessions.values()), {}
+        await _settle(asyncio.gather(*(s.stop() for s in sessions), return_exceptions=True))
+        self._trackers.clear()
+        self._runners.clear()
+        if self._watcher_open:
+            self._watcher_open = False
+            await _settle(self.watcher.__aexit__(None, None, None))
+        if self._own_registry:
+            await _settle(self.registry.close())
+        http, self._http = self._http, None
+        if http is not None:
+            await _settle(http.cleanup())
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            ctx.term()
+
+    # ---- reconciliation -----------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        version = -1
+        while True:
+            version = await self.watcher.wait_changed(version)
+            await self.reconcile()
+
+    async def reconcile(self) -> None:
+        """Bring the sessions in line with the last known registry (this shard only)."""
+        shard = self.config.shard
+        wanted = {
+            wid: spec
+            for wid, spec in self.watcher.workers.items()
+            if spec.kv_events is not None and shard.owns(wid)
+        }
+        for wid in [w for w in self.sessions if w not in wanted]:
+            await self._drop_worker(wid, "left the registry (lease expired or removed)")
+        for wid, spec in wanted.items():
+            session = self.sessions.get(wid)
+            if session is None:
+                self._start_worker(spec)
+            elif session.wiring != _Wiring.of(spec):
+                log.info("worker=%s spec changed; restarting its sources", wid,
+                         extra={"worker": wid})
+                await self._drop_worker(wid, "spec changed")
+                self._start_worker(spec)
+            else:
+                session.spec = spec
+
+    def _start_worker(self, spec: WorkerSpec) -> None:
+        assert self._ctx is not None
+        cfg = self.config
+        runners: list[SourceRunner] = []
+        hash_algo = spec.labels.get(_LABEL_HASH_ALGO, cfg.hash_algo)
+        hash_seed = spec.labels.get(_LABEL_HASH_SEED, cfg.hash_seed)
+        for rank in range(spec.dp_size):
+            source = SourceId(spec.id, rank)
+            events = spec.kv_events_endpoint(rank)
+            assert events is not None
+            try:
+                tracker_config = TrackerConfig(
+                    engine=spec.engine,
+                    model=spec.model,
+                    block_size=spec.block_size,
+                    replay=spec.replay is not None,
+                    max_pending=cfg.max_pending_batches,
+                    align_every=cfg.align_every,
+                    hash_algo=hash_algo,
+                    hash_seed=hash_seed,
+                )
+            except ValueError as exc:  # e.g. a bad hash_algo label: check without it
+                log.warning("worker=%s: %s; alignment check uses defaults", spec.id, exc,
+                            extra={"worker": spec.id})
+                tracker_config = TrackerConfig(
+                    engine=spec.engine, model=spec.model, block_size=spec.block_size,
+                    replay=spec.replay is not None, max_pending=cfg.max_pending_batches,
+                    align_every=cfg.align_every,
+                )
+            tracker = SourceTracker(source, tracker_config, clock=time.time)
+            runner = SourceRunner(
+                tracker,
+                ctx=self._ctx,
+                events_endpoint=events,
+                replay_endpoint=spec.replay_endpoint(rank),
+                topic=spec.topic.encode(),
+                on_ops=self._publish,
+                replay_timeout_s=cfg.replay_timeout_s,
+                sub_hwm=cfg.sub_hwm,
+                read_burst=cfg.read_burst,
+                observe_lag=self.metrics.observe_lag,
+            )
+            self._trackers[source] = tracker
+            self._runners[source] = runner
+            self._tombstones.pop(source, None)
+            runners.append(runner)
+        self.sessions[spec.id] = WorkerSession(spec, runners)
+        log.info("worker=%s added: %s %s, %d rank(s), events %s, replay %s", spec.id,
+                 spec.engine.value, spec.model, spec.dp_size, spec.kv_events,
+                 spec.replay or "none", extra={"worker": spec.id})
+
+    async def _drop_worker(self, worker_id: str, reason: str) -> None:
+        session = self.sessions.pop(worker_id)
+        await session.stop()
+        for runner in session.runners:
+            tracker = runner.tracker
+            domain = tracker.domain
+            announced = tracker.snapshot() is not None
+            tracker.remove(reason)
+            ops = tracker.take_ops()
+            if ops:
+                self._publish(tracker, ops)
+            if announced and domain is not None:
+                self._tombstones[tracker.source] = (
+                    domain, reason, time.monotonic() + self.config.tombstone_ttl_s
+                )
+            self._trackers.pop(tracker.source, None)
+            self._runners.pop(tracker.source, None)
+        log.info("worker=%s dropped: %s", worker_id, reason, extra={"worker": worker_id})
+
+    def _publish(self, tracker: SourceTracker, ops: list[Op]) -> None:
+        domain = tracker.domain
+        if domain is None:
+            return
+        for forwarder in self.forwarders:
+            forwarder.publish(tracker.source, domain, ops)
+
+    # ---- HTTP: metrics and health ---------------------------------------------------------
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle_metrics)
+        app.router.add_get("/health/live", self._handle_live)
+        app.router.add_get("/health/ready", self._handle_ready)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self._http = runner
+        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port,
+                           reuse_address=True)
+        await site.start()
+        server = site._server  # aiohttp exposes the bound port only here
+        sockets = getattr(server, "sockets", None) or []
+        self.metrics_port = sockets[0].getsockname()[1] if sockets else self.config.metrics_port
+
+    async def _handle_metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _handle_live(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _handle_ready(self, _: web.Request) -> web.Response:
+        """Ready once the registry was read; ``degraded`` while Redis or an index replica is
+        unreachable (still 200: the ingest keeps serving what it knows)."""
+        health = self.watcher.health
+        streaming = sum(1 for f in self.forwarders if f.state.value == "streaming")
+        body = {
+            "status": "starting" if health is RegistryHealth.STARTING else (
+                "degraded" if health is RegistryHealth.DEGRADED
+                or streaming < len(self.forwarders) else "ok"
+            ),
+            "registry": health.value,
+            "index_replicas": len(self.forwarders),
+            "index_streaming": streaming,
+            "workers": len(self.sessions),
+            "sources": {str(s): t.state.name for s, t in self._trackers.items()},
+        }
+        return web.json_response(body, status=503 if body["status"] == "starting" else 200)
+
+
+async def _settle(awaitable: Awaitable[object]) -> None:
+    """Await a cleanup step to its end even if the caller is being cancelled."""
+    future = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await future
+        raise
+    except Exception as exc:  # cleanup of one part must not stop the others
+        log.warning("cleanup step failed: %s", exc)

@@ -1,0 +1,223 @@
+"""``SourceRunner``: the sockets of one ledger source, feeding its :class:`SourceTracker`.
+
+- a SUB connected to the rank's event endpoint (``port + rank``), filtered by topic, read in
+  bursts (one await per burst, not per message);
+- a monitor on that SUB: a connection that comes back after a break asks the tracker to
+  verify through replay (the engine may have restarted, batches may be lost);
+- during a replay, a DEALER to the rank's replay endpoint. A replay that goes silent for
+  ``replay_timeout_s`` is abandoned and its socket closed, so late replies cannot reach the
+  tracker (each replay has its own socket).
+
+Every tracker call is followed by :meth:`flush`: ledger ops go to ``on_ops``, replay commands
+are carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from cortex.ingest.codec import CodecError
+from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
+from cortex.ingest.ops import Op
+from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
+
+__all__ = ["SourceRunner"]
+
+log = logging.getLogger(__name__)
+
+_MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+
+
+class SourceRunner:
+    """Run with ``await runner.run()`` (until cancelled; sockets closed on the way out)."""
+
+    def __init__(
+        self,
+        tracker: SourceTracker,
+        *,
+        ctx: zmq.asyncio.Context,
+        events_endpoint: str,
+        replay_endpoint: str | None,
+        topic: bytes,
+        on_ops: Callable[[SourceTracker, list[Op]], None],
+        replay_timeout_s: float = 2.0,
+        sub_hwm: int = 100_000,
+        read_burst: int = 512,
+        observe_lag: Callable[[float], None] | None = None,
+    ) -> None:
+        self.tracker = tracker
+        self.source = tracker.source
+        self.events_endpoint = events_endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic
+        self._ctx = ctx
+        self._on_ops = on_ops
+        self._replay_timeout_s = replay_timeout_s
+        self._sub_hwm = sub_hwm
+        self._burst = read_burst
+        self._observe_lag = observe_lag
+        self._replay_task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.connects = 0
+        self.bad_frames = 0
+        self.foreign_topic = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"SourceRunner({self.source}, events={self.events_endpoint}, "
+            f"replay={self.replay_endpoint}, connected={self.connected}, {self.tracker!r})"
+        )
+
+    def _log_extra(self) -> dict[str, str]:
+        return {"worker": self.source.worker_id, "source": str(self.source)}
+
+    # ---- lifecycle ----
+
+    async def run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        monitor: zmq.asyncio.Socket | None = None
+        try:
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, self._sub_hwm)
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+            monitor = sub.get_monitor_socket(_MONITORED)
+            sub.connect(self.events_endpoint)
+            self.tracker.start()
+            self.flush()
+            tasks = [
+                asyncio.create_task(self._read_live(sub), name=f"live-{self.source}"),
+                asyncio.create_task(self._read_monitor(monitor), name=f"monitor-{self.source}"),
+            ]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._cancel_replay()
+            if monitor is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    sub.disable_monitor()
+                monitor.close(linger=0)
+            sub.close(linger=0)
+
+    def flush(self) -> None:
+        """Hand the tracker's new ops on and carry out its commands."""
+        tracker = self.tracker
+        ops = tracker.take_ops()
+        if ops:
+            self._on_ops(tracker, ops)
+        for command in tracker.take_commands():
+            if type(command) is AbortReplay:
+                self._cancel_replay()
+            elif type(command) is StartReplay:
+                self._cancel_replay()
+                self._replay_task = asyncio.create_task(
+                    self._replay(command.start_seq), name=f"replay-{self.source}"
+                )
+
+    def _cancel_replay(self) -> None:
+        task, self._replay_task = self._replay_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    # ---- live stream ----
+
+    async def _read_live(self, sub: zmq.asyncio.Socket) -> None:
+        raw: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        tracker = self.tracker
+        topic = self.topic
+        burst = self._burst
+        again = zmq.Again
+        while True:
+            await sub.poll()  # POLLIN
+            for _ in range(burst):
+                try:
+                    frames = raw.recv_multipart(zmq.NOBLOCK)
+                except again:
+                    break
+                try:
+                    message = parse_pub(frames)
+                except CodecError:
+                    self.bad_frames += 1
+                    continue
+                if topic and not message.topic.startswith(topic):
+                    self.foreign_topic += 1
+                    continue
+                tracker.on_message(message.seq, message.payload)
+            self.flush()
+            if self._observe_lag is not None and tracker.stats.last_batch_ts is not None:
+                self._observe_lag(time.time() - tracker.stats.last_batch_ts)
+            await asyncio.sleep(0)  # let the forwarders and other sources run
+
+    async def _read_monitor(self, monitor: zmq.asyncio.Socket) -> None:
+        was_connected = False
+        while True:
+            frames = await monitor.recv_multipart()
+            try:
+                event = parse_monitor_message(frames)["event"]
+            except RuntimeError:
+                continue
+            if event == zmq.EVENT_CONNECTED:
+                self.connected = True
+                self.connects += 1
+                if was_connected:
+                    log.info("events reconnected source=%s endpoint=%s", self.source,
+                             self.events_endpoint, extra=self._log_extra())
+                    self.tracker.on_reconnected()
+                    self.flush()
+                was_connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                log.info("events disconnected source=%s endpoint=%s", self.source,
+                         self.events_endpoint, extra=self._log_extra())
+
+    # ---- replay ----
+
+    async def _replay(self, start_seq: int) -> None:
+        if self.replay_endpoint is None:  # the tracker only asks when one is configured
+            self.tracker.on_replay_timeout()
+            self.flush()
+            return
+        me = asyncio.current_task()
+        dealer = self._ctx.socket(zmq.DEALER)
+        try:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(self.replay_endpoint)
+            await dealer.send_multipart(replay_request(start_seq))
+            tracker = self.tracker
+            while self._replay_task is me:
+                try:
+                    async with asyncio.timeout(self._replay_timeout_s):
+                        frames = await dealer.recv_multipart()
+                except TimeoutError:
+                    log.warning("replay from seq %d timed out source=%s endpoint=%s",
+                                start_seq, self.source, self.replay_endpoint,
+                                extra=self._log_extra())
+                    self._replay_task = None
+                    tracker.on_replay_timeout()
+                    self.flush()
+                    return
+                try:
+                    reply = parse_replay_reply(frames)
+                except CodecError:
+                    self.bad_frames += 1
+                    continue
+                if isinstance(reply, ReplayEnd):
+                    self._replay_task = None
+                    tracker.on_replay_end()
+                    self.flush()
+                    return
+                tracker.on_replay_item(reply.seq, reply.payload)
+                self.flush()
+        finally:
+            dealer.close(linger=0)

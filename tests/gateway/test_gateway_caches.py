@@ -1,0 +1,87 @@
+"""Hot cache (staleness, invalidation) and predicted blocks (TTL side index)."""
+
+from __future__ import annotations
+
+from cortex.gateway.hotcache import HotCache
+from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.predicted import PredictedBlocks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def answer(*holders: tuple[str, int]) -> MatchAnswer:
+    return MatchAnswer(tuple(SourceMatch(w, 0, b, LedgerState.READY) for w, b in holders), 1, 4)
+
+
+def test_hot_cache_answers_the_same_query_within_staleness() -> None:
+    clock = Clock()
+    cache = HotCache(max_entries=10, staleness_ms=250, clock=clock)
+    key = HotCache.key("d", [1, 2, 3, 4])
+    assert key is not None and cache.get(key) is None
+    cache.put(key, answer(("a", 4)))
+    assert cache.get(key) == answer(("a", 4))
+    assert cache.get(("d", 3, 3)) is None  # a shorter query is another query
+    clock.now += 0.3
+    assert cache.get(key) is None
+    assert (cache.stats.hits, cache.stats.stale) == (1, 1)
+
+
+def test_hot_cache_invalidation_by_worker_and_reset() -> None:
+    cache = HotCache(max_entries=10, staleness_ms=1000, clock=Clock())
+    cache.put(("d", 4, 4), answer(("a", 4), ("b", 2)))
+    cache.put(("d", 4, 8), answer(("b", 1)))
+    cache.put(("d", 4, 9), answer(("c", 3)))
+    assert cache.invalidate_workers(["a"]) == 1
+    assert cache.get(("d", 4, 4)) is None and cache.get(("d", 4, 8)) is not None
+    assert cache.invalidate_workers(["b"]) == 1
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_hot_cache_is_bounded_lru() -> None:
+    cache = HotCache(max_entries=2, staleness_ms=1000, clock=Clock())
+    for last in (1, 2, 3):
+        cache.put(("d", 1, last), answer(("a", 1)))
+    assert len(cache) == 2 and cache.get(("d", 1, 1)) is None
+
+
+def test_predicted_blocks_credit_leading_chain_until_ttl() -> None:
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=2.0, clock=clock)
+    pred.credit("a", [10, 11, 12, 13])
+    assert pred.match([10, 11, 99]) == {"a": 2}
+    assert pred.match([99, 10]) == {}
+    pred.credit("b", [10, 11])
+    assert pred.match([10, 11, 12]) == {"a": 3, "b": 2}
+    clock.now += 2.5
+    assert pred.match([10, 11]) == {}
+    assert len(pred) == 0
+
+
+def test_predicted_refresh_outlives_the_older_credit() -> None:
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=2.0, clock=clock)
+    pred.credit("a", [1, 2, 3])
+    clock.now += 1.5
+    pred.credit("a", [1, 2])
+    clock.now += 1.0  # first credit expired, second still valid
+    assert pred.match([1, 2, 3]) == {"a": 2}
+
+
+def test_predicted_forget_worker_and_keys_and_bound() -> None:
+    pred = PredictedBlocks(ttl_s=10.0, max_keys=5, clock=Clock())
+    pred.credit("a", [1, 2, 3])
+    pred.credit("b", [1, 2, 3])
+    pred.forget_worker("a")
+    assert pred.match([1, 2, 3]) == {"b": 3}
+    pred.forget_keys("b", [2])
+    assert pred.match([1, 2, 3]) == {"b": 1}  # consecutive from the first block only
+    pred.credit("c", [7, 8, 9])  # over the bound: the oldest credit goes
+    assert pred.match([1]) == {}
+    assert pred.match([7, 8, 9]) == {"c": 3}

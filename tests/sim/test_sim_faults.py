@@ -1,0 +1,84 @@
+"""Fault injection over HTTP: switched at run time through the admin endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from cortex.sim.testkit import StartSim, chat_body
+from cortex.testing import wait_until_async
+
+
+async def set_faults(http: aiohttp.ClientSession, url: str, **fields: object) -> None:
+    async with http.post(url + "/sim/faults", json=fields) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_http_down_hangs_until_cleared(start_sim: StartSim, http: aiohttp.ClientSession
+                                             ) -> None:
+    sim = await start_sim(engine="sglang")
+    await set_faults(http, sim.url, http_down=True)
+    with pytest.raises(asyncio.TimeoutError):
+        async with http.get(sim.url + "/health", timeout=aiohttp.ClientTimeout(total=0.3)):
+            pass
+    async with http.get(sim.url + "/sim/state") as resp:  # admin still answers
+        assert (await resp.json())["faults"]["http_down"] is True
+    pending = asyncio.ensure_future(http.get(sim.url + "/health"))
+    async with http.delete(sim.url + "/sim/faults") as resp:
+        assert resp.status == 200
+    async with await pending as resp:
+        assert resp.status == 200
+
+
+async def test_error_rate_and_latency(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
+    sim = await start_sim(engine="vllm")
+    await set_faults(http, sim.url, error_rate=1.0, error_status=503)
+    async with http.post(sim.url + "/v1/chat/completions", json=chat_body("hi")) as resp:
+        assert resp.status == 503
+        assert (await resp.json())["error"]["code"] == 503
+    await set_faults(http, sim.url, error_rate=0.0, latency_ms=150.0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with http.get(sim.url + "/health") as resp:
+        assert resp.status == 200
+    assert loop.time() - start >= 0.15
+    async with http.post(sim.url + "/sim/faults", json={"error_rate": 2}) as resp:
+        assert resp.status == 400  # validated as a whole
+    async with http.post(sim.url + "/sim/faults", json={"nonsense": 1}) as resp:
+        assert resp.status == 400
+
+
+async def test_stream_is_cut_after_k_chunks(start_sim: StartSim, http: aiohttp.ClientSession
+                                            ) -> None:
+    sim = await start_sim(engine="vllm")
+    await set_faults(http, sim.url, cut_stream_after=3)
+    received = b""
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async with http.post(sim.url + "/v1/chat/completions",
+                             json=chat_body("hello", max_tokens=20, stream=True)) as resp:
+            assert resp.status == 200
+            async for chunk in resp.content.iter_any():
+                received += chunk
+    assert received.count(b"data: ") == 3 and b"[DONE]" not in received
+    assert sim.engine.running == 0  # the cut request released everything
+    await set_faults(http, sim.url, cut_stream_after=None)
+    async with http.post(sim.url + "/v1/chat/completions",
+                         json=chat_body("hello", max_tokens=20, stream=True)) as resp:
+        assert (await resp.read()).rstrip().endswith(b"data: [DONE]")
+
+
+async def test_client_disconnect_releases_the_request(start_sim: StartSim,
+                                                      http: aiohttp.ClientSession) -> None:
+    from cortex.sim.config import TimingConfig
+
+    sim = await start_sim(engine="sglang", timing=TimingConfig(decode_ms_per_token=50))
+    async with http.post(sim.url + "/generate",
+                         json={"text": "hello", "stream": True,
+                               "sampling_params": {"max_new_tokens": 200}}) as resp:
+        await resp.content.readuntil(b"\n\n")
+        assert sim.engine.running == 1
+    # Leaving the block closed the connection mid-stream.
+    await wait_until_async(lambda: not sim.engine.running and not sim.engine.cache.active_leases,
+                           timeout=10, what="the aborted request to be released")

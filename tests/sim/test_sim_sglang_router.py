@@ -1,0 +1,121 @@
+"""SGLang's own Rust gateway (``sglang-router`` from PyPI) cannot tell sims from SGLang."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex.sim.process import SimProcess
+from cortex.testing import free_port, wait_until
+
+ROUTER = Path(sys.executable).with_name("sglang-router")
+PROMPT = "You are a meticulous assistant. Explain how a lighthouse keeper spends a day. " * 4
+
+pytestmark = pytest.mark.skipif(not ROUTER.exists() and shutil.which("sglang-router") is None,
+                                reason="sglang-router is not installed")
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[list[SimProcess]]:
+    with contextlib.ExitStack() as stack:
+        procs = [SimProcess("--engine", "sglang", "--port", "0", "--kv-events-port", "0",
+                            "--block-size", "16", "--zero-cost", "--log-level", "warning")
+                 for _ in range(2)]
+        for proc in procs:
+            stack.callback(proc.close)
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready()
+        yield procs
+
+
+@contextlib.contextmanager
+def router(policy: str, workers: list[SimProcess]) -> Iterator[str]:
+    port = free_port()
+    binary = str(ROUTER) if ROUTER.exists() else "sglang-router"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+             "--log-level", "warn", "--worker-urls", *[w.url for w in workers]],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"sglang-router exited: {log.read()[-2000:]!r}")
+                status, body = http("GET", url + "/v1/models", timeout=2)
+                return status == 200 and b"cortex-sim" in body
+
+            wait_until(ready, timeout=30, interval=0.1, what="sglang-router with its workers")
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def finished(sim: SimProcess) -> int:
+    _, body = http("GET", sim.url + "/sim/state")
+    count: int = json.loads(body)["stats"]["requests_finished"]
+    return count
+
+
+def chat(url: str, text: str, **extra: Any) -> dict[str, Any]:
+    status, body = http("POST", url + "/v1/chat/completions",
+                        {"model": "cortex-sim", "messages": [{"role": "user", "content": text}],
+                         "max_tokens": 4, **extra})
+    assert status == 200, body
+    out: dict[str, Any] = json.loads(body)
+    return out
+
+
+def test_round_robin_spreads_chat_requests(sims: list[SimProcess]) -> None:
+    before = [finished(s) for s in sims]
+    with router("round_robin", sims) as url:
+        for i in range(4):
+            out = chat(url, f"{PROMPT} question {i}")
+            assert out["object"] == "chat.completion" and out["usage"]["completion_tokens"] == 4
+        status, body = http("POST", url + "/v1/chat/completions",
+                            {"model": "cortex-sim", "stream": True, "max_tokens": 3,
+                             "messages": [{"role": "user", "content": "stream please"}]})
+        assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+    served = [finished(s) - b for s, b in zip(sims, before, strict=True)]
+    assert sum(served) == 5 and min(served) >= 2
+
+
+def test_cache_aware_sends_a_repeated_prompt_where_it_is_cached(sims: list[SimProcess]) -> None:
+    before = [finished(s) for s in sims]
+    with router("cache_aware", sims) as url:
+        outs = [chat(url, "A different opening. " + PROMPT) for _ in range(3)]
+    served = [finished(s) - b for s, b in zip(sims, before, strict=True)]
+    assert sorted(served) == [0, 3]
+    cached = [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs]
+    assert cached[0] == 0 and cached[1] == cached[2] > 0
