@@ -21,14 +21,16 @@ $(STAMP): pyproject.toml setup.py
 lint: venv
 	$(BIN)/ruff check .
 
+TYPED_PACKAGES := cortex.hashing cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.cli cortex.bench cortex.testing
+
 typecheck: venv
-	$(BIN)/mypy libs/hashing/cortex services/ingest/cortex/ingest/codec.py
+	$(BIN)/mypy $(addprefix -p ,$(TYPED_PACKAGES))
 
 unit: venv
 	$(BIN)/pytest
 
 ## The README's test command: lint, types, generated-code drift, the whole suite.
-test: venv lint typecheck
+test: venv lint typecheck proto-check
 	$(BIN)/pytest
 
 ## The README's dev-cluster command.

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 import grpclib.client
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from cortex.api.index import v1 as pb
@@ -38,6 +39,7 @@ _STATES = {
     4: LedgerState.REMOVED,
     5: LedgerState.MISALIGNED,
 }
+_REJECTED = frozenset({Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.OUT_OF_RANGE})
 _ERRORS = (GRPCError, StreamTerminatedError, ProtocolError, OSError, TimeoutError, WireError)
 
 
@@ -151,6 +153,13 @@ class IndexClient:
         )
         try:
             reply = await call_match(self._channel(), request, timeout=timeout)
+        except GRPCError as exc:
+            if exc.status in _REJECTED:
+                # this query only (e.g. over the index's size limits): the index is fine
+                self.metrics.index_errors.labels(kind="rejected").inc()
+                return None
+            self._failed("match", exc)
+            return None
         except _ERRORS as exc:
             if timeout < remaining or not isinstance(exc, TimeoutError):
                 self._failed("match", exc)
@@ -169,7 +178,7 @@ class IndexClient:
             try:
                 async with self._channel().request(
                     "/cortex.index.v1.Index/Changes",
-                    grpclib.const.Cardinality.UNARY_STREAM,
+                    Cardinality.UNARY_STREAM,
                     pb.ChangesRequest,
                     pb.ChangeBatch,
                 ) as stream:

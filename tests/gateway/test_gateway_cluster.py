@@ -1,0 +1,250 @@
+"""Routing end to end: real Redis, index, ingest, sims and the gateway on 127.0.0.1.
+
+The gateway's predicted hit tokens are checked against what the engine reports
+(``usage.prompt_tokens_details.cached_tokens``): never more, and equal on a warm repeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cortex.gateway.config import IndexConfig, RegistryConfig, RoutingConfig
+from cortex.gateway.server import GatewayServer
+from cortex.index.server import IndexServer
+from cortex.ingest.config import IngestConfig
+from cortex.ingest.forwarder import IndexTarget
+from cortex.ingest.service import IngestService
+from cortex.sim.config import TimingConfig
+from cortex.sim.server import SimServer
+from cortex.testing import RedisServer, wait_until_async
+
+from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+SYSTEM = "You are the cluster's careful assistant. Follow the house rules. " * 40
+
+
+def chat(question: str, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "system", "content": SYSTEM},
+                                         {"role": "user", "content": question}], **extra}
+
+
+@dataclass
+class Cluster:
+    gateway: GatewayServer
+    sims: dict[str, SimServer]
+    http: aiohttp.ClientSession
+
+    async def explain(self, body: dict[str, Any]) -> dict[str, Any]:
+        async with self.http.post(self.gateway.url + "/admin/explain", json=body,
+                                  headers=ADMIN) as resp:
+            assert resp.status == 200, await resp.text()
+            result: dict[str, Any] = await resp.json()
+            return result
+
+    async def candidate(self, body: dict[str, Any], worker: str) -> dict[str, Any]:
+        explained = await self.explain(body)
+        return next(c for c in explained["candidates"] if c["worker"] == worker)
+
+    async def send(self, body: dict[str, Any]) -> tuple[dict[str, str], int]:
+        """Non-streaming request → (decision headers, engine cached_tokens)."""
+        async with self.http.post(self.gateway.url + "/v1/chat/completions",
+                                  json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            payload = await resp.json()
+            return dict(resp.headers), payload["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    async def stream(self, body: dict[str, Any]) -> tuple[dict[str, str], int]:
+        """Streaming request with usage → (decision headers, engine cached_tokens)."""
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with self.http.post(self.gateway.url + "/v1/chat/completions",
+                                  json=body) as resp:
+            assert resp.status == 200
+            raw = (await resp.read()).decode()
+        events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e.strip()]
+        assert events[-1] == "[DONE]"
+        usage = json.loads(events[-2])["usage"]
+        return dict(resp.headers), usage["prompt_tokens_details"]["cached_tokens"]
+
+
+@contextlib.asynccontextmanager
+async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimServer],
+                  start_gateway: StartGateway, http: aiohttp.ClientSession,
+                  routing: RoutingConfig | None = None) -> AsyncIterator[Cluster]:
+    ingest_config = IngestConfig(index=(IndexTarget("127.0.0.1", index.port),),
+                                 redis_url=redis.url, metrics_port=None, poll_interval_s=0.2,
+                                 ingest_id="test-ingest")
+    sections: dict[str, Any] = {
+        "registry": RegistryConfig(redis_url=redis.url, poll_interval_s=0.2),
+        "index": IndexConfig(targets=(index.target,), retry_after_ms=200),
+    }
+    if routing is not None:
+        sections["routing"] = routing
+    gw = await start_gateway([spec_of(sim, wid) for wid, sim in sims.items()], **sections)
+    async with IngestService(ingest_config):
+        c = Cluster(gw, sims, http)
+
+        async def all_ready() -> bool:
+            explained = await c.explain(chat("warm up"))
+            return all(x["ledger"] == "ready" for x in explained["candidates"]) and len(
+                explained["candidates"]) == len(sims)
+
+        await wait_until_async(all_ready, timeout=20, what="every ledger READY")
+        yield c
+
+
+async def wait_index_holds(c: Cluster, body: dict[str, Any], worker: str) -> int:
+    """Wait until the index (not only predictions) credits ``worker``; its matched tokens."""
+    tokens = 0
+
+    async def held() -> bool:
+        nonlocal tokens
+        tokens = (await c.candidate(body, worker))["index_tokens"]
+        return tokens > 0
+
+    await wait_until_async(held, timeout=10, what=f"the index to credit {worker}")
+    return tokens
+
+
+@pytest.fixture
+def redis(redis_server: RedisServer) -> RedisServer:
+    return redis_server
+
+
+async def test_same_prefix_lands_on_holder_until_its_cache_is_flushed(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {f"w{i}": await start_sim() for i in range(3)}
+    async with cluster(redis, index_server, sims, start_gateway, http) as c:
+        headers, cached = await c.send(chat("first question"))
+        holder = headers["x-cortex-assigned-worker"]
+        assert (headers["x-cortex-cache-hit-tokens"], cached) == ("0", 0)
+
+        second = chat("a second, different question")
+        await wait_index_holds(c, second, holder)
+        for _ in range(3):  # ties would rotate: the hit must keep it on the holder
+            headers, cached = await c.stream(second)
+            assert headers["x-cortex-assigned-worker"] == holder
+            assert headers["x-cortex-match-mode"] == "exact_kv"
+            hit = int(headers["x-cortex-cache-hit-tokens"])
+            assert 0 < hit <= cached  # never over-predicted
+
+        # warm repeat: once the index holds the whole prompt, prediction == engine report
+        explained = await c.explain(second)
+        full = explained["query_blocks"] * explained["block_size"]
+
+        async def fully_held() -> bool:
+            return (await c.candidate(second, holder))["index_tokens"] == full
+
+        await wait_until_async(fully_held, timeout=10, what="the whole prompt indexed")
+        headers, cached = await c.send(second)
+        assert int(headers["x-cortex-cache-hit-tokens"]) == cached == full
+
+        # flush the holder: the index clears it, the change feed invalidates, hits vanish
+        async with http.post(sims[holder].url + "/flush_cache") as resp:
+            assert resp.status == 200
+
+        async def no_credit() -> bool:
+            cand = await c.candidate(second, holder)
+            return cand["index_tokens"] == 0 and cand["predicted_tokens"] == 0
+
+        await wait_until_async(no_credit, timeout=10, what="the flushed holder to lose credit")
+        headers, cached = await c.send(second)
+        assert headers["x-cortex-cache-hit-tokens"] == "0" and cached == 0
+        assert headers["x-cortex-match-mode"] == "load_aware"
+
+        metrics = await (await http.get(c.gateway.url + "/metrics")).text()
+        assert 'cortex_gateway_cache_prediction_total{outcome="over"}' not in metrics
+        assert 'cortex_gateway_decisions_total{mode="exact_kv",reason="hit"}' in metrics
+
+
+async def test_burst_of_a_new_prefix_colocates_through_predictions(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {f"w{i}": await start_sim() for i in range(3)}
+    async with cluster(redis, index_server, sims, start_gateway, http) as c:
+        workers = set()
+        for i in range(4):  # back to back: faster than BlockStored can reach the index
+            headers, cached = await c.send(chat(f"burst {i}"))
+            workers.add(headers["x-cortex-assigned-worker"])
+            assert int(headers["x-cortex-cache-hit-tokens"]) <= cached
+        assert len(workers) == 1
+
+
+async def test_hot_holder_over_its_watermark_sheds_new_requests(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    slow = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=0.0,
+                        decode_ms_per_token=20.0)
+    sims = {f"w{i}": await start_sim(timing=slow, output_tokens=(2, 3)) for i in range(2)}
+    routing = RoutingConfig(high_watermark=2, load_stale_after_s=5.0)
+    async with cluster(redis, index_server, sims, start_gateway, http, routing) as c:
+        headers, _ = await c.send(chat("seed the prefix"))
+        holder = headers["x-cortex-assigned-worker"]
+        other = next(w for w in sims if w != holder)
+        await wait_index_holds(c, chat("next"), holder)
+        # two long requests with the prefix fill the holder up to its watermark
+        long_body = chat("tell a long story", stream=True, ignore_eos=True, max_tokens=300)
+        held: list[aiohttp.ClientResponse] = []
+        try:
+            for _ in range(2):
+                resp = await http.post(c.gateway.url + "/v1/chat/completions", json=long_body)
+                assert resp.headers["x-cortex-assigned-worker"] == holder
+                await resp.content.readuntil(b"\n\n")
+                held.append(resp)
+            headers, _ = await c.send(chat("one more question"))
+            assert headers["x-cortex-assigned-worker"] == other
+            assert headers["x-cortex-match-reason"] in ("over_watermark", "no_hit")
+            explained = await c.explain(chat("one more question"))
+            hot = next(x for x in explained["candidates"] if x["worker"] == holder)
+            assert hot["credit_note"] == "over_watermark" and hot["index_tokens"] > 0
+        finally:
+            for resp in held:
+                resp.close()
+
+
+async def test_redis_outage_degrades_readiness_but_not_serving(
+    redis: RedisServer, start_sim: StartSim, start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+) -> None:
+    sim = await start_sim()
+    gw = await start_gateway([spec_of(sim, "w1")],
+                             registry=RegistryConfig(redis_url=redis.url, poll_interval_s=0.2,
+                                                     lease_ttl_s=2.0))
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis.url)
+    try:
+        async def lease_renewed() -> bool:
+            ttl = await client.pttl("cortex:v1:worker:w1")
+            return bool(ttl > 1500)
+
+        await wait_until_async(lease_renewed, timeout=5, what="the lease to be renewed")
+    finally:
+        await client.aclose()
+    redis.stop()
+
+    async def degraded() -> bool:
+        async with http.get(gw.url + "/health/ready") as resp:
+            return resp.status == 200 and "no_redis" in (await resp.json())["degraded"]
+
+    await wait_until_async(degraded, timeout=10, what="readiness to report no_redis")
+    async with http.post(gw.url + "/v1/chat/completions", json=chat("still served?")) as resp:
+        assert resp.status == 200
+    redis.start()
+
+    async def recovered() -> bool:
+        async with http.get(gw.url + "/health/ready") as resp:
+            return "no_redis" not in (await resp.json())["degraded"]
+
+    await wait_until_async(recovered, timeout=10, what="the registry to come back")
