@@ -260,3 +260,21 @@ async def test_no_worker_is_a_503(start_gateway: StartGateway,
     async with http.get(gw.url + "/health/ready") as resp:
         assert resp.status == 503 and (await resp.json())["status"] == "unavailable"
     await asyncio.sleep(0)
+
+
+async def test_block_size_mismatch_is_reported(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim()
+    spec = spec_of(sim, "w1").with_changes(block_size=BLOCK * 2)
+    gw = await start_gateway([spec])
+    line = ('cortex_gateway_credit_blocked_workers{model="cortex-sim",'
+            'reason="block_size_mismatch"} 1.0')
+
+    async def reported() -> bool:
+        async with http.get(gw.url + "/metrics") as resp:
+            return line in await resp.text()
+
+    await wait_until_async(reported, timeout=5, what="the mismatch metric")
+    async with http.post(gw.url + "/v1/chat/completions", json=chat("still routed")) as resp:
+        assert resp.status == 200  # load-only routing still serves it

@@ -71,3 +71,13 @@ def test_cached_tokens_of_shapes() -> None:
     assert cached_tokens_of({"meta_info": {"cached_tokens": 3}}) == 3
     assert cached_tokens_of({"usage": {"prompt_tokens": 3}}) is None
     assert cached_tokens_of(None) is None
+
+
+def test_keepalives_and_done_inside_text_do_not_confuse_the_forwarder() -> None:
+    forwarder = SSEForwarder(strip_usage=False)
+    text = chunk("the model says data: [DONE] here")
+    assert forwarder.feed(text) == text and not forwarder.done
+    assert forwarder.feed(USAGE) == USAGE
+    assert forwarder.feed(b": keep-alive\n\n") == b": keep-alive\n\n"
+    assert forwarder.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+    assert forwarder.done and forwarder.cached_tokens == 32

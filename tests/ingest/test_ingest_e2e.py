@@ -10,6 +10,7 @@ from cortex.hashing import Engine
 from cortex.index.model import LedgerState as IndexState
 from cortex.ingest.ops import LedgerState
 from cortex.ingest.service import IngestService
+from cortex.ingest.shard import ShardSpec
 from cortex.testing import wait_until_async
 
 from .conftest import Fleet  # type: ignore[import-not-found]
@@ -148,8 +149,7 @@ async def test_hostile_payloads_are_counted_and_the_stream_keeps_working(fleet: 
 
 
 async def test_two_shards_split_the_fleet_without_overlap(fleet: Fleet) -> None:
-    workers = [await fleet.add_worker(f"worker-{i}") for i in range(6)]
-    from cortex.ingest.shard import ShardSpec
+    workers = [await fleet.add_worker(f"gpu-{i}") for i in range(8)]
 
     one = await fleet.ingest(shard=ShardSpec(0, 2), ingest_id="a")
     two = await fleet.ingest(shard=ShardSpec(1, 2), ingest_id="b")

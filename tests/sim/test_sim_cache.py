@@ -133,3 +133,14 @@ def test_disabled_cache_reserves_but_never_caches() -> None:
     assert run(cache, [1] * 9) == 0
     assert run(cache, [1] * 9) == 0
     assert cache.cached_blocks == 0 and cache.drain_events() == []
+
+
+def test_lru_heap_stays_bounded_when_the_cache_never_fills() -> None:
+    cache = make(capacity=10_000)
+    prompt = list(range(1, 10))
+    for _ in range(5_000):
+        run(cache, prompt)
+    assert len(cache._heap) <= 2 * cache.cached_blocks + 1024 + 1
+    # Eviction order is unaffected by the rebuilds.
+    cache.admit([7] * (4 * 9_999), 4 * 9_999)
+    assert cache.cached_blocks == 1

@@ -41,10 +41,16 @@ def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[list[SimProcess]]:
+    with start_sims(("--engine", "sglang"), ("--engine", "sglang")) as procs:
+        yield procs
+
+
+@contextlib.contextmanager
+def start_sims(*argvs: tuple[str, ...]) -> Iterator[list[SimProcess]]:
+    """Sim processes started in parallel; stopped when the generator is closed."""
     with contextlib.ExitStack() as stack:
-        procs = [SimProcess("--engine", "sglang", "--port", "0", "--kv-events-port", "0",
-                            "--block-size", "16", "--zero-cost", "--log-level", "warning")
-                 for _ in range(2)]
+        procs = [SimProcess(*argv, "--port", "0", "--kv-events-port", "0", "--block-size", "16",
+                            "--zero-cost", "--log-level", "warning") for argv in argvs]
         for proc in procs:
             stack.callback(proc.close)
             proc.launch()
@@ -54,13 +60,15 @@ def sims() -> Iterator[list[SimProcess]]:
 
 
 @contextlib.contextmanager
-def router(policy: str, workers: list[SimProcess]) -> Iterator[str]:
+def router(policy: str, workers: list[SimProcess] | None = None, *, pd: list[str] | None = None
+           ) -> Iterator[str]:
     port = free_port()
     binary = str(ROUTER) if ROUTER.exists() else "sglang-router"
+    targets = ["--worker-urls", *[w.url for w in workers or []]] if pd is None else pd
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-             "--log-level", "warn", "--worker-urls", *[w.url for w in workers]],
+             "--log-level", "warn", *targets],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -119,3 +127,20 @@ def test_cache_aware_sends_a_repeated_prompt_where_it_is_cached(sims: list[SimPr
     assert sorted(served) == [0, 3]
     cached = [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs]
     assert cached[0] == 0 and cached[1] == cached[2] > 0
+
+
+def test_pd_disaggregation_through_the_router() -> None:
+    with start_sims(("--engine", "sglang", "--role", "prefill", "--bootstrap-port", "0"),
+                    ("--engine", "sglang", "--role", "decode")) as (prefill, decode):
+        pd = ["--pd-disaggregation", "--prefill", prefill.url, str(prefill.bootstrap_port),
+              "--decode", decode.url]
+        with router("cache_aware", pd=pd) as url:
+            outs = [chat(url, "Disaggregated: " + PROMPT) for _ in range(2)]
+            status, body = http("POST", url + "/generate",
+                                {"text": "native generate", "sampling_params":
+                                 {"max_new_tokens": 3}})
+            assert status == 200 and len(json.loads(body)["output_ids"]) == 3
+        assert [o["usage"]["completion_tokens"] for o in outs] == [4, 4]
+        cached = [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs]
+        assert cached[0] == 0 and cached[1] > 0  # the decode reports the prefill's hit
+        assert finished(prefill) == finished(decode) == 3

@@ -57,6 +57,8 @@ class LoadResult:
     p99_ms: float
     events: int = 0
     batches: int = 0
+    blocks: int = 0
+    """Block hashes carried by BlockStored + BlockRemoved events (SUB-side count)."""
 
     @property
     def rps(self) -> float:
@@ -115,27 +117,29 @@ async def _drive(name: str, url: str, make_body: Callable[[int], dict[str, Any]]
                       _percentile(latencies, 0.99))
 
 
-async def _count_events(endpoint: str, engine: Engine, stop: asyncio.Event) -> tuple[int, int]:
+async def _count_events(endpoint: str, engine: Engine, stop: asyncio.Event
+                        ) -> tuple[int, int, int]:
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
-    batches = events = 0
+    batches = events = blocks = 0
     try:
         while not stop.is_set():
             try:
                 frames = await asyncio.wait_for(sock.recv_multipart(), 0.2)
             except TimeoutError:
                 continue
-            message = parse_pub(frames)
-            events += len(decode_batch(message.payload, engine).events)
+            batch = decode_batch(parse_pub(frames).payload, engine)
+            events += len(batch.events)
+            blocks += sum(len(getattr(event, "block_hashes", ())) for event in batch.events)
             batches += 1
     finally:
         sock.close(linger=0)
         ctx.term()
-    return batches, events
+    return batches, events, blocks
 
 
 async def _state(url: str) -> dict[str, Any]:
@@ -187,14 +191,14 @@ async def _bench_engine(engine: Engine, args: argparse.Namespace) -> list[LoadRe
         after = (await _state(sim.url))["events"]
         await asyncio.sleep(0.5)
         stop.set()
-        received_batches, received_events = await counter
+        received_batches, received_events, received_blocks = await counter
         sent = after["sent_events"] - before["sent_events"]
         results.append(LoadResult(load.name, load.requests, load.errors, load.seconds,
                                   load.p50_ms, load.p99_ms, events=sent,
                                   batches=after["next_seq"] - before["next_seq"]))
         results.append(LoadResult(f"{engine.value}: events received by one SUB", 0, 0,
                                   load.seconds, 0.0, 0.0, events=received_events,
-                                  batches=received_batches))
+                                  batches=received_batches, blocks=received_blocks))
     return results
 
 
@@ -228,6 +232,8 @@ def _report(results: list[LoadResult], ceilings: dict[str, tuple[float, float]],
         f"Python {platform.python_version()}. The load generator runs on the same cores.",
         f"Command: `cortex bench sim --duration-s {args.duration_s:g} "
         f"--concurrency {args.concurrency}` ({time.strftime('%Y-%m-%d')}).",
+        "Client and sim share two cores (and, on a developer machine, other work): expect "
+        "run-to-run differences of tens of percent.",
         "",
         "## Requests",
         "",
@@ -242,11 +248,13 @@ def _report(results: list[LoadResult], ceilings: dict[str, tuple[float, float]],
               "Unique 256-token prompts (16 blocks of 16) into a 4,096-block pool: each request "
               "stores 16 blocks and, once the pool is full, evicts 16 (SGLang: one BlockRemoved "
               "per evicted chain; vLLM: one per block).", "",
-              "| phase | batches | events | events/s |", "|---|---:|---:|---:|"]
+              "| phase | batches | events | events/s | block hashes/s |",
+              "|---|---:|---:|---:|---:|"]
     for r in results:
         if r.events:
+            per_block = f"{r.blocks / r.seconds:,.0f}" if r.blocks else "-"
             lines.append(f"| {r.name} | {r.batches} | {r.events} | "
-                         f"{r.events / r.seconds:,.0f} |")
+                         f"{r.events / r.seconds:,.0f} | {per_block} |")
     lines += ["", "## Publisher ceiling (in process: encode + ZMQ PUB send, no HTTP)", "",
               "| engine | batches/s | blocks stored/s |", "|---|---:|---:|"]
     for name, (batches, blocks) in ceilings.items():

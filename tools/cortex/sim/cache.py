@@ -363,6 +363,12 @@ class PrefixCache:
 
     def _push(self, block: CachedBlock) -> None:
         heapq.heappush(self._heap, (block.last_access, next(self._tiebreak), block))
+        if len(self._heap) > 2 * len(self._index) + 1024:
+            # Touches leave stale entries behind; rebuild from the live evictable leaves so
+            # a cache that never fills up does not grow its heap without bound.
+            self._heap = [(b.last_access, next(self._tiebreak), b) for b in self._index.values()
+                          if b.refs == 0 and b.children == 0]
+            heapq.heapify(self._heap)
 
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` unpinned LRU leaves; returns how many went."""

@@ -261,10 +261,6 @@ class KvTransferServer:
             self._sock.close(linger=0)
             self._sock = None
 
-    @property
-    def held_requests(self) -> int:
-        return len(self._held)
-
     @contextlib.asynccontextmanager
     async def room(self, room: int) -> AsyncIterator[RoomTicket]:
         """Claim bootstrap ``room`` for one prefill request (released on exit)."""

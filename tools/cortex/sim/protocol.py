@@ -37,6 +37,7 @@ __all__ = [
     "parse_completion",
     "parse_generate",
     "usage",
+    "usage_chunk",
 ]
 
 _MAX_ROOM = 2**63 - 1

@@ -186,12 +186,6 @@ class EventPublisher:
             self._send(*held)
         return seq
 
-    def flush_held(self) -> None:
-        """Send a batch held back for reordering (nothing came after it)."""
-        if self._held is not None:
-            held, self._held = self._held, None
-            self._send(*held)
-
     def restart(self) -> None:
         """Behave like a freshly started engine: seq from 0, empty replay buffer."""
         self._held = None

@@ -376,6 +376,9 @@ class SimRoutes:
             if request.transport is not None:
                 request.transport.close()
             return resp
+        except ConnectionResetError:
+            log.info("client of %s went away mid-stream", req.request_id)
+            return resp
         except TransferError as exc:
             log.warning("request %s aborted: %s", req.request_id, exc)
             body = proto.error_body(Engine.VLLM, str(exc), 500, "InternalServerError")

@@ -34,6 +34,11 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     when the gateway needs the usage chunk the client did not ask for."""
     if not req.stream or req.wants_usage or req.endpoint is Endpoint.GENERATE:
         return raw
+    if "stream_options" not in req.body:
+        # splice instead of re-serializing a large body: the body is a non-empty object
+        end = raw.rstrip()
+        if end.endswith(b"}"):
+            return end[:-1] + b',"stream_options":{"include_usage":true}}'
     body = dict(req.body)
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True
@@ -64,12 +69,12 @@ class Opened:
 
 def _acquire(worker: WorkerState, metrics: GatewayMetrics) -> None:
     worker.inflight += 1
-    metrics.worker_inflight.labels(worker=worker.id).set(worker.inflight)
+    metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 def _release(worker: WorkerState, metrics: GatewayMetrics) -> None:
     worker.inflight -= 1
-    metrics.worker_inflight.labels(worker=worker.id).set(worker.inflight)
+    metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 class Dispatcher:

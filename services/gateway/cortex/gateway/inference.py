@@ -79,10 +79,10 @@ class InferenceHandler:
         try:
             status = await self._handle(request, send, endpoint, request_id, base)
         finally:
-            self.metrics.inflight.dec()
-            self.metrics.requests.labels(endpoint=endpoint.value, status=str(status)).inc()
-            self.metrics.request_seconds.labels(endpoint=endpoint.value).observe(
-                time.perf_counter() - started)
+            m = self.metrics
+            m.inflight.dec()
+            m.child(m.requests, endpoint.value, str(status)).inc()
+            m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
 
     async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
                       base: Headers) -> int:
@@ -255,22 +255,22 @@ class _Exchange:
             if self.req.model.reports_cached_tokens:
                 actual = 0  # engines omit the details when nothing was cached
         if actual is None:
-            metrics.prediction.labels(outcome="unknown").inc()
+            metrics.child(metrics.prediction, "unknown").inc()
             return
         predicted = self.routed.credited_tokens(opened.worker.id)
         metrics.predicted_tokens.inc(predicted)
         metrics.actual_tokens.inc(actual)
         if predicted > actual:
-            metrics.prediction.labels(outcome="over").inc()
+            metrics.child(metrics.prediction, "over").inc()
             metrics.overpredicted_tokens.observe(predicted - actual)
             log.info("cache hit over-predicted worker=%s request_id=%s predicted=%d actual=%d",
                      opened.worker.id, self.request_id, predicted, actual,
                      extra={"worker": opened.worker.id, "request_id": self.request_id})
         elif predicted < actual:
-            metrics.prediction.labels(outcome="under").inc()
+            metrics.child(metrics.prediction, "under").inc()
             metrics.underpredicted_tokens.observe(actual - predicted)
         else:
-            metrics.prediction.labels(outcome="exact").inc()
+            metrics.child(metrics.prediction, "exact").inc()
 
 
 def _json_or_none(data: bytes) -> Any:

@@ -6,6 +6,8 @@ several in-process gateways (tests, the dev launcher) never share counters.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
@@ -109,8 +111,21 @@ class GatewayMetrics:
         self.degraded = Gauge(p + "degraded", "1 per active degradation reason", ["reason"],
                               registry=r)
         self.exact_routing = Gauge(p + "exact_routing_enabled",
-                                   "0 when exact KV routing is off for a model",
-                                   ["model", "reason"], registry=r)
+                                   "1 while some worker of the model can get cache credit",
+                                   ["model"], registry=r)
+        self.credit_blocked = Gauge(p + "credit_blocked_workers",
+                                    "Workers denied cache credit, by model and reason",
+                                    ["model", "reason"], registry=r)
+
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, memoized: label lookups are hot-path costs."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -132,10 +132,11 @@ class Router:
                 ids = tokenizer.encode_chat(text)
             else:
                 ids = tokenizer.encode_text(prompt.text)
+            m = self.metrics
             if stats.hits - hits:
-                self.metrics.tokenize_cache.labels(result="hit").inc(stats.hits - hits)
+                m.child(m.tokenize_cache, "hit").inc(stats.hits - hits)
             if stats.misses - misses:
-                self.metrics.tokenize_cache.labels(result="miss").inc(stats.misses - misses)
+                m.child(m.tokenize_cache, "miss").inc(stats.misses - misses)
         limit = req.model.max_prompt_tokens
         if limit is not None and len(ids) > limit:
             raise ClientError(
@@ -179,12 +180,13 @@ class Router:
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         if record:
             m = self.metrics
-            m.routing_seconds.labels(stage="tokenize").observe(timings.tokenize)
-            m.routing_seconds.labels(stage="hash").observe(timings.hash)
-            m.routing_seconds.labels(stage="match").observe(timings.match)
-            m.routing_seconds.labels(stage="score").observe(timings.score)
-            m.routing_seconds.labels(stage="total").observe(timings.total)
-            m.decisions.labels(mode=decision.mode.value, reason=decision.reason.value).inc()
+            stage = m.routing_seconds
+            m.child(stage, "tokenize").observe(timings.tokenize)
+            m.child(stage, "hash").observe(timings.hash)
+            m.child(stage, "match").observe(timings.match)
+            m.child(stage, "score").observe(timings.score)
+            m.child(stage, "total").observe(timings.total)
+            m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
             m.prompt_tokens.observe(len(ids))
         return Routed(decision, model, len(ids), keys, query_blocks, source,
                       answer.index_version if answer is not None else 0, timings)
@@ -211,10 +213,11 @@ class Router:
         key = HotCache.key(self._domain_ids[model.name], query)
         if use_cache and key is not None:
             cached = self.hot.get(key)
+            m = self.metrics
             if cached is not None:
-                self.metrics.hot_cache.labels(result="hit").inc()
+                m.child(m.hot_cache, "hit").inc()
                 return cached, "hot_cache"
-            self.metrics.hot_cache.labels(result="miss").inc()
+            m.child(m.hot_cache, "miss").inc()
         answer = await matcher.match(model.domain, query, deadline)
         if answer is None:
             return None, "none"

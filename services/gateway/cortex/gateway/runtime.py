@@ -41,6 +41,9 @@ __all__ = ["Degradation", "Gateway", "Readiness"]
 log = logging.getLogger(__name__)
 
 
+_BLOCK_REASONS = ("engine_mismatch", "block_size_mismatch", "ledger_misaligned")
+
+
 class Readiness(StrEnum):
     READY = "ready"
     DEGRADED = "degraded"  # can route, without something (see Degradation)
@@ -139,9 +142,6 @@ class Gateway:
             asyncio.create_task(loads.run(), name="gateway-load"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
-        for model in config.models:
-            self.metrics.exact_routing.labels(model=model.name, reason="").set(
-                1 if self.index is not None else 0)
         log.info("gateway started: %d models, %d workers, index=%s", len(config.models),
                  len(self.pool), self.index)
 
@@ -183,7 +183,30 @@ class Gateway:
     async def _status_loop(self) -> None:
         while True:
             self.readiness()
+            self._publish_alignment()
             await asyncio.sleep(1.0)
+
+    def _publish_alignment(self) -> None:
+        """Per model: can exact KV routing work, and which workers are denied credit why."""
+        index_up = self.index is not None and self.index.available
+        for model in self.config.models:
+            blocked = dict.fromkeys(_BLOCK_REASONS, 0)
+            creditable = 0
+            for w in self.pool:
+                if w.spec.model != model.name:
+                    continue
+                if w.spec.engine is not model.engine:
+                    blocked["engine_mismatch"] += 1
+                elif w.spec.block_size is not None and w.spec.block_size != model.block_size:
+                    blocked["block_size_mismatch"] += 1
+                elif w.ledger is LedgerState.MISALIGNED:
+                    blocked["ledger_misaligned"] += 1
+                else:
+                    creditable += 1
+            m = self.metrics
+            m.exact_routing.labels(model=model.name).set(1 if index_up and creditable else 0)
+            for reason, count in blocked.items():
+                m.credit_blocked.labels(model=model.name, reason=reason).set(count)
 
     # ---- index callbacks ----
 

@@ -49,6 +49,23 @@ def cached_tokens_of(obj: Any) -> int | None:
     return None
 
 
+def _is_done(block: bytes) -> bool:
+    """Whether a ``data: [DONE]`` line is in ``block`` (at a line start: JSON strings cannot
+    hold a raw newline, so generated text saying ``[DONE]`` does not count)."""
+    return any(block.startswith(m) or b"\n" + m in block
+               for m in (b"data: [DONE]", b"data:[DONE]"))
+
+
+def _json_of(data: bytes | None) -> dict[str, Any] | None:
+    if not data:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _data_of(event: bytes) -> bytes | None:
     """The data of one event (multi-line data joined by newlines), or ``None``."""
     lines = [
@@ -63,17 +80,19 @@ class SSEForwarder:
     """Feeds upstream bytes, returns bytes for the client; remembers usage and ``[DONE]``.
 
     ``strip_usage``: drop the usage-only chunk (the client did not ask for usage).
+    The common chunk costs a few substring searches: events are split and parsed only in
+    the block that holds the usage chunk or ``[DONE]``, or at the end of the stream.
     """
 
     def __init__(self, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
         self.done = False
-        self.events = 0
         self.usage: dict[str, Any] | None = None
         self.last_object: dict[str, Any] | None = None
         self.saw_error = False
         self._buffer = b""
-        self._last_data: bytes | None = None
+        self._last_block = b""  # the latest complete events, parsed only when needed
+        self._parsed = True
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes of the complete events now available (possibly empty)."""
@@ -103,54 +122,63 @@ class SSEForwarder:
 
     @property
     def usage_holder(self) -> dict[str, Any] | None:
+        """What carries the engine's usage: the usage chunk, else the last data object."""
+        self._parse_last()
         if self.usage is not None:
             return {"usage": self.usage}
         return self.last_object
 
     def _process(self, complete: bytes) -> bytes:
-        sep = b"\r\n\r\n" if b"\r\n\r\n" in complete else b"\n\n"
-        events = [e for e in complete.split(sep) if e.strip()]
-        self.events += len(events)
-        needs_rewrite = self.strip_usage and any(m in complete for m in _EMPTY_CHOICES)
         if b'"error"' in complete:
             self.saw_error = True
-        kept: list[bytes] = []
-        for event in events:
-            data = _data_of(event)
-            if data is None:
-                kept.append(event)
-                continue
-            if data == _DONE:
-                self._parse_last()
-                self.done = True
-                kept.append(event)
-                continue
-            self._last_data = data
-            if needs_rewrite and any(m in data for m in _EMPTY_CHOICES) and b'"usage"' in data:
-                self._parse_last()
-                if self.usage is not None:
-                    continue  # the usage-only chunk the client did not ask for
-            kept.append(event)
-        if len(kept) == len(events):
-            return complete
-        return b"".join(e + sep for e in kept)
+        out = complete
+        if self.strip_usage and b'"usage"' in complete:
+            out = self._drop_usage_chunk(complete)
+        if _is_done(out):
+            self._parse_last()  # the previous block may hold the last data event
+            self._last_block, self._parsed = out, False
+            self._parse_last()
+            self.done = True
+        elif b"data:" in out:  # comment-only blocks (keep-alives) do not replace data
+            self._last_block, self._parsed = out, False
+        return out
+
+    def _drop_usage_chunk(self, block: bytes) -> bytes:
+        """``block`` without the usage-only chunk (whose usage is kept)."""
+        for marker in _EMPTY_CHOICES:
+            at = block.find(marker)
+            if at >= 0:
+                break
+        else:
+            return block
+        sep = b"\r\n\r\n" if b"\r\n\r\n" in block else b"\n\n"
+        start = block.rfind(sep, 0, at)
+        start = 0 if start < 0 else start + len(sep)
+        end = block.find(sep, at)
+        end = len(block) if end < 0 else end + len(sep)
+        obj = _json_of(_data_of(block[start:end]))
+        if obj is None or obj.get("choices") != [] or not isinstance(obj.get("usage"), dict):
+            return block
+        self.usage = obj["usage"]
+        return block[:start] + block[end:]
 
     def _parse_last(self) -> None:
-        data, self._last_data = self._last_data, None
-        if data is None:
+        """Parse the last data event (not ``[DONE]``) of the latest block, once."""
+        if self._parsed:
             return
-        try:
-            obj = json.loads(data)
-        except ValueError:
+        self._parsed = True
+        block = self._last_block
+        sep = b"\r\n\r\n" if b"\r\n\r\n" in block else b"\n\n"
+        for event in reversed(block.split(sep)):
+            data = _data_of(event)
+            if not data or data == _DONE:
+                continue
+            obj = _json_of(data)
+            if obj is not None:
+                self.last_object = obj
+                if isinstance(obj.get("usage"), dict):
+                    self.usage = obj["usage"]
             return
-        if not isinstance(obj, dict):
-            return
-        self.last_object = obj
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
 
     def __repr__(self) -> str:
-        return (
-            f"SSEForwarder(events={self.events}, done={self.done},"
-            f" usage={self.usage is not None})"
-        )
+        return f"SSEForwarder(done={self.done}, usage={self.usage is not None})"

@@ -1,0 +1,455 @@
+"""``cortex bench overhead``: what one gateway process costs, against ``sglang-router``.
+
+Everything runs as its own process on 127.0.0.1, as in production: a private redis-server,
+``cortex index``, ``cortex ingest``, two ``cortex sim`` workers in zero-cost mode,
+``cortex gateway`` and ``sglang-router`` (cache_aware policy) in front of the same sims.
+This process only sends requests. Three measurements, same run, same requests:
+
+1. Routing decision time (tokenize, hash, match, score) for ~4,000-token chat prompts that
+   share a long system prompt, read from ``POST /admin/explain`` (the gateway's own
+   timings of the very code real requests run): *warm* (system prompt seen before, new
+   question: segment cache hit, index round trip), *repeat* (identical request: hot-cache
+   hit) and *never seen* (a fresh system prompt every time).
+2. Latency added over calling a worker directly: sequential streamed chat requests,
+   interleaved across direct / cortex / sglang-router; p50 / p99 of the full stream time.
+3. Max streamed requests/s: closed loop with ``--concurrency`` clients for ``--duration``
+   seconds per target, plus the CPU seconds each process spent per request.
+
+The report goes to ``--out`` (``docs/bench/overhead.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from cortex.sim.process import SimProcess
+from cortex.testing import RedisServer, free_port, wait_until
+
+__all__ = ["register", "run"]
+
+MODEL = "cortex-sim"
+ADMIN_TOKEN = "bench-admin-token-0123456789"
+WORDS = ("the quick brown fox jumps over lazy dogs while seven wizards quietly judge "
+         "boxing matches near old harbors under bright northern lights each evening").split()
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = bench_subparsers.add_parser(
+        "overhead", help="gateway routing time, added latency and streamed req/s vs sglang-router")
+    parser.add_argument("--duration", type=float, default=10.0,
+                        help="seconds of closed-loop load per target")
+    parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
+    parser.add_argument("--latency-requests", type=int, default=300,
+                        help="sequential requests per target for the added latency")
+    parser.add_argument("--decisions", type=int, default=300,
+                        help="routing decisions per scenario")
+    parser.add_argument("--no-router", action="store_true", help="skip sglang-router")
+    parser.add_argument("--out", default="docs/bench/overhead.md", help="report path")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = asyncio.run(_bench(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report, encoding="utf-8")
+    print(report)
+    print(f"report written to {out}", file=sys.stderr)
+    return 0
+
+
+# ---- processes ------------------------------------------------------------------------
+
+
+class Proc:
+    """A child process with its log in a temp file; terminated (then killed) on close."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"cortex-bench-{name}-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=self.log, start_new_session=True)
+
+    def alive(self) -> bool:
+        """``True`` while running; raises with the log tail once it exited."""
+        if self.proc.poll() is not None:
+            tail = Path(self.log.name).read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+        return True
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def _cortex(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cortex.cli.main", *args]
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+@dataclass
+class Cluster:
+    sims: list[SimProcess]
+    gateway_url: str
+    router_url: str | None
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def cluster(with_router: bool) -> Iterator[Cluster]:
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(RedisServer())
+        procs: dict[str, Proc] = {}
+
+        def start(name: str, argv: list[str]) -> Proc:
+            proc = Proc(name, argv)
+            stack.callback(proc.close)
+            procs[name] = proc
+            return proc
+
+        sims = [SimProcess("--engine", "sglang", "--port", "0", "--kv-events-port", "0",
+                           "--replay-port", "0", "--block-size", "16", "--zero-cost",
+                           "--output-tokens", "16:16", "--max-running", "1024",
+                           "--kv-capacity-blocks", "65536", "--log-level", "warning")
+                for _ in range(2)]
+        for sim in sims:
+            stack.callback(sim.close)
+            sim.launch()
+        for sim in sims:
+            sim.wait_ready()
+        index_port = free_port()
+        index = start("index", _cortex("index", "--host", "127.0.0.1", "--port",
+                                       str(index_port), "--metrics-port", "-1",
+                                       "--log-level", "WARNING"))
+        wait_until(lambda: index.alive() and _port_open(index_port), 30, 0.05, "index")
+        ingest = start("ingest", _cortex("ingest", "run", "--redis", redis.url, "--index",
+                                         f"127.0.0.1:{index_port}", "--metrics-port", "-1",
+                                         "--poll-interval", "0.5", "--log-level", "WARNING"))
+        gw_port = free_port()
+        config = {
+            "models": [{"name": MODEL, "engine": "sglang", "block_size": 16}],
+            "server": {"host": "127.0.0.1", "port": gw_port, "admin_token": ADMIN_TOKEN},
+            "registry": {"redis_url": redis.url},
+            "index": {"targets": [f"127.0.0.1:{index_port}"]},
+            "workers": [
+                {"id": f"sim{i}", "url": sim.url, "engine": "sglang", "model": MODEL,
+                 "block_size": 16, "kv_events": sim.kv_events_endpoint,
+                 "replay": f"tcp://127.0.0.1:{sim.info['replay_port']}"}
+                for i, sim in enumerate(sims)
+            ],
+        }
+        config_file = Path(tempfile.mkdtemp(prefix="cortex-bench-")) / "gateway.json"
+        config_file.write_text(json.dumps(config))
+        stack.callback(shutil.rmtree, config_file.parent, True)
+        gateway = start("gateway", _cortex("gateway", "--config", str(config_file),
+                                           "--log-level", "warning"))
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        wait_until(lambda: gateway.alive() and _http_ok(gw_url + "/health/ready"), 60, 0.1,
+                   "gateway ready")
+        ingest.alive()
+        router_url = None
+        if with_router:
+            binary = Path(sys.executable).with_name("sglang-router")
+            router_port = free_port()
+            router = start("sglang-router", [
+                str(binary) if binary.exists() else "sglang-router", "launch", "--host",
+                "127.0.0.1", "--port", str(router_port), "--policy", "cache_aware",
+                "--log-level", "warn", "--worker-urls", *[s.url for s in sims]])
+            router_url = f"http://127.0.0.1:{router_port}"
+            wait_until(lambda: router.alive() and _http_ok(router_url + "/v1/models"), 60, 0.1,
+                       "sglang-router")
+        yield Cluster(sims, gw_url, router_url, procs)
+
+
+# ---- requests ---------------------------------------------------------------------------
+
+
+def _words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+def _chat(system: str, question: str, stream: bool = False) -> dict[str, Any]:
+    return {"model": MODEL, "stream": stream, "max_tokens": 16,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": question}]}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _explain(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                   ) -> dict[str, Any]:
+    async with session.post(url + "/admin/explain", json=body,
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+        resp.raise_for_status()
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+async def decisions(session: aiohttp.ClientSession, c: Cluster, n: int
+                    ) -> tuple[dict[str, dict[str, list[float]]], int]:
+    """Per scenario, per stage, the decision times (ms); and the prompt length (tokens)."""
+    rng = random.Random(7)
+    system = _words(rng, 3900)
+    # seed: the shared system prompt goes to a worker, its blocks reach the index
+    async with session.post(c.gateway_url + "/v1/chat/completions",
+                            json=_chat(system, "seed")) as resp:
+        resp.raise_for_status()
+        await resp.read()
+    for _ in range(200):
+        explained = await _explain(session, c.gateway_url, _chat(system, "probe"))
+        if explained["decision"]["mode"] == "exact_kv" and any(
+                x["index_tokens"] for x in explained["candidates"]):
+            break
+        await asyncio.sleep(0.05)
+    prompt_tokens = int(explained["prompt_tokens"])
+    scenarios: dict[str, dict[str, list[float]]] = {}
+    repeat = _chat(system, "the same question every time")
+    for name in ("warm", "repeat", "never seen"):
+        stages: dict[str, list[float]] = {}
+        for i in range(n):
+            if name == "warm":
+                body = _chat(system, f"question {i}: {_words(rng, 30)}")
+            elif name == "repeat":
+                body = repeat
+            else:
+                body = _chat(_words(rng, 3900), f"question {i}")
+            timings = (await _explain(session, c.gateway_url, body))["timings_ms"]
+            for stage, ms in timings.items():
+                stages.setdefault(stage, []).append(float(ms))
+        scenarios[name] = stages
+    return scenarios, prompt_tokens
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bool:
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        data = await resp.read()
+        return resp.status == 200 and data.endswith(b"data: [DONE]\n\n")
+
+
+def _targets(c: Cluster) -> dict[str, list[str]]:
+    targets = {"direct": [s.url for s in c.sims], "cortex": [c.gateway_url]}
+    if c.router_url:
+        targets["sglang-router"] = [c.router_url]
+    return targets
+
+
+def _bodies(count: int) -> list[dict[str, Any]]:
+    rng = random.Random(11)
+    system = "You are a concise assistant. " * 20
+    return [_chat(system, f"request {i}: {_words(rng, 40)}", stream=True) for i in range(count)]
+
+
+async def latency(session: aiohttp.ClientSession, c: Cluster, n: int) -> dict[str, list[float]]:
+    """Sequential streamed requests, interleaved across targets: full stream time (ms)."""
+    targets = _targets(c)
+    out: dict[str, list[float]] = {name: [] for name in targets}
+    for i, body in enumerate(_bodies(n + 20)):
+        for name, urls in targets.items():
+            start = time.perf_counter()
+            ok = await _stream(session, urls[i % len(urls)], body)
+            if i >= 20 and ok:  # the first 20 warm connections and caches up
+                out[name].append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+@dataclass
+class Throughput:
+    requests: int
+    errors: int
+    seconds: float
+    cpu_s: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+
+async def throughput(c: Cluster, urls: list[str], concurrency: int, duration: float
+                     ) -> Throughput:
+    bodies = _bodies(2000)
+    done = errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for i in range(concurrency):  # warm the connections
+            await _stream(session, urls[i % len(urls)], bodies[i])
+        cpu_before = {name: p.cpu_s() for name, p in c.procs.items()}
+        sims_before = [_sim_cpu(s) for s in c.sims]
+        self_before = time.process_time()
+        stop = time.perf_counter() + duration
+
+        async def client(k: int) -> None:
+            nonlocal done, errors
+            i = k
+            while time.perf_counter() < stop:
+                try:
+                    ok = await _stream(session, urls[i % len(urls)], bodies[i % len(bodies)])
+                except (aiohttp.ClientError, TimeoutError):
+                    ok = False
+                done += ok
+                errors += not ok
+                i += concurrency
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    cpu = {name: p.cpu_s() - cpu_before[name] for name, p in c.procs.items()}
+    cpu["sims"] = sum(_sim_cpu(s) - b for s, b in zip(c.sims, sims_before, strict=True))
+    cpu["load generator"] = time.process_time() - self_before
+    return Throughput(done, errors, elapsed, cpu)
+
+
+def _sim_cpu(sim: SimProcess) -> float:
+    assert sim.proc is not None
+    fields = Path(f"/proc/{sim.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+# ---- the run and the report ---------------------------------------------------------------
+
+
+async def _bench(args: argparse.Namespace) -> str:
+    with cluster(with_router=not args.no_router) as c:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            routing, prompt_tokens = await decisions(session, c, args.decisions)
+            lat = await latency(session, c, args.latency_requests)
+        rates = {name: await throughput(c, urls, args.concurrency, args.duration)
+                 for name, urls in _targets(c).items()}
+    return _report(args, routing, prompt_tokens, lat, rates)
+
+
+def _fmt(ms: float) -> str:
+    return f"{ms:.3f}" if ms < 10 else f"{ms:.1f}"
+
+
+def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]],
+            prompt_tokens: int, lat: dict[str, list[float]], rates: dict[str, Throughput]
+            ) -> str:
+    lines = [
+        "# Gateway overhead",
+        "",
+        f"`cortex bench overhead --duration {args.duration:g} --concurrency {args.concurrency}"
+        f" --latency-requests {args.latency_requests} --decisions {args.decisions}`",
+        "",
+        f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}),"
+        f" Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}. Every component"
+        " is its own process on 127.0.0.1 (redis, index, ingest, 2 zero-cost SGLang sims,"
+        " the gateway, sglang-router 0.3.2 with `--policy cache_aware`); all share the same"
+        " cores with the load generator.",
+        "",
+        f"## 1. Routing decision time ({prompt_tokens}-token chat prompts)",
+        "",
+        "Server-side timings of `/admin/explain` (the same code path as real requests),"
+        f" {args.decisions} decisions per scenario, milliseconds.",
+        "",
+        "| scenario | p50 total | p99 total | tokenize p50 | hash p50 | match p50 | score p50 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, stages in routing.items():
+        p50 = {s: statistics.median(v) for s, v in stages.items()}
+        lines.append(
+            f"| {name} | {_fmt(p50['total'])} | {_fmt(_pct(stages['total'], 0.99))} |"
+            f" {_fmt(p50['tokenize'])} | {_fmt(p50['hash'])} | {_fmt(p50['match'])} |"
+            f" {_fmt(p50['score'])} |")
+    warm = statistics.median(routing["warm"]["total"])
+    cold = statistics.median(routing["never seen"]["total"])
+    lines += [
+        "",
+        f"Targets: p50 <= 1 ms warm — **{'met' if warm <= 1 else 'missed'}** ({_fmt(warm)} ms);"
+        f" <= 4 ms never seen — **{'met' if cold <= 4 else 'missed'}** ({_fmt(cold)} ms).",
+        "",
+        "## 2. Latency added over calling a worker directly",
+        "",
+        f"{args.latency_requests} sequential streamed chat requests per target (16 output"
+        " tokens, ~330 prompt tokens), interleaved; full stream time in ms.",
+        "",
+        "| target | p50 | p99 | added p50 | added p99 |",
+        "|---|---|---|---|---|",
+    ]
+    base50, base99 = statistics.median(lat["direct"]), _pct(lat["direct"], 0.99)
+    for name, values in lat.items():
+        t50, t99 = statistics.median(values), _pct(values, 0.99)
+        added = "—" if name == "direct" else f"{t50 - base50:+.2f}"
+        added99 = "—" if name == "direct" else f"{t99 - base99:+.2f}"
+        lines.append(f"| {name} | {t50:.2f} | {t99:.2f} | {added} | {added99} |")
+    lines += [
+        "",
+        "## 3. Streamed requests per second",
+        "",
+        f"Closed loop, {args.concurrency} clients, {args.duration:g} s per target. CPU is"
+        " seconds of CPU per 1,000 requests, per process.",
+        "",
+        "| target | req/s | errors | " + " | ".join(
+            f"CPU {n}" for n in next(iter(rates.values())).cpu_s) + " |",
+        "|---|---|---|" + "---|" * len(next(iter(rates.values())).cpu_s),
+    ]
+    for name, r in rates.items():
+        cpu = " | ".join(f"{v / max(r.requests, 1) * 1000:.2f}" for v in r.cpu_s.values())
+        lines.append(f"| {name} | {r.rate:.0f} | {r.errors} | {cpu} |")
+    cortex = rates["cortex"]
+    gw_cpu_ms = cortex.cpu_s["gateway"] / max(cortex.requests, 1) * 1000
+    lines += [""]
+    if "sglang-router" in rates:
+        ratio = cortex.rate / max(rates["sglang-router"].rate, 1e-9)
+        lines.append(f"Ratio cortex / sglang-router: **{ratio:.2f}**.")
+    lines += [
+        "",
+        f"Target >= 1,500 streamed req/s per gateway process: "
+        f"**{'met' if cortex.rate >= 1500 else 'missed'}** ({cortex.rate:.0f} req/s). The"
+        f" gateway spent {gw_cpu_ms:.2f} ms of CPU per request, i.e. at most"
+        f" {1000 / max(gw_cpu_ms, 1e-9):.0f} req/s on one full core.",
+        "",
+    ]
+    return "\n".join(lines)
