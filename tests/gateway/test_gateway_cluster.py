@@ -29,6 +29,7 @@ from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = "You are the cluster's careful assistant. Follow the house rules. " * 40
+TAIL = " and a few more words to fill whole blocks" * 8
 
 
 def chat(question: str, **extra: Any) -> dict[str, Any]:
@@ -90,9 +91,11 @@ async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimSer
     gw = await start_gateway([spec_of(sim, wid) for wid, sim in sims.items()], **sections)
     async with IngestService(ingest_config):
         c = Cluster(gw, sims, http)
+        probes = iter(range(10_000))
 
         async def all_ready() -> bool:
-            explained = await c.explain(chat("warm up"))
+            # a new query each time: a cached answer could predate the READY transitions
+            explained = await c.explain(chat(f"warm up {next(probes)}{TAIL}"))
             return all(x["ledger"] == "ready" for x in explained["candidates"]) and len(
                 explained["candidates"]) == len(sims)
 
@@ -107,7 +110,7 @@ async def wait_index_holds(c: Cluster, body: dict[str, Any], worker: str) -> int
     async def held() -> bool:
         nonlocal tokens
         tokens = (await c.candidate(body, worker))["index_tokens"]
-        return tokens > 0
+        return bool(tokens > 0)
 
     await wait_until_async(held, timeout=10, what=f"the index to credit {worker}")
     return tokens
@@ -142,7 +145,7 @@ async def test_same_prefix_lands_on_holder_until_its_cache_is_flushed(
         full = explained["query_blocks"] * explained["block_size"]
 
         async def fully_held() -> bool:
-            return (await c.candidate(second, holder))["index_tokens"] == full
+            return bool((await c.candidate(second, holder))["index_tokens"] == full)
 
         await wait_until_async(fully_held, timeout=10, what="the whole prompt indexed")
         headers, cached = await c.send(second)
@@ -154,7 +157,7 @@ async def test_same_prefix_lands_on_holder_until_its_cache_is_flushed(
 
         async def no_credit() -> bool:
             cand = await c.candidate(second, holder)
-            return cand["index_tokens"] == 0 and cand["predicted_tokens"] == 0
+            return bool(cand["index_tokens"] == 0 and cand["predicted_tokens"] == 0)
 
         await wait_until_async(no_credit, timeout=10, what="the flushed holder to lose credit")
         headers, cached = await c.send(second)
@@ -164,6 +167,42 @@ async def test_same_prefix_lands_on_holder_until_its_cache_is_flushed(
         metrics = await (await http.get(c.gateway.url + "/metrics")).text()
         assert 'cortex_gateway_cache_prediction_total{outcome="over"}' not in metrics
         assert 'cortex_gateway_decisions_total{mode="exact_kv",reason="hit"}' in metrics
+        assert 'cortex_gateway_hot_cache_invalidations_total{reason="cleared"}' in metrics
+        assert 'cortex_gateway_hot_cache_lookups_total{result="hit"}' in metrics
+
+
+async def test_change_feed_invalidates_the_hot_cache(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {f"w{i}": await start_sim() for i in range(2)}
+    # answers stay cached for a minute: only the change feed can make a flushed hit vanish
+    routing = RoutingConfig(hot_cache_staleness_ms=60_000, load_stale_after_s=5.0)
+    async with cluster(redis, index_server, sims, start_gateway, http, routing) as c:
+        headers, _ = await c.send(chat("seed"))
+        holder = headers["x-cortex-assigned-worker"]
+        probes = iter(range(1000))
+
+        async def indexed() -> bool:  # a new question each time: never a cached answer
+            body = chat(f"probe {next(probes)}{TAIL}")
+            return bool((await c.candidate(body, holder))["index_tokens"] > 0)
+
+        await wait_until_async(indexed, timeout=10, what="the index to hold the prefix")
+        fixed = chat(f"the fixed question{TAIL}")
+        first = await c.explain(fixed)
+        again = await c.explain(fixed)
+        assert again["match_source"] == "hot_cache"
+        held = next(x for x in first["candidates"] if x["worker"] == holder)
+        assert held["index_tokens"] > 0
+        async with http.post(sims[holder].url + "/flush_cache") as resp:
+            assert resp.status == 200
+
+        async def invalidated() -> bool:
+            explained = await c.explain(fixed)
+            cand = next(x for x in explained["candidates"] if x["worker"] == holder)
+            return bool(cand["index_tokens"] == 0 and explained["match_source"] == "index")
+
+        await wait_until_async(invalidated, timeout=10, what="the feed to drop the answer")
 
 
 async def test_burst_of_a_new_prefix_colocates_through_predictions(

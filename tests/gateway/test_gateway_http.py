@@ -110,8 +110,10 @@ async def test_ops_endpoints_and_models(
         assert [m["id"] for m in (await resp.json())["data"]] == [MODEL]
     async with http.get(gw.url + "/metrics") as resp:
         text = await resp.text()
-        for name in ("cortex_gateway_ready 1.0", 'cortex_gateway_degraded{reason="no_index"} 1.0',
-                     "cortex_gateway_routing_seconds", 'cortex_gateway_worker_healthy{worker="w1"}'):
+        for name in ("cortex_gateway_ready 1.0",
+                     'cortex_gateway_degraded{reason="no_index"} 1.0',
+                     "cortex_gateway_routing_seconds",
+                     'cortex_gateway_worker_healthy{worker="w1"}'):
             assert name in text
 
 
@@ -278,3 +280,38 @@ async def test_block_size_mismatch_is_reported(
     await wait_until_async(reported, timeout=5, what="the mismatch metric")
     async with http.post(gw.url + "/v1/chat/completions", json=chat("still routed")) as resp:
         assert resp.status == 200  # load-only routing still serves it
+
+
+async def test_vllm_workers_are_served_and_their_load_polled(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim(engine="vllm")
+    model = ModelConfig(name=MODEL, block_size=BLOCK, engine="vllm")  # type: ignore[arg-type]
+    gw = await start_gateway([spec_of(sim, "v1")], models=(model,))
+    async with http.post(gw.url + "/v1/chat/completions",
+                         json=chat("hello vllm", stream=True)) as resp:
+        assert resp.status == 200 and resp.headers["x-cortex-assigned-worker"] == "v1"
+        assert (await sse_events(resp))[-1] == "[DONE]"
+    async with http.get(gw.url + "/admin/workers", headers=ADMIN) as resp:
+        (worker,) = (await resp.json())["workers"]
+    assert worker["engine"] == "vllm" and worker["engine_waiting"] is not None
+
+
+async def test_index_without_ready_ledgers_is_reported(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+    index_server: Any,
+) -> None:
+    sim = await start_sim()
+    gw = await start_gateway([spec_of(sim, "w1")],
+                             index=IndexConfig(targets=(index_server.target,),
+                                               workers_poll_s=0.1))
+
+    async def no_ready_ledger() -> bool:
+        async with http.get(gw.url + "/health/ready") as resp:
+            body = await resp.json()
+            return resp.status == 200 and body["degraded"] == ["no_ready_ledger"]
+
+    await wait_until_async(no_ready_ledger, timeout=5, what="no_ready_ledger in readiness")
+    async with http.post(gw.url + "/v1/chat/completions", json=chat("q " * 40)) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-cortex-match-reason"] == "no_ready_ledger"

@@ -37,7 +37,8 @@ def test_breaker_opens_half_opens_and_closes() -> None:
         breaker.on_failure()
     assert breaker.state is BreakerState.OPEN and not breaker.allows()
     clock.now = 5.0
-    assert breaker.state is BreakerState.HALF_OPEN and breaker.allows()
+    state: BreakerState = breaker.state
+    assert state is BreakerState.HALF_OPEN and breaker.allows()
     breaker.on_attempt()
     assert not breaker.allows()  # one trial at a time
     breaker.on_success()
@@ -48,7 +49,8 @@ def test_breaker_opens_half_opens_and_closes() -> None:
     for _ in range(2):
         breaker.on_attempt()
         breaker.on_success()
-    assert breaker.state is BreakerState.CLOSED
+    final: BreakerState = breaker.state
+    assert final is BreakerState.CLOSED
 
 
 def test_breaker_forgets_old_failures() -> None:
@@ -162,9 +164,9 @@ def test_good_requests() -> None:
         "model": "n", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "stream_options": {"include_usage": True}, "tools": [{"type": "function"}],
         "continue_final_message": True}, CONFIG)
-    assert chat.model.name == "n" and chat.stream and chat.wants_usage  # type: ignore[union-attr]
-    assert chat.prompt.add_generation_prompt is False  # type: ignore[union-attr]
-    assert chat.prompt.template_kwargs == {"tools": [{"type": "function"}]}  # type: ignore[union-attr]
+    assert chat.model.name == "n" and chat.stream and chat.wants_usage
+    assert chat.prompt.add_generation_prompt is False
+    assert chat.prompt.template_kwargs == {"tools": [{"type": "function"}]}
     batch = parse_request(Endpoint.COMPLETIONS, {"model": "m", "prompt": [[5, 6], [7]]}, CONFIG)
     assert batch.prompt.kind is PromptKind.TOKENS and batch.prompt.token_ids == (5, 6)
     gen = parse_request(Endpoint.GENERATE, {"text": ["a", "b"]}, CONFIG)

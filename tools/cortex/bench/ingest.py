@@ -130,9 +130,15 @@ class Bench:
         return None
 
     def holds(self, worker_id: str, expected: set[int]) -> bool:
-        return self.state(worker_id) is IndexState.READY and self.keys(worker_id) == expected
+        """READY and exactly ``expected`` (the cheap block count is checked first)."""
+        for view in self.index.core.workers():
+            if view.source == Source(worker_id, 0):
+                if view.state is not IndexState.READY or view.blocks != len(expected):
+                    return False
+                return self.keys(worker_id) == expected
+        return False
 
-    async def until(self, predicate: Any, timeout: float, step: float = 0.005) -> float:
+    async def until(self, predicate: Any, timeout: float, step: float = 0.01) -> float:
         """Seconds until ``predicate()`` holds (``TimeoutError`` after ``timeout``)."""
         start = time.perf_counter()
         while not predicate():

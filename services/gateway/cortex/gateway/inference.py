@@ -124,9 +124,10 @@ async def _race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) ->
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
     try:
         await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # the server is going away: clean up, then go too
         task.cancel()
         watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
         raise
     watcher.cancel()
     if task.done():

@@ -9,6 +9,8 @@ engine caches them all once the prompt is processed).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import random
 import time
@@ -30,7 +32,10 @@ from cortex.gateway.scoring import Candidate, Decision, Reason, decide
 from cortex.gateway.tokenize import PromptTokenizer, TemplateError
 from cortex.hashing import HashDomain
 
-__all__ = ["Matcher", "Routed", "Router", "StageTimings"]
+__all__ = ["OFFLOAD_CHARS", "Matcher", "Routed", "Router", "StageTimings"]
+
+OFFLOAD_CHARS = 65_536
+"""Prompt text length (characters, ~16k tokens) above which encoding leaves the event loop."""
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +111,19 @@ class Router:
         self._rng = random.Random()
         self._domain_ids = {m.name: f"{m.domain.model}/{m.block_size}/{m.engine.value}"
                             for m in config.models}
+        # one thread: long prompts are encoded in order, off the event loop
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="cortex-tokenize")
+        for tokenizer in tokenizers.values():
+            tokenizer.observer = self._observe_segments
 
     # ---- tokens ----
 
-    def tokens(self, req: InferenceRequest) -> list[int]:
+    async def tokens(self, req: InferenceRequest) -> list[int]:
         """The exact prompt token ids the engine will see (first prompt of a batch).
 
+        Prompts over ``OFFLOAD_CHARS`` characters are encoded on a worker thread (the
+        tokenizer releases the GIL) so one huge prompt does not stall every other request.
         Raises :class:`ClientError` when the chat template rejects the messages or the
         prompt exceeds the model's limit.
         """
@@ -120,8 +132,6 @@ class Router:
             ids = list(prompt.token_ids)
         else:
             tokenizer = self.tokenizers[req.model.name]
-            stats = tokenizer.cache.stats
-            hits, misses = stats.hits, stats.misses
             if prompt.kind is PromptKind.CHAT:
                 try:
                     text = tokenizer.render(prompt.messages, prompt.add_generation_prompt,
@@ -129,14 +139,14 @@ class Router:
                 except TemplateError as exc:
                     raise ClientError(f"messages cannot be rendered: {exc}",
                                       code=ErrorCode.INVALID_REQUEST, param="messages") from None
-                ids = tokenizer.encode_chat(text)
+                encode = tokenizer.encode_chat
             else:
-                ids = tokenizer.encode_text(prompt.text)
-            m = self.metrics
-            if stats.hits - hits:
-                m.child(m.tokenize_cache, "hit").inc(stats.hits - hits)
-            if stats.misses - misses:
-                m.child(m.tokenize_cache, "miss").inc(stats.misses - misses)
+                text, encode = prompt.text, tokenizer.encode_text
+            if len(text) > OFFLOAD_CHARS:
+                loop = asyncio.get_running_loop()
+                ids = await loop.run_in_executor(self._executor, encode, text)
+            else:
+                ids = encode(text)
         limit = req.model.max_prompt_tokens
         if limit is not None and len(ids) > limit:
             raise ClientError(
@@ -144,6 +154,17 @@ class Router:
                 code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages"
                 if prompt.kind is PromptKind.CHAT else "prompt")
         return ids
+
+    def _observe_segments(self, hits: int, misses: int) -> None:
+        m = self.metrics
+        if hits:
+            m.child(m.tokenize_cache, "hit").inc(hits)
+        if misses:
+            m.child(m.tokenize_cache, "miss").inc(misses)
+
+    def close(self) -> None:
+        """Stop the tokenizer thread (waits for a running encode)."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
     # ---- routing ----
 
@@ -156,7 +177,7 @@ class Router:
         """
         model = req.model
         t0 = time.perf_counter()
-        ids = self.tokens(req)
+        ids = await self.tokens(req)
         t1 = time.perf_counter()
         keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
         query_blocks = max(len(ids) - 1, 0) // model.block_size

@@ -151,6 +151,8 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._stack.aclose()
+        if self.router is not None:
+            self.router.close()
 
     # ---- registry → pool ----
 

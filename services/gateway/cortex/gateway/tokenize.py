@@ -24,8 +24,9 @@ import copy
 import functools
 import json
 import re
+import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,32 +48,37 @@ class TokenizerStats:
 
 
 class SegmentCache:
-    """LRU of ``(piece, starts_text) → token ids``, bounded by the total cached tokens."""
+    """LRU of ``(piece, starts_text) → token ids``, bounded by the total cached tokens.
+
+    Thread-safe: long prompts are encoded off the event loop."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
         self.tokens = 0
         self.stats = TokenizerStats()
         self._entries: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: tuple[str, bool]) -> list[int] | None:
-        ids = self._entries.get(key)
-        if ids is None:
-            self.stats.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.stats.hits += 1
-        return ids
+        with self._lock:
+            ids = self._entries.get(key)
+            if ids is None:
+                self.stats.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.stats.hits += 1
+            return ids
 
     def put(self, key: tuple[str, bool], ids: list[int]) -> None:
-        if len(ids) > self.max_tokens or key in self._entries:
-            return
-        self._entries[key] = ids
-        self.tokens += len(ids)
-        while self.tokens > self.max_tokens:
-            _, old = self._entries.popitem(last=False)
-            self.tokens -= len(old)
-            self.stats.evictions += 1
+        with self._lock:
+            if len(ids) > self.max_tokens or key in self._entries:
+                return
+            self._entries[key] = ids
+            self.tokens += len(ids)
+            while self.tokens > self.max_tokens:
+                _, old = self._entries.popitem(last=False)
+                self.tokens -= len(old)
+                self.stats.evictions += 1
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -201,8 +207,11 @@ class PromptTokenizer:
     :meth:`encode_chat` and :meth:`encode_text` return exactly what
     ``ChatTokenizer.encode_prompt(render(...))`` and ``ChatTokenizer.encode_text`` return
     (the sim's and the engine's tokenization), only faster on repeated segments.
-    Synchronous and CPU-bound (~1 µs per uncached token); not thread-safe.
+    Synchronous and CPU-bound (~1 µs per uncached token); safe to call from several threads.
+    ``observer(hits, misses)``, when set, receives each call's segment-cache outcome.
     """
+
+    observer: Callable[[int, int], None] | None = None
 
     def __init__(self, chat: ChatTokenizer, cache_tokens: int = 1_000_000) -> None:
         self.chat = chat
@@ -251,27 +260,31 @@ class PromptTokenizer:
 
     def _encode(self, text: str, add_special: bool) -> list[int]:
         if self._splitter is None:
-            ids: list[int] = self._tok.encode(text, add_special_tokens=add_special).ids
-            return ids
+            whole: list[int] = self._tok.encode(text, add_special_tokens=add_special).ids
+            return whole
         out: list[int] = list(self._prefix) if add_special else []
         first = True
+        hits = misses = 0
+        cache = self.cache
         for piece, token_id in self._splitter.split(text):
             if token_id is not None:
                 out.append(token_id)
             else:
-                out.extend(self._piece(piece, first))
+                key = (piece, first)
+                cached = cache.get(key)
+                if cached is None:
+                    misses += 1
+                    cached = self._tok.encode(piece, add_special_tokens=False).ids
+                    cache.put(key, cached)
+                else:
+                    hits += 1
+                out.extend(cached)
             first = False
         if add_special:
             out.extend(self._suffix)
+        if self.observer is not None:
+            self.observer(hits, misses)
         return out
-
-    def _piece(self, piece: str, first: bool) -> list[int]:
-        key = (piece, first)
-        ids = self.cache.get(key)
-        if ids is None:
-            ids = self._tok.encode(piece, add_special_tokens=False).ids
-            self.cache.put(key, ids)
-        return ids
 
     def __repr__(self) -> str:
         return f"PromptTokenizer({self.chat!r}, segmented={self.segmented}, {self.cache!r})"

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
 
 from cortex.hashing import Engine
 from cortex.registry import (
@@ -91,8 +91,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _fail(message: str, code: int, out: TextIO = sys.stderr) -> int:
-    print(f"error: {message}", file=out)
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
     return code
 
 

@@ -37,7 +37,6 @@ from cortex.ingest.errors import ConfigError, IndexUnavailable
 from cortex.ingest.ops import (
     Clear,
     Drop,
-    LedgerState,
     Op,
     Remove,
     Reset,
@@ -305,10 +304,9 @@ class IndexForwarder:
         for source, domain, reason in self.ledgers.tombstones():
             if source in self._dirty:
                 continue
+            # A removal applies in any epoch (forgetting only under-estimates).
             encoder = UpdateEncoder(source, domain)
-            epoch = self.epochs.next()
-            self._outbox.append(encoder.snapshot(epoch, 0, [], [], LedgerState.REMOVED, reason))
-            self._outbox.append(encoder.remove_source(epoch, 1, reason))
+            self._outbox.append(encoder.remove_source(self.epochs.next(), 0, reason))
         log.info("index %s: Sync stream open; sending %d snapshots", self.target,
                  len(self._dirty))
         self._wake.set()

@@ -95,9 +95,10 @@ class Ledger:
 
     def _forget(self, engine_hash: BlockHash) -> int | None:
         """Remove the hash entirely; return its key if the key is no longer held."""
-        self._dup_hash.pop(engine_hash, None)
+        if self._dup_hash:
+            self._dup_hash.pop(engine_hash, None)
         key = self._key_of.pop(engine_hash)
-        extra = self._dup_key.get(key)
+        extra = self._dup_key.get(key) if self._dup_key else None
         if extra:
             if extra == 1:
                 del self._dup_key[key]

@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
 import xxhash
 
-from cortex.hashing import Engine, HashDomain, block_keys
+from cortex.hashing import Engine, HashDomain
 from cortex.ingest.alignment import AUTO, AlignmentChecker
 from cortex.ingest.codec import (
     AllBlocksCleared,
@@ -45,7 +45,7 @@ from cortex.ingest.codec import (
     EventBatch,
     decode_batch,
 )
-from cortex.ingest.ledger import Ledger
+from cortex.ingest.keymap import KeyMapper, Misaligned
 from cortex.ingest.ops import (
     Clear,
     Drop,
@@ -58,6 +58,7 @@ from cortex.ingest.ops import (
     SourceId,
     Store,
 )
+from cortex.ingest.stats import SourceStats, bump
 
 __all__ = [
     "AbortReplay",
@@ -72,7 +73,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_DEVICE_MEDIA: Final = frozenset({None, "GPU", "gpu", "cuda", "CUDA"})
 _digest: Final = xxhash.xxh3_64_intdigest
 
 
@@ -121,37 +121,6 @@ class AbortReplay:
 Command = StartReplay | AbortReplay
 
 
-@dataclass(slots=True)
-class SourceStats:
-    """Plain counters, read by the metrics collector at scrape time (no hot-path cost)."""
-
-    messages: int = 0  # live messages received
-    replayed: int = 0  # replay messages received
-    batches: int = 0  # batches applied
-    duplicates: int = 0
-    decode_errors: int = 0
-    unknown_events: int = 0  # event tags the codec does not know
-    events: dict[str, int] = field(default_factory=dict)  # by event type
-    blocks: dict[str, int] = field(default_factory=dict)  # "stored" / "removed"
-    gaps: int = 0
-    seq_resets: int = 0
-    replays: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, outcome)
-    clears: dict[str, int] = field(default_factory=dict)  # by reason
-    unknown_parent_blocks: int = 0
-    unknown_removed_blocks: int = 0
-    ignored_blocks: dict[str, int] = field(default_factory=dict)  # by reason
-    alignment_checks: int = 0
-    alignment_mismatches: dict[str, int] = field(default_factory=dict)  # by cause
-    transitions: dict[tuple[str, str], int] = field(default_factory=dict)
-    rank_mismatches: int = 0
-    last_batch_ts: float | None = None
-    last_lag_s: float | None = None
-
-
-def _bump(counter: dict[str, int], key: str, amount: int = 1) -> None:
-    counter[key] = counter.get(key, 0) + amount
-
-
 class ReplayKind(StrEnum):
     """Why a replay was asked for (a metric label)."""
 
@@ -189,14 +158,22 @@ class SourceTracker:
         self._clock = clock
         self.state = LedgerState.SYNCING
         self.reason = "connecting"
-        self.ledger = Ledger()
         self.stats = SourceStats()
-        self.block_size: int | None = config.block_size
-        self.domain: HashDomain | None = (
-            HashDomain(config.model, config.block_size, config.engine)
-            if config.block_size is not None
-            else None
+        self.keymap = KeyMapper(
+            source,
+            engine=config.engine,
+            model=config.model,
+            block_size=config.block_size,
+            stats=self.stats,
+            alignment=(
+                AlignmentChecker(config.engine, hash_algo=config.hash_algo,
+                                 hash_seed=config.hash_seed)
+                if config.align_every
+                else None
+            ),
+            align_every=config.align_every,
         )
+        self.ledger = self.keymap.ledger
         self.expected: int | None = None  # next seq needed; None: no history to continue
         self._announced = False  # the index has heard of this source (needs a domain)
         self._removed = False
@@ -206,13 +183,6 @@ class SourceTracker:
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> payload digest
         self._ops: list[Op] = []
         self._commands: list[Command] = []
-        self._align = (
-            AlignmentChecker(config.engine, hash_algo=config.hash_algo, hash_seed=config.hash_seed)
-            if config.align_every
-            else None
-        )
-        self._chain_starts = 0
-        self._mismatch_logged: set[str] = set()
         self._decode_error_logged = False
 
     def __repr__(self) -> str:
@@ -232,6 +202,11 @@ class SourceTracker:
     def take_commands(self) -> list[Command]:
         commands, self._commands = self._commands, []
         return commands
+
+    @property
+    def domain(self) -> HashDomain | None:
+        """The hash domain, once the block size is known."""
+        return self.keymap.domain
 
     @property
     def replaying(self) -> bool:
@@ -495,122 +470,42 @@ class SourceTracker:
         if batch.dp_rank is not None and batch.dp_rank != self.source.dp_rank:
             stats.rank_mismatches += 1
         events = stats.events
+        keymap = self.keymap
+        ops = self._ops
         for event in batch.events:
             if type(event) is BlockStored:
                 events["BlockStored"] = events.get("BlockStored", 0) + 1
-                self._stored(event)
+                placed = keymap.stored(event)
+                if placed is None:
+                    continue
+                if type(placed) is Misaligned:
+                    self._reset("misaligned", LedgerState.MISALIGNED, placed.reason)
+                    ops = self._ops
+                    continue
+                assert type(placed) is Store
+                if not self._announced:
+                    self._announce()  # the block size was just learned
+                last = ops[-1] if ops else None
+                if type(last) is Store and last.keys[-1] == placed.parent_key:
+                    last.keys.extend(placed.keys)  # the chain goes on: one update, not two
+                else:
+                    ops.append(placed)
             elif type(event) is BlockRemoved:
                 events["BlockRemoved"] = events.get("BlockRemoved", 0) + 1
-                self._removed_blocks(event)
+                dead = keymap.removed(event)
+                if dead and self._announced:
+                    last = ops[-1] if ops else None
+                    if type(last) is Remove:
+                        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
+                    else:
+                        ops.append(Remove(dead))
             elif type(event) is AllBlocksCleared:
-                _bump(events, "AllBlocksCleared")
-                _bump(stats.clears, "all_blocks_cleared")
+                bump(events, "AllBlocksCleared")
+                bump(stats.clears, "all_blocks_cleared")
                 if len(self.ledger):
                     self.ledger.clear()
                     if self._announced:
-                        self._ops.append(Clear("all_blocks_cleared"))
-
-    def _ignore(self, reason: str, blocks: int) -> None:
-        _bump(self.stats.ignored_blocks, reason, blocks)
-
-    def _stored(self, event: BlockStored) -> None:
-        hashes = event.block_hashes
-        count = len(hashes)
-        _bump(self.stats.blocks, "stored", count)
-        if event.medium not in _DEVICE_MEDIA:
-            return self._ignore("medium", count)
-        if event.group_idx:
-            return self._ignore("group", count)
-        size = event.block_size
-        if size <= 0 or not event.token_ids:
-            return self._ignore("placeholder", count)
-        if self.state is LedgerState.MISALIGNED:
-            return self._ignore("misaligned", count)
-        if not self._check_block_size(size):
-            return self._ignore("misaligned", count)
-        if len(event.token_ids) != count * size:
-            return self._ignore("token_count", count)
-        domain = self.domain
-        assert domain is not None  # set by _check_block_size
-        parent_hash = event.parent_block_hash
-        if parent_hash is None:
-            extras = _chain_extras(event, self.config.engine)
-            if isinstance(extras, str):
-                return self._ignore(extras, count)
-            parent = domain.root_key(*extras)
-            if self._align is not None:
-                self._maybe_check_alignment(event)
-        else:
-            if event.extra_keys is not None and _has_foreign_extras(event):
-                return self._ignore("extra_keys", count)
-            found = self.ledger.key_of(parent_hash)
-            if found is None:
-                self.stats.unknown_parent_blocks += count
-                return None
-            parent = found
-        keys = block_keys(event.token_ids, size, parent)
-        self.ledger.store(hashes, keys, parent)
-        self._ops.append(Store(parent, keys))
-        return None
-
-    def _removed_blocks(self, event: BlockRemoved) -> None:
-        count = len(event.block_hashes)
-        _bump(self.stats.blocks, "removed", count)
-        if event.medium not in _DEVICE_MEDIA:
-            return self._ignore("medium", count)
-        if event.group_idx:
-            return self._ignore("group", count)
-        dead, unknown = self.ledger.remove(event.block_hashes)
-        if unknown:
-            self.stats.unknown_removed_blocks += unknown
-        if dead and self._announced:
-            self._ops.append(Remove(dead))
-        return None
-
-    def _check_block_size(self, size: int) -> bool:
-        """Learn the block size from the first store, or confirm it; a disagreement turns
-        exact routing off for this source (MISALIGNED)."""
-        if self.block_size is None:
-            self.block_size = size
-            self.domain = HashDomain(self.config.model, size, self.config.engine)
-            log.info(
-                "learned block size %d for source=%s", size, self.source,
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
-            )
-            self._announce()
-            return True
-        if size == self.block_size:
-            return True
-        configured = "registry" if self.config.block_size is not None else "first events"
-        reason = f"block size: events say {size}, {configured} says {self.block_size}"
-        log.error(
-            "MISALIGNED source=%s: %s; exact KV routing off for this worker",
-            self.source, reason,
-            extra={"worker": self.source.worker_id, "source": str(self.source)},
-        )
-        _bump(self.stats.alignment_mismatches, "block_size")
-        self._reset("misaligned", LedgerState.MISALIGNED, reason)
-        return False
-
-    def _maybe_check_alignment(self, event: BlockStored) -> None:
-        assert self._align is not None
-        self._chain_starts += 1
-        if (self._chain_starts - 1) % self.config.align_every:
-            return
-        outcome = self._align.check(event)
-        if outcome is None:
-            return
-        self.stats.alignment_checks += 1
-        if outcome.cause is None:
-            return
-        _bump(self.stats.alignment_mismatches, outcome.cause.value)
-        if outcome.cause.value not in self._mismatch_logged:
-            self._mismatch_logged.add(outcome.cause.value)
-            log.warning(
-                "alignment mismatch source=%s likely cause=%s: %s",
-                self.source, outcome.cause.value, outcome.detail,
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
-            )
+                        ops.append(Clear("all_blocks_cleared"))
 
     # ---- state ------------------------------------------------------------------------
 
@@ -641,7 +536,7 @@ class SourceTracker:
         if state is None:
             keep = (LedgerState.SYNCING, LedgerState.MISALIGNED)
             state = self.state if self.state in keep else LedgerState.READY
-        _bump(self.stats.clears, why)
+        bump(self.stats.clears, why)
         self.ledger.clear()
         self._applied_since_reset = 0
         if state is not self.state:
@@ -650,46 +545,3 @@ class SourceTracker:
         self.state, self.reason = state, reason or why
         if self._announced:
             self._ops.append(Reset(state, self.reason))
-
-
-def _chain_extras(event: BlockStored, engine: Engine) -> tuple[str | None, str | None] | str:
-    """``(lora_name, cache_salt)`` a chain start is rooted at, or the reason it cannot be
-    placed: keys are computed from tokens, so extra inputs the gateway cannot reproduce
-    (multimodal hashes, a LoRA known only by id) must not produce keys at all."""
-    lora = event.lora_name
-    if event.lora_id is not None and not lora:
-        return "lora_without_name"
-    salt = event.cache_salt
-    extras = event.extra_keys
-    if extras:
-        first = extras[0]
-        leftover = [key for key in _keys_of(first) if key != lora]
-        if engine is Engine.VLLM and salt is None and len(leftover) == 1 and isinstance(
-            leftover[0], str
-        ):
-            salt = leftover[0]  # vLLM puts the cache salt into block 0's extra keys
-            leftover = []
-        if leftover or _has_foreign_extras(event, skip_first=True):
-            return "extra_keys"
-    return lora, salt
-
-
-def _has_foreign_extras(event: BlockStored, *, skip_first: bool = False) -> bool:
-    """Any block's extra keys beyond the LoRA name (multimodal ids, prompt embeds)."""
-    extras = event.extra_keys or ()
-    lora = event.lora_name
-    for index, keys in enumerate(extras):
-        if skip_first and index == 0:
-            continue
-        if any(key != lora for key in _keys_of(keys)):
-            return True
-    return False
-
-
-def _keys_of(block_extras: object) -> tuple[object, ...]:
-    """One block's extra keys as a tuple (the codec decodes arrays as tuples; nil is none)."""
-    if block_extras is None:
-        return ()
-    if isinstance(block_extras, tuple):
-        return block_extras
-    return (block_extras,)

@@ -39,9 +39,14 @@ _SNAPSHOT = 14
 _REMOVE_SOURCE = 15
 
 
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
 def _varint(value: int) -> bytes:
     if value < 0x80:
-        return bytes((value,))
+        return _SMALL[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -75,7 +80,7 @@ _TAG_UPDATE = _tag(2, _LEN)
 class UpdateEncoder:
     """Encodes ``LedgerUpdate`` messages of one source in one domain."""
 
-    __slots__ = ("_prefix", "domain", "source")
+    __slots__ = ("_epoch", "_prefix", "domain", "source")
 
     def __init__(self, source: SourceId, domain: HashDomain) -> None:
         self.source = source
@@ -87,16 +92,21 @@ class UpdateEncoder:
             + _uint_field(3, _ENGINE_KIND[domain.engine])
         )
         self._prefix = _len_field(1, source_msg) + _len_field(2, domain_msg)
+        self._epoch: tuple[int, bytes] = (-1, b"")  # the last epoch and its varint
 
     def __repr__(self) -> str:
         return f"UpdateEncoder({self.source}, {self.domain})"
 
     def _update(self, epoch: int, seq: int, op_field: int, body: bytes) -> bytes:
+        cached, encoded = self._epoch
+        if cached != epoch:
+            encoded = _varint(epoch)
+            self._epoch = (epoch, encoded)
         return b"".join(
             (
                 self._prefix,
                 _TAG_EPOCH,
-                _varint(epoch),
+                encoded,
                 _TAG_SEQ,
                 _varint(seq),
                 _tag(op_field, _LEN),

@@ -1,0 +1,223 @@
+"""``KeyMapper``: decoded events of one source → Cortex keys in its :class:`Ledger`.
+
+A ``BlockStored`` is placed by computing the Cortex keys of its ``token_ids``, chained from
+its parent's key (found through the engine hash → key map) or, for a chain start, from the
+domain's root key with the request's LoRA name / cache salt (spec kv-events.md §4). What the
+gateway could not reproduce is counted and never guessed:
+
+- a parent the ledger does not hold (``unknown_parent_blocks``);
+- tiers other than device memory, KV-cache groups > 0, placeholder stores (``token_ids=[]``),
+  a token count that is not blocks x block size, extra keys other than the LoRA name and a
+  vLLM cache salt (multimodal ids), a LoRA known only by id (``ignored_blocks`` by reason).
+
+The block size comes from the registry or, if unset, from the first store; a store with
+another block size makes the source MISALIGNED (exact routing off). Sampled chain starts are
+checked against the engine's own hash (:mod:`cortex.ingest.alignment`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from cortex.hashing import Engine, HashDomain, block_keys
+from cortex.ingest.alignment import AlignmentChecker
+from cortex.ingest.codec import BlockRemoved, BlockStored
+from cortex.ingest.ledger import Ledger
+from cortex.ingest.ops import SourceId, Store
+from cortex.ingest.stats import SourceStats, bump
+
+__all__ = ["KeyMapper", "Misaligned"]
+
+log = logging.getLogger(__name__)
+
+_DEVICE_MEDIA: Final = frozenset({None, "GPU", "gpu", "cuda", "CUDA"})
+
+
+@dataclass(frozen=True, slots=True)
+class Misaligned:
+    """The store's block size disagrees with the domain's: ``reason`` says how."""
+
+    reason: str
+
+
+class KeyMapper:
+    """Engine hash → Cortex key for one source."""
+
+    def __init__(
+        self,
+        source: SourceId,
+        *,
+        engine: Engine,
+        model: str,
+        block_size: int | None,
+        stats: SourceStats,
+        alignment: AlignmentChecker | None = None,
+        align_every: int = 64,
+    ) -> None:
+        self.source = source
+        self.engine = Engine(engine)
+        self.model = model
+        self.configured_block_size = block_size
+        self.block_size = block_size
+        self.domain = HashDomain(model, block_size, engine) if block_size is not None else None
+        self.ledger = Ledger()
+        self.stats = stats
+        self.misaligned = False
+        self._align = alignment
+        self._align_every = max(1, align_every)
+        self._chain_starts = 0
+        self._mismatch_logged: set[str] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyMapper({self.source}, domain={self.domain}, blocks={len(self.ledger)},"
+            f" misaligned={self.misaligned})"
+        )
+
+    def _extra(self) -> dict[str, str]:
+        return {"worker": self.source.worker_id, "source": str(self.source)}
+
+    def _ignore(self, reason: str, blocks: int) -> None:
+        bump(self.stats.ignored_blocks, reason, blocks)
+
+    def stored(self, event: BlockStored) -> Store | Misaligned | None:
+        """Place a store: the ``Store`` op to emit, ``Misaligned``, or ``None`` (counted)."""
+        hashes = event.block_hashes
+        count = len(hashes)
+        bump(self.stats.blocks, "stored", count)
+        if event.medium not in _DEVICE_MEDIA:
+            self._ignore("medium", count)
+            return None
+        if event.group_idx:
+            self._ignore("group", count)
+            return None
+        size = event.block_size
+        if size <= 0 or not event.token_ids:
+            self._ignore("placeholder", count)
+            return None
+        if self.misaligned:
+            self._ignore("misaligned", count)
+            return None
+        if size != self.block_size:
+            misaligned = self._learn_block_size(size)
+            if misaligned is not None:
+                self._ignore("misaligned", count)
+                return misaligned
+        if len(event.token_ids) != count * size:
+            self._ignore("token_count", count)
+            return None
+        domain = self.domain
+        assert domain is not None  # the block size is known by now
+        parent_hash = event.parent_block_hash
+        if parent_hash is None:
+            extras = _chain_extras(event, self.engine)
+            if isinstance(extras, str):
+                self._ignore(extras, count)
+                return None
+            parent = domain.root_key(*extras)
+            if self._align is not None:
+                self._maybe_check_alignment(event)
+        else:
+            if event.extra_keys is not None and _has_foreign_extras(event):
+                self._ignore("extra_keys", count)
+                return None
+            found = self.ledger.key_of(parent_hash)
+            if found is None:
+                self.stats.unknown_parent_blocks += count
+                return None
+            parent = found
+        keys = block_keys(event.token_ids, size, parent)
+        self.ledger.store(hashes, keys, parent)
+        return Store(parent, keys)
+
+    def removed(self, event: BlockRemoved) -> list[int]:
+        """Apply a removal; the keys no longer held."""
+        count = len(event.block_hashes)
+        bump(self.stats.blocks, "removed", count)
+        if event.medium not in _DEVICE_MEDIA:
+            self._ignore("medium", count)
+            return []
+        if event.group_idx:
+            self._ignore("group", count)
+            return []
+        dead, unknown = self.ledger.remove(event.block_hashes)
+        if unknown:
+            self.stats.unknown_removed_blocks += unknown
+        return dead
+
+    def _learn_block_size(self, size: int) -> Misaligned | None:
+        """Learn the block size from the first store; any later disagreement misaligns."""
+        if self.block_size is None:
+            self.block_size = size
+            self.domain = HashDomain(self.model, size, self.engine)
+            log.info("learned block size %d for source=%s", size, self.source,
+                     extra=self._extra())
+            return None
+        configured = "registry" if self.configured_block_size is not None else "first events"
+        reason = f"block size: events say {size}, {configured} says {self.block_size}"
+        log.error("MISALIGNED source=%s: %s; exact KV routing off for this worker",
+                  self.source, reason, extra=self._extra())
+        bump(self.stats.alignment_mismatches, "block_size")
+        self.misaligned = True
+        self.ledger.clear()
+        return Misaligned(reason)
+
+    def _maybe_check_alignment(self, event: BlockStored) -> None:
+        assert self._align is not None
+        self._chain_starts += 1
+        if (self._chain_starts - 1) % self._align_every:
+            return
+        outcome = self._align.check(event)
+        if outcome is None:
+            return
+        self.stats.alignment_checks += 1
+        if outcome.cause is None:
+            return
+        bump(self.stats.alignment_mismatches, outcome.cause.value)
+        if outcome.cause.value not in self._mismatch_logged:
+            self._mismatch_logged.add(outcome.cause.value)
+            log.warning("alignment mismatch source=%s likely cause=%s: %s", self.source,
+                        outcome.cause.value, outcome.detail, extra=self._extra())
+
+
+def _chain_extras(event: BlockStored, engine: Engine) -> tuple[str | None, str | None] | str:
+    """``(lora_name, cache_salt)`` a chain start is rooted at, or the reason it cannot be
+    placed: keys are computed from tokens, so extra inputs the gateway cannot reproduce
+    (multimodal hashes, a LoRA known only by id) must not produce keys at all."""
+    lora = event.lora_name
+    if event.lora_id is not None and not lora:
+        return "lora_without_name"
+    salt = event.cache_salt
+    extras = event.extra_keys
+    if extras:
+        leftover = [key for key in _keys_of(extras[0]) if key != lora]
+        if engine is Engine.VLLM and salt is None and len(leftover) == 1 and isinstance(
+            leftover[0], str
+        ):
+            salt = leftover[0]  # vLLM puts the cache salt into block 0's extra keys
+            leftover = []
+        if leftover or _has_foreign_extras(event, skip_first=True):
+            return "extra_keys"
+    return lora, salt
+
+
+def _has_foreign_extras(event: BlockStored, *, skip_first: bool = False) -> bool:
+    """Any block's extra keys beyond the LoRA name (multimodal ids, prompt embeds)."""
+    lora = event.lora_name
+    for index, keys in enumerate(event.extra_keys or ()):
+        if skip_first and index == 0:
+            continue
+        if any(key != lora for key in _keys_of(keys)):
+            return True
+    return False
+
+
+def _keys_of(block_extras: object) -> tuple[object, ...]:
+    """One block's extra keys as a tuple (the codec decodes arrays as tuples; nil is none)."""
+    if block_extras is None:
+        return ()
+    if isinstance(block_extras, tuple):
+        return block_extras
+    return (block_extras,)

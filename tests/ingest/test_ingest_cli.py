@@ -1,0 +1,133 @@
+"""``cortex workers`` and ``cortex ingest`` command lines (real Redis for the registry)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from cortex.cli.main import main
+from cortex.ingest.cli import build_config, register
+from cortex.ingest.errors import ConfigError
+from cortex.ingest.shard import ShardSpec, shard_of
+from cortex.testing import RedisServer, free_port
+
+ADD = ["workers", "add", "--id", "w1", "--url", "http://10.0.0.5:30000", "--engine", "sglang",
+       "--model", "qwen", "--kv-events", "tcp://10.0.0.5:5557", "--replay", "tcp://*:5558",
+       "--role", "prefill", "--bootstrap-port", "8998", "--dp-size", "2", "--block-size", "16",
+       "--label", "zone=b", "--topic", "kv"]
+
+
+def listed(redis: RedisServer, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    capsys.readouterr()
+    assert main(["workers", "list", "--redis", redis.url, "--json"]) == 0
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_add_list_rm(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ADD, "--redis", redis_server.url, "--ttl", "30"]) == 0
+    assert "registered w1 (lease 30s)" in capsys.readouterr().out
+    data = listed(redis_server, capsys)
+    (worker,) = data["workers"]  # type: ignore[misc]
+    assert worker["id"] == "w1" and worker["engine"] == "sglang" and worker["dp_size"] == 2
+    assert worker["labels"] == {"zone": "b"} and worker["bootstrap_port"] == 8998
+    assert 0 < worker["ttl_s"] <= 30
+    assert main(["workers", "list", "--redis", redis_server.url]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split()[:3] == ["ID", "ENGINE", "ROLE"]
+    assert "w1" in table and "tcp://10.0.0.5:5557" in table
+    assert main(["workers", "rm", "w1", "--redis", redis_server.url]) == 0
+    assert main(["workers", "rm", "w1", "--redis", redis_server.url]) == 1
+    assert "no worker 'w1'" in capsys.readouterr().err
+    assert listed(redis_server, capsys)["workers"] == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--engine", "tgi"], "unknown engine 'tgi'"),
+        (["--url", "10.0.0.5:30000"], "url:"),
+        (["--kv-events", "tcp://h:70000"], "port 70000"),
+        (["--replay", "tcp://h"], "replay: bad endpoint"),
+        (["--bootstrap-port", "0"], "bootstrap_port"),
+        (["--role", "boss"], "role:"),
+        (["--label", "novalue"], "KEY=VALUE"),
+        (["--ttl", "-1"], "--ttl"),
+    ],
+)
+def test_invalid_specs_write_nothing(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str], change: list[str],
+    message: str,
+) -> None:
+    argv = [*ADD, "--redis", redis_server.url]
+    flag = change[0]
+    if flag in argv:
+        argv[argv.index(flag) + 1] = change[1]
+    else:
+        argv += change
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert listed(redis_server, capsys)["workers"] == []
+
+
+def test_unreachable_redis_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    assert main([*ADD, "--redis", url, "--timeout", "0.3"]) == 1
+    assert "registry unavailable" in capsys.readouterr().err
+    assert main(["workers", "list", "--redis", url, "--timeout", "0.3"]) == 1
+
+
+def test_redis_url_is_required(monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("CORTEX_REDIS_URL", raising=False)
+    assert main(["workers", "list"]) == 2
+    assert "--redis" in capsys.readouterr().err
+
+
+def parse_run(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["ingest", "run", *argv])
+
+
+def test_ingest_run_config_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORTEX_INDEX", "10.0.0.1:50051, 10.0.0.2:50051")
+    config = build_config(parse_run(["--redis", "redis://r:6379/0", "--shard", "1/3",
+                                     "--metrics-port", "-1", "--hash-algo", "sha256_cbor"]))
+    assert [str(t) for t in config.index] == ["10.0.0.1:50051", "10.0.0.2:50051"]
+    assert config.shard == ShardSpec(1, 3) and config.metrics_port is None
+    assert config.ingest_id.startswith("ingest-1of3@")
+    assert config.hash_algo == "sha256_cbor"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--index", "i:1"], "--redis"),
+        (["--redis", "redis://r"], "--index"),
+        (["--redis", "redis://r", "--index", "nohost"], "HOST:PORT"),
+        (["--redis", "redis://r", "--index", "i:1", "--shard", "2/2"], "shard"),
+        (["--redis", "redis://r", "--index", "i:1", "--poll-interval", "5"], "<= 1 s"),
+        (["--redis", "redis://r", "--index", "i:1", "--hash-algo", "md5"], "hash_algo"),
+        (["--redis", "redis://r", "--index", "i:1", "--index", "i:1"], "distinct"),
+    ],
+)
+def test_ingest_run_rejects_bad_settings(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("CORTEX_INDEX", raising=False)
+    monkeypatch.delenv("CORTEX_REDIS_URL", raising=False)
+    with pytest.raises(ConfigError, match=message):
+        build_config(parse_run(argv))
+    assert main(["ingest", "run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_shard_of(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ingest", "shard-of", "--shards", "2", "gpu-0", "gpu-2"]) == 0
+    assert capsys.readouterr().out.split() == ["gpu-0", "1/2", "gpu-2", "0/2"]
+    assert shard_of("gpu-2", 2) == 0
+    assert all(ShardSpec(0, 1).owns(w) for w in ("a", "b"))

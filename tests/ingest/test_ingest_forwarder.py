@@ -1,0 +1,228 @@
+"""IndexForwarder against a recording grpclib server on 127.0.0.1 (real HTTP/2, real gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+
+import betterproto
+import pytest
+from grpclib.server import Server
+
+from cortex.api.index import v1 as pb
+from cortex.hashing import Engine, HashDomain, unpack_keys
+from cortex.ingest.forwarder import (
+    ForwarderConfig,
+    ForwarderState,
+    IndexForwarder,
+    IndexTarget,
+)
+from cortex.ingest.ops import (
+    Clear,
+    Drop,
+    LedgerState,
+    Remove,
+    Reset,
+    SetState,
+    SnapshotView,
+    SourceId,
+    Store,
+)
+from cortex.testing import free_port, wait_until_async
+
+DOMAIN = HashDomain("m", 4, Engine.VLLM)
+A = SourceId("a", 0)
+B = SourceId("b", 1)
+
+
+class Recorder(pb.IndexBase):
+    """Records every LedgerUpdate; replies once per batch, optionally asking for resyncs."""
+
+    def __init__(self) -> None:
+        self.updates: list[pb.LedgerUpdate] = []
+        self.batches = 0
+        self.resync_next: list[SourceId] = []
+        self.streams = 0
+
+    async def sync(
+        self, update_batch_iterator: AsyncIterator[pb.UpdateBatch]
+    ) -> AsyncIterator[pb.SyncReply]:
+        self.streams += 1
+        applied = 0
+        async for batch in update_batch_iterator:
+            self.updates.extend(batch.updates)
+            self.batches += 1
+            applied += 1
+            resync, self.resync_next = self.resync_next, []
+            yield pb.SyncReply(
+                applied_batches=applied, index_id="rec",
+                resync=[pb.Source(worker_id=s.worker_id, dp_rank=s.dp_rank) for s in resync],
+            )
+
+    def of(self, source: SourceId) -> list[tuple[int, int, str, object]]:
+        """(epoch, seq, op name, op) of one source, in arrival order."""
+        out = []
+        for u in self.updates:
+            if (u.source.worker_id, u.source.dp_rank) == source:
+                name, op = betterproto.which_one_of(u, "op")
+                out.append((u.epoch, u.seq, name, op))
+        return out
+
+
+class Ledgers:
+    """The forwarder's view of the ingest: snapshots by source, plus tombstones."""
+
+    def __init__(self) -> None:
+        self.views: dict[SourceId, SnapshotView] = {}
+        self.dead: list[tuple[SourceId, HashDomain, str]] = []
+
+    def live_sources(self) -> Iterable[SourceId]:
+        return list(self.views)
+
+    def snapshot(self, source: SourceId) -> SnapshotView | None:
+        return self.views.get(source)
+
+    def tombstones(self) -> Iterable[tuple[SourceId, HashDomain, str]]:
+        return list(self.dead)
+
+
+def view(keys: list[int], parents: list[int] | None = None) -> SnapshotView:
+    parents = parents if parents is not None else [0, *keys[:-1]]
+    return SnapshotView(DOMAIN, parents, keys, LedgerState.READY, "in sync")
+
+
+@contextlib.asynccontextmanager
+async def serving(recorder: Recorder, port: int) -> AsyncIterator[Server]:
+    server = Server([recorder])
+    await server.start("127.0.0.1", port)
+    try:
+        yield server
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def forwarding(
+    port: int, ledgers: Ledgers, **config: int | float
+) -> AsyncIterator[IndexForwarder]:
+    forwarder = IndexForwarder(
+        IndexTarget("127.0.0.1", port), ingest_id="t", ledgers=ledgers,
+        config=ForwarderConfig(backoff_min_s=0.02, backoff_max_s=0.1, **config),  # type: ignore[arg-type]
+    )
+    task = asyncio.create_task(forwarder.run())
+    try:
+        yield forwarder
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_snapshot_first_then_ordered_updates_and_epochs() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([10, 11])
+    async with serving(recorder, port), forwarding(port, ledgers) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        fwd.publish(A, DOMAIN, [Store(11, [12]), Remove([10]), SetState(LedgerState.STALE, "gap"),
+                                Clear("all_blocks_cleared")])
+        fwd.publish(B, DOMAIN, [Reset(LedgerState.SYNCING, "connecting"), Store(0, [7])])
+        fwd.publish(A, DOMAIN, [Reset(LedgerState.READY, "seq_reset"), Drop("gone")])
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    a = recorder.of(A)
+    assert [name for _, _, name, _ in a] == [
+        "snapshot", "store", "remove", "state", "clear", "snapshot", "remove_source"]
+    first_epoch = a[0][0]
+    assert [seq for epoch, seq, _, _ in a[:5]] == [0, 1, 2, 3, 4]
+    assert all(epoch == first_epoch for epoch, _, _, _ in a[:5])
+    assert a[5][0] > first_epoch and a[5][1] == 0 and a[6][:2] == (a[5][0], 1)
+    snap = a[0][3]
+    assert unpack_keys(snap.keys_le) == [10, 11]  # type: ignore[attr-defined]
+    assert unpack_keys(a[1][3].keys_le) == [12]  # type: ignore[attr-defined]
+    b = recorder.of(B)
+    assert [name for _, _, name, _ in b] == ["snapshot", "store"]
+    assert b[0][3].state == pb.LedgerState.SYNCING  # type: ignore[attr-defined]
+
+
+async def test_resync_request_gets_a_fresh_snapshot() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    ledgers.views[B] = view([2])
+    async with serving(recorder, port), forwarding(port, ledgers) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        recorder.resync_next = [B]
+        ledgers.views[B] = view([2, 3])
+        fwd.publish(A, DOMAIN, [Store(1, [4])])
+        await wait_until_async(lambda: fwd.idle and fwd.resync_requests == 1, timeout=10)
+    snapshots = [(e, op) for e, _, name, op in recorder.of(B) if name == "snapshot"]
+    assert len(snapshots) == 2 and snapshots[1][0] > snapshots[0][0]
+    assert unpack_keys(snapshots[1][1].keys_le) == [2, 3]  # type: ignore[attr-defined]
+    assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot", "store"]
+
+
+async def test_a_full_queue_turns_into_a_snapshot_not_unbounded_memory() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    async with serving(recorder, port), forwarding(port, ledgers, queue_max_updates=8) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        for key in range(100, 150):  # no await in between: the sender cannot drain
+            ledgers.views[A] = view(list(range(100, key + 1)))
+            fwd.publish(A, DOMAIN, [Store(key - 1, [key])])
+            assert fwd.queue_depth <= 8
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    assert fwd.overflows >= 1
+    ops = recorder.of(A)
+    last_snapshot = max(i for i, (_, _, name, _) in enumerate(ops) if name == "snapshot")
+    assert last_snapshot > 0
+    assert unpack_keys(ops[last_snapshot][3].keys_le) == list(range(100, 150))  # type: ignore[attr-defined]
+    assert all(name == "store" for _, _, name, _ in ops[last_snapshot + 1:])
+
+
+async def test_large_snapshots_are_chunked_into_chains() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    keys = list(range(1, 26))
+    parents = [0, *keys[:9], 0, *keys[10:24]]  # two chains: 1..10 and 11..25
+    ledgers.views[A] = view(keys, parents)
+    async with serving(recorder, port), forwarding(port, ledgers, snapshot_chunk_keys=4) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    ops = recorder.of(A)
+    assert ops[0][2] == "snapshot" and all(name == "store" for _, _, name, _ in ops[1:])
+    assert [seq for _, seq, _, _ in ops] == list(range(len(ops)))
+    got = unpack_keys(ops[0][3].keys_le)  # type: ignore[attr-defined]
+    pairs = list(zip(unpack_keys(ops[0][3].parent_keys_le), got, strict=True))  # type: ignore[attr-defined]
+    for _, _, _, store in ops[1:]:
+        chain = unpack_keys(store.keys_le)  # type: ignore[attr-defined]
+        parent = store.parent_key  # type: ignore[attr-defined]
+        for key in chain:
+            pairs.append((parent, key))
+            parent = key
+    assert pairs == list(zip(parents, keys, strict=True))
+
+
+async def test_down_index_is_retried_and_gets_snapshots_and_tombstones_on_return() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    async with forwarding(port, ledgers) as fwd:
+        await wait_until_async(lambda: fwd.failures >= 2, timeout=10, what="retries")
+        assert fwd.state is not ForwarderState.STREAMING
+        fwd.publish(A, DOMAIN, [Store(1, [2])])
+        assert fwd.queue_depth == 0  # nothing piles up while the index is down
+        ledgers.views[A] = view([1, 2])
+        ledgers.dead.append((B, DOMAIN, "lease expired"))
+        async with serving(recorder, port):
+            await wait_until_async(lambda: fwd.idle, timeout=10)
+    assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot"]
+    assert [name for _, _, name, _ in recorder.of(B)] == ["remove_source"]
+
+
+@pytest.mark.parametrize("text", ["host", "host:", ":1", "host:0", "h:99999"])
+def test_bad_index_addresses(text: str) -> None:
+    from cortex.ingest.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        IndexTarget.parse(text)
+
+
+def test_index_address_forms() -> None:
+    assert IndexTarget.parse("[::1]:50051") == IndexTarget("::1", 50051)
+    assert str(IndexTarget("::1", 5)) == "[::1]:5"
