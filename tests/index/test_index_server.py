@@ -9,7 +9,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 from grpclib.client import Channel
-from grpclib.const import Status
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
@@ -19,7 +19,13 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.client import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
-from cortex.index.wire import call_match, encode_match_request, match_request
+from cortex.index.wire import (
+    SYNC_METHOD,
+    EncodedMessage,
+    call_match,
+    encode_match_request,
+    match_request,
+)
 from cortex.testing import wait_until_async
 
 DOMAIN = HashDomain("llama-3-8b", 16, Engine.SGLANG)
@@ -195,6 +201,53 @@ async def test_malformed_updates_are_rejected_and_resynced(
         assert not reply.resync
     match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
     assert by_worker(match) == {("w", 0): (3, 48, int(READY))}
+
+
+async def test_repeated_key_fields_apply_like_the_le_twins(
+    channel: Channel, stub: pb.IndexStub
+) -> None:
+    """Senders other than Cortex's own write keys in the ``repeated fixed64`` fields."""
+    keys = DOMAIN.keys(prompt(6))
+    twins = LedgerUpdates("twins", DOMAIN)
+    source = pb.Source(worker_id="repeated", dp_rank=1)
+    domain = pb.Domain(model=DOMAIN.model, block_size=16, engine=pb.EngineKind(1))
+
+    def repeated(seq: int, **op: object) -> pb.LedgerUpdate:
+        return pb.LedgerUpdate(source=source, domain=domain, epoch=1, seq=seq,
+                               **op)  # type: ignore[arg-type]
+
+    async with SyncSession(channel) as session:
+        reply = await session.send([
+            twins.snapshot([ROOT, keys[0]], keys[:2]),
+            twins.store(keys[1], keys[2:6]),
+            twins.remove(keys[4:5]),
+            repeated(1, snapshot=pb.Snapshot(parent_keys=[ROOT, keys[0]], keys=keys[:2])),
+            repeated(2, store=pb.StoreBlocks(parent_key=keys[1], keys=keys[2:6])),
+            repeated(3, remove=pb.RemoveBlocks(keys=keys[4:5])),
+        ])
+    assert not reply.resync
+    match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
+    assert by_worker(match) == {("twins", 0): (4, 64, int(READY)),
+                                ("repeated", 1): (4, 64, int(READY))}
+
+
+async def test_undecodable_batch_ends_only_its_stream(channel: Channel, stub: pb.IndexStub) -> None:
+    w = LedgerUpdates("w", DOMAIN)
+    keys = DOMAIN.keys(prompt(2))
+    async with SyncSession(channel) as good:
+        await good.send([w.snapshot([], [])])
+        async with channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, EncodedMessage,
+                                   pb.SyncReply, timeout=10) as bad:
+            await bad.send_message(EncodedMessage(b"\x12\x02\x0a\x05"), end=True)
+            with pytest.raises(GRPCError) as raised:
+                await bad.recv_message()
+        reply = await good.send([w.store(ROOT, keys)])
+    assert raised.value.status is Status.INVALID_ARGUMENT
+    assert raised.value.message == (
+        "malformed UpdateBatch: updates[0]: length-delimited field overruns the message")
+    assert reply.applied_batches == 2 and not reply.resync
+    match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
+    assert by_worker(match) == {("w", 0): (2, 32, int(READY))}
 
 
 async def test_stats_workers_health_and_metrics(

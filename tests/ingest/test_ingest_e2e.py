@@ -6,14 +6,16 @@ import asyncio
 
 import aiohttp
 
+from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine
 from cortex.index.model import LedgerState as IndexState
 from cortex.ingest.ops import LedgerState
 from cortex.ingest.service import IngestService
 from cortex.ingest.shard import ShardSpec
+from cortex.registry import WorkerSpec
 from cortex.testing import wait_until_async
 
-from .conftest import Fleet  # type: ignore[import-not-found]
+from .conftest import Fleet, Rank, Worker, consecutive_ports
 
 
 def stat(ingest: IngestService, worker_id: str, rank: int = 0) -> object:
@@ -189,7 +191,7 @@ async def test_index_down_is_retried_while_others_keep_receiving(fleet: Fleet) -
     from cortex.index.server import IndexServer
     from cortex.testing import free_port
 
-    from .conftest import index_config  # type: ignore[import-not-found]
+    from .conftest import index_config
 
     port = free_port()
     second = IndexServer(index_config(port))
@@ -260,3 +262,40 @@ async def test_engine_hashes_pass_the_alignment_check(fleet: Fleet) -> None:
         assert stats.alignment_checks > 0
         assert stats.alignment_mismatches == {}
     await asyncio.sleep(0)
+
+
+async def test_engine_process_restart_on_the_same_ports(fleet: Fleet) -> None:
+    worker = await fleet.add_worker("w", Engine.SGLANG)
+    ingest = await fleet.ingest()
+    fleet.traffic(worker, 40)
+    await fleet.wait_converged(worker, ingest)
+    rank = worker.ranks[0]
+    old = rank.pub
+    await old.__aexit__(None, None, None)  # the engine process dies: sockets close
+    runner = ingest.runners[("w", 0)]  # type: ignore[index]
+    await wait_until_async(lambda: not runner.connected, timeout=10, what="disconnect seen")
+    rank.pub = await fleet.stack.enter_async_context(SyntheticPublisher(PublisherConfig(
+        engine=Engine.SGLANG, version="0.5.23", pub_port=old.pub_port,
+        replay_port=old.replay_port)))
+    rank.cache = EngineCache(Engine.SGLANG, 4, 400)
+    rank.publish(rank.cache.clear())  # SGLang announces an empty cache at start-up
+    fleet.traffic(worker, 20)
+    await fleet.wait_converged(worker, ingest)
+    stats = runner.tracker.stats
+    assert stats.seq_resets >= 1 and runner.connects >= 2
+
+
+async def test_worker_registered_before_its_engine_is_up(fleet: Fleet) -> None:
+    pub_port, replay_port = consecutive_ports(1), consecutive_ports(1)
+    spec = WorkerSpec(id="early", url="http://127.0.0.1:8000", engine=Engine.VLLM,
+                      model="test-model", kv_events=f"tcp://127.0.0.1:{pub_port}",
+                      replay=f"tcp://127.0.0.1:{replay_port}", block_size=4)
+    await fleet.registry.register(spec)
+    ingest = await fleet.ingest()
+    await wait_until_async(lambda: "early" in ingest.sessions, timeout=10)
+    assert ingest.state_of("early") is LedgerState.SYNCING  # no stream: nothing confirmed
+    pub = await fleet.stack.enter_async_context(SyntheticPublisher(PublisherConfig(
+        pub_port=pub_port, replay_port=replay_port)))
+    worker = Worker(spec, [Rank(pub, EngineCache(Engine.VLLM, 4, 400))])
+    fleet.traffic(worker, 20)  # the first batches may beat the connection: replay covers
+    await fleet.wait_converged(worker, ingest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import count
 
 import pytest
+
 from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ingest.codec import (
     AllBlocksCleared,
@@ -50,6 +51,7 @@ def tracker(
     )
     t = SourceTracker(SourceId("w", 0), cfg)
     t.start()
+    t.on_connected()
     return t
 
 
@@ -59,10 +61,7 @@ KEYS = DOMAIN.keys(TOKENS)
 
 def test_live_without_replay_is_ready_and_maps_keys() -> None:
     t = tracker()
-    assert t.take_ops() == [
-        Reset(LedgerState.SYNCING, "connecting"),
-        SetState(LedgerState.READY, "live (no replay endpoint)"),
-    ]
+    assert t.take_ops() == [Reset(LedgerState.READY, "live (no replay endpoint)")]
     assert t.take_commands() == []
     t.on_message(7, payload(stored([11, 12], TOKENS[:8])))
     t.on_message(8, payload(stored([13], TOKENS[8:], parent=12)))
@@ -144,6 +143,19 @@ def replayed_tracker() -> SourceTracker:
     return t
 
 
+def test_replay_waits_for_the_first_connection() -> None:
+    cfg = TrackerConfig(engine=Engine.VLLM, model="m", block_size=BS, replay=True)
+    t = SourceTracker(SourceId("w", 0), cfg)
+    t.start()
+    assert t.take_commands() == [] and state(t) is LedgerState.SYNCING
+    t.on_connected()
+    assert t.take_commands() == [StartReplay(0)]
+    t.on_replay_timeout()  # the engine has no replay ROUTER after all: live only
+    assert state(t) is LedgerState.READY
+    t.on_connected()  # a later connection: a reconnect, verified through replay
+    assert t.take_commands() == [AbortReplay(), StartReplay(0)]
+
+
 def test_initial_replay_recovers_the_buffer_then_goes_ready() -> None:
     t = tracker(replay=True)
     assert t.take_commands() == [StartReplay(0)]
@@ -154,7 +166,7 @@ def test_initial_replay_recovers_the_buffer_then_goes_ready() -> None:
     t.on_replay_end()
     ops = t.take_ops()
     assert ops == [
-        Reset(LedgerState.SYNCING, "connecting"),
+        Reset(LedgerState.SYNCING, "waiting for the event stream"),
         Store(DOMAIN.root_key(), KEYS[:2]),
         Remove([KEYS[0]]),
         SetState(LedgerState.READY, "in sync"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import betterproto
+
 from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain, pack_keys
 from cortex.ingest.ops import LedgerState, SourceId

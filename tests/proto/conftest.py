@@ -6,11 +6,9 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator
 
-import grpclib.server
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol
 
 from cortex.api.index.v1 import (
     ChangeBatch,
@@ -21,15 +19,16 @@ from cortex.api.index.v1 import (
     MatchResponse,
     Source,
     SyncReply,
-    UpdateBatch,
     WorkerMatch,
 )
+from cortex.index.grpc_server import GrpcServer
 from cortex.index.grpcio_stubs import GrpcioStubs, load_grpcio_stubs
 from cortex.index.wire import (
     IndexServiceBase,
     MatchDomain,
     MatchQuery,
     MatchReply,
+    WireBatch,
     WorkerHit,
     pack_block_keys,
 )
@@ -50,8 +49,9 @@ def digest(query: MatchQuery) -> int:
 
 
 class EchoIndex(IndexServiceBase):
-    """Match reports what it decoded, per candidate worker; Sync acks every batch;
-    Changes streams two batches. Model ``bad`` is refused with INVALID_ARGUMENT."""
+    """Match reports what it decoded, per candidate worker; Sync (decoded by the wire hook)
+    acks every batch with the sum of its seqs and resyncs epoch-0 sources; Changes streams
+    two batches. Model ``bad`` is refused with INVALID_ARGUMENT."""
 
     async def match_query(self, query: MatchQuery) -> MatchReply | MatchResponse:
         if query.model == "bad":
@@ -72,16 +72,18 @@ class EchoIndex(IndexServiceBase):
             domain=MatchDomain(query.model, query.block_size, query.engine),
         )
 
-    async def sync(
-        self, update_batch_iterator: AsyncIterator[UpdateBatch]
-    ) -> AsyncIterator[SyncReply]:
+    async def sync_batches(self, batches: AsyncIterator[WireBatch]) -> AsyncIterator[SyncReply]:
         applied = 0
-        async for batch in update_batch_iterator:
+        async for batch in batches:
             applied += 1
             yield SyncReply(
                 applied_batches=applied,
                 index_version=sum(update.seq for update in batch.updates),
-                resync=[u.source for u in batch.updates if u.epoch == 0],
+                resync=[
+                    Source(worker_id=u.source.worker_id, dp_rank=u.source.dp_rank)
+                    for u in batch.updates
+                    if u.epoch == 0 and u.source is not None
+                ],
                 index_id=f"echo:{batch.ingest_id}",
             )
 
@@ -97,33 +99,13 @@ class EchoIndex(IndexServiceBase):
         yield ChangeBatch(from_version=since + 1, to_version=since + 2, reset=True)
 
 
-class TrackedServer(grpclib.server.Server):
-    """grpclib's Server, remembering its connections: its close() stops listening but leaves
-    accepted connections open until each client hangs up, which a test cannot wait for."""
-
-    def __init__(self, handlers: list[IndexServiceBase]) -> None:
-        super().__init__(handlers)
-        self.protocols: list[H2Protocol] = []
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol: H2Protocol = super()._protocol_factory()
-        self.protocols.append(protocol)
-        return protocol
-
-    async def shutdown(self) -> None:
-        self.close()
-        for protocol in self.protocols:
-            protocol.connection.close()  # the transport: connection_lost follows
-        await self.wait_closed()
-
-
 @pytest.fixture
 async def index_port() -> AsyncIterator[int]:
     """An EchoIndex served by grpclib on 127.0.0.1, on a port the OS picked."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port: int = sock.getsockname()[1]
-    server = TrackedServer([EchoIndex()])
+    server = GrpcServer([EchoIndex()])  # closes accepted connections on shutdown
     await server.start(sock=sock)
     try:
         yield port

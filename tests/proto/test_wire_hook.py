@@ -1,25 +1,38 @@
 """The grpclib side of cortex.index.wire: the server hook, the client helpers, the guards.
 
-The server is conftest's EchoIndex on 127.0.0.1 (index_version = tokens*31 + keys, mod 2**64).
+The server is conftest's EchoIndex on 127.0.0.1 (Match: index_version = tokens*31 + keys,
+mod 2**64; Sync: index_version = the sum of the batch's seqs).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import pytest
 from grpclib.client import Channel
-from grpclib.const import Status
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
-from cortex.api.index.v1 import ChangesRequest, IndexStub, MatchRequest, MatchResponse
+from cortex.api.index.v1 import (
+    ChangesRequest,
+    IndexStub,
+    LedgerUpdate,
+    MatchRequest,
+    MatchResponse,
+    SyncReply,
+    UpdateBatch,
+)
+from cortex.index.client import SyncSession
 from cortex.index.wire import (
     MATCH_METHOD,
+    SYNC_METHOD,
     EncodedMessage,
     IndexServiceBase,
     MatchDomain,
     MatchQuery,
     MatchReply,
+    UpdateBatchWire,
+    WireBatch,
     WorkerHit,
     call_match,
     encode_match_request,
@@ -127,3 +140,90 @@ async def test_unimplemented_match_query() -> None:
     with pytest.raises(GRPCError) as raised:
         await IndexServiceBase().match_query(MatchQuery())
     assert raised.value.status is Status.UNIMPLEMENTED
+
+
+# ---- Sync -----------------------------------------------------------------------------------
+
+
+class Batches(IndexServiceBase):
+    """Sync through the hook: each reply counts the batch's updates."""
+
+    async def sync_batches(self, batches: AsyncIterator[WireBatch]) -> AsyncIterator[SyncReply]:
+        applied = 0
+        async for batch in batches:
+            applied += 1
+            yield SyncReply(applied_batches=applied, index_version=len(batch.updates),
+                            index_id=batch.ingest_id)
+
+
+class Generated(IndexServiceBase):
+    """Sync with the generated signature: betterproto messages, as before the hook."""
+
+    async def sync(
+        self, update_batch_iterator: AsyncIterator[UpdateBatch]
+    ) -> AsyncIterator[SyncReply]:
+        async for batch in update_batch_iterator:
+            yield SyncReply(index_id=type(batch).__name__)
+
+
+async def each(batches: Iterable[UpdateBatch]) -> AsyncIterator[UpdateBatch]:
+    for batch in batches:
+        yield batch
+
+
+def test_mapping_swaps_sync_only_for_sync_batches() -> None:
+    handler = Batches().__mapping__()[SYNC_METHOD]
+    assert (handler.request_type, handler.reply_type) == (UpdateBatchWire, SyncReply)
+    assert handler.cardinality is Cardinality.STREAM_STREAM
+    assert Generated().__mapping__()[SYNC_METHOD].request_type is UpdateBatch
+    with pytest.raises(GRPCError) as raised:
+        UpdateBatchWire.FromString(b"\x12\x02\x0a\x05")
+    assert (raised.value.status, raised.value.message) == (
+        Status.INVALID_ARGUMENT,
+        "malformed UpdateBatch: updates[0]: length-delimited field overruns the message",
+    )
+
+
+def test_overriding_sync_and_sync_batches_is_refused() -> None:
+    with pytest.raises(TypeError, match="both sync\\(\\) and sync_batches"):
+
+        class Wrong(Batches):  # pragma: no cover - never created
+            async def sync(
+                self, update_batch_iterator: AsyncIterator[UpdateBatch]
+            ) -> AsyncIterator[SyncReply]:
+                yield SyncReply()
+
+
+async def test_in_process_sync_takes_the_same_path() -> None:
+    batches = [UpdateBatch(ingest_id="i", updates=[LedgerUpdate(seq=1)] * n) for n in (2, 0)]
+    replies = [reply async for reply in Batches().sync(each(batches))]
+    assert [(r.applied_batches, r.index_version, r.index_id) for r in replies] == [
+        (1, 2, "i"), (2, 0, "i")]
+    generated = [reply async for reply in Generated().sync(each(batches))]
+    assert [r.index_id for r in generated] == ["UpdateBatch"] * 2
+    with pytest.raises(GRPCError) as raised:
+        await anext(IndexServiceBase().sync(each(batches)))
+    assert raised.value.status is Status.UNIMPLEMENTED
+
+
+async def test_malformed_batch_ends_only_its_stream(channel: Channel) -> None:
+    """A batch that does not decode ends its stream with INVALID_ARGUMENT; another stream on
+    the same connection carries on."""
+    update = LedgerUpdate(seq=5)
+    async with SyncSession(channel, ingest_id="good") as good:
+        first = await good.send([update])
+        async with channel.request(
+            SYNC_METHOD, Cardinality.STREAM_STREAM, EncodedMessage, SyncReply, timeout=TIMEOUT
+        ) as bad:
+            await bad.send_message(EncodedMessage(bytes(UpdateBatch(updates=[update]))))
+            accepted = await bad.recv_message()
+            await bad.send_message(EncodedMessage(b"\x12\x03\x20\xff\xff"), end=True)
+            assert await bad.recv_message() is None  # the stream ended ...
+            with pytest.raises(GRPCError) as raised:  # ... with this status
+                await bad.recv_trailing_metadata()
+        second = await good.send([update, update])
+    assert accepted is not None and accepted.applied_batches == 1
+    assert raised.value.status is Status.INVALID_ARGUMENT
+    assert raised.value.message == "malformed UpdateBatch: updates[0]: truncated varint"
+    assert [(r.applied_batches, r.index_version, r.index_id) for r in (first, second)] == [
+        (1, 5, "echo:good"), (2, 10, "echo:good")]

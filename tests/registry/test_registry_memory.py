@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from cortex.hashing import Engine
 from cortex.registry import MemoryRegistry, RegistryUnavailable, WorkerSpec
 from cortex.testing import wait_until_async

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
+
 from cortex.registry import RedisRegistry, RegistryUnavailable, WorkerSpec
 from cortex.testing import RedisServer, free_port, wait_until_async
 

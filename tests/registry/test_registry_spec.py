@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from cortex.hashing import Engine
 from cortex.registry import SpecError, WorkerRole, WorkerSpec, parse_endpoint
 

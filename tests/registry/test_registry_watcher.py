@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
+
 from cortex.hashing import Engine
 from cortex.registry import (
     LeaseKeeper,

@@ -379,7 +379,8 @@ class SyntheticPublisher:
             if sock is not None:
                 sock.close(linger=0)
         self._pub = self._router = self._sync_pub = None
-        self._ctx.term()
+        if not self._ctx.closed:
+            self._ctx.term()
 
     # ---- publishing ----
 

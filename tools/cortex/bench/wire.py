@@ -131,9 +131,9 @@ def build_rows(pb2: ModuleType | None) -> list[Row]:
         return _array_u64(MatchRequest().parse(twin_key).block_keys_le)
 
     def wire_reply_cold() -> object:
-        from cortex.index import wire
+        from cortex.index.wire import match
 
-        wire._HITS.clear()  # the decoder's entry cache: measure the first sight of a reply
+        match._HITS.clear()  # the decoder's entry cache: measure the first sight of a reply
         return decode_match_response(reply_bytes)
 
     rows = [

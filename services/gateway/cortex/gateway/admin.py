@@ -14,6 +14,7 @@ from typing import Any
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.http import Request, send_json
+from cortex.gateway.pairing import PDMode, PDPlan
 from cortex.gateway.payload import Endpoint, parse_body, parse_request
 from cortex.gateway.pool import WorkerState
 from cortex.gateway.runtime import Gateway
@@ -136,7 +137,7 @@ class AdminHandler:
         routed = await router.route(req, deadline, record=False)
         decision = routed.decision
         t = routed.timings
-        await send_json(send, 200, {
+        explained: dict[str, Any] = {
             "model": req.model.name,
             "endpoint": endpoint.value,
             "prompt_tokens": routed.prompt_tokens,
@@ -148,7 +149,8 @@ class AdminHandler:
             "decision": {
                 "mode": decision.mode.value,
                 "reason": decision.reason.value,
-                "worker": decision.chosen.worker_id,
+                "worker": (decision.chosen.worker_id if routed.pd is None
+                           else routed.pd.decode.chosen.worker_id),
                 "hit_tokens": decision.hit_tokens,
             },
             "candidates": [
@@ -172,4 +174,34 @@ class AdminHandler:
             "timings_ms": {"tokenize": t.tokenize * 1e3, "hash": t.hash * 1e3,
                            "match": t.match * 1e3, "score": t.score * 1e3,
                            "total": t.total * 1e3},
-        })
+        }
+        if routed.pd is not None:
+            explained["pd"] = self._explain_pd(routed.pd)
+        await send_json(send, 200, explained)
+
+    def _explain_pd(self, plan: PDPlan) -> dict[str, Any]:
+        """The pair a disaggregated request would get (``candidates`` are the prefill pool,
+        ranked by cache affinity; the decode pool is ranked by load only)."""
+        decode = plan.decode.chosen
+        local = plan.local_prefill(decode, self.gw.config.pd)
+        fallback = plan.fallback
+        return {
+            "engine": plan.engine.value,
+            "mode": (PDMode.LOCAL_PREFILL if local else PDMode.DISAGGREGATED).value,
+            "local_prefill_reason": local.value if local else None,
+            "prefill_worker": decode.worker_id if local else plan.prefill.chosen.worker_id,
+            "decode_worker": decode.worker_id,
+            "hit_tokens": (PDPlan.held_tokens(decode) if local
+                           else plan.prefill.hit_tokens),
+            "sequences": plan.sequences,
+            "decode_decision": {"mode": plan.decode.mode.value,
+                                "reason": plan.decode.reason.value},
+            "decode_candidates": [
+                {"worker": s.worker_id, "rank": rank, "active": s.candidate.active,
+                 "inflight": s.candidate.inflight, "engine_running": s.candidate.engine_running,
+                 "engine_waiting": s.candidate.engine_waiting,
+                 "held_tokens": PDPlan.held_tokens(s), "score": s.score}
+                for rank, s in enumerate(plan.decode.ranked)
+            ],
+            "fallback_worker": fallback.chosen.worker_id if fallback else None,
+        }

@@ -33,6 +33,7 @@ __all__ = [
     "IndexConfig",
     "LoadConfig",
     "ModelConfig",
+    "PDConfig",
     "RegistryConfig",
     "RoutingConfig",
     "RoutingWeights",
@@ -264,6 +265,42 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PDConfig:
+    """Prefill/decode disaggregation (architecture §7; ``docs/pd.md``).
+
+    A model is served disaggregated while it has a routable ``prefill`` and a routable
+    ``decode`` worker of its engine (``enabled`` false: PD workers are ignored).
+
+    ``prefill_timeout_s``: the prefill leg, from send to its complete answer (SGLang: the
+    bootstrap handshake, the prefill and the KV transfer; vLLM: the prefill).
+    ``decode_timeout_s``: the decode leg, from send to its first byte for the client (a
+    stream's first event; a non-streamed answer's whole body).
+    ``max_attempts``: pairs tried before the first byte (each with fresh bootstrap rooms).
+    ``fallback_to_regular``: a failed handoff runs once, cold, on the model's ``regular``
+    workers when it has some.
+    ``local_prefill_max_tokens``: conditional disaggregation (vLLM): the decode worker
+    prefills itself when the part of the prompt it does not hold cached is below this many
+    tokens *and* at most ``local_prefill_max_ratio`` of the prompt; 0 = always disaggregate.
+    """
+
+    enabled: bool = True
+    prefill_timeout_s: float = 60.0
+    decode_timeout_s: float = 300.0
+    max_attempts: int = 2
+    fallback_to_regular: bool = True
+    local_prefill_max_tokens: int = 0
+    local_prefill_max_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("pd", prefill_timeout_s=self.prefill_timeout_s,
+                  decode_timeout_s=self.decode_timeout_s, max_attempts=self.max_attempts)
+        _non_negative("pd", local_prefill_max_tokens=self.local_prefill_max_tokens)
+        if not 0.0 <= self.local_prefill_max_ratio <= 1.0:
+            raise ConfigError("pd.local_prefill_max_ratio: must be in [0, 1], got "
+                              f"{self.local_prefill_max_ratio!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything the gateway needs, validated. Build it with :func:`load_config` or
     :meth:`from_mapping`; pass it down, never re-read the environment."""
@@ -277,6 +314,7 @@ class GatewayConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     load: LoadConfig = field(default_factory=LoadConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    pd: PDConfig = field(default_factory=PDConfig)
     workers: tuple[WorkerSpec, ...] = ()
     gateway_id: str = "gateway"
 
@@ -378,7 +416,8 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
         raise ConfigError(f"{where or 'config'}: {exc}") from None
 
 
-_SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream")
+_SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
+             "pd")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:

@@ -1,8 +1,9 @@
 """Dispatch: run a routing decision against workers, up to the first byte.
 
-The one seam between routing and HTTP. Today a decision runs on one regular worker per
-attempt; prefill/decode pairs plug in here (a dispatcher that opens a pair and returns the
-decode leg as the :class:`Opened` response), leaving routing and streaming untouched.
+The one seam between routing and HTTP. A regular decision runs on one worker per attempt;
+a prefill/decode plan (``routed.pd``) goes to :class:`~cortex.gateway.disagg.PairDispatcher`,
+which opens a pair and returns the decode leg as the :class:`Opened` response, leaving
+streaming untouched.
 
 Failures before the first byte — connection refused, a retryable status, a timeout, a
 stream that ends before its first chunk — move the request to the next worker of the
@@ -14,17 +15,21 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cortex.gateway.config import UpstreamConfig
+from cortex.gateway.config import PDConfig, UpstreamConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.pairing import PDOutcome
 from cortex.gateway.payload import Endpoint, InferenceRequest
 from cortex.gateway.pool import WorkerPool, WorkerState
 from cortex.gateway.router import Routed, Router
+from cortex.gateway.scoring import Decision
+from cortex.gateway.sse import EventRewrite
 from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
-__all__ = ["Dispatcher", "Opened", "upstream_body"]
+__all__ = ["Dispatcher", "Opened", "acquire_slot", "release_slot", "upstream_body"]
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +53,26 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
 
 @dataclass(eq=False)
 class Opened:
-    """A worker answered: its response, the body bytes already read (the first chunk of a
-    stream, or the whole body otherwise) and the in-flight slot to release."""
+    """A worker answered: its response, the body bytes already read (the first chunk(s) of
+    a stream, or the whole body otherwise) and the in-flight slot to release.
+
+    ``hit_tokens``: prompt tokens predicted cached where the prompt was computed (the
+    prefill worker of a pair). ``decision``: the ranking ``worker`` came from (``None``: the
+    request's main decision). ``pd``: how a disaggregated model's request was served.
+    ``rewrite``: applied to the answer's objects while streaming (PD usage / logprobs).
+    ``on_close``: more cleanup (a pair's prefill leg still draining).
+    """
 
     worker: WorkerState
     response: UpstreamResponse
     head: bytes
     attempts: int
     _metrics: GatewayMetrics = field(repr=False)
+    hit_tokens: int = 0
+    decision: Decision | None = None
+    pd: PDOutcome | None = None
+    rewrite: EventRewrite | None = field(default=None, repr=False)
+    on_close: Callable[[], None] | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     def close(self) -> None:
@@ -64,21 +81,26 @@ class Opened:
             return
         self._closed = True
         self.response.close()
-        _release(self.worker, self._metrics)
+        release_slot(self.worker, self._metrics)
+        if self.on_close is not None:
+            self.on_close()
 
 
-def _acquire(worker: WorkerState, metrics: GatewayMetrics) -> None:
+def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
+    """Count one more request open on ``worker``."""
     worker.inflight += 1
     metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
-def _release(worker: WorkerState, metrics: GatewayMetrics) -> None:
+def release_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
+    """A request open on ``worker`` ended."""
     worker.inflight -= 1
     metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 class Dispatcher:
-    """Single-worker dispatch with bounded retries before the first byte."""
+    """Single-worker dispatch with bounded retries before the first byte; PD plans go to
+    its :class:`~cortex.gateway.disagg.PairDispatcher` (``pairs``)."""
 
     def __init__(
         self,
@@ -87,21 +109,32 @@ class Dispatcher:
         router: Router,
         config: UpstreamConfig,
         metrics: GatewayMetrics,
+        pd: PDConfig | None = None,
     ) -> None:
+        from cortex.gateway.disagg import PairDispatcher  # it builds on this module
+
         self.pool = pool
         self.upstream = upstream
         self.router = router
         self.config = config
         self.metrics = metrics
+        self.pairs = PairDispatcher(self, pd or PDConfig())
 
     async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
                    ) -> Opened:
-        """Send to the decision's workers in order until one answers.
+        """Open the request on a worker (or a prefill/decode pair) up to its first byte.
 
         Raises :class:`UpstreamError` (502/504) when every attempt failed, and
         :class:`ServiceUnavailable` when no ranked worker is routable any more. The caller's
         deadline (``asyncio.timeout``) bounds the whole loop.
         """
+        if routed.pd is not None:
+            return await self.pairs.open(req, routed, body, request_id)
+        return await self.open_regular(req, routed, body, request_id)
+
+    async def open_regular(self, req: InferenceRequest, routed: Routed, body: bytes,
+                           request_id: str) -> Opened:
+        """Send to ``routed.decision``'s workers in order until one answers."""
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         path = req.endpoint.value
         last: UpstreamFailure | None = None
@@ -118,6 +151,7 @@ class Dispatcher:
             opened = await self._attempt(worker, path, body, headers, req.stream, attempts)
             if isinstance(opened, Opened):
                 self.router.commit(routed, worker.id)
+                opened.hit_tokens = routed.credited_tokens(worker.id)
                 return opened
             last = opened
             log.info("attempt failed worker=%s request_id=%s: %s", worker.id, request_id, opened,
@@ -140,7 +174,7 @@ class Dispatcher:
     ) -> Opened | UpstreamFailure:
         breaker = worker.breaker
         breaker.on_attempt()
-        _acquire(worker, self.metrics)
+        acquire_slot(worker, self.metrics)
         response: UpstreamResponse | None = None
         try:
             response = await self.upstream.post(worker.spec.url.rstrip("/") + path, body, headers)
@@ -160,7 +194,7 @@ class Dispatcher:
         except UpstreamFailure as failure:
             if response is not None:
                 response.close()
-            _release(worker, self.metrics)
+            release_slot(worker, self.metrics)
             self.metrics.upstream_errors.labels(worker=worker.id, kind=failure.kind.value).inc()
             if failure.status == 429:
                 breaker.on_abandon()  # busy, not broken
@@ -171,7 +205,7 @@ class Dispatcher:
             # cancelled (client gone, deadline) or a bug: no verdict on the worker
             if response is not None:
                 response.close()
-            _release(worker, self.metrics)
+            release_slot(worker, self.metrics)
             breaker.on_abandon()
             raise
         breaker.on_success()

@@ -46,6 +46,8 @@ class ErrorCode(StrEnum):
     UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_STREAM_ERROR = "upstream_stream_error"
+    PREFILL_SERVER_ERROR = "prefill_server_error"
+    DECODE_SERVER_ERROR = "decode_server_error"
     SHUTTING_DOWN = "shutting_down"
     INTERNAL_ERROR = "internal_error"
 

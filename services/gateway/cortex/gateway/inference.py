@@ -3,6 +3,9 @@
 Every response carries ``x-request-id`` (the client's, else a fresh one; sent upstream too)
 and the decision headers ``x-cortex-cache-hit-tokens``, ``x-cortex-assigned-worker``,
 ``x-cortex-match-mode`` (``none`` / ``0`` when the request was rejected before routing).
+Requests of a disaggregated model add ``x-cortex-pd`` (``disaggregated`` | ``local_prefill``
+| ``fallback_regular``), ``x-cortex-prefill-worker`` and ``x-cortex-decode-worker``; the
+assigned worker is then the decode worker and the hit tokens are the prefill worker's.
 
 The exchange with the worker runs in its own task raced against ``http.disconnect``: a
 client that goes away cancels it, which closes the upstream connection (the engine aborts
@@ -157,9 +160,13 @@ class _Exchange:
 
     def _headers(self, opened: Opened | None) -> Headers:
         decision = self.routed.decision
-        worker = opened.worker.id if opened is not None else decision.chosen.worker_id
-        hit = self.routed.credited_tokens(worker)
-        return [
+        if opened is not None:
+            worker, hit = opened.worker.id, opened.hit_tokens
+            decision = opened.decision or decision
+        else:
+            worker = decision.chosen.worker_id
+            hit = self.routed.credited_tokens(worker)
+        headers = [
             *self.base,
             (b"x-cortex-cache-hit-tokens", str(hit).encode()),
             (b"x-cortex-assigned-worker", worker.encode()),
@@ -167,6 +174,12 @@ class _Exchange:
             (b"x-cortex-match-reason", decision.reason.value.encode()),
             (b"x-cortex-attempts", str(opened.attempts if opened else 0).encode()),
         ]
+        if opened is not None and opened.pd is not None:
+            pd = opened.pd
+            headers += [(b"x-cortex-pd", pd.mode.value.encode()),
+                        (b"x-cortex-prefill-worker", (pd.prefill or "none").encode()),
+                        (b"x-cortex-decode-worker", (pd.decode or "none").encode())]
+        return headers
 
     async def run(self) -> None:
         dispatcher = self.gw.dispatcher
@@ -216,17 +229,22 @@ class _Exchange:
 
     def _not_sent(self) -> Headers:
         decision = self.routed.decision
-        return [
+        headers = [
             (b"x-cortex-cache-hit-tokens", b"0"),
             (b"x-cortex-assigned-worker", b"none"),
             (b"x-cortex-match-mode", decision.mode.value.encode()),
         ]
+        if self.routed.pd is not None:
+            headers += [(b"x-cortex-pd", b"failed"), (b"x-cortex-prefill-worker", b"none"),
+                        (b"x-cortex-decode-worker", b"none")]
+        return headers
 
     async def _stream(self, opened: Opened) -> None:
         send = self.send
         req = self.req
         forwarder = SSEForwarder(strip_usage=not req.wants_usage
-                                 and req.endpoint is not Endpoint.GENERATE)
+                                 and req.endpoint is not Endpoint.GENERATE,
+                                 rewrite=opened.rewrite)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, *self._headers(opened)]})
         out = forwarder.feed(opened.head)
@@ -258,7 +276,7 @@ class _Exchange:
         if actual is None:
             metrics.child(metrics.prediction, "unknown").inc()
             return
-        predicted = self.routed.credited_tokens(opened.worker.id)
+        predicted = opened.hit_tokens
         metrics.predicted_tokens.inc(predicted)
         metrics.actual_tokens.inc(actual)
         if predicted > actual:

@@ -79,6 +79,26 @@ class GatewayMetrics:
         self.upstream_ttfb = Histogram(p + "upstream_first_byte_seconds",
                                        "Time to the worker's response headers",
                                        buckets=_SLOW, registry=r)
+        # prefill/decode disaggregation
+        self.pd_requests = Counter(p + "pd_requests_total",
+                                   "Requests of disaggregated models by how they were served",
+                                   ["engine", "outcome"], registry=r)
+        self.pd_handoff_failures = Counter(p + "pd_handoff_failures_total",
+                                           "Failed PD legs, by side (prefill|decode) and kind",
+                                           ["engine", "side", "kind"], registry=r)
+        self.pd_fallbacks = Counter(p + "pd_fallbacks_total",
+                                    "PD requests run cold on a regular worker, by failed side",
+                                    ["engine", "reason"], registry=r)
+        self.pd_cancelled_legs = Counter(p + "pd_cancelled_legs_total",
+                                         "PD legs cancelled because the other leg failed",
+                                         ["engine", "side"], registry=r)
+        self.pd_handoff_seconds = Histogram(p + "pd_handoff_seconds",
+                                            "PD attempt start to the decode leg's first byte "
+                                            "(bootstrap, prefill, KV transfer, first token)",
+                                            ["engine"], buckets=_SLOW, registry=r)
+        self.pd_prefill_seconds = Histogram(p + "pd_prefill_seconds",
+                                            "Duration of successful prefill legs",
+                                            ["engine"], buckets=_SLOW, registry=r)
         # workers
         self.worker_inflight = Gauge(p + "worker_inflight", "Requests open on a worker",
                                      ["worker"], registry=r)

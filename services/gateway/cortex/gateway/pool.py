@@ -55,12 +55,9 @@ class WorkerState:
         return self.spec.id
 
     def routable(self) -> bool:
-        """May a request go here now: a healthy regular worker whose breaker admits it."""
-        return (
-            self.spec.role is WorkerRole.REGULAR
-            and self.health is Health.HEALTHY
-            and self.breaker.allows()
-        )
+        """May a request go here now: healthy and its breaker admits it. Any role: routing
+        picks regular workers, or a prefill and a decode worker for a PD pair."""
+        return self.health is Health.HEALTHY and self.breaker.allows()
 
     def fresh_engine_load(self, now: float, stale_after_s: float) -> EngineLoad | None:
         load = self.engine
@@ -80,6 +77,10 @@ class WorkerState:
             f" health={self.health.value}, breaker={self.breaker.state.value},"
             f" inflight={self.inflight}, ledger={self.ledger.value})"
         )
+
+
+def _servable(roles: set[WorkerRole]) -> bool:
+    return WorkerRole.REGULAR in roles or {WorkerRole.PREFILL, WorkerRole.DECODE} <= roles
 
 
 class WorkerPool:
@@ -117,15 +118,27 @@ class WorkerPool:
     def __len__(self) -> int:
         return len(self._workers)
 
-    def candidates(self, model: str) -> list[WorkerState]:
-        """Routable workers serving ``model`` (regular role only, for now)."""
-        return [w for w in self._workers.values() if w.spec.model == model and w.routable()]
+    def candidates(self, model: str, role: WorkerRole = WorkerRole.REGULAR
+                   ) -> list[WorkerState]:
+        """Routable workers of ``role`` serving ``model``."""
+        return [w for w in self._workers.values()
+                if w.spec.model == model and w.spec.role is role and w.routable()]
 
     def models(self) -> list[str]:
-        """Models with at least one registered regular worker, sorted."""
-        return sorted(
-            {w.spec.model for w in self._workers.values() if w.spec.role is WorkerRole.REGULAR}
-        )
+        """Models with a registered regular worker, or a prefill and a decode worker, sorted."""
+        roles: dict[str, set[WorkerRole]] = {}
+        for w in self._workers.values():
+            roles.setdefault(w.spec.model, set()).add(w.spec.role)
+        return sorted(model for model, have in roles.items() if _servable(have))
+
+    def servable(self) -> bool:
+        """Can some model be served now: a routable regular worker, or a routable prefill and
+        decode worker of one model."""
+        roles: dict[str, set[WorkerRole]] = {}
+        for w in self._workers.values():
+            if w.routable():
+                roles.setdefault(w.spec.model, set()).add(w.spec.role)
+        return any(_servable(have) for have in roles.values())
 
     def __repr__(self) -> str:
         healthy = sum(1 for w in self._workers.values() if w.health is Health.HEALTHY)

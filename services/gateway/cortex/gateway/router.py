@@ -22,15 +22,18 @@ from typing import Protocol
 from cortex.api.index import v1 as pb
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode, ServiceUnavailable
+from cortex.gateway.handoff import sequence_count
 from cortex.gateway.hotcache import HotCache
 from cortex.gateway.matching import LedgerState, MatchAnswer, WorkerMatch
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.pairing import PDPlan
 from cortex.gateway.payload import InferenceRequest, PromptKind
 from cortex.gateway.pool import WorkerPool, WorkerState
 from cortex.gateway.predicted import PredictedBlocks
 from cortex.gateway.scoring import Candidate, Decision, Reason, decide
 from cortex.gateway.tokenize import PromptTokenizer, TemplateError
 from cortex.hashing import HashDomain
+from cortex.registry.spec import WorkerRole
 
 __all__ = ["OFFLOAD_CHARS", "Matcher", "Routed", "Router", "StageTimings"]
 
@@ -69,7 +72,8 @@ class StageTimings:
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """A routing outcome: the decision plus what it was computed from."""
+    """A routing outcome: the decision plus what it was computed from. For a model served
+    disaggregated, ``pd`` is the pair plan and ``decision`` its prefill ranking."""
 
     decision: Decision
     model: ModelConfig
@@ -79,6 +83,7 @@ class Routed:
     match_source: str  # "hot_cache" | "index" | "none"
     index_version: int
     timings: StageTimings
+    pd: PDPlan | None = None
 
     def credited_tokens(self, worker_id: str) -> int:
         """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
@@ -184,19 +189,36 @@ class Router:
         query = keys[:query_blocks]
         t2 = time.perf_counter()
         workers = self.pool.candidates(model.name)
-        if not workers:
+        pools = self._pd_pools(model)
+        if not workers and pools is None:
             raise ServiceUnavailable(f"no available worker for model '{model.name}'")
         answer, source = await self._match(model, query, deadline)
         t3 = time.perf_counter()
         cache_off = self._cache_off(ids, query, answer)
         predicted = self.predicted.match(query) if answer is not None else {}
         folded = answer.per_worker() if answer is not None else {}
-        candidates = [self._candidate(w, model, folded.get(w.id), predicted.get(w.id, 0))
-                      for w in workers]
+
+        def candidates(pool: list[WorkerState]) -> list[Candidate]:
+            return [self._candidate(w, model, folded.get(w.id), predicted.get(w.id, 0))
+                    for w in pool]
+
         if record:
             self._turn += 1
-        decision = decide(candidates, self.config.routing.weights, cache_off=cache_off,
-                          turn=self._turn, rng=self._rng)
+        weights, turn, rng = self.config.routing.weights, self._turn, self._rng
+        regular = (decide(candidates(workers), weights, cache_off=cache_off, turn=turn,
+                          rng=rng) if workers else None)
+        plan: PDPlan | None = None
+        if pools is not None:
+            prefill = decide(candidates(pools[0]), weights, cache_off=cache_off, turn=turn,
+                             rng=rng)
+            decode = decide(candidates(pools[1]), weights, cache_off=Reason.LOAD_ONLY,
+                            turn=turn, rng=rng)
+            plan = PDPlan(model.engine, prefill, decode, regular, len(ids),
+                          sequence_count(req.endpoint, req.body))
+            decision = prefill
+        else:
+            assert regular is not None
+            decision = regular
         t4 = time.perf_counter()
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         if record:
@@ -210,7 +232,18 @@ class Router:
             m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
             m.prompt_tokens.observe(len(ids))
         return Routed(decision, model, len(ids), keys, query_blocks, source,
-                      answer.index_version if answer is not None else 0, timings)
+                      answer.index_version if answer is not None else 0, timings, plan)
+
+    def _pd_pools(self, model: ModelConfig) -> tuple[list[WorkerState], list[WorkerState]] | None:
+        """Routable (prefill, decode) workers of ``model`` speaking its engine's handoff, or
+        ``None`` when the model is not served disaggregated now."""
+        if not self.config.pd.enabled:
+            return None
+        prefill = [w for w in self.pool.candidates(model.name, WorkerRole.PREFILL)
+                   if w.spec.engine is model.engine]
+        decode = [w for w in self.pool.candidates(model.name, WorkerRole.DECODE)
+                  if w.spec.engine is model.engine]
+        return (prefill, decode) if prefill and decode else None
 
     def commit(self, routed: Routed, worker_id: str) -> None:
         """The request was sent to ``worker_id``: predict its blocks there."""
@@ -268,6 +301,7 @@ class Router:
             index_tokens=match.ready_blocks * bs if match is not None else 0,
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
+            dp_rank=match.dp_rank if match is not None and match.ready_blocks else None,
         )
 
     # ---- the index change feed ----

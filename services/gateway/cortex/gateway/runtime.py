@@ -120,7 +120,7 @@ class Gateway:
                 self._on_ledgers))
         self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics)
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
-                                     self.metrics)
+                                     self.metrics, config.pd)
         for spec in config.workers:
             try:
                 await self.registry.register(spec, config.registry.lease_ttl_s)
@@ -239,9 +239,10 @@ class Gateway:
         return out
 
     def readiness(self) -> tuple[Readiness, list[Degradation]]:
-        """Ready while some worker is routable; degraded names what is missing."""
+        """Ready while some model is servable (a routable regular worker, or a routable
+        prefill and decode pair); degraded names what is missing."""
         reasons = self.degradations()
-        routable = any(w.routable() for w in self.pool)
+        routable = self.pool.servable()
         state = (Readiness.UNAVAILABLE if not routable
                  else Readiness.DEGRADED if reasons else Readiness.READY)
         self.metrics.ready.set(1 if routable else 0)

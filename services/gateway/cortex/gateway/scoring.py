@@ -50,6 +50,7 @@ class Reason(StrEnum):
     INDEX_UNAVAILABLE = "index_unavailable"
     SHORT_PROMPT = "short_prompt"
     NOT_TOKENIZED = "prompt_not_tokenized"
+    LOAD_ONLY = "load_only"  # a decode pool: ranked by load, never by cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,8 @@ class Candidate:
     ``engine_waiting``: the engine's last fresh report (``None`` = unknown or stale).
     ``index_tokens`` / ``predicted_tokens``: leading prompt tokens held per the index (READY
     sources only) and per predicted blocks. ``credit_blocked``: why this worker may not get
-    cache credit at all (e.g. ``block_size_mismatch``), or ``None``.
+    cache credit at all (e.g. ``block_size_mismatch``), or ``None``. ``dp_rank``: the DP
+    rank holding the credited prefix (``None`` when nothing is held).
     """
 
     worker_id: str
@@ -72,6 +74,7 @@ class Candidate:
     index_tokens: int = 0
     predicted_tokens: int = 0
     credit_blocked: str | None = None
+    dp_rank: int | None = None
 
     @property
     def active(self) -> int:

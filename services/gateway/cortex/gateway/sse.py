@@ -7,7 +7,9 @@ complete events go out at once, untouched unless they must change:
   behalf is removed when the client did not ask for usage itself;
 * the last data event before ``[DONE]`` is parsed once to read the engine's usage
   (``usage.prompt_tokens_details.cached_tokens``, or ``meta_info.cached_tokens`` for
-  SGLang's native ``/generate``).
+  SGLang's native ``/generate``);
+* with an :class:`EventRewrite` (prefill/decode: vLLM usage taken from the prefill leg,
+  SGLang input logprobs merged), the events holding its marker are rewritten.
 
 Parsing JSON per chunk is avoided: a cheap substring test selects the few events to parse.
 """
@@ -15,9 +17,12 @@ Parsing JSON per chunk is avoided: a cheap substring test selects the few events
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SSEForwarder", "cached_tokens_of", "sse_error_event"]
+__all__ = ["EventRewrite", "SSEForwarder", "cached_tokens_of", "first_event_error",
+           "has_complete_event", "sse_error_event"]
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
@@ -47,6 +52,48 @@ def cached_tokens_of(obj: Any) -> int | None:
     if isinstance(meta, dict) and isinstance(meta.get("cached_tokens"), int):
         return int(meta["cached_tokens"])
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRewrite:
+    """Change some response objects: a stream's data events whose bytes contain ``marker``
+    (or a whole JSON body) are parsed, passed through ``apply`` and serialized again."""
+
+    marker: bytes
+    apply: Callable[[dict[str, Any]], dict[str, Any]]
+
+    def body(self, data: bytes) -> bytes:
+        """A non-streamed JSON body, rewritten (unchanged when it is not a JSON object)."""
+        if self.marker not in data:
+            return data
+        obj = _json_of(data)
+        return data if obj is None else _dumps(self.apply(obj))
+
+
+def first_event_error(data: bytes) -> dict[str, Any] | None:
+    """The ``error`` object of the first complete data event in ``data``, if it is one.
+
+    Engines that already sent their headers report a failure as the stream's first event
+    (``data: {"error": {...}}``); before the first byte reached the client that is a failed
+    attempt like any other."""
+    for sep in _SEPARATORS:
+        end = data.find(sep)
+        if end >= 0:
+            obj = _json_of(_data_of(data[:end]))
+            if obj is not None and isinstance(obj.get("error"), dict):
+                error: dict[str, Any] = obj["error"]
+                return error
+            return None
+    return None
+
+
+def has_complete_event(data: bytes) -> bool:
+    """Whether ``data`` holds at least one complete event (a blank line)."""
+    return any(sep in data for sep in _SEPARATORS)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _is_done(block: bytes) -> bool:
@@ -80,12 +127,14 @@ class SSEForwarder:
     """Feeds upstream bytes, returns bytes for the client; remembers usage and ``[DONE]``.
 
     ``strip_usage``: drop the usage-only chunk (the client did not ask for usage).
+    ``rewrite``: applied to the events holding its marker, before usage is read or stripped.
     The common chunk costs a few substring searches: events are split and parsed only in
-    the block that holds the usage chunk or ``[DONE]``, or at the end of the stream.
+    the block that holds the usage chunk, ``[DONE]`` or the rewrite marker, or at the end.
     """
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(self, strip_usage: bool, rewrite: EventRewrite | None = None) -> None:
         self.strip_usage = strip_usage
+        self.rewrite = rewrite
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.last_object: dict[str, Any] | None = None
@@ -132,8 +181,10 @@ class SSEForwarder:
         if b'"error"' in complete:
             self.saw_error = True
         out = complete
-        if self.strip_usage and b'"usage"' in complete:
-            out = self._drop_usage_chunk(complete)
+        if self.rewrite is not None and self.rewrite.marker in out:
+            out = self._rewrite_block(out)
+        if self.strip_usage and b'"usage"' in out:
+            out = self._drop_usage_chunk(out)
         if _is_done(out):
             self._parse_last()  # the previous block may hold the last data event
             self._last_block, self._parsed = out, False
@@ -142,6 +193,22 @@ class SSEForwarder:
         elif b"data:" in out:  # comment-only blocks (keep-alives) do not replace data
             self._last_block, self._parsed = out, False
         return out
+
+    def _rewrite_block(self, block: bytes) -> bytes:
+        rewrite = self.rewrite
+        assert rewrite is not None
+        sep = b"\r\n\r\n" if b"\r\n\r\n" in block else b"\n\n"
+        events = block.split(sep)
+        for i, event in enumerate(events):
+            if rewrite.marker not in event:
+                continue
+            obj = _json_of(_data_of(event))
+            if obj is None:
+                continue
+            newline = b"\r\n" if sep == b"\r\n\r\n" else b"\n"
+            others = [line for line in event.split(newline) if not line.startswith(b"data:")]
+            events[i] = newline.join([*others, b"data: " + _dumps(rewrite.apply(obj))])
+        return sep.join(events)
 
     def _drop_usage_chunk(self, block: bytes) -> bytes:
         """``block`` without the usage-only chunk (whose usage is kept)."""

@@ -15,6 +15,7 @@ from grpclib.const import Cardinality
 
 from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
+from cortex.index.wire import SYNC_METHOD
 
 __all__ = [
     "SYNC_METHOD",
@@ -23,7 +24,6 @@ __all__ = [
     "pack_keys",
 ]
 
-SYNC_METHOD = "/cortex.index.v1.Index/Sync"
 _ENGINE_KINDS = {Engine.SGLANG: 1, Engine.VLLM: 2}  # EngineKind values
 
 

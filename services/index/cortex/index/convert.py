@@ -1,18 +1,20 @@
 """Translation between ``cortex.index.v1`` messages and the core's value types.
 
 Validation lives here: anything malformed becomes :class:`InvalidArgument` with a message
-naming the field. Match requests arrive already decoded by :mod:`cortex.index.wire`
-(:class:`MatchQuery`); :func:`match_args` is the one place a query becomes core arguments.
+naming the field. Requests arrive already decoded by :mod:`cortex.index.wire`: Match as a
+:class:`MatchQuery` (:func:`match_args` is the one place a query becomes core arguments),
+Sync as :class:`WireUpdate` records (:func:`update_from_wire` validates one update into a
+core :class:`LedgerUpdate`). Replies are built as generated messages, except Match's.
 """
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import betterproto
 import numpy as np
 
 from cortex.api.index import v1 as pb
@@ -32,20 +34,35 @@ from cortex.index.model import (
     StoreBlocks,
 )
 from cortex.index.prefix_index import IndexStats, MatchResult, WorkerView
-from cortex.index.wire import MatchDomain, MatchQuery, MatchReply, WorkerHit
+from cortex.index.wire import (
+    MatchDomain,
+    MatchQuery,
+    MatchReply,
+    WireClear,
+    WireDomain,
+    WireOp,
+    WireRemove,
+    WireRemoveSource,
+    WireSetState,
+    WireSnapshot,
+    WireSource,
+    WireStore,
+    WireUpdate,
+    WorkerHit,
+)
+from cortex.index.wire.codec import le_array
 
 __all__ = [
     "MatchArgs",
     "change_batch",
-    "domain_from_pb",
+    "domain_from_wire",
     "domain_to_pb",
     "engine_from_value",
     "match_args",
     "match_reply",
-    "op_name",
-    "source_from_pb",
+    "source_from_wire",
     "stats_response",
-    "update_from_pb",
+    "update_from_wire",
     "workers_response",
 ]
 
@@ -139,20 +156,23 @@ def match_reply(result: MatchResult, requested: MatchArgs) -> MatchReply:
 # ---- ledger updates ---------------------------------------------------------------------
 
 
-def source_from_pb(source: pb.Source | None) -> Source:
+def source_from_wire(source: WireSource | None) -> Source:
     if source is None or not source.worker_id:
         raise InvalidArgument("source.worker_id is required")
-    return Source(source.worker_id, int(source.dp_rank))
+    return Source(source.worker_id, source.dp_rank)
 
 
-def domain_from_pb(domain: pb.Domain | None) -> HashDomain:
+@functools.lru_cache(maxsize=256)
+def domain_from_wire(domain: WireDomain | None) -> HashDomain:
+    """The hash domain of a ``Domain`` (cached: every update names one, and a
+    ``HashDomain`` hashes its fields into a seed when created)."""
     if domain is None or not domain.model:
         raise InvalidArgument("domain.model is required")
     if domain.block_size < 1:
         raise InvalidArgument("domain.block_size must be >= 1")
-    engine = engine_from_value(int(domain.engine), required=True)
+    engine = engine_from_value(domain.engine, required=True)
     assert engine is not None
-    return HashDomain(domain.model, int(domain.block_size), engine)
+    return HashDomain(domain.model, domain.block_size, engine)
 
 
 def domain_to_pb(domain: HashDomain) -> pb.Domain:
@@ -160,69 +180,60 @@ def domain_to_pb(domain: HashDomain) -> pb.Domain:
                      engine=pb.EngineKind(_ENGINE_KINDS[domain.engine]))
 
 
-def _keys(repeated: list[int], packed: bytes, name: str) -> list[int]:
+def _keys(repeated: array[int], packed: bytes, name: str) -> list[int]:
     """A key list from its ``*_le`` twin (wins when set) or the repeated field."""
     if packed:
         if len(packed) % 8:
             raise InvalidArgument(f"{name}_le length {len(packed)} is not a multiple of 8")
-        out = array("Q")
-        out.frombytes(packed)
-        return out.tolist()
-    return list(repeated)
+        return le_array("Q", packed).tolist()
+    return repeated.tolist()
 
 
 def _state(value: int, field: str) -> LedgerState:
     try:
-        return LedgerState(int(value))
+        return LedgerState(value)
     except ValueError as exc:
         raise InvalidArgument(f"{field} has an unknown ledger state {value}") from exc
 
 
-def op_name(update: pb.LedgerUpdate) -> str:
-    """The op's oneof name (``store``, ``snapshot`` ...), or ``none``."""
-    name, _ = betterproto.which_one_of(update, "op")
-    return name or "none"
-
-
-def _op(update: pb.LedgerUpdate) -> Op:
-    name, value = betterproto.which_one_of(update, "op")
-    if isinstance(value, pb.StoreBlocks):
-        return StoreBlocks(int(value.parent_key), _keys(value.keys, value.keys_le, "keys"))
-    if isinstance(value, pb.RemoveBlocks):
-        return RemoveBlocks(_keys(value.keys, value.keys_le, "keys"))
-    if isinstance(value, pb.ClearBlocks):
-        return ClearBlocks(value.reason)
-    if isinstance(value, pb.SetState):
-        state = _state(value.state, "state.state")
+def _op(op: WireOp | None) -> Op:
+    if isinstance(op, WireStore):
+        return StoreBlocks(op.parent_key, _keys(op.keys, op.keys_le, "keys"))
+    if isinstance(op, WireRemove):
+        return RemoveBlocks(_keys(op.keys, op.keys_le, "keys"))
+    if isinstance(op, WireClear):
+        return ClearBlocks(op.reason)
+    if isinstance(op, WireSetState):
+        state = _state(op.state, "state.state")
         if state is LedgerState.UNSPECIFIED:
             raise InvalidArgument("state.state is unspecified")
-        return SetState(state, value.reason)
-    if isinstance(value, pb.Snapshot):
-        parents = _keys(value.parent_keys, value.parent_keys_le, "parent_keys")
-        keys = _keys(value.keys, value.keys_le, "keys")
+        return SetState(state, op.reason)
+    if isinstance(op, WireSnapshot):
+        parents = _keys(op.parent_keys, op.parent_keys_le, "parent_keys")
+        keys = _keys(op.keys, op.keys_le, "keys")
         if len(parents) != len(keys):
             raise InvalidArgument(
                 f"snapshot has {len(parents)} parent keys for {len(keys)} keys"
             )
-        state = _state(value.state, "snapshot.state")
+        state = _state(op.state, "snapshot.state")
         if state is LedgerState.UNSPECIFIED:
             state = LedgerState.READY  # an in-sync ledger unless ingest says otherwise
         if state is LedgerState.REMOVED:
             raise InvalidArgument("a snapshot cannot be in state REMOVED (use remove_source)")
-        return Snapshot(parents, keys, state, value.reason)
-    if isinstance(value, pb.RemoveSource):
-        return RemoveSource(value.reason)
-    raise InvalidArgument(f"ledger update has no op ({name or 'unset'})")
+        return Snapshot(parents, keys, state, op.reason)
+    if isinstance(op, WireRemoveSource):
+        return RemoveSource(op.reason)
+    raise InvalidArgument("ledger update has no op (unset)")
 
 
-def update_from_pb(update: pb.LedgerUpdate) -> LedgerUpdate:
+def update_from_wire(update: WireUpdate) -> LedgerUpdate:
     """A validated core update; :class:`InvalidArgument` names the first bad field."""
     return LedgerUpdate(
-        source=source_from_pb(update.source),
-        domain=domain_from_pb(update.domain),
-        epoch=int(update.epoch),
-        seq=int(update.seq),
-        op=_op(update),
+        source=source_from_wire(update.source),
+        domain=domain_from_wire(update.domain),
+        epoch=update.epoch,
+        seq=update.seq,
+        op=_op(update.op),
     )
 
 

@@ -3,8 +3,8 @@
 that owns them all (``async with IndexServer(config) as srv``).
 
 Handlers only move messages between the wire and :class:`PrefixIndex`; validation errors
-become ``INVALID_ARGUMENT`` with a message and no internals. Match requests are decoded by
-:mod:`cortex.index.wire` (``IndexServiceBase``).
+become ``INVALID_ARGUMENT`` with a message and no internals. Match and Sync requests are
+decoded by :mod:`cortex.index.wire` (``IndexServiceBase``), not betterproto.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import TypeVar
 
-import grpclib.server
 from aiohttp import web
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -31,21 +30,21 @@ from cortex.index.changes import ChangeSet
 from cortex.index.config import IndexConfig
 from cortex.index.convert import (
     change_batch,
-    domain_from_pb,
+    domain_from_wire,
     match_args,
     match_reply,
-    op_name,
-    source_from_pb,
+    source_from_wire,
     stats_response,
-    update_from_pb,
+    update_from_wire,
     workers_response,
 )
 from cortex.index.errors import InvalidArgument
+from cortex.index.grpc_server import GrpcServer
 from cortex.index.ledger import Verdict
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
 from cortex.index.model import Source
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
-from cortex.index.wire import IndexServiceBase, MatchQuery, MatchReply
+from cortex.index.wire import IndexServiceBase, MatchQuery, MatchReply, WireBatch, WireUpdate
 
 __all__ = ["IndexServer", "IndexService"]
 
@@ -173,17 +172,17 @@ class IndexService(IndexServiceBase):
 
     # ---- ledger updates -------------------------------------------------------------------
 
-    def _apply(self, update: pb.LedgerUpdate) -> tuple[ApplyResult, Source | None]:
-        op = op_name(update)
+    def _apply(self, update: WireUpdate) -> tuple[ApplyResult, Source | None]:
+        op = update.op_name
         try:
-            core_update = update_from_pb(update)
+            core_update = update_from_wire(update)
         except InvalidArgument as exc:
             self.metrics.rejected_updates.inc()
             source = domain = None
             with contextlib.suppress(InvalidArgument):
-                source = source_from_pb(update.source)
+                source = source_from_wire(update.source)
             with contextlib.suppress(InvalidArgument):
-                domain = domain_from_pb(update.domain)
+                domain = domain_from_wire(update.domain)
             now = time.monotonic()
             if now - self._last_reject_log >= 1.0:  # at most one line a second
                 self._last_reject_log = now
@@ -199,10 +198,13 @@ class IndexService(IndexServiceBase):
         self.metrics.updates.labels(op, result.verdict.value).inc()
         return result, source
 
-    async def sync(
-        self, update_batch_iterator: AsyncIterator[pb.UpdateBatch]
-    ) -> AsyncIterator[pb.SyncReply]:
-        """One reply per received batch: acks, the version, sources to re-snapshot."""
+    async def sync_batches(self, batches: AsyncIterator[WireBatch]) -> AsyncIterator[pb.SyncReply]:
+        """One reply per received batch: acks, the version, sources to re-snapshot.
+
+        Batches arrive decoded by :mod:`cortex.index.wire` (a malformed one ends the stream
+        with ``INVALID_ARGUMENT``); each update is validated and applied on its own, so a
+        bad update is rejected (its source asked to resync) and the rest of the batch applies.
+        """
         metrics = self.metrics
         metrics.sync_streams.inc()
         applied = 0
@@ -211,7 +213,7 @@ class IndexService(IndexServiceBase):
             with self._call():
                 while True:
                     try:
-                        batch = await self._next(update_batch_iterator)
+                        batch = await self._next(batches)
                     except _Drained:
                         raise GRPCError(Status.UNAVAILABLE, _DRAINING) from None
                     if batch is None:
@@ -327,7 +329,7 @@ class IndexServer:
         self.metrics = IndexMetrics(lambda: self.core)
         self._service: IndexService | None = None
         self._serving = ServiceStatus()
-        self._grpc: grpclib.server.Server | None = None
+        self._grpc: GrpcServer | None = None
         self._http: web.AppRunner | None = None
         self._port: int | None = None
         self._metrics_port: int | None = None
@@ -367,7 +369,7 @@ class IndexServer:
         c = self.config
         service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
         health = Health({service: [self._serving]})
-        server = grpclib.server.Server([service, health])
+        server = GrpcServer([service, health])
         try:
             sock = _bound_socket(c.host, c.port)
             self._port = sock.getsockname()[1]
@@ -400,7 +402,9 @@ class IndexServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop: health NOT_SERVING, streams end with UNAVAILABLE, in-flight
         calls get ``grace_s`` (default ``config.shutdown_grace_s``) seconds, then the rest
-        is cancelled. Idempotent; completes its cleanup even when cancelled.
+        is cancelled and every accepted connection closed (clients see the connection end
+        rather than a server that went silent). Idempotent; completes its cleanup even when
+        cancelled.
         """
         if self._stopped.is_set():
             return
@@ -423,9 +427,7 @@ class IndexServer:
         http, self._http = self._http, None
         try:
             if grpc is not None:
-                grpc.close()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(grpc.wait_closed(), 5.0)
+                await grpc.shutdown(timeout_s=5.0)  # closes accepted connections too
         finally:
             if http is not None:
                 await http.cleanup()

@@ -51,6 +51,12 @@ class IngestConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.index, tuple):
             object.__setattr__(self, "index", tuple(self.index))
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ConfigError(
+                f"redis_url {self.redis_url!r} must start with redis://, rediss:// or unix://"
+            )
         if len(set(self.index)) != len(self.index):
             raise ConfigError("index replicas must be distinct")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

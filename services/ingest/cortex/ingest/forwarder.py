@@ -386,13 +386,8 @@ class IndexForwarder:
                 )
                 del self._streams[source]
             return
-        encoder = (
-            stream.encoder
-            if stream is not None and stream.encoder.domain == view.domain
-            else UpdateEncoder(source, view.domain)
-        )
-        stream = _Stream(encoder, self.epochs.next())
-        self._streams[source] = stream
+        stream = self._new_epoch(source, view.domain)
+        encoder = stream.encoder
         self.snapshots += 1
         chunk = self.config.snapshot_chunk_keys
         parents, keys = view.parent_keys, view.keys
@@ -413,17 +408,22 @@ class IndexForwarder:
                                               keys[start:end]))
             start = end
 
+    def _new_epoch(self, source: SourceId, domain: HashDomain) -> _Stream:
+        """Start a new epoch for ``source`` on this stream (its encoder is kept)."""
+        stream = self._streams.get(source)
+        encoder = (
+            stream.encoder
+            if stream is not None and stream.encoder.domain == domain
+            else UpdateEncoder(source, domain)
+        )
+        stream = self._streams[source] = _Stream(encoder, self.epochs.next())
+        return stream
+
     def _encode(self, source: SourceId, domain: HashDomain, op: Op) -> bytes | None:
         stream = self._streams.get(source)
         if type(op) is Reset:
-            encoder = (
-                stream.encoder
-                if stream is not None and stream.encoder.domain == domain
-                else UpdateEncoder(source, domain)
-            )
-            stream = _Stream(encoder, self.epochs.next())
-            self._streams[source] = stream
-            return encoder.snapshot(stream.epoch, 0, [], [], op.state, op.reason)
+            stream = self._new_epoch(source, domain)
+            return stream.encoder.snapshot(stream.epoch, 0, [], [], op.state, op.reason)
         if stream is None:
             # The replica has not heard of the source on this stream: a snapshot fixes it.
             if type(op) is not Drop:

@@ -52,6 +52,7 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}ledger_blocks": "Blocks in each source's ledger.",
     f"{P}source_lag_seconds": "Now minus the timestamp of the source's last applied batch.",
     f"{P}pending_batches": "Live batches held while a replay runs.",
+    f"{P}last_applied_timestamp_seconds": "Unix time the source's last batch was applied.",
     f"{P}source_connected": "1 while the source's event socket is connected.",
     # per index replica (label: index)
     f"{P}index_up": "1 while the Sync stream to the index replica is open.",
@@ -118,6 +119,7 @@ class IngestCollector(Collector):
         ledger_blocks = _gauge(f"{P}ledger_blocks", src)
         lag = _gauge(f"{P}source_lag_seconds", src)
         pending = _gauge(f"{P}pending_batches", src)
+        applied_at = _gauge(f"{P}last_applied_timestamp_seconds", src)
         connected = _gauge(f"{P}source_connected", src)
         for source, runner in service.runners.items():
             t = runner.tracker
@@ -156,12 +158,14 @@ class IngestCollector(Collector):
             if s.last_lag_s is not None:
                 lag.add_metric(lv, s.last_lag_s)
             pending.add_metric(lv, t.pending)
+            if s.last_applied_unix_s is not None:
+                applied_at.add_metric(lv, s.last_applied_unix_s)
             connected.add_metric(lv, 1.0 if runner.connected else 0.0)
         yield from (
             messages, batches, events, blocks, duplicates, gaps, resets, replays, clears,
             unknown_parent, unknown_removed, ignored, decode_errors, bad_frames,
             unknown_events, checks, mismatches, transitions, state, ledger_blocks, lag,
-            pending, connected,
+            pending, applied_at, connected,
         )
 
         idx = ["index"]

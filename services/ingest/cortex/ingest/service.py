@@ -26,7 +26,8 @@ from types import MappingProxyType, TracebackType
 import zmq.asyncio
 from aiohttp import web
 
-from cortex.hashing import HashDomain
+from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
+from cortex.ingest.alignment import AUTO
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import IndexForwarder
 from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
@@ -228,7 +229,7 @@ class IngestService:
             await _settle(http.cleanup())
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
-            ctx.term()
+            ctx.destroy(linger=0)  # every socket is closed by now; never block on one
 
     # ---- reconciliation -----------------------------------------------------------------
 
@@ -265,30 +266,25 @@ class IngestService:
         cfg = self.config
         runners: list[SourceRunner] = []
         hash_algo = spec.labels.get(_LABEL_HASH_ALGO, cfg.hash_algo)
-        hash_seed = spec.labels.get(_LABEL_HASH_SEED, cfg.hash_seed)
+        if hash_algo != AUTO and hash_algo not in VLLM_HASH_ALGOS:
+            log.warning("worker=%s: label hash_algo=%r is not one of %s; using %r", spec.id,
+                        hash_algo, list(VLLM_HASH_ALGOS), cfg.hash_algo,
+                        extra={"worker": spec.id})
+            hash_algo = cfg.hash_algo
+        tracker_config = TrackerConfig(
+            engine=spec.engine,
+            model=spec.model,
+            block_size=spec.block_size,
+            replay=spec.replay is not None,
+            max_pending=cfg.max_pending_batches,
+            align_every=cfg.align_every,
+            hash_algo=hash_algo,
+            hash_seed=spec.labels.get(_LABEL_HASH_SEED, cfg.hash_seed),
+        )
         for rank in range(spec.dp_size):
             source = SourceId(spec.id, rank)
             events = spec.kv_events_endpoint(rank)
             assert events is not None
-            try:
-                tracker_config = TrackerConfig(
-                    engine=spec.engine,
-                    model=spec.model,
-                    block_size=spec.block_size,
-                    replay=spec.replay is not None,
-                    max_pending=cfg.max_pending_batches,
-                    align_every=cfg.align_every,
-                    hash_algo=hash_algo,
-                    hash_seed=hash_seed,
-                )
-            except ValueError as exc:  # e.g. a bad hash_algo label: check without it
-                log.warning("worker=%s: %s; alignment check uses defaults", spec.id, exc,
-                            extra={"worker": spec.id})
-                tracker_config = TrackerConfig(
-                    engine=spec.engine, model=spec.model, block_size=spec.block_size,
-                    replay=spec.replay is not None, max_pending=cfg.max_pending_batches,
-                    align_every=cfg.align_every,
-                )
             tracker = SourceTracker(source, tracker_config, clock=time.time)
             runner = SourceRunner(
                 tracker,

@@ -64,7 +64,8 @@ class SourceRunner:
         self._sub_hwm = sub_hwm
         self._burst = read_burst
         self._observe_lag = observe_lag
-        self._replay_task: asyncio.Task[None] | None = None
+        self._replay_task: asyncio.Task[None] | None = None  # the current replay
+        self._replays: set[asyncio.Task[None]] = set()  # current and aborted, until done
         self.connected = False
         self.connects = 0
         self.bad_frames = 0
@@ -103,7 +104,12 @@ class SourceRunner:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            replays = list(self._replays)
             self._cancel_replay()
+            for task in replays:
+                task.cancel()
+            # the replay sockets must be closed before the context can terminate
+            await asyncio.gather(*replays, return_exceptions=True)
             if monitor is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     sub.disable_monitor()
@@ -121,9 +127,12 @@ class SourceRunner:
                 self._cancel_replay()
             elif type(command) is StartReplay:
                 self._cancel_replay()
-                self._replay_task = asyncio.create_task(
+                task = asyncio.create_task(
                     self._replay(command.start_seq), name=f"replay-{self.source}"
                 )
+                self._replay_task = task
+                self._replays.add(task)
+                task.add_done_callback(self._replays.discard)
 
     def _cancel_replay(self) -> None:
         task, self._replay_task = self._replay_task, None
@@ -173,9 +182,9 @@ class SourceRunner:
                 if was_connected:
                     log.info("events reconnected source=%s endpoint=%s", self.source,
                              self.events_endpoint, extra=self._log_extra())
-                    self.tracker.on_reconnected()
-                    self.flush()
                 was_connected = True
+                self.tracker.on_connected()
+                self.flush()
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
                 log.info("events disconnected source=%s endpoint=%s", self.source,
@@ -192,6 +201,9 @@ class SourceRunner:
         dealer = self._ctx.socket(zmq.DEALER)
         try:
             dealer.setsockopt(zmq.LINGER, 0)
+            # A replay answers with up to the engine's whole buffer (10,000 batches by
+            # default) at once; the engine's ROUTER drops what does not fit the pipe.
+            dealer.setsockopt(zmq.RCVHWM, max(self._sub_hwm, 100_000))
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart(replay_request(start_seq))
             tracker = self.tracker

@@ -32,6 +32,7 @@ class SourceStats:
     rank_mismatches: int = 0
     last_batch_ts: float | None = None
     last_lag_s: float | None = None
+    last_applied_unix_s: float | None = None  # wall clock when the last batch was applied
 
 
 def bump(counter: dict[str, int], key: str, amount: int = 1) -> None:

@@ -184,6 +184,7 @@ class SourceTracker:
         self._ops: list[Op] = []
         self._commands: list[Command] = []
         self._decode_error_logged = False
+        self._connected_before = False
 
     def __repr__(self) -> str:
         return (
@@ -191,6 +192,11 @@ class SourceTracker:
             f" blocks={len(self.ledger)}, replaying={self._replay is not None},"
             f" pending={len(self._pending)})"
         )
+
+    @property
+    def _log_fields(self) -> dict[str, str]:
+        """Structured log fields of this source."""
+        return {"worker": self.source.worker_id, "source": str(self.source)}
 
     # ---- outputs ----------------------------------------------------------------------
 
@@ -228,14 +234,30 @@ class SourceTracker:
     # ---- inputs -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """The sockets are up: recover what the engine's replay buffer still holds."""
-        self._announce()
+        """The source is set up (its SUB is connecting). Without a replay endpoint nothing
+        can be confirmed, and nothing needs to be: a ledger built from the live stream only
+        under-estimates, so it is READY at once. With one, it stays SYNCING until the first
+        connection's replay (:meth:`on_connected`) recovered the engine's buffer."""
         if self.config.replay:
             self.expected = 0
-            self._begin_replay(0, None, ReplayKind.INITIAL)
+            self._set_state(LedgerState.SYNCING, "waiting for the event stream")
         else:
-            # Nothing to confirm: a ledger built from the live stream only under-estimates.
             self._set_state(LedgerState.READY, "live (no replay endpoint)")
+        self._announce()
+
+    def on_connected(self) -> None:
+        """The event socket connected. The first time: replay from seq 0 to recover what the
+        engine's buffer still holds (batches published before the subscription took effect
+        included). Later: the connection came back after a break (see
+        :meth:`on_reconnected`)."""
+        if self._removed:
+            return
+        if self._connected_before:
+            self.on_reconnected()
+            return
+        self._connected_before = True
+        if self.config.replay and self._replay is None and not self._applied_since_reset:
+            self._begin_replay(self.expected or 0, None, ReplayKind.INITIAL)
 
     def on_message(self, seq: int, payload: bytes) -> None:
         """A live message from the PUB socket."""
@@ -269,7 +291,7 @@ class SourceTracker:
             log.warning(
                 "replay of source=%s overflowed %d held batches; resetting the ledger",
                 self.source, self.config.max_pending,
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
+                extra=self._log_fields,
             )
             self._count_replay(kind, ReplayOutcome.INCOMPLETE)
             self._hole("replay_overflow")
@@ -352,7 +374,7 @@ class SourceTracker:
             log.warning(
                 "gap source=%s seq %d..%d missing and no replay endpoint: resetting",
                 self.source, expected, seq - 1,
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
+                extra=self._log_fields,
             )
             self._hole("gap_unrepaired")
             self._apply(seq, payload, digest)
@@ -368,7 +390,7 @@ class SourceTracker:
         log.warning(
             "seq reset source=%s: got seq %d, expected %s: the publisher restarted",
             self.source, seq, self.expected,
-            extra={"worker": self.source.worker_id, "source": str(self.source)},
+            extra=self._log_fields,
         )
         self._recent.clear()
         self._pending.clear()  # the dead publisher's batches: the reset supersedes them
@@ -399,14 +421,14 @@ class SourceTracker:
             log.info(
                 "replay source=%s (%s) from seq %d complete",
                 self.source, replay.kind.value, replay.start,
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
+                extra=self._log_fields,
             )
         else:
             log.warning(
                 "replay source=%s (%s) from seq %d %s: ledger reset, continuing live",
                 self.source, replay.kind.value, replay.start,
                 "timed out" if timed_out else "incomplete",
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
+                extra=self._log_fields,
             )
         if self.state is not LedgerState.MISALIGNED:
             self._set_state(LedgerState.READY, "in sync" if ok else "resynced")
@@ -450,7 +472,7 @@ class SourceTracker:
                 log.warning(
                     "undecodable batch source=%s seq=%d: %s (later ones only counted)",
                     self.source, seq, exc,
-                    extra={"worker": self.source.worker_id, "source": str(self.source)},
+                    extra=self._log_fields,
                 )
             # The batch may have removed blocks: only a reset keeps the ledger a subset.
             if len(self.ledger):
@@ -464,7 +486,9 @@ class SourceTracker:
         stats.batches += 1
         stats.last_batch_ts = batch.ts
         if self._clock is not None:
-            stats.last_lag_s = self._clock() - batch.ts
+            now = self._clock()
+            stats.last_applied_unix_s = now
+            stats.last_lag_s = now - batch.ts
         if batch.skipped_unknown:
             stats.unknown_events += batch.skipped_unknown
         if batch.dp_rank is not None and batch.dp_rank != self.source.dp_rank:
@@ -524,7 +548,7 @@ class SourceTracker:
             self.stats.transitions[key] = self.stats.transitions.get(key, 0) + 1
             log.info(
                 "source=%s %s -> %s (%s)", self.source, self.state.name, state.name, reason,
-                extra={"worker": self.source.worker_id, "source": str(self.source)},
+                extra=self._log_fields,
             )
         self.state, self.reason = state, reason
         if self._announced:

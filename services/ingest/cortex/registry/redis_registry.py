@@ -16,12 +16,13 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from cortex.registry.base import DEFAULT_TTL_S, Listing, Registry
-from cortex.registry.errors import RegistryUnavailable, SpecError
-from cortex.registry.spec import WorkerSpec
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+
+from cortex.registry.base import DEFAULT_TTL_S, Listing, Registry
+from cortex.registry.errors import RegistryUnavailable, SpecError
+from cortex.registry.spec import WorkerSpec
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisRegistry"]
 

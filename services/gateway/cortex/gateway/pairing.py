@@ -1,0 +1,91 @@
+"""Prefill/decode pairing (pure): the plan routing hands to the PD dispatcher.
+
+A model is served disaggregated while it has routable ``prefill`` and ``decode`` workers
+of its engine. The prefill pool is ranked like regular workers — by cache affinity from the
+ledger, then load — because the prefill computes the prompt; the decode pool is ranked by
+load only (a decode worker receives the KV, its own cache saves nothing; Dynamo does the
+same). The model's ``regular`` workers, if any, are ranked too: the cold fallback.
+
+Conditional disaggregation (vLLM only: an SGLang decode server refuses requests without a
+bootstrap room) lets the decode worker prefill itself when the part of the prompt it does
+not hold is small; a vLLM request with several sequences (``n > 1``, prompt arrays) always
+prefills on the decode worker, since one ``kv_transfer_params`` carries one sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cortex.gateway.config import PDConfig
+from cortex.gateway.matching import LedgerState
+from cortex.gateway.scoring import Decision, Scored
+from cortex.hashing import Engine
+
+__all__ = ["LocalPrefill", "PDMode", "PDOutcome", "PDPlan"]
+
+
+class PDMode(StrEnum):
+    """How a PD model's request was served (the ``x-cortex-pd`` header)."""
+
+    DISAGGREGATED = "disaggregated"
+    LOCAL_PREFILL = "local_prefill"
+    FALLBACK = "fallback_regular"
+
+
+class LocalPrefill(StrEnum):
+    """Why the decode worker prefills itself."""
+
+    SHORT_UNCACHED = "short_uncached"
+    MULTI_SEQUENCE = "multi_sequence"
+
+
+@dataclass(frozen=True, slots=True)
+class PDOutcome:
+    """What served a PD request: the mode and the workers (``None`` for a fallback)."""
+
+    mode: PDMode
+    prefill: str | None
+    decode: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PDPlan:
+    """A PD routing outcome. ``prefill`` (ledger affinity) is the request's main decision;
+    ``decode`` is ranked by load (reason ``load_only``); ``fallback`` ranks the model's
+    regular workers (``None``: it has none). ``sequences``: prompts x ``n``."""
+
+    engine: Engine
+    prefill: Decision
+    decode: Decision
+    fallback: Decision | None
+    prompt_tokens: int
+    sequences: int
+
+    @staticmethod
+    def held_tokens(scored: Scored) -> int:
+        """Leading prompt tokens a worker holds per its READY ledger or predictions (also
+        when the decision gave it no credit)."""
+        c = scored.candidate
+        if c.ledger is not LedgerState.READY or c.credit_blocked is not None:
+            return 0
+        return max(c.index_tokens, c.predicted_tokens)
+
+    def local_prefill(self, decode: Scored, config: PDConfig) -> LocalPrefill | None:
+        """Whether ``decode`` should prefill itself instead of a remote prefill."""
+        if self.engine is not Engine.VLLM:
+            return None
+        if self.sequences > 1:
+            return LocalPrefill.MULTI_SEQUENCE
+        if not config.local_prefill_max_tokens or self.prompt_tokens <= 0:
+            return None
+        uncached = max(self.prompt_tokens - self.held_tokens(decode), 0)
+        if (uncached < config.local_prefill_max_tokens
+                and uncached <= config.local_prefill_max_ratio * self.prompt_tokens):
+            return LocalPrefill.SHORT_UNCACHED
+        return None
+
+    def __repr__(self) -> str:
+        fallback = self.fallback.chosen.worker_id if self.fallback else None
+        return (f"PDPlan({self.engine.value}, prefill={self.prefill.chosen.worker_id},"
+                f" decode={self.decode.chosen.worker_id}, fallback={fallback})")
