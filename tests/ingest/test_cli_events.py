@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cortex.cli.main import main
 from cortex.ingest.codec import AllBlocksCleared, BlockStored, EventBatch, encode_batch
 

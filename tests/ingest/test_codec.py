@@ -7,6 +7,9 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from cortex.hashing import Engine
 from cortex.ingest.codec import (
     ENCODER_VERSIONS,
@@ -20,8 +23,6 @@ from cortex.ingest.codec import (
     decode_batch,
     encode_batch,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,6 +14,9 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from cortex.ingest.codec import (
     AllBlocksCleared,
     BlockRemoved,
@@ -22,8 +25,6 @@ from cortex.ingest.codec import (
     EventBatch,
     decode_batch,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from cortex.hashing import Engine
 from cortex.ingest.codec import (
     ENCODER_VERSIONS,

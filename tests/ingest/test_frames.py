@@ -7,6 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cortex.hashing import Engine
 from cortex.ingest.codec import CodecError
 from cortex.ingest.frames import (
@@ -24,8 +27,6 @@ from cortex.ingest.frames import (
     replay_reply_frames,
     replay_request,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.timeout(30)
 

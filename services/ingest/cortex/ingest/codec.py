@@ -22,6 +22,7 @@ from functools import partial
 from typing import Final, Literal, TypeAlias
 
 import msgpack
+
 from cortex.hashing import Engine
 
 __all__ = [
