@@ -4,26 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
-import sys
 import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cortex.sim.process import SimProcess
-from cortex.testing import free_port, wait_until
+from cortex.testing import free_port, sglang_router_argv, wait_until
 
-ROUTER = Path(sys.executable).with_name("sglang-router")
 PROMPT = "You are a meticulous assistant. Explain how a lighthouse keeper spends a day. " * 4
-
-pytestmark = pytest.mark.skipif(not ROUTER.exists() and shutil.which("sglang-router") is None,
-                                reason="sglang-router is not installed")
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, bytes]:
@@ -63,12 +56,10 @@ def start_sims(*argvs: tuple[str, ...]) -> Iterator[list[SimProcess]]:
 def router(policy: str, workers: list[SimProcess] | None = None, *, pd: list[str] | None = None
            ) -> Iterator[str]:
     port = free_port()
-    binary = str(ROUTER) if ROUTER.exists() else "sglang-router"
-    targets = ["--worker-urls", *[w.url for w in workers or []]] if pd is None else pd
+    argv = sglang_router_argv(port, policy, [w.url for w in workers or []], pd_args=pd)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-             "--log-level", "warn", *targets],
+            argv,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:

@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from cortex.sim.process import SimProcess
-from cortex.testing import RedisServer, free_port, wait_until
+from cortex.testing import RedisServer, free_port, sglang_router_argv, wait_until
 
 __all__ = ["register", "run"]
 
@@ -198,12 +198,9 @@ def cluster(with_router: bool) -> Iterator[Cluster]:
         ingest.alive()
         router_url = None
         if with_router:
-            binary = Path(sys.executable).with_name("sglang-router")
             router_port = free_port()
-            router = start("sglang-router", [
-                str(binary) if binary.exists() else "sglang-router", "launch", "--host",
-                "127.0.0.1", "--port", str(router_port), "--policy", "cache_aware",
-                "--log-level", "warn", "--worker-urls", *[s.url for s in sims]])
+            router = start("sglang-router", sglang_router_argv(
+                router_port, "cache_aware", [s.url for s in sims]))
             router_url = f"http://127.0.0.1:{router_port}"
             wait_until(lambda: router.alive() and _http_ok(router_url + "/v1/models"), 60, 0.1,
                        "sglang-router")

@@ -3,6 +3,7 @@
 Nothing here sleeps for a fixed time: every wait polls a condition until a deadline.
 """
 
+from cortex.testing.peers import sglang_router_argv
 from cortex.testing.procs import (
     RedisServer,
     free_port,
@@ -10,4 +11,4 @@ from cortex.testing.procs import (
     wait_until_async,
 )
 
-__all__ = ["RedisServer", "free_port", "wait_until", "wait_until_async"]
+__all__ = ["RedisServer", "free_port", "sglang_router_argv", "wait_until", "wait_until_async"]
