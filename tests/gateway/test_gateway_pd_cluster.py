@@ -19,6 +19,7 @@ import pytest
 
 from cortex.gateway.config import IndexConfig, ModelConfig, PDConfig, RegistryConfig
 from cortex.gateway.server import GatewayServer
+from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import IndexTarget
@@ -84,7 +85,7 @@ async def pd_cluster(engine: str, redis: RedisServer, index: IndexServer, start_
              for wid, sim in prefill.items()]
     specs += [spec_of(sim, wid, role="decode") for wid, sim in decode.items()]
     sections: dict[str, Any] = {
-        "models": (ModelConfig(name=MODEL, block_size=BLOCK, engine=engine),),  # type: ignore[arg-type]
+        "models": (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine(engine)),),
         "registry": RegistryConfig(redis_url=redis.url, poll_interval_s=0.2),
         "index": IndexConfig(targets=(index.target,), retry_after_ms=200),
     }

@@ -20,8 +20,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import HealthConfig, PDConfig
+from cortex.gateway.config import HealthConfig, ModelConfig, PDConfig
 from cortex.gateway.server import GatewayServer
+from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole
 from cortex.sim.process import SimProcess
@@ -53,10 +54,8 @@ async def settled(*sims: SimServer) -> None:
                            what="every PD leg to be finished or aborted")
 
 
-def models(engine: str) -> Any:
-    from cortex.gateway.config import ModelConfig
-
-    return (ModelConfig(name=MODEL, block_size=BLOCK, engine=engine),)  # type: ignore[arg-type]
+def models(engine: str) -> tuple[ModelConfig, ...]:
+    return (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine(engine)),)
 
 
 async def sglang_pair(start_sim: StartSim, prefills: int = 1, decodes: int = 1

@@ -436,6 +436,9 @@ GOOD = ld(2, ld(1, ld(1, b"w")) + tag(4, 0) + varint(1))  # one update: source w
         (b"\x12\x05\x0a", "overruns"),
         (ld(2, tag(20, 3) + tag(1, 0) + b"\x01" + tag(21, 4)), "mismatched end-group"),
         (ld(2, ld(14, b"\x2f")), "unexpected wire type 7"),
+        # an occurrence cut short must not borrow the next one's bytes when they merge
+        (ld(2, ld(1, b"\x0a\x02") + ld(1, b"\x10\x01")), "overruns"),
+        (ld(2, ld(10, b"\x09\x01") + ld(10, ld(2, fixed64([1, 2])))), "truncated fixed64"),
     ],
 )
 def test_malformed_batches_say_why(grpcio_modules: Grpcio, data: bytes, message: str) -> None:

@@ -2,10 +2,11 @@
 
 Why: ``grpclib.server.Server.close()`` stops listening and cancels running handlers, but
 leaves accepted connections open until each client hangs up (Python 3.11's
-``asyncio.Server`` does not track them). A client that outlives the server (another service,
-a test's channel closed after the server) then holds a half-dead connection, and a transport
-still open when its event loop closes is reported as an unclosed-transport
-``ResourceWarning`` when it is collected: random test failures where warnings are errors.
+``asyncio.Server`` does not track them), and new calls on them are still served. A client
+that outlives the server (another service, a test's channel closed after the server) then
+talks to a stopped server, and a transport still open when its event loop closes is
+reported as an unclosed-transport ``ResourceWarning`` when it is collected: random test
+failures where warnings are errors.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import asyncio
 import contextlib
 from asyncio import BaseTransport, Transport
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpclib.server
-from grpclib._typing import IServable
 from grpclib.protocol import H2Protocol
+
+if TYPE_CHECKING:
+    from grpclib._typing import IServable
 
 __all__ = ["GrpcServer"]
 

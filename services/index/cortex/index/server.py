@@ -402,9 +402,9 @@ class IndexServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop: health NOT_SERVING, streams end with UNAVAILABLE, in-flight
         calls get ``grace_s`` (default ``config.shutdown_grace_s``) seconds, then the rest
-        is cancelled and every accepted connection closed (clients see the connection end
-        rather than a server that went silent). Idempotent; completes its cleanup even when
-        cancelled.
+        is cancelled and every accepted connection closed (otherwise a stopped index would
+        keep answering on connections opened before). Idempotent; completes its cleanup even
+        when cancelled.
         """
         if self._stopped.is_set():
             return

@@ -8,9 +8,10 @@ elements (one tag per element) in windows, so a grpcio client's encoding costs a
 much as Cortex's ``*_le`` twins. Writers append to a ``bytearray``.
 
 Protobuf's rules, as upb applies them: varints are taken mod 2**64 and may be at most 10
-bytes, field number 0 and wire types 6 and 7 do not exist, groups are skipped (nested at
-most 100 deep) and must close with their own field number, a length may not overrun the
-enclosing message, strings must be UTF-8.
+bytes (tags 5), field number 0 and wire types 6 and 7 do not exist (upb tolerates field
+number 0 inside a skipped group, and so does this), groups are skipped (nested at most 100
+deep) and must close with their own field number, a length may not overrun the enclosing
+message, strings must be UTF-8.
 """
 
 from __future__ import annotations
@@ -293,7 +294,9 @@ def skip_field(buf: bytes, pos: int, end: int, tag: int, depth: int = 0) -> int:
         if depth >= _MAX_GROUP_DEPTH:
             raise WireError("groups nested too deeply")
         while True:
-            inner, pos = read_tag(buf, pos, end)
+            inner, pos = _tag_varint(buf, pos, end)
+            if inner >> 3 > _MAX_FIELD:  # (upb lets field number 0 pass inside a group)
+                raise WireError(f"invalid field number {inner >> 3}")
             if inner & 7 == 4:
                 if inner >> 3 != tag >> 3:
                     raise WireError("mismatched end-group")
@@ -308,10 +311,17 @@ def skip_field(buf: bytes, pos: int, end: int, tag: int, depth: int = 0) -> int:
 
 def read_tag(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     """The tag at ``pos`` (field number << 3 | wire type) and the position after it."""
-    tag, pos = read_varint(buf, pos, end)
+    tag, pos = _tag_varint(buf, pos, end)
     if tag >> 3 == 0 or tag >> 3 > _MAX_FIELD:
         raise WireError(f"invalid field number {tag >> 3}")
     return tag, pos
+
+
+def _tag_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    tag, after = read_varint(buf, pos, end)
+    if after - pos > 5:  # a 32-bit varint, as upb reads tags
+        raise WireError("tag longer than 5 bytes")
+    return tag, after
 
 
 def read_span(buf: bytes, pos: int, end: int) -> tuple[int, int]:

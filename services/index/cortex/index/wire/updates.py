@@ -221,12 +221,11 @@ def _decode_update(buf: bytes, pos: int, end: int) -> WireUpdate:
             tag, pos = read_tag(buf, pos, end)
         if tag == 0x0A:
             start, pos = read_span(buf, pos, end)
-            # a repeated occurrence merges: decoding the concatenation does exactly that
-            source = source + buf[start:pos] if has_source else buf[start:pos]
+            source = _merge(source, buf[start:pos], _source) if has_source else buf[start:pos]
             has_source = True
         elif tag == 0x12:
             start, pos = read_span(buf, pos, end)
-            domain = domain + buf[start:pos] if has_domain else buf[start:pos]
+            domain = _merge(domain, buf[start:pos], _domain) if has_domain else buf[start:pos]
             has_domain = True
         elif tag == 0x18:
             epoch, pos = read_varint(buf, pos, end)
@@ -235,7 +234,7 @@ def _decode_update(buf: bytes, pos: int, end: int) -> WireUpdate:
         elif tag in _OPS:
             start, pos = read_span(buf, pos, end)
             # the same oneof member again merges; another member replaces it
-            op = op + buf[start:pos] if tag == op_tag else buf[start:pos]
+            op = _merge(op, buf[start:pos], _OPS[tag]) if tag == op_tag else buf[start:pos]
             op_tag = tag
         else:
             pos = skip_field(buf, pos, end, tag)
@@ -244,8 +243,17 @@ def _decode_update(buf: bytes, pos: int, end: int) -> WireUpdate:
         _domain(domain) if has_domain else None,
         epoch,
         seq,
-        _OPS[op_tag](op, len(op)) if op_tag else None,
+        _OPS[op_tag](op) if op_tag else None,
     )
+
+
+def _merge(first: bytes, second: bytes, decode: Callable[[bytes], object]) -> bytes:
+    """Two occurrences of one sub-message, merged as protobuf merges them: decoding their
+    concatenation does exactly that, once each is known to be valid on its own (so that a
+    field cut off at the end of the first cannot swallow the start of the second)."""
+    decode(first)
+    decode(second)
+    return first + second
 
 
 # Decoded Source / Domain messages by their bytes: a batch repeats the same few (one domain,
@@ -309,11 +317,11 @@ def _fixed64(buf: bytes, pos: int, end: int) -> int:
     return int.from_bytes(buf[pos : pos + 8], "little")
 
 
-def _store(buf: bytes, end: int) -> WireStore:
+def _store(buf: bytes) -> WireStore:
     parent_key = 0
     keys = array("Q")
     keys_le = b""
-    pos = 0
+    pos, end = 0, len(buf)
     while pos < end:
         tag_at = pos
         tag = buf[pos]
@@ -334,10 +342,10 @@ def _store(buf: bytes, end: int) -> WireStore:
     return WireStore(parent_key, keys, keys_le)
 
 
-def _remove(buf: bytes, end: int) -> WireRemove:
+def _remove(buf: bytes) -> WireRemove:
     keys = array("Q")
     keys_le = b""
-    pos = 0
+    pos, end = 0, len(buf)
     while pos < end:
         tag_at = pos
         tag = buf[pos]
@@ -355,13 +363,13 @@ def _remove(buf: bytes, end: int) -> WireRemove:
     return WireRemove(keys, keys_le)
 
 
-def _snapshot(buf: bytes, end: int) -> WireSnapshot:
+def _snapshot(buf: bytes) -> WireSnapshot:
     parent_keys = array("Q")
     keys = array("Q")
     parent_keys_le = keys_le = b""
     state = 0
     reason = ""
-    pos = 0
+    pos, end = 0, len(buf)
     while pos < end:
         tag_at = pos
         tag = buf[pos]
@@ -390,10 +398,10 @@ def _snapshot(buf: bytes, end: int) -> WireSnapshot:
     return WireSnapshot(parent_keys, keys, parent_keys_le, keys_le, state, reason)
 
 
-def _set_state(buf: bytes, end: int) -> WireSetState:
+def _set_state(buf: bytes) -> WireSetState:
     state = 0
     reason = ""
-    pos = 0
+    pos, end = 0, len(buf)
     while pos < end:
         tag, pos = read_tag(buf, pos, end)
         if tag == 0x08:
@@ -407,10 +415,10 @@ def _set_state(buf: bytes, end: int) -> WireSetState:
     return WireSetState(state, reason)
 
 
-def _reason(buf: bytes, end: int) -> str:
+def _reason(buf: bytes) -> str:
     """The one field of ``ClearBlocks`` and ``RemoveSource``: ``string reason = 1``."""
     reason = ""
-    pos = 0
+    pos, end = 0, len(buf)
     while pos < end:
         tag, pos = read_tag(buf, pos, end)
         if tag == 0x0A:
@@ -421,16 +429,16 @@ def _reason(buf: bytes, end: int) -> str:
     return reason
 
 
-def _clear(buf: bytes, end: int) -> WireClear:
-    return WireClear(_reason(buf, end))
+def _clear(buf: bytes) -> WireClear:
+    return WireClear(_reason(buf))
 
 
-def _remove_source(buf: bytes, end: int) -> WireRemoveSource:
-    return WireRemoveSource(_reason(buf, end))
+def _remove_source(buf: bytes) -> WireRemoveSource:
+    return WireRemoveSource(_reason(buf))
 
 
 # LedgerUpdate's op members by tag (field 10-15, length-delimited): their decoders
-_OPS: dict[int, Callable[[bytes, int], WireOp]] = {
+_OPS: dict[int, Callable[[bytes], WireOp]] = {
     0x52: _store,
     0x5A: _remove,
     0x62: _clear,

@@ -1,0 +1,663 @@
+"""A whole Cortex cluster on one machine, in child processes: the engine behind ``cortex up``.
+
+``LocalCluster(spec, log_dir)`` starts a private ``redis-server`` (or uses ``spec.redis_url``),
+the index, one ingest, ``spec.gateways`` gateway replicas and ``spec.workers`` simulated
+workers (``cortex sim``), registers the workers in the registry, and returns once everything
+is ready: the index serves, every worker's ledger is READY at the ingest, every gateway is
+``ready`` and sees every worker routable with a READY ledger. Leaving the ``with`` block stops
+everything (process groups, SIGTERM then SIGKILL); children also die with the launcher.
+
+```python
+from cortex.cli.cluster import ClusterSpec, LocalCluster
+
+spec = ClusterSpec(workers=2, gateways=2, port=0, zero_cost=True, lease_ttl_s=3)
+with LocalCluster(spec, tmp_path) as cluster:
+    cluster.gateway_urls            # ["http://127.0.0.1:41235", ...]
+    cluster.workers["worker-0"].url # the sim's HTTP URL (also kv_events, replay, role, ...)
+    cluster.state()                 # the --state-file JSON
+    cluster.flush_worker("worker-0"); cluster.kill_worker("worker-1"); cluster.restart_index()
+```
+
+Every call blocks (start-up polls HTTP / gRPC health with deadlines, never fixed sleeps).
+From async code call it through ``asyncio.to_thread`` *only* with a thread that outlives the
+cluster: children are tied to the thread that started them (``PR_SET_PDEATHSIG``).
+
+Ports: the first gateway listens on ``spec.port`` (default 8080), the next on ``port + 1``,
+...; ``port=0`` picks free ports for all. Everything else binds 127.0.0.1 on free ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import Any, TypeVar
+
+from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.hashing import Engine
+from cortex.registry import WorkerRole, WorkerSpec
+from cortex.sim.cli import READY_PREFIX
+from cortex.testing import free_port
+
+__all__ = [
+    "DEFAULT_GATEWAY_PORT",
+    "ClusterError",
+    "ClusterSpec",
+    "LocalCluster",
+    "WorkerInfo",
+    "probe_grpc_health",
+    "probe_http",
+]
+
+DEFAULT_GATEWAY_PORT = 8080
+LOOPBACK = "127.0.0.1"
+STATE_VERSION = 1
+_POLL_S = 0.05
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start or a step failed; the message says what and how to fix it
+    (with the log tail of the process at fault). The launcher prints it and exits 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """What to start. Validated on creation (``ValueError`` naming the field).
+
+    ``workers``: simulated workers (0 = the services alone, for workers registered by hand).
+    ``pd``: the workers form a prefill/decode pool, ``ceil(workers/2)`` prefill and the rest
+    decode (needs ``workers >= 2``). ``gateways``: replicas (0 = none). ``port``: the first
+    gateway's port (0 = free ports). ``host``: the gateways' bind address.
+    ``services``: start Redis, index and ingest and register the workers; ``False`` starts
+    bare sims only (e.g. behind another router; then ``gateways`` must be 0).
+    ``redis_url``: use this Redis instead of a private ``redis-server``.
+    ``model``, ``block_size``: the served model name and tokens per KV block (one domain).
+    ``kv_capacity_blocks``, ``max_running``, ``zero_cost``: the sims' KV pool (blocks),
+    concurrency and timing (``zero_cost``: no simulated time); ``sim_args``: more
+    ``cortex sim`` flags for every worker (``--prefill-ms-per-token 0.05``, ...).
+    ``lease_ttl_s``: registry lease (s); gateways probe and the services poll the registry
+    every ``min(1, ttl/4)`` s so renewals stay well inside it. With no gateway nobody renews
+    leases, so workers are registered without expiry.
+    ``gateway_config``: sections merged into every gateway's generated config
+    (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args``: extra
+    flags. ``ready_timeout_s``: the whole start-up's deadline.
+    """
+
+    workers: int = 2
+    engine: Engine = Engine.SGLANG
+    pd: bool = False
+    gateways: int = 1
+    port: int = DEFAULT_GATEWAY_PORT
+    host: str = LOOPBACK
+    services: bool = True
+    redis_url: str | None = None
+    model: str = "cortex-sim"
+    block_size: int = 16
+    kv_capacity_blocks: int = 8192
+    max_running: int = 64
+    zero_cost: bool = False
+    sim_args: tuple[str, ...] = ()
+    lease_ttl_s: float = 10.0
+    gateway_config: Mapping[str, Any] = field(default_factory=dict)
+    index_args: tuple[str, ...] = ()
+    ingest_args: tuple[str, ...] = ()
+    ready_timeout_s: float = 90.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", Engine(self.engine))
+        for name in ("workers", "gateways"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.pd and self.workers < 2:
+            raise ValueError("pd: a prefill/decode pool needs workers >= 2")
+        if not 0 <= self.port <= 65535 or self.port + max(self.gateways - 1, 0) > 65535:
+            raise ValueError(f"port: {self.port} (+{self.gateways} gateways) is out of range")
+        if not self.services and self.gateways:
+            raise ValueError("gateways: gateways need the services (services=False: gateways=0)")
+        for name in ("block_size", "kv_capacity_blocks", "max_running"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("lease_ttl_s", "ready_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if not self.model.strip():
+            raise ValueError("model: must be a non-empty name")
+        object.__setattr__(self, "sim_args", tuple(self.sim_args))
+        object.__setattr__(self, "index_args", tuple(self.index_args))
+        object.__setattr__(self, "ingest_args", tuple(self.ingest_args))
+        object.__setattr__(self, "gateway_config", MappingProxyType(dict(self.gateway_config)))
+
+    @property
+    def poll_interval_s(self) -> float:
+        """Registry polling and gateway health-probe interval (s)."""
+        return min(1.0, self.lease_ttl_s / 4)
+
+    def worker_roles(self) -> list[tuple[str, WorkerRole]]:
+        """Worker ids and roles, in start order."""
+        if not self.pd:
+            return [(f"worker-{i}", WorkerRole.REGULAR) for i in range(self.workers)]
+        prefill = (self.workers + 1) // 2
+        return ([(f"prefill-{i}", WorkerRole.PREFILL) for i in range(prefill)]
+                + [(f"decode-{i}", WorkerRole.DECODE) for i in range(self.workers - prefill)])
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A started sim: its registry identity and the addresses it bound."""
+
+    id: str
+    role: WorkerRole
+    engine: Engine
+    url: str
+    kv_events: str
+    replay: str
+    bootstrap_port: int | None
+
+    def spec(self, model: str, block_size: int) -> WorkerSpec:
+        """The registry entry of this worker."""
+        return WorkerSpec(id=self.id, url=self.url, engine=self.engine, model=model,
+                          role=self.role, kv_events=self.kv_events, replay=self.replay,
+                          bootstrap_port=self.bootstrap_port, block_size=block_size)
+
+
+class LocalCluster:
+    """Starts, watches and stops one local cluster (see the module docstring).
+
+    Attributes once started: ``redis_url``, ``index_target`` (``host:port``), ``ingest_url``,
+    ``gateway_urls``, ``workers`` (id → :class:`WorkerInfo`), ``admin_token`` (the gateways'
+    admin API bearer token), ``log_dir`` (one ``<process>.log`` each, gateway configs).
+    """
+
+    def __init__(self, spec: ClusterSpec, log_dir: Path | str) -> None:
+        self.spec = spec
+        self.log_dir = Path(log_dir)
+        self.admin_token = secrets.token_urlsafe(24)
+        self.redis_url: str | None = spec.redis_url
+        self.index_target: str | None = None
+        self.ingest_url: str | None = None
+        self.gateway_urls: list[str] = []
+        self.workers: dict[str, WorkerInfo] = {}
+        self._supervisor: Supervisor | None = None
+        self._children: dict[str, Child] = {}
+        self._index_metrics_port: int | None = None
+        self._ingest_port: int | None = None
+        self._gateway_configs: list[Path] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start everything and wait until ready (:class:`ClusterError` otherwise, after
+        stopping what was started)."""
+        if self._supervisor is not None:
+            raise RuntimeError("the cluster is already started")
+        spec = self.spec
+        gateway_ports = self._gateway_ports()
+        redis_binary = self._redis_binary()
+        self._supervisor = Supervisor(self.log_dir)
+        deadline = time.monotonic() + spec.ready_timeout_s
+        try:
+            launched = [(wid, role, self._launch_sim(wid, role)) for wid, role in
+                        spec.worker_roles()]
+            if redis_binary is not None:
+                self._start_redis(redis_binary)
+            if spec.services:
+                self._start_index()
+                for i, port in enumerate(gateway_ports):
+                    self._start_gateway(i, port)
+                self._start_ingest()
+            for wid, role, offset in launched:
+                self._wait_sim(wid, role, offset, deadline)
+            if spec.services:
+                self._wait_services(deadline, register=True)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop every process (idempotent); deregisters workers from an external Redis."""
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is None:
+            return
+        try:
+            if self.spec.redis_url and self.workers and self.spec.services:
+                with contextlib.suppress(Exception):
+                    _run_async(_deregister(self.spec.redis_url, list(self.workers)))
+        finally:
+            supervisor.stop_all(grace_s)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Wait until the services are ready again with every live worker (after a restart
+        or a worker loss)."""
+        self._wait_services(time.monotonic() + (timeout_s or self.spec.ready_timeout_s))
+
+    def crashed(self) -> list[Child]:
+        """Processes that exited without being stopped or killed through the cluster."""
+        return self._sup.crashed()
+
+    def check(self) -> None:
+        """Raise :class:`ClusterError` (with the log tail) if some process crashed."""
+        try:
+            self._sup.check()
+        except ChildExited as exc:
+            raise ClusterError(str(exc)) from None
+
+    # ---- operations (tests, demos, benchmarks) --------------------------------------------
+
+    def process(self, name: str) -> Child:
+        """The child called ``name``: ``redis``, ``index``, ``ingest``, ``gateway-<i>`` or a
+        worker id."""
+        return self._children[name]
+
+    def kill_worker(self, worker_id: str) -> None:
+        """SIGKILL a worker (a crash); its lease then expires unless it comes back."""
+        self._sup.kill(self._children[worker_id])
+
+    def flush_worker(self, worker_id: str) -> None:
+        """Empty a worker's prefix cache the engine's way (SGLang ``/flush_cache``, vLLM
+        ``/reset_prefix_cache``); it publishes ``AllBlocksCleared``."""
+        info = self.workers[worker_id]
+        path = "/flush_cache" if info.engine is Engine.SGLANG else "/reset_prefix_cache"
+        status, body = _http(info.url + path, method="POST", timeout=10.0)
+        if status != 200:
+            raise ClusterError(f"flushing {worker_id} failed: HTTP {status} {body!r}")
+
+    def restart_index(self, wait: bool = True) -> None:
+        """Restart the index on the same ports (empty ledger); with ``wait``, return once
+        ingest and gateways have re-converged (every ledger READY again)."""
+        self._children["index"] = self._sup.restart(self._children["index"])
+        if wait:
+            self.wait_ready()
+
+    # ---- what runs where --------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """One JSON-able object describing every started process (``cortex up --state-file``)."""
+        spec = self.spec
+        pids = {name: child.pid for name, child in self._children.items()}
+        logs = {name: str(child.log_path) for name, child in self._children.items()}
+        index = None
+        if self.index_target is not None:
+            index = {"grpc": self.index_target, "metrics_port": self._index_metrics_port,
+                     "metrics_url": _metrics_url(self._index_metrics_port),
+                     "pid": pids["index"], "log": logs["index"]}
+        ingest = None
+        if self.ingest_url is not None:
+            ingest = {"url": self.ingest_url, "metrics_port": self._ingest_port,
+                      "metrics_url": self.ingest_url + "/metrics",
+                      "health_url": self.ingest_url + "/health/ready",
+                      "pid": pids["ingest"], "log": logs["ingest"]}
+        return {
+            "version": STATE_VERSION,
+            "launcher_pid": os.getpid(),
+            "log_dir": str(self.log_dir),
+            "model": spec.model,
+            "engine": spec.engine.value,
+            "block_size": spec.block_size,
+            "pd": spec.pd,
+            "lease_ttl_s": spec.lease_ttl_s if spec.gateways else 0,
+            "admin_token": self.admin_token if spec.gateways else None,
+            "redis": None if self.redis_url is None else {
+                "url": self.redis_url, "pid": pids.get("redis"), "log": logs.get("redis")},
+            "index": index,
+            "ingest": ingest,
+            "gateways": [
+                {"id": f"gateway-{i}", "url": url, "port": int(url.rsplit(":", 1)[1]),
+                 "metrics_url": url + "/metrics", "config": str(self._gateway_configs[i]),
+                 "pid": pids[f"gateway-{i}"], "log": logs[f"gateway-{i}"]}
+                for i, url in enumerate(self.gateway_urls)
+            ],
+            "workers": [
+                {"id": w.id, "url": w.url, "engine": w.engine.value, "role": w.role.value,
+                 "model": spec.model, "kv_events": w.kv_events, "replay": w.replay,
+                 "bootstrap_port": w.bootstrap_port, "metrics_url": w.url + "/metrics",
+                 "pid": pids[w.id], "log": logs[w.id]}
+                for w in self.workers.values()
+            ],
+        }
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._supervisor is None else "running"
+        return (f"LocalCluster({state}, workers={list(self.workers)}, "
+                f"gateways={self.gateway_urls}, index={self.index_target})")
+
+    # ---- start-up steps -------------------------------------------------------------------
+
+    @property
+    def _sup(self) -> Supervisor:
+        if self._supervisor is None:
+            raise RuntimeError("the cluster is not running")
+        return self._supervisor
+
+    def _start(self, name: str, args: Sequence[str]) -> Child:
+        child = self._children[name] = self._sup.start_cortex(name, args)
+        return child
+
+    def _gateway_ports(self) -> list[int]:
+        spec = self.spec
+        if spec.port == 0:
+            return [free_port() for _ in range(spec.gateways)]
+        ports = [spec.port + i for i in range(spec.gateways)]
+        for port in ports:
+            if not _bindable(spec.host, port):
+                raise ClusterError(
+                    f"port {port} on {spec.host} is already in use (another `cortex up`?): "
+                    "pass --port N for another first gateway port, or --port 0 for free ports")
+        return ports
+
+    def _redis_binary(self) -> str | None:
+        if not self.spec.services or self.spec.redis_url is not None:
+            return None
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ClusterError(
+                "redis-server not found on PATH. Install it (Debian/Ubuntu: "
+                "`sudo apt-get install redis-server`; macOS: `brew install redis`), or point "
+                "the cluster at a running Redis with --redis-url redis://HOST:PORT/0")
+        return binary
+
+    def _start_redis(self, binary: str) -> None:
+        port = free_port()
+        data = self.log_dir / "redis-data"
+        data.mkdir(parents=True, exist_ok=True)
+        child = self._children["redis"] = self._sup.start("redis", [
+            binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
+            "--dir", str(data), "--logfile", ""])
+        self.redis_url = f"redis://{LOOPBACK}:{port}/0"
+        self._wait("redis", lambda: _redis_ping(LOOPBACK, port),
+                   time.monotonic() + 15.0, child)
+
+    def _start_index(self) -> None:
+        port, self._index_metrics_port = free_port(), free_port()
+        self.index_target = f"{LOOPBACK}:{port}"
+        self._start("index", ["index", "--host", LOOPBACK, "--port", str(port),
+                              "--metrics-host", LOOPBACK,
+                              "--metrics-port", str(self._index_metrics_port),
+                              *self.spec.index_args])
+
+    def _start_ingest(self) -> None:
+        assert self.redis_url is not None and self.index_target is not None
+        self._ingest_port = free_port()
+        self.ingest_url = f"http://{LOOPBACK}:{self._ingest_port}"
+        self._start("ingest", ["ingest", "run", "--redis", self.redis_url,
+                               "--index", self.index_target, "--ingest-id", "ingest-0",
+                               "--metrics-host", LOOPBACK,
+                               "--metrics-port", str(self._ingest_port),
+                               "--poll-interval", str(self.spec.poll_interval_s),
+                               *self.spec.ingest_args])
+
+    def _gateway_document(self, index: int, port: int) -> dict[str, Any]:
+        spec = self.spec
+        interval = spec.poll_interval_s
+        document: dict[str, Any] = {
+            "gateway_id": f"gateway-{index}",
+            "server": {"host": spec.host, "port": port, "admin_token": self.admin_token},
+            "models": [{"name": spec.model, "engine": spec.engine.value,
+                        "block_size": spec.block_size}],
+            "index": {"targets": [self.index_target]},
+            "registry": {"redis_url": self.redis_url, "lease_ttl_s": spec.lease_ttl_s,
+                         "poll_interval_s": interval},
+            "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5))},
+        }
+        return _merge(document, spec.gateway_config)
+
+    def _start_gateway(self, index: int, port: int) -> None:
+        path = self.log_dir / f"gateway-{index}.json"
+        path.write_text(json.dumps(self._gateway_document(index, port), indent=2) + "\n")
+        path.chmod(0o600)  # holds the admin token
+        self._gateway_configs.append(path)
+        self._start(f"gateway-{index}", ["gateway", "--config", str(path),
+                                         "--log-format", "text"])
+        connect = LOOPBACK if self.spec.host in ("0.0.0.0", "::", "") else self.spec.host
+        self.gateway_urls.append(f"http://{connect}:{port}")
+
+    def _launch_sim(self, worker_id: str, role: WorkerRole) -> int:
+        """Start one sim on free ports; returns its log offset (the ready line follows it)."""
+        spec = self.spec
+        log = self.log_dir / f"{worker_id}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        args = ["sim", "--engine", spec.engine.value, "--role", role.value,
+                "--host", LOOPBACK, "--port", "0", "--kv-events-port", "0",
+                "--replay-port", "0", "--model", spec.model,
+                "--block-size", str(spec.block_size),
+                "--kv-capacity-blocks", str(spec.kv_capacity_blocks),
+                "--max-running", str(spec.max_running)]
+        if role is WorkerRole.PREFILL and spec.engine is Engine.SGLANG:
+            args += ["--bootstrap-port", "0"]
+        if spec.zero_cost:
+            args.append("--zero-cost")
+        self._start(worker_id, [*args, *spec.sim_args])
+        return offset
+
+    def _wait_sim(self, worker_id: str, role: WorkerRole, offset: int, deadline: float) -> None:
+        child = self._children[worker_id]
+        found: dict[str, Any] = {}
+
+        def ready() -> bool:
+            line = _ready_line(child.log_path, offset)
+            if line is not None:
+                found.update(line)
+            return line is not None
+
+        self._wait(f"worker {worker_id}", ready, deadline, child)
+        host = LOOPBACK
+        self.workers[worker_id] = WorkerInfo(
+            id=worker_id, role=role, engine=self.spec.engine, url=str(found["url"]),
+            kv_events=f"tcp://{host}:{found['kv_events_port']}",
+            replay=f"tcp://{host}:{found['replay_port']}",
+            bootstrap_port=found.get("bootstrap_port") if role is WorkerRole.PREFILL
+            and self.spec.engine is Engine.SGLANG else None)
+
+    def _wait_services(self, deadline: float, register: bool = False) -> None:
+        assert self.index_target is not None and self.ingest_url is not None
+        host, port = self.index_target.rsplit(":", 1)
+        self._wait("index", functools.partial(probe_grpc_health, host, int(port)), deadline,
+                   self._children["index"])
+        # gateways live before the workers are registered: their probes renew the leases
+        for i, url in enumerate(self.gateway_urls):
+            self._wait(f"gateway-{i}", functools.partial(probe_http, url + "/health/live"),
+                       deadline, self._children[f"gateway-{i}"])
+        if register:
+            self._register_workers()
+        self._wait("ingest", self._ingest_ready, deadline, self._children["ingest"])
+        for i, url in enumerate(self.gateway_urls):
+            self._wait(f"gateway-{i}", functools.partial(self._gateway_ready, url), deadline,
+                       self._children[f"gateway-{i}"])
+
+    def _register_workers(self) -> None:
+        if not self.workers:
+            return
+        assert self.redis_url is not None
+        ttl = self.spec.lease_ttl_s if self.spec.gateways else 0.0
+        specs = [w.spec(self.spec.model, self.spec.block_size) for w in self.workers.values()]
+        try:
+            _run_async(_register(self.redis_url, specs, ttl))
+        except Exception as exc:
+            raise ClusterError(f"cannot register the workers in {self.redis_url}: {exc}") from exc
+
+    def _ingest_ready(self) -> bool:
+        status, body = _http(f"{self.ingest_url}/health/ready")
+        if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
+            return False
+        sources = body.get("sources", {})
+        return all(sources.get(f"{wid}#0") == "READY" for wid in self._live_workers())
+
+    def _gateway_ready(self, url: str) -> bool:
+        status, body = _http(url + "/health/ready")
+        if not isinstance(body, dict):
+            return False
+        live = self._live_workers()
+        if not live:  # nothing to route to: the dependencies must be there
+            return body.get("index") == "available" and body.get("registry") == "ok"
+        if status != 200 or body.get("status") != "ready":
+            return False
+        status, listing = _http(url + "/admin/workers",
+                                headers={"Authorization": f"Bearer {self.admin_token}"})
+        if status != 200 or not isinstance(listing, dict):
+            return False
+        seen = {w["id"]: w for w in listing.get("workers", [])}
+        return all(wid in seen and seen[wid]["routable"] and seen[wid]["ledger"] == "ready"
+                   for wid in live)
+
+    def _live_workers(self) -> list[str]:
+        return [wid for wid in self.workers if self._children[wid].alive()]
+
+    def _wait(self, what: str, predicate: Callable[[], bool], deadline: float,
+              child: Child) -> None:
+        """Poll ``predicate`` until true; :class:`ClusterError` with ``child``'s log tail when
+        any process crashes or the deadline passes."""
+        while True:
+            self.check()
+            if predicate():
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"{what} not ready after {self.spec.ready_timeout_s:g} s; last log lines "
+                    f"({child.log_path}):\n{child.log_tail()}")
+            time.sleep(_POLL_S)
+
+
+# ---- probes (also used by the container health checks) -------------------------------------
+
+
+def probe_http(url: str, timeout: float = 2.0) -> bool:
+    """True when ``GET url`` answers 2xx."""
+    status, _ = _http(url, timeout=timeout)
+    return status is not None and 200 <= status < 300
+
+
+def probe_grpc_health(host: str, port: int, service: str = "", timeout: float = 2.0) -> bool:
+    """True when the ``grpc.health.v1`` check of ``service`` answers ``SERVING``."""
+    return _run_async(_grpc_health(host, port, service, timeout))
+
+
+async def _grpc_health(host: str, port: int, service: str, timeout: float) -> bool:
+    from grpclib.client import Channel
+    from grpclib.exceptions import GRPCError, StreamTerminatedError
+    from grpclib.health.v1.health_grpc import HealthStub
+    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+
+    channel = Channel(host, port)
+    try:
+        reply = await asyncio.wait_for(
+            HealthStub(channel).Check(HealthCheckRequest(service=service)), timeout)
+    except (OSError, GRPCError, StreamTerminatedError, TimeoutError):
+        return False
+    finally:
+        channel.close()
+    serving: bool = reply.status == HealthCheckResponse.SERVING
+    return serving
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def _run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion on a private loop in a helper thread (works whether or not
+    the caller runs an event loop)."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cortex-up") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def _register(redis_url: str, specs: Sequence[WorkerSpec], ttl_s: float) -> None:
+    from cortex.registry import RedisRegistry
+
+    async with RedisRegistry(redis_url) as registry:
+        for spec in specs:
+            await registry.register(spec, ttl_s)
+
+
+async def _deregister(redis_url: str, worker_ids: Sequence[str]) -> None:
+    from cortex.registry import RedisRegistry
+
+    async with RedisRegistry(redis_url) as registry:
+        for worker_id in worker_ids:
+            await registry.deregister(worker_id)
+
+
+def _http(url: str, method: str = "GET", headers: Mapping[str, str] | None = None,
+          timeout: float = 2.0) -> tuple[int | None, Any]:
+    """``(status, decoded JSON body or text)``; ``(None, reason)`` when nothing answered."""
+    request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+        exc.close()
+    except (OSError, urllib.error.URLError) as exc:
+        return None, str(exc)
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def _redis_ping(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ready_line(log_path: Path, offset: int) -> dict[str, Any] | None:
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(READY_PREFIX):
+            found: dict[str, Any] = json.loads(line[len(READY_PREFIX):])
+            return found
+    return None
+
+
+def _metrics_url(port: int | None) -> str | None:
+    return None if port is None else f"http://{LOOPBACK}:{port}/metrics"
+
+
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in, tables recursively (``extra`` wins)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

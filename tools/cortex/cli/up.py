@@ -1,0 +1,203 @@
+"""``cortex up``: a whole Cortex cluster on this machine, in one command.
+
+Starts a private ``redis-server``, the index, the ingest, one or more gateway replicas and
+simulated workers (:class:`cortex.cli.cluster.LocalCluster`), registers the workers, waits
+until every part is ready, prints what runs where with a ready-to-paste ``curl``, and runs
+until Ctrl-C / SIGTERM, then stops everything. A process that crashes meanwhile is reported
+(with its log tail) and the rest keeps running. Exit codes: 0 after a clean stop, 1 when the
+cluster could not start, 2 on invalid arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+__all__ = ["register", "run", "spec_from_args", "summary"]
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    from cortex.cli.cluster import DEFAULT_GATEWAY_PORT, ClusterSpec
+
+    defaults = ClusterSpec()
+    parser = subparsers.add_parser(
+        "up", help="run a local dev cluster: Redis, index, ingest, gateways, simulated workers",
+        description="Start a local Cortex cluster (private redis-server, index, ingest, "
+                    "gateway replicas, simulated SGLang/vLLM workers), wait until it is ready, "
+                    "print what runs where, and stop it all on Ctrl-C / SIGTERM.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    workers = parser.add_argument_group("workers (cortex sim)")
+    workers.add_argument("--workers", type=int, default=defaults.workers, metavar="N",
+                         help="simulated workers (0 = the services alone, register workers "
+                              "by hand with `cortex workers add`)")
+    workers.add_argument("--engine", choices=["sglang", "vllm"], default=defaults.engine.value)
+    workers.add_argument("--pd", action="store_true",
+                         help="a prefill/decode pool: ceil(N/2) prefill and the rest decode "
+                              "workers (N >= 2)")
+    workers.add_argument("--model", default=defaults.model, help="served model name")
+    workers.add_argument("--block-size", type=int, default=defaults.block_size,
+                         help="tokens per KV block")
+    workers.add_argument("--kv-capacity-blocks", type=int, default=defaults.kv_capacity_blocks,
+                         help="each worker's KV pool (blocks)")
+    workers.add_argument("--max-running", type=int, default=defaults.max_running,
+                         help="requests each worker serves at once")
+    workers.add_argument("--zero-cost", action="store_true",
+                         help="no simulated prefill/decode time")
+    workers.add_argument("--sim-args", default="", metavar="'ARGS'",
+                         help="more `cortex sim` flags for every worker, e.g. "
+                              "--sim-args='--prefill-ms-per-token 0.05'")
+    gateways = parser.add_argument_group("gateways")
+    gateways.add_argument("--gateways", type=int, default=defaults.gateways, metavar="N",
+                          help="gateway replicas (0 = none)")
+    gateways.add_argument("--port", type=int, default=DEFAULT_GATEWAY_PORT,
+                          help="first gateway's port; replica i listens on PORT+i "
+                               "(0 = free ports)")
+    gateways.add_argument("--host", default=defaults.host,
+                          help="gateways' bind address (0.0.0.0 to reach them from elsewhere)")
+    gateways.add_argument("--lease-ttl", type=float, default=defaults.lease_ttl_s, metavar="S",
+                          help="worker registry lease (s), renewed by the gateways' probes")
+    parser.add_argument("--redis-url", default=None,
+                        help="use this Redis instead of starting a private redis-server")
+    parser.add_argument("--log-dir", default=None,
+                        help="where each process logs (default: a new temporary directory)")
+    parser.add_argument("--state-file", default=None, metavar="FILE",
+                        help="write a JSON description of every process here once ready "
+                             "(removed on exit)")
+    parser.add_argument("--ready-timeout", type=float, default=defaults.ready_timeout_s,
+                        metavar="S", help="give up if the cluster is not ready by then")
+    parser.set_defaults(func=run)
+
+
+def spec_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`ClusterSpec` of the command line (``ValueError`` when invalid)."""
+    from cortex.cli.cluster import ClusterSpec
+
+    return ClusterSpec(
+        workers=args.workers, engine=args.engine, pd=args.pd, gateways=args.gateways,
+        port=args.port, host=args.host, redis_url=args.redis_url, model=args.model,
+        block_size=args.block_size, kv_capacity_blocks=args.kv_capacity_blocks,
+        max_running=args.max_running, zero_cost=args.zero_cost,
+        sim_args=tuple(shlex.split(args.sim_args)), lease_ttl_s=args.lease_ttl,
+        ready_timeout_s=args.ready_timeout)
+
+
+class _Stop(BaseException):
+    """Ctrl-C or SIGTERM: leave the cluster's ``with`` block, which stops everything."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # one stop is enough: further signals must not interrupt the shutdown itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise _Stop(signal.Signals(signum).name)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cortex.cli.cluster import ClusterError, LocalCluster
+
+    try:
+        spec = spec_from_args(args)
+    except ValueError as exc:
+        print(f"cortex up: invalid arguments: {exc}", file=sys.stderr)
+        return 2
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="cortex-up-"))
+    state_file = Path(args.state_file) if args.state_file else None
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    print(f"cortex up: starting (logs in {log_dir}) ...", flush=True)
+    started = time.monotonic()
+    try:
+        with LocalCluster(spec, log_dir) as cluster:
+            state = cluster.state()
+            if state_file is not None:
+                _write_json(state_file, state)
+            print(summary(state, time.monotonic() - started), flush=True)
+            _watch(cluster)
+    except _Stop as stop:
+        print(f"cortex up: {stop} received, everything stopped", flush=True)
+        return 0
+    except ClusterError as exc:
+        print(f"cortex up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if state_file is not None:
+            state_file.unlink(missing_ok=True)
+    return 0  # pragma: no cover - _watch only returns by a signal
+
+
+def _watch(cluster: Any) -> None:
+    """Report every process that crashes (once, with its log tail) until a signal stops us."""
+    reported: set[str] = set()
+    while True:
+        for child in cluster.crashed():
+            if child.name not in reported:
+                reported.add(child.name)
+                print(f"cortex up: {child.name} exited with code {child.returncode}; the rest "
+                      f"keeps running. Last log lines ({child.log_path}):\n{child.log_tail(2000)}",
+                      file=sys.stderr, flush=True)
+        time.sleep(0.5)
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write atomically: readers see the whole object or no file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def summary(state: dict[str, Any], seconds: float) -> str:
+    """The human-readable what-runs-where of a cluster ``state()``."""
+    workers = state["workers"]
+    gateways = state["gateways"]
+    lines = [f"cortex up: ready in {seconds:.1f} s: {len(workers)} {state['engine']} worker(s)"
+             f"{' (prefill/decode pool)' if state['pd'] else ''}, {len(gateways)} gateway(s), "
+             f"model {state['model']!r}. Logs: {state['log_dir']}", ""]
+    rows: list[tuple[str, str, str]] = []
+    for gw in gateways:
+        rows.append((gw["id"], gw["url"], f"metrics {gw['metrics_url']}"))
+    if state["index"]:
+        rows.append(("index", f"grpc {state['index']['grpc']}",
+                     f"metrics {state['index']['metrics_url']}"))
+    if state["ingest"]:
+        rows.append(("ingest", state["ingest"]["health_url"],
+                     f"metrics {state['ingest']['metrics_url']}"))
+    if state["redis"]:
+        rows.append(("redis", state["redis"]["url"], ""))
+    for w in workers:
+        rows.append((w["id"], w["url"],
+                     f"{w['engine']} {w['role']}, events {w['kv_events']}, replay {w['replay']}"))
+    width = max((len(r[0]) for r in rows), default=0)
+    url_width = max((len(r[1]) for r in rows), default=0)
+    lines += [f"  {name:<{width}}  {url:<{url_width}}  {extra}".rstrip()
+              for name, url, extra in rows]
+    if gateways:
+        url = gateways[0]["url"]
+        body = json.dumps({"model": state["model"], "max_tokens": 16,
+                           "messages": [{"role": "user", "content": "Hello, Cortex!"}]})
+        lines += [
+            "",
+            "Try it (the x-cortex-* response headers say which worker served the request, how",
+            "it was routed and how many prompt tokens were already cached there):",
+            f"  curl -si {url}/v1/chat/completions -H 'content-type: application/json' \\",
+            f"    -d '{body}'",
+            "",
+            "Why a worker was chosen (admin API; the token is in the gateway configs):",
+            f"  curl -s {url}/admin/explain -H 'authorization: Bearer {state['admin_token']}' \\",
+            f"    -d '{body}'",
+        ]
+    elif state["redis"] and not workers:
+        lines += ["", "Register workers with: cortex workers add --redis "
+                      f"{state['redis']['url']} --id ID --url URL --engine ENGINE --model M"]
+    lines += ["", "Ctrl-C stops everything."]
+    return "\n".join(lines)
