@@ -11,6 +11,7 @@ from setuptools import find_namespace_packages, setup
 
 ROOTS = (
     "libs/hashing",
+    "libs/chat",
     "services/ingest",
     "services/index",
     "services/gateway",

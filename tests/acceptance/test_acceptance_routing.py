@@ -98,6 +98,7 @@ async def test_a_burst_split_across_two_gateway_replicas_still_colocates(
                                    for i in range(24)))
 
     assert [r.status for r in burst] == [200] * 24
-    assert {r.worker for r in burst} == {holder}
+    assert {r.worker for r in burst} == {holder}, [
+        (r.worker, r.mode, r.headers["x-cortex-match-reason"], r.hit_tokens) for r in burst]
     assert {r.mode for r in burst} == {"exact_kv"}
     assert all(0 < r.hit_tokens <= (r.cached_tokens or 0) for r in burst)

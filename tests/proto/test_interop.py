@@ -1,7 +1,7 @@
 """A plain grpcio client, generated from the same .proto, against the grpclib Index server.
 
-The server (conftest.EchoIndex) decodes Match through cortex.index.wire; grpcio's blocking
-client runs in a worker thread so the event loop keeps serving.
+The server (conftest.EchoIndex) decodes Match and Sync through cortex.index.wire; grpcio's
+blocking client runs in a worker thread so the event loop keeps serving.
 """
 
 from __future__ import annotations

@@ -448,6 +448,29 @@ def test_malformed_batches_say_why(grpcio_modules: Grpcio, data: bytes, message:
         decode_update_batch(data)
 
 
+def nested_groups(depth: int) -> bytes:
+    return tag(20, 3) * depth + tag(20, 4) * depth
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        *(nested_groups(n) for n in (99, 100, 101)),  # upb's nesting limit: 100 ...
+        *(ld(2, nested_groups(n)) for n in (98, 99, 100)),  # ... counting the messages
+        *(ld(2, ld(10, nested_groups(n))) for n in (97, 98, 99)),  # around the groups
+        *(ld(2, ld(1, nested_groups(n))) for n in (97, 98, 99)),
+        tag(20, 3) + b"\x00\x00" + tag(20, 4),  # field number 0 passes inside a group
+        ld(2, ld(10, tag(20, 3) + b"\x02\x01x" + tag(20, 4))),
+        b"\x8a\x80\x80\x80\x00\x00",  # a tag in 5 bytes (ingest_id) ...
+        b"\x8a\x80\x80\x80\x80\x00\x00",  # ... but not in 6
+        ld(2, ld(12, b"\x00") + ld(10, b"")),  # a replaced op member must be valid too
+        ld(2, ld(12, b"\x0a\x01") + ld(12, b"x")),  # merged ones each on their own
+    ],
+)
+def test_edge_cases_agree_with_protobuf(grpcio_modules: Grpcio, data: bytes) -> None:
+    assert_agrees(data, grpcio_modules)
+
+
 def test_semantic_problems_are_kept_for_the_index() -> None:
     """What protobuf accepts decodes, even where the index will reject the update."""
     data = b"".join([

@@ -16,7 +16,9 @@ from cortex.ingest.codec import ENCODER_VERSIONS
 
 __all__ = [
     "DEFAULT_VERSIONS",
+    "GENERATION_PATHS",
     "FaultConfig",
+    "FaultScope",
     "Role",
     "SimConfig",
     "TimingConfig",
@@ -28,6 +30,10 @@ DEFAULT_VERSIONS: dict[Engine, str] = {Engine.SGLANG: "0.5.23", Engine.VLLM: "0.
 
 _VERSION = re.compile(r"\d+(\.\d+){1,3}")
 _SGLANG_BOOTSTRAP_PORT = 8998
+_MAX_DP_SIZE = 64
+
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+"""The generation endpoints: the default scope of the HTTP faults."""
 
 
 def _padded(version: str) -> tuple[int, ...]:
@@ -46,6 +52,16 @@ class Role(StrEnum):
     REGULAR = "regular"
     PREFILL = "prefill"
     DECODE = "decode"
+
+
+class FaultScope(StrEnum):
+    """Which HTTP paths ``http_down`` / ``error_rate`` / ``latency_ms`` hit (admin never)."""
+
+    GENERATION = "generation"  # only GENERATION_PATHS: health and load probes still answer
+    ALL = "all"  # every engine path, probes included
+
+    def covers(self, path: str) -> bool:
+        return self is FaultScope.ALL or path in GENERATION_PATHS
 
 
 def _non_negative(name: str, value: float) -> None:
@@ -86,10 +102,11 @@ class FaultConfig:
 
     ``drop_batches`` / ``duplicate_batches`` / ``reorder_batches``: the next N event
     batches are dropped (seq gap; still replayable), sent twice, or swapped with the
-    batch after them. ``http_down``: requests hang unanswered (admin paths excepted).
-    ``error_rate``: probability in [0, 1] that a request gets ``error_status``.
-    ``latency_ms``: added before every request is handled. ``cut_stream_after``: a
-    streaming response is cut (connection closed, no ``[DONE]``) after k chunks.
+    batch after them. ``http_down``: requests hang unanswered. ``error_rate``:
+    probability in [0, 1] that a request gets ``error_status``. ``latency_ms``: added
+    before a request is handled. These three hit the paths of ``fault_paths``
+    (:class:`FaultScope`; admin paths never). ``cut_stream_after``: a streaming response
+    is cut (connection closed, no ``[DONE]``) after k chunks.
     """
 
     drop_batches: int = 0
@@ -100,8 +117,14 @@ class FaultConfig:
     error_status: int = 500
     latency_ms: float = 0.0
     cut_stream_after: int | None = None
+    fault_paths: FaultScope = FaultScope.GENERATION
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "fault_paths", FaultScope(self.fault_paths))
+        except ValueError:
+            raise ValueError(f"fault_paths must be one of {[s.value for s in FaultScope]}, "
+                             f"got {self.fault_paths!r}") from None
         _non_negative("drop_batches", self.drop_batches)
         _non_negative("duplicate_batches", self.duplicate_batches)
         _non_negative("reorder_batches", self.reorder_batches)
@@ -124,7 +147,10 @@ class SimConfig:
     ``transfer_port``: the prefill's KV side channel (ZMQ ROUTER) that decode sims
     pull from (0 = any free port). ``advertise_host``: the host peers should dial
     when ``host`` is a wildcard. ``output_tokens``: range of the natural answer
-    length in tokens (where the seeded text generator emits EOS).
+    length in tokens (where the seeded text generator emits EOS). ``dp_size``:
+    data-parallel ranks, each with its own KV pool of ``kv_capacity_blocks`` blocks, its
+    own prefix cache and its own KV-event PUB / replay on ``kv_events_port + rank`` /
+    ``replay_port + rank``.
     """
 
     engine: Engine = Engine.SGLANG
@@ -154,6 +180,7 @@ class SimConfig:
     output_tokens: tuple[int, int] = (16, 64)
     advertise_host: str | None = None
     engine_id: str | None = None
+    dp_size: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))
@@ -191,6 +218,12 @@ class SimConfig:
             raise ValueError(f"output_tokens must be 1 <= min <= max, got {self.output_tokens}")
         if self.bootstrap_port is not None and self.engine is not Engine.SGLANG:
             raise ValueError("bootstrap_port is an SGLang option (vLLM PD uses kv_transfer_params)")
+        if not 1 <= self.dp_size <= _MAX_DP_SIZE:
+            raise ValueError(f"dp_size must be in [1, {_MAX_DP_SIZE}], got {self.dp_size}")
+        for name in ("kv_events_port", "replay_port"):
+            base = getattr(self, name)
+            if base and base + self.dp_size - 1 > 65535:
+                raise ValueError(f"{name} + dp_size - 1 must be <= 65535")
 
     @property
     def version_tuple(self) -> tuple[int, ...]:

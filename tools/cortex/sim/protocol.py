@@ -2,7 +2,8 @@
 
 Parsing turns an OpenAI chat/completions body or an SGLang ``/generate`` body into a
 :class:`GenRequest`: one :class:`SequenceSpec` per output sequence (batch prompts,
-``n`` > 1), each with its prompt token ids and PD fields. Unknown fields are accepted
+``n`` > 1), each with its prompt token ids and PD fields. Prompt tokens come from
+:mod:`cortex.chat`, exactly as the engine computes them. Unknown fields are accepted
 (routers add their own). Bad input raises :class:`RequestError` (a 4xx). The builders
 turn :class:`SequenceResult` values into the engines' JSON bodies and SSE chunks.
 """
@@ -16,9 +17,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from cortex.chat import ChatError, ChatTokenizer, render_args, text_add_special_tokens
 from cortex.hashing import Engine
+from cortex.sim import logprobs as lp
+from cortex.sim.logprobs import FakeLogprobs, LogprobRequest, TokenLogprob
 from cortex.sim.textgen import FinishReason, GenerationPlan
-from cortex.sim.tokenization import ChatTokenizer, TemplateError
 
 __all__ = [
     "Endpoint",
@@ -26,6 +29,7 @@ __all__ = [
     "RequestError",
     "SequenceResult",
     "SequenceSpec",
+    "Shaping",
     "chat_chunk",
     "chat_response",
     "completion_chunk",
@@ -43,6 +47,7 @@ __all__ = [
 _MAX_ROOM = 2**63 - 1
 _DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI / vLLM / SGLang default for /v1/completions
 _DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang sampling_params default
+_MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs; OpenAI allows 20 on chat
 
 
 class Endpoint(StrEnum):
@@ -103,6 +108,12 @@ class GenRequest:
     """``/generate`` with a list input (answer is a list) or a completions prompt array."""
     kv_transfer_params: Mapping[str, Any] | None = None
     prompt_text: tuple[str | None, ...] = ()
+    logprobs: LogprobRequest | None = None
+    dp_rank: int | None = None
+    """Data-parallel rank asked for (SGLang ``routed_dp_rank`` / ``data_parallel_rank``,
+    vLLM ``X-data-parallel-rank``); ``None``: the engine picks."""
+    prefill_dp_rank: int | None = None
+    """SGLang decode: the prefill DP rank holding the KV (``disagg_prefill_dp_rank``)."""
     created: int = field(default_factory=lambda: int(time.time()))
 
 

@@ -279,7 +279,11 @@ def read_fixed64(
 
 
 def skip_field(buf: bytes, pos: int, end: int, tag: int, depth: int = 0) -> int:
-    """Skip the value of an unknown field (or a known one with another wire type)."""
+    """Skip the value of an unknown field (or a known one with another wire type).
+
+    ``depth``: how many messages (or groups) enclose the field, 0 at the top level; upb
+    refuses groups nested past 100 levels counting those.
+    """
     wire_type = tag & 7
     if wire_type == 0:
         return read_varint(buf, pos, end)[1]

@@ -324,7 +324,7 @@ def _decode_worker_match(buf: bytes, pos: int, end: int) -> WorkerHit:
         elif tag == 0x28:
             dp_rank, pos = read_varint(buf, pos, end)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 1)
     return WorkerHit(
         worker_id, blocks & MASK32, tokens & MASK32, as_int32(state), dp_rank & MASK32
     )
@@ -347,7 +347,7 @@ def _decode_domain(buf: bytes, pos: int, end: int, into: MatchDomain | None) -> 
             engine, pos = read_varint(buf, pos, end)
             engine = as_int32(engine)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 1)
     return MatchDomain(model, block_size, engine)
 
 

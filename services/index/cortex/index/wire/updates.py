@@ -12,7 +12,8 @@ whole number of keys or a snapshot whose lists differ in length are the index's 
 encodings: ``keys`` (``array('Q')``) holds the ``repeated fixed64`` field, packed or not,
 ``keys_le`` the bytes twin (which wins when non-empty).
 
-Protobuf semantics, as upb applies them: a singular field's last value wins; a sub-message
+Protobuf semantics, as upb applies them (its nesting limit of 100 counts the messages
+around a skipped group too): a singular field's last value wins; a sub-message
 (``source``, ``domain``, the op) that occurs more than once is merged, field by field; a
 ``oneof`` member replaces another member set before it; repeated keys concatenate across
 occurrences and encodings; unknown fields, groups and known fields with an unexpected wire
@@ -234,10 +235,15 @@ def _decode_update(buf: bytes, pos: int, end: int) -> WireUpdate:
         elif tag in _OPS:
             start, pos = read_span(buf, pos, end)
             # the same oneof member again merges; another member replaces it
-            op = _merge(op, buf[start:pos], _OPS[tag]) if tag == op_tag else buf[start:pos]
+            if tag == op_tag:
+                op = _merge(op, buf[start:pos], _OPS[tag])
+            else:
+                if op_tag:  # replaced, yet it must have been valid protobuf
+                    _OPS[op_tag](op)
+                op = buf[start:pos]
             op_tag = tag
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 1)
     return WireUpdate(
         _source(source) if has_source else None,
         _domain(domain) if has_domain else None,
@@ -278,7 +284,7 @@ def _source(data: bytes) -> WireSource:
         elif tag == 0x10:
             dp_rank, pos = read_varint(data, pos, end)
         else:
-            pos = skip_field(data, pos, end, tag)
+            pos = skip_field(data, pos, end, tag, 2)
     source = WireSource(worker_id, dp_rank & MASK32)
     if len(_SOURCES) >= _CACHE_MAX:
         _SOURCES.clear()
@@ -303,7 +309,7 @@ def _domain(data: bytes) -> WireDomain:
         elif tag == 0x18:
             engine, pos = read_varint(data, pos, end)
         else:
-            pos = skip_field(data, pos, end, tag)
+            pos = skip_field(data, pos, end, tag, 2)
     domain = WireDomain(model, block_size & MASK32, as_int32(engine))
     if len(_DOMAINS) >= _CACHE_MAX:
         _DOMAINS.clear()
@@ -338,7 +344,7 @@ def _store(buf: bytes) -> WireStore:
         elif tag == 0x12 or tag == 0x11:
             pos = read_fixed64(buf, tag_at, pos, end, tag, keys)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 2)
     return WireStore(parent_key, keys, keys_le)
 
 
@@ -359,7 +365,7 @@ def _remove(buf: bytes) -> WireRemove:
         elif tag == 0x0A or tag == 0x09:
             pos = read_fixed64(buf, tag_at, pos, end, tag, keys)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 2)
     return WireRemove(keys, keys_le)
 
 
@@ -394,7 +400,7 @@ def _snapshot(buf: bytes) -> WireSnapshot:
             start, pos = read_span(buf, pos, end)
             reason = read_text(buf, start, pos)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 2)
     return WireSnapshot(parent_keys, keys, parent_keys_le, keys_le, state, reason)
 
 
@@ -411,7 +417,7 @@ def _set_state(buf: bytes) -> WireSetState:
             start, pos = read_span(buf, pos, end)
             reason = read_text(buf, start, pos)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 2)
     return WireSetState(state, reason)
 
 
@@ -425,7 +431,7 @@ def _reason(buf: bytes) -> str:
             start, pos = read_span(buf, pos, end)
             reason = read_text(buf, start, pos)
         else:
-            pos = skip_field(buf, pos, end, tag)
+            pos = skip_field(buf, pos, end, tag, 2)
     return reason
 
 

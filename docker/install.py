@@ -1,0 +1,125 @@
+"""Install Cortex the way the container image does, and check the result.
+
+    python docker/install.py SRC [--target DIR] [--no-deps]
+
+1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra) plus
+   :data:`EXTRA_REQUIREMENTS`, runtime imports the package metadata does not declare yet;
+2. restores data files the built distribution left out (every non-Python file of the
+   ``cortex`` trees under the source roots of ``setup.py``, e.g. chat templates), naming each;
+3. imports every service's modules, so a broken install fails the image build.
+
+``--target DIR --no-deps`` installs into a plain directory without dependencies (the test
+suite uses it to check the image's install without a network or a Docker engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+# grpclib.health (the index's gRPC health service) imports google.protobuf
+EXTRA_REQUIREMENTS = ("protobuf>=4.21",)
+
+# what each service command runs (cortex.cli.main dispatches lazily to these)
+SERVICE_MODULES = (
+    "cortex.cli.main",
+    "cortex.cli.up",
+    "cortex.index.cli",
+    "cortex.index.server",
+    "cortex.ingest.cli",
+    "cortex.ingest.service",
+    "cortex.ingest.cli_workers",
+    "cortex.gateway.cli",
+    "cortex.gateway.server",
+    "cortex.sim.cli",
+    "cortex.sim.server",
+)
+
+_CODE_SUFFIXES = {".py", ".pyc", ".pyo"}
+
+
+def source_roots(src: Path) -> list[Path]:
+    """The ``ROOTS`` tuple of ``setup.py``: directories holding a ``cortex/<part>`` tree."""
+    tree = ast.parse((src / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ROOTS"
+                                                 for t in node.targets)):
+            return [src / root for root in ast.literal_eval(node.value)]
+    raise SystemExit("install.py: setup.py has no ROOTS tuple")
+
+
+def data_files(src: Path) -> list[tuple[Path, Path]]:
+    """Non-Python files of the ``cortex`` trees: ``(source root, path relative to it)``."""
+    found = []
+    for root in source_roots(src):
+        tree = root / "cortex"
+        if not tree.is_dir():
+            continue
+        for path in sorted(tree.rglob("*")):
+            if (path.is_file() and path.suffix not in _CODE_SUFFIXES
+                    and "__pycache__" not in path.parts):
+                found.append((root, path.relative_to(root)))
+    return found
+
+
+def restore_data_files(src: Path, site: Path) -> list[Path]:
+    """Copy every data file the installed ``cortex`` tree lacks; returns what was copied."""
+    restored = []
+    for root, relative in data_files(src):
+        installed = site / relative
+        if not installed.exists():
+            installed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / relative, installed)
+            restored.append(relative)
+    return restored
+
+
+def pip_install(src: Path, target: Path | None, no_deps: bool) -> None:
+    command = [sys.executable, "-m", "pip", "install", "--no-cache-dir", str(src)]
+    if no_deps:
+        command += ["--no-deps", "--no-build-isolation"]
+    else:
+        command += list(EXTRA_REQUIREMENTS)
+    if target is not None:
+        command += ["--target", str(target)]
+    subprocess.run(command, check=True, cwd=src)
+
+
+def check_imports(site: Path) -> None:
+    """Import every service module from ``site`` in a fresh interpreter without the
+    source tree (``-S``: no .pth files, so an editable install cannot mask a gap)."""
+    paths = [str(site)]
+    if site != Path(sysconfig.get_path("purelib")):
+        paths.append(sysconfig.get_path("purelib"))
+    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
+    subprocess.run([sys.executable, "-S", "-c", code, *SERVICE_MODULES], check=True,
+                   cwd="/", env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", type=Path, help="the repository (a copy of the build context)")
+    parser.add_argument("--target", type=Path, default=None,
+                        help="install into this directory (pip --target)")
+    parser.add_argument("--no-deps", action="store_true",
+                        help="install the project only, none of its dependencies")
+    args = parser.parse_args(argv)
+    src = args.src.resolve()
+    pip_install(src, args.target, args.no_deps)
+    site = args.target.resolve() if args.target else Path(sysconfig.get_path("purelib"))
+    restored = restore_data_files(src, site)
+    for relative in restored:
+        print(f"install.py: restored {relative} (missing from the built distribution)")
+    check_imports(site)
+    print(f"install.py: cortex installed in {site}; every service module imports")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

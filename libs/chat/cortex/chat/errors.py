@@ -1,0 +1,24 @@
+"""The library's exceptions: every one is a client error (the engines answer HTTP 400)."""
+
+from __future__ import annotations
+
+__all__ = ["ChatError", "InvalidChatRequest", "TemplateError"]
+
+
+class ChatError(ValueError):
+    """A chat request the engine would reject. ``param`` names the offending request field.
+
+    Callers (the gateway, the simulated engine) answer it with a 400 and ``str(exc)``.
+    """
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class InvalidChatRequest(ChatError):
+    """The request body has a field of the wrong shape (``messages``, ``tools``, flags...)."""
+
+
+class TemplateError(ChatError):
+    """The chat template could not render these messages (``raise_exception``, bad types)."""

@@ -1,0 +1,190 @@
+"""Jinja chat templates with Hugging Face ``apply_chat_template`` semantics (pure).
+
+What both engines do through ``transformers``: a sandboxed, immutable Jinja environment with
+``trim_blocks`` / ``lstrip_blocks`` and ``loopcontrols``; a ``tojson`` filter that does not
+HTML-escape (``ensure_ascii=False``, optional ``indent`` / ``separators`` / ``sort_keys``);
+the globals ``raise_exception`` and ``strftime_now``; the ``{% generation %}`` block; the
+variables ``messages``, ``tools``, ``documents`` (``None`` when absent, never undefined),
+``add_generation_prompt`` and any extra variable (special tokens, ``chat_template_kwargs``);
+and ``continue_final_message``, which cuts the rendered text right after the final
+message's content so the model continues it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import jinja2.sandbox
+
+from cortex.chat.errors import TemplateError
+
+__all__ = ["DEFAULT_CHAT_TEMPLATE", "ChatTemplate", "load_chat_template"]
+
+DEFAULT_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "deepseek_v4.jinja"
+"""The default chat template file (DeepSeek-V3.1/V4 conversation format), package data."""
+
+_RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
+def load_chat_template(path: str | Path | None = None) -> str:
+    """Read a Jinja chat template file; ``None`` reads the default one.
+
+    A ``.json`` file is read as a ``tokenizer_config.json`` (see :func:`config_template`).
+    Raises ``OSError`` / ``ValueError``.
+    """
+    file = DEFAULT_CHAT_TEMPLATE if path is None else Path(path)
+    text = file.read_text(encoding="utf-8")
+    if file.suffix == ".json":
+        template = config_template(json.loads(text))
+        if template is None:
+            raise ValueError(f"{file} has no 'chat_template'")
+        return template
+    return text
+
+
+def config_template(config: Mapping[str, Any]) -> str | None:
+    """The ``chat_template`` of a ``tokenizer_config.json``: a string, or from a list of
+    named templates the one named ``default`` (what ``transformers`` picks without tools)."""
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, Mapping) and item.get("name") == "default":
+                template = item.get("template")
+                return template if isinstance(template, str) else None
+    return None
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}…{% endgeneration %}`` (assistant-mask tracking): renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+@functools.cache
+def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(text: str) -> tuple[jinja2.Template, jinja2.nodes.Template]:
+    env = _environment()
+    try:
+        return env.from_string(text), env.parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template does not compile: {exc}") from exc
+
+
+def _final_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list | tuple):
+        for block in reversed(content):
+            if isinstance(block, Mapping) and isinstance(block.get("text"), str):
+                return str(block["text"])
+        raise TemplateError("continue_final_message is set but we could not find any text to "
+                            "continue in the final message!")
+    if not isinstance(content, str):
+        raise TemplateError("continue_final_message is set but the final message has no text")
+    return content
+
+
+def _cut_after_final(rendered: str, final: str) -> str:
+    """``transformers``' ``continue_final_message``: end the text with the final content."""
+    stripped = final.strip()
+    if stripped not in rendered:
+        raise TemplateError("continue_final_message is set but the final message does not "
+                            "appear in the chat after applying the chat template!")
+    at = rendered.rindex(stripped)
+    if rendered[at : at + len(final.lstrip())] == final:
+        return rendered[: at + len(final.lstrip())]
+    return rendered[: at + len(stripped)]
+
+
+class ChatTemplate:
+    """One compiled chat template. ``ValueError`` when the text does not compile."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._template, self.parsed = _compiled(text)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text (``apply_chat_template(tokenize=False)``).
+
+        ``variables`` are further template variables (special tokens first, then the
+        request's ``chat_template_kwargs``). Raises :class:`TemplateError`.
+        """
+        variables = variables or {}
+        if continue_final_message and add_generation_prompt:
+            raise TemplateError("continue_final_message and add_generation_prompt are not "
+                                "compatible")
+        clash = _RENDER_ARGS & variables.keys()
+        if clash:
+            raise TemplateError(f"got multiple values for {sorted(clash)}",
+                                param="chat_template_kwargs")
+        if tools is not None and not all(isinstance(tool, Mapping) for tool in tools):
+            raise TemplateError("tools should be JSON schemas (objects)", param="tools")
+        if documents is not None and not all(isinstance(doc, Mapping) for doc in documents):
+            raise TemplateError("Documents should be a list of dicts with 'title' and 'text' "
+                                "keys!", param="documents")
+        try:
+            text = self._template.render(
+                messages=list(messages),
+                tools=None if tools is None else list(tools),
+                documents=None if documents is None else list(documents),
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:  # any failure inside the template is the request's fault
+            raise TemplateError(f"chat template failed: {exc}") from exc
+        if continue_final_message and messages:
+            text = _cut_after_final(text, _final_text(messages[-1]))
+        return text
+
+    def __repr__(self) -> str:
+        first = self.text.strip().splitlines()[0][:60] if self.text.strip() else ""
+        return f"ChatTemplate({len(self.text)} chars, {first!r})"

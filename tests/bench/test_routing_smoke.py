@@ -1,0 +1,45 @@
+"""``cortex bench routing --quick`` end to end: every contender, every workload, all counted.
+
+Starts real processes (Redis, index, ingest, gateway, sims, sglang-router); asserts that the
+run is complete and verified, never how fast anything was (that is the report's job).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortex.bench.routing import WORKLOADS
+from cortex.bench.routing_contenders import CONTENDERS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(180)
+def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cortex.cli.main", "bench", "routing", "--quick", "--out",
+         str(out)], capture_output=True, text=True, timeout=170, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((out / "report.json").read_text())
+    runs = {(r["workload"], r["contender"]): r for r in doc["runs"]}
+    assert set(runs) == {(w, c) for w in WORKLOADS for c in CONTENDERS}
+    for (workload, _), run in runs.items():
+        expected = doc["workloads"][workload]["requests"]
+        assert run["requests_sent"] == run["requests_ok"] == expected > 0
+        assert run["verified"] and run["prompt_token_mismatches"] == 0
+        assert 0 <= run["hit_rate"] <= doc["bounds"][workload] + 0.01
+        assert run["ttft_p50_ms"] > 0 and run["throughput_rps"] > 0
+    for workload in WORKLOADS:
+        assert runs[(workload, "cortex")]["prediction"]["requests"] == \
+            doc["workloads"][workload]["requests"]
+        assert runs[(workload, "sglang_round_robin")]["prediction"] is None
+    report = (out / "report.md").read_text()
+    assert "## Targets" in report and "sglang_cache_aware" in report
+    for plot in ("hit_rate.png", "ttft.png", "ttft_cdf.png", "ladder.png"):
+        assert (out / plot).stat().st_size > 1000

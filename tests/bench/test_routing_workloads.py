@@ -1,0 +1,225 @@
+"""Workloads of ``cortex bench routing``: block text, trace mapping, generators (pure)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex.bench.routing import load_chat_tokenizer
+from cortex.bench.routing_text import BlockText, Segment, WordVocabulary
+from cortex.bench.routing_workloads import (
+    Endpoint,
+    Request,
+    TraceRow,
+    Workload,
+    load_trace,
+    mooncake,
+    multi_turn,
+    poisson_ladder,
+    shared_prefix,
+)
+
+B = 32
+
+
+@pytest.fixture(scope="module")
+def chat() -> Any:
+    return load_chat_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def text(chat: Any) -> BlockText:
+    return BlockText(WordVocabulary.from_tokenizer(chat.tokenizer), B)
+
+
+@pytest.fixture(scope="module")
+def small_text() -> BlockText:
+    return BlockText(WordVocabulary(tuple(f"w{chr(97 + i)}{chr(97 + j)}" for i in range(26)
+                                          for j in range(26))), 8)
+
+
+# ---- block text ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Enc:
+    ids: list[int]
+
+
+class _FakeTokenizer:
+    """``Ġ`` tokens; ``" bad"`` splits into two tokens, so it must be left out."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"Ġcat": 1, "Ġdog": 2, "Ġbad": 3, "ĠUpper": 4, "Ġab": 5, "plain": 6, "Ġx1y": 7}
+
+    def encode_batch(self, inputs: list[str], add_special_tokens: bool = False) -> list[_Enc]:
+        table = {" cat": [1], " dog": [2], " bad": [8, 9]}
+        return [_Enc(table[s]) for s in inputs]
+
+
+def test_vocabulary_keeps_only_words_that_are_one_token_alone() -> None:
+    assert WordVocabulary.from_tokenizer(_FakeTokenizer()).words == ("cat", "dog")
+
+
+def test_every_vocabulary_word_is_one_token_in_any_order(chat: Any, text: BlockText) -> None:
+    rng = random.Random(3)
+    words = rng.choices(text.vocabulary.words, k=3000)
+    prompt = "".join(" " + w for w in words)
+    assert len(text.vocabulary) > 20_000
+    assert len(chat.encode_text(prompt)) == 3000
+    messages = [{"role": "system", "content": prompt[:4000]}, {"role": "user", "content": prompt}]
+    bare = chat.encode_chat([{"role": "system", "content": ""}, {"role": "user", "content": ""}])
+    assert len(chat.encode_chat(messages)) == len(bare) + len(prompt[:4000].split()) + 3000
+
+
+def test_blocks_are_deterministic_and_spell_their_id(small_text: BlockText) -> None:
+    v = len(small_text.vocabulary)
+    again = BlockText(small_text.vocabulary, 8)
+    assert small_text.words(12345) == again.words(12345)
+    assert small_text.words(12345)[:2] == (small_text.vocabulary.words[12345 % v],
+                                           small_text.vocabulary.words[12345 // v])
+    assert BlockText(small_text.vocabulary, 8, seed=1).words(7)[2:] != small_text.words(7)[2:]
+    assert len({small_text.words(i)[:2] for i in range(2000)}) == 2000
+    with pytest.raises(ValueError, match="outside"):
+        small_text.words(small_text.max_block_id + 1)
+
+
+def test_segment_text_takes_whole_blocks_then_cuts_the_last(small_text: BlockText) -> None:
+    words = small_text.text(Segment((4, 9), 11)).split()
+    assert words == [*small_text.words(4), *small_text.words(9)[:3]]
+    assert small_text.text(Segment((4, 9), 11)).startswith(" ")
+    with pytest.raises(ValueError, match="cannot hold"):
+        small_text.text(Segment((4,), 9))
+
+
+# ---- Mooncake traces ------------------------------------------------------------------------
+
+
+def _write_trace(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_load_trace_keeps_the_first_minutes(tmp_path: Path) -> None:
+    rows = [{"timestamp": t, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}
+            for t in (1000, 30_000, 61_000, 120_000)]
+    trace = _write_trace(tmp_path / "t.jsonl", rows)
+    assert [r.timestamp_ms for r in load_trace(trace, 1)] == [1000, 30_000]  # < 60 s after
+    assert len(load_trace(trace)) == 4
+
+
+def test_equal_hash_ids_give_equal_token_prefixes_and_different_ids_different_blocks(
+    chat: Any, text: BlockText,
+) -> None:
+    rows = [TraceRow(0, 4 * 512, 64, (7, 8, 9, 10)),        # four full blocks
+            TraceRow(500, 3 * 512 + 100, 512, (7, 8, 11, 12)),  # shares two, partial last
+            TraceRow(900, 512, 1, (13,))]
+    w = mooncake(rows, text, name="t", title="t", source="s", speedup=2)
+    a, b, c = (chat.encode_text(r.prompt) for r in w.requests)
+    assert len(a) == 4 * B and len(b) == 3 * B + round(100 * B / 512) and len(c) == B
+    assert a[:2 * B] == b[:2 * B]                      # equal ids: equal tokens
+    assert a[2 * B:3 * B] != b[2 * B:3 * B]            # different ids: different blocks
+    assert a[2 * B] != b[2 * B]                        # ... from the block's first token
+    assert set(a[:B]) != set(c)
+    assert [r.max_tokens for r in w.requests] == [4, 32, 1]
+    assert [r.at_s for r in w.requests] == [0.0, 0.25, 0.45]
+    assert all(r.endpoint is Endpoint.COMPLETIONS and r.after is None for r in w.requests)
+
+
+def test_mooncake_scaling_and_request_cap(small_text: BlockText) -> None:
+    rows = [TraceRow(1000 * i, 1024, 512, (i, i + 100)) for i in range(10)]
+    w = mooncake(rows, small_text, name="t", title="t", source="s", speedup=10, max_requests=4)
+    assert len(w.requests) == 4
+    assert w.params["tokens_per_block"] == 8 and w.params["speedup"] == 10
+    assert [len(r.prompt.split()) for r in w.requests if r.prompt] == [16] * 4
+    assert w.requests[3].at_s == pytest.approx(0.3)
+
+
+# ---- shared prefix and multi-turn ----------------------------------------------------------------
+
+
+def _shared(seed: int, text: BlockText) -> Workload:
+    return shared_prefix(text, groups=4, users=3, system_tokens=20, question_tokens=5,
+                         output_tokens=7, rates=(20, 40), stage_s=2, seed=seed)
+
+
+def test_shared_prefix_is_deterministic_with_a_seed(small_text: BlockText) -> None:
+    a, b, c = _shared(1, small_text), _shared(1, small_text), _shared(2, small_text)
+    assert a.digest() == b.digest() and a.requests == b.requests
+    assert a.digest() != c.digest()
+
+
+def test_shared_prefix_groups_users_cycle_and_ladder(small_text: BlockText) -> None:
+    w = _shared(5, small_text)
+    prompts = [r.prompt or "" for r in w.requests]
+    distinct = list(dict.fromkeys(prompts))
+    assert len(distinct) == 12 and prompts[12:24] == prompts[:12]   # shuffled once, cycled
+    systems = {p.split()[0:20][0] for p in distinct}
+    assert len(systems) == 4                                        # one system prompt per group
+    assert all(len(p.split()) == 25 for p in distinct)
+    by_system: dict[str, set[str]] = {}
+    for p in distinct:
+        by_system.setdefault(" ".join(p.split()[:20]), set()).add(" ".join(p.split()[20:]))
+    assert sorted(len(q) for q in by_system.values()) == [3, 3, 3, 3]  # unique questions
+    stage0 = [r for r in w.requests if r.stage == 0]
+    stage1 = [r for r in w.requests if r.stage == 1]
+    assert all(r.at_s < 2 for r in stage0) and all(2 <= r.at_s < 4 for r in stage1)
+    assert w.stages == (20.0, 40.0) and len(stage1) > len(stage0)
+
+
+def test_poisson_ladder_rates() -> None:
+    arrivals = poisson_ladder((50, 200), 20, random.Random(0))
+    counts = [sum(1 for _, k in arrivals if k == s) for s in (0, 1)]
+    assert 900 < counts[0] < 1100 and 3700 < counts[1] < 4300
+    assert [t for t, _ in arrivals] == sorted(t for t, _ in arrivals)
+
+
+def test_multi_turn_history_grows_and_rounds_follow_each_other(small_text: BlockText) -> None:
+    kw: dict[str, Any] = dict(clients=3, rounds=4, system_tokens=16, user_tokens=6,
+                              output_tokens=5, client_rate=2.0, think_s=0.5, seed=9)
+    w = multi_turn(small_text, **kw)
+    assert w.digest() == multi_turn(small_text, **kw).digest()
+    assert len(w.requests) == 12
+    for r in w.requests:
+        assert r.endpoint is Endpoint.CHAT and r.max_tokens == 5
+        assert len(r.messages) == 2 + 2 * r.turn
+        assert r.messages[0] == w.requests[0].messages[0]            # shared system prompt
+        if r.turn:
+            before = w.requests[r.after or 0]
+            assert before.conversation == r.conversation and before.turn == r.turn - 1
+            assert r.messages[:len(before.messages)] == before.messages
+            assert r.messages[len(before.messages)][0] == "assistant"
+        else:
+            assert r.after is None
+    firsts = [r for r in w.requests if r.turn == 0]
+    assert len({r.messages[1] for r in firsts}) == 3
+
+
+def test_chat_turns_extend_the_previous_prompt_token_for_token(chat: Any,
+                                                               text: BlockText) -> None:
+    w = multi_turn(text, clients=1, rounds=3, system_tokens=40, user_tokens=20,
+                   output_tokens=8, client_rate=1.0, think_s=1.0, seed=0)
+    ids = [chat.encode_chat([{"role": r, "content": c} for r, c in q.messages])
+           for q in w.requests]
+    assert ids[1][:len(ids[0])] == ids[0] and ids[2][:len(ids[1])] == ids[1]
+
+
+def test_request_and_workload_validation() -> None:
+    with pytest.raises(ValueError):
+        Request(0, Endpoint.CHAT, 4, 0.0, prompt="x")
+    with pytest.raises(ValueError):
+        Request(0, Endpoint.COMPLETIONS, 0, 0.0, prompt="x")
+    ok = Request(0, Endpoint.COMPLETIONS, 4, 0.0, prompt="x")
+    with pytest.raises(ValueError, match="ids"):
+        Workload("w", "t", "s", (Request(1, Endpoint.COMPLETIONS, 4, 0.0, prompt="x"),))
+    with pytest.raises(ValueError, match="follows"):
+        Workload("w", "t", "s", (ok, Request(1, Endpoint.COMPLETIONS, 4, 0.0, prompt="y",
+                                             after=1)))
+    body = ok.body("m")
+    assert body["stream"] and body["ignore_eos"] and body["stream_options"]["include_usage"]
+    assert ok.digest() != Request(0, Endpoint.COMPLETIONS, 4, 0.5, prompt="x").digest()

@@ -1,0 +1,207 @@
+"""docker-compose.yml and its config files agree with the services — checked without Docker.
+
+Every Cortex service's command is parsed by the real ``cortex`` CLI and its environment is
+turned into the service's real, validated config (the same loaders the processes use), then
+ports, hosts and names are cross-checked: the index the ingest and the gateways dial, the
+workers the gateways seed against the sims' own flags, health checks, nginx, Prometheus and
+Grafana. What this cannot check (no Docker engine here): that the images build and the
+containers start; see docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from cortex.cli.main import build_parser
+from cortex.gateway.config import GatewayConfig, load_config
+from cortex.index.cli import config_from_args
+from cortex.index.config import IndexConfig
+from cortex.ingest.cli import build_config as ingest_config
+from cortex.ingest.config import IngestConfig
+from cortex.registry import WorkerSpec
+from cortex.sim.cli import build_config as sim_config
+from cortex.sim.config import SimConfig
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+CORTEX = sorted(name for name, svc in SERVICES.items() if "build" in svc)
+SIMS = sorted(name for name in CORTEX if SERVICES[name]["command"][0] == "sim")
+
+
+def env_of(name: str) -> dict[str, str]:
+    """The service's environment as the container sees it (``${VAR:-default}`` → default)."""
+    env = SERVICES[name].get("environment", {})
+    assert isinstance(env, Mapping), f"{name}: use the mapping form of environment"
+    return {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+
+
+def parse(name: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """The service's command through the real ``cortex`` parser, with its environment set
+    (some parsers take defaults from the environment when they are built)."""
+    for key in [k for k in os.environ if k.startswith("CORTEX_")]:
+        monkeypatch.delenv(key)
+    for key, value in env_of(name).items():
+        monkeypatch.setenv(key, value)
+    command = [str(part) for part in SERVICES[name]["command"]]
+    try:
+        return build_parser(command).parse_args(command)
+    except SystemExit as exc:  # argparse's way to reject a command line
+        raise AssertionError(f"{name}: `cortex {' '.join(command)}` does not parse") from exc
+
+
+def exposed(name: str) -> set[int]:
+    return {int(p) for p in SERVICES[name].get("expose", [])}
+
+
+def health_url(name: str) -> str:
+    test = SERVICES[name]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "/opt/cortex/healthcheck.py"], test
+    return str(test[4])
+
+
+@pytest.fixture
+def index(monkeypatch: pytest.MonkeyPatch) -> IndexConfig:
+    return config_from_args(parse("index", monkeypatch), env_of("index"))
+
+
+@pytest.fixture
+def ingest(monkeypatch: pytest.MonkeyPatch) -> IngestConfig:
+    return ingest_config(parse("ingest", monkeypatch))
+
+
+@pytest.fixture
+def gateway(monkeypatch: pytest.MonkeyPatch) -> GatewayConfig:
+    parse("gateway", monkeypatch)
+    return load_config(None, env_of("gateway"))
+
+
+@pytest.fixture
+def sims(monkeypatch: pytest.MonkeyPatch) -> dict[str, SimConfig]:
+    return {name: sim_config(parse(name, monkeypatch)) for name in SIMS}
+
+
+def test_the_stack_has_every_part_with_one_image_and_health_checks() -> None:
+    assert {"redis", "index", "ingest", "gateway", "proxy", "prometheus", "grafana"} <= set(
+        SERVICES)
+    assert {"index", "ingest", "gateway"} <= set(CORTEX) and len(SIMS) >= 2
+    images = {SERVICES[name]["image"] for name in CORTEX}
+    builds = {(SERVICES[name]["build"]["context"], SERVICES[name]["build"]["dockerfile"])
+              for name in CORTEX}
+    assert len(images) == 1 and builds == {(".", "docker/Dockerfile")}
+    assert (REPO / "docker/Dockerfile").is_file()
+    for name, svc in SERVICES.items():
+        if "ops" not in svc.get("profiles", []):
+            assert "healthcheck" in svc, f"{name} has no health check"
+    assert SERVICES["prometheus"]["profiles"] == SERVICES["grafana"]["profiles"] == ["ops"]
+    # the gateway is reached through the proxy only, so it can be scaled
+    assert "ports" not in SERVICES["gateway"] and SERVICES["proxy"]["ports"]
+
+
+def test_every_cortex_command_is_a_real_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in CORTEX:
+        args = parse(name, monkeypatch)
+        assert callable(args.func), name
+
+
+def test_index_and_ingest_settings_agree(index: IndexConfig, ingest: IngestConfig) -> None:
+    assert index.host == "0.0.0.0" and index.metrics_port is not None
+    assert {index.port, index.metrics_port} <= exposed("index")
+    assert [(t.host, t.port) for t in ingest.index] == [("index", index.port)]
+    redis = urlsplit(ingest.redis_url)
+    assert (redis.hostname, redis.port) == ("redis", 6379) and "6379" in SERVICES["redis"][
+        "expose"]
+    assert ingest.metrics_port is not None and ingest.metrics_port in exposed("ingest")
+    assert health_url("ingest") == f"http://127.0.0.1:{ingest.metrics_port}/health/ready"
+    test = SERVICES["index"]["healthcheck"]["test"]
+    assert test[3:] == ["grpc", f"127.0.0.1:{index.port}"]
+
+
+def test_gateway_settings_agree_with_index_redis_and_proxy(
+    gateway: GatewayConfig, index: IndexConfig,
+) -> None:
+    assert gateway.index.targets == (f"index:{index.port}",)
+    assert gateway.registry.redis_url == "redis://redis:6379/0"
+    assert gateway.server.host == "0.0.0.0" and gateway.server.port in exposed("gateway")
+    assert gateway.server.admin_token is not None
+    assert health_url("gateway") == f"http://127.0.0.1:{gateway.server.port}/health/live"
+    nginx = (REPO / "docker/nginx.conf").read_text()
+    assert re.search(rf"proxy_pass http://\$gateway_host:{gateway.server.port};", nginx)
+    assert re.search(r"set \$gateway_host gateway;", nginx)
+    listen = int(re.findall(r"^\s*listen (\d+);", nginx, re.MULTILINE)[0])
+    assert any(str(p).endswith(f":{listen}") for p in SERVICES["proxy"]["ports"])
+    mount = "./docker/nginx.conf:/etc/nginx/nginx.conf:ro"
+    assert mount in SERVICES["proxy"]["volumes"]
+
+
+def test_seeded_workers_are_the_sims_as_they_run(
+    gateway: GatewayConfig, sims: dict[str, SimConfig],
+) -> None:
+    seeded: dict[str, WorkerSpec] = {w.id: w for w in gateway.workers}
+    assert set(seeded) == set(sims)
+    models = {m.name: m for m in gateway.models}
+    for name, sim in sims.items():
+        spec = seeded[name]
+        url = urlsplit(spec.url)
+        assert (url.hostname, url.port) == (name, sim.port)
+        assert sim.host == "0.0.0.0" and sim.advertise_host == name
+        assert spec.kv_events == f"tcp://{name}:{sim.kv_events_port}"
+        assert spec.replay == f"tcp://{name}:{sim.replay_port}"
+        assert {sim.port, sim.kv_events_port, sim.replay_port} <= exposed(name)
+        assert health_url(name) == f"http://127.0.0.1:{sim.port}/health"
+        model = models[spec.model]
+        assert sim.model == spec.model
+        assert sim.engine is spec.engine is model.engine
+        assert sim.block_size == spec.block_size == model.block_size
+
+
+def scrape_jobs() -> Iterator[tuple[str, list[str], int]]:
+    prometheus = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    for job in prometheus["scrape_configs"]:
+        for sd in job["dns_sd_configs"]:
+            yield job["job_name"], list(sd["names"]), int(sd["port"])
+
+
+def test_prometheus_scrapes_every_service_on_its_metrics_port(
+    gateway: GatewayConfig, index: IndexConfig, ingest: IngestConfig,
+    sims: dict[str, SimConfig],
+) -> None:
+    ports = {"gateway": gateway.server.port, "index": index.metrics_port,
+             "ingest": ingest.metrics_port, **{name: sim.port for name, sim in sims.items()}}
+    scraped: dict[str, int] = {}
+    for job, names, port in scrape_jobs():
+        assert job.startswith("cortex-")
+        for name in names:
+            scraped[name] = port
+    assert scraped == ports
+    prometheus = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    mount = "./deploy/prometheus:/etc/prometheus:ro"
+    assert mount in SERVICES["prometheus"]["volumes"]
+    for rule_file in prometheus["rule_files"]:
+        assert (REPO / "deploy/prometheus" / Path(rule_file).relative_to("/etc/prometheus")
+                ).is_file()
+
+
+def test_grafana_provisioning_matches_the_mounts() -> None:
+    volumes = SERVICES["grafana"]["volumes"]
+    assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in volumes
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in volumes
+    sources = yaml.safe_load(
+        (REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    url = urlsplit(sources["datasources"][0]["url"])
+    assert url.hostname == "prometheus" and url.port == 9090
+    assert any(str(p).endswith(":9090") for p in SERVICES["prometheus"]["ports"])
+    boards = yaml.safe_load(
+        (REPO / "deploy/grafana/provisioning/dashboards/cortex.yml").read_text())
+    assert boards["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    home = SERVICES["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (REPO / "deploy/grafana/dashboards" / Path(home).name).is_file()

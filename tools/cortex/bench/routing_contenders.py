@@ -1,0 +1,170 @@
+"""The contenders, each started in front of its own fresh set of ``cortex sim`` workers.
+
+* ``cortex`` — the whole Cortex deployment (:class:`cortex.cli.cluster.LocalCluster`: private
+  Redis, index, ingest, one gateway) with its documented default routing weights, or the
+  ones given.
+* ``cortex_load_only`` — the same deployment with ``routing.weights.alpha = 0``: cache credit
+  never enters the score, so workers are ranked by load alone (the gateway has no switch that
+  turns exact-KV routing off and still reports READY ledgers; alpha = 0 is the documented
+  weight that does it, and keeps every other cost — tokenizing, matching — identical).
+* ``sglang_cache_aware`` / ``sglang_round_robin`` — ``sglang-router launch --policy …`` from
+  PyPI with its defaults, in front of bare sims (no Redis, index or ingest running).
+
+Every deployment lists the processes it started, so the benchmark can charge their CPU.
+Start deployments from the main thread (children die with the thread that started them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
+from cortex.cli.supervisor import Supervisor
+from cortex.testing import free_port, sglang_router_argv, wait_until
+
+__all__ = [
+    "CONTENDERS",
+    "CpuMeter",
+    "Deployment",
+    "SimSetup",
+    "deploy",
+]
+
+CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class SimSetup:
+    """The workers every contender gets: ``workers`` SGLang sims with a KV pool of
+    ``kv_capacity_blocks`` blocks of ``block_size`` tokens and the timing model."""
+
+    workers: int
+    kv_capacity_blocks: int
+    block_size: int = 16
+    max_running: int = 64
+    prefill_ms_per_token: float = 0.1
+    prefill_overhead_ms: float = 2.0
+    decode_ms_per_token: float = 5.0
+    model: str = "cortex-sim"
+
+    def sim_args(self) -> tuple[str, ...]:
+        return ("--prefill-ms-per-token", f"{self.prefill_ms_per_token:g}",
+                "--prefill-overhead-ms", f"{self.prefill_overhead_ms:g}",
+                "--decode-ms-per-token", f"{self.decode_ms_per_token:g}",
+                "--log-level", "warning")
+
+    def spec(self, *, services: bool, gateway_config: Mapping[str, Any] | None = None
+             ) -> ClusterSpec:
+        return ClusterSpec(
+            workers=self.workers, gateways=1 if services else 0, services=services, port=0,
+            model=self.model, block_size=self.block_size,
+            kv_capacity_blocks=self.kv_capacity_blocks, max_running=self.max_running,
+            sim_args=self.sim_args(), gateway_config=dict(gateway_config or {}))
+
+
+@dataclass(slots=True)
+class Deployment:
+    """A running contender: where to send requests, the workers behind it, its processes."""
+
+    contender: str
+    url: str
+    workers: dict[str, str]
+    pids: dict[str, int] = field(default_factory=dict)
+    startup_s: float = 0.0
+    description: str = ""
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    total = sum(values[:8])
+    return (total - idle) / _CLK_TCK, total / _CLK_TCK
+
+
+class CpuMeter:
+    """CPU seconds spent by given processes (and this one) and by the whole machine."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self._start = self._read()
+        self._wall = time.monotonic()
+
+    def _read(self) -> tuple[dict[str, float], float, float, float]:
+        per = {name: _proc_cpu_s(pid) for name, pid in self.pids.items()}
+        busy, total = _machine_busy_s()
+        return per, time.process_time(), busy, total
+
+    def stop(self) -> dict[str, Any]:
+        """Per process CPU seconds, the load generator's, and the machine's busy fraction
+        (all cores, everything running on it) over the interval."""
+        per0, self0, busy0, total0 = self._start
+        per1, self1, busy1, total1 = self._read()
+        wall = time.monotonic() - self._wall
+        processes = {name: round(per1[name] - per0[name], 2) for name in per1}
+        processes["load generator"] = round(self1 - self0, 2)
+        ours = sum(processes.values())
+        cores = os.cpu_count() or 1
+        return {"wall_s": round(wall, 2), "processes": processes,
+                "ours_cores": round(ours / wall, 2) if wall else 0.0,
+                "machine_busy": round((busy1 - busy0) / (total1 - total0), 3)
+                if total1 > total0 else 0.0,
+                "cores": cores}
+
+
+@contextlib.contextmanager
+def deploy(contender: str, sims: SimSetup, log_dir: Path,
+           cortex_weights: Mapping[str, float] | None = None) -> Iterator[Deployment]:
+    """Start ``contender`` with fresh sims; stop everything on exit."""
+    if contender not in CONTENDERS:
+        raise ValueError(f"unknown contender {contender!r}; one of {', '.join(CONTENDERS)}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    if contender.startswith("cortex"):
+        weights = dict(cortex_weights or {})
+        if contender == "cortex_load_only":
+            weights["alpha"] = 0.0
+        config = {"routing": {"weights": weights}} if weights else {}
+        with LocalCluster(sims.spec(services=True, gateway_config=config), log_dir) as cluster:
+            pids = {name: cluster.process(name).pid
+                    for name in ("redis", "index", "ingest", "gateway-0", *cluster.workers)}
+            yield Deployment(
+                contender, cluster.gateway_urls[0],
+                {wid: w.url for wid, w in cluster.workers.items()}, pids,
+                time.monotonic() - started,
+                "Cortex gateway + index + ingest + Redis" + (
+                    f", routing weights {weights}" if weights else ", default routing weights"))
+        return
+    policy = contender.removeprefix("sglang_")
+    with LocalCluster(sims.spec(services=False), log_dir) as cluster, \
+            Supervisor(log_dir) as supervisor:
+        port = free_port()
+        workers = {wid: w.url for wid, w in cluster.workers.items()}
+        router = supervisor.start("sglang-router",
+                                  sglang_router_argv(port, policy, list(workers.values())))
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            supervisor.check()
+            return probe_http(url + "/v1/models")
+
+        wait_until(ready, 60, 0.05, "sglang-router")
+        pids = {"sglang-router": router.pid,
+                **{wid: cluster.process(wid).pid for wid in cluster.workers}}
+        yield Deployment(contender, url, workers, pids, time.monotonic() - started,
+                         f"sglang-router 0.3.2 --policy {policy}, defaults otherwise")

@@ -1,0 +1,423 @@
+"""``report.md``, ``report.json`` and the plots of ``cortex bench routing``.
+
+The markdown is generated from the numbers alone (no hand-tuned prose), so a rerun rewrites
+it completely; the targets are evaluated here, from the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cortex.bench.routing_contenders import CONTENDERS
+from cortex.bench.routing_metrics import RunSummary
+from cortex.bench.routing_workloads import Workload
+
+__all__ = ["Target", "WorkloadResult", "evaluate_targets", "report_json", "report_markdown",
+           "ttft_values_ms", "write_plots"]
+
+CAPACITY_ALLOWS = 0.98
+"""Capacity "allows" the infinite-cache bound when a pooled LRU as large as the cluster
+reaches this fraction of it."""
+
+
+@dataclass(slots=True)
+class WorkloadResult:
+    """A workload, its bounds and every contender's run."""
+
+    workload: Workload
+    prompt_tokens: int
+    infinite_bound: float
+    pooled_bound: float
+    unique_pages: int
+    capacity_blocks: int
+    offered_prefill_load: float
+    runs: dict[str, RunSummary] = field(default_factory=dict)
+    ttfts_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def capacity_allows(self) -> bool:
+        return self.pooled_bound >= CAPACITY_ALLOWS * self.infinite_bound
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target on one workload: met, missed, or not applicable (``met is None``)."""
+
+    workload: str
+    name: str
+    met: bool | None
+    detail: str
+
+
+def _fmt_ms(value: float) -> str:
+    if math.isnan(value):
+        return "—"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def evaluate_targets(results: Sequence[WorkloadResult]) -> list[Target]:
+    """The issue's targets, per workload, from the runs present."""
+    out: list[Target] = []
+    for res in results:
+        name = res.workload.name
+        cx, ca, rr = (res.runs.get(c) for c in ("cortex", "sglang_cache_aware",
+                                                  "sglang_round_robin"))
+        if cx is None:
+            continue
+        if ca is not None:
+            out.append(Target(name, "hit rate > sglang cache_aware", cx.hit_rate > ca.hit_rate,
+                              f"{cx.hit_rate:.1%} vs {ca.hit_rate:.1%}"))
+            for i, label in ((0, "p50"), (1, "p90")):
+                out.append(Target(
+                    name, f"TTFT {label} < sglang cache_aware", cx.ttft_ms[i] < ca.ttft_ms[i],
+                    f"{_fmt_ms(cx.ttft_ms[i])} ms vs {_fmt_ms(ca.ttft_ms[i])} ms"))
+        if name == "shared_prefix" and rr is not None:
+            ratio = cx.hit_rate / rr.hit_rate if rr.hit_rate else math.inf
+            out.append(Target(name, "hit rate >= 2x round robin", ratio >= 2,
+                              f"{ratio:.2f}x ({cx.hit_rate:.1%} vs {rr.hit_rate:.1%})"))
+        share = cx.hit_rate / res.infinite_bound if res.infinite_bound else 1.0
+        if res.capacity_allows:
+            out.append(Target(name, ">= 90% of the infinite-cache bound", share >= 0.9,
+                              f"{share:.1%} ({cx.hit_rate:.1%} of {res.infinite_bound:.1%})"))
+        else:
+            out.append(Target(
+                name, ">= 90% of the infinite-cache bound", None,
+                f"capacity does not allow it (pooled LRU {res.pooled_bound:.1%} < "
+                f"{res.infinite_bound:.1%}); cortex reaches {share:.1%} of the bound"))
+        if cx.prediction is not None:
+            p = cx.prediction
+            out.append(Target(name, "over-predicted hits on < 1% of requests",
+                              p.over_fraction < 0.01,
+                              f"{p.over} of {p.requests} ({p.over_fraction:.2%})"))
+        out.append(Target(name, "every run verified", all(r.verified for r in res.runs.values()),
+                          "; ".join(f"{c}: {', '.join(r.problems)}" for c, r in res.runs.items()
+                                    if r.problems) or "all requests sent, answered and counted"))
+    return out
+
+
+# ---- JSON -----------------------------------------------------------------------------------
+
+
+def _num(value: float, digits: int = 4) -> float | None:
+    return None if math.isnan(value) else round(value, digits)
+
+
+def _run_json(run: RunSummary) -> dict[str, Any]:
+    p = run.prediction
+    return {
+        "workload": run.workload, "contender": run.contender,
+        "requests_sent": run.requests_sent, "requests_ok": run.requests_ok,
+        "prompt_tokens": run.prompt_tokens, "cached_tokens": run.cached_tokens,
+        "hit_rate": round(run.hit_rate, 4),
+        "ttft_p50_ms": _num(run.ttft_ms[0], 2), "ttft_p90_ms": _num(run.ttft_ms[1], 2),
+        "ttft_p99_ms": _num(run.ttft_ms[2], 2),
+        "throughput_rps": round(run.throughput_rps, 3),
+        "requests_expected": run.requests_expected, "failures": dict(run.failures),
+        "e2e_p50_ms": _num(run.e2e_ms[0], 2), "e2e_p90_ms": _num(run.e2e_ms[1], 2),
+        "e2e_p99_ms": _num(run.e2e_ms[2], 2),
+        "duration_s": round(run.duration_s, 3), "output_tokens": run.output_tokens,
+        "verified": run.verified, "problems": run.problems,
+        "digest_mismatches": run.digest_mismatches,
+        "prompt_token_mismatches": run.prompt_mismatches,
+        "completion_token_mismatches": run.completion_mismatches,
+        "send_lag_p99_ms": _num(run.send_lag_p99_ms, 2),
+        "imbalance_requests": round(run.imbalance("requests"), 3),
+        "imbalance_uncached_tokens": round(run.imbalance("uncached_tokens"), 3),
+        "workers": {w: {"requests": t.requests, "prompt_tokens": t.prompt_tokens,
+                        "cached_tokens": t.cached_tokens, "evicted_blocks": t.evicted_blocks}
+                    for w, t in run.workers.items()},
+        "prediction": None if p is None else {
+            "requests": p.requests, "exact": p.exact, "under": p.under, "over": p.over,
+            "over_fraction": round(p.over_fraction, 5), "over_tokens": p.over_tokens,
+            "mean_abs_error_tokens": round(p.mean_abs_error, 2)},
+        "stages": [{"rate": s.rate, "requests": s.requests, "ok": s.ok,
+                    "hit_rate": round(s.hit_rate, 4), "ttft_p50_ms": _num(s.ttft_p50_ms, 2),
+                    "ttft_p90_ms": _num(s.ttft_p90_ms, 2)} for s in run.stages],
+        **dict(run.extra),
+    }
+
+
+def report_json(results: Sequence[WorkloadResult], config: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "runs": [_run_json(run) for res in results for c in CONTENDERS
+                 if (run := res.runs.get(c)) is not None],
+        "bounds": {res.workload.name: round(res.infinite_bound, 4) for res in results},
+        "pooled_lru_bounds": {res.workload.name: round(res.pooled_bound, 4) for res in results},
+        "workloads": {res.workload.name: {
+            "title": res.workload.title, "source": res.workload.source,
+            "requests": len(res.workload.requests), "digest": res.workload.digest(),
+            "prompt_tokens": res.prompt_tokens, "unique_pages": res.unique_pages,
+            "kv_capacity_blocks_per_worker": res.capacity_blocks,
+            "offered_prefill_load": round(res.offered_prefill_load, 3),
+            "params": dict(res.workload.params)} for res in results},
+        "targets": [{"workload": t.workload, "target": t.name, "met": t.met,
+                     "detail": t.detail} for t in evaluate_targets(results)],
+        "config": dict(config),
+    }
+
+
+# ---- markdown --------------------------------------------------------------------------------
+
+
+def _verdict(met: bool | None) -> str:
+    return "n/a" if met is None else ("**met**" if met else "**missed**")
+
+
+def _workload_section(res: WorkloadResult) -> list[str]:
+    w = res.workload
+    params = ", ".join(f"{k} {v}" for k, v in w.params.items() if v is not None)
+    lines = [
+        f"### {w.title} (`{w.name}`)", "",
+        f"Source: {w.source}. Scaled here: {params}.", "",
+        f"{len(w.requests):,} requests, {res.prompt_tokens:,} prompt tokens; request-list"
+        f" digest `{w.digest()[:16]}` (every contender got exactly this list). Working set"
+        f" {res.unique_pages:,} distinct prompt pages; each worker holds"
+        f" {res.capacity_blocks:,}. Offered prefill load without any cache hit:"
+        f" {res.offered_prefill_load:.0%} of the cluster's prefill capacity.", "",
+        f"Bounds: infinite single cache **{res.infinite_bound:.1%}**; one LRU cache as large as"
+        f" the whole cluster {res.pooled_bound:.1%}"
+        f" ({'capacity allows the bound' if res.capacity_allows else 'capacity-limited'}).", "",
+        "| contender | sent / ok | hit rate | TTFT p50 / p90 / p99 ms | E2E p50 / p90 / p99 ms"
+        " | req/s | imbalance req · uncached | evicted blocks | idle TTFT ms | CPU cores |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in CONTENDERS:
+        run = res.runs.get(c)
+        if run is None:
+            continue
+        t, e = run.ttft_ms, run.e2e_ms
+        evicted = sum(x.evicted_blocks for x in run.workers.values())
+        cpu = run.extra.get("cpu", {})
+        flag = "" if run.verified else " ⚠"
+        lines.append(
+            f"| {c} | {run.requests_sent:,} / {run.requests_ok:,}{flag} | {run.hit_rate:.1%} |"
+            f" {_fmt_ms(t[0])} / {_fmt_ms(t[1])} / {_fmt_ms(t[2])} |"
+            f" {_fmt_ms(e[0])} / {_fmt_ms(e[1])} / {_fmt_ms(e[2])} | {run.throughput_rps:.1f} |"
+            f" {run.imbalance('requests'):.2f} · {run.imbalance('uncached_tokens'):.2f} |"
+            f" {evicted:,} | {_fmt_ms(run.extra.get('idle_ttft_p50_ms', math.nan))} |"
+            f" {cpu.get('ours_cores', 0):.2f} |")
+    preds = [(c, r.prediction) for c, r in res.runs.items() if r.prediction is not None]
+    if preds:
+        lines += ["", "Cortex's predicted hit (`x-cortex-cache-hit-tokens`) against the engine's"
+                  " `cached_tokens`:", "",
+                  "| contender | requests | exact | under | over | over-predicted tokens |"
+                  " mean abs error (tokens) |", "|---|---|---|---|---|---|---|"]
+        for c, p in preds:
+            assert p is not None
+            lines.append(f"| {c} | {p.requests:,} | {p.exact_fraction:.1%} | {p.under:,} |"
+                         f" {p.over:,} ({p.over_fraction:.2%}) | {p.over_tokens:,} |"
+                         f" {p.mean_abs_error:.1f} |")
+    if w.stages:
+        lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", "",
+                  "| offered req/s | " + " | ".join(c for c in CONTENDERS if c in res.runs)
+                  + " |", "|---|" + "---|" * len(res.runs)]
+        for k, rate in enumerate(w.stages):
+            cells = []
+            for c in CONTENDERS:
+                run = res.runs.get(c)
+                if run is None:
+                    continue
+                s = run.stages[k]
+                cells.append(f"{_fmt_ms(s.ttft_p50_ms)} / {_fmt_ms(s.ttft_p90_ms)},"
+                             f" {s.hit_rate:.0%}")
+            lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    problems = [(c, r.problems) for c, r in res.runs.items() if r.problems]
+    if problems:
+        lines += ["", "Runs that do not count:"] + [f"- {c}: {'; '.join(p)}"
+                                                   for c, p in problems]
+    return [*lines, ""]
+
+
+def _peer_wins(results: Sequence[WorkloadResult]) -> list[str]:
+    lines = []
+    for res in results:
+        cx = res.runs.get("cortex")
+        if cx is None:
+            continue
+        for c, run in res.runs.items():
+            if c == "cortex":
+                continue
+            wins = []
+            if run.hit_rate > cx.hit_rate:
+                wins.append(f"hit rate {run.hit_rate:.1%} vs {cx.hit_rate:.1%}")
+            for i, label in ((0, "TTFT p50"), (1, "TTFT p90"), (2, "TTFT p99")):
+                if run.ttft_ms[i] < cx.ttft_ms[i]:
+                    wins.append(f"{label} {_fmt_ms(run.ttft_ms[i])} vs {_fmt_ms(cx.ttft_ms[i])}"
+                                " ms")
+            if run.e2e_ms[1] < cx.e2e_ms[1]:
+                wins.append(f"E2E p90 {_fmt_ms(run.e2e_ms[1])} vs {_fmt_ms(cx.e2e_ms[1])} ms")
+            if run.imbalance("requests") < cx.imbalance("requests"):
+                wins.append(f"request imbalance {run.imbalance('requests'):.2f} vs"
+                            f" {cx.imbalance('requests'):.2f}")
+            if wins:
+                lines.append(f"- `{res.workload.name}`, {c}: " + "; ".join(wins) + ".")
+    return lines or ["- none: Cortex is ahead on every measured axis of every workload."]
+
+
+def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]) -> str:
+    targets = evaluate_targets(results)
+    lines = [
+        "# Routing quality: Cortex vs sglang-router on real and published workloads", "",
+        f"`{config['command']}` — {config['date']}, {config['duration_min']:.1f} min on"
+        f" {config['machine']}.", "",
+        "Every contender runs in front of its own fresh set of"
+        f" {config['workers']} `cortex sim` SGLang workers (page size {config['block_size']}"
+        f" tokens, finite KV pool, prefill {config['prefill_ms_per_token']:g} ms per *uncached*"
+        f" prompt token + {config['prefill_overhead_ms']:g} ms, one prefill at a time per"
+        f" worker, decode {config['decode_ms_per_token']:g} ms per output token). Same request"
+        " list, same arrival schedule, same seeds for every contender; every process (sims,"
+        " gateway, index, ingest, Redis, sglang-router and this load generator) shares the"
+        " machine's cores. Prompts are text that the DeepSeek-V4 tokenizer (the sims' and the"
+        " gateway's) encodes as exactly one token per word, sent streamed to"
+        " `/v1/completions` (chat for the multi-turn workload): sglang-router's cache-aware"
+        " policy matches text, Cortex matches tokens, both see what they were built for."
+        " TTFT is the time to the first chunk with generated text; each request opens its own"
+        " connection (with keep-alive, sglang-router 0.3.2 holds every streamed response"
+        " ~40 ms here — a delayed-ACK artifact unrelated to routing — so it would lose TTFT for"
+        " the wrong reason). *idle TTFT* is the p50 of 15 sequential uncacheable one-token"
+        " requests on the idle deployment: what the proxy path alone costs.", "",
+        "Hit rate = Σ engine-reported `cached_tokens` / Σ prompt tokens over answered requests."
+        " Imbalance = max / mean per worker, of requests and of uncached prompt tokens (the"
+        " prefill work). CPU cores = CPU seconds of the deployment's processes and the load"
+        f" generator per second of the run. {config['cortex_weights_note']}", "",
+        "## Targets", "",
+        "| workload | target | result | detail |", "|---|---|---|---|",
+    ]
+    lines += [f"| {t.workload} | {t.name} | {_verdict(t.met)} | {t.detail} |" for t in targets]
+    lines += ["", "## Summary", "",
+              "| workload | bound | " + " | ".join(
+                  f"{c} hit / TTFT p50 / p90" for c in CONTENDERS) + " |",
+              "|---|---|" + "---|" * len(CONTENDERS)]
+    for res in results:
+        cells = []
+        for c in CONTENDERS:
+            run = res.runs.get(c)
+            cells.append("—" if run is None else
+                         f"{run.hit_rate:.1%} / {_fmt_ms(run.ttft_ms[0])} /"
+                         f" {_fmt_ms(run.ttft_ms[1])} ms")
+        lines.append(f"| {res.workload.name} | {res.infinite_bound:.1%} | " + " | ".join(cells)
+                     + " |")
+    lines += ["", "![hit rate](hit_rate.png)", "", "![TTFT](ttft.png)", ""]
+    if any(res.workload.stages for res in results):
+        lines += ["![shared-prefix ladder](ladder.png)", ""]
+    lines += ["![TTFT distribution](ttft_cdf.png)", "", "## Workloads", ""]
+    for res in results:
+        lines += _workload_section(res)
+    lines += [
+        "## Where a peer does better", "", *_peer_wins(results), "",
+        "See [../../benchmarks.md](../../benchmarks.md) for the discussion of these numbers.",
+        "", "## Reproduce", "", f"```sh\n{config['command']}\n```", "",
+        "`report.json` holds every number above (and per-worker counts); the request lists"
+        " are regenerated from the traces and seeds, their digests above must match.", ""]
+    return "\n".join(lines)
+
+
+# ---- plots -----------------------------------------------------------------------------------
+
+
+_COLORS = {"cortex": "#1f6feb", "cortex_load_only": "#8cb4f5",
+           "sglang_cache_aware": "#d1495b", "sglang_round_robin": "#edae49"}
+
+
+def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
+    """``hit_rate.png``, ``ttft.png``, ``ttft_cdf.png`` and, with a ladder, ``ladder.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    names = [res.workload.name for res in results]
+    present = [c for c in CONTENDERS if any(c in res.runs for res in results)]
+    width = 0.8 / max(len(present), 1)
+
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for j, c in enumerate(present):
+        xs = [i + (j - (len(present) - 1) / 2) * width for i in range(len(results))]
+        ax.bar(xs, [res.runs[c].hit_rate if c in res.runs else 0 for res in results], width,
+               label=c, color=_COLORS[c])
+    for i, res in enumerate(results):
+        ax.hlines(res.infinite_bound, i - 0.45, i + 0.45, colors="black", linestyles="--",
+                  label="infinite cache" if i == 0 else "_")
+        ax.hlines(res.pooled_bound, i - 0.45, i + 0.45, colors="gray", linestyles=":",
+                  label="pooled LRU (cluster memory)" if i == 0 else "_")
+    ax.set_xticks(range(len(results)), names)
+    ax.set_ylabel("cache hit rate (cached / prompt tokens)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title("Cache hit rate per workload")
+    fig.tight_layout()
+    written.append(_save(fig, out / "hit_rate.png"))
+
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.8), squeeze=False)
+    for ax, res in zip(axes[0], results, strict=True):
+        cs = [c for c in present if c in res.runs]
+        for k, (q, alpha) in enumerate(((0, 1.0), (1, 0.45))):
+            ax.bar([i + (k - 0.5) * 0.4 for i in range(len(cs))],
+                   [res.runs[c].ttft_ms[q] for c in cs], 0.4, alpha=alpha,
+                   color=[_COLORS[c] for c in cs], label=("p50", "p90")[k])
+        ax.set_xticks(range(len(cs)), [c.replace("_", "\n", 1) for c in cs], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_title(res.workload.name, fontsize=9)
+        ax.set_ylabel("TTFT ms (p50 solid, p90 light)", fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, out / "ttft.png"))
+
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.4), squeeze=False)
+    for ax, res in zip(axes[0], results, strict=True):
+        for c in present:
+            values = sorted(res.ttfts_ms.get(c, []))
+            if values:
+                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))],
+                        label=c, color=_COLORS[c])
+        ax.set_xscale("log")
+        ax.set_title(res.workload.name, fontsize=9)
+        ax.set_xlabel("TTFT ms", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of requests")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    written.append(_save(fig, out / "ttft_cdf.png"))
+
+    laddered = [res for res in results if res.workload.stages]
+    if laddered:
+        res = laddered[0]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        for c in present:
+            run = res.runs.get(c)
+            if run is None:
+                continue
+            rates = [s.rate for s in run.stages]
+            ax1.plot(rates, [s.ttft_p50_ms for s in run.stages], "o-", color=_COLORS[c],
+                     label=f"{c} p50")
+            ax1.plot(rates, [s.ttft_p90_ms for s in run.stages], "o--", color=_COLORS[c],
+                     alpha=0.5)
+            ax2.plot(rates, [s.hit_rate for s in run.stages], "o-", color=_COLORS[c], label=c)
+        ax1.set_yscale("log")
+        ax1.set_xlabel("offered req/s")
+        ax1.set_ylabel("TTFT ms (p50 solid, p90 dashed)")
+        ax1.legend(fontsize=7)
+        ax2.set_xlabel("offered req/s")
+        ax2.set_ylabel("hit rate")
+        ax2.set_ylim(0, 1)
+        fig.suptitle(f"{res.workload.title}: rate ladder", fontsize=10)
+        fig.tight_layout()
+        written.append(_save(fig, out / "ladder.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ttft_values_ms(values_s: Sequence[float | None]) -> list[float]:
+    """TTFTs in ms, unanswered ones dropped (for the CDF)."""
+    return [v * 1e3 for v in values_s if v is not None]
