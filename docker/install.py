@@ -4,9 +4,8 @@
 
 1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra) plus
    :data:`EXTRA_REQUIREMENTS`, runtime imports the package metadata does not declare yet;
-2. restores data files the built distribution left out (every non-Python file of the
-   ``cortex`` trees under the source roots of ``setup.py``, e.g. chat templates), naming each;
-3. imports every service's modules, so a broken install fails the image build.
+2. imports every service's modules from the result alone, so a broken install fails the
+   image build.
 
 ``--target DIR --no-deps`` installs into a plain directory without dependencies (the test
 suite uses it to check the image's install without a network or a Docker engine).
@@ -15,9 +14,7 @@ suite uses it to check the image's install without a network or a Docker engine)
 from __future__ import annotations
 
 import argparse
-import ast
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -40,45 +37,6 @@ SERVICE_MODULES = (
     "cortex.sim.cli",
     "cortex.sim.server",
 )
-
-_CODE_SUFFIXES = {".py", ".pyc", ".pyo"}
-
-
-def source_roots(src: Path) -> list[Path]:
-    """The ``ROOTS`` tuple of ``setup.py``: directories holding a ``cortex/<part>`` tree."""
-    tree = ast.parse((src / "setup.py").read_text())
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ROOTS"
-                                                 for t in node.targets)):
-            return [src / root for root in ast.literal_eval(node.value)]
-    raise SystemExit("install.py: setup.py has no ROOTS tuple")
-
-
-def data_files(src: Path) -> list[tuple[Path, Path]]:
-    """Non-Python files of the ``cortex`` trees: ``(source root, path relative to it)``."""
-    found = []
-    for root in source_roots(src):
-        tree = root / "cortex"
-        if not tree.is_dir():
-            continue
-        for path in sorted(tree.rglob("*")):
-            if (path.is_file() and path.suffix not in _CODE_SUFFIXES
-                    and "__pycache__" not in path.parts):
-                found.append((root, path.relative_to(root)))
-    return found
-
-
-def restore_data_files(src: Path, site: Path) -> list[Path]:
-    """Copy every data file the installed ``cortex`` tree lacks; returns what was copied."""
-    restored = []
-    for root, relative in data_files(src):
-        installed = site / relative
-        if not installed.exists():
-            installed.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / relative, installed)
-            restored.append(relative)
-    return restored
-
 
 def pip_install(src: Path, target: Path | None, no_deps: bool) -> None:
     command = [sys.executable, "-m", "pip", "install", "--no-cache-dir", str(src)]
@@ -113,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     src = args.src.resolve()
     pip_install(src, args.target, args.no_deps)
     site = args.target.resolve() if args.target else Path(sysconfig.get_path("purelib"))
-    restored = restore_data_files(src, site)
-    for relative in restored:
-        print(f"install.py: restored {relative} (missing from the built distribution)")
     check_imports(site)
     print(f"install.py: cortex installed in {site}; every service module imports")
     return 0

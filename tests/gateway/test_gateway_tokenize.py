@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
+from cortex.chat import ChatTokenizer, RenderArgs
 from cortex.gateway.tokenize import PromptTokenizer
-from cortex.sim.tokenization import ChatTokenizer
+from cortex.hashing import Engine
 
 SPECIALS = [
     "<\uff5cUser\uff5c>",
@@ -44,16 +45,22 @@ message = st.fixed_dictionaries({
 conversation = st.lists(message, min_size=1, max_size=8)
 
 
+def render(tok: PromptTokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
+           ) -> str:
+    return tok.render(RenderArgs.of(Engine.VLLM, messages,
+                                    add_generation_prompt=add_generation_prompt))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(conversation, st.booleans())
+@given(conversation, st.booleans(), st.booleans())
 def test_chat_prompt_tokens_equal_whole_prompt_tokenization(
-    messages: list[dict[str, str]], add_generation_prompt: bool
+    messages: list[dict[str, str]], add_generation_prompt: bool, add_special_tokens: bool
 ) -> None:
     tok = shared()
-    rendered = tok.render(messages, add_generation_prompt)
-    expected = chat().encode_prompt(rendered)
-    assert tok.encode_chat(rendered) == expected
-    assert tok.encode_chat(rendered) == expected  # warm: served from the segment cache
+    rendered = render(tok, messages, add_generation_prompt)
+    expected = chat().encode(rendered, add_special_tokens)
+    assert tok.encode(rendered, add_special_tokens) == expected
+    assert tok.encode(rendered, add_special_tokens) == expected  # warm: from the segment cache
 
 
 @settings(max_examples=200, deadline=None)
@@ -65,11 +72,11 @@ def test_plain_text_tokens_equal_whole_text_tokenization(prompt: str) -> None:
 def test_long_system_prompt_is_tokenized_once() -> None:
     tok = PromptTokenizer(chat())
     system = {"role": "system", "content": "Rules of the house. " * 500}
-    first = tok.render([system, {"role": "user", "content": "question one"}])
-    tok.encode_chat(first)
+    first = render(tok, [system, {"role": "user", "content": "question one"}])
+    tok.encode(first, False)
     misses = tok.cache.stats.misses
-    second = tok.render([system, {"role": "user", "content": "question two"}])
-    assert tok.encode_chat(second) == chat().encode_prompt(second)
+    second = render(tok, [system, {"role": "user", "content": "question two"}])
+    assert tok.encode(second, False) == chat().encode(second, False)
     # only the new user message was encoded
     assert tok.cache.stats.misses - misses == 1
     assert tok.cache.stats.hits >= 1
@@ -87,8 +94,7 @@ def _tokenizer_with(*tokens: AddedToken) -> ChatTokenizer:
     base = chat()
     inner = Tokenizer.from_str(base.tokenizer.to_str())
     inner.add_special_tokens(list(tokens))
-    return ChatTokenizer(inner, base.template_text, base.bos_token, base.eos_token,
-                         base.eos_token_id, "test")
+    return ChatTokenizer(inner, base.template, base.special_tokens, "test")
 
 
 @functools.cache
@@ -104,7 +110,7 @@ def test_stripping_added_tokens_are_reproduced(prompt: str) -> None:
     custom, tok = stripping()
     assert tok.segmented
     assert tok.encode_text(prompt) == custom.encode_text(prompt)
-    assert tok.encode_chat(prompt) == custom.encode_prompt(prompt)
+    assert tok.encode(prompt, False) == custom.encode(prompt, False)
 
 
 def test_single_word_tokens_disable_segmentation() -> None:

@@ -160,13 +160,17 @@ def test_malformed_json() -> None:
 
 
 def test_good_requests() -> None:
+    tool = {"type": "function", "function": {"name": "f"}}
     chat = parse_request(Endpoint.CHAT, {
         "model": "n", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-        "stream_options": {"include_usage": True}, "tools": [{"type": "function"}],
+        "stream_options": {"include_usage": True}, "tools": [tool],
         "continue_final_message": True}, CONFIG)
     assert chat.model.name == "n" and chat.stream and chat.wants_usage
-    assert chat.prompt.add_generation_prompt is False
-    assert chat.prompt.template_kwargs == {"tools": [{"type": "function"}]}
+    # the rendering arguments are the model's engine's reading of the body (cortex.chat)
+    assert chat.prompt.chat is not None and chat.prompt.chat.engine is Engine.SGLANG
+    assert chat.prompt.chat.continue_final_message is True
+    assert chat.prompt.chat.tools is not None and chat.prompt.chat.tools[0]["function"][
+        "name"] == "f"
     batch = parse_request(Endpoint.COMPLETIONS, {"model": "m", "prompt": [[5, 6], [7]]}, CONFIG)
     assert batch.prompt.kind is PromptKind.TOKENS and batch.prompt.token_ids == (5, 6)
     gen = parse_request(Endpoint.GENERATE, {"text": ["a", "b"]}, CONFIG)

@@ -16,38 +16,57 @@ async def set_faults(http: aiohttp.ClientSession, url: str, **fields: object) ->
         assert resp.status == 200, await resp.text()
 
 
-async def test_http_down_hangs_until_cleared(start_sim: StartSim, http: aiohttp.ClientSession
-                                             ) -> None:
+async def test_http_down_hangs_generation_until_cleared(start_sim: StartSim,
+                                                       http: aiohttp.ClientSession) -> None:
     sim = await start_sim(engine="sglang")
     await set_faults(http, sim.url, http_down=True)
     with pytest.raises(asyncio.TimeoutError):
+        async with http.post(sim.url + "/generate", json={"text": "hi"},
+                             timeout=aiohttp.ClientTimeout(total=0.3)):
+            pass
+    for path in ("/health", "/v1/loads", "/get_load", "/server_info"):  # probes still answer
+        async with http.get(sim.url + path) as resp:
+            assert resp.status == 200, path
+    async with http.get(sim.url + "/sim/state") as resp:  # admin always answers
+        state = await resp.json()
+        assert state["faults"]["http_down"] is True
+        assert state["faults"]["fault_paths"] == "generation"
+    await set_faults(http, sim.url, fault_paths="all")  # now a wedged engine: probes hang too
+    with pytest.raises(asyncio.TimeoutError):
         async with http.get(sim.url + "/health", timeout=aiohttp.ClientTimeout(total=0.3)):
             pass
-    async with http.get(sim.url + "/sim/state") as resp:  # admin still answers
-        assert (await resp.json())["faults"]["http_down"] is True
-    pending = asyncio.ensure_future(http.get(sim.url + "/health"))
+    pending = asyncio.ensure_future(http.post(sim.url + "/generate", json={"text": "hi"}))
     async with http.delete(sim.url + "/sim/faults") as resp:
-        assert resp.status == 200
+        assert resp.status == 200 and (await resp.json())["fault_paths"] == "generation"
     async with await pending as resp:
         assert resp.status == 200
 
 
-async def test_error_rate_and_latency(start_sim: StartSim, http: aiohttp.ClientSession) -> None:
+async def test_error_rate_and_latency_hit_their_scope(start_sim: StartSim,
+                                                      http: aiohttp.ClientSession) -> None:
     sim = await start_sim(engine="vllm")
     await set_faults(http, sim.url, error_rate=1.0, error_status=503)
     async with http.post(sim.url + "/v1/chat/completions", json=chat_body("hi")) as resp:
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == 503
-    await set_faults(http, sim.url, error_rate=0.0, latency_ms=150.0)
+    for path in ("/health", "/load", "/metrics"):
+        async with http.get(sim.url + path) as resp:
+            assert resp.status == 200, path
+    await set_faults(http, sim.url, fault_paths="all")
+    async with http.get(sim.url + "/health") as resp:
+        assert resp.status == 503
+    await set_faults(http, sim.url, error_rate=0.0, latency_ms=150.0, fault_paths="generation")
     loop = asyncio.get_running_loop()
     start = loop.time()
-    async with http.get(sim.url + "/health") as resp:
+    async with http.post(sim.url + "/v1/completions",
+                         json={"model": "cortex-sim", "prompt": "x", "max_tokens": 1}) as resp:
         assert resp.status == 200
     assert loop.time() - start >= 0.15
-    async with http.post(sim.url + "/sim/faults", json={"error_rate": 2}) as resp:
-        assert resp.status == 400  # validated as a whole
-    async with http.post(sim.url + "/sim/faults", json={"nonsense": 1}) as resp:
-        assert resp.status == 400
+    for bad in ({"error_rate": 2}, {"nonsense": 1}, {"fault_paths": "health"}):
+        async with http.post(sim.url + "/sim/faults", json=bad) as resp:
+            assert resp.status == 400, bad  # validated as a whole
+    sim.set_faults(fault_paths="all")  # the in-process API takes the scope too
+    assert sim.faults.config.fault_paths == "all"
 
 
 async def test_stream_is_cut_after_k_chunks(start_sim: StartSim, http: aiohttp.ClientSession

@@ -32,6 +32,12 @@ def test_command_line_builds_a_validated_config() -> None:
     assert config.engine_version == "0.33.0" and config.port == 8000
     assert config.timing.zero_cost and config.output_tokens == (4, 8)
     assert config.faults.drop_batches == 2 and config.replay_port is None
+    assert config.faults.fault_paths == "generation" and config.dp_size == 1
+    scoped = cli.build_config(parse("--engine", "sglang", "--fault-paths", "all", "--dp-size",
+                                    "4"))
+    assert scoped.faults.fault_paths == "all" and scoped.dp_size == 4
+    with pytest.raises(ValueError, match="dp_size"):
+        cli.build_config(parse("--engine", "sglang", "--dp-size", "0"))
     with pytest.raises(ValueError, match="supported"):
         cli.build_config(parse("--engine", "vllm", "--engine-version", "0.99.0"))
     with pytest.raises(ValueError, match="bootstrap_port"):
@@ -53,9 +59,13 @@ def port_is_free(port: int) -> bool:
 def test_sigterm_stops_cleanly_and_frees_every_port() -> None:
     with SimProcess("--engine", "sglang", "--role", "prefill", "--port", "0",
                     "--kv-events-port", "0", "--replay-port", "0", "--bootstrap-port", "0",
-                    "--zero-cost") as sim:
-        ports = [sim.port, sim.info["kv_events_port"], sim.info["replay_port"],
+                    "--zero-cost", "--dp-size", "2") as sim:
+        # rank r publishes on kv_events_port + r and replays on replay_port + r
+        ports = [sim.port, sim.info["kv_events_port"], sim.info["kv_events_port"] + 1,
+                 sim.info["replay_port"], sim.info["replay_port"] + 1,
                  sim.info["bootstrap_port"], sim.info["transfer_port"]]
+        assert sim.info["dp_size"] == 2
+        assert not any(port_is_free(port) for port in ports)
         with urllib.request.urlopen(sim.url + "/health", timeout=5) as resp:
             assert resp.status == 200
         assert sim.stop() == 0

@@ -78,8 +78,8 @@ class Profile:
     multi_rounds: int
     multi_client_rate: float
     multi_think_s: float
-    capacity_fraction: float = 0.4
-    prefill_ms_per_token: float = 0.1
+    capacity_fraction: float = 0.3
+    prefill_ms_per_token: float = 0.07
     decode_ms_per_token: float = 5.0
 
     @property
@@ -91,7 +91,7 @@ class Profile:
 
 
 FULL = Profile(workers=4, tokens_per_block=32, trace_minutes=10, trace_speedup=12,
-               shared_groups=64, shared_users=5, shared_rates=(4, 8, 12, 16, 20, 24, 28, 32),
+               shared_groups=64, shared_users=5, shared_rates=(4, 8, 16, 24, 32, 40, 48),
                shared_stage_s=6, multi_clients=64, multi_rounds=8, multi_client_rate=2.0,
                multi_think_s=1.0)
 QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.5, trace_speedup=15,

@@ -24,6 +24,11 @@ from typing import Any
 
 __all__ = ["register", "run", "spec_from_args", "summary"]
 
+# long enough to fill a few KV blocks, so a repeated request shows a cache hit
+QUICKSTART_SYSTEM_PROMPT = (
+    "You are the Cortex quickstart assistant. Answer in one short sentence, say which "
+    "worker you run on when asked, and never invent facts about caches, tokens or GPUs.")
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     from cortex.cli.cluster import DEFAULT_GATEWAY_PORT, ClusterSpec
@@ -181,14 +186,23 @@ def summary(state: dict[str, Any], seconds: float) -> str:
     url_width = max((len(r[1]) for r in rows), default=0)
     lines += [f"  {name:<{width}}  {url:<{url_width}}  {extra}".rstrip()
               for name, url, extra in rows]
+    if not workers and state["redis"]:
+        lines += ["", "No workers yet: register each one (its lease is renewed while it answers",
+                  "the gateways' health probes):",
+                  f"  cortex workers add --redis {state['redis']['url']} --id ID --url URL "
+                  f"--engine {state['engine']} --model {state['model']} \\",
+                  "    --kv-events tcp://HOST:PORT --replay tcp://HOST:PORT "
+                  f"--block-size {state['block_size']}"]
     if gateways:
         url = gateways[0]["url"]
-        body = json.dumps({"model": state["model"], "max_tokens": 16,
-                           "messages": [{"role": "user", "content": "Hello, Cortex!"}]})
+        body = json.dumps({"model": state["model"], "max_tokens": 16, "messages": [
+            {"role": "system", "content": QUICKSTART_SYSTEM_PROMPT},
+            {"role": "user", "content": "What does a KV-cache-aware router do?"}]})
         lines += [
             "",
-            "Try it (the x-cortex-* response headers say which worker served the request, how",
-            "it was routed and how many prompt tokens were already cached there):",
+            "Try it, twice (the x-cortex-* response headers say which worker served the",
+            "request, how it was routed and how many prompt tokens were already cached there;",
+            "the second run lands on the same worker with x-cortex-match-mode: exact_kv):",
             f"  curl -si {url}/v1/chat/completions -H 'content-type: application/json' \\",
             f"    -d '{body}'",
             "",
@@ -196,8 +210,5 @@ def summary(state: dict[str, Any], seconds: float) -> str:
             f"  curl -s {url}/admin/explain -H 'authorization: Bearer {state['admin_token']}' \\",
             f"    -d '{body}'",
         ]
-    elif state["redis"] and not workers:
-        lines += ["", "Register workers with: cortex workers add --redis "
-                      f"{state['redis']['url']} --id ID --url URL --engine ENGINE --model M"]
     lines += ["", "Ctrl-C stops everything."]
     return "\n".join(lines)

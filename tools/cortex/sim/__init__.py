@@ -5,7 +5,7 @@ In-process use (tests, benchmarks, the dev launcher)::
     async with SimServer(SimConfig(engine=Engine.VLLM, port=0, kv_events_port=0)) as sim:
         sim.url, sim.kv_events_endpoint, sim.replay_endpoint, sim.engine.cache
 
-The submodules are imported lazily so ``cortex.sim.tokenization`` stays cheap to import.
+The submodules are imported lazily: ``import cortex.sim`` alone costs nothing.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """``cortex sim``: run one simulated SGLang / vLLM worker until SIGTERM / SIGINT.
 
 Once every listener is bound it prints one line to stdout,
-``CORTEX_SIM_READY {json}`` with the real ports (useful with port 0).
+``CORTEX_SIM_READY {json}`` with the real ports (useful with port 0; with ``--dp-size`` N
+also ``dp_size``: rank r publishes on ``kv_events_port + r`` and replays on
+``replay_port + r``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from typing import Any
 
 from cortex.hashing import Engine
-from cortex.sim.config import FaultConfig, Role, SimConfig, TimingConfig
+from cortex.sim.config import FaultConfig, FaultScope, Role, SimConfig, TimingConfig
 
 __all__ = ["READY_PREFIX", "build_config", "register", "run"]
 
@@ -64,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--output-tokens", type=_output_range, default=(16, 64),
                    help="natural answer length range MIN:MAX (tokens)")
     g.add_argument("--engine-id", default=None, help="vLLM remote_engine_id to advertise")
+    g.add_argument("--dp-size", type=int, default=1,
+                   help="data-parallel ranks, each with its own KV pool, prefix cache and "
+                   "KV-event PUB / replay on the base port + rank")
     e = p.add_argument_group("KV events")
     e.add_argument("--kv-events-port", type=int, default=5557, help="ZMQ PUB port (0 = any)")
     e.add_argument("--replay-port", type=int, default=None,
@@ -98,7 +103,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     f.add_argument("--http-down", action="store_true", help="leave HTTP requests unanswered")
     f.add_argument("--error-rate", type=float, default=0.0, help="probability of an HTTP error")
     f.add_argument("--error-status", type=int, default=500)
-    f.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
+    f.add_argument("--latency-ms", type=float, default=0.0, help="added to each request in scope")
+    f.add_argument("--fault-paths", default=FaultScope.GENERATION.value,
+                   choices=[scope.value for scope in FaultScope],
+                   help="paths the three HTTP faults above hit: the generation endpoints, or "
+                   "all engine paths (health and load probes too)")
     f.add_argument("--cut-stream-after", type=int, default=None,
                    help="cut streams after K chunks")
     p.add_argument("--log-level", default="info",
@@ -141,6 +150,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
             error_status=args.error_status,
             latency_ms=args.latency_ms,
             cut_stream_after=args.cut_stream_after,
+            fault_paths=FaultScope(args.fault_paths),
         ),
         bootstrap_port=args.bootstrap_port,
         transfer_port=args.transfer_port,
@@ -151,6 +161,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         output_tokens=args.output_tokens,
         advertise_host=args.advertise_host,
         engine_id=args.engine_id,
+        dp_size=args.dp_size,
     )
 
 
@@ -168,6 +179,8 @@ async def serve(config: SimConfig) -> None:
                      "replay_port": sim.replay_port, "bootstrap_port": sim.bootstrap_port,
                      "transfer_port": sim.transfer_port, "engine": config.engine.value,
                      "engine_version": config.engine_version, "role": config.role.value}
+            if config.dp_size > 1:
+                ready["dp_size"] = config.dp_size
             print(READY_PREFIX + json.dumps(ready), flush=True)
             await stop.wait()
             log.info("stopping")

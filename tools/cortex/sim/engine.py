@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from cortex.chat import ChatTokenizer
 from cortex.hashing import Engine
 from cortex.hashing.engines import (
     sglang_event_int,
@@ -31,7 +32,6 @@ from cortex.sim.publisher import EventPublisher
 from cortex.sim.scheduler import AdmissionQueue
 from cortex.sim.textgen import FinishReason, GenerationPlan, TextGenerator
 from cortex.sim.timing import TimingModel
-from cortex.sim.tokenization import ChatTokenizer
 
 __all__ = ["EngineHasher", "Leg", "SimEngine", "SimStats"]
 
@@ -84,7 +84,8 @@ class SimStats:
 
 
 class SimEngine:
-    """One simulated worker's request execution (shared by all its HTTP handlers)."""
+    """One data-parallel rank of a simulated worker: its KV pool and prefix cache, admission,
+    prefill lane and event publisher (a worker with ``dp_size`` N has N of them)."""
 
     def __init__(
         self,
@@ -95,9 +96,12 @@ class SimEngine:
         transfer_server: KvTransferServer | None = None,
         transfer_client: KvTransferClient | None = None,
         transfer_port: int = 0,
+        dp_rank: int = 0,
+        textgen: TextGenerator | None = None,
     ) -> None:
         self.config = config
         self.chat = chat
+        self.dp_rank = dp_rank
         self.cache = PrefixCache(
             config.kv_capacity_blocks,
             config.block_size,
@@ -106,9 +110,9 @@ class SimEngine:
             enabled=config.caches_prefixes,
         )
         self.timing = TimingModel(config.timing)
-        self.textgen = TextGenerator(chat.tokenizer, seed=config.seed,
-                                     natural_tokens=config.output_tokens,
-                                     eos_token_id=chat.eos_token_id)
+        self.textgen = textgen or TextGenerator(chat.tokenizer, seed=config.seed,
+                                                natural_tokens=config.output_tokens,
+                                                eos_token_id=chat.eos_token_id)
         self.admission = AdmissionQueue(self.cache, config.max_running, self._cache_changed)
         self.stats = SimStats()
         self._publisher = publisher
@@ -303,7 +307,7 @@ class SimEngine:
             cached = lease.cached_tokens
             kv_source: str | None = None
             if leg is Leg.SGLANG_DECODE:
-                handoff = await self._pull_room(seq)
+                handoff = await self._pull_room(req, seq)
                 cached = handoff.cached_tokens
             elif leg is Leg.VLLM_DECODE:
                 pulled = await self._read_remote(req, prompt)
@@ -358,14 +362,15 @@ class SimEngine:
 
     # -- PD helpers -----------------------------------------------------------------------
 
-    async def _pull_room(self, seq: SequenceSpec) -> KvHandoff:
+    async def _pull_room(self, req: GenRequest, seq: SequenceSpec) -> KvHandoff:
         if self._transfer_client is None or seq.bootstrap_room is None or not seq.bootstrap_host:
             raise TransferError("no bootstrap information")
         port = seq.bootstrap_port if seq.bootstrap_port is not None else default_bootstrap_port()
         self.stats.kv_pulls += 1
         try:
             handoff = await self._transfer_client.pull_room(
-                seq.bootstrap_host, port, seq.bootstrap_room, self.config.transfer_timeout_s)
+                seq.bootstrap_host, port, seq.bootstrap_room, self.config.transfer_timeout_s,
+                prefill_dp_rank=req.prefill_dp_rank)
             if handoff.token_ids != seq.prompt_ids:
                 raise TransferError(
                     f"bootstrap room {seq.bootstrap_room} holds KV of a different prompt")
@@ -427,7 +432,8 @@ class SimEngine:
 
     def __repr__(self) -> str:
         return (f"SimEngine({self.config.engine.value} {self.config.engine_version} "
-                f"{self.config.role.value}, {self.admission!r}, {self.cache!r})")
+                f"{self.config.role.value}, dp_rank={self.dp_rank}, {self.admission!r}, "
+                f"{self.cache!r})")
 
 
 def _flat_ids(value: object) -> list[int]:

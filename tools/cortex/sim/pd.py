@@ -85,21 +85,22 @@ class KvHandoff:
 
 
 class BootstrapServer:
-    """SGLang's prefill bootstrap HTTP server (``/route``, ``/health``...) for one rank.
+    """SGLang's prefill bootstrap HTTP server (``/route``, ``/health``...).
 
-    The sim registers its single rank itself; ``PUT /route`` from elsewhere is accepted
-    and recorded like the engine does.
+    The sim registers its ranks itself (every DP rank behind the one side channel);
+    ``PUT /route`` from elsewhere is accepted and recorded like the engine does.
     """
 
     def __init__(self, host: str, port: int, *, rank_ip: str, rank_port: int, page_size: int,
-                 http_port: int) -> None:
+                 http_port: int, dp_size: int = 1) -> None:
         self._host = host
         self._want_port = port
         self._table: dict[tuple[int, int, int, int], dict[str, Any]] = {
-            (0, 0, 0, 0): {"rank_ip": rank_ip, "rank_port": rank_port},
+            (dp_rank, 0, 0, 0): {"rank_ip": rank_ip, "rank_port": rank_port}
+            for dp_rank in range(dp_size)
         }
         self._info = {
-            "attn_tp_size": 1, "attn_cp_size": 1, "dp_size": 1, "pp_size": 1,
+            "attn_tp_size": 1, "attn_cp_size": 1, "dp_size": dp_size, "pp_size": 1,
             "page_size": page_size, "kv_cache_dtype": "auto", "follow_bootstrap_room": True,
             "enable_dsa_cache_layer_split": False, "prefill_http_port": http_port,
         }
@@ -379,9 +380,12 @@ class KvTransferClient:
         self._ctx = ctx
         self._session = session
 
-    async def pull_room(self, host: str, port: int, room: int, timeout_s: float) -> KvHandoff:
+    async def pull_room(self, host: str, port: int, room: int, timeout_s: float, *,
+                        prefill_dp_rank: int | None = None) -> KvHandoff:
         """SGLang decode: find the prefill's side channel via its bootstrap server, then wait
-        for ``room``'s KV. ``TransferError`` when unreachable, refused or timed out."""
+        for ``room``'s KV. The prefill's DP rank is ``prefill_dp_rank`` when the router gave
+        it, else ``room % dp_size`` (SGLang's ``follow_bootstrap_room``). ``TransferError``
+        when unreachable, refused or timed out."""
         deadline = time.monotonic() + timeout_s
         base = f"http://{_url_host(host)}:{port}/route"
         try:
@@ -389,7 +393,10 @@ class KvTransferClient:
                 info = await self._get_json(base, -1)
                 if not isinstance(info, dict) or "page_size" not in info:
                     raise TransferError("bootstrap server returned no prefill info")
-                rank = await self._get_json(base, 0)
+                dp_rank = prefill_dp_rank
+                if dp_rank is None:
+                    dp_rank = room % max(int(info.get("dp_size") or 1), 1)
+                rank = await self._get_json(base, 0, dp_rank)
         except TimeoutError:
             raise TransferError(f"bootstrap server {host}:{port} timed out") from None
         try:
@@ -408,9 +415,11 @@ class KvTransferClient:
         return await self._exchange(host, port, frames, timeout_s,
                                     f"KV read from {host}:{port} timed out")
 
-    async def _get_json(self, base: str, rank: int) -> Any:
-        params = {"prefill_dp_rank": str(rank), "prefill_cp_rank": str(rank),
-                  "target_tp_rank": str(rank), "target_pp_rank": str(rank)}
+    async def _get_json(self, base: str, rank: int, dp_rank: int | None = None) -> Any:
+        """``GET /route`` for (dp, cp, tp, pp) = (``dp_rank`` or ``rank``, ``rank``…)."""
+        params = {"prefill_dp_rank": str(rank if dp_rank is None else dp_rank),
+                  "prefill_cp_rank": str(rank), "target_tp_rank": str(rank),
+                  "target_pp_rank": str(rank)}
         try:
             async with self._session.get(base, params=params) as resp:
                 if resp.status != 200:

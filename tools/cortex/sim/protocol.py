@@ -4,8 +4,8 @@ Parsing turns an OpenAI chat/completions body or an SGLang ``/generate`` body in
 :class:`GenRequest`: one :class:`SequenceSpec` per output sequence (batch prompts,
 ``n`` > 1), each with its prompt token ids and PD fields. Prompt tokens come from
 :mod:`cortex.chat`, exactly as the engine computes them. Unknown fields are accepted
-(routers add their own). Bad input raises :class:`RequestError` (a 4xx). The builders
-turn :class:`SequenceResult` values into the engines' JSON bodies and SSE chunks.
+(routers add their own). Bad input raises :class:`RequestError` (a 4xx). What the engine
+produces for each sequence is a :class:`SequenceResult` (shaped by :mod:`responses`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 
 from cortex.chat import ChatError, ChatTokenizer, render_args, text_add_special_tokens
 from cortex.hashing import Engine
-from cortex.sim import logprobs as lp
-from cortex.sim.logprobs import FakeLogprobs, LogprobRequest, TokenLogprob
-from cortex.sim.textgen import FinishReason, GenerationPlan
+from cortex.sim.logprobs import LogprobRequest
+from cortex.sim.textgen import GenerationPlan
 
 __all__ = [
     "Endpoint",
@@ -29,19 +28,10 @@ __all__ = [
     "RequestError",
     "SequenceResult",
     "SequenceSpec",
-    "Shaping",
-    "chat_chunk",
-    "chat_response",
-    "completion_chunk",
-    "completion_response",
     "error_body",
-    "generate_chunk",
-    "generate_response",
     "parse_chat",
     "parse_completion",
     "parse_generate",
-    "usage",
-    "usage_chunk",
 ]
 
 _MAX_ROOM = 2**63 - 1
@@ -207,6 +197,17 @@ def _sequences(prompts: Sequence[tuple[int, ...]], n: int, body: Mapping[str, An
     )
 
 
+def _rank(body: Mapping[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RequestError(f"'{name}' must be a non-negative integer", param=name)
+        return value
+    return None
+
+
 def _common(body: Mapping[str, Any]) -> dict[str, Any]:
     stream = _get_bool(body, "stream")
     options = body.get("stream_options")
@@ -228,6 +229,9 @@ def _common(body: Mapping[str, Any]) -> dict[str, Any]:
         "ignore_eos": _get_bool(body, "ignore_eos"),
         "seed": seed,
         "kv_transfer_params": kv_params,
+        # SGLang's DP routing fields (vLLM takes the rank from a header instead)
+        "dp_rank": _rank(body, "routed_dp_rank", "data_parallel_rank"),
+        "prefill_dp_rank": _rank(body, "disagg_prefill_dp_rank"),
     }
 
 
@@ -240,25 +244,30 @@ def _check_model(body: Mapping[str, Any], served: str) -> str:
     return model
 
 
+def _top(body: Mapping[str, Any], name: str) -> int:
+    top = _get_int(body, name, 0, 0) or 0
+    if top > _MAX_TOP_LOGPROBS:
+        raise RequestError(f"'{name}' must be at most {_MAX_TOP_LOGPROBS}", param=name)
+    return top
+
+
+def _chat_logprobs(body: Mapping[str, Any], engine: Engine) -> LogprobRequest | None:
+    top = _top(body, "top_logprobs")
+    if not _get_bool(body, "logprobs"):
+        if top and engine is Engine.VLLM:
+            raise RequestError("when using `top_logprobs`, `logprobs` must be set to true.",
+                               param="top_logprobs")
+        return None
+    return LogprobRequest(top=top)
+
+
 def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: str,
-               request_id: str | None = None) -> GenRequest:
+               request_id: str | None = None, *, engine: Engine = Engine.SGLANG) -> GenRequest:
     """Parse ``/v1/chat/completions``: render the template over every message, tokenize."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list", param="messages")
-    kwargs: dict[str, Any] = {}
-    template_kwargs = body.get("chat_template_kwargs")
-    if isinstance(template_kwargs, Mapping):
-        kwargs.update(template_kwargs)
-    if body.get("tools"):
-        kwargs["tools"] = body["tools"]
-    add_generation_prompt = _get_bool(body, "add_generation_prompt", True)
-    if _get_bool(body, "continue_final_message"):
-        add_generation_prompt = False
     try:
-        prompt = tuple(tokenizer.encode_chat(messages, add_generation_prompt, **kwargs))
-    except TemplateError as exc:
-        raise RequestError(str(exc), param="messages") from exc
+        prompt = tuple(tokenizer.encode_chat(render_args(body, engine)))
+    except ChatError as exc:
+        raise RequestError(str(exc), param=exc.param) from exc
     n = _get_int(body, "n", 1, 1) or 1
     max_tokens = _get_int(body, "max_completion_tokens", None, 1)
     if max_tokens is None:
@@ -269,18 +278,20 @@ def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: 
         model=_check_model(body, served_model),
         sequences=_sequences([prompt], n, body),
         max_tokens=max_tokens,
+        logprobs=_chat_logprobs(body, engine),
         **_common(body),
     )
 
 
-def _prompt_list(value: Any, tokenizer: ChatTokenizer, name: str
+def _prompt_list(value: Any, tokenizer: ChatTokenizer, name: str, add_special_tokens: bool
                  ) -> tuple[list[tuple[int, ...]], list[str | None], bool]:
     """Prompts of a completions/generate input: str | [str] | [int] | [[int]]."""
     if isinstance(value, str):
-        return [tuple(tokenizer.encode_text(value))], [value], False
+        return [tuple(tokenizer.encode_text(value, add_special_tokens))], [value], False
     if isinstance(value, list) and value:
         if all(isinstance(p, str) for p in value):
-            return [tuple(tokenizer.encode_text(p)) for p in value], list(value), True
+            return ([tuple(tokenizer.encode_text(p, add_special_tokens)) for p in value],
+                    list(value), True)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
             return [_token_list(value, name)], [None], False
         if all(isinstance(p, list) for p in value):
@@ -293,32 +304,62 @@ def _prompt_list(value: Any, tokenizer: ChatTokenizer, name: str
 
 
 def parse_completion(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: str,
-                     request_id: str | None = None) -> GenRequest:
+                     request_id: str | None = None, *, engine: Engine = Engine.SGLANG
+                     ) -> GenRequest:
     """Parse ``/v1/completions`` (text or token-id prompts, single or array)."""
-    prompts, texts, batched = _prompt_list(body.get("prompt"), tokenizer, "prompt")
+    try:
+        special = text_add_special_tokens(body, engine)
+    except ChatError as exc:
+        raise RequestError(str(exc), param=exc.param) from exc
+    prompts, texts, batched = _prompt_list(body.get("prompt"), tokenizer, "prompt", special)
     n = _get_int(body, "n", 1, 1) or 1
+    echo = _get_bool(body, "echo")
+    top = _get_int(body, "logprobs", None, 0)
+    if top is not None and top > _MAX_TOP_LOGPROBS:
+        raise RequestError(f"'logprobs' must be at most {_MAX_TOP_LOGPROBS}", param="logprobs")
     return GenRequest(
         endpoint=Endpoint.COMPLETIONS,
         request_id=request_id or f"cmpl-{uuid.uuid4().hex}",
         model=_check_model(body, served_model),
         sequences=_sequences(prompts, n, body),
         max_tokens=_get_int(body, "max_tokens", _DEFAULT_COMPLETION_MAX_TOKENS, 1),
-        echo=_get_bool(body, "echo"),
+        echo=echo,
         batched=batched,
         prompt_text=tuple(t for t in texts for _ in range(n)),
+        logprobs=None if top is None else LogprobRequest(top=top, start=0 if echo else None),
         **_common(body),
     )
 
 
+def _generate_logprobs(body: Mapping[str, Any], prompts: Sequence[tuple[int, ...]]
+                       ) -> LogprobRequest | None:
+    if not _get_bool(body, "return_logprob"):
+        return None
+    start = body.get("logprob_start_len", -1)
+    if start is None:
+        start = -1
+    if isinstance(start, bool) or not isinstance(start, int) or start < -1:
+        raise RequestError("'logprob_start_len' must be an integer >= -1",
+                           param="logprob_start_len")
+    for prompt in prompts:
+        if start >= len(prompt):
+            raise RequestError(f"req.logprob_start_len={start} is higher than the number of "
+                               f"input tokens len(req.origin_input_ids)={len(prompt)}. Please "
+                               "use a smaller logprob_start_len.", param="logprob_start_len")
+    return LogprobRequest(top=_top(body, "top_logprobs_num"), start=start,
+                          text=_get_bool(body, "return_text_in_logprobs"))
+
+
 def parse_generate(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: str,
-                   request_id: str | None = None) -> GenRequest:
+                   request_id: str | None = None, *, engine: Engine = Engine.SGLANG
+                   ) -> GenRequest:
     """Parse SGLang's native ``/generate`` (``text`` or ``input_ids``; lists = batch)."""
     if body.get("input_ids") is not None:
-        prompts, texts, batched = _prompt_list(body["input_ids"], tokenizer, "input_ids")
+        prompts, texts, batched = _prompt_list(body["input_ids"], tokenizer, "input_ids", True)
         if any(t is not None for t in texts):
             raise RequestError("'input_ids' must hold token ids", param="input_ids")
     elif body.get("text") is not None:
-        prompts, texts, batched = _prompt_list(body["text"], tokenizer, "text")
+        prompts, texts, batched = _prompt_list(body["text"], tokenizer, "text", True)
     else:
         raise RequestError("either 'text' or 'input_ids' is required", param="text")
     params = body.get("sampling_params") or {}
@@ -337,162 +378,6 @@ def parse_generate(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_mod
         max_tokens=_get_int(params, "max_new_tokens", _DEFAULT_GENERATE_MAX_NEW_TOKENS, 0),
         batched=batched or n > 1,
         prompt_text=tuple(t for t in texts for _ in range(n)),
+        logprobs=_generate_logprobs(body, prompts),
         **common,
     )
-
-
-# -- responses ----------------------------------------------------------------------------
-
-
-def usage(results: Sequence[SequenceResult]) -> dict[str, Any]:
-    """OpenAI usage with ``prompt_tokens_details.cached_tokens`` always present.
-
-    Prompt tokens are counted once per distinct prompt (``n`` copies share it).
-    """
-    prompts: dict[int, tuple[int, int]] = {}
-    completion = 0
-    for result in results:
-        prompts.setdefault(result.prompt_index, (result.prompt_tokens, result.cached_tokens))
-        completion += len(result.plan)
-    prompt_tokens = sum(p for p, _ in prompts.values())
-    cached = sum(c for _, c in prompts.values())
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def chat_response(req: GenRequest, results: Sequence[SequenceResult],
-                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": req.request_id,
-        "object": "chat.completion",
-        "created": req.created,
-        "model": req.model,
-        "choices": [
-            {
-                "index": r.index,
-                "message": {"role": "assistant", "content": r.plan.text, "tool_calls": None,
-                            "reasoning_content": None},
-                "logprobs": None,
-                "finish_reason": r.plan.finish_reason.value,
-                "matched_stop": None,
-            }
-            for r in results
-        ],
-        "usage": usage(results),
-    }
-    if extra:
-        body.update(extra)
-    return body
-
-
-def completion_response(req: GenRequest, results: Sequence[SequenceResult],
-                        extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    def text(r: SequenceResult) -> str:
-        prefix = ""
-        if req.echo and r.index < len(req.prompt_text):
-            prefix = req.prompt_text[r.index] or ""
-        return prefix + r.plan.text
-
-    body: dict[str, Any] = {
-        "id": req.request_id,
-        "object": "text_completion",
-        "created": req.created,
-        "model": req.model,
-        "choices": [
-            {"index": r.index, "text": text(r), "logprobs": None,
-             "finish_reason": r.plan.finish_reason.value}
-            for r in results
-        ],
-        "usage": usage(results),
-    }
-    if extra:
-        body.update(extra)
-    return body
-
-
-def _finish_reason_native(plan: GenerationPlan, eos_token_id: int | None
-                          ) -> dict[str, Any]:
-    if plan.finish_reason is FinishReason.STOP:
-        return {"type": "stop", "matched": eos_token_id}
-    return {"type": "length", "length": len(plan)}
-
-
-def _meta_info(req: GenRequest, r: SequenceResult, done: int, finished: bool,
-               eos_token_id: int | None, finish_override: Mapping[str, Any] | None
-               ) -> dict[str, Any]:
-    finish: Mapping[str, Any] | None = None
-    if finished:
-        finish = finish_override or _finish_reason_native(r.plan, eos_token_id)
-    return {
-        "id": req.request_id if not req.batched else f"{req.request_id}-{r.index}",
-        "finish_reason": finish,
-        "prompt_tokens": r.prompt_tokens,
-        "completion_tokens": done,
-        "cached_tokens": r.cached_tokens,
-        "e2e_latency": r.e2e_ms / 1000.0,
-        "weight_version": "default",
-    }
-
-
-def generate_response(req: GenRequest, results: Sequence[SequenceResult],
-                      eos_token_id: int | None,
-                      finish_override: Mapping[str, Any] | None = None) -> Any:
-    """SGLang ``/generate`` body: an object, or a list for batched input."""
-    items = [
-        {
-            "text": r.plan.text,
-            "output_ids": list(r.plan.token_ids),
-            "meta_info": _meta_info(req, r, len(r.plan), True, eos_token_id, finish_override),
-        }
-        for r in results
-    ]
-    return items if req.batched else items[0]
-
-
-def generate_chunk(req: GenRequest, r: SequenceResult, done: int, eos_token_id: int | None,
-                   finish_override: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One streamed ``/generate`` event: cumulative text and ids after ``done`` tokens."""
-    finished = done == len(r.plan)
-    chunk: dict[str, Any] = {
-        "text": "".join(r.plan.pieces[:done]),
-        "output_ids": list(r.plan.token_ids[:done]),
-        "meta_info": _meta_info(req, r, done, finished, eos_token_id, finish_override),
-    }
-    if req.batched:
-        chunk["index"] = r.index
-    return chunk
-
-
-def chat_chunk(req: GenRequest, index: int, delta: Mapping[str, Any],
-               finish_reason: str | None = None) -> dict[str, Any]:
-    return {
-        "id": req.request_id,
-        "object": "chat.completion.chunk",
-        "created": req.created,
-        "model": req.model,
-        "choices": [{"index": index, "delta": dict(delta), "logprobs": None,
-                     "finish_reason": finish_reason}],
-    }
-
-
-def completion_chunk(req: GenRequest, index: int, text: str, finish_reason: str | None = None
-                     ) -> dict[str, Any]:
-    return {
-        "id": req.request_id,
-        "object": "text_completion",
-        "created": req.created,
-        "model": req.model,
-        "choices": [{"index": index, "text": text, "logprobs": None,
-                     "finish_reason": finish_reason}],
-    }
-
-
-def usage_chunk(req: GenRequest, results: Sequence[SequenceResult]) -> dict[str, Any]:
-    """The last chunk before ``[DONE]`` with ``include_usage``: no choices, only usage."""
-    obj = "chat.completion.chunk" if req.endpoint is Endpoint.CHAT else "text_completion"
-    return {"id": req.request_id, "object": obj, "created": req.created, "model": req.model,
-            "choices": [], "usage": usage(results)}

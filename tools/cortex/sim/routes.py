@@ -1,13 +1,16 @@
 """The HTTP surface of SGLang / vLLM (per ``spec/engines-and-pd.md``) plus the admin API.
 
-Thin: parse with :mod:`protocol`, serve with :class:`~cortex.sim.engine.SimEngine`, shape
-with :mod:`protocol`. Admin paths under ``/sim/`` are never affected by HTTP faults:
-``GET /sim/state``, ``GET /sim/cache``, ``GET|POST|DELETE /sim/faults``, ``POST /sim/restart``.
+Thin: parse with :mod:`protocol`, pick a data-parallel rank (:mod:`dp`), serve with that
+rank's :class:`~cortex.sim.engine.SimEngine`, shape with :mod:`responses`. HTTP faults hit
+the paths of their scope (generation endpoints by default); admin paths under ``/sim/``
+never: ``GET /sim/state``, ``GET /sim/cache``, ``GET|POST|DELETE /sim/faults``,
+``POST /sim/restart``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -16,14 +19,18 @@ from typing import Any
 
 from aiohttp import web
 
+from cortex.chat import ChatError, render_args, text_add_special_tokens
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
+from cortex.sim import responses as shape
 from cortex.sim.config import Role, SimConfig
+from cortex.sim.dp import RankPicker
 from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState
+from cortex.sim.logprobs import FakeLogprobs
 from cortex.sim.metrics import LoadSnapshot, render_metrics
 from cortex.sim.pd import TransferError
-from cortex.sim.protocol import Endpoint, GenRequest, RequestError, SequenceResult
+from cortex.sim.protocol import Endpoint, GenRequest, RequestError, SequenceResult, SequenceSpec
 
 __all__ = ["SimRoutes"]
 
@@ -35,6 +42,7 @@ Parser = Callable[..., GenRequest]
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "Connection": "keep-alive"}
 _PREFILL_FINISH = {"type": "length", "length": 0}
+_DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's explicit data-parallel rank
 
 
 class _StreamCut(Exception):
@@ -46,12 +54,23 @@ def _sse(obj: Any) -> bytes:
 
 
 class SimRoutes:
-    """Request handlers of one simulated worker; ``ports`` is filled in once bound."""
+    """Request handlers of one simulated worker (``engines``: one per DP rank); ``ports`` is
+    filled in once bound."""
 
-    def __init__(self, config: SimConfig, engine: SimEngine, faults: FaultState,
+    def __init__(self, config: SimConfig, engines: Sequence[SimEngine], faults: FaultState,
                  ports: Mapping[str, int | None], on_restart: Callable[[], None]) -> None:
         self.config = config
-        self.engine = engine
+        self.engines = list(engines)
+        self.engine = self.engines[0]
+        self.picker = RankPicker(config.engine, config.role, len(self.engines))
+        chat = self.engine.chat
+        finish = (_PREFILL_FINISH if config.engine is Engine.SGLANG
+                  and config.role is Role.PREFILL else None)
+        self.shaping = shape.Shaping(
+            eos_token_id=chat.eos_token_id,
+            logprobs=FakeLogprobs(self.engine.textgen.words, lambda t: chat.decode([t])),
+            finish_override=finish,
+            prompt_logprobs=not (config.engine is Engine.SGLANG and config.role is Role.DECODE))
         self.faults = faults
         self.ports = ports
         self._on_restart = on_restart
@@ -94,7 +113,8 @@ class SimRoutes:
     @web.middleware
     async def _fault_middleware(self, request: web.Request, handler: Handler
                                 ) -> web.StreamResponse:
-        if request.path.startswith("/sim/"):
+        if request.path.startswith("/sim/") or not self.faults.config.fault_paths.covers(
+                request.path):
             return await handler(request)
         while self.faults.config.http_down:  # hang, like a wedged engine
             self._faults_changed.clear()
@@ -133,7 +153,7 @@ class SimRoutes:
         info: dict[str, Any] = {
             "publisher": "zmq", "endpoint_host": cfg.public_host,
             "endpoint_port_base": self.ports.get("kv_events"), "topic": cfg.topic,
-            "block_size": cfg.block_size, "dp_size": 1,
+            "block_size": cfg.block_size, "dp_size": cfg.dp_size,
         }
         if self.ports.get("replay") is not None:
             info["replay_endpoint_port_base"] = self.ports["replay"]
@@ -148,14 +168,18 @@ class SimRoutes:
         }
         if self.ports.get("replay") is not None:
             events_cfg["replay_endpoint"] = f"tcp://*:{self.ports['replay']}"
-        load = self.load()
+        states = [{
+            "last_gen_throughput": 0.0, "#running-req": rank.running,
+            "#queue-req": rank.waiting, "token_usage": rank.kv_usage,
+        } for rank in self.loads()]
         return {
             "model_path": cfg.model, "tokenizer_path": self.engine.chat.source,
             "served_model_name": cfg.model, "host": cfg.host, "port": self.ports.get("http"),
             "version": cfg.engine_version, "page_size": cfg.block_size,
             "context_length": cfg.max_model_len, "max_total_tokens":
                 cfg.kv_capacity_blocks * cfg.block_size,
-            "max_running_requests": cfg.max_running, "tp_size": 1, "dp_size": 1, "pp_size": 1,
+            "max_running_requests": cfg.max_running, "tp_size": 1, "dp_size": cfg.dp_size,
+            "pp_size": 1,
             "disaggregation_mode": "null" if cfg.role is Role.REGULAR else cfg.role.value,
             "disaggregation_bootstrap_port": self.ports.get("bootstrap") or 8998,
             "disaggregation_transfer_backend": "mooncake",
@@ -163,10 +187,7 @@ class SimRoutes:
             "enable_cache_report": True, "skip_tokenizer_init": False,
             "chat_template": cfg.chat_template, "kv_events_config": json.dumps(events_cfg),
             "kv_events": self._kv_events_info(), "random_seed": cfg.seed,
-            "status": "ready", "internal_states": [{
-                "last_gen_throughput": 0.0, "#running-req": load.running,
-                "#queue-req": load.waiting, "token_usage": load.kv_usage,
-            }],
+            "status": "ready", "internal_states": states,
         }
 
     async def _server_info(self, _: web.Request) -> web.Response:
@@ -181,8 +202,9 @@ class SimRoutes:
             "architectures": ["DeepseekV3ForCausalLM"],
         })
 
-    def load(self) -> LoadSnapshot:
-        cache, engine = self.engine.cache, self.engine
+    @staticmethod
+    def _load_of(engine: SimEngine) -> LoadSnapshot:
+        cache = engine.cache
         return LoadSnapshot(
             running=engine.running, waiting=engine.waiting, kv_usage=engine.kv_usage,
             used_tokens=cache.used_blocks * cache.block_size,
@@ -193,37 +215,50 @@ class SimRoutes:
             finished_requests=engine.stats.requests_finished,
         )
 
+    def loads(self) -> list[LoadSnapshot]:
+        """One load snapshot per data-parallel rank."""
+        return [self._load_of(engine) for engine in self.engines]
+
+    def load(self) -> LoadSnapshot:
+        """The whole worker's load (the sum over its ranks)."""
+        return LoadSnapshot.total(self.loads())
+
     async def _get_load(self, _: web.Request) -> web.Response:
-        load = self.load()
         return web.json_response([{
-            "dp_rank": 0, "num_reqs": load.running + load.waiting,
+            "dp_rank": rank, "num_reqs": load.running + load.waiting,
             "num_waiting_reqs": load.waiting, "num_tokens": load.used_tokens,
-            "num_pending_tokens": self.engine.admission.waiting_tokens,
+            "num_pending_tokens": engine.admission.waiting_tokens,
             "ts_tic": time.perf_counter(),
-        }])
+        } for rank, (engine, load) in enumerate(zip(self.engines, self.loads(), strict=True))])
 
     async def _loads(self, _: web.Request) -> web.Response:
-        load = self.load()
-        return web.json_response({"timestamp": time.time(), "dp_rank_count": 1, "loads": [{
-            "dp_rank": 0, "num_running_reqs": load.running, "num_waiting_reqs": load.waiting,
-            "num_used_tokens": load.used_tokens, "num_total_tokens": load.total_tokens,
-            "max_total_num_tokens": load.total_tokens, "token_usage": load.kv_usage,
-            "cache_hit_rate": load.cache_hit_rate, "gen_throughput": 0.0,
-            "num_waiting_tokens": self.engine.admission.waiting_tokens,
-        }]})
+        return web.json_response({
+            "timestamp": time.time(), "dp_rank_count": len(self.engines), "loads": [{
+                "dp_rank": rank, "num_running_reqs": load.running,
+                "num_waiting_reqs": load.waiting, "num_used_tokens": load.used_tokens,
+                "num_total_tokens": load.total_tokens, "max_total_num_tokens": load.total_tokens,
+                "token_usage": load.kv_usage, "cache_hit_rate": load.cache_hit_rate,
+                "gen_throughput": 0.0, "num_waiting_tokens": engine.admission.waiting_tokens,
+            } for rank, (engine, load) in enumerate(zip(self.engines, self.loads(),
+                                                        strict=True))]})
 
     async def _load(self, _: web.Request) -> web.Response:
-        return web.json_response({"server_load": self.engine.running + self.engine.waiting})
+        load = self.load()
+        return web.json_response({"server_load": load.running + load.waiting})
 
     async def _metrics(self, _: web.Request) -> web.Response:
         text = render_metrics(self.config.engine, self.config.version_tuple, self.config.model,
-                              self.load())
+                              self.loads())
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- cache control --------------------------------------------------------------------
 
+    def _flush_all(self) -> bool:
+        """Flush every rank's cache (each refuses while it holds requests)."""
+        return all([engine.flush_cache() for engine in self.engines])
+
     async def _flush_cache(self, _: web.Request) -> web.Response:
-        if self.engine.flush_cache():
+        if self._flush_all():
             return web.Response(text="Cache flushed.\nPlease check backend logs for more details. "
                                 "(When there are running or waiting requests, the operation "
                                 "will not be performed.)\n")
@@ -231,7 +266,7 @@ class SimRoutes:
                             status=400)
 
     async def _reset_prefix_cache(self, _: web.Request) -> web.Response:
-        if not self.engine.flush_cache():
+        if not self._flush_all():
             log.warning("Failed to reset prefix cache because some blocks are not freed yet")
         return web.Response(status=200)
 
@@ -244,12 +279,14 @@ class SimRoutes:
         chat = self.engine.chat
         try:
             if "messages" in body:
-                tokens = chat.encode_chat(body["messages"],
-                                          bool(body.get("add_generation_prompt", True)))
+                tokens = chat.encode_chat(render_args(body, self.config.engine))
             elif isinstance(body.get("prompt"), str):
-                tokens = chat.encode_text(body["prompt"])
+                tokens = chat.encode_text(body["prompt"],
+                                          text_add_special_tokens(body, self.config.engine))
             else:
                 return self._error("'prompt' or 'messages' is required", param="prompt")
+        except ChatError as exc:
+            return self._error(str(exc), param=exc.param)
         except ValueError as exc:
             return self._error(str(exc))
         return web.json_response({"count": len(tokens), "max_model_len":
@@ -282,11 +319,16 @@ class SimRoutes:
                 return body
             request_id = request.headers.get("X-Request-Id")
             try:
-                req = parse(body, self.engine.chat, self.config.model, None)
+                req = parse(body, self.engine.chat, self.config.model, None,
+                            engine=self.config.engine)
                 if (self.config.engine is Engine.VLLM and req.endpoint is not Endpoint.GENERATE
                         and req.model != self.config.model):
                     return self._error(f"The model `{req.model}` does not exist.", 404,
                                        "NotFoundError", "model")
+                req = self._with_header_rank(req, request)
+                wrong_rank = self.picker.check(req.dp_rank)
+                if wrong_rank:
+                    raise RequestError(wrong_rank, param="data_parallel_rank")
                 self.engine.check(req)
             except RequestError as exc:
                 return self._error(exc.message, exc.status, exc.err_type, exc.param)
@@ -297,12 +339,32 @@ class SimRoutes:
 
         return handler
 
+    def _with_header_rank(self, req: GenRequest, request: web.Request) -> GenRequest:
+        """vLLM takes an explicit data-parallel rank from a header."""
+        header = request.headers.get(_DP_RANK_HEADER)
+        if self.config.engine is not Engine.VLLM or header is None:
+            return req
+        try:
+            rank = int(header)
+        except ValueError:
+            raise RequestError(f"{_DP_RANK_HEADER} must be an integer, got {header!r}",
+                               param="data_parallel_rank") from None
+        return dataclasses.replace(req, dp_rank=rank)
+
+    async def _run_one(self, req: GenRequest, seq: SequenceSpec,
+                       emit: Callable[[SequenceResult, int], Awaitable[None]] | None
+                       ) -> SequenceResult:
+        # Picked when the sequence starts, so earlier sequences already count as load.
+        rank = self.picker.pick(req.dp_rank, seq.bootstrap_room,
+                                [(e.waiting, e.running) for e in self.engines])
+        return await self.engines[rank].run(req, seq, emit)
+
     async def _run_all(self, req: GenRequest,
                        emit: Callable[[SequenceResult, int], Awaitable[None]] | None
                        ) -> list[SequenceResult]:
         if len(req.sequences) == 1:
-            return [await self.engine.run(req, req.sequences[0], emit)]
-        tasks = [asyncio.ensure_future(self.engine.run(req, seq, emit)) for seq in req.sequences]
+            return [await self._run_one(req, req.sequences[0], emit)]
+        tasks = [asyncio.ensure_future(self._run_one(req, seq, emit)) for seq in req.sequences]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -316,16 +378,10 @@ class SimRoutes:
         if params is not None:
             extra["kv_transfer_params"] = dict(params)
         if req.endpoint is Endpoint.CHAT:
-            return proto.chat_response(req, results, extra)
+            return shape.chat_response(req, results, self.shaping, extra)
         if req.endpoint is Endpoint.COMPLETIONS:
-            return proto.completion_response(req, results, extra)
-        return proto.generate_response(req, results, self.engine.chat.eos_token_id,
-                                       self._finish_override())
-
-    def _finish_override(self) -> dict[str, Any] | None:
-        if self.config.engine is Engine.SGLANG and self.config.role is Role.PREFILL:
-            return _PREFILL_FINISH
-        return None
+            return shape.completion_response(req, results, self.shaping, extra)
+        return shape.generate_response(req, results, self.shaping)
 
     def _source_headers(self, results: Sequence[SequenceResult], headers: dict[str, str]
                         ) -> dict[str, str]:
@@ -350,8 +406,6 @@ class SimRoutes:
         lock = asyncio.Lock()
         cut_after = self.faults.config.cut_stream_after
         sent = 0
-        eos = self.engine.chat.eos_token_id
-        finish_override = self._finish_override()
 
         async def write(data: bytes) -> None:
             nonlocal sent
@@ -362,14 +416,14 @@ class SimRoutes:
 
         async def emit(result: SequenceResult, done: int) -> None:
             async with lock:
-                for chunk in self._chunks(req, result, done, eos, finish_override):
+                for chunk in self._chunks(req, result, done):
                     await write(_sse(chunk))
 
         try:
             results = await self._run_all(req, emit)
             async with lock:
                 if req.include_usage and req.endpoint is not Endpoint.GENERATE:
-                    await write(_sse(proto.usage_chunk(req, results)))
+                    await write(_sse(shape.usage_chunk(req, results)))
                 await write(b"data: [DONE]\n\n")
         except _StreamCut:
             log.info("fault: cut the stream of %s after %d chunks", req.request_id, sent)
@@ -388,45 +442,71 @@ class SimRoutes:
         await resp.write_eof()
         return resp
 
-    def _chunks(self, req: GenRequest, result: SequenceResult, done: int, eos: int | None,
-                finish_override: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    def _chunks(self, req: GenRequest, result: SequenceResult, done: int
+                ) -> list[dict[str, Any]]:
         plan = result.plan
         last = done == len(plan)
         piece = plan.pieces[done - 1]
         finish = plan.finish_reason.value if last else None
         if req.endpoint is Endpoint.GENERATE:
-            return [proto.generate_chunk(req, result, done, eos, finish_override)]
+            return [shape.generate_chunk(req, result, done, self.shaping)]
         if req.endpoint is Endpoint.COMPLETIONS:
-            text = piece
-            if done == 1 and req.echo and result.index < len(req.prompt_text):
-                text = (req.prompt_text[result.index] or "") + text
-            return [proto.completion_chunk(req, result.index, text, finish)]
+            echoed = ""
+            if req.echo and result.index < len(req.prompt_text):
+                echoed = req.prompt_text[result.index] or ""
+            offset = 0 if done == 1 else len(echoed) + len("".join(plan.pieces[: done - 1]))
+            logprobs = shape.completion_logprobs(req, result, self.shaping, done - 1, done,
+                                                 offset)
+            text = (echoed if done == 1 else "") + piece
+            return [shape.completion_chunk(req, result.index, text, finish, logprobs)]
+        logprobs = shape.chat_token_logprobs(req, result, self.shaping, done)
         chunks: list[dict[str, Any]] = []
         if done == 1:
-            chunks.append(proto.chat_chunk(req, result.index, {"role": "assistant", "content": ""}))
+            chunks.append(shape.chat_chunk(req, result.index, {"role": "assistant", "content": ""}))
         if piece or not last:
-            chunks.append(proto.chat_chunk(req, result.index, {"content": piece}, finish))
+            chunks.append(shape.chat_chunk(req, result.index, {"content": piece}, finish, logprobs))
         else:
-            chunks.append(proto.chat_chunk(req, result.index, {}, finish))
+            chunks.append(shape.chat_chunk(req, result.index, {}, finish, logprobs))
         return chunks
 
     # -- admin ----------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        cache = self.engine.cache
+    @staticmethod
+    def _rank_state(engine: SimEngine) -> dict[str, Any]:
+        cache = engine.cache
         return {
-            "engine": self.config.engine.value, "version": self.config.engine_version,
-            "role": self.config.role.value, "model": self.config.model,
-            "ports": dict(self.ports), "running": self.engine.running,
-            "waiting": self.engine.waiting,
+            "running": engine.running, "waiting": engine.waiting,
             "cache": {"capacity_blocks": cache.capacity, "block_size": cache.block_size,
                       "cached_blocks": cache.cached_blocks, "used_blocks": cache.used_blocks,
                       "pinned_blocks": cache.pinned_blocks, "evicted_blocks":
                           cache.evicted_blocks, "enabled": cache.enabled},
-            "events": self.engine.event_state(),
-            "stats": self.engine.stats_dict(),
-            "faults": self.faults.snapshot(),
+            "events": engine.event_state(),
+            "stats": engine.stats_dict(),
         }
+
+    def state(self) -> dict[str, Any]:
+        """Ports, load, cache, event counters, stats and faults; with ``dp_size`` > 1 the
+        top-level numbers are sums over ``ranks`` (rank 0's event counters)."""
+        ranks = [self._rank_state(engine) for engine in self.engines]
+        whole = ranks[0]
+        if len(ranks) > 1:
+            whole = {**whole, "running": sum(r["running"] for r in ranks),
+                     "waiting": sum(r["waiting"] for r in ranks),
+                     "cache": {key: (value if isinstance(value, bool) or key == "block_size"
+                                     else sum(r["cache"][key] for r in ranks))
+                               for key, value in whole["cache"].items()},
+                     "stats": {key: sum(r["stats"][key] for r in ranks)
+                               for key in whole["stats"]}}
+        state = {
+            "engine": self.config.engine.value, "version": self.config.engine_version,
+            "role": self.config.role.value, "model": self.config.model,
+            "ports": dict(self.ports), "running": whole["running"],
+            "waiting": whole["waiting"], "cache": whole["cache"], "events": whole["events"],
+            "stats": whole["stats"], "faults": self.faults.snapshot(),
+        }
+        if len(ranks) > 1:
+            state["ranks"] = ranks
+        return state
 
     async def _sim_state(self, _: web.Request) -> web.Response:
         return web.json_response(self.state())
@@ -434,13 +514,16 @@ class SimRoutes:
     async def _sim_cache(self, request: web.Request) -> web.Response:
         with_tokens = request.query.get("tokens") in ("1", "true")
         blocks = []
-        for block in self.engine.cache.blocks():
-            item: dict[str, Any] = {"hash": block.event_id, "block_id": block.block_id,
-                                    "parent": block.parent.event_id if block.parent else None,
-                                    "refs": block.refs}
-            if with_tokens:
-                item["tokens"] = list(block.tokens)
-            blocks.append(item)
+        for engine in self.engines:
+            for block in engine.cache.blocks():
+                item: dict[str, Any] = {"hash": block.event_id, "block_id": block.block_id,
+                                        "parent": block.parent.event_id if block.parent
+                                        else None, "refs": block.refs}
+                if len(self.engines) > 1:
+                    item["dp_rank"] = engine.dp_rank
+                if with_tokens:
+                    item["tokens"] = list(block.tokens)
+                blocks.append(item)
         return web.json_response({"block_size": self.config.block_size, "blocks": blocks})
 
     async def _sim_faults(self, request: web.Request) -> web.Response:

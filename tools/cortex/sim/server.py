@@ -1,9 +1,10 @@
 """The in-process runner: ``async with SimServer(config) as sim:`` is one simulated worker.
 
-It binds every listener its role needs (HTTP; ZMQ PUB and replay ROUTER; for a prefill
-the KV side channel and, for SGLang, the bootstrap server); port 0 in the config binds a
-free port and the real ports are exposed as attributes. Leaving the block closes all of
-them, also on cancellation.
+It binds every listener its role needs (HTTP; per data-parallel rank a ZMQ PUB and a
+replay ROUTER on consecutive ports; for a prefill the KV side channel and, for SGLang, the
+bootstrap server); port 0 in the config binds a free port (a free run of ``dp_size``
+ports) and the real ports are exposed as attributes. Leaving the block closes all of them,
+also on cancellation.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import logging
 from typing import Any
 
 import aiohttp
+import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from cortex.chat import ChatTokenizer
 from cortex.sim.config import Role, SimConfig
 from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState
@@ -25,13 +28,14 @@ from cortex.sim.pd import BootstrapServer, KvTransferClient, KvTransferServer
 from cortex.sim.publisher import EventEncoder, EventPublisher
 from cortex.sim.routes import SimRoutes
 from cortex.sim.sockets import site_port
-from cortex.sim.tokenization import ChatTokenizer
+from cortex.sim.textgen import TextGenerator
 
 __all__ = ["SimServer", "load_chat_tokenizer"]
 
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 0.5
+_BIND_ATTEMPTS = 20  # tries to find dp_size consecutive free ports for "any port"
 
 
 class _QuietProbes(logging.Filter):
@@ -59,9 +63,10 @@ class SimServer:
     """One simulated SGLang / vLLM worker, bound on ``config.host``.
 
     After entering: ``url`` (HTTP base URL), ``port``, ``kv_events_port`` /
-    ``kv_events_endpoint``, ``replay_port`` / ``replay_endpoint`` (``None`` without replay),
-    ``bootstrap_port`` (SGLang prefill), ``transfer_port`` (prefill side channel),
-    ``engine`` (cache, stats), ``faults`` (switch faults at run time), ``restart()``.
+    ``kv_events_endpoint``, ``replay_port`` / ``replay_endpoint`` (``None`` without replay;
+    rank 0's, rank r is on port + r), ``bootstrap_port`` (SGLang prefill),
+    ``transfer_port`` (prefill side channel), ``engines`` (one per DP rank: cache, stats),
+    ``engine`` (rank 0), ``faults`` (switch faults at run time), ``restart()``.
     """
 
     def __init__(self, config: SimConfig) -> None:
@@ -74,9 +79,9 @@ class SimServer:
         self.transfer_port: int | None = None
         self._ports: dict[str, int | None] = {}
         self._stack: contextlib.AsyncExitStack | None = None
-        self._engine: SimEngine | None = None
+        self._engines: list[SimEngine] = []
         self._routes: SimRoutes | None = None
-        self._publisher: EventPublisher | None = None
+        self._publishers: list[EventPublisher] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -105,18 +110,47 @@ class SimServer:
         if stack is not None:
             await stack.aclose()
 
+    async def _open_publishers(self, stack: contextlib.AsyncExitStack, ctx: zmq.asyncio.Context
+                               ) -> list[EventPublisher]:
+        """One PUB (+ replay) per DP rank on ``base + rank``; base 0 = a free run of ports."""
+        cfg = self.config
+        retry = cfg.dp_size > 1 and (cfg.kv_events_port == 0 or cfg.replay_port == 0)
+        for attempt in range(_BIND_ATTEMPTS):
+            inner = contextlib.AsyncExitStack()
+            publishers: list[EventPublisher] = []
+            pub_base, replay_base = cfg.kv_events_port, cfg.replay_port
+            try:
+                for rank in range(cfg.dp_size):
+                    publisher = await inner.enter_async_context(EventPublisher(
+                        ctx, EventEncoder(cfg.engine, cfg.engine_version, rank), self.faults,
+                        host=cfg.host, pub_port=pub_base + rank if rank else pub_base,
+                        replay_port=None if replay_base is None else (
+                            replay_base + rank if rank else replay_base),
+                        topic=cfg.topic, buffer_steps=cfg.buffer_steps))
+                    if rank == 0:
+                        pub_base, replay_base = publisher.pub_port, publisher.replay_port
+                    publishers.append(publisher)
+            except zmq.ZMQError:
+                await inner.aclose()
+                if not retry or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+                continue
+            except BaseException:
+                await inner.aclose()
+                raise
+            stack.push_async_callback(inner.aclose)
+            return publishers
+        raise AssertionError("unreachable")
+
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         cfg = self.config
         chat = await asyncio.to_thread(load_chat_tokenizer, cfg.tokenizer, cfg.chat_template)
         ctx = zmq.asyncio.Context()
         stack.callback(ctx.destroy, 0)
 
-        encoder = EventEncoder(cfg.engine, cfg.engine_version)
-        self._publisher = await stack.enter_async_context(EventPublisher(
-            ctx, encoder, self.faults, host=cfg.host, pub_port=cfg.kv_events_port,
-            replay_port=cfg.replay_port, topic=cfg.topic, buffer_steps=cfg.buffer_steps))
-        self.kv_events_port = self._publisher.pub_port
-        self.replay_port = self._publisher.replay_port
+        self._publishers = await self._open_publishers(stack, ctx)
+        self.kv_events_port = self._publishers[0].pub_port
+        self.replay_port = self._publishers[0].replay_port
 
         transfer_server: KvTransferServer | None = None
         transfer_client: KvTransferClient | None = None
@@ -129,13 +163,17 @@ class SimServer:
                 timeout=aiohttp.ClientTimeout(total=cfg.transfer_timeout_s)))
             transfer_client = KvTransferClient(ctx, session)
 
-        self._engine = SimEngine(cfg, chat, publisher=self._publisher,
-                                 transfer_server=transfer_server,
-                                 transfer_client=transfer_client,
-                                 transfer_port=self.transfer_port or 0)
+        textgen = TextGenerator(chat.tokenizer, seed=cfg.seed, natural_tokens=cfg.output_tokens,
+                                eos_token_id=chat.eos_token_id)
+        self._engines = [
+            SimEngine(cfg, chat, publisher=publisher, transfer_server=transfer_server,
+                      transfer_client=transfer_client, transfer_port=self.transfer_port or 0,
+                      dp_rank=rank, textgen=textgen)
+            for rank, publisher in enumerate(self._publishers)
+        ]
         self._ports = {"http": None, "kv_events": self.kv_events_port,
                        "replay": self.replay_port, "transfer": self.transfer_port}
-        self._routes = SimRoutes(cfg, self._engine, self.faults, self._ports, self.restart)
+        self._routes = SimRoutes(cfg, self._engines, self.faults, self._ports, self.restart)
         runner = web.AppRunner(self._routes.build(), access_log=None, handle_signals=False,
                                handler_cancellation=True, shutdown_timeout=_SHUTDOWN_GRACE_S)
         await runner.setup()
@@ -144,7 +182,10 @@ class SimServer:
         await site.start()
         self.port = site_port(runner)
         self._ports["http"] = self.port
-        self._engine.engine_id = cfg.engine_id or f"cortex-sim-{cfg.public_host}-{self.port}"
+        engine_id = cfg.engine_id or f"cortex-sim-{cfg.public_host}-{self.port}"
+        for engine in self._engines:
+            # vLLM suffixes the KV connector's engine id with the DP rank
+            engine.engine_id = engine_id if cfg.dp_size == 1 else f"{engine_id}_dp{engine.dp_rank}"
         # Stop answering before the listeners behind the handlers go away.
         stack.callback(self._mark_shutting_down)
 
@@ -152,10 +193,11 @@ class SimServer:
             bootstrap = await stack.enter_async_context(BootstrapServer(
                 cfg.host, 8998 if cfg.bootstrap_port is None else cfg.bootstrap_port,
                 rank_ip=cfg.public_host, rank_port=self.transfer_port or 0,
-                page_size=cfg.block_size, http_port=self.port))
+                page_size=cfg.block_size, http_port=self.port, dp_size=cfg.dp_size))
             self.bootstrap_port = bootstrap.port
             self._ports["bootstrap"] = self.bootstrap_port
-        self._engine.announce_start()
+        for engine in self._engines:
+            engine.announce_start()
 
     def _mark_shutting_down(self) -> None:
         if self._routes is not None:
@@ -164,16 +206,23 @@ class SimServer:
     # -- API for tests, benchmarks and the launcher ---------------------------------------
 
     @property
-    def engine(self) -> SimEngine:
-        if self._engine is None:
+    def engines(self) -> tuple[SimEngine, ...]:
+        """One engine per data-parallel rank."""
+        if not self._engines:
             raise RuntimeError("the sim is not running")
-        return self._engine
+        return tuple(self._engines)
+
+    @property
+    def engine(self) -> SimEngine:
+        """Rank 0's engine (the only one unless ``dp_size`` > 1)."""
+        return self.engines[0]
 
     @property
     def publisher(self) -> EventPublisher:
-        if self._publisher is None:
+        """Rank 0's event publisher."""
+        if not self._publishers:
             raise RuntimeError("the sim is not running")
-        return self._publisher
+        return self._publishers[0]
 
     @property
     def host(self) -> str:
@@ -194,6 +243,16 @@ class SimServer:
         """Where a replay DEALER connects (``None`` without replay)."""
         return None if self.replay_port is None else f"tcp://{self.host}:{self.replay_port}"
 
+    def kv_events_endpoint_of(self, rank: int) -> str:
+        """DP rank ``rank``'s PUB endpoint (``kv_events_port + rank``)."""
+        return f"tcp://{self.host}:{self.kv_events_port + rank}"
+
+    def replay_endpoint_of(self, rank: int) -> str | None:
+        """DP rank ``rank``'s replay endpoint (``replay_port + rank``)."""
+        if self.replay_port is None:
+            return None
+        return f"tcp://{self.host}:{self.replay_port + rank}"
+
     def set_faults(self, **fields: Any) -> None:
         """Arm or change faults (fields of :class:`~cortex.sim.config.FaultConfig`)."""
         self.faults.update(fields)
@@ -207,7 +266,8 @@ class SimServer:
 
     def restart(self) -> None:
         """Fault: act as a restarted engine (event seq from 0, cache emptied, AllBlocksCleared)."""
-        self.engine.restart()
+        for engine in self.engines:
+            engine.restart()
 
     def worker_spec(self, worker_id: str | None = None) -> dict[str, Any]:
         """This worker as a Cortex registry entry (architecture §2)."""
@@ -218,7 +278,7 @@ class SimServer:
             "engine": cfg.engine.value,
             "role": cfg.role.value,
             "model": cfg.model,
-            "dp_size": 1,
+            "dp_size": cfg.dp_size,
             "kv_events_endpoint": self.kv_events_endpoint,
             "kv_events_topic": cfg.topic,
             "replay_endpoint": self.replay_endpoint,
@@ -230,5 +290,6 @@ class SimServer:
     def __repr__(self) -> str:
         cfg = self.config
         return (f"SimServer({cfg.engine.value} {cfg.engine_version} {cfg.role.value}, "
-                f"url={self.url}, kv_events={self.kv_events_port}, replay={self.replay_port}, "
-                f"bootstrap={self.bootstrap_port}, transfer={self.transfer_port})")
+                f"url={self.url}, dp_size={cfg.dp_size}, kv_events={self.kv_events_port}, "
+                f"replay={self.replay_port}, bootstrap={self.bootstrap_port}, "
+                f"transfer={self.transfer_port})")

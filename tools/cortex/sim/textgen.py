@@ -64,6 +64,11 @@ class TextGenerator:
         self._natural = natural_tokens
         self._eos = eos_token_id
 
+    @property
+    def words(self) -> list[int]:
+        """The token ids answers are drawn from."""
+        return list(self._words)
+
     def plan(self, prompt: Sequence[int], *, max_tokens: int | None, ignore_eos: bool = False,
              min_tokens: int = 0, request_seed: int | None = None) -> GenerationPlan:
         """The answer to ``prompt``.

@@ -1,17 +1,21 @@
 """Jinja chat templates with Hugging Face ``apply_chat_template`` semantics (pure).
 
-What both engines do through ``transformers``: a sandboxed, immutable Jinja environment with
-``trim_blocks`` / ``lstrip_blocks`` and ``loopcontrols``; a ``tojson`` filter that does not
-HTML-escape (``ensure_ascii=False``, optional ``indent`` / ``separators`` / ``sort_keys``);
-the globals ``raise_exception`` and ``strftime_now``; the ``{% generation %}`` block; the
-variables ``messages``, ``tools``, ``documents`` (``None`` when absent, never undefined),
-``add_generation_prompt`` and any extra variable (special tokens, ``chat_template_kwargs``);
-and ``continue_final_message``, which cuts the rendered text right after the final
-message's content so the model continues it.
+What both engines do through ``transformers`` (5.x, what current releases install): a
+sandboxed, immutable Jinja environment with ``trim_blocks`` / ``lstrip_blocks`` and
+``loopcontrols``; a ``tojson`` filter that does not HTML-escape (``ensure_ascii=False``,
+optional ``indent`` / ``separators`` / ``sort_keys``); the globals ``raise_exception``,
+``strftime_now``, ``dict`` and ``namespace``; the ``{% generation %}`` block; messages
+without their ``None``-valued keys and with reasoning under all its names
+(``reasoning_content``, ``thinking``); the variables ``messages``, ``tools``, ``documents``
+(``None`` when absent, never undefined), ``add_generation_prompt`` and any extra variable
+(special tokens, ``chat_template_kwargs``); and ``continue_final_message``, which marks
+the final message's content and cuts the rendered text at the mark so the model continues
+it.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import json
@@ -33,6 +37,8 @@ DEFAULT_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "deepseek_v4.jin
 """The default chat template file (DeepSeek-V3.1/V4 conversation format), package data."""
 
 _RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker, cut off after rendering
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def load_chat_template(path: str | Path | None = None) -> str:
@@ -89,6 +95,38 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _TemplateDict:
+    """``dict(...)`` for templates, without attribute access to the real type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """``namespace(...)`` refusing underscore-prefixed attributes (as ``transformers``)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"Chat templates cannot store underscore-prefixed attributes on a namespace, "
+                f"but got {name!r}.")
+
+
 @functools.cache
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
@@ -97,6 +135,8 @@ def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
     return env
 
 
@@ -109,29 +149,60 @@ def _compiled(text: str) -> tuple[jinja2.Template, jinja2.nodes.Template]:
         raise ValueError(f"the chat template does not compile: {exc}") from exc
 
 
-def _final_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list | tuple):
-        for block in reversed(content):
-            if isinstance(block, Mapping) and isinstance(block.get("text"), str):
-                return str(block["text"])
-        raise TemplateError("continue_final_message is set but we could not find any text to "
-                            "continue in the final message!")
-    if not isinstance(content, str):
+def _plain_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``transformers``' message normalization: ``None``-valued keys dropped, reasoning
+    copied to ``thinking`` (first) and ``reasoning_content``."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        plain = {key: value for key, value in message.items() if value is not None}
+        reasoning = next((plain[key] for key in _REASONING_FIELDS if key in plain), None)
+        if reasoning is not None:
+            plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
+        out.append(plain)
+    return out
+
+
+def _mark_final(chat: list[dict[str, Any]], template_text: str) -> str:
+    """Append the continuation marker to the final message's content (the last text part of
+    a list); returns that content as it was. Raises :class:`TemplateError`."""
+    if not chat:
+        raise TemplateError("continue_final_message is set but the conversation is empty!")
+    final = chat[-1].get("content")
+    if final is None:
+        raise TemplateError('continue_final_message is set but the final message has no '
+                            '"content" to continue!')
+    if "content" not in template_text:
+        raise TemplateError('continue_final_message is set to "content" but this is not an '
+                            "accepted field in the chat_template")
+    last = copy.deepcopy(chat[-1])
+    if isinstance(final, list | tuple):
+        for block in reversed(last["content"]):
+            if isinstance(block, dict) and "text" in block:
+                final = block["text"]
+                block["text"] = block["text"] + _CONTINUE_TAG
+                break
+        else:
+            raise TemplateError("continue_final_message is set but we could not find any text "
+                                "to continue in the final message!")
+    else:
+        last["content"] = final + _CONTINUE_TAG
+    if not isinstance(final, str):
         raise TemplateError("continue_final_message is set but the final message has no text")
-    return content
+    chat[-1] = last
+    return final
 
 
-def _cut_after_final(rendered: str, final: str) -> str:
-    """``transformers``' ``continue_final_message``: end the text with the final content."""
-    stripped = final.strip()
-    if stripped not in rendered:
+def _cut_at_mark(rendered: str, final: str) -> str:
+    """End the text where the final message's content ended (trailing spaces the template
+    trimmed stay trimmed)."""
+    mark = _CONTINUE_TAG.strip()
+    if final.strip() not in rendered or mark not in rendered:
         raise TemplateError("continue_final_message is set but the final message does not "
                             "appear in the chat after applying the chat template!")
-    at = rendered.rindex(stripped)
-    if rendered[at : at + len(final.lstrip())] == final:
-        return rendered[: at + len(final.lstrip())]
-    return rendered[: at + len(stripped)]
+    at = rendered.rindex(mark)
+    if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:at]
+    return rendered[:at].rstrip()
 
 
 class ChatTemplate:
@@ -169,9 +240,11 @@ class ChatTemplate:
         if documents is not None and not all(isinstance(doc, Mapping) for doc in documents):
             raise TemplateError("Documents should be a list of dicts with 'title' and 'text' "
                                 "keys!", param="documents")
+        chat = _plain_messages(messages)
+        final = _mark_final(chat, self.text) if continue_final_message else ""
         try:
             text = self._template.render(
-                messages=list(messages),
+                messages=chat,
                 tools=None if tools is None else list(tools),
                 documents=None if documents is None else list(documents),
                 add_generation_prompt=add_generation_prompt,
@@ -181,8 +254,8 @@ class ChatTemplate:
             raise
         except Exception as exc:  # any failure inside the template is the request's fault
             raise TemplateError(f"chat template failed: {exc}") from exc
-        if continue_final_message and messages:
-            text = _cut_after_final(text, _final_text(messages[-1]))
+        if continue_final_message:
+            text = _cut_at_mark(text, final)
         return text
 
     def __repr__(self) -> str:

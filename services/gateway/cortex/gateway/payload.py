@@ -3,8 +3,9 @@
 Validation is deliberately shallow where the engine is the authority (sampling parameters
 are forwarded untouched) and strict where the gateway acts on a field: the model, the prompt
 it must tokenize exactly as the engine will, ``stream`` / ``stream_options`` it rewrites, and
-the prompt length limit. Chat rendering arguments mirror the engine's: ``chat_template_kwargs``
-entries, ``tools``, ``add_generation_prompt`` (default true) and ``continue_final_message``.
+the prompt length limit. Chat rendering arguments are the engine's own reading of the body
+(:func:`cortex.chat.render_args` for the model's engine kind), and so is whether a text
+prompt gets the tokenizer's special tokens.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 
 __all__ = ["Endpoint", "InferenceRequest", "Prompt", "parse_body", "parse_request"]
 
 _MAX_TOKEN_ID = 2**32 - 1
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 class Endpoint(StrEnum):
@@ -40,13 +41,15 @@ class PromptKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """The first prompt of the request (batches route on it): what to tokenize and how."""
+    """The first prompt of the request (batches route on it): what to tokenize and how.
+
+    ``chat``: the chat rendering arguments; ``add_special_tokens``: whether a text prompt
+    gets the tokenizer's special tokens."""
 
     kind: PromptKind
-    messages: tuple[Mapping[str, Any], ...] = ()
-    template_kwargs: Mapping[str, Any] | None = None
-    add_generation_prompt: bool = True
+    chat: RenderArgs | None = None
     text: str = ""
+    add_special_tokens: bool = True
     token_ids: tuple[int, ...] = ()
 
 
@@ -126,13 +129,13 @@ def _token_ids(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _text_or_tokens(value: Any, name: str) -> Prompt:
+def _text_or_tokens(value: Any, name: str, add_special_tokens: bool = True) -> Prompt:
     """``str | [str] | [int] | [[int]]``; a batch routes on its first prompt."""
     if isinstance(value, str):
-        return Prompt(PromptKind.TEXT, text=value)
+        return Prompt(PromptKind.TEXT, text=value, add_special_tokens=add_special_tokens)
     if isinstance(value, list) and value:
         if all(isinstance(p, str) for p in value):
-            return Prompt(PromptKind.TEXT, text=value[0])
+            return Prompt(PromptKind.TEXT, text=value[0], add_special_tokens=add_special_tokens)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
             return Prompt(PromptKind.TOKENS, token_ids=_token_ids(value, name))
         if all(isinstance(p, list) for p in value):
@@ -143,35 +146,19 @@ def _text_or_tokens(value: Any, name: str) -> Prompt:
         "token id lists", name)
 
 
-def _messages(body: Mapping[str, Any]) -> Prompt:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' must be a non-empty list", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _invalid(f"messages[{i}] must be an object", "messages")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise _invalid(f"messages[{i}].role must be one of {sorted(_ROLES)}", "messages")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise _invalid(f"messages[{i}].content must be a string, a list of parts or null",
-                           "messages")
-    kwargs: dict[str, Any] = {}
-    template_kwargs = body.get("chat_template_kwargs")
-    if template_kwargs is not None and not isinstance(template_kwargs, dict):
-        raise _invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    kwargs.update(template_kwargs or {})
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise _invalid("'tools' must be a list", "tools")
-    if tools:
-        kwargs["tools"] = tools
-    add_generation_prompt = _bool(body, "add_generation_prompt", True)
-    if _bool(body, "continue_final_message"):
-        add_generation_prompt = False
-    return Prompt(PromptKind.CHAT, messages=tuple(messages), template_kwargs=kwargs,
-                  add_generation_prompt=add_generation_prompt)
+def _chat(body: Mapping[str, Any], model: ModelConfig) -> Prompt:
+    try:
+        args = render_args(body, model.engine)
+    except ChatError as exc:
+        raise _invalid(str(exc), exc.param) from None
+    return Prompt(PromptKind.CHAT, chat=args)
+
+
+def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
+    try:
+        return text_add_special_tokens(body, model.engine)
+    except ChatError as exc:
+        raise _invalid(str(exc), exc.param) from None
 
 
 def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfig
@@ -179,10 +166,10 @@ def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfi
     """Validate a decoded body for ``endpoint``; raises :class:`ClientError`."""
     model = _model(body, config, required=endpoint is not Endpoint.GENERATE)
     if endpoint is Endpoint.CHAT:
-        prompt = _messages(body)
+        prompt = _chat(body, model)
         _count(body, "max_completion_tokens", 0)
     elif endpoint is Endpoint.COMPLETIONS:
-        prompt = _text_or_tokens(body.get("prompt"), "prompt")
+        prompt = _text_or_tokens(body.get("prompt"), "prompt", _special_tokens(body, model))
     elif body.get("input_ids") is not None:
         prompt = _text_or_tokens(body["input_ids"], "input_ids")
         if prompt.kind is not PromptKind.TOKENS:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import random
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cortex.api.index import v1 as pb
+from cortex.chat import ChatError
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode, ServiceUnavailable
 from cortex.gateway.handoff import sequence_count
@@ -31,7 +33,7 @@ from cortex.gateway.payload import InferenceRequest, PromptKind
 from cortex.gateway.pool import WorkerPool, WorkerState
 from cortex.gateway.predicted import PredictedBlocks
 from cortex.gateway.scoring import Candidate, Decision, Reason, decide
-from cortex.gateway.tokenize import PromptTokenizer, TemplateError
+from cortex.gateway.tokenize import PromptTokenizer
 from cortex.hashing import HashDomain
 from cortex.registry.spec import WorkerRole
 
@@ -137,16 +139,16 @@ class Router:
             ids = list(prompt.token_ids)
         else:
             tokenizer = self.tokenizers[req.model.name]
-            if prompt.kind is PromptKind.CHAT:
+            if prompt.chat is not None:
                 try:
-                    text = tokenizer.render(prompt.messages, prompt.add_generation_prompt,
-                                            **(prompt.template_kwargs or {}))
-                except TemplateError as exc:
+                    text = tokenizer.render(prompt.chat)
+                except ChatError as exc:
                     raise ClientError(f"messages cannot be rendered: {exc}",
-                                      code=ErrorCode.INVALID_REQUEST, param="messages") from None
-                encode = tokenizer.encode_chat
+                                      code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
+                special = prompt.chat.add_special_tokens
             else:
-                text, encode = prompt.text, tokenizer.encode_text
+                text, special = prompt.text, prompt.add_special_tokens
+            encode = functools.partial(tokenizer.encode, add_special_tokens=special)
             if len(text) > OFFLOAD_CHARS:
                 loop = asyncio.get_running_loop()
                 ids = await loop.run_in_executor(self._executor, encode, text)

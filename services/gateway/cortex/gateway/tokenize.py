@@ -1,8 +1,7 @@
 """Prompt text → the exact token ids the engine will see, cached by segment.
 
-Rendering and the engine's tokenization rules come from :mod:`cortex.sim.tokenization`
-(the one shared definition the simulated engine uses too): the gateway imports them, it does
-not restate them.
+Rendering and the engine's tokenization rules come from :mod:`cortex.chat` (the one shared
+definition the simulated engine uses too): the gateway imports them, it does not restate them.
 
 Why segment caching is exact: a Hugging Face tokenizer first splits the text on its added
 (special) tokens and then normalizes, pre-tokenizes and encodes each piece between them on
@@ -26,16 +25,15 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer
 
-from cortex.sim.tokenization import ChatTokenizer, TemplateError
+from cortex.chat import ChatTokenizer, RenderArgs
 
-__all__ = ["PromptTokenizer", "SegmentCache", "TemplateError", "TokenizerStats"]
+__all__ = ["PromptTokenizer", "SegmentCache", "TokenizerStats"]
 
 
 @dataclass(slots=True)
@@ -204,9 +202,8 @@ def _affixes(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
 class PromptTokenizer:
     """A model's chat template and tokenizer with a segment cache in front.
 
-    :meth:`encode_chat` and :meth:`encode_text` return exactly what
-    ``ChatTokenizer.encode_prompt(render(...))`` and ``ChatTokenizer.encode_text`` return
-    (the sim's and the engine's tokenization), only faster on repeated segments.
+    :meth:`encode` returns exactly what ``ChatTokenizer.encode`` returns (the sim's and the
+    engine's tokenization), only faster on repeated segments.
     Synchronous and CPU-bound (~1 µs per uncached token); safe to call from several threads.
     ``observer(hits, misses)``, when set, receives each call's segment-cache outcome.
     """
@@ -240,19 +237,14 @@ class PromptTokenizer:
         process and shared; each call gets its own segment cache."""
         return _loaded(tokenizer, chat_template, cache_tokens).fork()
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool = True,
-        **kwargs: Any,
-    ) -> str:
-        """The chat prompt text; raises :class:`TemplateError` (a client error)."""
-        return self.chat.render(messages, add_generation_prompt, **kwargs)
+    def render(self, args: RenderArgs) -> str:
+        """The chat prompt text; raises :class:`cortex.chat.ChatError` (a client error)."""
+        return self.chat.render(args)
 
-    def encode_chat(self, text: str) -> list[int]:
-        """Ids of a rendered chat prompt (special tokens added only when it lacks its BOS)."""
-        bos = self.chat.bos_token
-        return self._encode(text, add_special=not (bool(bos) and text.startswith(bos)))
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Ids of ``text`` (a rendered chat prompt, or a plain prompt); ``add_special_tokens``
+        as the engine decided it (:class:`~cortex.chat.RenderArgs`)."""
+        return self._encode(text, add_special=add_special_tokens)
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of a plain completion prompt (the tokenizer's special tokens added)."""

@@ -90,16 +90,20 @@ class GrpcServer(grpclib.server.Server):
         for connection in list(self._open):
             if connection.transport is not None:
                 connection.transport.close()
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation that
+        # lands as the awaited event is set
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._none_open.wait(), flush_s)
+                async with asyncio.timeout(flush_s):
+                    await self._none_open.wait()
         finally:  # also when cancelled: no socket outlives this call for long
             for connection in list(self._open):
                 if connection.transport is not None:
                     connection.transport.abort()
         # abort() reports the loss on the next loop iteration
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._none_open.wait(), _ABORT_S)
+            async with asyncio.timeout(_ABORT_S):
+                await self._none_open.wait()
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop listening, cancel running handlers, close every accepted connection, and
@@ -109,4 +113,5 @@ class GrpcServer(grpclib.server.Server):
             await self.close_connections()
         finally:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wait_closed(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self.wait_closed()

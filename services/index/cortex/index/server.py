@@ -417,7 +417,8 @@ class IndexServer:
             if service is not None:
                 service.drain()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(service.wait_idle(), grace)
+                    async with asyncio.timeout(grace):  # not wait_for: see grpc_server
+                        await service.wait_idle()
         finally:
             await self._close_transports()
         log.info("index stopped index_id=%s version=%d", self.index_id, self.core.version)

@@ -11,6 +11,7 @@ Every redis error is translated into :class:`RegistryUnavailable` at this bounda
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -76,10 +77,15 @@ class RedisRegistry(Registry):
         return f"{self._prefix}{worker_id}"
 
     async def _run(self, what: str, call: Awaitable[_T]) -> _T:
+        task = asyncio.current_task()
+        requested = task.cancelling() if task is not None else 0
         try:
-            return await call
+            result = await call
         except (RedisError, OSError) as exc:
+            _raise_lost_cancel(task, requested)
             raise RegistryUnavailable(f"redis {self._safe_url()}: {what} failed: {exc}") from exc
+        _raise_lost_cancel(task, requested)
+        return result
 
     async def register(self, spec: WorkerSpec, ttl_s: float | None = None) -> None:
         ttl = self._ttl(ttl_s)
@@ -202,3 +208,16 @@ class RedisRegistry(Registry):
             await self._client.aclose()
         except (RedisError, OSError):
             pass
+
+
+def _raise_lost_cancel(task: asyncio.Task[object] | None, requested: int) -> None:
+    """Raise the cancellation a redis call swallowed, if it did.
+
+    redis-py writes every command under ``asyncio.wait_for``, which on Python 3.11 returns
+    the result and drops a cancellation that arrives as the write completes (fixed in 3.12).
+    The task then carries on, still counted as cancelling: a watcher's channel loop went on
+    reading forever and stopping it hung. ``asyncio.timeout`` takes back its own requests,
+    so a count above the one before the call is a caller's request that was never honoured.
+    """
+    if task is not None and task.cancelling() > requested:
+        raise asyncio.CancelledError

@@ -1,0 +1,99 @@
+"""Chat templates render with Hugging Face ``apply_chat_template`` semantics."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, TemplateError, load_chat_template
+
+USER = [{"role": "user", "content": "Hello"}]
+
+
+def render(text: str, messages: list[dict[str, Any]] = USER, **kwargs: Any) -> str:
+    return ChatTemplate(text).render(messages, **kwargs)
+
+
+def test_hf_environment_filters_globals_and_variables() -> None:
+    text = ("{{ messages[0]['content'] | tojson }}"
+            "|{{ {'b': 1, 'a': '<é>'} | tojson(sort_keys=True) }}"
+            "|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}"
+            "|{{ strftime_now('%Y') | length }}|{{ extra }}"
+            "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}x{% endfor %}"
+            "{% generation %}G{% endgeneration %}")
+    out = render(text, [{"role": "user", "content": "<b>&"}], add_generation_prompt=True,
+                 variables={"extra": "E"})
+    assert out == '"<b>&"|{"a": "<é>", "b": 1}|True|True|True|4|EG'
+    assert render("{{ tools | length }}", tools=[{"type": "function"}]) == "1"
+
+
+def test_trim_and_lstrip_blocks() -> None:
+    assert render("  {% if true %}\nA\n  {% endif %}\nB") == "A\nB"
+
+
+def test_errors_are_template_errors() -> None:
+    with pytest.raises(TemplateError, match="nope"):
+        render("{{ raise_exception('nope') }}")
+    with pytest.raises(TemplateError):
+        render("{{ messages[5]['content'].upper() }}")
+    with pytest.raises(TemplateError) as caught:
+        render("x", variables={"messages": []})
+    assert caught.value.param == "chat_template_kwargs"
+    with pytest.raises(TemplateError, match="not compatible"):
+        render("x", add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(ValueError, match="does not compile"):
+        ChatTemplate("{% if %}")
+
+
+def test_continue_final_message_cuts_after_the_final_content() -> None:
+    text = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, "}]
+    assert render(text, messages, continue_final_message=True) == "<user>Hi</s><assistant>Sure, "
+    trimming = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+    assert render(trimming, messages, continue_final_message=True) == "<user>Hi</s><assistant>Sure,"
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "Go on"}]}]
+    assert render("{{ messages[0]['content'][0]['text'] }}!", parts,
+                  continue_final_message=True) == "Go on"
+    with pytest.raises(TemplateError, match="does not appear"):
+        render("{# content #}nothing", messages, continue_final_message=True)
+    with pytest.raises(TemplateError, match="not an accepted field"):
+        render("nothing", messages, continue_final_message=True)
+
+
+def test_messages_as_transformers_passes_them() -> None:
+    """``None``-valued keys are dropped; reasoning is seen under every name."""
+    text = ("{% for m in messages %}{{ m | tojson }}{% endfor %}"
+            "{% set ns = namespace(n=1) %}{{ ns.n }}{{ dict(a=1) | tojson }}")
+    messages = [{"role": "assistant", "content": None, "reasoning": "r", "tool_calls": None}]
+    assert render(text, messages) == ('{"thinking": "r", "role": "assistant", "reasoning": "r", '
+                                      '"reasoning_content": "r"}1{"a": 1}')
+    with pytest.raises(TemplateError):
+        render("{% set ns = namespace(_x=1) %}")
+
+
+def test_template_files_and_tokenizer_configs(tmp_path: Path) -> None:
+    assert load_chat_template() == DEFAULT_CHAT_TEMPLATE.read_text(encoding="utf-8")
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": [
+        {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}))
+    assert load_chat_template(config) == "D"
+    config.write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(ValueError, match="no 'chat_template'"):
+        load_chat_template(config)
+
+
+def test_template_files_are_package_data() -> None:
+    """A non-editable install ships the templates: they sit in a package (setup.py maps only
+    directories with an ``__init__.py``) and match pyproject's package-data globs."""
+    root = Path(__file__).resolve().parents[2]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["*"]
+    templates = DEFAULT_CHAT_TEMPLATE.parent
+    assert (templates / "__init__.py").is_file()
+    shipped = {path for pattern in patterns for path in templates.glob(pattern)}
+    assert DEFAULT_CHAT_TEMPLATE in shipped
+    assert {p for p in templates.iterdir() if p.suffix != ".py"} <= shipped
