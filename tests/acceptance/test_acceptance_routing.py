@@ -102,3 +102,17 @@ async def test_a_burst_split_across_two_gateway_replicas_still_colocates(
         (r.worker, r.mode, r.headers["x-cortex-match-reason"], r.hit_tokens) for r in burst]
     assert {r.mode for r in burst} == {"exact_kv"}
     assert all(0 < r.hit_tokens <= (r.cached_tokens or 0) for r in burst)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "gateway: predicted blocks are credited only once the worker answered (dispatch.py "
+    "open_regular -> router.commit after the first byte), so simultaneous requests with a "
+    "new prefix are all routed before any prediction exists; architecture §6 wants the "
+    "credit right after the routing decision"))
+async def test_a_simultaneous_burst_of_a_new_prefix_colocates_on_one_replica(
+    client: Client,
+) -> None:
+    system = long_prompt("cold burst")
+    burst = await asyncio.gather(*(client.chat(chat(system, f"cold {i}")) for i in range(16)))
+    assert [r.status for r in burst] == [200] * 16
+    assert len({r.worker for r in burst}) == 1, [r.worker for r in burst]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,10 @@ class _FakeTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return {"Ġcat": 1, "Ġdog": 2, "Ġbad": 3, "ĠUpper": 4, "Ġab": 5, "plain": 6, "Ġx1y": 7}
 
-    def encode_batch(self, inputs: list[str], add_special_tokens: bool = False) -> list[_Enc]:
+    def encode_batch(self, input: Sequence[Any], is_pretokenized: bool = False,
+                     add_special_tokens: bool = True) -> list[_Enc]:
         table = {" cat": [1], " dog": [2], " bad": [8, 9]}
-        return [_Enc(table[s]) for s in inputs]
+        return [_Enc(table[s]) for s in input]
 
 
 def test_vocabulary_keeps_only_words_that_are_one_token_alone() -> None:

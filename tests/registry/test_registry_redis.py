@@ -117,3 +117,43 @@ def test_bad_url_is_registry_unavailable() -> None:
 def test_repr_hides_password() -> None:
     reg = RedisRegistry("redis://user:secret@127.0.0.1:1/0")
     assert "secret" not in repr(reg)
+
+
+async def _cancel_after(task: asyncio.Task[object], steps: int) -> bool:
+    """Cancel ``task`` after ``steps`` loop iterations; False when it finished first."""
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    if task.done():
+        return False
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.done(), f"cancelled after {steps} steps, still running"
+    return True
+
+
+async def test_a_cancelled_command_is_cancelled_at_every_point(redis_server: RedisServer) -> None:
+    # redis-py writes under asyncio.wait_for, which on Python 3.11 swallows a cancellation
+    # landing as the write completes: the command returned normally and the caller went on
+    # (a watcher stopping hung forever). Every interleaving must end in CancelledError: the
+    # write completes within the first few loop iterations; later ones wait for the reply.
+    async with RedisRegistry(redis_server.url) as reg:
+        await reg.register(worker("a"), ttl_s=30)
+        for steps in range(64):
+            task: asyncio.Task[object] = asyncio.create_task(reg.get("a"))
+            if not await _cancel_after(task, steps):
+                break  # answered before the cancel: every later point is past the command
+            assert task.cancelled(), f"cancel after {steps} steps was lost: {task.result()!r}"
+        assert await reg.get("a") == worker("a")  # the client is still usable
+
+
+async def test_a_cancelled_channel_reader_ends_at_every_point(redis_server: RedisServer) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+
+        async def read() -> None:
+            async for _ in reg.changes():
+                pass
+
+        for steps in range(48):
+            task: asyncio.Task[object] = asyncio.create_task(read())
+            assert await _cancel_after(task, steps)
+            assert task.cancelled(), f"cancel after {steps} steps was lost"

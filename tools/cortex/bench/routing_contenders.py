@@ -111,20 +111,20 @@ class CpuMeter:
         return per, time.process_time(), busy, total
 
     def stop(self) -> dict[str, Any]:
-        """Per process CPU seconds, the load generator's, and the machine's busy fraction
-        (all cores, everything running on it) over the interval."""
+        """Per process CPU seconds and the load generator's; in cores (CPU seconds per
+        second): ours, the whole machine's, and the rest (``foreign``: other work on the
+        machine, noise for this measurement)."""
         per0, self0, busy0, total0 = self._start
         per1, self1, busy1, total1 = self._read()
         wall = time.monotonic() - self._wall
         processes = {name: round(per1[name] - per0[name], 2) for name in per1}
         processes["load generator"] = round(self1 - self0, 2)
-        ours = sum(processes.values())
+        ours = sum(processes.values()) / wall if wall else 0.0
         cores = os.cpu_count() or 1
+        busy = (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
         return {"wall_s": round(wall, 2), "processes": processes,
-                "ours_cores": round(ours / wall, 2) if wall else 0.0,
-                "machine_busy": round((busy1 - busy0) / (total1 - total0), 3)
-                if total1 > total0 else 0.0,
-                "cores": cores}
+                "ours_cores": round(ours, 2), "machine_busy_cores": round(busy, 2),
+                "foreign_cores": round(max(busy - ours, 0.0), 2), "cores": cores}
 
 
 @contextlib.contextmanager

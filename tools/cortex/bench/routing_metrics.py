@@ -11,6 +11,7 @@ the client saw, so a contender cannot hide requests from the hit rate either.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ __all__ = [
     "RunSummary",
     "StageSummary",
     "percentile",
+    "pool",
     "summarize",
 ]
 
@@ -230,9 +232,11 @@ def summarize(workload: str, contender: str, outcomes: Sequence[Outcome],
               expected_completion_tokens: Sequence[int],
               workers: Mapping[str, EngineTotals] | None = None,
               stage_of: Sequence[int] = (), stage_rates: Sequence[float] = (),
-              extra: Mapping[str, Any] | None = None) -> RunSummary:
+              extra: Mapping[str, Any] | None = None,
+              duration_s: float | None = None) -> RunSummary:
     """One run's summary. ``outcomes`` holds one entry per request *sent* (any order);
-    the ``expected_*`` sequences are indexed by request id."""
+    the ``expected_*`` sequences are indexed by request id. ``duration_s`` overrides the
+    span from the first send to the last completion (throughput's denominator)."""
     n = len(expected_digests)
     by_id = {o.id: o for o in outcomes}
     ok = [o for o in outcomes if o.ok]
@@ -243,6 +247,8 @@ def summarize(workload: str, contender: str, outcomes: Sequence[Outcome],
     starts = [o.sent_s for o in outcomes]
     ends = [o.done_s for o in ok if o.done_s is not None]
     duration = max(ends) - min(starts) if ends and starts else 0.0
+    if duration_s is not None:
+        duration = duration_s
     stages = []
     for k, rate in enumerate(stage_rates):
         members = [o for o in outcomes if 0 <= o.id < len(stage_of) and stage_of[o.id] == k]
@@ -272,3 +278,31 @@ def summarize(workload: str, contender: str, outcomes: Sequence[Outcome],
         prediction=_prediction(ok),
         stages=tuple(stages),
         extra=dict(extra or {}))
+
+
+def pool(runs: Sequence[tuple[RunSummary, Sequence[Outcome]]], expected_digests: Sequence[str],
+         expected_prompt_tokens: Sequence[int], expected_completion_tokens: Sequence[int],
+         stage_of: Sequence[int] = (), stage_rates: Sequence[float] = (),
+         extra: Mapping[str, Any] | None = None) -> RunSummary:
+    """Repetitions of one (workload, contender) as one summary: the request list once per
+    repetition (ids shifted by ``n`` each time), percentiles over every request, engine
+    counters summed per worker, throughput over the summed durations."""
+    if not runs:
+        raise ValueError("nothing to pool")
+    n = len(expected_digests)
+    outcomes: list[Outcome] = []
+    workers: dict[str, EngineTotals] = {}
+    for k, (summary, outs) in enumerate(runs):
+        outcomes.extend(dataclasses.replace(o, id=o.id + k * n) for o in outs)
+        for wid, t in summary.workers.items():
+            prev = workers.get(wid, EngineTotals(0, 0, 0, 0))
+            workers[wid] = EngineTotals(prev.requests + t.requests,
+                                        prev.prompt_tokens + t.prompt_tokens,
+                                        prev.cached_tokens + t.cached_tokens,
+                                        prev.evicted_blocks + t.evicted_blocks)
+    k = len(runs)
+    first = runs[0][0]
+    return summarize(first.workload, first.contender, outcomes, list(expected_digests) * k,
+                     list(expected_prompt_tokens) * k, list(expected_completion_tokens) * k,
+                     workers, stage_of=list(stage_of) * k, stage_rates=stage_rates,
+                     extra=extra, duration_s=sum(s.duration_s for s, _ in runs))

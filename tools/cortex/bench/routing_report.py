@@ -35,6 +35,7 @@ class WorkloadResult:
     unique_pages: int
     capacity_blocks: int
     offered_prefill_load: float
+    single_worker_bound: float = 0.0
     runs: dict[str, RunSummary] = field(default_factory=dict)
     ttfts_ms: dict[str, list[float]] = field(default_factory=dict)
 
@@ -57,6 +58,10 @@ def _fmt_ms(value: float) -> str:
     if math.isnan(value):
         return "—"
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def evaluate_targets(results: Sequence[WorkloadResult]) -> list[Target]:
@@ -180,10 +185,12 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         f" {res.offered_prefill_load:.0%} of the cluster's prefill capacity.", "",
         f"Bounds: infinite single cache **{res.infinite_bound:.1%}**; one LRU cache as large as"
         f" the whole cluster {res.pooled_bound:.1%}"
-        f" ({'capacity allows the bound' if res.capacity_allows else 'capacity-limited'}).", "",
+        f" ({'capacity allows the bound' if res.capacity_allows else 'capacity-limited'});"
+        f" one worker's pool alone, fed every request, {res.single_worker_bound:.1%}.", "",
         "| contender | sent / ok | hit rate | TTFT p50 / p90 / p99 ms | E2E p50 / p90 / p99 ms"
-        " | req/s | imbalance req · uncached | evicted blocks | idle TTFT ms | CPU cores |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | req/s | imbalance req · uncached | evicted blocks | idle TTFT ms | CPU cores ours"
+        " · foreign | per repetition: hit, TTFT p50 / p90 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in CONTENDERS:
         run = res.runs.get(c)
@@ -192,14 +199,17 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         t, e = run.ttft_ms, run.e2e_ms
         evicted = sum(x.evicted_blocks for x in run.workers.values())
         cpu = run.extra.get("cpu", {})
+        reps = "; ".join(f"{r['hit_rate']:.1%}, {_fmt_ms(r['ttft_p50_ms'])} /"
+                         f" {_fmt_ms(r['ttft_p90_ms'])}" for r in run.extra.get("repeats", []))
         flag = "" if run.verified else " ⚠"
         lines.append(
             f"| {c} | {run.requests_sent:,} / {run.requests_ok:,}{flag} | {run.hit_rate:.1%} |"
             f" {_fmt_ms(t[0])} / {_fmt_ms(t[1])} / {_fmt_ms(t[2])} |"
             f" {_fmt_ms(e[0])} / {_fmt_ms(e[1])} / {_fmt_ms(e[2])} | {run.throughput_rps:.1f} |"
             f" {run.imbalance('requests'):.2f} · {run.imbalance('uncached_tokens'):.2f} |"
-            f" {evicted:,} | {_fmt_ms(run.extra.get('idle_ttft_p50_ms', math.nan))} |"
-            f" {cpu.get('ours_cores', 0):.2f} |")
+            f" {evicted:,} | {_fmt_ms(_or_nan(run.extra.get('idle_ttft_p50_ms')))} |"
+            f" {_or_nan(cpu.get('ours_cores')):.2f} · {_or_nan(cpu.get('foreign_cores')):.2f} |"
+            f" {reps} |")
     preds = [(c, r.prediction) for c, r in res.runs.items() if r.prediction is not None]
     if preds:
         lines += ["", "Cortex's predicted hit (`x-cortex-cache-hit-tokens`) against the engine's"
@@ -280,10 +290,15 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
         " ~40 ms here — a delayed-ACK artifact unrelated to routing — so it would lose TTFT for"
         " the wrong reason). *idle TTFT* is the p50 of 15 sequential uncacheable one-token"
         " requests on the idle deployment: what the proxy path alone costs.", "",
-        "Hit rate = Σ engine-reported `cached_tokens` / Σ prompt tokens over answered requests."
+        f"Each (workload, contender) ran {config['repeats']} time(s), each time on fresh"
+        " processes, the contender order reversed every other repetition; the numbers pool"
+        " the requests of all repetitions (the last column shows each one alone). Hit rate ="
+        " Σ engine-reported `cached_tokens` / Σ prompt tokens over answered requests."
         " Imbalance = max / mean per worker, of requests and of uncached prompt tokens (the"
-        " prefill work). CPU cores = CPU seconds of the deployment's processes and the load"
-        f" generator per second of the run. {config['cortex_weights_note']}", "",
+        " prefill work). CPU cores: CPU seconds per second of the run spent by the"
+        " deployment's processes and the load generator (*ours*) and by everything else on"
+        " the machine (*foreign*: other work sharing the cores, i.e. noise)."
+        f" {config['cortex_weights_note']}", "",
         "## Targets", "",
         "| workload | target | result | detail |", "|---|---|---|---|",
     ]

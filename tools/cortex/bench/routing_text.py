@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["BlockText", "Segment", "TokenizerLike", "WordVocabulary"]
 
@@ -28,8 +28,8 @@ class TokenizerLike(Protocol):
 
     def get_vocab(self) -> dict[str, int]: ...
 
-    def encode_batch(self, inputs: list[str], add_special_tokens: bool = ...
-                     ) -> Sequence[_Encoding]: ...
+    def encode_batch(self, input: Sequence[Any], is_pretokenized: bool = ...,
+                     add_special_tokens: bool = ...) -> Sequence[_Encoding]: ...
 
 
 class _Encoding(Protocol):

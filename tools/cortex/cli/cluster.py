@@ -119,7 +119,10 @@ class ClusterSpec:
     ready_timeout_s: float = 90.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "engine", Engine(self.engine))
+        try:
+            object.__setattr__(self, "engine", Engine(self.engine))
+        except ValueError:
+            raise ValueError(f"engine: {self.engine!r} is not one of sglang, vllm") from None
         for name in ("workers", "gateways"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")

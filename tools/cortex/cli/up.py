@@ -154,9 +154,11 @@ def _watch(cluster: Any) -> None:
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    """Write atomically: readers see the whole object or no file."""
+    """Write atomically (readers see the whole object or no file), private to the user: it
+    holds the admin token."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.touch(mode=0o600)
     tmp.write_text(json.dumps(document, indent=2) + "\n")
     os.replace(tmp, path)
 

@@ -14,6 +14,7 @@ Shapes: SGLang's native ``meta_info`` lists of ``[logprob, token_id, text_or_nul
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ __all__ = ["FakeLogprobs", "LogprobRequest", "TokenLogprob"]
 
 _SPREAD_MILLI = 6000  # logprobs fall in (-6, 0]
 _ALT_STEP = 0.75  # each alternative is this much less likely than the one before
+_CACHED_ENTRIES = 1 << 16  # streams repeat every earlier position in each chunk (SGLang)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,8 @@ class FakeLogprobs:
 
     def __init__(self, words: Sequence[int], decode: Callable[[int], str]) -> None:
         self._words = list(words) or [0]
-        self._decode = decode
+        self._decode = functools.lru_cache(maxsize=_CACHED_ENTRIES)(decode)
+        self._entry = functools.lru_cache(maxsize=_CACHED_ENTRIES)(self._make_entry)
 
     @staticmethod
     def _hash(token_id: int, position: int, salt: int = 0) -> int:
@@ -83,6 +86,10 @@ class FakeLogprobs:
     def entry(self, token_id: int, position: int, k: int, text: str | None = None,
               first: bool = False) -> TokenLogprob:
         """Position ``position`` holding ``token_id``; ``first``: nothing precedes it."""
+        return self._entry(token_id, position, k, text, first)
+
+    def _make_entry(self, token_id: int, position: int, k: int, text: str | None,
+                    first: bool) -> TokenLogprob:
         if first:
             return TokenLogprob(token_id, self._decode(token_id) if text is None else text, None)
         return TokenLogprob(token_id, self._decode(token_id) if text is None else text,

@@ -113,18 +113,23 @@ class SimRoutes:
     @web.middleware
     async def _fault_middleware(self, request: web.Request, handler: Handler
                                 ) -> web.StreamResponse:
-        if request.path.startswith("/sim/") or not self.faults.config.fault_paths.covers(
-                request.path):
+        if request.path.startswith("/sim/") or not self._in_scope(request.path):
             return await handler(request)
-        while self.faults.config.http_down:  # hang, like a wedged engine
+        while self.faults.config.http_down and self._in_scope(request.path):  # wedged engine
             self._faults_changed.clear()
             await self._faults_changed.wait()
+        if not self._in_scope(request.path):
+            return await handler(request)
         if self.faults.config.latency_ms > 0:
             await asyncio.sleep(self.faults.config.latency_ms / 1000.0)
         status = self.faults.error_status()
         if status is not None:
             return self._error(f"injected fault: HTTP {status}", status, "InternalServerError")
         return await handler(request)
+
+    def _in_scope(self, path: str) -> bool:
+        """Whether the HTTP faults hit ``path`` now (admin paths never reach here)."""
+        return self.faults.config.fault_paths.covers(path)
 
     def _error(self, message: str, status: int = 400, err_type: str = "BadRequestError",
                param: str | None = None) -> web.Response:

@@ -321,8 +321,8 @@ def _sglang_tools(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
         return None
     dumped = _tools(tools, Engine.SGLANG)
     if isinstance(choice, Mapping):
-        name = choice.get("function", {}).get("name") if isinstance(
-            choice.get("function"), Mapping) else None
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
         dumped = [tool for tool in dumped if tool["function"]["name"] == name]
     elif choice not in ("auto", "required"):
         raise _invalid("'tool_choice' must be 'none', 'auto', 'required' or a named function",

@@ -39,6 +39,7 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "resync_retry_s": (float, "re-request a missing snapshot after this long (s)"),
     "max_tombstones": (int, "removed sources remembered"),
     "apply_slice_s": (float, "a Sync batch yields to queries after this much work (s)"),
+    "ingest_grace_s": (float, "silent ingest's sources turn SYNCING after (s, 0 = never)"),
     "shutdown_grace_s": (float, "grace for in-flight calls on SIGTERM (s)"),
 }
 

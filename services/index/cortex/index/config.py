@@ -47,6 +47,10 @@ class IndexConfig:
     """Removed sources remembered (so their late duplicates stay duplicates)."""
     apply_slice_s: float = 0.005
     """A Sync batch yields to queries after this much apply time."""
+    ingest_grace_s: float = 5.0
+    """An ingest heard from for no longer than this (no batch: ingests send an empty one
+    every second when idle; no open stream) is lost: its sources turn SYNCING
+    (``ingest_lost``) until snapshots re-establish them. 0 = never."""
     # lifecycle
     shutdown_grace_s: float = 5.0
     """On SIGTERM: health NOT_SERVING, streams told to go, in-flight calls get this long."""
@@ -78,6 +82,6 @@ class IndexConfig:
         for name in positive_times:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("resync_retry_s", "shutdown_grace_s"):
+        for name in ("resync_retry_s", "shutdown_grace_s", "ingest_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -235,6 +235,30 @@ class Ledger:
             old, _ = self._tombstones.popitem(last=False)
             self._records.pop(old, None)
 
+    def owner_lost(self, source: Source, reason: str, now_s: float) -> bool:
+        """Nobody keeps the source's ledger true any more (its ingest is gone): it awaits a
+        snapshot (reported ``SYNCING`` with ``reason``), asked for as soon as an ingest
+        sends anything for it. Returns whether it was ``READY``; False for an unknown or
+        removed source (nothing changes then)."""
+        rec = self._records.get(source)
+        if rec is None or rec.removed:
+            return False
+        was_ready = rec.effective_state is LedgerState.READY
+        rec.awaiting_snapshot = True
+        rec.resync_requested_s = None  # the next contact asks at once
+        rec.reason = reason
+        rec.updated_unix_s = now_s
+        return was_ready
+
+    def resync_requested(self, source: Source, now_s: float) -> bool:
+        """Mark a snapshot request for ``source`` sent now; False (nothing to ask) unless it
+        awaits one."""
+        rec = self._records.get(source)
+        if rec is None or rec.removed or not rec.awaiting_snapshot:
+            return False
+        rec.resync_requested_s = now_s
+        return True
+
     def failed(
         self, source: Source, domain: HashDomain | None, reason: str, now_s: float
     ) -> Admission:

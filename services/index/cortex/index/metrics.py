@@ -85,6 +85,24 @@ class _CoreCollector(Collector):
             if state is not LedgerState.UNSPECIFIED:
                 sources.add_metric([state.name.lower()], tally.get(state, 0))
         yield sources
+        owners = core.owners
+        ingests = GaugeMetricFamily(
+            "cortex_index_ingests", "Ingests (Sync ingest_id) owning sources, live or lost",
+            labels=["state"],
+        )
+        lost = sum(1 for _, is_lost, owned in owners if is_lost and owned)
+        live = sum(1 for _, is_lost, owned in owners if not is_lost and owned)
+        ingests.add_metric(["live"], live)
+        ingests.add_metric(["lost"], lost)
+        yield ingests
+        yield CounterMetricFamily(
+            "cortex_index_ingest_losses", "Ingests silent for longer than the grace",
+            value=owners.lost_ingests,
+        )
+        yield CounterMetricFamily(
+            "cortex_index_ingest_lost_sources",
+            "Sources turned SYNCING because their ingest was lost", value=owners.lost_sources,
+        )
         yield GaugeMetricFamily(
             "cortex_index_change_log_weight", "Removed keys + cleared sources in the change ring",
             value=core.changes.weight,

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from cortex.hashing import HashDomain
 
 __all__ = [
+    "INGEST_LOST",
     "ClearBlocks",
     "LedgerState",
     "LedgerUpdate",
@@ -40,6 +41,10 @@ class LedgerState(IntEnum):
     STALE = 3
     REMOVED = 4
     MISALIGNED = 5
+
+
+INGEST_LOST = "ingest_lost"
+"""The reason a source reports ``SYNCING`` after its ingest went silent for the grace."""
 
 
 class Source(NamedTuple):

@@ -16,6 +16,7 @@ from cortex.index.changes import Change, ChangeLog
 from cortex.index.errors import InvalidArgument
 from cortex.index.ledger import Ledger, SourceRecord, Verdict
 from cortex.index.model import (
+    INGEST_LOST,
     ClearBlocks,
     LedgerState,
     LedgerUpdate,
@@ -26,6 +27,7 @@ from cortex.index.model import (
     Source,
     StoreBlocks,
 )
+from cortex.index.owners import SourceOwners
 from cortex.index.tree import RadixHashTree, node_bytes
 
 __all__ = [
@@ -142,6 +144,7 @@ class PrefixIndex:
         changes_max_records: int = 1 << 16,
         resync_retry_s: float = 5.0,
         max_tombstones: int = 4096,
+        ingest_grace_s: float = 0.0,
         start_version: int | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -156,6 +159,7 @@ class PrefixIndex:
         self._wall = wall_clock
         self.version = initial_version(wall_clock()) if start_version is None else start_version
         self.ledger = Ledger(resync_retry_s=resync_retry_s, max_tombstones=max_tombstones)
+        self.owners = SourceOwners(ingest_grace_s)
         self.changes = ChangeLog(self.version, max_keys=changes_max_keys,
                                  max_records=changes_max_records)
         self.trees: dict[HashDomain, RadixHashTree] = {}
@@ -250,11 +254,12 @@ class PrefixIndex:
     def _log_cleared(self, domain: HashDomain, source: Source) -> None:
         self.changes.append(Change(self.version, domain, source))
 
-    def apply(self, update: LedgerUpdate) -> ApplyResult:
+    def apply(self, update: LedgerUpdate, ingest_id: str | None = None) -> ApplyResult:
         """Sequence and apply one ledger update (see :mod:`cortex.index.ledger` for the rules).
 
         Never raises for a bad op: a malformed update leaves its source awaiting a snapshot
-        and comes back as ``RESYNC`` with ``error`` set.
+        and comes back as ``RESYNC`` with ``error`` set. ``ingest_id`` (the sender; None: not
+        tracked) becomes the source's owner when the update applies (see :mod:`owners`).
         """
         now = self._wall()
         source = update.source
@@ -293,7 +298,51 @@ class PrefixIndex:
             self._bump()
             self._log_cleared(update.domain, source)
             return ApplyResult(Verdict.RESYNC, failed.request_resync, str(exc))
+        if ingest_id is not None:
+            rec = self.ledger.get(source)
+            if rec is None or rec.removed:
+                self.owners.release(source)
+            else:
+                self.owners.claim(source, ingest_id)
         return ApplyResult(Verdict.APPLY)
+
+    # ---- ingest liveness -------------------------------------------------------------------
+
+    def ingest_heard(self, ingest_id: str, now_s: float) -> list[Source]:
+        """A Sync batch from ``ingest_id`` arrived (or one of its streams ended) at ``now_s``
+        (monotonic s). Returns the sources to ask it for snapshots: those it owns that were
+        demoted while it was lost and still await one."""
+        lost = self.owners.heard(ingest_id, now_s)
+        if not lost:
+            return []
+        wall = self._wall()
+        return [s for s in sorted(lost) if self.ledger.resync_requested(s, wall)]
+
+    def expire_ingests(self, now_s: float) -> list[tuple[str, list[Source]]]:
+        """Demote the sources of every ingest silent for longer than the grace at ``now_s``
+        (monotonic s): each awaits a snapshot (``SYNCING``, reason ``ingest_lost``), its
+        blocks are dropped (no credit, no memory held for a ledger nobody updates) and, if it
+        was READY or held blocks, it is announced on the change feed. Returns the newly lost
+        ingests with the sources demoted."""
+        out: list[tuple[str, list[Source]]] = []
+        wall = self._wall()
+        for ingest_id, sources in self.owners.expire(now_s):
+            demoted: list[Source] = []
+            for source in sources:
+                rec = self.ledger.get(source)
+                if rec is None or rec.removed:
+                    continue
+                was_ready = self.ledger.owner_lost(source, INGEST_LOST, wall)
+                tree = self.trees.get(rec.domain)
+                held = tree.blocks_of(source) if tree is not None else 0
+                if held and tree is not None:
+                    tree.clear(source)
+                self._bump()
+                if was_ready or held:
+                    self._log_cleared(rec.domain, source)
+                demoted.append(source)
+            out.append((ingest_id, demoted))
+        return out
 
     def reject(
         self, source: Source, domain: HashDomain | None, reason: str

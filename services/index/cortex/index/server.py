@@ -42,7 +42,7 @@ from cortex.index.errors import InvalidArgument
 from cortex.index.grpc_server import GrpcServer
 from cortex.index.ledger import Verdict
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
-from cortex.index.model import Source
+from cortex.index.model import INGEST_LOST, Source
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
 from cortex.index.wire import IndexServiceBase, MatchQuery, MatchReply, WireBatch, WireUpdate
 
@@ -69,6 +69,8 @@ class IndexService(IndexServiceBase):
         self.metrics = metrics
         self.index_id = index_id
         self._changed = asyncio.Event()
+        self._ingest_seen = asyncio.Event()  # wakes the ingest watcher when it has no deadline
+        self._ingest_watch_idle = False
         self._draining = asyncio.Event()
         self._inflight = 0
         self._idle = asyncio.Event()
@@ -172,7 +174,7 @@ class IndexService(IndexServiceBase):
 
     # ---- ledger updates -------------------------------------------------------------------
 
-    def _apply(self, update: WireUpdate) -> tuple[ApplyResult, Source | None]:
+    def _apply(self, update: WireUpdate, ingest_id: str) -> tuple[ApplyResult, Source | None]:
         op = update.op_name
         try:
             core_update = update_from_wire(update)
@@ -192,7 +194,7 @@ class IndexService(IndexServiceBase):
             result = self.core.reject(source, domain, str(exc))
         else:
             source = core_update.source
-            result = self.core.apply(core_update)
+            result = self.core.apply(core_update, ingest_id)
             if result.error is not None:
                 log.warning("ledger update failed: %s (source=%s op=%s)", result.error, source, op)
         self.metrics.updates.labels(op, result.verdict.value).inc()
@@ -204,11 +206,13 @@ class IndexService(IndexServiceBase):
         Batches arrive decoded by :mod:`cortex.index.wire` (a malformed one ends the stream
         with ``INVALID_ARGUMENT``); each update is validated and applied on its own, so a
         bad update is rejected (its source asked to resync) and the rest of the batch applies.
+        Every batch (empty ones are an idle ingest's heartbeat) and the stream's end count as
+        hearing from the batch's ``ingest_id`` (see :meth:`watch_ingests`).
         """
         metrics = self.metrics
         metrics.sync_streams.inc()
         applied = 0
-        ingest_id = ""
+        ingest_id: str | None = None
         try:
             with self._call():
                 while True:
@@ -219,12 +223,14 @@ class IndexService(IndexServiceBase):
                     if batch is None:
                         return
                     if batch.ingest_id != ingest_id:
+                        if ingest_id is not None:
+                            self._heard(ingest_id)
                         ingest_id = batch.ingest_id
                         log.info("sync stream from ingest %r", ingest_id)
                     started = slice_start = time.perf_counter()
-                    resync: dict[Source, None] = {}
+                    resync = dict.fromkeys(self._heard(ingest_id))
                     for update in batch.updates:
-                        result, source = self._apply(update)
+                        result, source = self._apply(update, ingest_id)
                         if result.request_resync and source is not None:
                             resync[source] = None
                         if time.perf_counter() - slice_start > self.config.apply_slice_s:
@@ -236,6 +242,8 @@ class IndexService(IndexServiceBase):
                     metrics.apply_seconds.observe(time.perf_counter() - started)
                     if resync:
                         metrics.resync_requests.inc(len(resync))
+                    if self._ingest_watch_idle:  # no deadline yet: this batch may set one
+                        self._ingest_seen.set()
                     self.notify()
                     yield pb.SyncReply(
                         applied_batches=applied,
@@ -246,6 +254,50 @@ class IndexService(IndexServiceBase):
                     )
         finally:
             metrics.sync_streams.dec()
+            if ingest_id is not None:
+                self._heard(ingest_id)  # the grace runs from the stream's end
+
+    # ---- ingest liveness ------------------------------------------------------------------
+
+    def _heard(self, ingest_id: str) -> list[Source]:
+        """Note a sign of life of ``ingest_id``; the sources to ask it for snapshots (those
+        demoted while it was lost)."""
+        back = self.core.ingest_heard(ingest_id, time.monotonic())
+        if back:
+            log.info("ingest %r is back: asking it for %d snapshot(s)", ingest_id, len(back))
+        return back
+
+    async def watch_ingests(self) -> None:
+        """Until cancelled: when an ingest has not been heard for ``ingest_grace_s``, demote
+        the sources it owns to SYNCING (``ingest_lost``) and announce them on the change
+        feed, so routers stop crediting ledgers nobody updates. Sleeps until the next
+        deadline; with none, until a batch is applied (hearing from an ingest only ever moves
+        deadlines later, so the earliest one never comes closer meanwhile)."""
+        core = self.core
+        while True:
+            self._ingest_seen.clear()
+            lost = core.expire_ingests(time.monotonic())
+            for ingest_id, sources in lost:
+                log.warning(
+                    "ingest %r silent for over %.1fs: %d source(s) SYNCING (%s): %s",
+                    ingest_id, self.config.ingest_grace_s, len(sources), INGEST_LOST,
+                    ", ".join(map(str, sources[:8])) + (" ..." if len(sources) > 8 else ""),
+                )
+            if lost:
+                self.notify()
+            deadline = core.owners.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # a deadline is crossed, not met: wake just after it
+            await self._wait_ingests(None if timeout is None else timeout + 0.01)
+
+    async def _wait_ingests(self, timeout: float | None) -> None:
+        self._ingest_watch_idle = timeout is None
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._ingest_seen.wait()
+        finally:
+            self._ingest_watch_idle = False
 
     # ---- change feed ----------------------------------------------------------------------
 
@@ -325,12 +377,14 @@ class IndexServer:
             changes_max_records=c.changes_max_records,
             resync_retry_s=c.resync_retry_s,
             max_tombstones=c.max_tombstones,
+            ingest_grace_s=c.ingest_grace_s,
         )
         self.metrics = IndexMetrics(lambda: self.core)
         self._service: IndexService | None = None
         self._serving = ServiceStatus()
         self._grpc: GrpcServer | None = None
         self._http: web.AppRunner | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._port: int | None = None
         self._metrics_port: int | None = None
         self._stopped = asyncio.Event()
@@ -380,6 +434,7 @@ class IndexServer:
         except BaseException:
             await self._close_transports()
             raise
+        self._watcher = asyncio.create_task(service.watch_ingests(), name="index-ingest-watch")
         self._serving.set(True)
         self.metrics.serving.set(1)
         log.info("index serving grpc=%s metrics=%s index_id=%s budget=%d",
@@ -424,6 +479,10 @@ class IndexServer:
         log.info("index stopped index_id=%s version=%d", self.index_id, self.core.version)
 
     async def _close_transports(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
         grpc, self._grpc = self._grpc, None
         http, self._http = self._http, None
         try:

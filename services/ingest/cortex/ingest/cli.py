@@ -63,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="live batches held per source while it replays")
     run.add_argument("--queue-max", type=int, default=100_000, metavar="N",
                      help="updates queued per index replica before snapshots take over")
+    run.add_argument("--heartbeat", type=float, default=1.0, metavar="S",
+                     help="an idle Sync stream sends an empty batch this often (keep it well "
+                          "under the index's --ingest-grace-s)")
     run.add_argument("--align-every", type=int, default=64, metavar="N",
                      help="check 1 in N chain-start stores against engine hashes (0 = off)")
     run.add_argument("--hash-algo", default=AUTO,
@@ -111,7 +114,7 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         align_every=args.align_every,
         hash_algo=args.hash_algo,
         hash_seed=args.hash_seed,
-        forwarder=ForwarderConfig(queue_max_updates=args.queue_max),
+        forwarder=ForwarderConfig(queue_max_updates=args.queue_max, heartbeat_s=args.heartbeat),
     )
 
 

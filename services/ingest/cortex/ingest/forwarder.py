@@ -13,11 +13,16 @@ a replica that is down or slow never holds the others back.
   updates are superseded). A replica that is down queues nothing.
 - ``SyncReply.resync`` names sources the replica could not apply in order: each gets a fresh
   snapshot.
+- An idle stream sends an empty batch every ``heartbeat_s``: the replica counts an ingest it
+  has not heard from for its grace as gone and stops crediting that ingest's sources. Every
+  batch is answered, so a stream without any reply for ``reply_timeout_s`` has a dead or
+  wedged replica at its other end: it is dropped and reconnected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -98,6 +103,11 @@ class ForwarderConfig:
     backoff_min_s: float = 0.1
     backoff_max_s: float = 5.0
     connect_timeout_s: float = 5.0
+    heartbeat_s: float = 1.0
+    """An idle stream sends an empty batch this often (keep it well under the index's
+    ``ingest_grace_s``)."""
+    reply_timeout_s: float = 15.0
+    """A stream that got no reply for this long is dropped and reconnected."""
 
     def __post_init__(self) -> None:
         if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys) < 1:
@@ -108,6 +118,8 @@ class ForwarderConfig:
             raise ConfigError("backoff must satisfy 0 < min <= max")
         if self.connect_timeout_s <= 0:
             raise ConfigError("connect_timeout_s must be > 0")
+        if not 0 < self.heartbeat_s < self.reply_timeout_s:
+            raise ConfigError("heartbeat_s and reply_timeout_s must satisfy 0 < heartbeat < reply")
 
 
 class ForwarderState(StrEnum):
@@ -190,7 +202,9 @@ class IndexForwarder:
         self.snapshots = 0
         self.overflows = 0
         self.resync_requests = 0
+        self.heartbeats = 0
         self._stream_batches = 0  # batches sent on the current stream
+        self._data_batches = 0  # ... of which the last one with updates was number
         self._stream_replies = 0  # replies received on the current stream
         self._queue: deque[_QueueItem] = deque()
         self._outbox: deque[bytes] = deque()  # encoded snapshot updates, sent first
@@ -212,13 +226,13 @@ class IndexForwarder:
 
     @property
     def idle(self) -> bool:
-        """Streaming, nothing left to send, every sent batch acknowledged."""
+        """Streaming, nothing left to send, every batch of updates acknowledged."""
         return (
             self.state is ForwarderState.STREAMING
             and not self._queue
             and not self._outbox
             and not self._dirty
-            and self.acked_batches >= self._stream_batches
+            and self.acked_batches >= self._data_batches
         )
 
     # ---- input ------------------------------------------------------------------------
@@ -297,6 +311,7 @@ class IndexForwarder:
         self.state = ForwarderState.STREAMING
         self.connects += 1
         self._stream_batches = 0
+        self._data_batches = 0
         self._stream_replies = 0
         self.acked_batches = 0
         for source in self.ledgers.live_sources():
@@ -331,16 +346,27 @@ class IndexForwarder:
     # ---- sending ------------------------------------------------------------------------
 
     async def _send_loop(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
+        loop = asyncio.get_running_loop()
+        heartbeat = self.config.heartbeat_s
+        last_sent = loop.time()
         while True:
             updates = self._collect()
             if not updates:
                 self._wake.clear()
-                await self._wake.wait()
-                continue
+                idle_for = loop.time() - last_sent
+                if idle_for < heartbeat:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(heartbeat - idle_for):
+                            await self._wake.wait()
+                    continue
+                self.heartbeats += 1  # nothing to send for a while: an empty batch
             data = encode_batch_bytes(self.ingest_id, updates)
             await stream.send_message(EncodedBatch(data, len(updates)))  # type: ignore[arg-type]
+            last_sent = loop.time()
             self.sent_batches += 1
             self._stream_batches += 1
+            if updates:
+                self._data_batches = self._stream_batches
             self.sent_updates += len(updates)
             self.sent_bytes += len(data)
 
@@ -447,8 +473,13 @@ class IndexForwarder:
     # ---- replies ------------------------------------------------------------------------
 
     async def _recv_loop(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
+        timeout = self.config.reply_timeout_s
         while True:
-            reply = await stream.recv_message()
+            try:
+                async with asyncio.timeout(timeout):  # batches (heartbeats too) get replies
+                    reply = await stream.recv_message()
+            except TimeoutError:
+                raise IndexUnavailable(f"no Sync reply for {timeout:.0f}s") from None
             if reply is None:
                 raise IndexUnavailable("the index ended the Sync stream")
             self._stream_replies += 1

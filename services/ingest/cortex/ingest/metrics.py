@@ -66,6 +66,7 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}index_overflows": "Times the send queue was full (the source is re-sent as a snapshot).",
     f"{P}index_snapshots": "Source snapshots sent.",
     f"{P}index_resync_requests": "Sources the replica asked to resync.",
+    f"{P}index_heartbeats": "Empty batches sent on an idle Sync stream (liveness).",
     # registry
     f"{P}registry_degraded": "1 while the registry (Redis) is unreachable.",
     f"{P}registry_workers": "Workers in the last known registry.",
@@ -180,6 +181,7 @@ class IngestCollector(Collector):
         overflows = _counter(f"{P}index_overflows", idx)
         snapshots = _counter(f"{P}index_snapshots", idx)
         resyncs = _counter(f"{P}index_resync_requests", idx)
+        heartbeats = _counter(f"{P}index_heartbeats", idx)
         for f in service.forwarders:
             label = [str(f.target)]
             up.add_metric(label, 1.0 if f.state.value == "streaming" else 0.0)
@@ -193,8 +195,9 @@ class IngestCollector(Collector):
             overflows.add_metric(label, f.overflows)
             snapshots.add_metric(label, f.snapshots)
             resyncs.add_metric(label, f.resync_requests)
+            heartbeats.add_metric(label, f.heartbeats)
         yield from (up, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
-                    failures, overflows, snapshots, resyncs)
+                    failures, overflows, snapshots, resyncs, heartbeats)
 
         watcher = service.watcher
         degraded = _gauge(f"{P}registry_degraded", [])

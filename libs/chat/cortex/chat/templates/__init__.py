@@ -1,1 +1,1 @@
-"""Package data: the chat templates shipped with ``cortex.chat`` (a package so installs carry them)."""
+"""Package data: the chat templates (a package only so that installs carry them)."""

@@ -1,0 +1,213 @@
+"""One workload against every contender: bounds first, then each contender on fresh sims.
+
+Per (workload, contender, repetition): start the deployment, measure the proxy alone (idle
+TTFT), read the engines' counters, replay the workload, read the counters again once every
+engine is idle, and summarize. Repetitions alternate the contender order (A B C D, then
+D C B A…) so slow phases of a shared machine do not always hit the same contender; the
+headline numbers pool every repetition's requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from cortex.bench.routing_bounds import (
+    PromptShape,
+    infinite_cache_hit_rate,
+    nominal_order,
+    pooled_lru_hit_rate,
+    unique_pages,
+)
+from cortex.bench.routing_client import drive, idle_ttft
+from cortex.bench.routing_contenders import CpuMeter, Deployment, SimSetup, deploy
+from cortex.bench.routing_metrics import (
+    EngineTotals,
+    Outcome,
+    RunSummary,
+    percentile,
+    pool,
+    summarize,
+)
+from cortex.bench.routing_report import WorkloadResult, ttft_values_ms
+from cortex.bench.routing_workloads import Workload
+
+__all__ = ["RunPlan", "run_workload", "worker_capacity"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What every run of a workload shares: the sims (KV pool set per workload), who runs,
+    how often, Cortex's routing weights and where the process logs go."""
+
+    sims: SimSetup
+    contenders: tuple[str, ...]
+    repeats: int
+    cortex_weights: Mapping[str, float]
+    logs: Path
+    timeout_s: float = 300.0
+    capacity_fraction: float = 0.3
+
+
+def worker_capacity(fraction: float, working_set_pages: int, largest_request_pages: int) -> int:
+    """Each worker's KV pool (blocks): ``fraction`` of the workload's distinct prompt pages,
+    but room for four of its largest requests at once (and never under 256)."""
+    return max(math.ceil(fraction * working_set_pages), 4 * largest_request_pages, 256)
+
+
+# ---- engine counters --------------------------------------------------------------------------
+
+
+async def _sim_states(workers: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+
+        async def one(url: str) -> dict[str, Any]:
+            async with session.get(url + "/sim/state") as resp:
+                resp.raise_for_status()
+                state: dict[str, Any] = await resp.json()
+                return state
+
+        states = await asyncio.gather(*(one(url) for url in workers.values()))
+    return dict(zip(workers, states, strict=True))
+
+
+async def _settled(workers: Mapping[str, str], timeout_s: float = 15.0) -> dict[str, Any]:
+    """Sim states once nothing runs or waits on any worker (bounded poll)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = await _sim_states(workers)
+        if all(s["running"] == 0 and s["waiting"] == 0 for s in states.values()):
+            return states
+        if time.monotonic() > deadline:
+            return states
+        await asyncio.sleep(0.05)
+
+
+def _totals(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, EngineTotals]:
+    out = {}
+    for wid, state in after.items():
+        s0, s1 = before[wid]["stats"], state["stats"]
+        out[wid] = EngineTotals(
+            requests=s1["requests_finished"] - s0["requests_finished"],
+            prompt_tokens=s1["prompt_tokens"] - s0["prompt_tokens"],
+            cached_tokens=s1["cached_tokens"] - s0["cached_tokens"],
+            evicted_blocks=state["cache"]["evicted_blocks"]
+            - before[wid]["cache"]["evicted_blocks"])
+    return out
+
+
+# ---- one run -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Expected:
+    digests: list[str]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    stage_of: list[int]
+
+
+async def _measure(d: Deployment, workload: Workload, expected: _Expected, model: str,
+                   timeout_s: float) -> tuple[RunSummary, list[Outcome]]:
+    idle = await idle_ttft(d.url, model)
+    before = await _settled(d.workers)
+    meter = CpuMeter(d.pids)
+    outcomes = await drive(workload, d.url, model, timeout_s=timeout_s)
+    cpu = meter.stop()
+    after = await _settled(d.workers)
+    summary = summarize(
+        workload.name, d.contender, outcomes, expected.digests, expected.prompt_tokens,
+        expected.completion_tokens, _totals(before, after), stage_of=expected.stage_of,
+        stage_rates=workload.stages,
+        extra={"idle_ttft_p50_ms": round(percentile(idle, 50) * 1e3, 2) if idle else None,
+               "cpu": cpu, "startup_s": round(d.startup_s, 2)})
+    return summary, outcomes
+
+
+def _rep_record(s: RunSummary) -> dict[str, Any]:
+    cpu = s.extra.get("cpu", {})
+    return {"hit_rate": round(s.hit_rate, 4), "ttft_p50_ms": round(s.ttft_ms[0], 2),
+            "ttft_p90_ms": round(s.ttft_ms[1], 2), "ttft_p99_ms": round(s.ttft_ms[2], 2),
+            "throughput_rps": round(s.throughput_rps, 3), "requests_ok": s.requests_ok,
+            "verified": s.verified, "problems": s.problems,
+            "idle_ttft_p50_ms": s.extra.get("idle_ttft_p50_ms"),
+            "ours_cores": cpu.get("ours_cores"), "foreign_cores": cpu.get("foreign_cores"),
+            "send_lag_p99_ms": round(s.send_lag_p99_ms, 2)}
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPlan,
+                 log: Callable[[str], None] = _log) -> WorkloadResult:
+    """Bounds, then every contender ``plan.repeats`` times on fresh sims."""
+    page = plan.sims.block_size
+    order = nominal_order(workload)
+    pages = unique_pages(shapes)
+    largest = max(s.tokens + r.max_tokens for s, r in zip(shapes, workload.requests,
+                                                          strict=True))
+    capacity = worker_capacity(plan.capacity_fraction, pages, -(-largest // page))
+    sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity)
+    prompt_tokens = sum(s.tokens for s in shapes)
+    nominal: dict[int, float] = {}
+    for r in workload.requests:
+        nominal[r.id] = r.at_s if r.after is None else nominal[r.after] + r.at_s
+    span = max(nominal.values(), default=0.0) or 1.0
+    offered = prompt_tokens * sims.prefill_ms_per_token / 1e3 / (span * sims.workers)
+    res = WorkloadResult(
+        workload, prompt_tokens, infinite_cache_hit_rate(shapes, order, page),
+        pooled_lru_hit_rate(shapes, order, page, capacity * sims.workers), pages, capacity,
+        offered, single_worker_bound=pooled_lru_hit_rate(shapes, order, page, capacity))
+    log(f"{workload.name}: {len(workload.requests)} requests, bound {res.infinite_bound:.1%},"
+        f" pooled LRU {res.pooled_bound:.1%}, one worker's LRU {res.single_worker_bound:.1%},"
+        f" {capacity} blocks per worker, offered prefill load {offered:.0%}")
+    reqs = workload.requests
+    expected = _Expected([r.digest() for r in reqs], [s.tokens for s in shapes],
+                         [r.max_tokens for r in reqs], [r.stage for r in reqs])
+    done: dict[str, list[tuple[RunSummary, list[Outcome]]]] = {c: [] for c in plan.contenders}
+    for rep in range(plan.repeats):
+        order_c = plan.contenders if rep % 2 == 0 else tuple(reversed(plan.contenders))
+        for contender in order_c:
+            with deploy(contender, sims, plan.logs / workload.name / f"{contender}-{rep}",
+                        plan.cortex_weights) as d:
+                summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model,
+                                                         plan.timeout_s))
+            done[contender].append((summary, outcomes))
+            t = summary.ttft_ms
+            cpu = summary.extra["cpu"]
+            log(f"  {contender} #{rep + 1}: {summary.requests_ok}/{summary.requests_expected}"
+                f" ok, hit {summary.hit_rate:.1%}, TTFT p50/p90/p99"
+                f" {t[0]:.1f}/{t[1]:.1f}/{t[2]:.1f} ms, {summary.throughput_rps:.1f} req/s,"
+                f" cores ours {cpu['ours_cores']} foreign {cpu['foreign_cores']}"
+                + ("" if summary.verified else f"  NOT VERIFIED: {summary.problems}"))
+    for contender, runs in done.items():
+        first = runs[0][0]
+        res.runs[contender] = pool(
+            runs, expected.digests, expected.prompt_tokens, expected.completion_tokens,
+            expected.stage_of, workload.stages,
+            extra={"repeats": [_rep_record(s) for s, _ in runs],
+                   "idle_ttft_p50_ms": _median([s.extra.get("idle_ttft_p50_ms")
+                                                for s, _ in runs]),
+                   "cpu": {"ours_cores": _median([s.extra["cpu"]["ours_cores"]
+                                                  for s, _ in runs]),
+                           "foreign_cores": _median([s.extra["cpu"]["foreign_cores"]
+                                                     for s, _ in runs])},
+                   "startup_s": first.extra.get("startup_s")})
+        res.ttfts_ms[contender] = ttft_values_ms([o.ttft_s for _, outs in runs for o in outs
+                                                 if o.ok])
+    return res
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(percentile(present, 50), 2) if present else None
