@@ -30,9 +30,11 @@ from cortex.testing import RedisServer, wait_until_async
 MODEL = "test-model"
 
 
-def index_config(port: int = 0) -> IndexConfig:
-    return IndexConfig(host="127.0.0.1", port=port, metrics_port=None, resync_retry_s=0.0,
-                       shutdown_grace_s=1.0)
+def index_config(port: int = 0, **overrides: object) -> IndexConfig:
+    base: dict[str, object] = {"host": "127.0.0.1", "port": port, "metrics_port": None,
+                               "resync_retry_s": 0.0, "shutdown_grace_s": 1.0}
+    base.update(overrides)
+    return IndexConfig(**base)  # type: ignore[arg-type]
 
 
 def consecutive_ports(count: int) -> int:

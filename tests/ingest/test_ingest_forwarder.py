@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Iterable
 
 import betterproto
 import pytest
-from grpclib.server import Server
 
 from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain, unpack_keys
+from cortex.index.grpc_server import GrpcServer
 from cortex.ingest.forwarder import (
     ForwarderConfig,
     ForwarderState,
@@ -39,11 +39,13 @@ B = SourceId("b", 1)
 class Recorder(pb.IndexBase):
     """Records every LedgerUpdate; replies once per batch, optionally asking for resyncs."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, mute: bool = False) -> None:
         self.updates: list[pb.LedgerUpdate] = []
         self.batches = 0
+        self.empty_batches = 0
         self.resync_next: list[SourceId] = []
         self.streams = 0
+        self.mute = mute  # read batches, never reply (a wedged index)
 
     async def sync(
         self, update_batch_iterator: AsyncIterator[pb.UpdateBatch]
@@ -53,7 +55,10 @@ class Recorder(pb.IndexBase):
         async for batch in update_batch_iterator:
             self.updates.extend(batch.updates)
             self.batches += 1
+            self.empty_batches += not batch.updates
             applied += 1
+            if self.mute:
+                continue
             resync, self.resync_next = self.resync_next, []
             yield pb.SyncReply(
                 applied_batches=applied, index_id="rec",
@@ -93,14 +98,13 @@ def view(keys: list[int], parents: list[int] | None = None) -> SnapshotView:
 
 
 @contextlib.asynccontextmanager
-async def serving(recorder: Recorder, port: int) -> AsyncIterator[Server]:
-    server = Server([recorder])
+async def serving(recorder: Recorder, port: int) -> AsyncIterator[GrpcServer]:
+    server = GrpcServer([recorder])  # closes the connections it accepted on shutdown
     await server.start("127.0.0.1", port)
     try:
         yield server
     finally:
-        server.close()
-        await server.wait_closed()
+        await server.shutdown()
 
 
 @contextlib.asynccontextmanager
@@ -213,6 +217,40 @@ async def test_down_index_is_retried_and_gets_snapshots_and_tombstones_on_return
             await wait_until_async(lambda: fwd.idle, timeout=10)
     assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot"]
     assert [name for _, _, name, _ in recorder.of(B)] == ["remove_source"]
+
+
+async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    async with serving(recorder, port), forwarding(port, ledgers, heartbeat_s=0.05) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        await wait_until_async(lambda: recorder.empty_batches >= 3, timeout=10,
+                               what="heartbeats")
+        assert fwd.heartbeats >= 3 and fwd.connects == 1
+        fwd.publish(A, DOMAIN, [Store(1, [2])])  # data still flows between heartbeats
+        await wait_until_async(lambda: fwd.idle and len(recorder.of(A)) == 2, timeout=10)
+    assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot", "store"]
+
+
+async def test_a_replica_that_never_replies_is_dropped_and_reconnected() -> None:
+    recorder, ledgers, port = Recorder(mute=True), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    config = {"heartbeat_s": 0.05, "reply_timeout_s": 0.3}
+    async with serving(recorder, port), forwarding(port, ledgers, **config) as fwd:
+        await wait_until_async(lambda: recorder.streams >= 2, timeout=10, what="a reconnect")
+        assert fwd.failures >= 1 and "no Sync reply" in fwd.last_error
+        assert not fwd.idle  # nothing was ever acknowledged
+    # each new stream starts over with a snapshot
+    assert [name for _, _, name, _ in recorder.of(A)][:2] == ["snapshot", "snapshot"]
+
+
+def test_heartbeat_must_be_shorter_than_the_reply_timeout() -> None:
+    from cortex.ingest.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="heartbeat"):
+        ForwarderConfig(heartbeat_s=2.0, reply_timeout_s=1.0)
+    with pytest.raises(ConfigError, match="heartbeat"):
+        ForwarderConfig(heartbeat_s=0.0)
 
 
 @pytest.mark.parametrize("text", ["host", "host:", ":1", "host:0", "h:99999"])

@@ -221,6 +221,14 @@ def _workload_section(res: WorkloadResult) -> list[str]:
             lines.append(f"| {c} | {p.requests:,} | {p.exact_fraction:.1%} | {p.under:,} |"
                          f" {p.over:,} ({p.over_fraction:.2%}) | {p.over_tokens:,} |"
                          f" {p.mean_abs_error:.1f} |")
+    for c in CONTENDERS:
+        run = res.runs.get(c)
+        gateway = run.extra.get("gateway") if run is not None else None
+        if gateway:
+            decided = ", ".join(f"{k} {v:,}" for k, v in gateway["decisions"].items())
+            timing = ", ".join(f"{k} {v:.2f}" for k, v in gateway["routing_ms_mean"].items())
+            lines += ["", f"{c}: gateway decisions (mode/reason) {decided}; mean routing time"
+                      f" per request (ms): {timing}."]
     if w.stages:
         lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", "",
                   "| offered req/s | " + " | ".join(c for c in CONTENDERS if c in res.runs)

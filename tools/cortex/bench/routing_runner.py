@@ -105,6 +105,43 @@ def _totals(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, En
     return out
 
 
+async def _gateway_counters(d: Deployment) -> dict[tuple[str, str], float]:
+    """Cortex's decision counters and routing-stage time sums (``{}`` for peers)."""
+    if not d.contender.startswith("cortex"):
+        return {}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+            session.get(d.url + "/metrics") as resp:
+        text = await resp.text()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "cortex_gateway_decisions_total":
+                key = f"{sample.labels.get('mode')}/{sample.labels.get('reason')}"
+                out[("decisions", key)] = sample.value
+            elif sample.name in ("cortex_gateway_routing_seconds_sum",
+                                 "cortex_gateway_routing_seconds_count"):
+                kind = "sum" if sample.name.endswith("_sum") else "count"
+                out[(f"routing_{kind}", sample.labels.get("stage", ""))] = sample.value
+    return out
+
+
+def _gateway_delta(before: Mapping[tuple[str, str], float],
+                   after: Mapping[tuple[str, str], float]) -> dict[str, Any] | None:
+    """What the gateway decided during the run and its mean routing time per stage (ms)."""
+    if not after:
+        return None
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    decisions = {k[1]: int(v) for k, v in delta.items() if k[0] == "decisions" and v}
+    stages = {}
+    for (kind, stage), total in delta.items():
+        count = delta.get(("routing_count", stage), 0.0)
+        if kind == "routing_sum" and count:
+            stages[stage] = round(total / count * 1e3, 3)
+    return {"decisions": decisions, "routing_ms_mean": stages}
+
+
 # ---- one run -------------------------------------------------------------------------------------
 
 
@@ -120,16 +157,18 @@ async def _measure(d: Deployment, workload: Workload, expected: _Expected, model
                    timeout_s: float) -> tuple[RunSummary, list[Outcome]]:
     idle = await idle_ttft(d.url, model)
     before = await _settled(d.workers)
+    gateway_before = await _gateway_counters(d)
     meter = CpuMeter(d.pids)
     outcomes = await drive(workload, d.url, model, timeout_s=timeout_s)
     cpu = meter.stop()
     after = await _settled(d.workers)
+    gateway = _gateway_delta(gateway_before, await _gateway_counters(d))
     summary = summarize(
         workload.name, d.contender, outcomes, expected.digests, expected.prompt_tokens,
         expected.completion_tokens, _totals(before, after), stage_of=expected.stage_of,
         stage_rates=workload.stages,
         extra={"idle_ttft_p50_ms": round(percentile(idle, 50) * 1e3, 2) if idle else None,
-               "cpu": cpu, "startup_s": round(d.startup_s, 2)})
+               "cpu": cpu, "startup_s": round(d.startup_s, 2), "gateway": gateway})
     return summary, outcomes
 
 
@@ -141,7 +180,7 @@ def _rep_record(s: RunSummary) -> dict[str, Any]:
             "verified": s.verified, "problems": s.problems,
             "idle_ttft_p50_ms": s.extra.get("idle_ttft_p50_ms"),
             "ours_cores": cpu.get("ours_cores"), "foreign_cores": cpu.get("foreign_cores"),
-            "send_lag_p99_ms": round(s.send_lag_p99_ms, 2)}
+            "send_lag_p99_ms": round(s.send_lag_p99_ms, 2), "gateway": s.extra.get("gateway")}
 
 
 def _log(message: str) -> None:
@@ -202,10 +241,26 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
                                                   for s, _ in runs]),
                            "foreign_cores": _median([s.extra["cpu"]["foreign_cores"]
                                                      for s, _ in runs])},
-                   "startup_s": first.extra.get("startup_s")})
+                   "startup_s": first.extra.get("startup_s"),
+                   "gateway": _merge_gateway([s.extra.get("gateway") for s, _ in runs])})
         res.ttfts_ms[contender] = ttft_values_ms([o.ttft_s for _, outs in runs for o in outs
                                                  if o.ok])
     return res
+
+
+def _merge_gateway(parts: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    present = [p for p in parts if p]
+    if not present:
+        return None
+    decisions: dict[str, int] = {}
+    stages: dict[str, list[float]] = {}
+    for p in present:
+        for key, n in p["decisions"].items():
+            decisions[key] = decisions.get(key, 0) + n
+        for stage, ms in p["routing_ms_mean"].items():
+            stages.setdefault(stage, []).append(ms)
+    return {"decisions": dict(sorted(decisions.items(), key=lambda kv: -kv[1])),
+            "routing_ms_mean": {k: round(sum(v) / len(v), 3) for k, v in stages.items()}}
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -320,7 +320,7 @@ class LocalCluster:
             "engine": spec.engine.value,
             "block_size": spec.block_size,
             "pd": spec.pd,
-            "lease_ttl_s": spec.lease_ttl_s if spec.gateways else 0,
+            "lease_ttl_s": spec.lease_ttl_s if spec.gateways else 0.0,  # 0: no expiry
             "admin_token": self.admin_token if spec.gateways else None,
             "redis": None if self.redis_url is None else {
                 "url": self.redis_url, "pid": pids.get("redis"), "log": logs.get("redis")},

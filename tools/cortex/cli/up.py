@@ -38,23 +38,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "up", help="run a local dev cluster: Redis, index, ingest, gateways, simulated workers",
         description="Start a local Cortex cluster (private redis-server, index, ingest, "
                     "gateway replicas, simulated SGLang/vLLM workers), wait until it is ready, "
-                    "print what runs where, and stop it all on Ctrl-C / SIGTERM.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "print what runs where, and stop it all on Ctrl-C / SIGTERM.")
     workers = parser.add_argument_group("workers (cortex sim)")
     workers.add_argument("--workers", type=int, default=defaults.workers, metavar="N",
                          help="simulated workers (0 = the services alone, register workers "
-                              "by hand with `cortex workers add`)")
-    workers.add_argument("--engine", choices=["sglang", "vllm"], default=defaults.engine.value)
+                              "by hand with `cortex workers add`; default %(default)s)")
+    workers.add_argument("--engine", choices=["sglang", "vllm"], default=defaults.engine.value,
+                         help="engine the workers simulate (default %(default)s)")
     workers.add_argument("--pd", action="store_true",
                          help="a prefill/decode pool: ceil(N/2) prefill and the rest decode "
                               "workers (N >= 2)")
-    workers.add_argument("--model", default=defaults.model, help="served model name")
+    workers.add_argument("--model", default=defaults.model,
+                         help="served model name (default %(default)s)")
     workers.add_argument("--block-size", type=int, default=defaults.block_size,
-                         help="tokens per KV block")
+                         help="tokens per KV block (default %(default)s)")
     workers.add_argument("--kv-capacity-blocks", type=int, default=defaults.kv_capacity_blocks,
-                         help="each worker's KV pool (blocks)")
+                         help="each worker's KV pool (blocks; default %(default)s)")
     workers.add_argument("--max-running", type=int, default=defaults.max_running,
-                         help="requests each worker serves at once")
+                         help="requests each worker serves at once (default %(default)s)")
     workers.add_argument("--zero-cost", action="store_true",
                          help="no simulated prefill/decode time")
     workers.add_argument("--sim-args", default="", metavar="'ARGS'",
@@ -62,14 +63,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                               "--sim-args='--prefill-ms-per-token 0.05'")
     gateways = parser.add_argument_group("gateways")
     gateways.add_argument("--gateways", type=int, default=defaults.gateways, metavar="N",
-                          help="gateway replicas (0 = none)")
+                          help="gateway replicas (0 = none; default %(default)s)")
     gateways.add_argument("--port", type=int, default=DEFAULT_GATEWAY_PORT,
                           help="first gateway's port; replica i listens on PORT+i "
-                               "(0 = free ports)")
+                               "(0 = free ports; default %(default)s)")
     gateways.add_argument("--host", default=defaults.host,
-                          help="gateways' bind address (0.0.0.0 to reach them from elsewhere)")
+                          help="gateways' bind address (0.0.0.0 to reach them from elsewhere; "
+                               "default %(default)s)")
     gateways.add_argument("--lease-ttl", type=float, default=defaults.lease_ttl_s, metavar="S",
-                          help="worker registry lease (s), renewed by the gateways' probes")
+                          help="worker registry lease (s), renewed by the gateways' probes "
+                               "(default %(default)s)")
     parser.add_argument("--redis-url", default=None,
                         help="use this Redis instead of starting a private redis-server")
     parser.add_argument("--log-dir", default=None,
@@ -78,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="write a JSON description of every process here once ready "
                              "(removed on exit)")
     parser.add_argument("--ready-timeout", type=float, default=defaults.ready_timeout_s,
-                        metavar="S", help="give up if the cluster is not ready by then")
+                        metavar="S", help="give up if the cluster is not ready by then "
+                                          "(default %(default)s)")
     parser.set_defaults(func=run)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -310,13 +310,14 @@ class PrefixIndex:
 
     def ingest_heard(self, ingest_id: str, now_s: float) -> list[Source]:
         """A Sync batch from ``ingest_id`` arrived (or one of its streams ended) at ``now_s``
-        (monotonic s). Returns the sources to ask it for snapshots: those it owns that were
-        demoted while it was lost and still await one."""
-        lost = self.owners.heard(ingest_id, now_s)
-        if not lost:
-            return []
+        (monotonic s). Returns the sources it owns that were demoted while it was lost: ask
+        it for snapshots of those still owed after its batch (:meth:`snapshots_owed`)."""
+        return sorted(self.owners.heard(ingest_id, now_s))
+
+    def snapshots_owed(self, sources: Iterable[Source]) -> list[Source]:
+        """The ``sources`` still awaiting a snapshot, each marked as asked for now."""
         wall = self._wall()
-        return [s for s in sorted(lost) if self.ledger.resync_requested(s, wall)]
+        return [s for s in sources if self.ledger.resync_requested(s, wall)]
 
     def expire_ingests(self, now_s: float) -> list[tuple[str, list[Source]]]:
         """Demote the sources of every ingest silent for longer than the grace at ``now_s``

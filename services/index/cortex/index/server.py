@@ -228,7 +228,8 @@ class IndexService(IndexServiceBase):
                         ingest_id = batch.ingest_id
                         log.info("sync stream from ingest %r", ingest_id)
                     started = slice_start = time.perf_counter()
-                    resync = dict.fromkeys(self._heard(ingest_id))
+                    back = self._heard(ingest_id)
+                    resync: dict[Source, None] = {}
                     for update in batch.updates:
                         result, source = self._apply(update, ingest_id)
                         if result.request_resync and source is not None:
@@ -237,6 +238,8 @@ class IndexService(IndexServiceBase):
                             self.notify()
                             await asyncio.sleep(0)  # let queries in between
                             slice_start = time.perf_counter()
+                    if back:  # snapshots it owes and did not just send
+                        resync.update(dict.fromkeys(self.core.snapshots_owed(back)))
                     applied += 1
                     metrics.update_batches.inc()
                     metrics.apply_seconds.observe(time.perf_counter() - started)
@@ -260,11 +263,11 @@ class IndexService(IndexServiceBase):
     # ---- ingest liveness ------------------------------------------------------------------
 
     def _heard(self, ingest_id: str) -> list[Source]:
-        """Note a sign of life of ``ingest_id``; the sources to ask it for snapshots (those
-        demoted while it was lost)."""
+        """Note a sign of life of ``ingest_id``; the sources demoted while it was lost."""
         back = self.core.ingest_heard(ingest_id, time.monotonic())
         if back:
-            log.info("ingest %r is back: asking it for %d snapshot(s)", ingest_id, len(back))
+            log.info("ingest %r is back (%d source(s) awaiting its snapshots)", ingest_id,
+                     len(back))
         return back
 
     async def watch_ingests(self) -> None:
@@ -481,16 +484,19 @@ class IndexServer:
     async def _close_transports(self) -> None:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            watcher.cancel()  # awaited last: a cancel of stop() must not skip the rest
         grpc, self._grpc = self._grpc, None
         http, self._http = self._http, None
         try:
             if grpc is not None:
                 await grpc.shutdown(timeout_s=5.0)  # closes accepted connections too
         finally:
-            if http is not None:
-                await http.cleanup()
+            try:
+                if http is not None:
+                    await http.cleanup()
+            finally:
+                if watcher is not None:
+                    await asyncio.gather(watcher, return_exceptions=True)
 
     async def wait_stopped(self) -> None:
         """Until :meth:`stop` has been called."""

@@ -210,26 +210,42 @@ class IngestService:
         )
 
     async def _stop(self) -> None:
-        # Cleanup must finish even if this task is cancelled meanwhile: shield each step.
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await _settle(asyncio.gather(*tasks, return_exceptions=True))
-        sessions, self.sessions = list(self.sessions.values()), {}
-        await _settle(asyncio.gather(*(s.stop() for s in sessions), return_exceptions=True))
-        self._trackers.clear()
-        self._runners.clear()
-        if self._watcher_open:
-            self._watcher_open = False
-            await _settle(self.watcher.__aexit__(None, None, None))
-        if self._own_registry:
-            await _settle(self.registry.close())
-        http, self._http = self._http, None
-        if http is not None:
-            await _settle(http.cleanup())
-        ctx, self._ctx = self._ctx, None
-        if ctx is not None:
-            ctx.destroy(linger=0)  # every socket is closed by now; never block on one
+        """Stop everything; idempotent. Every step runs to its end even when this task is
+        cancelled meanwhile (each is shielded, and a cancellation is re-raised only after
+        the last one): no task, socket, context, client or port outlives the service."""
+        cancelled = False
+
+        async def step(awaitable: Awaitable[object]) -> None:
+            nonlocal cancelled
+            try:
+                await _settle(awaitable)
+            except asyncio.CancelledError:
+                cancelled = True
+
+        try:
+            tasks, self._tasks = self._tasks, []
+            for task in tasks:
+                task.cancel()
+            await step(asyncio.gather(*tasks, return_exceptions=True))
+            sessions, self.sessions = list(self.sessions.values()), {}
+            await step(asyncio.gather(*(s.stop() for s in sessions), return_exceptions=True))
+            self._trackers.clear()
+            self._runners.clear()
+            if self._watcher_open:
+                self._watcher_open = False
+                await step(self.watcher.__aexit__(None, None, None))
+            if self._own_registry:
+                await step(self.registry.close())
+            http, self._http = self._http, None
+            if http is not None:
+                await step(http.cleanup())
+        finally:
+            ctx, self._ctx = self._ctx, None
+            if ctx is not None:
+                # sockets are closed by now; destroy() closes any left, and never blocks
+                ctx.destroy(linger=0)
+        if cancelled:
+            raise asyncio.CancelledError
 
     # ---- reconciliation -----------------------------------------------------------------
 
@@ -308,8 +324,11 @@ class IngestService:
                  spec.replay or "none", extra={"worker": spec.id})
 
     async def _drop_worker(self, worker_id: str, reason: str) -> None:
-        session = self.sessions.pop(worker_id)
-        await session.stop()
+        session = self.sessions[worker_id]
+        # shielded: cancelled meanwhile (the service stopping), the sockets are closed anyway
+        # and the session stays listed, so _stop() still accounts for it
+        await _settle(session.stop())
+        del self.sessions[worker_id]
         for runner in session.runners:
             tracker = runner.tracker
             domain = tracker.domain

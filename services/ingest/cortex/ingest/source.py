@@ -104,17 +104,19 @@ class SourceRunner:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
-            replays = list(self._replays)
-            self._cancel_replay()
-            for task in replays:
-                task.cancel()
-            # the replay sockets must be closed before the context can terminate
-            await asyncio.gather(*replays, return_exceptions=True)
-            if monitor is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    sub.disable_monitor()
-                monitor.close(linger=0)
-            sub.close(linger=0)
+            try:
+                replays = list(self._replays)
+                self._cancel_replay()
+                for task in replays:
+                    task.cancel()
+                # the replay sockets must be closed before the context can terminate
+                await asyncio.gather(*replays, return_exceptions=True)
+            finally:  # also when cancelled again meanwhile
+                if monitor is not None:
+                    with contextlib.suppress(zmq.ZMQError):
+                        sub.disable_monitor()
+                    monitor.close(linger=0)
+                sub.close(linger=0)
 
     def flush(self) -> None:
         """Hand the tracker's new ops on and carry out its commands."""
