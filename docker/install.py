@@ -2,8 +2,7 @@
 
     python docker/install.py SRC [--target DIR] [--no-deps]
 
-1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra) plus
-   :data:`EXTRA_REQUIREMENTS`, runtime imports the package metadata does not declare yet;
+1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra);
 2. imports every service's modules from the result alone, so a broken install fails the
    image build.
 
@@ -19,9 +18,6 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-
-# grpclib.health (the index's gRPC health service) imports google.protobuf
-EXTRA_REQUIREMENTS = ("protobuf>=4.21",)
 
 # what each service command runs (cortex.cli.main dispatches lazily to these)
 SERVICE_MODULES = (
@@ -42,8 +38,6 @@ def pip_install(src: Path, target: Path | None, no_deps: bool) -> None:
     command = [sys.executable, "-m", "pip", "install", "--no-cache-dir", str(src)]
     if no_deps:
         command += ["--no-deps", "--no-build-isolation"]
-    else:
-        command += list(EXTRA_REQUIREMENTS)
     if target is not None:
         command += ["--target", str(target)]
     subprocess.run(command, check=True, cwd=src)

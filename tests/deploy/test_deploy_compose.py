@@ -11,7 +11,6 @@ containers start; see docs/operations.md.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from cortex.cli.main import build_parser
 from cortex.gateway.config import GatewayConfig, load_config
@@ -30,8 +30,6 @@ from cortex.ingest.config import IngestConfig
 from cortex.registry import WorkerSpec
 from cortex.sim.cli import build_config as sim_config
 from cortex.sim.config import SimConfig
-
-yaml: Any = importlib.import_module("yaml")  # PyYAML has no type stubs here
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())

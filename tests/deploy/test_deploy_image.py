@@ -144,10 +144,10 @@ def test_the_install_has_the_console_script_and_every_data_file(site: Path) -> N
 
 
 def runtime_distributions(site: Path) -> set[str]:
-    """The built distribution's requirements (no extras) plus the image's extra ones,
-    with everything they require in turn."""
+    """The built distribution's requirements (no extras), with everything they require
+    in turn."""
     dist = importlib.metadata.Distribution.at(next(site.glob("cortex_gateway-*.dist-info")))
-    pending = [Requirement(r) for r in [*(dist.requires or []), *INSTALL.EXTRA_REQUIREMENTS]]
+    pending = [Requirement(r) for r in dist.requires or []]
     found: set[str] = set()
     while pending:
         requirement = pending.pop()

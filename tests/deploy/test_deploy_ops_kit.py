@@ -10,7 +10,6 @@ runbook entry in docs/operations.md.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import urllib.request
@@ -18,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cortex.cli.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.slow
 
-yaml: Any = importlib.import_module("yaml")  # PyYAML has no type stubs here
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS: dict[str, Any] = yaml.safe_load((REPO / "deploy/prometheus/alerts.yml").read_text())

@@ -12,33 +12,19 @@ children from a thread that lives as long as the cluster (normally the main thre
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from cortex.testing import die_with
+
 __all__ = ["Child", "ChildExited", "Supervisor"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent_pid: int) -> Callable[[], None]:
-    def setup() -> None:  # runs in the child between fork and exec
-        os.setsid()
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-            os._exit(1)
-
-    return setup
-
 
 class ChildExited(RuntimeError):
     """A supervised child exited while the cluster was meant to be running."""
@@ -107,7 +93,7 @@ class Supervisor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**self.env, **extra},
-                preexec_fn=_die_with(os.getpid()),
+                preexec_fn=die_with(os.getpid()),
             )
         child = Child(name, list(argv), log_path, proc, extra)
         self.children.append(child)

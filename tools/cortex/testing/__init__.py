@@ -6,9 +6,17 @@ Nothing here sleeps for a fixed time: every wait polls a condition until a deadl
 from cortex.testing.peers import sglang_router_argv
 from cortex.testing.procs import (
     RedisServer,
+    die_with,
     free_port,
     wait_until,
     wait_until_async,
 )
 
-__all__ = ["RedisServer", "free_port", "sglang_router_argv", "wait_until", "wait_until_async"]
+__all__ = [
+    "RedisServer",
+    "die_with",
+    "free_port",
+    "sglang_router_argv",
+    "wait_until",
+    "wait_until_async",
+]

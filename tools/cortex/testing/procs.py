@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -12,7 +16,27 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RedisServer", "free_port", "wait_until", "wait_until_async"]
+__all__ = ["RedisServer", "die_with", "free_port", "wait_until", "wait_until_async"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that ties a child to its parent: new session, SIGTERM on parent death.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that started the child exits, so start
+    children from a thread that lives as long as they should (normally the main thread).
+    """
+
+    def setup() -> None:  # runs in the child between fork and exec
+        os.setsid()
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return setup
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,6 +125,7 @@ class RedisServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with(os.getpid()),  # no redis-server outlives a killed test run
         )
         proc = self._proc
 
