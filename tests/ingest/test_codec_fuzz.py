@@ -8,7 +8,6 @@ in examples, so the file runs in a few seconds.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,7 @@ FUZZ = settings(
 
 
 def _golden_payloads() -> list[bytes]:
-    shared = os.environ.get("CORTEX_SHARED_DIR")
-    base = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
-    golden = json.loads((base / "data" / "golden" / "kv_event_payloads.json").read_text())
+    golden = json.loads((Path(__file__).with_name("data") / "kv_event_payloads.json").read_text())
     return [bytes.fromhex(g["payload_hex"]) for g in golden]
 
 

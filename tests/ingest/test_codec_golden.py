@@ -4,7 +4,6 @@ re-encodes byte for byte."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -45,9 +44,9 @@ REMOVED_ORDER = {
 
 
 def _golden_path() -> Path:
-    shared = os.environ.get("CORTEX_SHARED_DIR")
-    base = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
-    return base / "data" / "golden" / "kv_event_payloads.json"
+    """The engines' own encoded batches (a copy of shared/data/golden, kept with the tests
+    so a clone runs them without the shared folder beside it)."""
+    return Path(__file__).with_name("data") / "kv_event_payloads.json"
 
 
 GOLDEN: list[dict[str, Any]] = json.loads(_golden_path().read_text())
