@@ -104,11 +104,6 @@ async def test_a_burst_split_across_two_gateway_replicas_still_colocates(
     assert all(0 < r.hit_tokens <= (r.cached_tokens or 0) for r in burst)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway: predicted blocks are credited only once the worker answered (dispatch.py "
-    "open_regular -> router.commit after the first byte), so simultaneous requests with a "
-    "new prefix are all routed before any prediction exists; architecture §6 wants the "
-    "credit right after the routing decision"))
 async def test_a_simultaneous_burst_of_a_new_prefix_colocates_on_one_replica(
     client: Client,
 ) -> None:
@@ -116,3 +111,8 @@ async def test_a_simultaneous_burst_of_a_new_prefix_colocates_on_one_replica(
     burst = await asyncio.gather(*(client.chat(chat(system, f"cold {i}")) for i in range(16)))
     assert [r.status for r in burst] == [200] * 16
     assert len({r.worker for r in burst}) == 1, [r.worker for r in burst]
+    # one decision placed the new prefix, the other 15 followed its credit
+    assert sorted(r.mode for r in burst) == ["exact_kv"] * 15 + ["load_aware"], [
+        (r.worker, r.mode, r.headers["x-cortex-match-reason"]) for r in burst]
+    assert {r.headers["x-cortex-match-reason"] for r in burst if r.mode == "exact_kv"} <= {
+        "predicted_hit", "hit"}

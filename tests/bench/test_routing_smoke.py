@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.bench.routing import WORKLOADS
+from cortex.bench.routing import QUICK_WORKLOADS
 from cortex.bench.routing_contenders import CONTENDERS
 
 pytestmark = pytest.mark.slow
@@ -28,16 +28,17 @@ def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((out / "report.json").read_text())
     runs = {(r["workload"], r["contender"]): r for r in doc["runs"]}
-    assert set(runs) == {(w, c) for w in WORKLOADS for c in CONTENDERS}
+    assert set(runs) == {(w, c) for w in QUICK_WORKLOADS for c in CONTENDERS}
+    repeats = doc["config"]["repeats"]
     for (workload, _), run in runs.items():
-        expected = doc["workloads"][workload]["requests"]
+        expected = doc["workloads"][workload]["requests"] * repeats
         assert run["requests_sent"] == run["requests_ok"] == expected > 0
         assert run["verified"] and run["prompt_token_mismatches"] == 0
         assert 0 <= run["hit_rate"] <= doc["bounds"][workload] + 0.01
         assert run["ttft_p50_ms"] > 0 and run["throughput_rps"] > 0
-    for workload in WORKLOADS:
+    for workload in QUICK_WORKLOADS:
         assert runs[(workload, "cortex")]["prediction"]["requests"] == \
-            doc["workloads"][workload]["requests"]
+            doc["workloads"][workload]["requests"] * repeats
         assert runs[(workload, "sglang_round_robin")]["prediction"] is None
     report = (out / "report.md").read_text()
     assert "## Targets" in report and "sglang_cache_aware" in report

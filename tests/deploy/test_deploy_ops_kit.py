@@ -163,10 +163,15 @@ def test_the_parser_sees_labelled_families_without_samples() -> None:
     assert names["h_bucket"] == {"le"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway: cortex_gateway_upstream_first_byte_seconds is declared in metrics.py but never "
-    "observed, so the dashboard's time-to-first-byte (TTFT) panel stays empty"))
 def test_the_time_to_first_byte_panel_has_data_after_traffic(scraped: str) -> None:
-    found = re.search(r"^cortex_gateway_upstream_first_byte_seconds_count (\S+)$", scraped,
-                      re.MULTILINE)
-    assert found is not None and float(found.group(1)) > 0
+    """Every one of the three requests is observed, per worker and match mode, upstream and
+    at the client (its TTFT, streamed or not)."""
+    upstream = re.findall(r"^cortex_gateway_upstream_first_byte_seconds_count\{([^}]*)\} (\S+)$",
+                          scraped, re.MULTILINE)
+    assert sum(float(count) for _, count in upstream) == 3
+    for labels, _ in upstream:
+        assert re.search(r'worker="worker-\d+"', labels) and 'mode="' in labels, labels
+    ttft = dict(re.findall(r'^cortex_gateway_ttft_seconds_count\{([^}]*)\} (\S+)$', scraped,
+                           re.MULTILINE))
+    assert sum(float(v) for k, v in ttft.items() if 'stream="true"' in k) == 1
+    assert sum(float(v) for k, v in ttft.items() if 'stream="false"' in k) == 2

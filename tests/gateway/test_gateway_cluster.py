@@ -6,10 +6,12 @@ The gateway's predicted hit tokens are checked against what the engine reports
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -42,6 +44,7 @@ class Cluster:
     gateway: GatewayServer
     sims: dict[str, SimServer]
     http: aiohttp.ClientSession
+    replicas: list[GatewayServer] = field(default_factory=list)  # gateway first
 
     async def explain(self, body: dict[str, Any]) -> dict[str, Any]:
         async with self.http.post(self.gateway.url + "/admin/explain", json=body,
@@ -78,7 +81,8 @@ class Cluster:
 @contextlib.asynccontextmanager
 async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimServer],
                   start_gateway: StartGateway, http: aiohttp.ClientSession,
-                  routing: RoutingConfig | None = None) -> AsyncIterator[Cluster]:
+                  routing: RoutingConfig | None = None, replicas: int = 1
+                  ) -> AsyncIterator[Cluster]:
     ingest_config = IngestConfig(index=(IndexTarget("127.0.0.1", index.port),),
                                  redis_url=redis.url, metrics_port=None, poll_interval_s=0.2,
                                  ingest_id="test-ingest")
@@ -88,9 +92,10 @@ async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimSer
     }
     if routing is not None:
         sections["routing"] = routing
-    gw = await start_gateway([spec_of(sim, wid) for wid, sim in sims.items()], **sections)
+    specs = [spec_of(sim, wid) for wid, sim in sims.items()]
+    gateways = [await start_gateway(specs, **sections) for _ in range(replicas)]
     async with IngestService(ingest_config):
-        c = Cluster(gw, sims, http)
+        c = Cluster(gateways[0], sims, http, gateways)
         probes = iter(range(10_000))
 
         async def all_ready() -> bool:
@@ -100,7 +105,18 @@ async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimSer
                 explained["candidates"]) == len(sims)
 
         await wait_until_async(all_ready, timeout=20, what="every ledger READY")
+        for replica in gateways[1:]:
+            await wait_until_async(functools.partial(_sees_all_ready, http, replica, len(sims)),
+                                   timeout=20, what="every ledger READY at every replica")
         yield c
+
+
+async def _sees_all_ready(http: aiohttp.ClientSession, gateway: GatewayServer, workers: int
+                          ) -> bool:
+    async with http.get(gateway.url + "/admin/workers", headers=ADMIN) as resp:
+        listing = (await resp.json())["workers"]
+    return len(listing) == workers and all(w["ledger"] == "ready" and w["routable"]
+                                           for w in listing)
 
 
 async def wait_index_holds(c: Cluster, body: dict[str, Any], worker: str) -> int:
@@ -205,18 +221,129 @@ async def test_change_feed_invalidates_the_hot_cache(
         await wait_until_async(invalidated, timeout=10, what="the feed to drop the answer")
 
 
-async def test_burst_of_a_new_prefix_colocates_through_predictions(
+def long_chat(tag: str, question: str, **extra: Any) -> dict[str, Any]:
+    """A brand-new ~2,400-token system prompt per ``tag`` (its hit outweighs ~37 active
+    requests at the default weights) and a question."""
+    system = f"[{tag}] " + SYSTEM * 4
+    return {"model": MODEL, "messages": [{"role": "system", "content": system},
+                                         {"role": "user", "content": question}], **extra}
+
+
+async def burst(http: aiohttp.ClientSession, urls: list[str], bodies: list[dict[str, Any]]
+                ) -> list[dict[str, str]]:
+    """Send every body at once (body ``i`` to ``urls[i % len(urls)]``): decision headers."""
+
+    async def one(i: int, body: dict[str, Any]) -> dict[str, str]:
+        async with http.post(urls[i % len(urls)] + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+            return dict(resp.headers)
+
+    return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+
+
+async def test_a_simultaneous_burst_of_a_new_prefix_lands_on_one_worker(
     redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
     start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:
     sims = {f"w{i}": await start_sim() for i in range(3)}
     async with cluster(redis, index_server, sims, start_gateway, http) as c:
-        workers = set()
-        for i in range(4):  # back to back: faster than BlockStored can reach the index
-            headers, cached = await c.send(chat(f"burst {i}"))
-            workers.add(headers["x-cortex-assigned-worker"])
-            assert int(headers["x-cortex-cache-hit-tokens"]) <= cached
-        assert len(workers) == 1
+        # all in flight at once: routed before any BlockStored can reach the index
+        replies = await burst(http, [c.gateway.url],
+                              [long_chat("burst", f"question {i}") for i in range(16)])
+        assert len({h["x-cortex-assigned-worker"] for h in replies}) == 1, replies
+        modes = sorted(h["x-cortex-match-mode"] for h in replies)
+        assert modes == ["exact_kv"] * 15 + ["load_aware"]  # the first decision, then its hit
+        reasons = {h["x-cortex-match-reason"] for h in replies}
+        assert reasons <= {"prefix_hash", "predicted_hit", "hit"}
+
+
+async def test_a_burst_spills_over_once_the_holder_reaches_its_watermark(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    slow = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=0.0,
+                        decode_ms_per_token=20.0)
+    sims = {f"w{i}": await start_sim(timing=slow) for i in range(2)}
+    routing = RoutingConfig(high_watermark=3, load_stale_after_s=5.0)
+    async with cluster(redis, index_server, sims, start_gateway, http, routing) as c:
+        held: list[aiohttp.ClientResponse] = []
+
+        async def hold(i: int) -> str:  # a stream that stays open until the test closes it
+            resp = await http.post(c.gateway.url + "/v1/chat/completions", json=long_chat(
+                "spill", f"story {i}", stream=True, ignore_eos=True, max_tokens=300))
+            held.append(resp)
+            assert resp.status == 200
+            await resp.content.readuntil(b"\n\n")
+            return resp.headers["x-cortex-assigned-worker"]
+
+        try:
+            workers = await asyncio.gather(*(hold(i) for i in range(6)))
+            reasons = sorted(r.headers["x-cortex-match-reason"] for r in held)
+        finally:
+            for resp in held:
+                resp.close()
+        # affinity fills the holder up to its watermark, the rest go to the other worker
+        # (which then follows its own prediction): never more than 3 on either
+        assert sorted(workers.count(w) for w in sims) == [3, 3]
+        assert reasons.count("over_watermark") == 1  # the request that spilled first
+        assert reasons.count("predicted_hit") + reasons.count("hit") == 4
+
+
+async def test_a_failure_before_the_first_byte_moves_the_predicted_blocks_along(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {"broken": await start_sim(), "good": await start_sim()}
+    async with cluster(redis, index_server, sims, start_gateway, http) as c:
+        sims["broken"].faults.update({"error_rate": 1.0, "error_status": 503})
+        # a new prefix whose hash picks the broken worker (explain neither credits nor sends)
+        for i in range(100):
+            tag = f"moved {i}"
+            if (await c.explain(long_chat(tag, "probe")))["decision"]["worker"] == "broken":
+                break
+        headers, _ = await c.send(long_chat(tag, "first"))
+        assert (headers["x-cortex-assigned-worker"], headers["x-cortex-attempts"]) == ("good", "2")
+        explained = await c.explain(long_chat(tag, "next"))
+        credit = {x["worker"]: x["predicted_tokens"] for x in explained["candidates"]}
+        assert credit["broken"] == 0 and credit["good"] > 0  # withdrawn, then re-credited
+        headers, _ = await c.send(long_chat(tag, "second"))
+        assert headers["x-cortex-assigned-worker"] == "good"
+        assert headers["x-cortex-attempts"] == "1"
+        assert headers["x-cortex-match-reason"] in ("predicted_hit", "hit")
+
+
+async def test_two_replicas_send_a_new_prefix_to_the_same_worker(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {f"w{i}": await start_sim() for i in range(4)}
+    # Each replica sees its own in-flight requests at once, the other's only through the
+    # engines' polled load (every 0.1 s): the tolerance covers what the other half of a
+    # 16-request burst could add, so both replicas' first decisions are hash ties.
+    routing = RoutingConfig(load_stale_after_s=5.0, tie_tolerance=16)
+    async with cluster(redis, index_server, sims, start_gateway, http, routing,
+                       replicas=2) as c:
+        urls = [gw.url for gw in c.replicas]
+        holders = set()
+        for tag in ("first", "second"):  # prefixes that no replica has seen
+            replies = await burst(http, urls, [long_chat(tag, f"q {i}") for i in range(16)])
+            workers = {h["x-cortex-assigned-worker"] for h in replies}
+            assert len(workers) == 1, (tag, replies)
+            reasons = [h["x-cortex-match-reason"] for h in replies]
+            assert reasons.count("prefix_hash") in (1, 2)  # each replica's first decision
+            assert set(reasons) <= {"prefix_hash", "predicted_hit", "hit"}
+            holders |= workers
+        # the same decision for a prefix at either replica, whichever sees it first
+        for tag in ("fourth", "fifth", "sixth", "seventh"):
+            first = await c.explain(long_chat(tag, "probe"))
+            async with http.post(urls[1] + "/admin/explain", json=long_chat(tag, "other"),
+                                 headers=ADMIN) as resp:
+                second = await resp.json()
+            assert first["decision"]["reason"] == second["decision"]["reason"] == "prefix_hash"
+            assert first["decision"]["worker"] == second["decision"]["worker"]
+            holders.add(first["decision"]["worker"])
+        assert len(holders) > 1  # different prefixes spread over the workers
 
 
 async def test_hot_holder_over_its_watermark_sheds_new_requests(

@@ -8,6 +8,7 @@ between the sims. vLLM usage is fixed from the prefill leg.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -169,6 +170,29 @@ async def test_pd_pair_follows_prefill_affinity_through_the_real_handshake(
     assert (f'cortex_gateway_pd_requests_total{{engine="{engine}",outcome="disaggregated"}} 3.0'
             in metrics)
     assert "cortex_gateway_pd_handoff_seconds_count" in metrics
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_pd_simultaneous_burst_of_a_new_prefix_lands_on_one_prefill_worker(
+    engine: str, redis_server: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    async with pd_cluster(engine, redis_server, index_server, start_sim, start_gateway,
+                          http) as c:
+        system = "[a new prefix] " + SYSTEM * 3  # ~1,500 tokens: outweighs ~23 requests
+
+        async def send(i: int) -> dict[str, str]:
+            headers, _ = await c.send({"model": MODEL, "max_tokens": 6, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": f"q {i}"}]})
+            return headers
+
+        replies = await asyncio.gather(*(send(i) for i in range(8)))
+        assert {h["x-cortex-pd"] for h in replies} == {"disaggregated"}
+        assert len({h["x-cortex-prefill-worker"] for h in replies}) == 1, replies
+        modes = sorted(h["x-cortex-match-mode"] for h in replies)
+        assert modes == ["exact_kv"] * 7 + ["load_aware"]
+        # decode legs are spread by load, counted from the decision on
+        assert {h["x-cortex-decode-worker"] for h in replies} == set(c.decode)
 
 
 async def test_pd_sglang_batches_get_one_room_per_sequence(

@@ -8,7 +8,7 @@ import pytest
 
 from cortex.gateway.config import RoutingWeights
 from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
-from cortex.gateway.scoring import Candidate, MatchMode, Reason, decide
+from cortex.gateway.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
 
 W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0)
 READY = LedgerState.READY
@@ -113,3 +113,54 @@ def test_match_answer_folds_dp_ranks() -> None:
     folded = answer.per_worker()
     assert (folded["a"].ready_blocks, folded["a"].dp_rank) == (7, 1)
     assert (folded["b"].ready_blocks, folded["b"].state) == (2, READY)
+
+
+def test_uncredited_load_ties_go_to_the_prefix_hash_whatever_the_order() -> None:
+    workers = [cand(w) for w in ("w0", "w1", "w2", "w3")]
+    for key in (1, 2**40 + 7, 2**64 - 1):
+        want = max(("w0", "w1", "w2", "w3"), key=lambda w: rendezvous_weight(w, key))
+        for turn in range(4):  # neither the rotation nor the candidate order matters
+            d = decide(workers[turn:] + workers[:turn], W, turn=turn, prefix_key=key)
+            assert (d.mode, d.reason, d.chosen.worker_id) == (
+                MatchMode.LOAD_AWARE, Reason.PREFIX_HASH, want)
+    picks = {decide(workers, W, prefix_key=key).chosen.worker_id for key in range(64)}
+    assert picks == {"w0", "w1", "w2", "w3"}  # different prefixes spread
+
+
+def test_prefix_hash_ties_only_within_the_tolerance_and_under_the_watermark() -> None:
+    key = next(k for k in range(100) if rendezvous_weight("a", k) > rendezvous_weight("b", k))
+    busier = [cand("a", inflight=1), cand("b")]
+    assert decide(busier, W, prefix_key=key, tie_tolerance=1).chosen.worker_id == "a"
+    d = decide(busier, W, prefix_key=key, tie_tolerance=0)  # exact ties only
+    assert (d.chosen.worker_id, d.reason) == ("b", Reason.NO_HIT)
+    d = decide([cand("a", inflight=2), cand("b")], W, prefix_key=key, tie_tolerance=1)
+    assert (d.chosen.worker_id, d.reason) == ("b", Reason.NO_HIT)
+    # a worker at its watermark never wins by hash over one below it: shedding stands
+    full = [cand("a", inflight=1, high_watermark=1), cand("b")]
+    d = decide(full, W, prefix_key=key, tie_tolerance=5)
+    assert d.chosen.worker_id == "b"
+    # a hit elsewhere wins over the hash; a degradation keeps its reason
+    d = decide([cand("a"), cand("b", predicted_tokens=64)], W, prefix_key=key)
+    assert (d.chosen.worker_id, d.reason) == ("b", Reason.PREDICTED_HIT)
+    d = decide([cand("a"), cand("b")], W, cache_off=Reason.INDEX_UNAVAILABLE, prefix_key=key)
+    assert (d.chosen.worker_id, d.reason) == ("a", Reason.INDEX_UNAVAILABLE)
+    # load known only in part: p2c, as the degrade chain says
+    partial = [cand("a", engine_waiting=None), cand("b")]
+    assert decide(partial, W, prefix_key=key, rng=random.Random(3)).mode is MatchMode.P2C
+
+
+def test_adding_or_removing_a_worker_moves_only_its_share_of_prefixes() -> None:
+    def owners(names: list[str]) -> list[str]:
+        workers = [cand(w) for w in names]
+        return [decide(workers, W, prefix_key=k).chosen.worker_id for k in range(2000)]
+
+    names = [f"worker-{i}" for i in range(8)]
+    before = owners(names)
+    after_removal = owners(names[1:])
+    moved = [(b, a) for b, a in zip(before, after_removal, strict=True) if b != a]
+    assert all(b == "worker-0" for b, _ in moved)  # only the removed worker's prefixes
+    assert 2000 / 8 * 0.7 < len(moved) < 2000 / 8 * 1.3
+    after_addition = owners([*names, "worker-8"])
+    moved = [(b, a) for b, a in zip(before, after_addition, strict=True) if b != a]
+    assert all(a == "worker-8" for _, a in moved)  # only to the new worker
+    assert 2000 / 9 * 0.7 < len(moved) < 2000 / 9 * 1.3

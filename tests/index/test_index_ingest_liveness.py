@@ -66,7 +66,8 @@ async def test_a_gone_ingest_loses_credit_after_the_grace_and_regains_it_on_snap
             w = LedgerUpdates("w", DOMAIN)
             async with SyncSession(channel, ingest_id="ingest-0") as session:
                 await session.send([w.chain_snapshot([(ROOT, KEYS)])])
-            ended = time.monotonic()  # the stream is over: the ingest died (or stopped)
+                ended = time.monotonic()  # before the stream ends: the index hears it later
+            # the stream is over: the ingest died (or stopped)
             assert (await states(stub))["w"] == (READY, 3)  # within the grace: still trusted
             announced = asyncio.ensure_future(anext(feed))
             await wait_until_async(

@@ -123,15 +123,15 @@ async def test_a_killed_ingest_loses_credit_after_the_grace_and_a_restart_restor
         assert srv.core.owners.owner(Source("gpu-2")) == "shard-0"
         assert srv.core.owners.owner(Source("gpu-0")) == "shard-1"
 
+        killed = time.monotonic()  # before the kill: the index can only hear of it later
         await child.stop(signal.SIGKILL)  # dies for good: no goodbye on the Sync stream
-        killed = time.monotonic()
         fleet.traffic(mine, 10)  # the engine goes on caching: nobody tells the index
 
         async def demoted() -> bool:
             return (await match_state(stub, "gpu-2")) == (pb.LedgerState.SYNCING, 0)
 
         await wait_until_async(demoted, timeout=GRACE + 15, what="gpu-2 no longer READY")
-        assert time.monotonic() - killed >= GRACE - 0.05  # the grace is honoured
+        assert time.monotonic() - killed >= GRACE  # the grace is honoured
         workers = {w.source.worker_id: w for w in srv.core.workers()}
         assert workers["gpu-2"].reason == "ingest_lost"
         # the other shard's ledger is untouched and keeps its credit

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import shlex
@@ -36,19 +37,27 @@ from cortex.bench.routing_runner import RunPlan, run_workload
 from cortex.bench.routing_text import BlockText, WordVocabulary
 from cortex.bench.routing_workloads import Workload, load_trace, mooncake, multi_turn, shared_prefix
 
-__all__ = ["FULL", "QUICK", "WORKLOADS", "EngineTokenizer", "Profile", "build_workloads",
-           "load_chat_tokenizer", "register", "run"]
+__all__ = ["FULL", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "EngineTokenizer", "Profile",
+           "build_workloads", "load_chat_tokenizer", "register", "run"]
 
-WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix", "multi_turn")
+WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix", "multi_turn",
+             "mooncake_conversation_small_kv")
+QUICK_WORKLOADS = WORKLOADS[:4]
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
-               "mooncake_synthetic": "mooncake_synthetic_trace.jsonl"}
+               "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",
+               "mooncake_conversation_small_kv": "mooncake_conversation_trace.jsonl"}
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
     """How big a run is. Token counts are in the benchmark's scaled tokens: one Mooncake
     512-token block is ``tokens_per_block`` tokens, and the llm-d / multi-turn sizes are
-    divided by the same factor (512 / ``tokens_per_block``)."""
+    divided by the same factor (512 / ``tokens_per_block``).
+
+    Each worker's KV pool is ``capacity_fraction`` of the workload's distinct prompt pages,
+    except for the small-KV trace variant: ``small_kv_blocks`` blocks of 16 tokens (2,048 =
+    32,768 benchmark tokens = 524,288 real ones, about the KV room of an 8B-class model on
+    one 80 GB GPU at 128 KiB per token)."""
 
     workers: int
     tokens_per_block: int
@@ -64,6 +73,7 @@ class Profile:
     multi_think_s: float
     repeats: int = 1
     capacity_fraction: float = 0.3
+    small_kv_blocks: int = 2048
     prefill_ms_per_token: float = 0.07
     decode_ms_per_token: float = 5.0
 
@@ -75,10 +85,10 @@ class Profile:
         return max(1, round(real_tokens * self.token_scale))
 
 
-FULL = Profile(workers=4, tokens_per_block=32, trace_minutes=6, trace_speedup=12,
-               shared_groups=64, shared_users=5, shared_rates=(4, 8, 16, 24, 32, 40, 48),
-               shared_stage_s=4, multi_clients=48, multi_rounds=8, multi_client_rate=3.0,
-               multi_think_s=1.0, repeats=2)
+FULL = Profile(workers=4, tokens_per_block=32, trace_minutes=6, trace_speedup=9,
+               shared_groups=64, shared_users=5, shared_rates=(2, 4, 8, 12, 16, 24, 32),
+               shared_stage_s=6, multi_clients=48, multi_rounds=8, multi_client_rate=1.5,
+               multi_think_s=1.0)
 QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.15, trace_speedup=8,
                 shared_groups=6, shared_users=3, shared_rates=(8, 16), shared_stage_s=1.0,
                 multi_clients=5, multi_rounds=3, multi_client_rate=8.0, multi_think_s=0.2)
@@ -95,8 +105,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="CI-sized smoke run (2 workers, tiny workloads, < 2 min)")
     parser.add_argument("--out", default="docs/bench/routing",
                         help="directory for report.md, report.json and the plots")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS),
-                        help=f"comma list out of {', '.join(WORKLOADS)}")
+    parser.add_argument("--workloads",
+                        help=f"comma list out of {', '.join(WORKLOADS)} (default: all; quick:"
+                             " the first four)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
                         help=f"comma list out of {', '.join(CONTENDERS)}")
     parser.add_argument("--traces", default=None,
@@ -118,6 +129,12 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--gamma", type=float, help="Cortex routing weight gamma (per queued)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
+    parser.add_argument("--quiet-wait-s", type=float,
+                        help="before each run, wait up to this long for other work on the"
+                             " machine to drop under 0.3 cores (default: 90 full, 0 quick)")
+    parser.add_argument("--max-foreign-cores", type=float, default=0.6,
+                        help="a run during which other work on the machine took more cores"
+                             " than this is discarded and run once more (full mode)")
     parser.add_argument("--keep-logs", action="store_true", help="keep every process's log")
     parser.set_defaults(func=run)
 
@@ -188,13 +205,20 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
     for name in names:
         if name in TRACE_FILES:
             path = traces / TRACE_FILES[name]
-            kind = name.removeprefix("mooncake_")
-            out.append(mooncake(
+            kind = path.name.removeprefix("mooncake_").removesuffix("_trace.jsonl")
+            small = name.endswith("_small_kv")
+            workload = mooncake(
                 load_trace(path, profile.trace_minutes), text, name=name,
-                title=f"Mooncake {kind} trace",
+                title=f"Mooncake {kind} trace" + (", small KV pools" if small else ""),
                 source=f"Mooncake FAST'25 `{path.name}` (kvcache-ai/Mooncake FAST25-release),"
-                       f" first {profile.trace_minutes:g} minutes",
-                speedup=profile.trace_speedup))
+                       f" first {profile.trace_minutes:g} minutes"
+                       + (f"; every worker's KV pool {profile.small_kv_blocks:,} blocks"
+                          f" ({profile.small_kv_blocks * 16 * round(1 / profile.token_scale):,}"
+                          " real tokens: an 8B-class model's KV room on one 80 GB GPU)"
+                          if small else ""),
+                speedup=profile.trace_speedup)
+            out.append(dataclasses.replace(workload, kv_blocks=profile.small_kv_blocks)
+                       if small else workload)
         elif name == "shared_prefix":
             out.append(shared_prefix(
                 text, groups=profile.shared_groups, users=profile.shared_users,
@@ -232,7 +256,8 @@ def cortex_weights(args: argparse.Namespace, profile: Profile) -> dict[str, floa
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     profile = _profile(args)
-    names = _choice(args.workloads, WORKLOADS, "workloads")
+    names = _choice(args.workloads or ",".join(QUICK_WORKLOADS if args.quick else WORKLOADS),
+                    WORKLOADS, "workloads")
     contenders = _choice(args.contenders, CONTENDERS, "contenders")
     traces = _traces_dir(args.traces)
     if any(n in TRACE_FILES for n in names) and not traces.is_dir():
@@ -249,7 +274,11 @@ def run(args: argparse.Namespace) -> int:
                  prefill_ms_per_token=profile.prefill_ms_per_token,
                  decode_ms_per_token=profile.decode_ms_per_token),
         tuple(contenders), profile.repeats, weights, logs, args.timeout_s,
-        profile.capacity_fraction)
+        profile.capacity_fraction,
+        quiet_wait_s=args.quiet_wait_s if args.quiet_wait_s is not None else (
+            0.0 if args.quick else 90.0),
+        max_foreign_cores=math.inf if args.quick else args.max_foreign_cores,
+        noisy_retries=0 if args.quick else 1, idle_probes=5 if args.quick else 15)
     results: list[WorkloadResult] = []
     ok = False
     try:
@@ -276,10 +305,10 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, float],
             plan: RunPlan, elapsed_s: float) -> dict[str, Any]:
     argv = ["cortex", "bench", "routing"] + (["--quick"] if args.quick else [])
-    for flag in ("workloads", "contenders"):
-        default = ",".join(WORKLOADS if flag == "workloads" else CONTENDERS)
-        if getattr(args, flag) != default:
-            argv += [f"--{flag}", getattr(args, flag)]
+    if args.workloads:
+        argv += ["--workloads", args.workloads]
+    if args.contenders != ",".join(CONTENDERS):
+        argv += ["--contenders", args.contenders]
     for flag in ("workers", "repeats", "trace_minutes", "trace_speedup", "tokens_per_block",
                  "capacity_fraction", "prefill_ms_per_token", "alpha", "beta", "gamma"):
         if (value := getattr(args, flag)) is not None:
@@ -303,6 +332,9 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
         "machine": f"{os.cpu_count()} cores ({platform.machine()}), Python"
                    f" {platform.python_version()}",
         "workers": sims.workers, "block_size": sims.block_size, "repeats": plan.repeats,
+        "quiet_wait_s": plan.quiet_wait_s, "quiet_cores": plan.quiet_cores,
+        "max_foreign_cores": None if math.isinf(plan.max_foreign_cores)
+        else plan.max_foreign_cores, "noisy_retries": plan.noisy_retries,
         "prefill_ms_per_token": sims.prefill_ms_per_token,
         "prefill_overhead_ms": sims.prefill_overhead_ms,
         "decode_ms_per_token": sims.decode_ms_per_token, "max_running": sims.max_running,

@@ -63,8 +63,8 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request: R
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
-                    done = True
-                    break
+                    done = True  # read on to the end of the body: a clean close
+                    continue
                 chunk = json.loads(data)
                 if "error" in chunk:
                     outcome.error = "stream error"

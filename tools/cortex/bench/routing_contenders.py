@@ -34,6 +34,7 @@ __all__ = [
     "Deployment",
     "SimSetup",
     "deploy",
+    "machine_busy_cores",
 ]
 
 CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin")
@@ -95,6 +96,15 @@ def _machine_busy_s() -> tuple[float, float]:
     idle = values[3] + (values[4] if len(values) > 4 else 0)
     total = sum(values[:8])
     return (total - idle) / _CLK_TCK, total / _CLK_TCK
+
+
+def machine_busy_cores(interval_s: float = 0.5) -> float:
+    """Cores the whole machine keeps busy over the next ``interval_s`` seconds (blocks)."""
+    busy0, total0 = _machine_busy_s()
+    time.sleep(interval_s)
+    busy1, total1 = _machine_busy_s()
+    cores = os.cpu_count() or 1
+    return (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
 
 
 class CpuMeter:

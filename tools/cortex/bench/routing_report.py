@@ -243,6 +243,13 @@ def _workload_section(res: WorkloadResult) -> list[str]:
                 cells.append(f"{_fmt_ms(s.ttft_p50_ms)} / {_fmt_ms(s.ttft_p90_ms)},"
                              f" {s.hit_rate:.0%}")
             lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    noisy = [(c, d) for c, r in res.runs.items() for d in r.extra.get("discarded_noisy_runs", [])]
+    if noisy:
+        lines += ["", "Runs discarded because other work on the machine took too much CPU"
+                  " (each was run again):"]
+        lines += [f"- {c}: other work {d['foreign_cores']} cores; it measured hit"
+                  f" {d['hit_rate']:.1%}, TTFT p50 / p90 {_fmt_ms(d['ttft_p50_ms'])} /"
+                  f" {_fmt_ms(d['ttft_p90_ms'])} ms" for c, d in noisy]
     problems = [(c, r.problems) for c, r in res.runs.items() if r.problems]
     if problems:
         lines += ["", "Runs that do not count:"] + [f"- {c}: {'; '.join(p)}"
@@ -276,6 +283,15 @@ def _peer_wins(results: Sequence[WorkloadResult]) -> list[str]:
     return lines or ["- none: Cortex is ahead on every measured axis of every workload."]
 
 
+def _noise_rule(config: Mapping[str, Any]) -> str:
+    if not config.get("quiet_wait_s") and config.get("max_foreign_cores") is None:
+        return "this run took no measure against other work on it (quick mode)."
+    return (f"before each run the benchmark waits (up to {config['quiet_wait_s']:g} s) for other"
+            f" work to drop under {config['quiet_cores']:g} cores, and a run during which other"
+            f" work took more than {config['max_foreign_cores']:g} cores is discarded and run"
+            " once more (listed under its workload).")
+
+
 def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]) -> str:
     targets = evaluate_targets(results)
     lines = [
@@ -296,11 +312,12 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
         " TTFT is the time to the first chunk with generated text; each request opens its own"
         " connection (with keep-alive, sglang-router 0.3.2 holds every streamed response"
         " ~40 ms here — a delayed-ACK artifact unrelated to routing — so it would lose TTFT for"
-        " the wrong reason). *idle TTFT* is the p50 of 15 sequential uncacheable one-token"
+        " the wrong reason). *idle TTFT* is the p50 of a few sequential uncacheable one-token"
         " requests on the idle deployment: what the proxy path alone costs.", "",
         f"Each (workload, contender) ran {config['repeats']} time(s), each time on fresh"
         " processes, the contender order reversed every other repetition; the numbers pool"
-        " the requests of all repetitions (the last column shows each one alone). Hit rate ="
+        " the requests of all repetitions (the last column shows each one alone). The machine"
+        f" is shared: {_noise_rule(config)} Hit rate ="
         " Σ engine-reported `cached_tokens` / Σ prompt tokens over answered requests."
         " Imbalance = max / mean per worker, of requests and of uncached prompt tokens (the"
         " prefill work). CPU cores: CPU seconds per second of the run spent by the"

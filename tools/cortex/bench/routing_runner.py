@@ -29,7 +29,13 @@ from cortex.bench.routing_bounds import (
     unique_pages,
 )
 from cortex.bench.routing_client import drive, idle_ttft
-from cortex.bench.routing_contenders import CpuMeter, Deployment, SimSetup, deploy
+from cortex.bench.routing_contenders import (
+    CpuMeter,
+    Deployment,
+    SimSetup,
+    deploy,
+    machine_busy_cores,
+)
 from cortex.bench.routing_metrics import (
     EngineTotals,
     Outcome,
@@ -41,13 +47,18 @@ from cortex.bench.routing_metrics import (
 from cortex.bench.routing_report import WorkloadResult, ttft_values_ms
 from cortex.bench.routing_workloads import Workload
 
-__all__ = ["RunPlan", "run_workload", "worker_capacity"]
+__all__ = ["RunPlan", "run_workload", "wait_for_quiet", "worker_capacity"]
 
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
     """What every run of a workload shares: the sims (KV pool set per workload), who runs,
-    how often, Cortex's routing weights and where the process logs go."""
+    how often, Cortex's routing weights and where the process logs go.
+
+    Noise control on a shared machine: before each run wait up to ``quiet_wait_s`` for other
+    work to drop under ``quiet_cores``; a run during which other work took more than
+    ``max_foreign_cores`` cores is discarded and run again, at most ``noisy_retries`` times
+    (the discarded runs are reported)."""
 
     sims: SimSetup
     contenders: tuple[str, ...]
@@ -56,6 +67,11 @@ class RunPlan:
     logs: Path
     timeout_s: float = 300.0
     capacity_fraction: float = 0.3
+    quiet_wait_s: float = 0.0
+    quiet_cores: float = 0.3
+    max_foreign_cores: float = math.inf
+    noisy_retries: int = 0
+    idle_probes: int = 15
 
 
 def worker_capacity(fraction: float, working_set_pages: int, largest_request_pages: int) -> int:
@@ -154,12 +170,13 @@ class _Expected:
 
 
 async def _measure(d: Deployment, workload: Workload, expected: _Expected, model: str,
-                   timeout_s: float) -> tuple[RunSummary, list[Outcome]]:
-    idle = await idle_ttft(d.url, model)
+                   plan: RunPlan, busy_before: float | None
+                   ) -> tuple[RunSummary, list[Outcome]]:
+    idle = await idle_ttft(d.url, model, plan.idle_probes)
     before = await _settled(d.workers)
     gateway_before = await _gateway_counters(d)
     meter = CpuMeter(d.pids)
-    outcomes = await drive(workload, d.url, model, timeout_s=timeout_s)
+    outcomes = await drive(workload, d.url, model, timeout_s=plan.timeout_s)
     cpu = meter.stop()
     after = await _settled(d.workers)
     gateway = _gateway_delta(gateway_before, await _gateway_counters(d))
@@ -168,7 +185,8 @@ async def _measure(d: Deployment, workload: Workload, expected: _Expected, model
         expected.completion_tokens, _totals(before, after), stage_of=expected.stage_of,
         stage_rates=workload.stages,
         extra={"idle_ttft_p50_ms": round(percentile(idle, 50) * 1e3, 2) if idle else None,
-               "cpu": cpu, "startup_s": round(d.startup_s, 2), "gateway": gateway})
+               "cpu": cpu, "startup_s": round(d.startup_s, 2), "gateway": gateway,
+               "busy_before_cores": None if busy_before is None else round(busy_before, 2)})
     return summary, outcomes
 
 
@@ -180,11 +198,26 @@ def _rep_record(s: RunSummary) -> dict[str, Any]:
             "verified": s.verified, "problems": s.problems,
             "idle_ttft_p50_ms": s.extra.get("idle_ttft_p50_ms"),
             "ours_cores": cpu.get("ours_cores"), "foreign_cores": cpu.get("foreign_cores"),
+            "cpu_s": cpu.get("processes"), "busy_before_cores": s.extra.get("busy_before_cores"),
             "send_lag_p99_ms": round(s.send_lag_p99_ms, 2), "gateway": s.extra.get("gateway")}
 
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def wait_for_quiet(plan: RunPlan, log: Callable[[str], None]) -> float:
+    """Wait up to ``plan.quiet_wait_s`` for the machine to be nearly idle (other work under
+    ``plan.quiet_cores`` cores) before a run starts; returns the last busy sample (cores)."""
+    deadline = time.monotonic() + plan.quiet_wait_s
+    busy = machine_busy_cores(0.5)
+    waited = False
+    while busy > plan.quiet_cores and time.monotonic() < deadline:
+        waited = True
+        busy = machine_busy_cores(1.0)
+    if waited:
+        log(f"    machine busy with other work: {busy:.2f} cores before this run")
+    return busy
 
 
 def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPlan,
@@ -195,7 +228,9 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
     pages = unique_pages(shapes)
     largest = max(s.tokens + r.max_tokens for s, r in zip(shapes, workload.requests,
                                                           strict=True))
-    capacity = worker_capacity(plan.capacity_fraction, pages, -(-largest // page))
+    largest_pages = -(-largest // page)
+    capacity = (worker_capacity(plan.capacity_fraction, pages, largest_pages)
+                if workload.kv_blocks is None else max(workload.kv_blocks, 2 * largest_pages))
     sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity)
     prompt_tokens = sum(s.tokens for s in shapes)
     nominal: dict[int, float] = {}
@@ -214,27 +249,27 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
     expected = _Expected([r.digest() for r in reqs], [s.tokens for s in shapes],
                          [r.max_tokens for r in reqs], [r.stage for r in reqs])
     done: dict[str, list[tuple[RunSummary, list[Outcome]]]] = {c: [] for c in plan.contenders}
+    discarded: dict[str, list[dict[str, Any]]] = {c: [] for c in plan.contenders}
     for rep in range(plan.repeats):
         order_c = plan.contenders if rep % 2 == 0 else tuple(reversed(plan.contenders))
         for contender in order_c:
-            with deploy(contender, sims, plan.logs / workload.name / f"{contender}-{rep}",
-                        plan.cortex_weights) as d:
-                summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model,
-                                                         plan.timeout_s))
+            for attempt in range(plan.noisy_retries + 1):
+                summary, outcomes = _one_run(workload, expected, sims, plan, contender,
+                                             f"{contender}-{rep}-{attempt}", log)
+                foreign = summary.extra["cpu"]["foreign_cores"]
+                if foreign <= plan.max_foreign_cores or attempt == plan.noisy_retries:
+                    break
+                log(f"    other work took {foreign} cores during this run (limit"
+                    f" {plan.max_foreign_cores}): discarded, run again")
+                discarded[contender].append(_rep_record(summary))
             done[contender].append((summary, outcomes))
-            t = summary.ttft_ms
-            cpu = summary.extra["cpu"]
-            log(f"  {contender} #{rep + 1}: {summary.requests_ok}/{summary.requests_expected}"
-                f" ok, hit {summary.hit_rate:.1%}, TTFT p50/p90/p99"
-                f" {t[0]:.1f}/{t[1]:.1f}/{t[2]:.1f} ms, {summary.throughput_rps:.1f} req/s,"
-                f" cores ours {cpu['ours_cores']} foreign {cpu['foreign_cores']}"
-                + ("" if summary.verified else f"  NOT VERIFIED: {summary.problems}"))
     for contender, runs in done.items():
         first = runs[0][0]
         res.runs[contender] = pool(
             runs, expected.digests, expected.prompt_tokens, expected.completion_tokens,
             expected.stage_of, workload.stages,
             extra={"repeats": [_rep_record(s) for s, _ in runs],
+                   "discarded_noisy_runs": discarded[contender],
                    "idle_ttft_p50_ms": _median([s.extra.get("idle_ttft_p50_ms")
                                                 for s, _ in runs]),
                    "cpu": {"ours_cores": _median([s.extra["cpu"]["ours_cores"]
@@ -261,6 +296,23 @@ def _merge_gateway(parts: Sequence[dict[str, Any] | None]) -> dict[str, Any] | N
             stages.setdefault(stage, []).append(ms)
     return {"decisions": dict(sorted(decisions.items(), key=lambda kv: -kv[1])),
             "routing_ms_mean": {k: round(sum(v) / len(v), 3) for k, v in stages.items()}}
+
+
+def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunPlan,
+             contender: str, name: str, log: Callable[[str], None]
+             ) -> tuple[RunSummary, list[Outcome]]:
+    busy_before = wait_for_quiet(plan, log) if plan.quiet_wait_s > 0 else None
+    with deploy(contender, sims, plan.logs / workload.name / name, plan.cortex_weights) as d:
+        summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model, plan,
+                                                 busy_before))
+    t = summary.ttft_ms
+    cpu = summary.extra["cpu"]
+    log(f"  {contender} ({name}): {summary.requests_ok}/{summary.requests_expected} ok, hit"
+        f" {summary.hit_rate:.1%}, TTFT p50/p90/p99 {t[0]:.1f}/{t[1]:.1f}/{t[2]:.1f} ms,"
+        f" {summary.throughput_rps:.1f} req/s, cores ours {cpu['ours_cores']} foreign"
+        f" {cpu['foreign_cores']}"
+        + ("" if summary.verified else f"  NOT VERIFIED: {summary.problems}"))
+    return summary, outcomes
 
 
 def _median(values: Sequence[float | None]) -> float | None:

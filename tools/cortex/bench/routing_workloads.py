@@ -117,6 +117,8 @@ class Workload:
     params: Mapping[str, Any] = field(default_factory=dict)
     stages: tuple[float, ...] = ()
     """Offered rate (req/s) of each ladder step, when the workload has a ladder."""
+    kv_blocks: int | None = None
+    """The per-worker KV pool (blocks) this workload prescribes; ``None``: the runner's rule."""
 
     def __post_init__(self) -> None:
         ids = [r.id for r in self.requests]

@@ -20,6 +20,12 @@ cold fallback on a regular worker, as does an exhausted pair budget. With no reg
 the client gets a 502 (504 on a timeout) with code ``prefill_server_error`` or
 ``decode_server_error``. A leg that answers the client's error (a non-retryable status) is
 passed through. After the first byte nothing is retried (the exchange ends the stream).
+
+The request's predicted blocks (its :class:`~cortex.gateway.router.Placement`, credited at
+the routing decision) sit on the worker that computes the prompt — the prefill worker, or
+the decode worker of a local prefill — and follow each attempt; they are withdrawn when
+that worker did not compute it (its leg failed, the decode failed before the prefill
+completed, the request was refused) and stay when the prefill completed.
 """
 
 from __future__ import annotations
@@ -206,6 +212,7 @@ class PairDispatcher:
                        {"Content-Type": "application/json", "X-Request-Id": request_id},
                        req.endpoint.value)
         engine = plan.engine.value
+        placement = routed.placement
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
         last: LegFailure | None = None
@@ -219,6 +226,7 @@ class PairDispatcher:
             attempts += 1
             prefill, decode = pair
             local = plan.local_prefill(decode, self.config)
+            placement.move(decode.worker_id if local is not None else prefill.worker_id)
             if local is not None:
                 outcome = await self._local_attempt(ctx, decode, local)
             elif plan.engine is Engine.SGLANG:
@@ -230,8 +238,11 @@ class PairDispatcher:
                 served = outcome.pd.mode.value if outcome.pd else "client_error"
                 if outcome.response.status != 200:
                     served = "client_error"
+                    placement.withdraw()
                 self.metrics.child(self.metrics.pd_requests, engine, served).inc()
                 return outcome
+            if not outcome.prefill_ok:  # the prompt was not computed where it is credited
+                placement.withdraw()
             last = outcome
             self.metrics.child(self.metrics.pd_handoff_failures, engine, outcome.side.value,
                                outcome.kind).inc()
@@ -266,7 +277,8 @@ class PairDispatcher:
             self.metrics.child(self.metrics.pd_fallbacks, engine, reason).inc()
             log.warning("pd handoff failed, running cold on a regular worker reason=%s "
                         "request_id=%s", reason, request_id, extra={"request_id": request_id})
-            routed = dataclasses.replace(ctx.routed, decision=plan.fallback, pd=None)
+            routed = dataclasses.replace(ctx.routed, decision=plan.fallback, pd=None,
+                                         placement=self.router.placement(ctx.routed.keys))
             try:
                 opened = await self.single.open_regular(ctx.req, routed, ctx.body, request_id)
             except BaseException:
@@ -342,7 +354,6 @@ class PairDispatcher:
                     p_task.add_done_callback(lambda task: self._late_prefill(task, p_leg, ctx))
                     opened.on_close = lambda: _stop(p_task)
             handed_over = True
-            self.router.commit(ctx.routed, p_worker.id)
             return opened
         finally:
             if not handed_over:
@@ -408,7 +419,6 @@ class PairDispatcher:
         opened = self._opened(ctx, d_leg, head, prefill.credited_tokens,
                               PDOutcome(PDMode.DISAGGREGATED, p_worker.id, d_worker.id),
                               rewrite if ctx.req.stream else None)
-        self.router.commit(ctx.routed, p_worker.id)
         self.router.commit(ctx.routed, d_worker.id)  # a vLLM decode caches the pulled blocks
         return opened
 
@@ -426,11 +436,8 @@ class PairDispatcher:
             return d_answer.failure
         log.debug("local prefill on decode worker=%s reason=%s", d_worker.id, why.value,
                   extra={"worker": d_worker.id})
-        opened = self._opened(ctx, d_leg, d_answer.data, PDPlan.held_tokens(decode),
-                              PDOutcome(PDMode.LOCAL_PREFILL, d_worker.id, d_worker.id), None)
-        if d_answer.ok:
-            self.router.commit(ctx.routed, d_worker.id)
-        return opened
+        return self._opened(ctx, d_leg, d_answer.data, PDPlan.held_tokens(decode),
+                            PDOutcome(PDMode.LOCAL_PREFILL, d_worker.id, d_worker.id), None)
 
     # ---- legs ----
 
@@ -471,6 +478,10 @@ class PairDispatcher:
         elif answer.status == 200 and _error_in(answer.data, stream):
             answer.failure = LegFailure(leg.side, leg.worker.id, ERROR_EVENT,
                                         detail="the answer is an error object")
+        elif answer.status == 200 and not whole:  # the decode's first byte
+            self.metrics.child(self.metrics.upstream_ttfb, leg.worker.id,
+                               ctx.routed.decision.mode.value).observe(
+                time.perf_counter() - leg.started)
         return answer
 
     def _failed_or_passed(self, answer: _Answer, ctx: _Request, prefill: Scored

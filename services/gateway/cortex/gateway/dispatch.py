@@ -7,14 +7,18 @@ streaming untouched.
 
 Failures before the first byte — connection refused, a retryable status, a timeout, a
 stream that ends before its first chunk — move the request to the next worker of the
-decision's ranking (at most ``max_attempts`` tries in all). A worker's in-flight count is
-held from the attempt until :meth:`Opened.close`, i.e. until its response stream ended.
+decision's ranking (at most ``max_attempts`` tries in all), and its predicted blocks with
+it (:class:`~cortex.gateway.router.Placement`); a worker that refuses the request (another
+non-200 status) loses them too. A worker's in-flight count is held from the attempt until
+:meth:`Opened.close`, i.e. until its response stream ended; before the first attempt the
+routing decision's pending count stands in for it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -128,15 +132,19 @@ class Dispatcher:
         :class:`ServiceUnavailable` when no ranked worker is routable any more. The caller's
         deadline (``asyncio.timeout``) bounds the whole loop.
         """
+        routed.placement.dispatched()  # the attempts' in-flight slots count it from here
         if routed.pd is not None:
             return await self.pairs.open(req, routed, body, request_id)
         return await self.open_regular(req, routed, body, request_id)
 
     async def open_regular(self, req: InferenceRequest, routed: Routed, body: bytes,
                            request_id: str) -> Opened:
-        """Send to ``routed.decision``'s workers in order until one answers."""
+        """Send to ``routed.decision``'s workers in order until one answers; the placement
+        (predicted blocks) follows the attempts."""
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         path = req.endpoint.value
+        placement = routed.placement
+        mode = routed.decision.mode.value
         last: UpstreamFailure | None = None
         attempts = 0
         for scored in routed.decision.ranked:
@@ -148,11 +156,15 @@ class Dispatcher:
             if attempts:
                 self.metrics.retries.labels(reason=last.kind.value if last else "unknown").inc()
             attempts += 1
-            opened = await self._attempt(worker, path, body, headers, req.stream, attempts)
+            placement.move(worker.id)
+            opened = await self._attempt(worker, path, body, headers, req.stream, attempts,
+                                         mode)
             if isinstance(opened, Opened):
-                self.router.commit(routed, worker.id)
+                if opened.response.status != 200:
+                    placement.withdraw()  # refused: the prompt is not computed there
                 opened.hit_tokens = routed.credited_tokens(worker.id)
                 return opened
+            placement.withdraw()
             last = opened
             log.info("attempt failed worker=%s request_id=%s: %s", worker.id, request_id, opened,
                      extra={"worker": worker.id, "request_id": request_id})
@@ -171,11 +183,13 @@ class Dispatcher:
         headers: dict[str, str],
         stream: bool,
         attempts: int,
+        mode: str,
     ) -> Opened | UpstreamFailure:
         breaker = worker.breaker
         breaker.on_attempt()
         acquire_slot(worker, self.metrics)
         response: UpstreamResponse | None = None
+        sent = time.perf_counter()
         try:
             response = await self.upstream.post(worker.spec.url.rstrip("/") + path, body, headers)
             if response.status in self.config.retry_statuses:
@@ -209,6 +223,9 @@ class Dispatcher:
             breaker.on_abandon()
             raise
         breaker.on_success()
+        if response.status == 200:
+            self.metrics.child(self.metrics.upstream_ttfb, worker.id, mode).observe(
+                time.perf_counter() - sent)
         return Opened(worker, response, head, attempts, self.metrics)
 
     def failed_midstream(self, opened: Opened, failure: UpstreamFailure) -> None:

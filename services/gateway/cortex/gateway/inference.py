@@ -80,7 +80,7 @@ class InferenceHandler:
         status = 200
         self.metrics.inflight.inc()
         try:
-            status = await self._handle(request, send, endpoint, request_id, base)
+            status = await self._handle(request, send, endpoint, request_id, base, started)
         finally:
             m = self.metrics
             m.inflight.dec()
@@ -88,7 +88,7 @@ class InferenceHandler:
             m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
 
     async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
-                      base: Headers) -> int:
+                      base: Headers, started: float) -> int:
         deadline = time.monotonic() + self.config.upstream.request_timeout_s
         router = self.gw.router
         assert router is not None
@@ -109,15 +109,19 @@ class InferenceHandler:
                   decision.reason.value, decision.hit_tokens,
                   extra={"request_id": request_id, "worker": decision.chosen.worker_id,
                          "mode": decision.mode.value})
-        body = upstream_body(req, raw)
-        exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline)
-        if await _race_disconnect(request.receive, exchange.run()):
-            self.metrics.client_disconnects.inc()
-            log.info("client disconnected request_id=%s worker=%s", request_id,
-                     exchange.worker_id, extra={"request_id": request_id,
-                                                "worker": exchange.worker_id})
-            return 499
-        return exchange.status
+        try:
+            body = upstream_body(req, raw)
+            exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline,
+                                 started)
+            if await _race_disconnect(request.receive, exchange.run()):
+                self.metrics.client_disconnects.inc()
+                log.info("client disconnected request_id=%s worker=%s", request_id,
+                         exchange.worker_id, extra={"request_id": request_id,
+                                                    "worker": exchange.worker_id})
+                return 499
+            return exchange.status
+        finally:
+            routed.placement.dispatched()  # if it never was: the routed load ends here
 
 
 async def _race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
@@ -146,7 +150,8 @@ class _Exchange:
     """One request's conversation with its worker(s), inside the disconnect race."""
 
     def __init__(self, gw: Gateway, req: InferenceRequest, routed: Routed, body: bytes,
-                 request_id: str, base: Headers, send: Send, deadline: float) -> None:
+                 request_id: str, base: Headers, send: Send, deadline: float,
+                 started: float) -> None:
         self.gw = gw
         self.req = req
         self.routed = routed
@@ -155,6 +160,7 @@ class _Exchange:
         self.base = base
         self.send = send
         self.deadline = deadline
+        self.started = started  # request arrival, perf_counter seconds
         self.status = 200
         self.worker_id = routed.decision.chosen.worker_id
 
@@ -197,6 +203,7 @@ class _Exchange:
                     await send_bytes(self.send, response.status, opened.head,
                                      response.content_type.encode(), self._headers(opened))
                     if response.status == 200:
+                        self._first_byte_sent("false", opened)
                         self._truth_check(opened, _json_or_none(opened.head))
                     return
                 streaming = True
@@ -247,13 +254,19 @@ class _Exchange:
                                  rewrite=opened.rewrite)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, *self._headers(opened)]})
+        first = True
         out = forwarder.feed(opened.head)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
+            self._first_byte_sent("true", opened)
+            first = False
         async for chunk in opened.response.chunks():
             out = forwarder.feed(chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+                if first:
+                    self._first_byte_sent("true", opened)
+                    first = False
         tail = forwarder.finish()
         if not forwarder.done:
             if tail:
@@ -262,6 +275,13 @@ class _Exchange:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         holder = forwarder.usage_holder
         self._truth_check(opened, holder)
+
+    def _first_byte_sent(self, stream: str, opened: Opened) -> None:
+        """The client has the answer's first bytes (a stream's first event): TTFT."""
+        decision = opened.decision or self.routed.decision
+        metrics = self.gw.metrics
+        metrics.child(metrics.ttft, stream, decision.mode.value).observe(
+            time.perf_counter() - self.started)
 
     async def _end_stream(self, data: bytes) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": False})

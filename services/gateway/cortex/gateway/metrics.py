@@ -16,6 +16,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _FAST = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -36,6 +37,11 @@ class GatewayMetrics:
         self.client_disconnects = Counter(p + "client_disconnects_total",
                                           "Clients gone before the response ended", registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests being served", registry=r)
+        self.ttft = Histogram(p + "ttft_seconds",
+                              "Request arrival to the first byte of a 200 answer sent to the "
+                              "client (streams: the first event, i.e. time to first token), by "
+                              "stream (true|false) and match mode",
+                              ["stream", "mode"], buckets=_TTFT, registry=r)
         # routing
         self.routing_seconds = Histogram(p + "routing_seconds",
                                          "Routing decision time by stage",
@@ -77,8 +83,11 @@ class GatewayMetrics:
         self.retries = Counter(p + "retries_total", "Attempts moved to the next worker",
                                ["reason"], registry=r)
         self.upstream_ttfb = Histogram(p + "upstream_first_byte_seconds",
-                                       "Time to the worker's response headers",
-                                       buckets=_SLOW, registry=r)
+                                       "Request sent to a worker until its first response "
+                                       "bytes of a 200 answer (streams: the first chunk; "
+                                       "otherwise the whole body; PD: the decode leg), by "
+                                       "worker and match mode",
+                                       ["worker", "mode"], buckets=_TTFT, registry=r)
         # prefill/decode disaggregation
         self.pd_requests = Counter(p + "pd_requests_total",
                                    "Requests of disaggregated models by how they were served",

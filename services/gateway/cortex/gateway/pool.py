@@ -46,7 +46,8 @@ class WorkerState:
         self.failures = 0  # consecutive failed probes
         self.successes = 0  # consecutive good probes
         self.last_probe_error: str | None = None
-        self.inflight = 0
+        self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
+        self.pending = 0  # routed here, not dispatched yet (see router.Placement)
         self.engine: EngineLoad | None = None
         self.ledger = LedgerState.UNKNOWN
 

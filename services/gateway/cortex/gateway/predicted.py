@@ -1,27 +1,48 @@
 """Predicted blocks: a short-lived side index so a burst of one new prefix co-locates.
 
-Right after a routing decision the chosen worker is credited with the request's full blocks
-for ``ttl_s`` seconds, before its ``BlockStored`` events can reach the index. Predictions
-never enter the event-driven ledger; they are dropped when they expire, when the worker's
-ledger is cleared, or when the worker leaves.
+At the routing decision the chosen worker is credited with the request's full blocks for
+``ttl_s`` seconds, before its ``BlockStored`` events can reach the index — so requests
+routed a moment later already see the credit. Predictions never enter the event-driven
+ledger; they are dropped when they expire, when the worker's ledger is cleared, when the
+worker leaves, or when the request is withdrawn from the worker (it failed before
+computing the prompt there).
 
 Each credit covers a whole chain from the first block, so a worker's predicted keys are
-prefix-closed (if block *i* is predicted, so is every block before it, with an expiry at
-least as late). A lookup therefore walks the query's keys from the start and stops at the
-first key nobody holds.
+prefix-closed (if block *i* is predicted, so is every block before it, by a credit at least
+as late). A lookup therefore walks the query's keys from the start and stops at the first
+key nobody holds.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 
-__all__ = ["PredictedBlocks"]
+__all__ = ["Credit", "PredictedBlocks"]
+
+
+class Credit:
+    """One decision's prediction: ``keys`` credited to ``worker_id`` until ``expires``
+    (monotonic seconds), while ``live``. The handle :meth:`PredictedBlocks.withdraw` takes."""
+
+    __slots__ = ("evictions", "expires", "keys", "live", "worker_id")
+
+    def __init__(self, worker_id: str, keys: list[int], expires: float, evictions: int) -> None:
+        self.worker_id = worker_id
+        self.keys = keys
+        self.expires = expires
+        self.evictions = evictions  # the worker's eviction count when credited
+        self.live = True
+
+    def __repr__(self) -> str:
+        return (f"Credit({self.worker_id}, blocks={len(self.keys)}, expires={self.expires:.3f},"
+                f" live={self.live})")
 
 
 class PredictedBlocks:
-    """``key → {worker_id: expires_at}`` with expiry in insertion order (constant TTL).
+    """``key → {worker_id: latest live Credit}`` with expiry in insertion order (constant
+    TTL).
 
     Bounded by ``max_keys`` (key, worker) credits: the oldest credits go first. Pure and
     synchronous; the clock (seconds) is injectable.
@@ -36,28 +57,63 @@ class PredictedBlocks:
         self.ttl_s = ttl_s
         self.max_keys = max_keys
         self._clock = clock
-        self._holders: dict[int, dict[str, float]] = {}
-        self._log: deque[tuple[float, str, list[int]]] = deque()
+        self._holders: dict[int, dict[str, Credit]] = {}
+        self._log: deque[Credit] = deque()
         self._credits = 0
+        self._evictions: defaultdict[str, int] = defaultdict(int)
 
-    def credit(self, worker_id: str, keys: list[int]) -> None:
-        """Credit ``worker_id`` with the chain ``keys`` (a prompt's blocks) for ``ttl_s``."""
+    def credit(self, worker_id: str, keys: list[int]) -> Credit | None:
+        """Credit ``worker_id`` with the chain ``keys`` (a prompt's blocks) for ``ttl_s``;
+        ``None`` when predictions are off or there is no block."""
         if self.ttl_s <= 0 or not keys:
-            return
+            return None
         now = self._clock()
         self._expire(now)
-        expires = now + self.ttl_s
+        credit = Credit(worker_id, keys, now + self.ttl_s, self._evictions[worker_id])
         holders = self._holders
         for key in keys:
             entry = holders.get(key)
             if entry is None:
-                holders[key] = {worker_id: expires}
+                holders[key] = {worker_id: credit}
             else:
-                entry[worker_id] = expires
-        self._log.append((expires, worker_id, keys))
+                entry[worker_id] = credit
+        self._log.append(credit)
         self._credits += len(keys)
         while self._credits > self.max_keys and self._log:
             self._pop_oldest()
+        return credit
+
+    def withdraw(self, credit: Credit) -> None:
+        """Take ``credit`` back (its request will not compute the prompt on that worker).
+
+        Keys it was the latest credit for fall back to the worker's newest older live
+        credit covering them (another request with the same prefix still running there),
+        unless the engine evicted blocks of that worker since: then they are dropped, which
+        can only under-predict."""
+        if not credit.live:
+            return
+        credit.live = False
+        self._credits -= len(credit.keys)
+        worker_id = credit.worker_id
+        holders = self._holders
+        orphaned: set[int] = set()
+        for key in credit.keys:
+            entry = holders.get(key)
+            if entry is not None and entry.get(worker_id) is credit:
+                del entry[worker_id]
+                if not entry:
+                    del holders[key]
+                orphaned.add(key)
+        evictions = self._evictions[worker_id]
+        for older in reversed(self._log):
+            if not orphaned:
+                break
+            if older.worker_id != worker_id or not older.live or older.evictions != evictions:
+                continue
+            for key in older.keys:
+                if key in orphaned:
+                    orphaned.discard(key)
+                    holders.setdefault(key, {})[worker_id] = older
 
     def match(self, keys: list[int]) -> dict[str, int]:
         """Per worker, how many leading blocks of ``keys`` are predicted (absent = 0)."""
@@ -78,32 +134,48 @@ class PredictedBlocks:
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop every prediction for ``worker_id`` (its cache was cleared or it left)."""
-        for key in [k for k, entry in self._holders.items() if worker_id in entry]:
-            entry = self._holders[key]
-            del entry[worker_id]
-            if not entry:
-                del self._holders[key]
+        self._evictions[worker_id] += 1
+        holders = self._holders
+        for credit in self._log:
+            if credit.worker_id != worker_id or not credit.live:
+                continue
+            credit.live = False
+            self._credits -= len(credit.keys)
+            for key in credit.keys:
+                entry = holders.get(key)
+                if entry is not None and entry.pop(worker_id, None) is not None and not entry:
+                    del holders[key]
 
     def forget_keys(self, worker_id: str, keys: Iterable[int]) -> None:
         """Drop predictions of these blocks for ``worker_id`` (the engine evicted them)."""
+        holders = self._holders
+        dropped = False
         for key in keys:
-            entry = self._holders.get(key)
-            if entry is not None and entry.pop(worker_id, None) is not None and not entry:
-                del self._holders[key]
+            entry = holders.get(key)
+            if entry is not None and entry.pop(worker_id, None) is not None:
+                dropped = True
+                if not entry:
+                    del holders[key]
+        if dropped:  # older credits of these keys must not come back on a withdrawal
+            self._evictions[worker_id] += 1
 
     def _expire(self, now: float) -> None:
         log = self._log
-        while log and log[0][0] <= now:
+        while log and log[0].expires <= now:
             self._pop_oldest()
 
     def _pop_oldest(self) -> None:
-        expires, worker_id, keys = self._log.popleft()
-        self._credits -= len(keys)
+        credit = self._log.popleft()
+        if not credit.live:  # withdrawn or forgotten: already accounted for
+            return
+        credit.live = False
+        self._credits -= len(credit.keys)
+        worker_id = credit.worker_id
         holders = self._holders
-        for key in keys:
+        for key in credit.keys:
             entry = holders.get(key)
             # only if no later credit refreshed it
-            if entry is not None and entry.get(worker_id) == expires:
+            if entry is not None and entry.get(worker_id) is credit:
                 del entry[worker_id]
                 if not entry:
                     del holders[key]

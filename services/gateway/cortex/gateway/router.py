@@ -5,6 +5,13 @@ Hit accounting follows the engines: a request whose prompt is fully cached still
 its last token, so at most ``(prompt_tokens - 1) // block_size`` blocks can be hits; the
 query sent to the index is cut there, while predictions credit every full block (the
 engine caches them all once the prompt is processed).
+
+A recorded decision takes effect at once, before the request is dispatched: the worker
+that will compute the prompt is credited with its blocks (predicted blocks) and counted as
+one more active request (``WorkerState.pending``), so requests routed a moment later —
+a simultaneous burst of one new prefix — follow it, and stop following it at its high
+watermark. The :class:`Placement` in :class:`Routed` lets dispatch move that credit when a
+failure before the first byte sends the request elsewhere.
 """
 
 from __future__ import annotations
@@ -31,13 +38,13 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDPlan
 from cortex.gateway.payload import InferenceRequest, PromptKind
 from cortex.gateway.pool import WorkerPool, WorkerState
-from cortex.gateway.predicted import PredictedBlocks
+from cortex.gateway.predicted import Credit, PredictedBlocks
 from cortex.gateway.scoring import Candidate, Decision, Reason, decide
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.hashing import HashDomain
 from cortex.registry.spec import WorkerRole
 
-__all__ = ["OFFLOAD_CHARS", "Matcher", "Routed", "Router", "StageTimings"]
+__all__ = ["OFFLOAD_CHARS", "Matcher", "Placement", "Routed", "Router", "StageTimings"]
 
 OFFLOAD_CHARS = 65_536
 """Prompt text length (characters, ~16k tokens) above which encoding leaves the event loop."""
@@ -72,10 +79,64 @@ class StageTimings:
         return self.tokenize + self.hash + self.match + self.score
 
 
+class Placement:
+    """Where a routed request's prompt is being computed: the worker credited with its
+    blocks (predicted blocks), and the load the decision counted before dispatch.
+
+    :meth:`move` re-credits another worker (a retry), :meth:`withdraw` takes the credit
+    back (the worker failed or refused before computing the prompt), :meth:`dispatched`
+    hands the counted load over to the in-flight slots of the attempts (idempotent; also
+    called when the request ends without a dispatch). A placement of an unrecorded decision
+    (explain) starts empty.
+    """
+
+    __slots__ = ("_credit", "_pending", "_router", "keys")
+
+    def __init__(self, router: Router, keys: list[int]) -> None:
+        self._router = router
+        self.keys = keys
+        self._credit: Credit | None = None
+        self._pending: list[WorkerState] = []
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker credited now, if any."""
+        credit = self._credit
+        return credit.worker_id if credit is not None and credit.live else None
+
+    def move(self, worker_id: str) -> None:
+        """The prompt will be computed on ``worker_id`` (a no-op if it is credited)."""
+        if self.worker_id == worker_id:
+            return
+        self.withdraw()
+        self._credit = self._router.predicted.credit(worker_id, self.keys)
+        self._router.metrics.predicted_keys.set(len(self._router.predicted))
+
+    def withdraw(self) -> None:
+        credit, self._credit = self._credit, None
+        if credit is not None:
+            self._router.predicted.withdraw(credit)
+            self._router.metrics.predicted_keys.set(len(self._router.predicted))
+
+    def hold(self, worker: WorkerState) -> None:
+        """Count the request on ``worker`` until :meth:`dispatched`."""
+        worker.pending += 1
+        self._pending.append(worker)
+
+    def dispatched(self) -> None:
+        pending, self._pending = self._pending, []
+        for worker in pending:
+            worker.pending -= 1
+
+    def __repr__(self) -> str:
+        return f"Placement(worker={self.worker_id}, pending={len(self._pending)})"
+
+
 @dataclass(frozen=True, slots=True)
 class Routed:
     """A routing outcome: the decision plus what it was computed from. For a model served
-    disaggregated, ``pd`` is the pair plan and ``decision`` its prefill ranking."""
+    disaggregated, ``pd`` is the pair plan and ``decision`` its prefill ranking.
+    ``placement``: the decision's credit and counted load (dispatch moves them)."""
 
     decision: Decision
     model: ModelConfig
@@ -85,6 +146,7 @@ class Routed:
     match_source: str  # "hot_cache" | "index" | "none"
     index_version: int
     timings: StageTimings
+    placement: Placement
     pd: PDPlan | None = None
 
     def credited_tokens(self, worker_id: str) -> int:
@@ -206,21 +268,35 @@ class Router:
 
         if record:
             self._turn += 1
-        weights, turn, rng = self.config.routing.weights, self._turn, self._rng
+        routing = self.config.routing
+        weights, turn, rng = routing.weights, self._turn, self._rng
+        prefix_key = keys[min(routing.tie_blocks, len(keys)) - 1] if keys else None
+        tie = routing.tie_tolerance
         regular = (decide(candidates(workers), weights, cache_off=cache_off, turn=turn,
-                          rng=rng) if workers else None)
+                          rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
+                   if workers else None)
         plan: PDPlan | None = None
+        placement = Placement(self, keys)
         if pools is not None:
             prefill = decide(candidates(pools[0]), weights, cache_off=cache_off, turn=turn,
-                             rng=rng)
+                             rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
             decode = decide(candidates(pools[1]), weights, cache_off=Reason.LOAD_ONLY,
                             turn=turn, rng=rng)
             plan = PDPlan(model.engine, prefill, decode, regular, len(ids),
                           sequence_count(req.endpoint, req.body))
             decision = prefill
+            if record:
+                d_worker = self.pool.get(decode.chosen.worker_id)
+                local = plan.local_prefill(decode.chosen, self.config.pd) is not None
+                self._place(placement, decode.chosen.worker_id if local
+                            else prefill.chosen.worker_id)
+                if d_worker is not None and not local:
+                    placement.hold(d_worker)
         else:
             assert regular is not None
             decision = regular
+            if record:
+                self._place(placement, decision.chosen.worker_id)
         t4 = time.perf_counter()
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         if record:
@@ -234,7 +310,19 @@ class Router:
             m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
             m.prompt_tokens.observe(len(ids))
         return Routed(decision, model, len(ids), keys, query_blocks, source,
-                      answer.index_version if answer is not None else 0, timings, plan)
+                      answer.index_version if answer is not None else 0, timings, placement,
+                      plan)
+
+    def _place(self, placement: Placement, worker_id: str) -> None:
+        """The decision takes effect now: credit ``worker_id`` and count the request there."""
+        placement.move(worker_id)
+        worker = self.pool.get(worker_id)
+        if worker is not None:
+            placement.hold(worker)
+
+    def placement(self, keys: list[int]) -> Placement:
+        """An empty placement for ``keys`` (a fallback that places the request anew)."""
+        return Placement(self, keys)
 
     def _pd_pools(self, model: ModelConfig) -> tuple[list[WorkerState], list[WorkerState]] | None:
         """Routable (prefill, decode) workers of ``model`` speaking its engine's handoff, or
@@ -248,7 +336,8 @@ class Router:
         return (prefill, decode) if prefill and decode else None
 
     def commit(self, routed: Routed, worker_id: str) -> None:
-        """The request was sent to ``worker_id``: predict its blocks there."""
+        """``worker_id`` caches the prompt's blocks too (a vLLM decode pulled them): predict
+        them there, besides the request's placement."""
         self.predicted.credit(worker_id, routed.keys)
         self.metrics.predicted_keys.set(len(self.predicted))
 
@@ -295,7 +384,7 @@ class Router:
         bs = model.block_size
         return Candidate(
             worker_id=worker.id,
-            inflight=worker.inflight,
+            inflight=worker.inflight + worker.pending,
             engine_running=load.running if load is not None else None,
             engine_waiting=load.waiting if load is not None else None,
             high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),

@@ -12,21 +12,37 @@ The degrade chain, in fixed order, reports what the decision could rest on:
 * ``fallback_p2c`` — engine load partly missing: power of two choices on what is known;
 * ``fallback_round_robin`` — only liveness known.
 
-The reason says why cache credit was or was not used. Pure and deterministic given ``turn``
-(a counter spreading ties) and ``rng`` (the two p2c draws).
+The reason says why cache credit was or was not used.
+
+Ties without cache credit (``load_aware``: candidates whose score is within
+``tie_tolerance`` active requests of the best, none credited) are broken by rendezvous
+hashing of the prompt's prefix key: every candidate gets the weight
+``xxh3_64(prefix_key, seed=xxh3_64(worker_id))`` and the heaviest wins. Every gateway replica
+thus sends a new prefix to the same worker without talking to the others (their predicted
+blocks are private), and adding or removing one of N workers moves only ~1/N of the
+prefixes. The reason is then ``prefix_hash`` unless a degradation (``over_watermark``,
+``no_ready_ledger``, ``index_unavailable``, ...) explains the missing credit. Without a
+prefix key (a prompt shorter than a block) ties rotate with ``turn``.
+
+Pure and deterministic given ``turn`` (a counter spreading ties) and ``rng`` (the two p2c
+draws).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import xxhash
+
 from cortex.gateway.config import RoutingWeights
 from cortex.gateway.matching import LedgerState
 
-__all__ = ["Candidate", "Decision", "MatchMode", "Reason", "Scored", "decide"]
+__all__ = ["Candidate", "Decision", "MatchMode", "Reason", "Scored", "decide",
+           "rendezvous_weight"]
 
 
 class MatchMode(StrEnum):
@@ -45,6 +61,7 @@ class Reason(StrEnum):
     PREDICTED_HIT = "predicted_hit"
     LOAD_OUTWEIGHS_HIT = "load_outweighs_hit"
     NO_HIT = "no_hit"
+    PREFIX_HASH = "prefix_hash"  # no credit anywhere: the prefix's hash broke a load tie
     OVER_WATERMARK = "over_watermark"
     NO_READY_LEDGER = "no_ready_ledger"
     INDEX_UNAVAILABLE = "index_unavailable"
@@ -57,7 +74,8 @@ class Reason(StrEnum):
 class Candidate:
     """One live worker able to serve the request, with what is known about it.
 
-    ``inflight``: requests this gateway has open on it. ``engine_running`` /
+    ``inflight``: requests this gateway has open on it or has just routed to it.
+    ``engine_running`` /
     ``engine_waiting``: the engine's last fresh report (``None`` = unknown or stale).
     ``index_tokens`` / ``predicted_tokens``: leading prompt tokens held per the index (READY
     sources only) and per predicted blocks. ``credit_blocked``: why this worker may not get
@@ -142,6 +160,18 @@ def _credit(c: Candidate, cache_off: Reason | None) -> tuple[int, str]:
     return raw, ""
 
 
+@functools.lru_cache(maxsize=4096)
+def _worker_seed(worker_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(worker_id.encode())
+
+
+def rendezvous_weight(worker_id: str, prefix_key: int) -> int:
+    """The highest-random-weight hash of a worker for a prefix (64-bit, stable across
+    processes, Python versions and machines)."""
+    data = (prefix_key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little")
+    return xxhash.xxh3_64_intdigest(data, seed=_worker_seed(worker_id))
+
+
 def decide(
     candidates: Sequence[Candidate],
     weights: RoutingWeights,
@@ -149,11 +179,16 @@ def decide(
     cache_off: Reason | None = None,
     turn: int = 0,
     rng: random.Random | None = None,
+    prefix_key: int | None = None,
+    tie_tolerance: float = 0.0,
 ) -> Decision:
     """Rank ``candidates`` (non-empty) and pick one.
 
     ``cache_off``: why no candidate may get cache credit for this request (index down,
-    prompt not tokenizable, shorter than a block), or ``None``.
+    prompt not tokenizable, shorter than a block), or ``None``. ``prefix_key``: the block
+    key that stands for the prompt's prefix (``None``: no full block); uncredited candidates
+    within ``tie_tolerance`` active requests (score units of ``beta``) of the best one are
+    ordered by :func:`rendezvous_weight` of it.
     """
     if not candidates:
         raise ValueError("decide() needs at least one candidate")
@@ -168,6 +203,7 @@ def decide(
         s, rotation = item
         return (-s.score, s.candidate.active, rotation)
 
+    band = weights.beta * tie_tolerance
     if any(s.credited_tokens for s, _ in scored):
         ranked = tuple(s for s, _ in sorted(scored, key=by_score))
         best = ranked[0]
@@ -175,11 +211,17 @@ def decide(
             c = best.candidate
             reason = Reason.PREDICTED_HIT if c.predicted_tokens > c.index_tokens else Reason.HIT
             return Decision(MatchMode.EXACT_KV, reason, ranked)
+        if prefix_key is not None:
+            ranked, _ = _break_tie(ranked, prefix_key, band)
         return Decision(MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, ranked)
 
     reason = cache_off or _no_credit_reason(candidates)
     if all(c.load_known for c in candidates):
         ranked = tuple(s for s, _ in sorted(scored, key=by_score))
+        if prefix_key is not None:
+            ranked, hashed = _break_tie(ranked, prefix_key, band)
+            if hashed and reason is Reason.NO_HIT:
+                reason = Reason.PREFIX_HASH
         return Decision(MatchMode.LOAD_AWARE, reason, ranked)
     under = [item for item in scored if item[0].candidate.active < item[0].candidate.high_watermark]
     pool = under or scored
@@ -187,6 +229,26 @@ def decide(
         return Decision(MatchMode.P2C, reason, _p2c(pool, scored, rng or random.Random()))
     rotation = sorted(scored, key=lambda item: (item not in pool, item[1]))
     return Decision(MatchMode.ROUND_ROBIN, reason, tuple(s for s, _ in rotation))
+
+
+def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
+               ) -> tuple[tuple[Scored, ...], bool]:
+    """``ranked`` with its uncredited candidates within ``band`` of the best score moved to
+    the front in rendezvous order; ``True`` when there were several to choose from. A worker
+    at its high watermark never ties with one below it: the hash must not undo shedding."""
+    top = ranked[0]
+    best, under = top.score, _under_watermark(top.candidate)
+    tied = [s for s in ranked if not s.credited_tokens and best - s.score <= band
+            and (_under_watermark(s.candidate) or not under)]
+    if len(tied) < 2:
+        return ranked, False
+    tied.sort(key=lambda s: rendezvous_weight(s.worker_id, prefix_key), reverse=True)
+    chosen = {id(s) for s in tied}
+    return (*tied, *(s for s in ranked if id(s) not in chosen)), True
+
+
+def _under_watermark(c: Candidate) -> bool:
+    return c.active < c.high_watermark
 
 
 def _no_credit_reason(candidates: Sequence[Candidate]) -> Reason:

@@ -35,6 +35,7 @@ from cortex.ingest.ops import LedgerState, Op, SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
 from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
+from cortex.registry.tasks import stop_tasks
 
 __all__ = ["IngestService", "WorkerSession"]
 
@@ -89,9 +90,8 @@ class WorkerSession:
         return f"WorkerSession({self.spec.id}, ranks={len(self.runners)}, states={states})"
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        """Cancel the runners and wait until each closed its sockets (also when cancelled)."""
+        await stop_tasks(self.tasks)
 
 
 class IngestService:

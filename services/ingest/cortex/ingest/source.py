@@ -28,6 +28,7 @@ from cortex.ingest.codec import CodecError
 from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
 from cortex.ingest.ops import Op
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
+from cortex.registry.tasks import stop_tasks
 
 __all__ = ["SourceRunner"]
 
@@ -100,17 +101,12 @@ class SourceRunner:
             try:
                 await asyncio.gather(*tasks)
             finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await stop_tasks(tasks)
         finally:
             try:
-                replays = list(self._replays)
                 self._cancel_replay()
-                for task in replays:
-                    task.cancel()
                 # the replay sockets must be closed before the context can terminate
-                await asyncio.gather(*replays, return_exceptions=True)
+                await stop_tasks(list(self._replays))
             finally:  # also when cancelled again meanwhile
                 if monitor is not None:
                     with contextlib.suppress(zmq.ZMQError):

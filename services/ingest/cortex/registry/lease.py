@@ -15,6 +15,7 @@ from types import TracebackType
 from cortex.registry.base import Registry
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
+from cortex.registry.tasks import stop_tasks
 
 __all__ = ["LeaseKeeper"]
 
@@ -62,8 +63,7 @@ class LeaseKeeper:
     ) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
         if self.deregister_on_exit:
             with contextlib.suppress(RegistryUnavailable):
                 await self.registry.deregister(self.spec.id)

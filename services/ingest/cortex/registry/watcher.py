@@ -20,6 +20,7 @@ from types import MappingProxyType, TracebackType
 from cortex.registry.base import Listing, Registry
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
+from cortex.registry.tasks import stop_tasks
 
 __all__ = ["RegistryDiff", "RegistryHealth", "RegistryWatcher", "diff_specs"]
 
@@ -133,9 +134,7 @@ class RegistryWatcher:
         tb: TracebackType | None,
     ) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)  # also when cancelled: no poll or channel read outlives us
 
     def poke(self) -> None:
         """Poll now instead of at the next interval."""
