@@ -14,6 +14,10 @@ This process only sends requests. Three measurements, same run, same requests:
    interleaved across direct / cortex / sglang-router; p50 / p99 of the full stream time.
 3. Max streamed requests/s: closed loop with ``--concurrency`` clients for ``--duration``
    seconds per target, plus the CPU seconds each process spent per request.
+4. Where a gateway process's CPU goes (unless ``--no-floors``): the same closed loop against
+   hypercorn serving a canned stream (the HTTP server alone), hypercorn relaying to a sim
+   with aiohttp and nothing else (server + client), and ``cortex gateway`` without an index
+   (routing by load: no Match round trip) — each process configured like the gateway.
 
 The report goes to ``--out`` (``docs/bench/overhead.md``).
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -63,6 +68,8 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--decisions", type=int, default=300,
                         help="routing decisions per scenario")
     parser.add_argument("--no-router", action="store_true", help="skip sglang-router")
+    parser.add_argument("--no-floors", action="store_true",
+                        help="skip the CPU breakdown (bare hypercorn, bare proxy, no index)")
     parser.add_argument("--out", default="docs/bench/overhead.md", help="report path")
     parser.set_defaults(func=run)
 
@@ -142,6 +149,7 @@ class Cluster:
     gateway_url: str
     router_url: str | None
     procs: dict[str, Proc] = field(default_factory=dict)
+    gateway_config: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -204,7 +212,7 @@ def cluster(with_router: bool) -> Iterator[Cluster]:
             router_url = f"http://127.0.0.1:{router_port}"
             wait_until(lambda: router.alive() and _http_ok(router_url + "/v1/models"), 60, 0.1,
                        "sglang-router")
-        yield Cluster(sims, gw_url, router_url, procs)
+        yield Cluster(sims, gw_url, router_url, procs, config)
 
 
 # ---- requests ---------------------------------------------------------------------------
@@ -354,6 +362,120 @@ def _sim_cpu(sim: SimProcess) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+# ---- the CPU breakdown: the gateway's HTTP stack alone, then without the index ----------
+
+_FLOOR_CHUNK = (b'data: {"id":"chatcmpl-floor","object":"chat.completion.chunk","created":1,'
+                b'"model":"cortex-sim","choices":[{"index":0,"delta":{"content":"word "},'
+                b'"finish_reason":null}]}\n\n')
+
+
+def floor_main() -> None:
+    """``python -c 'from cortex.bench.overhead import floor_main; floor_main()' MODE PORT
+    [UPSTREAM]``: hypercorn, configured like ``GatewayServer``, with an app that answers
+    every request with a canned 16-event stream (``canned``) or relays it to ``UPSTREAM``
+    with aiohttp like the gateway's upstream client, without any routing (``proxy``)."""
+    import socket
+
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config as HypercornConfig
+
+    mode, port, upstream = sys.argv[1], int(sys.argv[2]), (sys.argv[3:] or [""])[0]
+    canned = _FLOOR_CHUNK * 16 + b"data: [DONE]\n\n"
+    sse = [(b"content-type", b"text/event-stream")]
+    http: list[aiohttp.ClientSession] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            http.append(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0),
+                auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()))
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await http[0].close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if mode == "canned":
+            await send({"type": "http.response.start", "status": 200, "headers": sse})
+            await send({"type": "http.response.body", "body": canned, "more_body": True})
+        else:
+            async with http[0].post(upstream + scope["path"], data=body,
+                                    headers={"Content-Type": "application/json"}) as resp:
+                await send({"type": "http.response.start", "status": resp.status,
+                            "headers": sse})
+                async for chunk in resp.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def main() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1024)
+        fd = os.dup(sock.fileno())
+        sock.close()
+        hc = HypercornConfig()
+        hc.bind = [f"fd://{fd}"]
+        hc.accesslog = None
+        hc.errorlog = None
+        hc.include_server_header = False
+        await serve(app, hc)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
+@dataclass
+class Floor:
+    """One server process under the closed loop: its rate and CPU per request (ms)."""
+
+    rate: float
+    cpu_ms: float
+    errors: int
+
+
+def _serving(proc: Proc, port: int, ready_url: str | None) -> bool:
+    return proc.alive() and (_http_ok(ready_url) if ready_url else _port_open(port))
+
+
+async def floors(c: Cluster, concurrency: int, duration: float) -> dict[str, Floor]:
+    """The same closed loop against each breakdown server, started one at a time."""
+    config = {**c.gateway_config, "index": {"targets": []}}
+    out: dict[str, Floor] = {}
+    for name in ("hypercorn, canned stream", "hypercorn + aiohttp relay",
+                 "cortex gateway, no index"):
+        port = free_port()
+        if name.startswith("cortex"):
+            config["server"] = {**config["server"], "port": port}
+            path = Path(tempfile.mkdtemp(prefix="cortex-bench-")) / "gateway.json"
+            path.write_text(json.dumps(config))
+            argv = _cortex("gateway", "--config", str(path), "--log-level", "warning")
+        else:
+            path = None
+            argv = [sys.executable, "-c", "from cortex.bench.overhead import floor_main;"
+                    " floor_main()", "canned" if "canned" in name else "proxy", str(port),
+                    c.sims[0].url]
+        proc = Proc("floor", argv)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            ready = url + "/health/ready" if path else None
+            wait_until(functools.partial(_serving, proc, port, ready), 60, 0.1, name)
+            c.procs["floor"] = proc
+            r = await throughput(c, [url], concurrency, duration)
+            out[name] = Floor(r.rate, r.cpu_s["floor"] / max(r.requests, 1) * 1000, r.errors)
+        finally:
+            c.procs.pop("floor", None)
+            proc.close()
+            if path is not None:
+                shutil.rmtree(path.parent, ignore_errors=True)
+    return out
+
+
 # ---- the run and the report ---------------------------------------------------------------
 
 
@@ -364,7 +486,23 @@ async def _bench(args: argparse.Namespace) -> str:
             lat = await latency(session, c, args.latency_requests)
         rates = {name: await throughput(c, urls, args.concurrency, args.duration)
                  for name, urls in _targets(c).items()}
-    return _report(args, routing, prompt_tokens, lat, rates)
+        breakdown = ({} if args.no_floors
+                     else await floors(c, args.concurrency, args.duration))
+    return _report(args, routing, prompt_tokens, lat, rates, breakdown)
+
+
+def _breakdown_text(breakdown: dict[str, Floor], gw_cpu_ms: float) -> str:
+    """Section 4 as a sentence: what each layer adds to a request's gateway CPU."""
+    if not breakdown:
+        return "run without `--no-floors` for the breakdown"
+    server = breakdown["hypercorn, canned stream"].cpu_ms
+    relay = breakdown["hypercorn + aiohttp relay"].cpu_ms
+    local = breakdown["cortex gateway, no index"].cpu_ms
+    return (f"section 4: {server:.2f} ms is hypercorn and h11 serving the stream,"
+            f" {relay - server:.2f} ms the aiohttp client relaying it, {local - relay:.2f} ms"
+            " Cortex's own work — parsing, chat template and tokenization, hashing, scoring,"
+            f" predictions, SSE forwarding, metrics — and {gw_cpu_ms - local:.2f} ms the index"
+            " Match round trip through grpclib")
 
 
 def _fmt(ms: float) -> str:
@@ -372,8 +510,8 @@ def _fmt(ms: float) -> str:
 
 
 def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]],
-            prompt_tokens: int, lat: dict[str, list[float]], rates: dict[str, Throughput]
-            ) -> str:
+            prompt_tokens: int, lat: dict[str, list[float]], rates: dict[str, Throughput],
+            breakdown: dict[str, Floor]) -> str:
     lines = [
         "# Gateway overhead",
         "",
@@ -452,6 +590,27 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f" gateway spent {gw_cpu_ms:.2f} ms of CPU per request, i.e. at most"
         f" {1000 / max(gw_cpu_ms, 1e-9):.0f} req/s on one full core.",
         "",
+    ]
+    if breakdown:
+        breakdown = {**breakdown, "cortex gateway": Floor(cortex.rate, gw_cpu_ms,
+                                                          cortex.errors)}
+        lines += [
+            "## 4. Where a gateway process's CPU goes",
+            "",
+            f"The same closed loop ({args.concurrency} clients, {args.duration:g} s) against"
+            " one server process at a time, configured like the gateway: hypercorn answering"
+            " a canned 16-event stream (the HTTP server alone), hypercorn relaying each"
+            " request to a sim with aiohttp and nothing else, the gateway without an index"
+            " (load-only routing: everything but the Match round trip), and the gateway of"
+            " section 3. CPU is that process's, per request.",
+            "",
+            "| server | req/s | errors | CPU per request (ms) |",
+            "|---|---|---|---|",
+            *(f"| {name} | {f.rate:.0f} | {f.errors} | {f.cpu_ms:.3f} |"
+              for name, f in breakdown.items()),
+            "",
+        ]
+    lines += [
         "## Where the time goes",
         "",
         f"- **Warm decisions** are one gRPC round trip to the index process ({match:.2f} ms"
@@ -464,15 +623,13 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         " regexes alone cost about as much as the whole encode). Splitting the text for"
         " `encode_batch` on both cores was measured and rejected: under load its thread"
         " pool stalls (30+ ms outliers).",
-        f"- **Throughput**: {gw_cpu_ms:.2f} ms of gateway CPU per streamed request. A"
-        " cProfile of the gateway under this load attributes roughly a third to hypercorn"
-        " and h11 (request parsing, header validation, one `send` per event block), a"
-        " quarter to the aiohttp client, a sixth to routing (template render, segment"
-        " lookups, the Match client) and the rest to SSE forwarding, the handler and"
-        f" metrics. The index spends another {index_cpu_ms:.2f} ms of CPU per request"
-        " answering Match, on the same two cores as the sims, ingest and the load"
-        " generator. 1,500 req/s from one Python process needs a cheaper HTTP stack than"
-        " hypercorn + aiohttp (or several gateway processes per host), not cheaper routing.",
+        f"- **Throughput**: {gw_cpu_ms:.2f} ms of gateway CPU per streamed request"
+        f" ({_breakdown_text(breakdown, gw_cpu_ms)}). The index spends another"
+        f" {index_cpu_ms:.2f} ms of CPU per request answering Match, on the same two cores as"
+        " the sims, ingest and the load generator, so the req/s here is the machine's, not"
+        " one gateway core's. 1,500 req/s from one Python process needs a cheaper HTTP stack"
+        " than hypercorn + aiohttp and a cheaper Match than one grpclib call per request"
+        " (or several gateway processes per host), not cheaper routing.",
         "- **Added latency** at concurrency 1 is the gateway's request handling plus the"
         " Match round trip. sglang-router adds a steady ~40 ms per streamed request in this"
         " setup at concurrency 1 (a stall of the size of a delayed ACK) which disappears"

@@ -100,6 +100,7 @@ class ModelConfig:
     max_prompt_tokens: int | None = None
     tokenize_cache_tokens: int = 1_000_000
     reports_cached_tokens: bool = True
+    _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -120,11 +121,16 @@ class ModelConfig:
                 if not path.exists():
                     raise ConfigError(f"{where}.{name}: {path} does not exist")
                 object.__setattr__(self, name, path)
+        try:  # once: routing asks for it per request (its seed is a hash)
+            domain = HashDomain(self.hash_model or self.name, self.block_size, self.engine)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        object.__setattr__(self, "_domain", domain)
 
     @property
     def domain(self) -> HashDomain:
         """The hash domain (model + block size + engine kind) this model's keys live in."""
-        return HashDomain(self.hash_model or self.name, self.block_size, self.engine)
+        return self._domain
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +159,6 @@ class RoutingConfig:
     too). ``predicted_ttl_s``: how long a routed request's blocks are credited to the chosen
     worker. ``hot_cache_staleness_ms``: the oldest index answer reused without a round trip.
     ``load_stale_after_s``: engine load older than this counts as missing.
-    ``tie_tolerance``: uncredited workers whose load is within this many active requests of
-    the least loaded one count as tied; ties go to the rendezvous hash of the key of the
-    prompt's first ``tie_blocks`` blocks, so every replica places a new prefix alike.
     """
 
     weights: RoutingWeights = field(default_factory=RoutingWeights)
@@ -166,17 +169,14 @@ class RoutingConfig:
     hot_cache_staleness_ms: float = 250.0
     hot_cache_max_entries: int = 8192
     load_stale_after_s: float = 2.0
-    tie_tolerance: float = 1.0
-    tie_blocks: int = 4
 
     def __post_init__(self) -> None:
         _positive("routing", high_watermark=self.high_watermark,
                   predicted_max_keys=self.predicted_max_keys,
-                  load_stale_after_s=self.load_stale_after_s, tie_blocks=self.tie_blocks)
+                  load_stale_after_s=self.load_stale_after_s)
         _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s,
                       hot_cache_staleness_ms=self.hot_cache_staleness_ms,
-                      hot_cache_max_entries=self.hot_cache_max_entries,
-                      tie_tolerance=self.tie_tolerance)
+                      hot_cache_max_entries=self.hot_cache_max_entries)
         for worker, mark in self.watermarks.items():
             if not isinstance(mark, int) or mark < 1:
                 raise ConfigError(f"routing.watermarks.{worker}: must be an integer >= 1")

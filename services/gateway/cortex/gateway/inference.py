@@ -16,11 +16,10 @@ the generation) and frees the worker's in-flight slot. The request's deadline
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import random
 import time
-import uuid
 from collections.abc import Coroutine
 from typing import Any
 
@@ -43,6 +42,7 @@ _NOT_ROUTED: Headers = [
     (b"x-cortex-assigned-worker", b"none"),
     (b"x-cortex-match-mode", b"none"),
 ]
+_ids = random.Random()  # request ids need to be unique, not unpredictable: no syscall each
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -55,7 +55,7 @@ def request_id_of(request: Request) -> str:
     given = request.headers.get("x-request-id", "")
     if 0 < len(given) <= 128 and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return f"{_ids.getrandbits(128):032x}"
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -103,12 +103,13 @@ class InferenceHandler:
             self.metrics.rejected.labels(code=exc.code.value).inc()
             await send_error(send, exc, [*base, *_NOT_ROUTED])
             return exc.status
-        decision = routed.decision
-        log.debug("routed request_id=%s worker=%s mode=%s reason=%s hit_tokens=%d",
-                  request_id, decision.chosen.worker_id, decision.mode.value,
-                  decision.reason.value, decision.hit_tokens,
-                  extra={"request_id": request_id, "worker": decision.chosen.worker_id,
-                         "mode": decision.mode.value})
+        if log.isEnabledFor(logging.DEBUG):
+            decision = routed.decision
+            log.debug("routed request_id=%s worker=%s mode=%s reason=%s hit_tokens=%d",
+                      request_id, decision.chosen.worker_id, decision.mode.value,
+                      decision.reason.value, decision.hit_tokens,
+                      extra={"request_id": request_id, "worker": decision.chosen.worker_id,
+                             "mode": decision.mode.value})
         try:
             body = upstream_body(req, raw)
             exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline,
@@ -125,25 +126,36 @@ class InferenceHandler:
 
 
 async def _race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
-    """Run ``work`` until done or the client disconnects (then cancel it); ``True`` if the
-    client went away first."""
-    task = asyncio.ensure_future(work)
+    """Run ``work`` in this task until done or the client disconnects (then cancel it);
+    ``True`` if the client went away first.
+
+    Only the watcher is a task of its own: ``work`` runs inline, and a disconnect cancels
+    this task, which its ``uncancel`` then takes back. A cancellation from elsewhere (the
+    server going away) propagates."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            task.cancel()
+
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server is going away: clean up, then go too
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
+        await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:
+            return True
         raise
-    watcher.cancel()
-    if task.done():
-        task.result()
-        return False
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return True
+    finally:
+        watcher.remove_done_callback(on_disconnect)
+        watcher.cancel()
+    if gone:  # the work swallowed the cancellation: take the request back all the same
+        task.uncancel()
+    return gone
 
 
 class _Exchange:

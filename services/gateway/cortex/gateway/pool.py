@@ -91,6 +91,7 @@ class WorkerPool:
         self._breaker = breaker
         self._clock = clock
         self._workers: dict[str, WorkerState] = {}
+        self._roles: dict[str, set[WorkerRole]] = {}  # model -> roles registered
         self.version = 0
 
     def sync(self, specs: Mapping[str, WorkerSpec]) -> tuple[list[str], list[str]]:
@@ -108,7 +109,15 @@ class WorkerPool:
                 state.spec = spec
         if added or removed:
             self.version += 1
+        roles: dict[str, set[WorkerRole]] = {}
+        for state in self._workers.values():
+            roles.setdefault(state.spec.model, set()).add(state.spec.role)
+        self._roles = roles
         return added, removed
+
+    def has_role(self, model: str, role: WorkerRole) -> bool:
+        """Whether a worker of ``role`` serving ``model`` is registered (routable or not)."""
+        return role in self._roles.get(model, ())
 
     def get(self, worker_id: str) -> WorkerState | None:
         return self._workers.get(worker_id)

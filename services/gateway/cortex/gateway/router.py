@@ -44,10 +44,21 @@ from cortex.gateway.tokenize import PromptTokenizer
 from cortex.hashing import HashDomain
 from cortex.registry.spec import WorkerRole
 
-__all__ = ["OFFLOAD_CHARS", "Matcher", "Placement", "Routed", "Router", "StageTimings"]
+__all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
+           "Router", "StageTimings"]
 
 OFFLOAD_CHARS = 65_536
 """Prompt text length (characters, ~16k tokens) above which encoding leaves the event loop."""
+
+TIE_TOLERANCE = 1.0
+"""Workers without cache credit whose load is within this many active requests of the least
+loaded one tie: each replica sees its own requests at once and the others' only through the
+engines' polled load, so exact ties would rarely survive across replicas."""
+
+TIE_BLOCKS = 4
+"""Ties go to the rendezvous hash of the block key of the prompt's first this many blocks
+(64 tokens at block size 16): deep enough to tell different prompts apart, shallow enough to
+lie inside a shared system prompt."""
 
 log = logging.getLogger(__name__)
 
@@ -268,10 +279,9 @@ class Router:
 
         if record:
             self._turn += 1
-        routing = self.config.routing
-        weights, turn, rng = routing.weights, self._turn, self._rng
-        prefix_key = keys[min(routing.tie_blocks, len(keys)) - 1] if keys else None
-        tie = routing.tie_tolerance
+        weights, turn, rng = self.config.routing.weights, self._turn, self._rng
+        prefix_key = keys[min(TIE_BLOCKS, len(keys)) - 1] if keys else None
+        tie = TIE_TOLERANCE
         regular = (decide(candidates(workers), weights, cache_off=cache_off, turn=turn,
                           rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
                    if workers else None)
@@ -327,7 +337,9 @@ class Router:
     def _pd_pools(self, model: ModelConfig) -> tuple[list[WorkerState], list[WorkerState]] | None:
         """Routable (prefill, decode) workers of ``model`` speaking its engine's handoff, or
         ``None`` when the model is not served disaggregated now."""
-        if not self.config.pd.enabled:
+        pool = self.pool
+        if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
+                and pool.has_role(model.name, WorkerRole.DECODE)):
             return None
         prefill = [w for w in self.pool.candidates(model.name, WorkerRole.PREFILL)
                    if w.spec.engine is model.engine]

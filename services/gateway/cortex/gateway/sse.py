@@ -142,6 +142,7 @@ class SSEForwarder:
         self._buffer = b""
         self._last_block = b""  # the latest complete events, parsed only when needed
         self._parsed = True
+        self._usage_stripped = False
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes of the complete events now available (possibly empty)."""
@@ -227,13 +228,17 @@ class SSEForwarder:
         if obj is None or obj.get("choices") != [] or not isinstance(obj.get("usage"), dict):
             return block
         self.usage = obj["usage"]
+        self._usage_stripped = True
         return block[:start] + block[end:]
 
     def _parse_last(self) -> None:
-        """Parse the last data event (not ``[DONE]``) of the latest block, once."""
+        """Parse the last data event (not ``[DONE]``) of the latest block, once; not at all
+        once the stripped usage chunk was read (the answer's last object, parsed already)."""
         if self._parsed:
             return
         self._parsed = True
+        if self._usage_stripped:
+            return
         block = self._last_block
         sep = b"\r\n\r\n" if b"\r\n\r\n" in block else b"\n\n"
         for event in reversed(block.split(sep)):

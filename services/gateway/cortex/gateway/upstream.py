@@ -103,7 +103,10 @@ class UpstreamClient:
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
             auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
+            # bodies are relayed as they come: never ask a worker to compress them
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+            # workers' cookies must never flow from one client's request into another's
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         return self
 
