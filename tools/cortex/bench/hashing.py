@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from cortex.bench.timed import add_timed_parser, timed_main
 from cortex.hashing import (
     HASH_VERSION,
     Engine,
@@ -227,45 +228,15 @@ def run(out_dir: Path, seconds: float = DEFAULT_SECONDS) -> Path:
     return path
 
 
-def _run_cli(args: argparse.Namespace) -> int:
-    if not args.seconds > 0:
-        print("cortex bench hashing: error: --seconds must be positive", file=sys.stderr)
-        return 2
-    path = run(Path(args.out), args.seconds)
-    print(path)
-    return 0
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", default="docs/bench", metavar="DIR", help="report directory (default docs/bench)"
-    )
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=DEFAULT_SECONDS,
-        metavar="S",
-        help=f"measuring time per case (default {DEFAULT_SECONDS})",
-    )
-    parser.set_defaults(func=_run_cli)
-
-
 def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``hashing`` to ``cortex bench``."""
-    parser = bench_subparsers.add_parser(
-        "hashing",
-        help="Cortex key and engine-hash throughput",
-        description="Time Cortex keys and the engine-hash replicas on 4k-token prompts.",
-    )
-    _add_arguments(parser)
+    add_timed_parser(bench_subparsers, "hashing", run, DEFAULT_SECONDS,
+                     help="Cortex key and engine-hash throughput",
+                     description="Time Cortex keys and the engine-hash replicas on 4k-token prompts.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cortex.bench.hashing")
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
+    return timed_main("hashing", run, DEFAULT_SECONDS, argv)
 
 
 if __name__ == "__main__":

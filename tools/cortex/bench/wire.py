@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from cortex.api.index.v1 import LedgerState, MatchRequest, MatchResponse
+from cortex.bench.timed import add_timed_parser, timed_main
 from cortex.index.wire import (
     MatchDomain,
     MatchReply,
@@ -373,44 +374,15 @@ def run(out_dir: Path, seconds: float = DEFAULT_SECONDS) -> Path:
     return path
 
 
-def _run_cli(args: argparse.Namespace) -> int:
-    if not args.seconds > 0:
-        print("cortex bench wire: error: --seconds must be positive", file=sys.stderr)
-        return 2
-    print(run(Path(args.out), args.seconds))
-    return 0
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", default="docs/bench", metavar="DIR", help="report directory (default docs/bench)"
-    )
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=DEFAULT_SECONDS,
-        metavar="S",
-        help=f"measuring time per cell (default {DEFAULT_SECONDS})",
-    )
-    parser.set_defaults(func=_run_cli)
-
-
 def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``wire`` to ``cortex bench``."""
-    parser = bench_subparsers.add_parser(
-        "wire",
-        help="MatchRequest / MatchResponse codec timings",
-        description="Time betterproto, cortex.index.wire and grpcio/upb on Match messages.",
-    )
-    _add_arguments(parser)
+    add_timed_parser(bench_subparsers, "wire", run, DEFAULT_SECONDS,
+                     help="MatchRequest / MatchResponse codec timings",
+                     description="Time betterproto, cortex.index.wire and grpcio/upb on Match messages.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cortex.bench.wire")
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
+    return timed_main("wire", run, DEFAULT_SECONDS, argv)
 
 
 if __name__ == "__main__":
