@@ -232,7 +232,7 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``hashing`` to ``cortex bench``."""
     add_timed_parser(bench_subparsers, "hashing", run, DEFAULT_SECONDS,
                      help="Cortex key and engine-hash throughput",
-                     description="Time Cortex keys and the engine-hash replicas on 4k-token prompts.")
+                     description="Time Cortex keys and engine-hash replicas on 4k-token prompts.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -378,7 +378,7 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``wire`` to ``cortex bench``."""
     add_timed_parser(bench_subparsers, "wire", run, DEFAULT_SECONDS,
                      help="MatchRequest / MatchResponse codec timings",
-                     description="Time betterproto, cortex.index.wire and grpcio/upb on Match messages.")
+                     description="Time betterproto, cortex.index.wire and upb on Match messages.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
