@@ -294,6 +294,7 @@ def _noise_rule(config: Mapping[str, Any]) -> str:
 
 def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]) -> str:
     targets = evaluate_targets(results)
+    scale = round(512 / config["profile"]["tokens_per_block"])
     lines = [
         "# Routing quality: Cortex vs sglang-router on real and published workloads", "",
         f"`{config['command']}` — {config['date']}, {config['duration_min']:.1f} min on"
@@ -314,6 +315,16 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
         " ~40 ms here — a delayed-ACK artifact unrelated to routing — so it would lose TTFT for"
         " the wrong reason). *idle TTFT* is the p50 of a few sequential uncacheable one-token"
         " requests on the idle deployment: what the proxy path alone costs.", "",
+        f"Scale: one benchmark token stands for {scale} real tokens (a Mooncake 512-token"
+        f" block is {config['profile']['tokens_per_block']} tokens here; the llm-d and"
+        f" multi-turn sizes are divided by {scale} too), so"
+        f" {config['prefill_ms_per_token']:g} ms per benchmark token is"
+        f" {config['prefill_ms_per_token'] * 1000 / scale:.1f} µs per real token"
+        f" (~{scale / config['prefill_ms_per_token']:.0f}k real tokens/s of prefill per"
+        " worker). Each worker's KV pool is a fixed fraction"
+        f" ({config['profile']['capacity_fraction']:g}) of the workload's distinct prompt"
+        " pages unless the workload prescribes one, so that no single worker can hold a"
+        " workload's working set but the cluster can.", "",
         f"Each (workload, contender) ran {config['repeats']} time(s), each time on fresh"
         " processes, the contender order reversed every other repetition; the numbers pool"
         " the requests of all repetitions (the last column shows each one alone). The machine"
