@@ -91,7 +91,7 @@ FULL = Profile(workers=8, tokens_per_block=32, trace_minutes=6, trace_speedup=8,
                shared_groups=64, shared_users=5, shared_rates=(4, 8, 16, 24, 32, 40, 48),
                shared_stage_s=6, multi_clients=48, multi_rounds=8, multi_client_rate=1.5,
                multi_think_s=1.0)
-QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.15, trace_speedup=4,
+QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.15, trace_speedup=8,
                 shared_groups=6, shared_users=3, shared_rates=(8, 16), shared_stage_s=1.0,
                 multi_clients=5, multi_rounds=3, multi_client_rate=8.0, multi_think_s=0.2)
 
@@ -274,27 +274,30 @@ def run(args: argparse.Namespace) -> int:
         quiet_wait_s=args.quiet_wait_s if args.quiet_wait_s is not None else (
             0.0 if args.quick else 90.0),
         max_foreign_cores=math.inf if args.quick else args.max_foreign_cores,
-        noisy_retries=0 if args.quick else 1, idle_probes=5 if args.quick else 15)
+        noisy_retries=0 if args.quick else 1, idle_probes=3 if args.quick else 15)
     results: list[WorkloadResult] = []
-    ok = False
+    ok = complete = False
     try:
         for workload in build_workloads(profile, text, names, traces, args.seed):
             shapes = shape_prompts(workload.requests, chat.encode_text, chat.encode_chat,
                                    plan.sims.block_size)
             results.append(run_workload(workload, shapes, plan))
+        complete = True
         ok = all(r.verified for res in results for r in res.runs.values())
     finally:
         if args.keep_logs or not ok:
             print(f"process logs kept in {logs}", file=sys.stderr)
         else:
             shutil.rmtree(logs, ignore_errors=True)
-    config = _config(args, profile, weights, plan, time.monotonic() - started)
-    (out / "report.md").write_text(report_markdown(results, config), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps(report_json(results, config), indent=1) + "\n",
-                                     encoding="utf-8")
-    write_plots(results, out)
-    print(f"report written to {out / 'report.md'} ({config['duration_min']:.1f} min)",
-          file=sys.stderr)
+        if results:  # an interrupted run still leaves what it measured
+            config = _config(args, profile, weights, plan, time.monotonic() - started)
+            config["complete"] = complete
+            (out / "report.md").write_text(report_markdown(results, config), encoding="utf-8")
+            (out / "report.json").write_text(
+                json.dumps(report_json(results, config), indent=1) + "\n", encoding="utf-8")
+            write_plots(results, out)
+    print(f"report written to {out / 'report.md'} ({(time.monotonic() - started) / 60:.1f}"
+          " min)", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -17,15 +17,17 @@ Start deployments from the main thread (children die with the thread that starte
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
-from cortex.cli.supervisor import Supervisor
+from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
+from cortex.cli.supervisor import Child, ChildExited, Supervisor
 from cortex.testing import free_port, sglang_router_argv, wait_until
 
 __all__ = [
@@ -137,6 +139,51 @@ class CpuMeter:
                 "foreign_cores": round(max(busy - ours, 0.0), 2), "cores": cores}
 
 
+START_ATTEMPTS = 3
+"""Start-ups tried per deployment: ports are picked free and bound a moment later, so on a
+busy machine another process can take one in between (a start-up failure, not a result)."""
+
+
+def _started(spec: ClusterSpec, log_dir: Path) -> LocalCluster:
+    """A started :class:`LocalCluster`; a failed start-up is retried with fresh ports."""
+    for attempt in range(START_ATTEMPTS):
+        cluster = LocalCluster(spec, log_dir / f"attempt-{attempt}" if attempt else log_dir)
+        try:
+            cluster.start()
+            return cluster
+        except ClusterError as exc:
+            if attempt == START_ATTEMPTS - 1:
+                raise
+            print(f"    start-up failed, trying again: {str(exc).splitlines()[0]}",
+                  file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _router_ready(child: Child, url: str) -> bool:
+    if not child.alive():
+        raise ChildExited(f"sglang-router exited: {child.log_tail(500)}")
+    return probe_http(url + "/v1/models")
+
+
+def _router(supervisor: Supervisor, policy: str, workers: list[str]) -> tuple[str, int]:
+    """Start sglang-router (fresh port on a failed start-up); its URL and pid."""
+    for attempt in range(START_ATTEMPTS):
+        port = free_port()
+        child = supervisor.start(f"sglang-router-{attempt}",
+                                 sglang_router_argv(port, policy, workers))
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(functools.partial(_router_ready, child, url), 60, 0.05, "sglang-router")
+            return url, child.pid
+        except (ChildExited, TimeoutError) as exc:
+            supervisor.stop(child)
+            if attempt == START_ATTEMPTS - 1:
+                raise
+            print(f"    sglang-router start-up failed, trying again: {exc}", file=sys.stderr,
+                  flush=True)
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def deploy(contender: str, sims: SimSetup, log_dir: Path,
            cortex_weights: Mapping[str, float] | None = None) -> Iterator[Deployment]:
@@ -150,7 +197,8 @@ def deploy(contender: str, sims: SimSetup, log_dir: Path,
         if contender == "cortex_load_only":
             weights["alpha"] = 0.0
         config = {"routing": {"weights": weights}} if weights else {}
-        with LocalCluster(sims.spec(services=True, gateway_config=config), log_dir) as cluster:
+        cluster = _started(sims.spec(services=True, gateway_config=config), log_dir)
+        try:
             pids = {name: cluster.process(name).pid
                     for name in ("redis", "index", "ingest", "gateway-0", *cluster.workers)}
             yield Deployment(
@@ -159,22 +207,18 @@ def deploy(contender: str, sims: SimSetup, log_dir: Path,
                 time.monotonic() - started,
                 "Cortex gateway + index + ingest + Redis" + (
                     f", routing weights {weights}" if weights else ", default routing weights"))
+        finally:
+            cluster.stop()
         return
     policy = contender.removeprefix("sglang_")
-    with LocalCluster(sims.spec(services=False), log_dir) as cluster, \
-            Supervisor(log_dir) as supervisor:
-        port = free_port()
-        workers = {wid: w.url for wid, w in cluster.workers.items()}
-        router = supervisor.start("sglang-router",
-                                  sglang_router_argv(port, policy, list(workers.values())))
-        url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            supervisor.check()
-            return probe_http(url + "/v1/models")
-
-        wait_until(ready, 60, 0.05, "sglang-router")
-        pids = {"sglang-router": router.pid,
-                **{wid: cluster.process(wid).pid for wid in cluster.workers}}
-        yield Deployment(contender, url, workers, pids, time.monotonic() - started,
-                         f"sglang-router 0.3.2 --policy {policy}, defaults otherwise")
+    cluster = _started(sims.spec(services=False), log_dir)
+    try:
+        with Supervisor(log_dir) as supervisor:
+            workers = {wid: w.url for wid, w in cluster.workers.items()}
+            url, pid = _router(supervisor, policy, list(workers.values()))
+            pids = {"sglang-router": pid,
+                    **{wid: cluster.process(wid).pid for wid in cluster.workers}}
+            yield Deployment(contender, url, workers, pids, time.monotonic() - started,
+                             f"sglang-router --policy {policy}, defaults otherwise")
+    finally:
+        cluster.stop()

@@ -75,7 +75,7 @@ def evaluate_targets(results: Sequence[WorkloadResult]) -> list[Target]:
             continue
         if ca is not None:
             out.append(Target(name, "hit rate > sglang cache_aware", cx.hit_rate > ca.hit_rate,
-                              f"{cx.hit_rate:.1%} vs {ca.hit_rate:.1%}"))
+                              f"{cx.hit_rate:.2%} vs {ca.hit_rate:.2%}"))
             for i, label in ((0, "p50"), (1, "p90")):
                 out.append(Target(
                     name, f"TTFT {label} < sglang cache_aware", cx.ttft_ms[i] < ca.ttft_ms[i],
@@ -227,8 +227,10 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         if gateway:
             decided = ", ".join(f"{k} {v:,}" for k, v in gateway["decisions"].items())
             timing = ", ".join(f"{k} {v:.2f}" for k, v in gateway["routing_ms_mean"].items())
-            lines += ["", f"{c}: gateway decisions (mode/reason) {decided}; mean routing time"
-                      f" per request (ms): {timing}."]
+            note = (" (with alpha 0 the labels only say whether the chosen worker happened to"
+                    " hold a prefix: load alone chose it)" if c == "cortex_load_only" else "")
+            lines += ["", f"{c}: gateway decisions (mode/reason){note} {decided}; mean routing"
+                      f" time per request inside the gateway (ms): {timing}."]
     if w.stages:
         lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", "",
                   "| offered req/s | " + " | ".join(c for c in CONTENDERS if c in res.runs)
@@ -298,7 +300,9 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
     lines = [
         "# Routing quality: Cortex vs sglang-router on real and published workloads", "",
         f"`{config['command']}` — {config['date']}, {config['duration_min']:.1f} min on"
-        f" {config['machine']}.", "",
+        f" {config['machine']}."
+        + ("" if config.get("complete", True) else
+           " **Interrupted: only the workloads below were measured.**"), "",
         "Every contender runs in front of its own fresh set of"
         f" {config['workers']} `cortex sim` SGLang workers (page size {config['block_size']}"
         f" tokens, finite KV pool, prefill {config['prefill_ms_per_token']:g} ms per *uncached*"

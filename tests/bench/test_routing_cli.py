@@ -1,0 +1,67 @@
+"""``cortex bench routing`` options, profiles and workload construction (no processes)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from cortex.bench import routing
+from cortex.bench.routing_runner import worker_capacity
+from cortex.bench.routing_text import BlockText, WordVocabulary
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    routing.register(parser.add_subparsers())
+    return parser.parse_args(["routing", *argv])
+
+
+@pytest.fixture(scope="module")
+def text() -> BlockText:
+    chat = routing.load_chat_tokenizer()
+    return BlockText(WordVocabulary.from_tokenizer(chat.tokenizer), 32)
+
+
+def test_profiles_and_overrides() -> None:
+    assert routing._profile(_args()) == routing.FULL
+    assert routing._profile(_args("--quick")) == routing.QUICK
+    p = routing._profile(_args("--quick", "--workers", "3", "--trace-speedup", "2",
+                               "--capacity-fraction", "0.5"))
+    assert (p.workers, p.trace_speedup, p.capacity_fraction) == (3, 2.0, 0.5)
+    assert routing.FULL.scaled(6000) == 375 and routing.FULL.token_scale == 1 / 16
+
+
+def test_cortex_runs_with_its_default_weights_unless_told() -> None:
+    assert routing.cortex_weights(_args()) == {}
+    assert routing.cortex_weights(_args("--alpha", "2", "--gamma", "0")) == {"alpha": 2.0,
+                                                                            "gamma": 0.0}
+
+
+def test_choice_rejects_unknown_names() -> None:
+    assert routing._choice("multi_turn,shared_prefix", routing.WORKLOADS, "workloads") == [
+        "shared_prefix", "multi_turn"]
+    with pytest.raises(SystemExit, match="unknown"):
+        routing._choice("cortex,nginx", ("cortex",), "contenders")
+
+
+def test_worker_capacity_rule() -> None:
+    assert worker_capacity(0.3, 10_000, 100) == 3000
+    assert worker_capacity(0.3, 1000, 200) == 800       # room for four of the largest
+    assert worker_capacity(0.01, 100, 1) == 256
+
+
+def test_quick_workloads_are_deterministic_and_complete(text: BlockText) -> None:
+    traces = routing._traces_dir(None)
+    if not traces.is_dir():
+        pytest.skip(f"no traces at {traces}")
+    build: Any = routing.build_workloads
+    a = build(routing.QUICK, text, routing.WORKLOADS, traces, 0)
+    b = build(routing.QUICK, text, routing.WORKLOADS, traces, 0)
+    assert [w.name for w in a] == list(routing.WORKLOADS)
+    assert [w.digest() for w in a] == [w.digest() for w in b]
+    small = a[-1]
+    assert small.kv_blocks == routing.QUICK.small_kv_blocks and a[0].kv_blocks is None
+    assert [r.prompt for r in small.requests] == [r.prompt for r in a[0].requests]
+    assert all(len(w.requests) > 0 for w in a)
