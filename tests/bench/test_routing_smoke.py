@@ -18,13 +18,16 @@ from cortex.bench.routing_contenders import CONTENDERS
 
 pytestmark = pytest.mark.slow
 
+TRACES = Path(__file__).parent / "data" / "traces"
+"""The first 30 s of each Mooncake trace (what ``--quick`` replays), so a clone runs it alone."""
+
 
 @pytest.mark.timeout(180)
 def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> None:
     out = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "cortex.cli.main", "bench", "routing", "--quick", "--out",
-         str(out)], capture_output=True, text=True, timeout=170, check=False)
+         str(out), "--traces", str(TRACES)], capture_output=True, text=True, timeout=170, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((out / "report.json").read_text())
     runs = {(r["workload"], r["contender"]): r for r in doc["runs"]}

@@ -52,6 +52,25 @@ def test_load_can_outweigh_a_small_hit() -> None:
         MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, "b")
 
 
+def test_a_longer_prefill_queue_than_the_hit_saves_sends_the_request_elsewhere() -> None:
+    w = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=1.0)
+    # the holder saves 2,048 tokens of prefill but 3,000 uncached tokens are queued ahead there
+    busy = cand("holder", index_tokens=2048, prefilling=3000, inflight=1)
+    idle = cand("idle", inflight=1)
+    d = decide([busy, idle], w)
+    assert (d.mode, d.reason, d.chosen.worker_id) == (
+        MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, "idle")
+    # a shorter queue than the saving keeps the affinity
+    d = decide([cand("holder", index_tokens=2048, prefilling=1000, inflight=1), idle], w)
+    assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 2048)
+    # without credit anywhere the shorter prefill queue wins over equal request counts
+    d = decide([cand("a", prefilling=900, inflight=2), cand("b", prefilling=100, inflight=2)], w)
+    assert d.chosen.worker_id == "b"
+    # delta 0: the queue is ignored
+    d = decide([busy, idle], RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=0.0))
+    assert d.chosen.worker_id == "holder"
+
+
 def test_predicted_blocks_count_as_a_hit() -> None:
     d = decide([cand("a", predicted_tokens=256), cand("b", index_tokens=128)], W)
     assert (d.mode, d.reason, d.chosen.worker_id) == (

@@ -129,6 +129,8 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--alpha", type=float, help="Cortex routing weight alpha (per token)")
     parser.add_argument("--beta", type=float, help="Cortex routing weight beta (per running)")
     parser.add_argument("--gamma", type=float, help="Cortex routing weight gamma (per queued)")
+    parser.add_argument("--delta", type=float,
+                        help="Cortex routing weight delta (per uncached token being prefilled)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
     parser.add_argument("--quiet-wait-s", type=float,
@@ -244,8 +246,8 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
 
 def cortex_weights(args: argparse.Namespace) -> dict[str, float]:
     """Cortex's routing weights: its documented defaults unless ``--alpha`` / ``--beta`` /
-    ``--gamma`` override them (the report then says so)."""
-    return {k: float(v) for k in ("alpha", "beta", "gamma")
+    ``--gamma`` / ``--delta`` override them (the report then says so)."""
+    return {k: float(v) for k in ("alpha", "beta", "gamma", "delta")
             if (v := getattr(args, k)) is not None}
 
 
@@ -309,17 +311,18 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
     if args.contenders != ",".join(CONTENDERS):
         argv += ["--contenders", args.contenders]
     for flag in ("workers", "repeats", "trace_minutes", "trace_speedup", "tokens_per_block",
-                 "capacity_fraction", "prefill_ms_per_token", "alpha", "beta", "gamma"):
+                 "capacity_fraction", "prefill_ms_per_token", "alpha", "beta", "gamma", "delta"):
         if (value := getattr(args, flag)) is not None:
             argv += [f"--{flag.replace('_', '-')}", f"{value:g}"]
     if args.seed:
         argv += ["--seed", str(args.seed)]
     argv += ["--out", args.out]
     note = ("Cortex ran with its documented default routing weights (alpha 1 per cached"
-            " token, beta 64 per running request, gamma 128 per queued request)."
+            " token, beta 64 per running request, gamma 128 per queued request, delta 0 per"
+            " uncached token being prefilled: off)."
             if not weights else
             f"Cortex ran with tuned routing weights {dict(weights)}, the others at their"
-            " defaults (alpha 1, beta 64, gamma 128).")
+            " defaults (alpha 1, beta 64, gamma 128, delta 0).")
     sims = plan.sims
     return {
         "command": shlex.join(argv), "date": time.strftime("%Y-%m-%d"),

@@ -121,6 +121,12 @@ def _totals(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, En
     return out
 
 
+_TIMED = {"cortex_gateway_upstream_first_byte_seconds": "upstream first byte",
+          "cortex_gateway_ttft_seconds": "first token out"}
+"""Gateway histograms reported beside the routing stages: the worker's time to its first byte
+(from the attempt) and the gateway's time to the first token it sent (from the request)."""
+
+
 async def _gateway_counters(d: Deployment) -> dict[tuple[str, str], float]:
     """Cortex's decision counters and routing-stage time sums (``{}`` for peers)."""
     if not d.contender.startswith("cortex"):
@@ -140,6 +146,11 @@ async def _gateway_counters(d: Deployment) -> dict[tuple[str, str], float]:
                                  "cortex_gateway_routing_seconds_count"):
                 kind = "sum" if sample.name.endswith("_sum") else "count"
                 out[(f"routing_{kind}", sample.labels.get("stage", ""))] = sample.value
+            elif (stage := _TIMED.get(sample.name.rpartition("_")[0])) is not None:
+                kind = sample.name.rpartition("_")[2]
+                if kind in ("sum", "count"):  # summed over workers and modes
+                    key = (f"routing_{kind}", stage)
+                    out[key] = out.get(key, 0.0) + sample.value
     return out
 
 

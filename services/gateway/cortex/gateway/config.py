@@ -135,19 +135,28 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class RoutingWeights:
-    """``score(w) = alpha*credited_tokens - beta*active_requests - gamma*queued_requests``.
+    """``score(w) = alpha*credited_tokens - beta*active_requests - gamma*queued_requests
+    - delta*prefilling_tokens``.
 
     ``alpha`` per cached prompt token, ``beta`` per request running on the worker (the
     larger of the gateway's own in-flight count and the engine's running count), ``gamma``
-    per request waiting in the engine's queue (the engine-reported proxy of queue delay).
+    per request waiting in the engine's queue (the engine-reported proxy of queue delay),
+    ``delta`` per uncached prompt token this gateway has sent the worker and not yet seen
+    the first byte of (the prefill queued ahead of the request). With ``delta == alpha`` a
+    token of someone else's prefill ahead of the request weighs as much as one of its own:
+    the score ranks workers by the prefill work standing between the request and its first
+    token. Off (0) by default: it trades cache hits for time to first token (a burst of a
+    new prefix spreads instead of following its first request; see docs/gateway.md).
     """
 
     alpha: float = 1.0
     beta: float = 64.0
     gamma: float = 128.0
+    delta: float = 0.0
 
     def __post_init__(self) -> None:
-        _non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma)
+        _non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
+                      delta=self.delta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +453,7 @@ def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         if section not in _SECTIONS or not name:
             raise ConfigError(f"{var}: unknown setting")
         table = raw.setdefault(section, {})
-        if section == "routing" and name in ("alpha", "beta", "gamma"):
+        if section == "routing" and name in ("alpha", "beta", "gamma", "delta"):
             table = table.setdefault("weights", {})
         table[name] = text
 

@@ -28,7 +28,7 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDOutcome
 from cortex.gateway.payload import Endpoint, InferenceRequest
 from cortex.gateway.pool import WorkerPool, WorkerState
-from cortex.gateway.router import Routed, Router
+from cortex.gateway.router import Routed, Router, uncached
 from cortex.gateway.scoring import Decision
 from cortex.gateway.sse import EventRewrite
 from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
@@ -158,7 +158,7 @@ class Dispatcher:
             attempts += 1
             placement.move(worker.id)
             opened = await self._attempt(worker, path, body, headers, req.stream, attempts,
-                                         mode)
+                                         mode, uncached(routed.prompt_tokens, scored))
             if isinstance(opened, Opened):
                 if opened.response.status != 200:
                     placement.withdraw()  # refused: the prompt is not computed there
@@ -184,10 +184,14 @@ class Dispatcher:
         stream: bool,
         attempts: int,
         mode: str,
+        prefill_tokens: int,
     ) -> Opened | UpstreamFailure:
+        """One attempt up to its first byte; ``prefill_tokens`` count on the worker's
+        prefill queue (:attr:`WorkerState.prefilling`) until then."""
         breaker = worker.breaker
         breaker.on_attempt()
         acquire_slot(worker, self.metrics)
+        worker.prefilling += prefill_tokens
         response: UpstreamResponse | None = None
         sent = time.perf_counter()
         try:
@@ -222,6 +226,8 @@ class Dispatcher:
             release_slot(worker, self.metrics)
             breaker.on_abandon()
             raise
+        finally:
+            worker.prefilling -= prefill_tokens
         breaker.on_success()
         if response.status == 200:
             self.metrics.child(self.metrics.upstream_ttfb, worker.id, mode).observe(

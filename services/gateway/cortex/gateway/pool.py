@@ -48,6 +48,9 @@ class WorkerState:
         self.last_probe_error: str | None = None
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)
+        # uncached prompt tokens of this gateway's requests routed or sent here whose first
+        # byte has not come back: the prefill work queued ahead of the next request
+        self.prefilling = 0
         self.engine: EngineLoad | None = None
         self.ledger = LedgerState.UNKNOWN
 
@@ -76,7 +79,7 @@ class WorkerState:
         return (
             f"WorkerState({self.id}, {self.spec.engine.value}, {self.spec.role.value},"
             f" health={self.health.value}, breaker={self.breaker.state.value},"
-            f" inflight={self.inflight}, ledger={self.ledger.value})"
+            f" inflight={self.inflight}, prefilling={self.prefilling}, ledger={self.ledger.value})"
         )
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
 import random
 import time
@@ -39,16 +38,18 @@ from cortex.gateway.pairing import PDPlan
 from cortex.gateway.payload import InferenceRequest, PromptKind
 from cortex.gateway.pool import WorkerPool, WorkerState
 from cortex.gateway.predicted import Credit, PredictedBlocks
-from cortex.gateway.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.scoring import Candidate, Decision, Reason, Scored, decide
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.hashing import HashDomain
 from cortex.registry.spec import WorkerRole
 
 __all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
-           "Router", "StageTimings"]
+           "Router", "StageTimings", "uncached"]
 
-OFFLOAD_CHARS = 65_536
-"""Prompt text length (characters, ~16k tokens) above which encoding leaves the event loop."""
+OFFLOAD_CHARS = 4_096
+"""Uncached prompt text (characters, ~1k tokens, 1-6 ms of encoding) above which encoding
+leaves the event loop: a burst of long new prompts must not hold up every other request's
+index reply and stream."""
 
 TIE_TOLERANCE = 1.0
 """Workers without cache credit whose load is within this many active requests of the least
@@ -107,7 +108,7 @@ class Placement:
         self._router = router
         self.keys = keys
         self._credit: Credit | None = None
-        self._pending: list[WorkerState] = []
+        self._pending: list[tuple[WorkerState, int]] = []
 
     @property
     def worker_id(self) -> str | None:
@@ -129,15 +130,18 @@ class Placement:
             self._router.predicted.withdraw(credit)
             self._router.metrics.predicted_keys.set(len(self._router.predicted))
 
-    def hold(self, worker: WorkerState) -> None:
-        """Count the request on ``worker`` until :meth:`dispatched`."""
+    def hold(self, worker: WorkerState, prefill_tokens: int = 0) -> None:
+        """Count the request, and the ``prefill_tokens`` it will compute, on ``worker``
+        until :meth:`dispatched` (from there dispatch counts them per attempt)."""
         worker.pending += 1
-        self._pending.append(worker)
+        worker.prefilling += prefill_tokens
+        self._pending.append((worker, prefill_tokens))
 
     def dispatched(self) -> None:
         pending, self._pending = self._pending, []
-        for worker in pending:
+        for worker, prefill_tokens in pending:
             worker.pending -= 1
+            worker.prefilling -= prefill_tokens
 
     def __repr__(self) -> str:
         return f"Placement(worker={self.worker_id}, pending={len(self._pending)})"
@@ -168,6 +172,12 @@ class Routed:
         return 0
 
 
+def uncached(prompt_tokens: int, scored: Scored) -> int:
+    """Prompt tokens ``scored``'s worker will compute (what it holds is not computed, even
+    when the decision gave it no credit for it)."""
+    return max(prompt_tokens - PDPlan.held_tokens(scored), 0)
+
+
 class Router:
     """Holds the routing caches; one per gateway process. Not thread-safe (event loop)."""
 
@@ -191,9 +201,9 @@ class Router:
         self._rng = random.Random()
         self._domain_ids = {m.name: f"{m.domain.model}/{m.block_size}/{m.engine.value}"
                             for m in config.models}
-        # one thread: long prompts are encoded in order, off the event loop
+        # long prompts are encoded off the event loop (the tokenizer releases the GIL there)
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="cortex-tokenize")
+            max_workers=2, thread_name_prefix="cortex-tokenize")
         for tokenizer in tokenizers.values():
             tokenizer.observer = self._observe_segments
 
@@ -202,8 +212,9 @@ class Router:
     async def tokens(self, req: InferenceRequest) -> list[int]:
         """The exact prompt token ids the engine will see (first prompt of a batch).
 
-        Prompts over ``OFFLOAD_CHARS`` characters are encoded on a worker thread (the
-        tokenizer releases the GIL) so one huge prompt does not stall every other request.
+        Prompts with over ``OFFLOAD_CHARS`` characters not in the segment cache are encoded
+        on a worker thread (the tokenizer releases the GIL) so long new prompts do not stall
+        every other request.
         Raises :class:`ClientError` when the chat template rejects the messages or the
         prompt exceeds the model's limit.
         """
@@ -221,12 +232,12 @@ class Router:
                 special = prompt.chat.add_special_tokens
             else:
                 text, special = prompt.text, prompt.add_special_tokens
-            encode = functools.partial(tokenizer.encode, add_special_tokens=special)
-            if len(text) > OFFLOAD_CHARS:
+            plan = tokenizer.plan(text, special)
+            if plan.missing_chars > OFFLOAD_CHARS:
                 loop = asyncio.get_running_loop()
-                ids = await loop.run_in_executor(self._executor, encode, text)
+                ids = await loop.run_in_executor(self._executor, plan.finish)
             else:
-                ids = encode(text)
+                ids = plan.finish()
         limit = req.model.max_prompt_tokens
         if limit is not None and len(ids) > limit:
             raise ClientError(
@@ -298,15 +309,16 @@ class Router:
             if record:
                 d_worker = self.pool.get(decode.chosen.worker_id)
                 local = plan.local_prefill(decode.chosen, self.config.pd) is not None
-                self._place(placement, decode.chosen.worker_id if local
-                            else prefill.chosen.worker_id)
+                computes = decode.chosen if local else prefill.chosen
+                self._place(placement, computes.worker_id, uncached(len(ids), computes))
                 if d_worker is not None and not local:
                     placement.hold(d_worker)
         else:
             assert regular is not None
             decision = regular
             if record:
-                self._place(placement, decision.chosen.worker_id)
+                self._place(placement, decision.chosen.worker_id,
+                            uncached(len(ids), decision.chosen))
         t4 = time.perf_counter()
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         if record:
@@ -323,12 +335,13 @@ class Router:
                       answer.index_version if answer is not None else 0, timings, placement,
                       plan)
 
-    def _place(self, placement: Placement, worker_id: str) -> None:
-        """The decision takes effect now: credit ``worker_id`` and count the request there."""
+    def _place(self, placement: Placement, worker_id: str, prefill_tokens: int) -> None:
+        """The decision takes effect now: credit ``worker_id`` and count the request (and
+        the ``prefill_tokens`` it will compute) there."""
         placement.move(worker_id)
         worker = self.pool.get(worker_id)
         if worker is not None:
-            placement.hold(worker)
+            placement.hold(worker, prefill_tokens)
 
     def placement(self, keys: list[int]) -> Placement:
         """An empty placement for ``keys`` (a fallback that places the request anew)."""
@@ -400,6 +413,7 @@ class Router:
             engine_running=load.running if load is not None else None,
             engine_waiting=load.waiting if load is not None else None,
             high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),
+            prefilling=worker.prefilling,
             ledger=match.state if match is not None else LedgerState.UNKNOWN,
             index_tokens=match.ready_blocks * bs if match is not None else 0,
             predicted_tokens=predicted_blocks * bs,

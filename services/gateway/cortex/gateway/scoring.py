@@ -1,8 +1,10 @@
 """Scoring and the degrade chain: candidates with their matches and loads → one decision.
 
-``score(w) = alpha*credited_tokens(w) - beta*active(w) - gamma*queued(w)`` where a worker's
-cache credit is its longest READY prefix (index ledger or predicted blocks), withheld when the
-worker is at or over its high-watermark — affinity yields to load for that worker only.
+``score(w) = alpha*credited_tokens(w) - beta*active(w) - gamma*queued(w)
+- delta*prefilling(w)`` where a worker's cache credit is its longest READY prefix (index
+ledger or predicted blocks), withheld when the worker is at or over its high-watermark —
+affinity yields to load for that worker only — and ``prefilling`` the uncached prompt tokens
+this gateway sent it that have not started answering (the prefill queue ahead).
 
 The degrade chain, in fixed order, reports what the decision could rest on:
 
@@ -77,6 +79,8 @@ class Candidate:
     ``inflight``: requests this gateway has open on it or has just routed to it.
     ``engine_running`` /
     ``engine_waiting``: the engine's last fresh report (``None`` = unknown or stale).
+    ``prefilling``: uncached prompt tokens of this gateway's requests on it that have not
+    produced a first byte yet.
     ``index_tokens`` / ``predicted_tokens``: leading prompt tokens held per the index (READY
     sources only) and per predicted blocks. ``credit_blocked``: why this worker may not get
     cache credit at all (e.g. ``block_size_mismatch``), or ``None``. ``dp_rank``: the DP
@@ -88,6 +92,7 @@ class Candidate:
     engine_running: int | None = None
     engine_waiting: int | None = None
     high_watermark: int = 64
+    prefilling: int = 0
     ledger: LedgerState = LedgerState.UNKNOWN
     index_tokens: int = 0
     predicted_tokens: int = 0
@@ -196,7 +201,8 @@ def decide(
     scored: list[tuple[Scored, int]] = []
     for i, c in enumerate(candidates):
         credit, note = _credit(c, cache_off)
-        score = weights.alpha * credit - weights.beta * c.active - weights.gamma * c.queued
+        score = (weights.alpha * credit - weights.beta * c.active - weights.gamma * c.queued
+                 - weights.delta * c.prefilling)
         scored.append((Scored(c, credit, score, note), (i - turn) % n))
 
     def by_score(item: tuple[Scored, int]) -> tuple[float, int, int]:

@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 
 from cortex.chat import ChatTokenizer, RenderArgs
 
-__all__ = ["PromptTokenizer", "SegmentCache", "TokenizerStats"]
+__all__ = ["EncodePlan", "PromptTokenizer", "SegmentCache", "TokenizerStats"]
 
 
 @dataclass(slots=True)
@@ -204,7 +204,7 @@ class PromptTokenizer:
 
     :meth:`encode` returns exactly what ``ChatTokenizer.encode`` returns (the sim's and the
     engine's tokenization), only faster on repeated segments.
-    Synchronous and CPU-bound (~1 µs per uncached token); safe to call from several threads.
+    Synchronous and CPU-bound (1-6 µs per uncached token); safe to call from several threads.
     ``observer(hits, misses)``, when set, receives each call's segment-cache outcome.
     """
 
@@ -251,35 +251,82 @@ class PromptTokenizer:
         return self._encode(text, add_special=True)
 
     def _encode(self, text: str, add_special: bool) -> list[int]:
+        return self.plan(text, add_special).finish()
+
+    def plan(self, text: str, add_special_tokens: bool) -> EncodePlan:
+        """``text`` split and looked up in the segment cache; :meth:`EncodePlan.finish`
+        encodes what is missing (``missing_chars`` of it: the caller decides where)."""
         if self._splitter is None:
-            whole: list[int] = self._tok.encode(text, add_special_tokens=add_special).ids
-            return whole
-        out: list[int] = list(self._prefix) if add_special else []
+            return EncodePlan(self, [text], [], len(text), 0, whole=add_special_tokens)
+        parts: list[int | list[int] | str] = list(self._prefix) if add_special_tokens else []
+        keys: list[tuple[str, bool]] = []
         first = True
-        hits = misses = 0
+        hits = missing = 0
         cache = self.cache
         for piece, token_id in self._splitter.split(text):
             if token_id is not None:
-                out.append(token_id)
+                parts.append(token_id)
             else:
                 key = (piece, first)
                 cached = cache.get(key)
                 if cached is None:
-                    misses += 1
-                    cached = self._tok.encode(piece, add_special_tokens=False).ids
-                    cache.put(key, cached)
+                    parts.append(piece)
+                    keys.append(key)
+                    missing += len(piece)
                 else:
                     hits += 1
-                out.extend(cached)
+                    parts.append(cached)
             first = False
-        if add_special:
-            out.extend(self._suffix)
-        if self.observer is not None:
-            self.observer(hits, misses)
-        return out
+        if add_special_tokens:
+            parts.extend(self._suffix)
+        return EncodePlan(self, parts, keys, missing, hits)
+
+    def _ids(self, text: str, add_special: bool) -> list[int]:
+        # encode_batch releases the GIL while it works (encode does not), so a long prompt
+        # encoded on a worker thread leaves the event loop running
+        ids: list[int] = self._tok.encode_batch([text], add_special_tokens=add_special)[0].ids
+        return ids
 
     def __repr__(self) -> str:
         return f"PromptTokenizer({self.chat!r}, segmented={self.segmented}, {self.cache!r})"
+
+
+class EncodePlan:
+    """A prompt's pieces: token ids, cached pieces' ids, and texts still to encode."""
+
+    __slots__ = ("_hits", "_keys", "_parts", "_tokenizer", "_whole", "missing_chars")
+
+    def __init__(self, tokenizer: PromptTokenizer, parts: list[int | list[int] | str],
+                 keys: list[tuple[str, bool]], missing_chars: int, hits: int, *,
+                 whole: bool | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._parts = parts  # strings are the cache misses, in the order of ``keys``
+        self._keys = keys
+        self._hits = hits
+        self._whole = whole  # not segmented: one text, encoded with these special tokens
+        self.missing_chars = missing_chars
+
+    def finish(self) -> list[int]:
+        """The ids (CPU-bound for ``missing_chars``; safe on a worker thread)."""
+        tok = self._tokenizer
+        if self._whole is not None:
+            text, = self._parts
+            assert isinstance(text, str)
+            return tok._ids(text, self._whole)
+        out: list[int] = []
+        keys = iter(self._keys)
+        for part in self._parts:
+            if isinstance(part, int):
+                out.append(part)
+            elif isinstance(part, str):
+                ids = tok._ids(part, False)
+                tok.cache.put(next(keys), ids)
+                out.extend(ids)
+            else:
+                out.extend(part)
+        if tok.observer is not None:
+            tok.observer(self._hits, len(self._keys))
+        return out
 
 
 @functools.lru_cache(maxsize=8)
