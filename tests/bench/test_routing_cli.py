@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from cortex.bench import routing
+from cortex.bench.routing_contenders import Deployment, cpu_split, pinned
 from cortex.bench.routing_runner import worker_capacity
 from cortex.bench.routing_text import BlockText, WordVocabulary
 
@@ -65,3 +69,25 @@ def test_quick_workloads_are_deterministic_and_complete(text: BlockText) -> None
     assert small.kv_blocks == routing.QUICK.small_kv_blocks and a[0].kv_blocks is None
     assert [r.prompt for r in small.requests] == [r.prompt for r in a[0].requests]
     assert all(len(w.requests) > 0 for w in a)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_pinning_gives_the_routing_tier_its_own_cpu_and_restores_ours() -> None:
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                for _ in range(2)]
+    try:
+        worker, router = (c.pid for c in children)
+        deployment = Deployment("cortex", "http://127.0.0.1:1", {"w0": "http://127.0.0.1:2"},
+                                {"w0": worker, "gateway-0": router})
+        mine = os.sched_getaffinity(0)
+        split = cpu_split()
+        assert split is not None
+        with pinned(deployment):
+            assert os.sched_getaffinity(router) == set(split["routing tier"])
+            assert os.sched_getaffinity(worker) == set(split["workers and load generator"])
+            assert os.sched_getaffinity(0) == set(split["workers and load generator"])
+        assert os.sched_getaffinity(0) == mine
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()

@@ -27,7 +27,8 @@ def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> Non
     out = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "cortex.cli.main", "bench", "routing", "--quick", "--out",
-         str(out), "--traces", str(TRACES)], capture_output=True, text=True, timeout=170, check=False)
+         str(out), "--traces", str(TRACES)],
+        capture_output=True, text=True, timeout=170, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((out / "report.json").read_text())
     runs = {(r["workload"], r["contender"]): r for r in doc["runs"]}

@@ -208,6 +208,40 @@ async def test_client_disconnect_cancels_the_upstream_request(
     assert "cortex_gateway_client_disconnects_total 1.0" in metrics
 
 
+async def test_a_request_counts_its_uncached_prompt_on_the_worker_until_its_first_byte(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    from cortex.sim.config import TimingConfig
+
+    slow_prefill = TimingConfig(prefill_ms_per_uncached_token=20.0, prefill_overhead_ms=0.0,
+                                decode_ms_per_token=1.0)
+    sim = await start_sim(timing=slow_prefill)
+    gw = await start_gateway([spec_of(sim, "w1")])
+    worker = gw.gateway.pool.get("w1")
+    assert worker is not None and worker.prefilling == 0
+    seen: list[int] = []
+
+    async def call() -> dict[str, Any]:
+        async with http.post(gw.url + "/v1/chat/completions",
+                             json=chat("count my prefill", stream=False)) as resp:
+            assert resp.status == 200
+            body: dict[str, Any] = await resp.json()
+            return body
+
+    task = asyncio.create_task(call())
+
+    def prefilling() -> bool:
+        seen.append(worker.prefilling)
+        return worker.prefilling > 0
+
+    await wait_until_async(prefilling, timeout=5, interval=0.005,
+                           what="the request's prefill to be counted")
+    usage = (await task)["usage"]
+    # nothing was cached: the whole prompt was counted, and nothing is left once it answered
+    assert max(seen) == usage["prompt_tokens"]
+    assert worker.prefilling == 0 and worker.pending == 0
+
+
 async def test_admin_api(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:

@@ -7,6 +7,7 @@ nothing held), so only the router's own predictions can make requests co-locate.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,8 @@ from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.payload import Endpoint, parse_request
 from cortex.gateway.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.router import Routed, Router
+from cortex.gateway.router import OFFLOAD_CHARS, Routed, Router
+from cortex.gateway.tokenize import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
 from cortex.registry import WorkerSpec
 
@@ -121,6 +123,33 @@ async def test_a_moved_placement_takes_its_credit_along(router: Router) -> None:
         other, "predicted_hit")
     first.placement.withdraw()  # ... and other refused it: only the follower's credit stays
     follower.placement.withdraw()
+    for done in (first, follower):  # both answered: no prefill queued anywhere any more
+        done.placement.dispatched()
     third = await route(router, prompt(4, 2))
     assert third.decision.reason.value == "prefix_hash"
     assert third.decision.chosen.worker_id == chosen  # the hash agrees with the first time
+
+
+async def test_long_new_prompts_are_encoded_off_the_event_loop() -> None:
+    config = GatewayConfig(models=(ModelConfig(name=MODEL, block_size=BLOCK),))
+    pool = WorkerPool(config.breaker)
+    tok = PromptTokenizer.load()
+    router = Router(config, pool, {MODEL: tok}, ColdIndex(), GatewayMetrics())
+    threads: list[str] = []
+    counted = tok.observer
+    assert counted is not None
+
+    def observe(hits: int, misses: int) -> None:
+        threads.append(threading.current_thread().name)
+        counted(hits, misses)
+
+    tok.observer = observe
+    long_text = " ".join(f"word{i}" for i in range(OFFLOAD_CHARS // 4))
+    try:
+        for text in ("a short prompt", long_text, long_text):
+            req = parse_request(Endpoint.COMPLETIONS, {"model": MODEL, "prompt": text}, config)
+            assert await router.tokens(req) == tok.chat.encode_text(text)
+    finally:
+        router.close()
+    # short: inline; long and new: a tokenizer thread; long but cached: inline again
+    assert [name.startswith("cortex-tokenize") for name in threads] == [False, True, False]

@@ -183,3 +183,19 @@ def test_adding_or_removing_a_worker_moves_only_its_share_of_prefixes() -> None:
     moved = [(b, a) for b, a in zip(before, after_addition, strict=True) if b != a]
     assert all(a == "worker-8" for _, a in moved)  # only to the new worker
     assert 2000 / 9 * 0.7 < len(moved) < 2000 / 9 * 1.3
+
+
+def test_uncredited_ties_go_to_the_shortest_prefill_queue_then_the_hash() -> None:
+    # within one active request of each other, none credited: the prefill queue decides
+    tied = [cand("a", inflight=1, prefilling=800), cand("b", inflight=2, prefilling=100),
+            cand("c", inflight=1, prefilling=800)]
+    d = decide(tied, W, prefix_key=7, tie_tolerance=1.0)
+    assert (d.mode, d.reason, d.chosen.worker_id) == (
+        MatchMode.LOAD_AWARE, Reason.PREFIX_HASH, "b")
+    # equal queues: the rendezvous hash, as every replica would compute it
+    idle = [cand(w) for w in ("a", "b", "c")]
+    heaviest = max("abc", key=lambda w: rendezvous_weight(w, 7))
+    assert decide(idle, W, prefix_key=7, tie_tolerance=1.0).chosen.worker_id == heaviest
+    # without a prefix key, equal scores go to the shorter queue too
+    short = decide([cand("a", prefilling=50), cand("b")], W)
+    assert short.chosen.worker_id == "b"

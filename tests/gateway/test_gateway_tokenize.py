@@ -118,3 +118,20 @@ def test_single_word_tokens_disable_segmentation() -> None:
     tok = PromptTokenizer(custom)
     assert not tok.segmented
     assert tok.encode_text("a word, swords") == custom.encode_text("a word, swords")
+
+
+def test_a_plan_counts_only_what_the_segment_cache_lacks() -> None:
+    tok = PromptTokenizer(chat())
+    system = {"role": "system", "content": "Rules of the house. " * 500}
+    first = render(tok, [system, {"role": "user", "content": "question one"}])
+    cold = tok.plan(first, False)
+    assert cold.missing_chars >= len(system["content"])
+    assert cold.finish() == chat().encode(first, False)
+    second = render(tok, [system, {"role": "user", "content": "question two"}])
+    warm = tok.plan(second, False)
+    assert 0 < warm.missing_chars < 100  # the new question only
+    assert warm.finish() == chat().encode(second, False)
+    unsegmented = PromptTokenizer(_tokenizer_with(AddedToken("word", single_word=True)))
+    whole = unsegmented.plan("a word, swords", True)
+    assert whole.missing_chars == len("a word, swords")
+    assert whole.finish() == unsegmented.chat.encode_text("a word, swords")

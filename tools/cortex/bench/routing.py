@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.routing_bounds import shape_prompts
-from cortex.bench.routing_contenders import CONTENDERS, SimSetup
+from cortex.bench.routing_contenders import CONTENDERS, SimSetup, cpu_split
 from cortex.bench.routing_report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing_runner import RunPlan, run_workload
 from cortex.bench.routing_text import BlockText, WordVocabulary
@@ -140,6 +140,10 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="a run during which other work on the machine took more cores"
                              " than this is discarded and run once more (full mode)")
     parser.add_argument("--keep-logs", action="store_true", help="keep every process's log")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="let every process use every core (default: each contender's"
+                             " routing tier on the first CPU, workers and the load generator"
+                             " on the others)")
     parser.set_defaults(func=run)
 
 
@@ -276,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
         quiet_wait_s=args.quiet_wait_s if args.quiet_wait_s is not None else (
             0.0 if args.quick else 90.0),
         max_foreign_cores=math.inf if args.quick else args.max_foreign_cores,
-        noisy_retries=0 if args.quick else 1, idle_probes=3 if args.quick else 15)
+        noisy_retries=0 if args.quick else 1, idle_probes=3 if args.quick else 15,
+        pin=not args.no_pin and cpu_split() is not None)
     results: list[WorkloadResult] = []
     ok = complete = False
     try:
@@ -316,6 +321,8 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
             argv += [f"--{flag.replace('_', '-')}", f"{value:g}"]
     if args.seed:
         argv += ["--seed", str(args.seed)]
+    if args.no_pin:
+        argv.append("--no-pin")
     argv += ["--out", args.out]
     note = ("Cortex ran with its documented default routing weights (alpha 1 per cached"
             " token, beta 64 per running request, gamma 128 per queued request, delta 0 per"
@@ -337,6 +344,7 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
         "prefill_overhead_ms": sims.prefill_overhead_ms,
         "decode_ms_per_token": sims.decode_ms_per_token, "max_running": sims.max_running,
         "sglang_router_version": _version("sglang-router"),
+        "pinned": cpu_split() if plan.pin else None,
         "profile": dataclasses.asdict(profile), "cortex_weights": dict(weights),
         "cortex_weights_note": note, "seed": args.seed,
     }

@@ -35,8 +35,10 @@ __all__ = [
     "CpuMeter",
     "Deployment",
     "SimSetup",
+    "cpu_split",
     "deploy",
     "machine_busy_cores",
+    "pinned",
 ]
 
 CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin")
@@ -107,6 +109,46 @@ def machine_busy_cores(interval_s: float = 0.5) -> float:
     busy1, total1 = _machine_busy_s()
     cores = os.cpu_count() or 1
     return (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (the call takes one thread id at a time) onto ``cpus``."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(tid, cpus)
+
+
+def cpu_split() -> dict[str, list[int]] | None:
+    """The CPUs :func:`pinned` gives each side (``None`` with fewer than two CPUs)."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        return None
+    return {"routing tier": mine[:1], "workers and load generator": mine[1:]}
+
+
+@contextlib.contextmanager
+def pinned(d: Deployment) -> Iterator[None]:
+    """While inside: the deployment's routing tier (gateway, index, ingest, Redis, or
+    sglang-router) alone on one CPU, its workers and this load generator on the others — as
+    in production, where routers do not share cores with the engines (:func:`cpu_split`; no
+    change with fewer than two CPUs). This process's affinity is restored on the way out."""
+    split = cpu_split()
+    if split is None:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    routing, rest = set(split["routing tier"]), set(split["workers and load generator"])
+    for name, pid in d.pids.items():
+        _set_affinity(pid, rest if name in d.workers else routing)
+    _set_affinity(os.getpid(), rest)
+    try:
+        yield
+    finally:
+        _set_affinity(os.getpid(), mine)
 
 
 class CpuMeter:

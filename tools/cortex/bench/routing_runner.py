@@ -10,6 +10,7 @@ headline numbers pool every repetition's requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import sys
@@ -35,6 +36,7 @@ from cortex.bench.routing_contenders import (
     SimSetup,
     deploy,
     machine_busy_cores,
+    pinned,
 )
 from cortex.bench.routing_metrics import (
     EngineTotals,
@@ -72,6 +74,7 @@ class RunPlan:
     max_foreign_cores: float = math.inf
     noisy_retries: int = 0
     idle_probes: int = 15
+    pin: bool = False  # the routing tier on its own core (routing_contenders.pinned)
 
 
 def worker_capacity(fraction: float, working_set_pages: int, largest_request_pages: int) -> int:
@@ -149,8 +152,8 @@ async def _gateway_counters(d: Deployment) -> dict[tuple[str, str], float]:
             elif (stage := _TIMED.get(sample.name.rpartition("_")[0])) is not None:
                 kind = sample.name.rpartition("_")[2]
                 if kind in ("sum", "count"):  # summed over workers and modes
-                    key = (f"routing_{kind}", stage)
-                    out[key] = out.get(key, 0.0) + sample.value
+                    timed = (f"routing_{kind}", stage)
+                    out[timed] = out.get(timed, 0.0) + sample.value
     return out
 
 
@@ -313,7 +316,8 @@ def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunP
              contender: str, name: str, log: Callable[[str], None]
              ) -> tuple[RunSummary, list[Outcome]]:
     busy_before = wait_for_quiet(plan, log) if plan.quiet_wait_s > 0 else None
-    with deploy(contender, sims, plan.logs / workload.name / name, plan.cortex_weights) as d:
+    with deploy(contender, sims, plan.logs / workload.name / name, plan.cortex_weights) as d, \
+            pinned(d) if plan.pin else contextlib.nullcontext():
         summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model, plan,
                                                  busy_before))
     t = summary.ttft_ms

@@ -17,14 +17,17 @@ The degrade chain, in fixed order, reports what the decision could rest on:
 The reason says why cache credit was or was not used.
 
 Ties without cache credit (``load_aware``: candidates whose score is within
-``tie_tolerance`` active requests of the best, none credited) are broken by rendezvous
+``tie_tolerance`` active requests of the best, none credited) go to the shortest prefill
+queue (``prefilling``: the time to first token a new prompt would wait there); among equal
+queues (idle workers, or another replica's view) they are broken by rendezvous
 hashing of the prompt's prefix key: every candidate gets the weight
 ``xxh3_64(prefix_key, seed=xxh3_64(worker_id))`` and the heaviest wins. Every gateway replica
 thus sends a new prefix to the same worker without talking to the others (their predicted
 blocks are private), and adding or removing one of N workers moves only ~1/N of the
 prefixes. The reason is then ``prefix_hash`` unless a degradation (``over_watermark``,
 ``no_ready_ledger``, ``index_unavailable``, ...) explains the missing credit. Without a
-prefix key (a prompt shorter than a block) ties rotate with ``turn``.
+prefix key (a prompt shorter than a block) equal scores go to the shortest prefill queue,
+then rotate with ``turn``.
 
 Pure and deterministic given ``turn`` (a counter spreading ties) and ``rng`` (the two p2c
 draws).
@@ -205,9 +208,9 @@ def decide(
                  - weights.delta * c.prefilling)
         scored.append((Scored(c, credit, score, note), (i - turn) % n))
 
-    def by_score(item: tuple[Scored, int]) -> tuple[float, int, int]:
+    def by_score(item: tuple[Scored, int]) -> tuple[float, int, int, int]:
         s, rotation = item
-        return (-s.score, s.candidate.active, rotation)
+        return (-s.score, s.candidate.prefilling, s.candidate.active, rotation)
 
     band = weights.beta * tie_tolerance
     if any(s.credited_tokens for s, _ in scored):
@@ -240,15 +243,17 @@ def decide(
 def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
                ) -> tuple[tuple[Scored, ...], bool]:
     """``ranked`` with its uncredited candidates within ``band`` of the best score moved to
-    the front in rendezvous order; ``True`` when there were several to choose from. A worker
-    at its high watermark never ties with one below it: the hash must not undo shedding."""
+    the front, the shortest prefill queue first and rendezvous order among equal queues;
+    ``True`` when there were several to choose from. A worker at its high watermark never
+    ties with one below it: the hash must not undo shedding."""
     top = ranked[0]
     best, under = top.score, _under_watermark(top.candidate)
     tied = [s for s in ranked if not s.credited_tokens and best - s.score <= band
             and (_under_watermark(s.candidate) or not under)]
     if len(tied) < 2:
         return ranked, False
-    tied.sort(key=lambda s: rendezvous_weight(s.worker_id, prefix_key), reverse=True)
+    tied.sort(key=lambda s: (s.candidate.prefilling,
+                             -rendezvous_weight(s.worker_id, prefix_key)))
     chosen = {id(s) for s in tied}
     return (*tied, *(s for s in ranked if id(s) not in chosen)), True
 
