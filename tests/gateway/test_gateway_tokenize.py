@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -135,3 +136,44 @@ def test_a_plan_counts_only_what_the_segment_cache_lacks() -> None:
     whole = unsegmented.plan("a word, swords", True)
     assert whole.missing_chars == len("a word, swords")
     assert whole.finish() == unsegmented.chat.encode_text("a word, swords")
+
+
+# chunk cuts everywhere they are allowed: tricky neighbours of " word" on both sides
+CUTTABLE = [*WORDS, " a", " Zeta", "x", ".", "..", "'", "\u200b", "\u00a0", "\t", " ", "  ",
+                    "7", " 8", "日本", "!a", "\n ", " \n", "é", "\u0301", "—"]
+cuttable = st.lists(st.sampled_from(CUTTABLE + SPECIALS), max_size=60).map("".join)
+
+
+@functools.cache
+def chunked() -> PromptTokenizer:
+    return PromptTokenizer(chat(), cache_tokens=200_000, chunk_chars=2)
+
+
+@settings(max_examples=400, deadline=None)
+@given(cuttable, st.booleans())
+def test_chunked_text_tokens_equal_whole_text_tokenization(prompt: str, special: bool) -> None:
+    tok = chunked()
+    assert tok.chunk_chars == 2
+    expected = chat().encode(prompt, special)
+    assert tok.encode(prompt, special) == expected
+    assert tok.encode(prompt, special) == expected  # warm
+
+
+def test_a_prompt_extending_an_earlier_one_encodes_only_its_tail() -> None:
+    tok = PromptTokenizer(chat(), chunk_chars=256)
+    earlier = "Rules of the house, rule number one and rule number two. " * 60
+    tok.encode_text(earlier)
+    later = earlier + "And now a new question about the rules?"
+    plan = tok.plan(later, True)
+    assert plan.missing_chars < 256 + 64  # the last chunk of the earlier text and the tail
+    assert plan.finish() == chat().encode_text(later)
+
+
+def test_unknown_pre_tokenizers_are_not_chunked() -> None:
+    described = json.loads(chat().tokenizer.to_str())
+    described["pre_tokenizer"]["pretokenizers"][2]["pattern"]["Regex"] += "|x"
+    base = chat()
+    other = ChatTokenizer(Tokenizer.from_str(json.dumps(described)), base.template,
+                          base.special_tokens, "test")
+    assert PromptTokenizer(other).chunk_chars == 0
+    assert PromptTokenizer(chat()).chunk_chars == 512

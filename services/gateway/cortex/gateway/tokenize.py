@@ -15,6 +15,15 @@ around the concatenation exactly as ``add_special_tokens=True`` would.
 
 A long system prompt or an earlier turn of a conversation is one piece between the
 template's special tokens, so it is encoded once and then served from the cache.
+
+Long pieces are cut further into chunks, for tokenizers whose pre-tokenizer is known to end a
+pre-token before a space that is followed by an ASCII letter and preceded by a non-space
+(``CHUNKED_PRE_TOKENIZERS``: BPE never merges across pre-tokens, so the ids of the parts
+concatenate to the ids of the whole). A chunk ends at the first such space at least
+``chunk_chars`` characters after its start, a rule that depends only on the text before
+the cut: two prompts sharing a prefix share its chunks, and a plain completion prompt that
+extends an earlier one (the next turn of a conversation sent as text) encodes only its
+new tail.
 """
 
 from __future__ import annotations
@@ -33,7 +42,23 @@ from tokenizers import Tokenizer
 
 from cortex.chat import ChatTokenizer, RenderArgs
 
-__all__ = ["EncodePlan", "PromptTokenizer", "SegmentCache", "TokenizerStats"]
+__all__ = ["CHUNKED_PRE_TOKENIZERS", "EncodePlan", "PromptTokenizer", "SegmentCache",
+           "TokenizerStats"]
+
+CHUNKED_PRE_TOKENIZERS = (
+    # DeepSeek-V3 / V4 (and the R1 family): digits in threes, CJK runs, then the GPT-4-style
+    # split whose letter alternative ``[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+`` starts every
+    # " word" and whose other alternatives cannot run from a non-space across a space
+    "\\p{N}{1,3}|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+|[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|"
+    "[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|"
+    "\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+"""Pre-tokenizers (their Split regexes joined with ``|``, then ByteLevel without its own
+regex) for which a space between a non-space and an ASCII letter always starts a new
+pre-token; only these get chunked (the property tests check the claim)."""
+
+_CUT = re.compile(r"(?<=\S) (?=[A-Za-z])")
+"""Where a chunk may end: a space after a non-space and before an ASCII letter."""
 
 
 @dataclass(slots=True)
@@ -189,6 +214,26 @@ def _splitter(tokenizer: Tokenizer) -> _Splitter | None:
     return _Splitter(_AddedTokenMatcher(raw), _AddedTokenMatcher(normalized))
 
 
+def _chunkable(tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer's pre-tokenizer is one of :data:`CHUNKED_PRE_TOKENIZERS`."""
+    described = json.loads(tokenizer.to_str())
+    normalizer = described.get("normalizer")
+    if normalizer is not None and not (normalizer.get("type") == "Sequence"
+                                       and not normalizer.get("normalizers")):
+        return False
+    if (described.get("model") or {}).get("type") != "BPE":
+        return False
+    pre = described.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("use_regex"):
+        return False
+    splits = steps[:-1]
+    if any(s.get("type") != "Split" or s.get("behavior") != "Isolated" or s.get("invert")
+           or "Regex" not in s.get("pattern", {}) for s in splits):
+        return False
+    return "|".join(s["pattern"]["Regex"] for s in splits) in CHUNKED_PRE_TOKENIZERS
+
+
 def _affixes(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """Ids the post-processor adds before and after a single sequence."""
     plain = tokenizer.encode("a", add_special_tokens=False).ids
@@ -210,12 +255,15 @@ class PromptTokenizer:
 
     observer: Callable[[int, int], None] | None = None
 
-    def __init__(self, chat: ChatTokenizer, cache_tokens: int = 1_000_000) -> None:
+    def __init__(self, chat: ChatTokenizer, cache_tokens: int = 1_000_000,
+                 chunk_chars: int = 512) -> None:
         self.chat = chat
         self.cache = SegmentCache(cache_tokens)
         self._tok = chat.tokenizer
         self._splitter = _splitter(chat.tokenizer) if cache_tokens > 0 else None
         self.segmented = self._splitter is not None
+        # 0: pieces are cached whole (the tokenizer is not known to allow cuts)
+        self.chunk_chars = chunk_chars if self.segmented and _chunkable(chat.tokenizer) else 0
         self._prefix, self._suffix = _affixes(chat.tokenizer)
 
     def fork(self) -> PromptTokenizer:
@@ -266,20 +314,37 @@ class PromptTokenizer:
         for piece, token_id in self._splitter.split(text):
             if token_id is not None:
                 parts.append(token_id)
-            else:
-                key = (piece, first)
+                first = False
+                continue
+            for chunk in self._chunks(piece):
+                key = (chunk, first)
                 cached = cache.get(key)
                 if cached is None:
-                    parts.append(piece)
+                    parts.append(chunk)
                     keys.append(key)
-                    missing += len(piece)
+                    missing += len(chunk)
                 else:
                     hits += 1
                     parts.append(cached)
-            first = False
+                first = False
         if add_special_tokens:
             parts.extend(self._suffix)
         return EncodePlan(self, parts, keys, missing, hits)
+
+    def _chunks(self, piece: str) -> list[str]:
+        """``piece`` cut at the first allowed space ``chunk_chars`` or more characters into
+        each chunk (the whole piece when chunking is off or it is short)."""
+        size = self.chunk_chars
+        if not size or len(piece) <= size:
+            return [piece]
+        chunks: list[str] = []
+        start = 0
+        search = _CUT.search
+        while (cut := search(piece, start + size)) is not None:
+            chunks.append(piece[start:cut.start()])
+            start = cut.start()
+        chunks.append(piece[start:])
+        return chunks
 
     def _ids(self, text: str, add_special: bool) -> list[int]:
         # encode_batch releases the GIL while it works (encode does not), so a long prompt
