@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -191,14 +192,18 @@ class _Splitter:
         return parts
 
 
+def _trivial_normalizer(described: dict[str, Any]) -> bool:
+    """The tokenizer (its ``tokenizer.json``) changes no text before pre-tokenizing."""
+    normalizer = described.get("normalizer")
+    return normalizer is None or (
+        normalizer.get("type") == "Sequence" and not normalizer.get("normalizers"))
+
+
 def _splitter(tokenizer: Tokenizer) -> _Splitter | None:
     """The tokenizer's added-token splitting, or ``None`` when its matching rules cannot be
     reproduced exactly (then every call encodes the whole text)."""
     described = json.loads(tokenizer.to_str())
-    normalizer = described.get("normalizer")
-    trivial_normalizer = normalizer is None or (
-        normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")
-    )
+    trivial_normalizer = _trivial_normalizer(described)
     if '"prepend_scheme": "first"' in json.dumps(described.get("pre_tokenizer")):
         return None
     raw: list[tuple[str, int, bool, bool]] = []
@@ -217,9 +222,7 @@ def _splitter(tokenizer: Tokenizer) -> _Splitter | None:
 def _chunkable(tokenizer: Tokenizer) -> bool:
     """Whether the tokenizer's pre-tokenizer is one of :data:`CHUNKED_PRE_TOKENIZERS`."""
     described = json.loads(tokenizer.to_str())
-    normalizer = described.get("normalizer")
-    if normalizer is not None and not (normalizer.get("type") == "Sequence"
-                                       and not normalizer.get("normalizers")):
+    if not _trivial_normalizer(described):
         return False
     if (described.get("model") or {}).get("type") != "BPE":
         return False
