@@ -73,7 +73,9 @@ def test_quick_workloads_are_deterministic_and_complete(text: BlockText) -> None
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_pinning_gives_the_routing_tier_its_own_cpu_and_restores_ours() -> None:
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # idle children that live until their stdin closes
+    children = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                 stdin=subprocess.PIPE)
                 for _ in range(2)]
     try:
         worker, router = (c.pid for c in children)
@@ -89,5 +91,6 @@ def test_pinning_gives_the_routing_tier_its_own_cpu_and_restores_ours() -> None:
         assert os.sched_getaffinity(0) == mine
     finally:
         for c in children:
-            c.kill()
-            c.wait()
+            assert c.stdin is not None
+            c.stdin.close()  # the child's read returns: it exits
+            c.wait(timeout=10)
