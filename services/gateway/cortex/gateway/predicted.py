@@ -92,18 +92,9 @@ class PredictedBlocks:
         can only under-predict."""
         if not credit.live:
             return
-        credit.live = False
-        self._credits -= len(credit.keys)
+        orphaned = self._retire(credit)
         worker_id = credit.worker_id
         holders = self._holders
-        orphaned: set[int] = set()
-        for key in credit.keys:
-            entry = holders.get(key)
-            if entry is not None and entry.get(worker_id) is credit:
-                del entry[worker_id]
-                if not entry:
-                    del holders[key]
-                orphaned.add(key)
         evictions = self._evictions[worker_id]
         for older in reversed(self._log):
             if not orphaned:
@@ -166,19 +157,25 @@ class PredictedBlocks:
 
     def _pop_oldest(self) -> None:
         credit = self._log.popleft()
-        if not credit.live:  # withdrawn or forgotten: already accounted for
-            return
+        if credit.live:  # else withdrawn or forgotten: already accounted for
+            self._retire(credit)
+
+    def _retire(self, credit: Credit) -> set[int]:
+        """End a live ``credit``: the keys it is still the latest credit for (no later credit
+        refreshed them) lose it; returns those keys."""
         credit.live = False
         self._credits -= len(credit.keys)
         worker_id = credit.worker_id
         holders = self._holders
+        dropped: set[int] = set()
         for key in credit.keys:
             entry = holders.get(key)
-            # only if no later credit refreshed it
             if entry is not None and entry.get(worker_id) is credit:
                 del entry[worker_id]
                 if not entry:
                     del holders[key]
+                dropped.add(key)
+        return dropped
 
     def __len__(self) -> int:
         return len(self._holders)

@@ -199,10 +199,10 @@ def _trivial_normalizer(described: dict[str, Any]) -> bool:
         normalizer.get("type") == "Sequence" and not normalizer.get("normalizers"))
 
 
-def _splitter(tokenizer: Tokenizer) -> _Splitter | None:
-    """The tokenizer's added-token splitting, or ``None`` when its matching rules cannot be
-    reproduced exactly (then every call encodes the whole text)."""
-    described = json.loads(tokenizer.to_str())
+def _splitter(tokenizer: Tokenizer, described: dict[str, Any]) -> _Splitter | None:
+    """The tokenizer's added-token splitting (``described``: its ``tokenizer.json``), or
+    ``None`` when its matching rules cannot be reproduced exactly (then every call encodes
+    the whole text)."""
     trivial_normalizer = _trivial_normalizer(described)
     if '"prepend_scheme": "first"' in json.dumps(described.get("pre_tokenizer")):
         return None
@@ -219,9 +219,9 @@ def _splitter(tokenizer: Tokenizer) -> _Splitter | None:
     return _Splitter(_AddedTokenMatcher(raw), _AddedTokenMatcher(normalized))
 
 
-def _chunkable(tokenizer: Tokenizer) -> bool:
-    """Whether the tokenizer's pre-tokenizer is one of :data:`CHUNKED_PRE_TOKENIZERS`."""
-    described = json.loads(tokenizer.to_str())
+def _chunkable(described: dict[str, Any]) -> bool:
+    """Whether the tokenizer (its ``tokenizer.json``) pre-tokenizes like one of
+    :data:`CHUNKED_PRE_TOKENIZERS`."""
     if not _trivial_normalizer(described):
         return False
     if (described.get("model") or {}).get("type") != "BPE":
@@ -263,10 +263,11 @@ class PromptTokenizer:
         self.chat = chat
         self.cache = SegmentCache(cache_tokens)
         self._tok = chat.tokenizer
-        self._splitter = _splitter(chat.tokenizer) if cache_tokens > 0 else None
+        described = json.loads(chat.tokenizer.to_str()) if cache_tokens > 0 else {}
+        self._splitter = _splitter(chat.tokenizer, described) if cache_tokens > 0 else None
         self.segmented = self._splitter is not None
         # 0: pieces are cached whole (the tokenizer is not known to allow cuts)
-        self.chunk_chars = chunk_chars if self.segmented and _chunkable(chat.tokenizer) else 0
+        self.chunk_chars = chunk_chars if self.segmented and _chunkable(described) else 0
         self._prefix, self._suffix = _affixes(chat.tokenizer)
 
     def fork(self) -> PromptTokenizer:
