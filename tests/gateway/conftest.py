@@ -28,6 +28,9 @@ from cortex.sim.server import SimServer
 
 MODEL = "cortex-sim"
 BLOCK = 16
+DECODE_ONLY = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=0.0,
+                           decode_ms_per_token=20.0)
+"""Sim timing where only answers take time (20 ms a token): requests stay open a while."""
 TOKEN = "test-admin-token-0123456789"
 ZERO = TimingConfig(zero_cost=True)
 

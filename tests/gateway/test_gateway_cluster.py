@@ -23,11 +23,10 @@ from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import IndexTarget
 from cortex.ingest.service import IngestService
-from cortex.sim.config import TimingConfig
 from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+from .conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = "You are the cluster's careful assistant. Follow the house rules. " * 40
@@ -264,9 +263,7 @@ async def test_a_burst_spills_over_once_the_holder_reaches_its_watermark(
     redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
     start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:
-    slow = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=0.0,
-                        decode_ms_per_token=20.0)
-    sims = {f"w{i}": await start_sim(timing=slow) for i in range(2)}
+    sims = {f"w{i}": await start_sim(timing=DECODE_ONLY) for i in range(2)}
     routing = RoutingConfig(high_watermark=3, load_stale_after_s=5.0)
     async with cluster(redis, index_server, sims, start_gateway, http, routing) as c:
         held: list[aiohttp.ClientResponse] = []
@@ -353,9 +350,7 @@ async def test_hot_holder_over_its_watermark_sheds_new_requests(
     redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
     start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:
-    slow = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=0.0,
-                        decode_ms_per_token=20.0)
-    sims = {f"w{i}": await start_sim(timing=slow, output_tokens=(2, 3)) for i in range(2)}
+    sims = {f"w{i}": await start_sim(timing=DECODE_ONLY, output_tokens=(2, 3)) for i in range(2)}
     routing = RoutingConfig(high_watermark=2, load_stale_after_s=5.0)
     async with cluster(redis, index_server, sims, start_gateway, http, routing) as c:
         headers, _ = await c.send(chat("seed the prefix"))

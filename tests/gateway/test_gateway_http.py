@@ -12,7 +12,7 @@ import aiohttp
 from cortex.gateway.config import IndexConfig, ModelConfig, ServerConfig
 from cortex.testing import wait_until_async
 
-from .conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from .conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -186,11 +186,7 @@ async def test_worker_dying_mid_stream_ends_with_an_sse_error(
 async def test_client_disconnect_cancels_the_upstream_request(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
-    from cortex.sim.config import TimingConfig
-
-    slow = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=0.0,
-                        decode_ms_per_token=20.0)
-    sim = await start_sim(timing=slow, output_tokens=(500, 501))
+    sim = await start_sim(timing=DECODE_ONLY, output_tokens=(500, 501))
     gw = await start_gateway([spec_of(sim, "w1")])
     resp = await http.post(gw.url + "/v1/chat/completions",
                            json=chat("long answer", stream=True, max_tokens=500))
