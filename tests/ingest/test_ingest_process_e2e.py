@@ -16,7 +16,7 @@ import pytest
 from grpclib.client import Channel
 
 from cortex.api.index import v1 as pb
-from cortex.index.model import Source
+from cortex.ledger.model import Source
 from cortex.index.server import IndexServer
 from cortex.index.wire import match_request
 from cortex.ingest.forwarder import ForwarderConfig

@@ -35,10 +35,10 @@ import numpy.typing as npt
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.grpcio_stubs import load_grpcio_stubs
-from cortex.index.model import LedgerUpdate, Snapshot, Source, StoreBlocks
+from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.server import IndexServer
-from cortex.index.tree import node_bytes
+from cortex.ledger.tree import node_bytes
 from cortex.index.wire import decode_update_batch
 
 __all__ = ["register", "run"]

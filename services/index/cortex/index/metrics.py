@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from cortex.index.model import LedgerState, domain_label
+from cortex.ledger.model import LedgerState, domain_label
 from cortex.index.prefix_index import PrefixIndex
 
 __all__ = ["CONTENT_TYPE", "IndexMetrics"]
@@ -154,6 +154,17 @@ class IndexMetrics:
         )
         self.change_resets = Counter(
             "cortex_index_change_resets", "ChangeBatch resets sent", registry=r
+        )
+        self.replica_subscribers = Gauge(
+            "cortex_index_replica_subscribers", "Open Replicate streams (gateway replicas)",
+            registry=r,
+        )
+        self.replica_snapshot_bytes = Counter(
+            "cortex_index_replica_snapshot_bytes", "Snapshot bytes sent to replicas", registry=r
+        )
+        self.replica_overflows = Counter(
+            "cortex_index_replica_overflows",
+            "Replicas cut off for falling replica_queue_bytes behind", registry=r,
         )
         self.serving = Gauge(
             "cortex_index_serving", "1 while the index serves, 0 while it drains", registry=r

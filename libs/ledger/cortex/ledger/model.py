@@ -1,7 +1,7 @@
 """Value types of the index core: sources, ledger states and ledger updates.
 
-These are the socket-free twins of the ``cortex.index.v1`` messages; ``convert`` translates at
-the gRPC boundary. Hash domains are :class:`cortex.hashing.HashDomain` (model + block size +
+These are the socket-free twins of the ``cortex.index.v1`` messages; :mod:`cortex.ledger.codec`
+translates at the gRPC boundary. Hash domains are :class:`cortex.hashing.HashDomain` (model + block size +
 engine kind), which is hashable and so keys the per-domain trees.
 """
 
