@@ -15,10 +15,9 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.index.client import SYNC_METHOD, LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
-from cortex.index.client import SYNC_METHOD
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async

@@ -1,4 +1,5 @@
-"""The committed protobuf / grpclib code is what tools/gen_proto.py generates, and drift is caught."""
+"""The committed protobuf / grpclib code is what tools/gen_proto.py generates; drift is
+caught."""
 
 from __future__ import annotations
 

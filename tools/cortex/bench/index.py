@@ -35,9 +35,9 @@ import numpy.typing as npt
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.grpcio_stubs import load_grpcio_stubs
-from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.server import IndexServer
+from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks
 from cortex.ledger.tree import node_bytes
 
 __all__ = ["register", "run"]

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
+from cortex.api.index.v1 import index_grpc
 from cortex.hashing import Engine, pack_keys, pack_tokens
 from cortex.ledger.codec import ENGINE_KIND, pb
 from cortex.ledger.grpc import LedgerCodec, method
@@ -65,39 +66,25 @@ class IndexStub:
     def __init__(self, channel: Channel, timeout: float | None = None) -> None:
         self.channel = channel
         self.timeout = timeout
+        self._stub = index_grpc.IndexStub(channel)
 
     def __repr__(self) -> str:
         return f"IndexStub({self.channel!r})"
 
-    async def _unary(self, name: str, request: object, reply_type: type, timeout: float | None
-                     ) -> object:
-        async with self.channel.request(
-            method(name), Cardinality.UNARY_UNARY, type(request), reply_type,
-            timeout=self.timeout if timeout is None else timeout,
-        ) as stream:
-            await stream.send_message(request, end=True)
-            reply = await stream.recv_message()
-            await stream.recv_trailing_metadata()
-            assert reply is not None
-            return reply
-
     async def match(self, request: pb.MatchRequest, *, timeout: float | None = None
                     ) -> pb.MatchResponse:
-        reply = await self._unary("Match", request, pb.MatchResponse, timeout)
-        assert isinstance(reply, pb.MatchResponse)
-        return reply
+        return await self._stub.Match(request, timeout=self._timeout(timeout))
 
     async def workers(self, request: pb.WorkersRequest, *, timeout: float | None = None
                       ) -> pb.WorkersResponse:
-        reply = await self._unary("Workers", request, pb.WorkersResponse, timeout)
-        assert isinstance(reply, pb.WorkersResponse)
-        return reply
+        return await self._stub.Workers(request, timeout=self._timeout(timeout))
 
     async def stats(self, request: pb.StatsRequest, *, timeout: float | None = None
                     ) -> pb.StatsResponse:
-        reply = await self._unary("Stats", request, pb.StatsResponse, timeout)
-        assert isinstance(reply, pb.StatsResponse)
-        return reply
+        return await self._stub.Stats(request, timeout=self._timeout(timeout))
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
 
     async def changes(self, request: pb.ChangesRequest) -> AsyncIterator[pb.ChangeBatch]:
         """The change feed until the server ends it (or the caller stops iterating)."""

@@ -282,8 +282,8 @@ def touch_request(touched: dict[HashDomain, list[int]]) -> pb.ReplicaRequest:
 def _fill(loading: _Loading, chunk: pb.TreeChunk) -> None:
     domain = domain_from_pb(chunk.domain)
     slots, words, first = chunk.slots, chunk.words, chunk.first_slot
-    col = loading.columns.get(domain)
-    if col is None:
+    known = loading.columns.get(domain)
+    if known is None:
         if words < 1 or words > 1024:
             raise InvalidArgument("tree chunk words out of range")
         col = loading.columns[domain] = TreeColumns(
@@ -293,6 +293,8 @@ def _fill(loading: _Loading, chunk: pb.TreeChunk) -> None:
             sources=[None] * (64 * words),
         )
         loading.filled[domain] = 0
+    else:
+        col = known
     if len(col.keys) != slots or col.holders.shape[1] != words:
         raise InvalidArgument("tree chunks of one domain disagree on its size")
     keys = np.frombuffer(chunk.keys_le, "<u8")
@@ -311,11 +313,11 @@ def _assemble(loading: _Loading) -> LedgerView:
         if loading.filled[domain] != len(col.keys):
             raise InvalidArgument(f"snapshot of {domain.model} is incomplete")
     for source, place, bit in loading.sources:
-        col = loading.columns.get(place.domain)
-        if col is None:
+        tree = loading.columns.get(place.domain)
+        if tree is None:
             raise InvalidArgument(f"source {source} is in a domain without a tree")
-        if not 0 <= bit < len(col.sources) or col.sources[bit] is not None:
+        if not 0 <= bit < len(tree.sources) or tree.sources[bit] is not None:
             raise InvalidArgument(f"source {source} has a bad or duplicate bit {bit}")
-        col.sources[bit] = source
+        tree.sources[bit] = source
     trees = {domain: RadixHashTree.from_columns(col) for domain, col in loading.columns.items()}
     return LedgerView.from_parts(trees, {source: place for source, place, _ in loading.sources})

@@ -206,7 +206,7 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return []
-        counts = tree.match(keys, now)
+        counts = tree.match(_seq(keys), now)
         roster = self._roster(domain, tree)
         if candidate_workers:
             return [(s, counts[bit], p.state) for bit, s, p in roster

@@ -43,7 +43,7 @@ def _worker_json(w: WorkerState, now: float, stale_after_s: float) -> dict[str, 
         "prefilling_tokens": w.prefilling,
         "engine_running": load.running if load else None,
         "engine_waiting": load.waiting if load else None,
-        "ledger": w.ledger.value,
+        "ledger": w.ledger.label,
         "spec": w.spec.to_dict(),
     }
 
@@ -158,7 +158,7 @@ class AdminHandler:
                 {
                     "worker": s.worker_id,
                     "rank": rank,
-                    "ledger": s.candidate.ledger.value,
+                    "ledger": s.candidate.ledger.label,
                     "index_tokens": s.candidate.index_tokens,
                     "predicted_tokens": s.candidate.predicted_tokens,
                     "matched_tokens": s.credited_tokens,

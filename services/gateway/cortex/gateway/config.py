@@ -161,12 +161,12 @@ class RoutingWeights:
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    """Scoring and the caches in front of the index.
+    """Scoring and the predicted blocks.
 
     ``high_watermark``: active requests at or above which a worker gets no cache credit
     (``watermarks`` overrides it per worker id; a worker label ``cortex/high-watermark``
     too). ``predicted_ttl_s``: how long a routed request's blocks are credited to the chosen
-    worker. ``hot_cache_staleness_ms``: the oldest index answer reused without a round trip.
+    worker.
     ``load_stale_after_s``: engine load older than this counts as missing.
     """
 
@@ -175,17 +175,13 @@ class RoutingConfig:
     watermarks: Mapping[str, int] = field(default_factory=dict)
     predicted_ttl_s: float = 2.0
     predicted_max_keys: int = 1_000_000
-    hot_cache_staleness_ms: float = 250.0
-    hot_cache_max_entries: int = 8192
     load_stale_after_s: float = 2.0
 
     def __post_init__(self) -> None:
         _positive("routing", high_watermark=self.high_watermark,
                   predicted_max_keys=self.predicted_max_keys,
                   load_stale_after_s=self.load_stale_after_s)
-        _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s,
-                      hot_cache_staleness_ms=self.hot_cache_staleness_ms,
-                      hot_cache_max_entries=self.hot_cache_max_entries)
+        _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s)
         for worker, mark in self.watermarks.items():
             if not isinstance(mark, int) or mark < 1:
                 raise ConfigError(f"routing.watermarks.{worker}: must be an integer >= 1")
@@ -194,16 +190,30 @@ class RoutingConfig:
 
 @dataclass(frozen=True, slots=True)
 class IndexConfig:
-    """Index replicas (``host:port``) and how long a Match may take. Empty = no index."""
+    """Index replicas (``host:port``, failover in order; empty = no index), the gateway's
+    live ledger replica, and the gRPC Match used while the replica is not usable.
+
+    ``replica``: keep a replica (``Index.Replicate``) and match in process. ``replica_grace_s``:
+    the replica answers while its last applied batch (heartbeats included: the index sends
+    one every 0.25 s when idle) is at most this old; a stream silent this long is dropped.
+    ``replica_touch_interval_s``: how often matched blocks are reported to the index.
+    ``match_timeout_ms`` bounds one gRPC Match; ``retry_after_ms``: a failed index is skipped
+    this long; ``workers_poll_s``: ledger states polled while the replica is not usable.
+    """
 
     targets: tuple[str, ...] = ()
+    replica: bool = True
+    replica_grace_s: float = 2.0
+    replica_touch_interval_s: float = 1.0
     match_timeout_ms: float = 100.0
     retry_after_ms: float = 1000.0
     workers_poll_s: float = 2.0
 
     def __post_init__(self) -> None:
         _positive("index", match_timeout_ms=self.match_timeout_ms,
-                  retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s)
+                  retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s,
+                  replica_grace_s=self.replica_grace_s,
+                  replica_touch_interval_s=self.replica_touch_interval_s)
         for target in self.targets:
             host, _, port = target.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

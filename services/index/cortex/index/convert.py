@@ -118,7 +118,7 @@ def match_reply(result: MatchResult, requested: MatchArgs) -> pb.MatchResponse:
 def workers_response(views: list[WorkerView], version: int) -> pb.WorkersResponse:
     reply = pb.WorkersResponse(index_version=version)
     for v in views:
-        info = reply.workers.add(state=int(v.state), reason=v.reason,  # type: ignore[arg-type]
+        info = reply.workers.add(state=int(v.state), reason=v.reason,
                                  blocks=v.blocks, epoch=v.epoch, seq=v.seq,
                                  updated_unix_s=v.updated_unix_s)
         source_to_pb(v.source, info.source)

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from cortex.ledger.model import LedgerState, domain_label
 from cortex.index.prefix_index import PrefixIndex
+from cortex.ledger.model import LedgerState, domain_label
 
 __all__ = ["CONTENT_TYPE", "IndexMetrics"]
 

@@ -413,14 +413,14 @@ class IndexService(IndexBase):
                 while True:
                     if self._draining.is_set():
                         raise GRPCError(Status.UNAVAILABLE, _DRAINING)
-                    data = await sub.get(heartbeat)
+                    queued = await sub.get(heartbeat)
                     if sub.overflowed:
                         metrics.replica_overflows.inc()
                         log.warning("replica %r fell %d bytes behind: cut off, it will resync",
                                     sub.replica_id, sub.max_bytes)
                         raise GRPCError(Status.RESOURCE_EXHAUSTED, "replica fell behind")
                     seq += 1
-                    yield numbered(seq, data if data is not None else hub.heartbeat())
+                    yield numbered(seq, queued if queued is not None else hub.heartbeat())
             finally:
                 touches.cancel()
                 await asyncio.gather(touches, return_exceptions=True)
