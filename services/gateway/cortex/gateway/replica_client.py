@@ -102,6 +102,7 @@ class ReplicaClient:
         while True:
             target = targets[self._target % len(targets)]
             channel = index_channel(target)
+            synced_before = self.replica.snapshots
             try:
                 await self._stream(channel)
             except _ERRORS as exc:
@@ -111,9 +112,8 @@ class ReplicaClient:
                 self.connected = False
                 self.replica.lost()
                 self._publish_state()
-            if self.replica.snapshots and self.replica.last_batch_s is not None and (
-                    self._clock() - self.replica.last_batch_s < 1.0):
-                backoff = 0.05  # it worked until a moment ago: retry promptly
+            if self.replica.snapshots > synced_before:
+                backoff = 0.05  # this stream worked: retry promptly
             else:
                 self._target += 1  # fail over to the next replica
             await asyncio.sleep(backoff)
