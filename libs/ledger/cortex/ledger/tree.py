@@ -482,6 +482,11 @@ class RadixHashTree:
         rows = np.flatnonzero(self._holders[: self._high, bit >> 6] & _U64(1 << (bit & 63)))
         return set(self._key[rows].tolist())
 
+    def recency_of(self, key: int) -> int:
+        """The recency tick of block ``key`` (-1 when absent; for tests and debugging)."""
+        slot = self._slot_of.get(key)
+        return -1 if slot is None else int(self._recency[slot])
+
     def parent_of(self, key: int) -> int | None:
         """Parent block key of ``key`` (None when unknown or a root)."""
         slot = self._slot_of.get(key)
