@@ -49,6 +49,8 @@ FREE = -2
 """``_parent`` of a slot on the free stack."""
 
 _U64 = np.uint64
+_SMALL = 16
+"""Pairs up to which a store runs element by element (see ``_store_small``)."""
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
 
 # Per-node cost outside the numpy columns, measured on CPython 3.11 (x86-64): the dict's
@@ -339,6 +341,8 @@ class RadixHashTree:
             if j is not None and j >= i:
                 raise InvalidArgument(f"blocks not listed parents-first (block {i})")
         bit = self.add_source(source)
+        if n <= _SMALL:
+            return self._store_small(bit, parent_keys, keys, now)
         get = self._slot_of.get
         slots = [get(k, -1) for k in keys]
         fresh_keys = [k for k, s in zip(keys, slots, strict=True) if s < 0]
@@ -377,6 +381,48 @@ class RadixHashTree:
         self._recency[uniq] = now
         self._held[bit] += fresh
         return fresh
+
+    def _store_small(self, bit: int, parent_keys: Sequence[int], keys: Sequence[int],
+                     now: int) -> int:
+        """:meth:`store_pairs` of a few (validated) pairs, one at a time: what a single
+        engine event carries. Per-call numpy overhead would cost more than the work."""
+        slot_of = self._slot_of
+        word, mask = bit >> 6, 1 << (bit & 63)
+        self._grow(self._high + 2 * len(keys))  # room for every key and parent: no regrowth
+        holders, recency = self._holders, self._recency
+        fresh = 0
+        for parent_key, key in zip(parent_keys, keys, strict=True):
+            pslot = slot_of.get(parent_key)
+            if pslot is None:  # an unknown parent: a holderless placeholder root
+                pslot = self._new_slot(parent_key, NO_PARENT, now)
+            slot = slot_of.get(key)
+            if slot is None:
+                slot = self._new_slot(key, pslot, now)
+            elif self._parent[slot] == NO_PARENT:
+                self._link_orphan(slot, pslot)
+            held = int(holders[slot, word])
+            if not held & mask:
+                holders[slot, word] = held | mask
+                fresh += 1
+            recency[slot] = now
+        self._held[bit] += fresh
+        return fresh
+
+    def _new_slot(self, key: int, parent: int, now: int) -> int:
+        """A node for ``key`` under ``parent`` (a slot, or ``NO_PARENT``)."""
+        if self._nfree:
+            self._nfree -= 1
+            slot = int(self._free[self._nfree])
+        else:
+            slot = self._high
+            self._high += 1
+        self._slot_of[key] = slot
+        self._key[slot] = key
+        self._parent[slot] = parent
+        self._recency[slot] = now
+        if parent >= 0:
+            self._children[parent] += 1
+        return slot
 
     def remove(self, source: Source, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
         """``source`` no longer holds ``keys``; returns the keys it actually held (dropped)."""
