@@ -39,6 +39,8 @@ def partition(texts: Sequence[tuple[str, bool]], groups: int) -> list[range]:
     """Up to ``groups`` contiguous, non-empty index ranges of ``texts`` with about equal
     characters each (fewer when there are fewer texts)."""
     count = len(texts)
+    if not count:
+        return []
     groups = max(1, min(groups, count))
     if groups == 1:
         return [range(count)]
@@ -133,9 +135,11 @@ class ParallelEncoder:
     async def finish(self, model: str, tokenizer: PromptTokenizer, plan: EncodePlan
                      ) -> list[int]:
         """``plan``'s ids, its missing pieces encoded off the event loop in parallel."""
+        if not plan.missing:
+            return plan.finish([])
         loop = asyncio.get_running_loop()
         groups = partition(plan.missing, self.workers)
-        if self.mode is EncoderMode.PROCESSES and plan.missing:
+        if self.mode is EncoderMode.PROCESSES:
             source = self._source(model)
             missing = plan.missing
             parts = await asyncio.gather(*(
