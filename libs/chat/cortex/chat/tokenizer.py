@@ -70,6 +70,13 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _max_length(config: Mapping[str, Any]) -> int | None:
+    """``model_max_length`` when it is a real length (``transformers`` writes 1e30 for
+    "unset")."""
+    value = config.get("model_max_length")
+    return value if isinstance(value, int) and 0 < value < 2**63 else None
+
+
 def special_tokens_map(config: Mapping[str, Any]) -> dict[str, Any]:
     """``transformers``' ``special_tokens_map`` of a ``tokenizer_config.json`` (set ones)."""
     out: dict[str, Any] = {}
@@ -107,6 +114,7 @@ class ChatTokenizer:
     template: ChatTemplate
     special_tokens: Mapping[str, Any]
     source: str
+    model_max_length: int | None = None
     _formats: dict[Engine, ContentFormat] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -135,6 +143,7 @@ class ChatTokenizer:
             template=ChatTemplate(text if text is not None else load_chat_template()),
             special_tokens=special_tokens_map(config),
             source=str(file.parent),
+            model_max_length=_max_length(config),
         )
 
     # -- special tokens -------------------------------------------------------------------
@@ -217,13 +226,19 @@ class ChatTokenizer:
         """Token ids of a plain-text prompt (completions, ``/generate``)."""
         return self.encode(text, add_special_tokens)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return text
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary entries of ``ids`` (``convert_ids_to_tokens``)."""
+        to_token = self.tokenizer.id_to_token
+        return [to_token(i) or "" for i in ids]
 
     def with_template(self, template: ChatTemplate) -> ChatTokenizer:
         """The same tokenizer with another chat template."""
-        return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source)
+        return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source,
+                             self.model_max_length)
 
     def __repr__(self) -> str:
         return f"ChatTokenizer(source={self.source!r}, bos={self.bos_token!r}, {self.template!r})"

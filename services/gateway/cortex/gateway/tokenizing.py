@@ -83,6 +83,7 @@ class Tokenization:
             max_workers=1, thread_name_prefix="cortex-tokenize-feed")
         self._pending = 0
         self._lock = threading.Lock()
+        self.recent: dict[str, dict[str, Any]] = {}  # model -> latest routed text/chat body
         for name, tokenizer in tokenizers.items():
             tokenizer.observer = self._observe_segments
             tokenizer.token_observer = self._token_observer(name, tokenizer)
@@ -95,6 +96,8 @@ class Tokenization:
         Raises :class:`ClientError` when the chat template rejects the messages or the
         prompt exceeds the model's limit."""
         prompt = req.prompt
+        if prompt.kind is not PromptKind.TOKENS and req.endpoint is not Endpoint.GENERATE:
+            self.recent[req.model.name] = req.body  # for the alignment self-check
         if prompt.kind is PromptKind.TOKENS:
             ids = list(prompt.token_ids)
         elif prompt.chat is not None:
