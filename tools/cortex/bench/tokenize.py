@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import platform
 import random
 import statistics
@@ -151,7 +152,7 @@ async def _conversation(name: str, base: PromptTokenizer, conversations: int
                     ids = await service.chat_tokens(model, args)
                     times.append((time.perf_counter() - start) * 1000)
                     if feed:
-                        wholes.append(_timed(lambda a=args: base.chat.encode_chat(a)))
+                        wholes.append(_timed(functools.partial(base.chat.encode_chat, args)))
                     answer = {"role": "assistant", "content": prose.text(300)}
                     if feed:  # what the gateway does after the response, off the path
                         tok.encode_prompt(tok.prompt(next_turn(args, answer)))
