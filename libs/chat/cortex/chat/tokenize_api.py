@@ -23,8 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cortex.chat.errors import InvalidChatRequest
-from cortex.chat.request import RenderArgs, render_args
+from cortex.chat.request import (  # the same field checks as chat bodies
+    RenderArgs,
+    _flag,
+    _invalid,
+    render_args,
+)
 from cortex.hashing import Engine
 
 __all__ = ["DetokenizeQuery", "TokenizeQuery", "detokenize_query", "detokenize_response",
@@ -57,19 +61,6 @@ class DetokenizeQuery:
     tokens: tuple[tuple[int, ...], ...]
     batched: bool = False
     skip_special_tokens: bool = False
-
-
-def _invalid(message: str, param: str) -> InvalidChatRequest:
-    return InvalidChatRequest(message, param)
-
-
-def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _invalid(f"'{name}' must be a boolean", name)
-    return value
 
 
 def tokenize_query(body: Mapping[str, Any], engine: Engine) -> TokenizeQuery:
