@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tomllib
 import types
 import typing
@@ -38,6 +39,7 @@ __all__ = [
     "RoutingConfig",
     "RoutingWeights",
     "ServerConfig",
+    "TokenizeConfig",
     "UpstreamConfig",
     "load_config",
 ]
@@ -89,6 +91,9 @@ class ModelConfig:
     with ``hash_model`` (defaults to ``name``) form the hash domain. ``max_prompt_tokens``
     rejects longer prompts with a 400. ``reports_cached_tokens``: the engines run with cache
     reporting on, so a usage without ``cached_tokens`` means 0 (truth check).
+    ``tokenize_cache_tokens`` / ``tokenize_cache_bytes`` bound the model's segment cache.
+    ``max_model_len``: what ``POST /tokenize`` reports (the engine's context length; ``None``:
+    the tokenizer's ``model_max_length``, else -1).
     """
 
     name: str
@@ -100,6 +105,8 @@ class ModelConfig:
     max_prompt_tokens: int | None = None
     tokenize_cache_tokens: int = 1_000_000
     reports_cached_tokens: bool = True
+    tokenize_cache_bytes: int = 256 * 1024 * 1024
+    max_model_len: int | None = None
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -111,7 +118,10 @@ class ModelConfig:
         except ValueError:
             raise ConfigError(f"{where}.engine: must be one of sglang, vllm") from None
         _positive(where, block_size=self.block_size)
-        _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens)
+        _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens,
+                      tokenize_cache_bytes=self.tokenize_cache_bytes)
+        if self.max_model_len is not None:
+            _positive(where, max_model_len=self.max_model_len)
         if self.max_prompt_tokens is not None:
             _positive(where, max_prompt_tokens=self.max_prompt_tokens)
         for name in ("tokenizer", "chat_template"):
@@ -325,6 +335,50 @@ class PDConfig:
                               f"{self.local_prefill_max_ratio!r}")
 
 
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeConfig:
+    """How prompts become token ids off the request's critical path (docs/gateway.md).
+
+    ``workers``: cores that encode a long never-seen prompt in parallel (0 = the cores this
+    process may run on); ``encoder``: ``threads`` (GIL released while encoding) or
+    ``processes``. ``offload_chars``: uncached prompt text (characters) above which encoding
+    leaves the event loop. ``heavy_messages`` / ``heavy_chars``: chat requests with more
+    messages or message text are rendered and tokenized in a worker process (a huge request
+    must not hold the event loop). ``feed_answers``: relayed answers are encoded into the
+    segment cache after the response, so the next turn's resent history hits; at most
+    ``feed_max_bytes`` of a response are kept for it and ``feed_queue`` feeds wait.
+    ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
+    ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
+    """
+
+    workers: int = 0
+    encoder: str = "threads"
+    offload_chars: int = 4_096
+    heavy_messages: int = 256
+    heavy_chars: int = 1_000_000
+    feed_answers: bool = True
+    feed_max_bytes: int = 4 * 1024 * 1024
+    feed_queue: int = 64
+    self_check_interval_s: float = 0.0
+    self_check_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
+                      feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
+                      self_check_interval_s=self.self_check_interval_s)
+        _positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
+                  self_check_timeout_s=self.self_check_timeout_s)
+        if self.encoder not in ("threads", "processes"):
+            raise ConfigError(f"tokenize.encoder: must be threads or processes, got "
+                              f"{self.encoder!r}")
+        if self.workers == 0:
+            object.__setattr__(self, "workers", _usable_cores())
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything the gateway needs, validated. Build it with :func:`load_config` or
@@ -341,6 +395,7 @@ class GatewayConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     pd: PDConfig = field(default_factory=PDConfig)
     workers: tuple[WorkerSpec, ...] = ()
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     gateway_id: str = "gateway"
 
     def __post_init__(self) -> None:
@@ -442,7 +497,7 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd")
+             "pd", "tokenize")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:

@@ -53,6 +53,32 @@ class GatewayMetrics:
         self.tokenize_cache = Counter(p + "tokenize_cache_total",
                                       "Prompt segments served from / missing in the cache",
                                       ["result"], registry=r)
+        self.tokenize_cache_tokens = Counter(p + "tokenize_cache_tokens_total",
+                                             "Prompt tokens served from (hit) or encoded into "
+                                             "(miss) the segment cache, by model",
+                                             ["model", "result"], registry=r)
+        self.tokenize_cache_entries = Gauge(p + "tokenize_cache_segments",
+                                            "Pieces held by the segment cache", ["model"],
+                                            registry=r)
+        self.tokenize_cache_bytes = Gauge(p + "tokenize_cache_bytes",
+                                          "Bytes held by the segment cache", ["model"],
+                                          registry=r)
+        self.tokenize_cache_evictions = Counter(p + "tokenize_cache_evictions_total",
+                                                "Pieces evicted from the segment cache",
+                                                ["model"], registry=r)
+        self.tokenize_offloaded = Counter(p + "tokenize_offloaded_total",
+                                          "Prompts tokenized off the event loop, by lane "
+                                          "(parallel: never-seen text on worker threads; "
+                                          "heavy: rendered and tokenized in a worker process)",
+                                          ["model", "lane"], registry=r)
+        self.tokenize_answer_feeds = Counter(p + "tokenize_answer_feeds_total",
+                                             "Relayed answers encoded into the segment cache "
+                                             "after the response, by result (fed|dropped|"
+                                             "skipped|failed)", ["model", "result"], registry=r)
+        self.tokenize_self_checks = Counter(p + "tokenize_self_checks_total",
+                                            "Prompts re-tokenized by a worker's /tokenize and "
+                                            "compared, by result (match|mismatch|error)",
+                                            ["model", "worker", "result"], registry=r)
         self.match_source = Counter(p + "match_source_total",
                                     "Where routing read the ledger: replica (in process), index "
                                     "(gRPC Match while the replica is not usable) or none",

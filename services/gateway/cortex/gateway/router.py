@@ -17,8 +17,6 @@ failure before the first byte sends the request elsewhere.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import random
 import time
@@ -26,18 +24,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from cortex.chat import ChatError
-from cortex.gateway.config import GatewayConfig, ModelConfig
-from cortex.gateway.errors import ClientError, ErrorCode, ServiceUnavailable
+from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.errors import ServiceUnavailable
 from cortex.gateway.handoff import sequence_count
 from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch, WorkerMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDPlan
-from cortex.gateway.payload import InferenceRequest, PromptKind
+from cortex.gateway.payload import InferenceRequest
 from cortex.gateway.pool import WorkerPool, WorkerState
 from cortex.gateway.predicted import Credit, PredictedBlocks
 from cortex.gateway.scoring import Candidate, Decision, Reason, Scored, decide
 from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.tokenizing import Tokenization
 from cortex.hashing import HashDomain
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 from cortex.registry.spec import WorkerRole
@@ -45,10 +43,9 @@ from cortex.registry.spec import WorkerRole
 __all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
            "Router", "StageTimings", "uncached"]
 
-OFFLOAD_CHARS = 4_096
-"""Uncached prompt text (characters, ~1k tokens, 1-6 ms of encoding) above which encoding
-leaves the event loop: a burst of long new prompts must not hold up every other request's
-index reply and stream."""
+OFFLOAD_CHARS = TokenizeConfig().offload_chars
+"""The default ``tokenize.offload_chars``: uncached prompt text (characters, ~1k tokens,
+1-6 ms of encoding) above which encoding leaves the event loop."""
 
 TIE_TOLERANCE = 1.0
 """Workers without cache credit whose load is within this many active requests of the least
@@ -206,61 +203,18 @@ class Router:
         self.predicted = PredictedBlocks(routing.predicted_ttl_s, routing.predicted_max_keys)
         self._turn = 0
         self._rng = random.Random()
-        # long prompts are encoded off the event loop (the tokenizer releases the GIL there)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="cortex-tokenize")
-        for tokenizer in tokenizers.values():
-            tokenizer.observer = self._observe_segments
+        self.tokenization = Tokenization(config, tokenizers, metrics)
 
     # ---- tokens ----
 
     async def tokens(self, req: InferenceRequest) -> list[int]:
-        """The exact prompt token ids the engine will see (first prompt of a batch).
-
-        Prompts with over ``OFFLOAD_CHARS`` characters not in the segment cache are encoded
-        on a worker thread (the tokenizer releases the GIL) so long new prompts do not stall
-        every other request.
-        Raises :class:`ClientError` when the chat template rejects the messages or the
-        prompt exceeds the model's limit.
-        """
-        prompt = req.prompt
-        if prompt.kind is PromptKind.TOKENS:
-            ids = list(prompt.token_ids)
-        else:
-            tokenizer = self.tokenizers[req.model.name]
-            if prompt.chat is not None:
-                try:
-                    text = tokenizer.render(prompt.chat)
-                except ChatError as exc:
-                    raise ClientError(f"messages cannot be rendered: {exc}",
-                                      code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
-                special = prompt.chat.add_special_tokens
-            else:
-                text, special = prompt.text, prompt.add_special_tokens
-            plan = tokenizer.plan(text, special)
-            if plan.missing_chars > OFFLOAD_CHARS:
-                loop = asyncio.get_running_loop()
-                ids = await loop.run_in_executor(self._executor, plan.finish)
-            else:
-                ids = plan.finish()
-        limit = req.model.max_prompt_tokens
-        if limit is not None and len(ids) > limit:
-            raise ClientError(
-                f"prompt has {len(ids)} tokens, over this model's limit of {limit}",
-                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages"
-                if prompt.kind is PromptKind.CHAT else "prompt")
-        return ids
-
-    def _observe_segments(self, hits: int, misses: int) -> None:
-        m = self.metrics
-        if hits:
-            m.child(m.tokenize_cache, "hit").inc(hits)
-        if misses:
-            m.child(m.tokenize_cache, "miss").inc(misses)
+        """The exact prompt token ids the engine will see (:class:`Tokenization`).
+        Raises :class:`ClientError` for a prompt the engine would reject."""
+        return await self.tokenization.tokens(req)
 
     def close(self) -> None:
-        """Stop the tokenizer thread (waits for a running encode)."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the tokenizer workers (waits for running encodes)."""
+        self.tokenization.close()
 
     # ---- routing ----
 
