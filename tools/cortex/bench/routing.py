@@ -34,15 +34,20 @@ from cortex.bench.routing_bounds import shape_prompts
 from cortex.bench.routing_contenders import CONTENDERS, SimSetup, cpu_split
 from cortex.bench.routing_report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing_runner import RunPlan, run_workload
+from cortex.bench.routing_scenarios import VARIANTS, Variant
 from cortex.bench.routing_text import BlockText, WordVocabulary
 from cortex.bench.routing_workloads import Workload, load_trace, mooncake, multi_turn, shared_prefix
 
-__all__ = ["FULL", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "EngineTokenizer", "Profile",
+__all__ = ["FULL", "PLAIN_WORKLOADS", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "EngineTokenizer",
+           "Profile",
            "build_workloads", "load_chat_tokenizer", "register", "run"]
 
-WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix", "multi_turn",
-             "mooncake_conversation_small_kv")
-QUICK_WORKLOADS = WORKLOADS[:4]
+PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix",
+                   "multi_turn", "mooncake_conversation_small_kv")
+WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
+"""The plain workloads, then the deployment variants (:mod:`cortex.bench.routing_scenarios`)."""
+QUICK_WORKLOADS = ("mooncake_conversation", "shared_prefix", "multi_turn", "shared_prefix_r2",
+                   "churn", "pd")
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
                "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",
                "mooncake_conversation_small_kv": "mooncake_conversation_trace.jsonl"}
@@ -59,7 +64,12 @@ class Profile:
     output token. KV: each worker's pool is ``capacity_fraction`` of the workload's distinct
     prompt pages, except for the small-KV trace variant: ``small_kv_blocks`` blocks of 16
     tokens (2,048 = 32,768 benchmark tokens = 524,288 real ones, about the KV room of the
-    same model on one 80 GB GPU at 128 KiB per token)."""
+    same model on one 80 GB GPU at 128 KiB per token).
+
+    Variants: the churn run is the shared-prefix prompts at a steady ``steady_rate`` req/s
+    for ``steady_s`` seconds, each churn event measured over ``churn_window_s``; the
+    real-size run replays ``real_trace_minutes`` of the conversation trace at
+    ``real_trace_speedup`` with 512 tokens per Mooncake block."""
 
     workers: int
     tokens_per_block: int
@@ -78,6 +88,11 @@ class Profile:
     small_kv_blocks: int = 2048
     prefill_ms_per_token: float = 0.2
     decode_ms_per_token: float = 5.0
+    steady_rate: float = 12.0
+    steady_s: float = 150.0
+    churn_window_s: float = 60.0
+    real_trace_minutes: float = 1.0
+    real_trace_speedup: float = 4.0
 
     @property
     def token_scale(self) -> float:
@@ -93,7 +108,8 @@ FULL = Profile(workers=8, tokens_per_block=32, trace_minutes=6, trace_speedup=8,
                multi_think_s=1.0)
 QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.15, trace_speedup=8,
                 shared_groups=6, shared_users=3, shared_rates=(8, 16), shared_stage_s=1.0,
-                multi_clients=5, multi_rounds=3, multi_client_rate=8.0, multi_think_s=0.2)
+                multi_clients=5, multi_rounds=3, multi_client_rate=8.0, multi_think_s=0.2,
+                steady_rate=8.0, steady_s=8.0, churn_window_s=3.0, real_trace_minutes=0.15)
 
 # the published sizes, in real tokens, scaled by Profile.scaled()
 LLMD_SYSTEM, LLMD_QUESTION, LLMD_OUTPUT = 6000, 1200, 1000
@@ -206,12 +222,29 @@ def _traces_dir(value: str | None) -> Path:
     return root.parent / "shared" / "data" / "traces"
 
 
+def real_scale(profile: Profile) -> Profile:
+    """``profile`` at real token counts (512 tokens per Mooncake block), on the shorter
+    trace window of the real-size variant."""
+    return dataclasses.replace(profile, tokens_per_block=512,
+                               trace_minutes=profile.real_trace_minutes,
+                               trace_speedup=profile.real_trace_speedup)
+
+
 def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], traces: Path,
                     seed: int) -> list[Workload]:
-    """The selected workloads, in :data:`WORKLOADS` order."""
+    """The selected workloads, in :data:`WORKLOADS` order; a variant is its base workload
+    renamed (built at real token counts when the variant says so)."""
     out: list[Workload] = []
     for name in names:
-        if name in TRACE_FILES:
+        if (variant := VARIANTS.get(name)) is not None:
+            base_profile, base_text = profile, text
+            if variant.real_tokens:
+                base_profile = real_scale(profile)
+                base_text = BlockText(text.vocabulary, 512, seed)
+            base = build_workloads(base_profile, base_text, [variant.base], traces, seed)[0]
+            out.append(dataclasses.replace(base, name=name,
+                                           title=f"{base.title}: {variant.title}"))
+        elif name in TRACE_FILES:
             path = traces / TRACE_FILES[name]
             kind = path.name.removeprefix("mooncake_").removesuffix("_trace.jsonl")
             small = name.endswith("_small_kv")
@@ -227,13 +260,15 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
                 speedup=profile.trace_speedup)
             out.append(dataclasses.replace(workload, kv_blocks=profile.small_kv_blocks)
                        if small else workload)
-        elif name == "shared_prefix":
+        elif name in ("shared_prefix", "shared_prefix_steady"):
+            steady = name == "shared_prefix_steady"
             out.append(shared_prefix(
                 text, groups=profile.shared_groups, users=profile.shared_users,
                 system_tokens=profile.scaled(LLMD_SYSTEM),
                 question_tokens=profile.scaled(LLMD_QUESTION),
-                output_tokens=profile.scaled(LLMD_OUTPUT), rates=profile.shared_rates,
-                stage_s=profile.shared_stage_s, seed=seed))
+                output_tokens=profile.scaled(LLMD_OUTPUT),
+                rates=(profile.steady_rate,) if steady else profile.shared_rates,
+                stage_s=profile.steady_s if steady else profile.shared_stage_s, seed=seed))
         elif name == "multi_turn":
             out.append(multi_turn(
                 text, clients=profile.multi_clients, rounds=profile.multi_rounds,
@@ -246,6 +281,23 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
 
 
 # ---- the whole benchmark ------------------------------------------------------------------------
+
+
+def _variant_plan(plan: RunPlan, profile: Profile, variant: Variant | None) -> RunPlan:
+    """The plan of one workload: at real token counts the sims' prefill cost is per real
+    token (the same cost per real token as every other workload)."""
+    if variant is None or not variant.real_tokens:
+        return plan
+    per_real = profile.prefill_ms_per_token * profile.token_scale
+    return dataclasses.replace(plan, sims=dataclasses.replace(
+        plan.sims, prefill_ms_per_token=per_real))
+
+
+def _sized(variant: Variant | None, profile: Profile) -> Variant | None:
+    """``variant`` with the profile's churn window."""
+    if variant is None or not variant.churn:
+        return variant
+    return dataclasses.replace(variant, window_s=profile.churn_window_s)
 
 
 def cortex_weights(args: argparse.Namespace) -> dict[str, float]:
@@ -288,7 +340,9 @@ def run(args: argparse.Namespace) -> int:
         for workload in build_workloads(profile, text, names, traces, args.seed):
             shapes = shape_prompts(workload.requests, chat.encode_text, chat.encode_chat,
                                    plan.sims.block_size)
-            results.append(run_workload(workload, shapes, plan))
+            variant = VARIANTS.get(workload.name)
+            results.append(run_workload(workload, shapes, _variant_plan(plan, profile, variant),
+                                        variant=_sized(variant, profile)))
         complete = True
         ok = all(r.verified for res in results for r in res.runs.values())
     finally:

@@ -17,13 +17,14 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
 
 from cortex.bench.routing_metrics import Outcome
 from cortex.bench.routing_workloads import Endpoint, Request, Workload
+from cortex.sim.routes import SERVED_BY_HEADER
 
 __all__ = ["HEADER_HIT", "HEADER_WORKER", "drive", "idle_ttft"]
 
@@ -56,6 +57,8 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request: R
             hit = resp.headers.get(HEADER_HIT)
             outcome.predicted_hit_tokens = int(hit) if hit is not None else None
             outcome.worker = resp.headers.get(HEADER_WORKER)
+            served = resp.headers.get(SERVED_BY_HEADER)
+            outcome.served_port = int(served) if served and served.isdigit() else None
             done = False
             async for raw in resp.content:
                 line = raw.strip()
@@ -91,8 +94,12 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request: R
 
 
 async def drive(workload: Workload, url: str, model: str, *, timeout_s: float = 300.0,
-                progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
-    """Run the whole workload against ``url``; one :class:`Outcome` per request sent."""
+                progress: Callable[[int, int], None] | None = None,
+                during: Callable[[Callable[[], float]], Coroutine[Any, Any, None]] | None = None
+                ) -> list[Outcome]:
+    """Run the whole workload against ``url``; one :class:`Outcome` per request sent.
+    ``during(clock)`` runs beside the requests (churn events on the run's clock, s) and is
+    awaited before this returns."""
     loop = asyncio.get_running_loop()
     start = loop.time() + START_LEAD_S
 
@@ -140,12 +147,17 @@ async def drive(workload: Workload, url: str, model: str, *, timeout_s: float = 
         for r in workload.requests:
             if r.after is None:
                 spawn(r, r.at_s)
+        side = asyncio.create_task(during(clock)) if during is not None else None
         try:
             await all_done.wait()
+            if side is not None:
+                await side
         finally:
-            for task in list(tasks):
+            for task in [*tasks, *([side] if side is not None else [])]:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if side is not None:
+                await asyncio.gather(side, return_exceptions=True)
     return outcomes
 
 

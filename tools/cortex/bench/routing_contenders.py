@@ -9,6 +9,13 @@
   weight that does it, and keeps every other cost — tokenizing, matching — identical).
 * ``sglang_cache_aware`` / ``sglang_round_robin`` — ``sglang-router launch --policy …`` from
   PyPI with its defaults, in front of bare sims (no Redis, index or ingest running).
+* ``vllm_cache_aware`` — ``vllm-router --policy cache_aware`` (the vLLM project's Rust router,
+  PyPI) with its defaults, in front of bare sims.
+
+A :class:`Topology` changes the shape: ``replicas`` router replicas behind HAProxy (Cortex:
+that many gateways sharing one index; peers: that many independent router processes), or a
+prefill/decode pool (Cortex's PD orchestration; ``sglang-router --pd-disaggregation`` with
+its cache-aware prefill policy).
 
 Every deployment lists the processes it started, so the benchmark can charge their CPU.
 Start deployments from the main thread (children die with the thread that started them).
@@ -19,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -26,22 +34,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
 from cortex.cli.supervisor import Child, ChildExited, Supervisor
-from cortex.testing import free_port, sglang_router_argv, wait_until
+from cortex.testing import (
+    free_port,
+    peer_program,
+    sglang_router_argv,
+    vllm_router_argv,
+    wait_until,
+)
 
 __all__ = [
     "CONTENDERS",
     "CpuMeter",
     "Deployment",
     "SimSetup",
+    "Topology",
     "cpu_split",
     "deploy",
     "machine_busy_cores",
+    "missing_program",
     "pinned",
 ]
 
-CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin")
+CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin",
+              "vllm_cache_aware")
+PEER_PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -65,13 +84,30 @@ class SimSetup:
                 "--decode-ms-per-token", f"{self.decode_ms_per_token:g}",
                 "--log-level", "warning")
 
-    def spec(self, *, services: bool, gateway_config: Mapping[str, Any] | None = None
-             ) -> ClusterSpec:
+    def spec(self, *, services: bool, gateway_config: Mapping[str, Any] | None = None,
+             gateways: int = 1, pd: bool = False) -> ClusterSpec:
         return ClusterSpec(
-            workers=self.workers, gateways=1 if services else 0, services=services, port=0,
-            model=self.model, block_size=self.block_size,
+            workers=self.workers, gateways=gateways if services else 0, services=services,
+            port=0, pd=pd, model=self.model, block_size=self.block_size,
             kv_capacity_blocks=self.kv_capacity_blocks, max_running=self.max_running,
             sim_args=self.sim_args(), gateway_config=dict(gateway_config or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """``replicas``: router replicas behind HAProxy, round robin (0: clients reach the one
+    router directly). ``pd``: the workers form a prefill/decode pool (no replicas)."""
+
+    replicas: int = 0
+    pd: bool = False
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0 or (self.pd and self.replicas):
+            raise ValueError(f"replicas must be >= 0 and not combined with pd: {self}")
+
+    @property
+    def routers(self) -> int:
+        return max(self.replicas, 1)
 
 
 @dataclass(slots=True)
@@ -84,6 +120,9 @@ class Deployment:
     pids: dict[str, int] = field(default_factory=dict)
     startup_s: float = 0.0
     description: str = ""
+    gateway_urls: tuple[str, ...] = ()
+    prefill: tuple[str, ...] = ()
+    """The prefill pool's worker ids (PD deployments)."""
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -201,66 +240,122 @@ def _started(spec: ClusterSpec, log_dir: Path) -> LocalCluster:
     raise AssertionError("unreachable")
 
 
+def missing_program(contender: str, topology: Topology) -> str | None:
+    """Why ``contender`` cannot run in ``topology`` here (a program not installed), or
+    ``None``."""
+    if topology.replicas and haproxy_binary() is None:
+        return f"haproxy is not installed (Debian: `{HAPROXY_INSTALL}`)"
+    family = contender.split("_", 1)[0]
+    program = PEER_PROGRAMS.get(family)
+    if program is not None and shutil.which(peer_program(program)) is None:
+        return f"{program} is not installed (`pip install {program}`)"
+    return None
+
+
 def _router_ready(child: Child, url: str) -> bool:
     if not child.alive():
-        raise ChildExited(f"sglang-router exited: {child.log_tail(500)}")
+        raise ChildExited(f"{child.name} exited: {child.log_tail(500)}")
     return probe_http(url + "/v1/models")
 
 
-def _router(supervisor: Supervisor, policy: str, workers: list[str]) -> tuple[str, int]:
-    """Start sglang-router (fresh port on a failed start-up); its URL and pid."""
+def _peer_argv(contender: str, port: int, cluster: LocalCluster) -> list[str]:
+    """The command line of a peer router in front of ``cluster``'s workers."""
+    family, policy = contender.split("_", 1)
+    if family == "vllm":
+        return vllm_router_argv(port, policy, [w.url for w in cluster.workers.values()])
+    if not cluster.spec.pd:
+        return sglang_router_argv(port, policy, [w.url for w in cluster.workers.values()])
+    pd = ["--pd-disaggregation"]
+    for w in cluster.workers.values():
+        if w.role.value == "prefill":
+            pd += ["--prefill", w.url, str(w.bootstrap_port)]
+        else:
+            pd += ["--decode", w.url]
+    return sglang_router_argv(port, policy, pd_args=pd)
+
+
+def _router(supervisor: Supervisor, contender: str, cluster: LocalCluster, name: str
+            ) -> tuple[str, int]:
+    """Start one peer router (fresh port on a failed start-up); its URL and pid."""
     for attempt in range(START_ATTEMPTS):
         port = free_port()
-        child = supervisor.start(f"sglang-router-{attempt}",
-                                 sglang_router_argv(port, policy, workers))
+        child = supervisor.start(f"{name}-{attempt}", _peer_argv(contender, port, cluster))
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_until(functools.partial(_router_ready, child, url), 60, 0.05, "sglang-router")
+            wait_until(functools.partial(_router_ready, child, url), 60, 0.05, name)
             return url, child.pid
         except (ChildExited, TimeoutError) as exc:
             supervisor.stop(child)
             if attempt == START_ATTEMPTS - 1:
                 raise
-            print(f"    sglang-router start-up failed, trying again: {exc}", file=sys.stderr,
+            print(f"    {name} start-up failed, trying again: {exc}", file=sys.stderr,
                   flush=True)
     raise AssertionError("unreachable")
 
 
+def _prefill_ids(cluster: LocalCluster) -> tuple[str, ...]:
+    return tuple(wid for wid, w in cluster.workers.items() if w.role.value == "prefill")
+
+
+def _balanced(supervisor: Supervisor, urls: list[str], log_dir: Path, pids: dict[str, int],
+              topology: Topology) -> str:
+    """The URL clients use: HAProxy over ``urls`` when the topology has replicas."""
+    if not topology.replicas:
+        return urls[0]
+    url, child = start_haproxy(supervisor, urls, log_dir)
+    pids["haproxy"] = child.pid
+    return url
+
+
 @contextlib.contextmanager
 def deploy(contender: str, sims: SimSetup, log_dir: Path,
-           cortex_weights: Mapping[str, float] | None = None) -> Iterator[Deployment]:
-    """Start ``contender`` with fresh sims; stop everything on exit."""
+           cortex_weights: Mapping[str, float] | None = None,
+           topology: Topology = Topology()) -> Iterator[Deployment]:
+    """Start ``contender`` with fresh sims in ``topology``; stop everything on exit."""
     if contender not in CONTENDERS:
         raise ValueError(f"unknown contender {contender!r}; one of {', '.join(CONTENDERS)}")
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    shape = (f", {topology.replicas} replica(s) behind HAProxy" if topology.replicas else
+             ", prefill/decode pool" if topology.pd else "")
     if contender.startswith("cortex"):
         weights = dict(cortex_weights or {})
         if contender == "cortex_load_only":
             weights["alpha"] = 0.0
         config = {"routing": {"weights": weights}} if weights else {}
-        cluster = _started(sims.spec(services=True, gateway_config=config), log_dir)
+        cluster = _started(sims.spec(services=True, gateway_config=config,
+                                     gateways=topology.routers, pd=topology.pd), log_dir)
+        gateways = [f"gateway-{i}" for i in range(topology.routers)]
         try:
-            pids = {name: cluster.process(name).pid
-                    for name in ("redis", "index", "ingest", "gateway-0", *cluster.workers)}
-            yield Deployment(
-                contender, cluster.gateway_urls[0],
-                {wid: w.url for wid, w in cluster.workers.items()}, pids,
-                time.monotonic() - started,
-                "Cortex gateway + index + ingest + Redis" + (
-                    f", routing weights {weights}" if weights else ", default routing weights"))
+            with Supervisor(log_dir / "balancer") as supervisor:
+                pids = {name: cluster.process(name).pid
+                        for name in ("redis", "index", "ingest", *gateways, *cluster.workers)}
+                url = _balanced(supervisor, cluster.gateway_urls, log_dir, pids, topology)
+                yield Deployment(
+                    contender, url, {wid: w.url for wid, w in cluster.workers.items()}, pids,
+                    time.monotonic() - started,
+                    "Cortex gateway + index + ingest + Redis" + shape + (
+                        f", routing weights {weights}" if weights else
+                        ", default routing weights"),
+                    tuple(cluster.gateway_urls), _prefill_ids(cluster))
         finally:
             cluster.stop()
         return
-    policy = contender.removeprefix("sglang_")
-    cluster = _started(sims.spec(services=False), log_dir)
+    family, policy = contender.split("_", 1)
+    program = PEER_PROGRAMS[family]
+    cluster = _started(sims.spec(services=False, pd=topology.pd), log_dir)
     try:
         with Supervisor(log_dir) as supervisor:
             workers = {wid: w.url for wid, w in cluster.workers.items()}
-            url, pid = _router(supervisor, policy, list(workers.values()))
-            pids = {"sglang-router": pid,
-                    **{wid: cluster.process(wid).pid for wid in cluster.workers}}
-            yield Deployment(contender, url, workers, pids, time.monotonic() - started,
-                             f"sglang-router --policy {policy}, defaults otherwise")
+            pids = {wid: cluster.process(wid).pid for wid in cluster.workers}
+            urls = []
+            for i in range(topology.routers):
+                url, pids[f"{program}-{i}"] = _router(supervisor, contender, cluster,
+                                                      f"{program}-{i}")
+                urls.append(url)
+            yield Deployment(contender, _balanced(supervisor, urls, log_dir, pids, topology),
+                             workers, pids, time.monotonic() - started,
+                             f"{program} --policy {policy}, defaults otherwise" + shape,
+                             prefill=_prefill_ids(cluster))
     finally:
         cluster.stop()

@@ -50,7 +50,9 @@ class Outcome:
 
     ``error`` is ``None`` for a success: HTTP 200, a complete stream (``[DONE]``) and a
     usage chunk. ``predicted_hit_tokens`` / ``worker`` come from Cortex's
-    ``x-cortex-cache-hit-tokens`` / ``x-cortex-assigned-worker`` headers (``None`` for peers).
+    ``x-cortex-cache-hit-tokens`` / ``x-cortex-assigned-worker`` headers (``None`` for peers);
+    ``served_port`` from the sim's ``x-cortex-sim-port`` (the worker that answered, whoever
+    routed it).
     """
 
     id: int
@@ -65,6 +67,7 @@ class Outcome:
     completion_tokens: int | None = None
     predicted_hit_tokens: int | None = None
     worker: str | None = None
+    served_port: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -8,78 +8,46 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cortex.bench.routing_contenders import CONTENDERS
 from cortex.bench.routing_metrics import RunSummary
-from cortex.bench.routing_workloads import Workload
+from cortex.bench.routing_results import Target, WorkloadResult, fmt_ms, or_nan
+from cortex.bench.routing_sections import (
+    variant_json,
+    variant_sections,
+    variant_targets,
+    write_replica_plot,
+)
 
-__all__ = ["Target", "WorkloadResult", "evaluate_targets", "report_json", "report_markdown",
-           "ttft_values_ms", "write_plots"]
+PEERS = tuple(c for c in CONTENDERS if not c.startswith("cortex"))
+"""The other routers Cortex is compared with."""
 
-CAPACITY_ALLOWS = 0.98
-"""Capacity "allows" the infinite-cache bound when a pooled LRU as large as the cluster
-reaches this fraction of it."""
-
-
-@dataclass(slots=True)
-class WorkloadResult:
-    """A workload, its bounds and every contender's run."""
-
-    workload: Workload
-    prompt_tokens: int
-    infinite_bound: float
-    pooled_bound: float
-    unique_pages: int
-    capacity_blocks: int
-    offered_prefill_load: float
-    single_worker_bound: float = 0.0
-    runs: dict[str, RunSummary] = field(default_factory=dict)
-    ttfts_ms: dict[str, list[float]] = field(default_factory=dict)
-
-    @property
-    def capacity_allows(self) -> bool:
-        return self.pooled_bound >= CAPACITY_ALLOWS * self.infinite_bound
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One target on one workload: met, missed, or not applicable (``met is None``)."""
-
-    workload: str
-    name: str
-    met: bool | None
-    detail: str
-
-
-def _fmt_ms(value: float) -> str:
-    if math.isnan(value):
-        return "—"
-    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else float(value)
-
+__all__ = ["PEERS", "Target", "WorkloadResult", "evaluate_targets", "report_json",
+           "report_markdown", "ttft_values_ms", "write_plots"]
 
 def evaluate_targets(results: Sequence[WorkloadResult]) -> list[Target]:
     """The issue's targets, per workload, from the runs present."""
     out: list[Target] = []
     for res in results:
         name = res.workload.name
-        cx, ca, rr = (res.runs.get(c) for c in ("cortex", "sglang_cache_aware",
-                                                  "sglang_round_robin"))
+        cx, rr = res.runs.get("cortex"), res.runs.get("sglang_round_robin")
         if cx is None:
             continue
-        if ca is not None:
-            out.append(Target(name, "hit rate > sglang cache_aware", cx.hit_rate > ca.hit_rate,
-                              f"{cx.hit_rate:.2%} vs {ca.hit_rate:.2%}"))
+        peers = {c: r for c, r in res.runs.items() if c in PEERS}
+        if peers:
+            best = max(peers, key=lambda c: peers[c].hit_rate)
+            out.append(Target(name, "hit rate >= the best peer's",
+                              cx.hit_rate >= peers[best].hit_rate,
+                              f"{cx.hit_rate:.2%} vs {peers[best].hit_rate:.2%} ({best})"))
             for i, label in ((0, "p50"), (1, "p90")):
+                best = min(peers, key=lambda c: peers[c].ttft_ms[i])
                 out.append(Target(
-                    name, f"TTFT {label} < sglang cache_aware", cx.ttft_ms[i] < ca.ttft_ms[i],
-                    f"{_fmt_ms(cx.ttft_ms[i])} ms vs {_fmt_ms(ca.ttft_ms[i])} ms"))
+                    name, f"TTFT {label} < the best peer's",
+                    cx.ttft_ms[i] < peers[best].ttft_ms[i],
+                    f"{fmt_ms(cx.ttft_ms[i])} ms vs {fmt_ms(peers[best].ttft_ms[i])} ms"
+                    f" ({best})"))
         if name == "shared_prefix" and rr is not None:
             ratio = cx.hit_rate / rr.hit_rate if rr.hit_rate else math.inf
             out.append(Target(name, "hit rate >= 2x round robin", ratio >= 2,
@@ -101,7 +69,7 @@ def evaluate_targets(results: Sequence[WorkloadResult]) -> list[Target]:
         out.append(Target(name, "every run verified", all(r.verified for r in res.runs.values()),
                           "; ".join(f"{c}: {', '.join(r.problems)}" for c, r in res.runs.items()
                                     if r.problems) or "all requests sent, answered and counted"))
-    return out
+    return out + variant_targets(results)
 
 
 # ---- JSON -----------------------------------------------------------------------------------
@@ -161,6 +129,7 @@ def report_json(results: Sequence[WorkloadResult], config: Mapping[str, Any]) ->
             "params": dict(res.workload.params)} for res in results},
         "targets": [{"workload": t.workload, "target": t.name, "met": t.met,
                      "detail": t.detail} for t in evaluate_targets(results)],
+        "variants": variant_json(results),
         "config": dict(config),
     }
 
@@ -188,9 +157,9 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         f" ({'capacity allows the bound' if res.capacity_allows else 'capacity-limited'});"
         f" one worker's pool alone, fed every request, {res.single_worker_bound:.1%}.", "",
         "| contender | sent / ok | hit rate | TTFT p50 / p90 / p99 ms | E2E p50 / p90 / p99 ms"
-        " | req/s | imbalance req · uncached | evicted blocks | idle TTFT ms | CPU cores ours"
-        " · foreign | per repetition: hit, TTFT p50 / p90 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        " | req/s | imbalance req · uncached | evicted blocks | stale sends | idle TTFT ms"
+        " | CPU cores ours · foreign | per repetition: hit, TTFT p50 / p90 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in CONTENDERS:
         run = res.runs.get(c)
@@ -199,16 +168,17 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         t, e = run.ttft_ms, run.e2e_ms
         evicted = sum(x.evicted_blocks for x in run.workers.values())
         cpu = run.extra.get("cpu", {})
-        reps = "; ".join(f"{r['hit_rate']:.1%}, {_fmt_ms(r['ttft_p50_ms'])} /"
-                         f" {_fmt_ms(r['ttft_p90_ms'])}" for r in run.extra.get("repeats", []))
+        reps = "; ".join(f"{r['hit_rate']:.1%}, {fmt_ms(r['ttft_p50_ms'])} /"
+                         f" {fmt_ms(r['ttft_p90_ms'])}" for r in run.extra.get("repeats", []))
         flag = "" if run.verified else " ⚠"
         lines.append(
             f"| {c} | {run.requests_sent:,} / {run.requests_ok:,}{flag} | {run.hit_rate:.1%} |"
-            f" {_fmt_ms(t[0])} / {_fmt_ms(t[1])} / {_fmt_ms(t[2])} |"
-            f" {_fmt_ms(e[0])} / {_fmt_ms(e[1])} / {_fmt_ms(e[2])} | {run.throughput_rps:.1f} |"
+            f" {fmt_ms(t[0])} / {fmt_ms(t[1])} / {fmt_ms(t[2])} |"
+            f" {fmt_ms(e[0])} / {fmt_ms(e[1])} / {fmt_ms(e[2])} | {run.throughput_rps:.1f} |"
             f" {run.imbalance('requests'):.2f} · {run.imbalance('uncached_tokens'):.2f} |"
-            f" {evicted:,} | {_fmt_ms(_or_nan(run.extra.get('idle_ttft_p50_ms')))} |"
-            f" {_or_nan(cpu.get('ours_cores')):.2f} · {_or_nan(cpu.get('foreign_cores')):.2f} |"
+            f" {evicted:,} | {_stale_cell(run.extra.get('stale'))} |"
+            f" {fmt_ms(or_nan(run.extra.get('idle_ttft_p50_ms')))} |"
+            f" {or_nan(cpu.get('ours_cores')):.2f} · {or_nan(cpu.get('foreign_cores')):.2f} |"
             f" {reps} |")
     preds = [(c, r.prediction) for c, r in res.runs.items() if r.prediction is not None]
     if preds:
@@ -245,7 +215,7 @@ def _workload_section(res: WorkloadResult) -> list[str]:
                 if run is None:
                     continue
                 s = run.stages[k]
-                cells.append(f"{_fmt_ms(s.ttft_p50_ms)} / {_fmt_ms(s.ttft_p90_ms)},"
+                cells.append(f"{fmt_ms(s.ttft_p50_ms)} / {fmt_ms(s.ttft_p90_ms)},"
                              f" {s.hit_rate:.0%}")
             lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
     noisy = [(c, d) for c, r in res.runs.items() for d in r.extra.get("discarded_noisy_runs", [])]
@@ -253,13 +223,20 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         lines += ["", "Runs discarded because other work on the machine took too much CPU"
                   " (each was run again):"]
         lines += [f"- {c}: other work {d['foreign_cores']} cores; it measured hit"
-                  f" {d['hit_rate']:.1%}, TTFT p50 / p90 {_fmt_ms(d['ttft_p50_ms'])} /"
-                  f" {_fmt_ms(d['ttft_p90_ms'])} ms" for c, d in noisy]
+                  f" {d['hit_rate']:.1%}, TTFT p50 / p90 {fmt_ms(d['ttft_p50_ms'])} /"
+                  f" {fmt_ms(d['ttft_p90_ms'])} ms" for c, d in noisy]
     problems = [(c, r.problems) for c, r in res.runs.items() if r.problems]
     if problems:
         lines += ["", "Runs that do not count:"] + [f"- {c}: {'; '.join(p)}"
                                                    for c, p in problems]
     return [*lines, ""]
+
+
+def _stale_cell(stale: Mapping[str, int] | None) -> str:
+    """Stale sends (of requests sent to the last holder of their prefix) as a table cell."""
+    if not stale:
+        return "—"
+    return f"{stale['stale']:,} of {stale['affine']:,}"
 
 
 def _peer_wins(results: Sequence[WorkloadResult]) -> list[str]:
@@ -276,10 +253,10 @@ def _peer_wins(results: Sequence[WorkloadResult]) -> list[str]:
                 wins.append(f"hit rate {run.hit_rate:.1%} vs {cx.hit_rate:.1%}")
             for i, label in ((0, "TTFT p50"), (1, "TTFT p90"), (2, "TTFT p99")):
                 if run.ttft_ms[i] < cx.ttft_ms[i]:
-                    wins.append(f"{label} {_fmt_ms(run.ttft_ms[i])} vs {_fmt_ms(cx.ttft_ms[i])}"
+                    wins.append(f"{label} {fmt_ms(run.ttft_ms[i])} vs {fmt_ms(cx.ttft_ms[i])}"
                                 " ms")
             if run.e2e_ms[1] < cx.e2e_ms[1]:
-                wins.append(f"E2E p90 {_fmt_ms(run.e2e_ms[1])} vs {_fmt_ms(cx.e2e_ms[1])} ms")
+                wins.append(f"E2E p90 {fmt_ms(run.e2e_ms[1])} vs {fmt_ms(cx.e2e_ms[1])} ms")
             if run.imbalance("requests") < cx.imbalance("requests"):
                 wins.append(f"request imbalance {run.imbalance('requests'):.2f} vs"
                             f" {cx.imbalance('requests'):.2f}")
@@ -301,7 +278,8 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
     targets = evaluate_targets(results)
     scale = round(512 / config["profile"]["tokens_per_block"])
     lines = [
-        "# Routing quality: Cortex vs sglang-router on real and published workloads", "",
+        "# Routing quality: Cortex vs sglang-router and vllm-router, plain and in deployment",
+        "",
         f"`{config['command']}` — {config['date']}, {config['duration_min']:.1f} min on"
         f" {config['machine']}."
         + ("" if config.get("complete", True) else
@@ -363,14 +341,15 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
         for c in CONTENDERS:
             run = res.runs.get(c)
             cells.append("—" if run is None else
-                         f"{run.hit_rate:.1%} / {_fmt_ms(run.ttft_ms[0])} /"
-                         f" {_fmt_ms(run.ttft_ms[1])} ms")
+                         f"{run.hit_rate:.1%} / {fmt_ms(run.ttft_ms[0])} /"
+                         f" {fmt_ms(run.ttft_ms[1])} ms")
         lines.append(f"| {res.workload.name} | {res.infinite_bound:.1%} | " + " | ".join(cells)
                      + " |")
     lines += ["", "![hit rate](hit_rate.png)", "", "![TTFT](ttft.png)", ""]
     if any(res.workload.stages for res in results):
         lines += ["![shared-prefix ladder](ladder.png)", ""]
-    lines += ["![TTFT distribution](ttft_cdf.png)", "", "## Workloads", ""]
+    lines += ["![TTFT distribution](ttft_cdf.png)", "", *variant_sections(results),
+              "## Workloads", ""]
     for res in results:
         lines += _workload_section(res)
     lines += [
@@ -386,7 +365,8 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
 
 
 _COLORS = {"cortex": "#1f6feb", "cortex_load_only": "#8cb4f5",
-           "sglang_cache_aware": "#d1495b", "sglang_round_robin": "#edae49"}
+           "sglang_cache_aware": "#d1495b", "sglang_round_robin": "#edae49",
+           "vllm_cache_aware": "#2e933c"}
 
 
 def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
@@ -473,7 +453,8 @@ def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
         fig.suptitle(f"{res.workload.title}: rate ladder", fontsize=10)
         fig.tight_layout()
         written.append(_save(fig, out / "ladder.png"))
-    return written
+    replicas = write_replica_plot(results, out, _COLORS)
+    return written + ([replicas] if replicas is not None else [])
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -30,13 +30,16 @@ from cortex.bench.routing_bounds import (
     pooled_lru_hit_rate,
     unique_pages,
 )
+from cortex.bench.routing_churn import ChurnRecord, churn_driver
 from cortex.bench.routing_client import drive, idle_ttft
 from cortex.bench.routing_contenders import (
     CpuMeter,
     Deployment,
     SimSetup,
+    Topology,
     deploy,
     machine_busy_cores,
+    missing_program,
     pinned,
 )
 from cortex.bench.routing_metrics import (
@@ -48,9 +51,19 @@ from cortex.bench.routing_metrics import (
     summarize,
 )
 from cortex.bench.routing_report import WorkloadResult, ttft_values_ms
+from cortex.bench.routing_scenarios import (
+    Variant,
+    WindowStats,
+    stale_sends,
+    window_stats,
+)
 from cortex.bench.routing_workloads import Workload
 
-__all__ = ["RunPlan", "run_workload", "wait_for_quiet", "worker_capacity"]
+__all__ = ["EVENT_ALLOWANCE_S", "RunPlan", "run_workload", "wait_for_quiet", "worker_capacity"]
+
+EVENT_ALLOWANCE_S = 1.0
+"""After a churn event, the time allowed for its KV events to reach every router (s): an
+over-prediction on the worker later than this counts against the target."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,33 +145,41 @@ _TIMED = {"cortex_gateway_upstream_first_byte_seconds": "upstream first byte",
 
 
 async def _gateway_counters(d: Deployment) -> dict[tuple[str, str], float]:
-    """Cortex's decision counters and routing-stage time sums (``{}`` for peers)."""
+    """Cortex's decision counters and routing-stage time sums, summed over its gateways
+    (``{}`` for peers)."""
     if not d.contender.startswith("cortex"):
         return {}
     from prometheus_client.parser import text_string_to_metric_families
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
-            session.get(d.url + "/metrics") as resp:
-        text = await resp.text()
     out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "cortex_gateway_decisions_total":
-                key = f"{sample.labels.get('mode')}/{sample.labels.get('reason')}"
-                out[("decisions", key)] = sample.value
-            elif (sample.name == "cortex_gateway_routing_seconds_bucket"
-                  and sample.labels.get("stage") == "total"):
-                out[("routing_bucket", sample.labels.get("le", ""))] = sample.value
-            elif sample.name in ("cortex_gateway_routing_seconds_sum",
-                                 "cortex_gateway_routing_seconds_count"):
-                kind = "sum" if sample.name.endswith("_sum") else "count"
-                out[(f"routing_{kind}", sample.labels.get("stage", ""))] = sample.value
-            elif (stage := _TIMED.get(sample.name.rpartition("_")[0])) is not None:
-                kind = sample.name.rpartition("_")[2]
-                if kind in ("sum", "count"):  # summed over workers and modes
-                    timed = (f"routing_{kind}", stage)
-                    out[timed] = out.get(timed, 0.0) + sample.value
+
+    def add(key: tuple[str, str], value: float) -> None:
+        out[key] = out.get(key, 0.0) + value
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for url in d.gateway_urls:
+            async with session.get(url + "/metrics") as resp:
+                text = await resp.text()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if (key := _counter_key(sample.name, sample.labels)) is not None:
+                        add(key, sample.value)
     return out
+
+
+def _counter_key(name: str, labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """Where a gateway metric sample adds up in :func:`_gateway_counters` (``None``: not
+    used); stage timings are summed over workers and modes."""
+    if name == "cortex_gateway_decisions_total":
+        return ("decisions", f"{labels.get('mode')}/{labels.get('reason')}")
+    if name == "cortex_gateway_routing_seconds_bucket":
+        return ("routing_bucket", labels.get("le", "")) if labels.get("stage") == "total" \
+            else None
+    if name in ("cortex_gateway_routing_seconds_sum", "cortex_gateway_routing_seconds_count"):
+        return (f"routing_{name.rpartition('_')[2]}", labels.get("stage", ""))
+    stage = _TIMED.get(name.rpartition("_")[0])
+    kind = name.rpartition("_")[2]
+    return (f"routing_{kind}", stage) if stage is not None and kind in ("sum", "count") else None
 
 
 def _gateway_delta(before: Mapping[tuple[str, str], float],
@@ -205,26 +226,87 @@ class _Expected:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     stage_of: list[int]
+    shapes: Sequence[PromptShape]
+
+
+def _worker_of(d: Deployment, outcomes: Sequence[Outcome]) -> dict[int, str]:
+    """Request id -> the worker that answered it (the sim's port header, else Cortex's
+    assigned-worker header); PD runs have no single serving worker and map nothing."""
+    if d.prefill:
+        return {}
+    by_port = {int(url.rsplit(":", 1)[1]): wid for wid, url in d.workers.items()}
+    out = {}
+    for o in outcomes:
+        wid = by_port.get(o.served_port) if o.served_port is not None else o.worker
+        if wid is not None:
+            out[o.id] = wid
+    return out
+
+
+def _churn_windows(records: Sequence[ChurnRecord], outcomes: Sequence[Outcome],
+                   worker_of: Mapping[int, str], window_s: float) -> list[dict[str, Any]]:
+    """Per churn event: what happened and the requests sent in the window after it, and
+    over-predictions on its worker from :data:`EVENT_ALLOWANCE_S` after it on."""
+    end = max((o.sent_s for o in outcomes), default=0.0) + 1e-9
+    out = []
+    for r in records:
+        item: dict[str, Any] = {"action": r.action.value, "worker": r.worker,
+                                "planned_s": round(r.planned_s, 2), "attempts": r.attempts,
+                                "at_s": None if r.at_s is None else round(r.at_s, 3)}
+        if r.at_s is not None:
+            stop = min(r.at_s + window_s, end) if window_s else end
+            w = window_stats(outcomes, worker_of, r.worker, r.at_s, stop)
+            late = window_stats(outcomes, worker_of, r.worker, r.at_s + EVENT_ALLOWANCE_S, stop)
+            before = window_stats(outcomes, worker_of, r.worker,
+                                  max(r.at_s - (stop - r.at_s), 0.0), r.at_s)
+            item |= {"window_s": round(stop - r.at_s, 2), **_window_json(w),
+                     "before": _window_json(before),
+                     "over_predictions_after_allowance": late.over_predictions}
+        out.append(item)
+    return out
+
+
+def _window_json(w: WindowStats) -> dict[str, Any]:
+    def num(x: float, digits: int) -> float | None:
+        return None if math.isnan(x) else round(x, digits)
+
+    return {"requests": w.requests, "hit_rate": num(w.hit_rate, 4),
+            "ttft_p50_ms": num(w.ttft_p50_ms, 2), "ttft_p90_ms": num(w.ttft_p90_ms, 2),
+            "worker_requests": w.worker_requests, "worker_hit_rate": num(w.worker_hit_rate, 4),
+            "over_predictions": w.over_predictions}
 
 
 async def _measure(d: Deployment, workload: Workload, expected: _Expected, model: str,
-                   plan: RunPlan, busy_before: float | None
+                   plan: RunPlan, busy_before: float | None, variant: Variant | None
                    ) -> tuple[RunSummary, list[Outcome]]:
     idle = await idle_ttft(d.url, model, plan.idle_probes)
     before = await _settled(d.workers)
     gateway_before = await _gateway_counters(d)
+    records: list[ChurnRecord] = []
+    during = None
+    if variant is not None and variant.churn:
+        during = churn_driver(variant.churn, d.workers, workload.open_loop_span_s, records)
     meter = CpuMeter(d.pids)
-    outcomes = await drive(workload, d.url, model, timeout_s=plan.timeout_s)
+    outcomes = await drive(workload, d.url, model, timeout_s=plan.timeout_s, during=during)
     cpu = meter.stop()
     after = await _settled(d.workers)
     gateway = _gateway_delta(gateway_before, await _gateway_counters(d))
+    totals = _totals(before, after)
+    checked = {w: t for w, t in totals.items() if not d.prefill or w in d.prefill}
+    worker_of = _worker_of(d, outcomes)
+    stale = stale_sends(expected.shapes, outcomes, worker_of, plan.sims.block_size)
     summary = summarize(
         workload.name, d.contender, outcomes, expected.digests, expected.prompt_tokens,
-        expected.completion_tokens, _totals(before, after), stage_of=expected.stage_of,
+        expected.completion_tokens, checked, stage_of=expected.stage_of,
         stage_rates=workload.stages,
         extra={"idle_ttft_p50_ms": round(percentile(idle, 50) * 1e3, 2) if idle else None,
                "cpu": cpu, "startup_s": round(d.startup_s, 2), "gateway": gateway,
-               "busy_before_cores": None if busy_before is None else round(busy_before, 2)})
+               "busy_before_cores": None if busy_before is None else round(busy_before, 2),
+               "stale": None if stale is None else dataclasses.asdict(stale),
+               "decode_pool": {w: dataclasses.asdict(t) for w, t in totals.items()
+                               if w not in checked} or None,
+               "churn": _churn_windows(records, outcomes, worker_of, variant.window_s)
+               if variant is not None and variant.churn else None})
     return summary, outcomes
 
 
@@ -237,7 +319,16 @@ def _rep_record(s: RunSummary) -> dict[str, Any]:
             "idle_ttft_p50_ms": s.extra.get("idle_ttft_p50_ms"),
             "ours_cores": cpu.get("ours_cores"), "foreign_cores": cpu.get("foreign_cores"),
             "cpu_s": cpu.get("processes"), "busy_before_cores": s.extra.get("busy_before_cores"),
-            "send_lag_p99_ms": round(s.send_lag_p99_ms, 2), "gateway": s.extra.get("gateway")}
+            "send_lag_p99_ms": round(s.send_lag_p99_ms, 2), "gateway": s.extra.get("gateway"),
+            "stale": s.extra.get("stale"), "churn": s.extra.get("churn")}
+
+
+def _summed(parts: Sequence[Mapping[str, int] | None]) -> dict[str, int] | None:
+    """Per-run counters (``stale``, a decode pool's totals) added up over repetitions."""
+    present = [p for p in parts if p]
+    if not present:
+        return None
+    return {k: sum(int(p.get(k, 0)) for p in present) for k in present[0]}
 
 
 def _log(message: str) -> None:
@@ -259,15 +350,20 @@ def wait_for_quiet(plan: RunPlan, log: Callable[[str], None]) -> float:
 
 
 def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPlan,
-                 log: Callable[[str], None] = _log) -> WorkloadResult:
-    """Bounds, then every contender ``plan.repeats`` times on fresh sims."""
+                 log: Callable[[str], None] = _log, variant: Variant | None = None
+                 ) -> WorkloadResult:
+    """Bounds, then every contender ``plan.repeats`` times on fresh sims (deployed and
+    disturbed as ``variant`` says; its contenders only)."""
     page = plan.sims.block_size
     order = nominal_order(workload)
     pages = unique_pages(shapes)
     largest = max(s.tokens + r.max_tokens for s, r in zip(shapes, workload.requests,
                                                           strict=True))
     largest_pages = -(-largest // page)
-    capacity = (worker_capacity(plan.capacity_fraction, pages, largest_pages)
+    fraction = plan.capacity_fraction
+    if variant is not None and variant.capacity_fraction is not None:
+        fraction = variant.capacity_fraction
+    capacity = (worker_capacity(fraction, pages, largest_pages)
                 if workload.kv_blocks is None else max(workload.kv_blocks, 2 * largest_pages))
     sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity)
     prompt_tokens = sum(s.tokens for s in shapes)
@@ -285,15 +381,24 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
         f" {capacity} blocks per worker, offered prefill load {offered:.0%}")
     reqs = workload.requests
     expected = _Expected([r.digest() for r in reqs], [s.tokens for s in shapes],
-                         [r.max_tokens for r in reqs], [r.stage for r in reqs])
-    done: dict[str, list[tuple[RunSummary, list[Outcome]]]] = {c: [] for c in plan.contenders}
-    discarded: dict[str, list[dict[str, Any]]] = {c: [] for c in plan.contenders}
+                         [r.max_tokens for r in reqs], [r.stage for r in reqs], shapes)
+    contenders = tuple(c for c in plan.contenders
+                       if variant is None or not variant.contenders or c in variant.contenders)
+    topology = Topology() if variant is None else Topology(variant.replicas, variant.pd)
+    missing = {c: why for c in contenders if (why := missing_program(c, topology))}
+    for c, why in missing.items():
+        log(f"  {c}: skipped, {why}")
+        res.skipped[c] = why
+    contenders = tuple(c for c in contenders if c not in missing)
+    done: dict[str, list[tuple[RunSummary, list[Outcome]]]] = {c: [] for c in contenders}
+    discarded: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     for rep in range(plan.repeats):
-        order_c = plan.contenders if rep % 2 == 0 else tuple(reversed(plan.contenders))
+        order_c = contenders if rep % 2 == 0 else tuple(reversed(contenders))
         for contender in order_c:
             for attempt in range(plan.noisy_retries + 1):
                 summary, outcomes = _one_run(workload, expected, sims, plan, contender,
-                                             f"{contender}-{rep}-{attempt}", log)
+                                             f"{contender}-{rep}-{attempt}", log, variant,
+                                             topology)
                 foreign = summary.extra["cpu"]["foreign_cores"]
                 if foreign <= plan.max_foreign_cores or attempt == plan.noisy_retries:
                     break
@@ -315,7 +420,10 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
                            "foreign_cores": _median([s.extra["cpu"]["foreign_cores"]
                                                      for s, _ in runs])},
                    "startup_s": first.extra.get("startup_s"),
-                   "gateway": _merge_gateway([s.extra.get("gateway") for s, _ in runs])})
+                   "gateway": _merge_gateway([s.extra.get("gateway") for s, _ in runs]),
+                   "stale": _summed([s.extra.get("stale") for s, _ in runs]),
+                   "decode_pool": first.extra.get("decode_pool"),
+                   "churn": first.extra.get("churn")})
         res.ttfts_ms[contender] = ttft_values_ms([o.ttft_s for _, outs in runs for o in outs
                                                  if o.ok])
     return res
@@ -339,13 +447,13 @@ def _merge_gateway(parts: Sequence[dict[str, Any] | None]) -> dict[str, Any] | N
 
 
 def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunPlan,
-             contender: str, name: str, log: Callable[[str], None]
-             ) -> tuple[RunSummary, list[Outcome]]:
+             contender: str, name: str, log: Callable[[str], None], variant: Variant | None,
+             topology: Topology) -> tuple[RunSummary, list[Outcome]]:
     busy_before = wait_for_quiet(plan, log) if plan.quiet_wait_s > 0 else None
-    with deploy(contender, sims, plan.logs / workload.name / name, plan.cortex_weights) as d, \
-            pinned(d) if plan.pin else contextlib.nullcontext():
+    with deploy(contender, sims, plan.logs / workload.name / name, plan.cortex_weights,
+                topology) as d, pinned(d) if plan.pin else contextlib.nullcontext():
         summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model, plan,
-                                                 busy_before))
+                                                 busy_before, variant))
     t = summary.ttft_ms
     cpu = summary.extra["cpu"]
     log(f"  {contender} ({name}): {summary.requests_ok}/{summary.requests_expected} ok, hit"

@@ -38,7 +38,7 @@ from cortex.sim.metrics import LoadSnapshot, render_metrics
 from cortex.sim.pd import TransferError
 from cortex.sim.protocol import Endpoint, GenRequest, RequestError, SequenceResult, SequenceSpec
 
-__all__ = ["SimRoutes"]
+__all__ = ["SERVED_BY_HEADER", "SimRoutes"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
                 "Connection": "keep-alive"}
 _PREFILL_FINISH = {"type": "length", "length": 0}
 _DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's explicit data-parallel rank
+SERVED_BY_HEADER = "x-cortex-sim-port"
+"""Response header of every generation: the HTTP port of the worker that served it."""
 
 
 class _StreamCut(Exception):
@@ -351,6 +353,8 @@ class SimRoutes:
             except RequestError as exc:
                 return self._error(exc.message, exc.status, exc.err_type, exc.param)
             headers = {"X-Request-Id": request_id} if request_id else {}
+            # which worker answered, through any router that relays upstream headers
+            headers[SERVED_BY_HEADER] = str(self.ports.get("http"))
             if req.stream:
                 return await self._stream(request, req, headers)
             return await self._complete(req, headers)

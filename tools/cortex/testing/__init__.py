@@ -3,7 +3,7 @@
 Nothing here sleeps for a fixed time: every wait polls a condition until a deadline.
 """
 
-from cortex.testing.peers import sglang_router_argv
+from cortex.testing.peers import peer_program, sglang_router_argv, vllm_router_argv
 from cortex.testing.procs import (
     RedisServer,
     die_with,
@@ -16,7 +16,9 @@ __all__ = [
     "RedisServer",
     "die_with",
     "free_port",
+    "peer_program",
     "sglang_router_argv",
+    "vllm_router_argv",
     "wait_until",
     "wait_until_async",
 ]
