@@ -65,10 +65,23 @@ def test_quick_workloads_are_deterministic_and_complete(text: BlockText) -> None
     b = build(routing.QUICK, text, routing.WORKLOADS, traces, 0)
     assert [w.name for w in a] == list(routing.WORKLOADS)
     assert [w.digest() for w in a] == [w.digest() for w in b]
-    small = a[-1]
+    by_name = {w.name: w for w in a}
+    small = by_name["mooncake_conversation_small_kv"]
     assert small.kv_blocks == routing.QUICK.small_kv_blocks and a[0].kv_blocks is None
     assert [r.prompt for r in small.requests] == [r.prompt for r in a[0].requests]
     assert all(len(w.requests) > 0 for w in a)
+    # replica variants replay their base workload unchanged
+    for n in (1, 2, 4):
+        assert [r.digest() for r in by_name[f"shared_prefix_r{n}"].requests] == [
+            r.digest() for r in by_name["shared_prefix"].requests]
+    steady = by_name["churn"]
+    assert steady.stages == (routing.QUICK.steady_rate,)
+    assert steady.open_loop_span_s <= routing.QUICK.steady_s
+    # real sizes: the same trace rows, 16x the tokens of the 32-token blocks
+    real, scaled = by_name["mooncake_real_scale"], by_name["mooncake_conversation"]
+    assert real.params["tokens_per_block"] == 512
+    assert len(real.requests) <= len(scaled.requests)
+    assert len(real.requests[0].prompt or "") > 10 * len(scaled.requests[0].prompt or "")
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")

@@ -1,7 +1,8 @@
 """``cortex bench routing --quick`` end to end: every contender, every workload, all counted.
 
-Starts real processes (Redis, index, ingest, gateway, sims, sglang-router); asserts that the
-run is complete and verified, never how fast anything was (that is the report's job).
+Starts real processes (Redis, index, ingest, gateways, sims, sglang-router, vllm-router,
+HAProxy); asserts that the run is complete and verified, never how fast anything was (that
+is the report's job).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cortex.bench.routing import QUICK_WORKLOADS
+from cortex.bench.routing import QUICK_VARIANT_CONTENDERS, QUICK_WORKLOADS
+from cortex.bench.routing_balancer import haproxy_binary
 from cortex.bench.routing_contenders import CONTENDERS
+from cortex.bench.routing_scenarios import VARIANTS
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +35,10 @@ def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((out / "report.json").read_text())
     runs = {(r["workload"], r["contender"]): r for r in doc["runs"]}
-    assert set(runs) == {(w, c) for w in QUICK_WORKLOADS for c in CONTENDERS}
+    balancer = haproxy_binary() is not None
+    assert set(runs) == {(w, c) for w in QUICK_WORKLOADS
+                         for c in (QUICK_VARIANT_CONTENDERS if w in VARIANTS else CONTENDERS)
+                         if balancer or not VARIANTS.get(w, VARIANTS["pd"]).replicas}
     repeats = doc["config"]["repeats"]
     for (workload, _), run in runs.items():
         expected = doc["workloads"][workload]["requests"] * repeats
@@ -41,10 +47,21 @@ def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> Non
         assert 0 <= run["hit_rate"] <= doc["bounds"][workload] + 0.01
         assert run["ttft_p50_ms"] > 0 and run["throughput_rps"] > 0
     for workload in QUICK_WORKLOADS:
+        if (workload, "cortex") not in runs:
+            assert "haproxy" in doc["variants"][workload]["skipped"]["cortex"]
+            continue
         assert runs[(workload, "cortex")]["prediction"]["requests"] == \
             doc["workloads"][workload]["requests"] * repeats
-        assert runs[(workload, "sglang_round_robin")]["prediction"] is None
+        assert runs[(workload, "sglang_cache_aware")]["prediction"] is None
+    events = runs[("churn", "cortex")]["churn"]
+    assert [e["action"] for e in events] == ["restart", "flush"]
+    assert all(e["at_s"] is not None and e["requests"] > 0 for e in events)
+    for contender in QUICK_VARIANT_CONTENDERS:
+        assert runs[("churn", contender)]["stale"]["requests"] == \
+            doc["workloads"]["churn"]["requests"]
+        assert runs[("pd", contender)]["decode_pool"]
     report = (out / "report.md").read_text()
     assert "## Targets" in report and "sglang_cache_aware" in report
-    for plot in ("hit_rate.png", "ttft.png", "ttft_cdf.png", "ladder.png"):
+    for plot in ("hit_rate.png", "ttft.png", "ttft_cdf.png", "ladder.png",
+                 *(("replicas.png",) if balancer else ())):
         assert (out / plot).stat().st_size > 1000

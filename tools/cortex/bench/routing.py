@@ -46,8 +46,9 @@ PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix
                    "multi_turn", "mooncake_conversation_small_kv")
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
 """The plain workloads, then the deployment variants (:mod:`cortex.bench.routing_scenarios`)."""
-QUICK_WORKLOADS = ("mooncake_conversation", "shared_prefix", "multi_turn", "shared_prefix_r2",
-                   "churn", "pd")
+QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
+QUICK_VARIANT_CONTENDERS = ("cortex", "sglang_cache_aware")
+"""Who runs the variants in ``--quick`` (CI's smoke run stays under 2 minutes)."""
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
                "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",
                "mooncake_conversation_small_kv": "mooncake_conversation_trace.jsonl"}
@@ -293,10 +294,13 @@ def _variant_plan(plan: RunPlan, profile: Profile, variant: Variant | None) -> R
         plan.sims, prefill_ms_per_token=per_real))
 
 
-def _sized(variant: Variant | None, profile: Profile) -> Variant | None:
-    """``variant`` with the profile's churn window."""
-    if variant is None or not variant.churn:
-        return variant
+def _sized(variant: Variant | None, profile: Profile, quick: bool) -> Variant | None:
+    """``variant`` with the profile's churn window (and the quick run's contenders)."""
+    if variant is None:
+        return None
+    if quick:
+        variant = dataclasses.replace(variant, contenders=tuple(
+            c for c in variant.contenders if c in QUICK_VARIANT_CONTENDERS))
     return dataclasses.replace(variant, window_s=profile.churn_window_s)
 
 
@@ -342,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
                                    plan.sims.block_size)
             variant = VARIANTS.get(workload.name)
             results.append(run_workload(workload, shapes, _variant_plan(plan, profile, variant),
-                                        variant=_sized(variant, profile)))
+                                        variant=_sized(variant, profile, args.quick)))
         complete = True
         ok = all(r.verified for res in results for r in res.runs.values())
     finally:

@@ -161,13 +161,16 @@ def _pressure_section(results: Sequence[WorkloadResult]) -> list[str]:
         lines += ["## KV pressure", "",
                   f"`{res.workload.name}`: every worker holds {res.capacity_blocks:,} blocks,"
                   f" {res.capacity_blocks / max(res.unique_pages, 1):.0%} of the working set"
-                  f" ({res.unique_pages:,} pages). A *stale send* is a request sent to the"
-                  " worker that last served its longest already-served prefix that found"
-                  " fewer of those tokens cached: the router believed in blocks the engine had"
-                  " evicted (the same rule for every contender, from the engines' reports).",
-                  "", "| contender | hit rate | TTFT p50 / p90 ms | evicted blocks | sent to the"
-                  " last holder | stale sends | stale tokens | over-predictions |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  f" ({res.unique_pages:,} pages). *Sent for a prefix it no longer held*:"
+                  " for Cortex, requests whose predicted hit (what it routed on) exceeded the"
+                  " engine's `cached_tokens`; for a peer, which says nothing of its intent,"
+                  " its *stale sends*: requests sent to the worker that last served their"
+                  " longest already-served prefix that found fewer of those tokens cached."
+                  " Stale sends are counted for every contender alike, from the engines'"
+                  " reports.", "",
+                  "| contender | hit rate | TTFT p50 / p90 ms | evicted blocks | sent for a"
+                  " prefix it no longer held | sent to the last holder | stale sends |"
+                  " stale tokens |", "|---|---|---|---|---|---|---|---|"]
         for c in CONTENDERS:
             run = res.runs.get(c)
             if run is None:
@@ -176,11 +179,13 @@ def _pressure_section(results: Sequence[WorkloadResult]) -> list[str]:
             evicted = sum(t.evicted_blocks for t in run.workers.values())
             affine = stale.get("affine", 0)
             share = f" ({stale['stale'] / affine:.1%})" if affine else ""
-            over = "—" if run.prediction is None else f"{run.prediction.over:,}"
+            p = run.prediction
+            missed = (f"{p.over:,} of {p.requests:,} (over-predictions)" if p is not None else
+                      f"{stale.get('stale', 0):,} of {run.requests_ok:,} (stale sends)")
             lines.append(f"| {c} | {run.hit_rate:.1%} | {fmt_ms(run.ttft_ms[0])} /"
-                         f" {fmt_ms(run.ttft_ms[1])} | {evicted:,} | {affine:,} |"
+                         f" {fmt_ms(run.ttft_ms[1])} | {evicted:,} | {missed} | {affine:,} |"
                          f" {stale.get('stale', 0):,}{share} | {stale.get('stale_tokens', 0):,}"
-                         f" | {over} |")
+                         " |")
         lines.append("")
     return lines
 
