@@ -4,6 +4,7 @@ two sims on 127.0.0.1 (each answer names the sim that served it)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -60,4 +61,4 @@ def test_haproxy_alternates_between_replicas(tmp_path: Path) -> None:
         ports = [_served_by(url) for _ in range(6)]
     expected = {str(s.url.rsplit(":", 1)[1]) for s in sims}
     assert set(ports) == expected
-    assert all(a != b for a, b in zip(ports, ports[1:], strict=False))  # strict alternation
+    assert all(a != b for a, b in itertools.pairwise(ports))  # strict alternation

@@ -1,0 +1,38 @@
+"""``cortex bench capacity``: prompts, the line fit and the report (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cortex.bench.capacity import SizeResult, _prompts, fit_line, report_json, report_markdown
+from cortex.bench.routing import load_chat_tokenizer
+from cortex.bench.routing_text import BlockText, WordVocabulary
+
+
+def test_fit_line_recovers_a_line() -> None:
+    a, b = fit_line([1000, 2000, 4000], [1.5, 2.0, 3.0])
+    assert a == pytest.approx(1.0) and b == pytest.approx(0.0005)
+    assert fit_line([5], [2.0]) == (2.0, 0.0)
+
+
+def test_prompts_share_a_group_prefix_and_have_the_size_asked() -> None:
+    chat = load_chat_tokenizer()
+    text = BlockText(WordVocabulary.from_tokenizer(chat.tokenizer), 512)
+    prompts = _prompts(text, 2048, requests=4, share=0.6, groups=2, first_block=0)
+    assert prompts[0][0] == prompts[2][0] and prompts[0][0] != prompts[1][0]
+    assert len({p[1]["content"] for p in prompts}) == 4
+    words = [len(m["content"].split()) for m in prompts[0]]
+    assert words == [round(2048 * 0.6), 2048 - round(2048 * 0.6)]
+
+
+def test_report_derives_per_request_and_per_update_costs() -> None:
+    cpu = {"gateway-0": 3.0, "gateway-1": 1.0, "index": 0.5, "ingest": 2.0, "redis": 0.0}
+    res = SizeResult(4096, 100, 0, 10.0, cpu, stored_blocks=90_000, evicted_blocks=10_000)
+    assert res.request_path_ms == pytest.approx(20.0)
+    assert res.per_update_us("gateway-1") == pytest.approx(10.0)
+    doc = report_json([res], {"command": "x", "date": "d", "minutes": 1.0, "machine": "m",
+                              "workers": 4, "concurrency": 4, "prefix_share": 0.6,
+                              "groups": 8, "kv_blocks": 1, "block_size": 16})
+    assert doc["us_per_update"]["ingest"] == pytest.approx(20.0)
+    assert doc["sizes"][0]["updates_per_request"] == 1000
+    assert "| 4,096 | 100 | 20.00 | 30.00 | 1,000 |" in report_markdown(doc)

@@ -1,0 +1,309 @@
+"""``cortex bench capacity``: CPU per request and per ledger update of every Cortex service.
+
+The inputs of the capacity model in ``docs/scaling.md``. One local cluster (Redis, index,
+ingest, two gateways, zero-cost sims) serves chat requests of several prompt sizes, each a
+shared system prompt (``--prefix-share`` of the tokens, one of ``--groups``) plus a unique
+user turn, all sent to *gateway-0*. Both gateways hold a live replica of the ledger and
+apply every update; gateway-1 gets no request, so its CPU above its idle baseline is what
+applying the updates costs a gateway, and gateway-0's CPU above gateway-1's is what the
+requests cost. Index and ingest CPU above their idle baselines are per ledger update
+(blocks stored + blocks evicted, from the sims' counters). CPU comes from ``/proc`` (user
++ system time of each process); the sims' own CPU is not counted.
+
+Writes ``report.md``, ``report.json`` and ``cpu_per_request.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from cortex.bench.routing_contenders import CpuMeter
+from cortex.bench.routing_text import BlockText, Segment, WordVocabulary
+from cortex.cli.cluster import ClusterSpec, LocalCluster
+
+__all__ = ["SizeResult", "fit_line", "register", "run"]
+
+SERVICES = ("gateway-0", "gateway-1", "index", "ingest", "redis")
+BLOCK_SIZE = 16
+
+
+def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = bench_subparsers.add_parser(
+        "capacity", help="CPU per request and per ledger update of gateway, index, ingest")
+    parser.add_argument("--sizes", default="1024,2048,4096,8192,16384",
+                        help="prompt sizes in tokens, comma separated")
+    parser.add_argument("--requests", type=int, default=120, help="requests per size")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--prefix-share", type=float, default=0.6,
+                        help="fraction of each prompt that is its group's shared prefix")
+    parser.add_argument("--groups", type=int, default=8, help="shared prefixes per size")
+    parser.add_argument("--workers", type=int, default=4, help="zero-cost sims")
+    parser.add_argument("--kv-blocks", type=int, default=65_536,
+                        help="each sim's KV pool (blocks of 16 tokens); evictions are updates")
+    parser.add_argument("--idle-s", type=float, default=3.0,
+                        help="idle interval measuring each process's baseline (s)")
+    parser.add_argument("--out", default="docs/bench/capacity", help="report directory")
+    parser.set_defaults(func=run)
+
+
+@dataclass(frozen=True, slots=True)
+class SizeResult:
+    """One prompt size: requests, wall time (s), CPU seconds per process above its idle
+    baseline, and the ledger updates (blocks) the run caused."""
+
+    prompt_tokens: int
+    requests: int
+    errors: int
+    wall_s: float
+    cpu_s: Mapping[str, float]
+    stored_blocks: int
+    evicted_blocks: int
+
+    @property
+    def updates(self) -> int:
+        return self.stored_blocks + self.evicted_blocks
+
+    def per_request_ms(self, process: str) -> float:
+        return self.cpu_s[process] / self.requests * 1e3 if self.requests else 0.0
+
+    @property
+    def request_path_ms(self) -> float:
+        """Gateway CPU per request on the request path (gateway-0 minus gateway-1), ms."""
+        if not self.requests:
+            return 0.0
+        return (self.cpu_s["gateway-0"] - self.cpu_s["gateway-1"]) / self.requests * 1e3
+
+    def per_update_us(self, process: str) -> float:
+        return self.cpu_s[process] / self.updates * 1e6 if self.updates else 0.0
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b·x``; ``(a, b)``."""
+    n = len(xs)
+    if n < 2:
+        return (ys[0] if ys else 0.0), 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def _prompts(text: BlockText, size: int, requests: int, share: float, groups: int,
+             first_block: int) -> list[list[dict[str, str]]]:
+    """Chat messages: a group's system prompt (``share`` of ``size`` tokens) + a unique
+    user turn; fresh block ids from ``first_block`` on so sizes never share a prefix."""
+    b = text.tokens_per_block
+    shared = max(b, round(size * share))
+    own = max(b, size - shared)
+    next_id = first_block
+    systems = []
+    for _ in range(groups):
+        blocks = tuple(range(next_id, next_id + -(-shared // b)))
+        next_id += len(blocks)
+        systems.append(text.text(Segment(blocks, shared)))
+    out = []
+    for i in range(requests):
+        blocks = tuple(range(next_id, next_id + -(-own // b)))
+        next_id += len(blocks)
+        out.append([{"role": "system", "content": systems[i % groups]},
+                    {"role": "user", "content": text.text(Segment(blocks, own))}])
+    return out
+
+
+async def _drive(url: str, model: str, prompts: Sequence[list[dict[str, str]]],
+                 concurrency: int) -> int:
+    """Send every prompt (``concurrency`` at a time); the number that failed."""
+    errors = 0
+    queue = list(reversed(prompts))
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def client() -> None:
+            nonlocal errors
+            while queue:
+                messages = queue.pop()
+                body = {"model": model, "messages": messages, "max_tokens": 4,
+                        "ignore_eos": True}
+                try:
+                    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                        await resp.read()
+                        errors += resp.status != 200
+                except (aiohttp.ClientError, TimeoutError):
+                    errors += 1
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return errors
+
+
+async def _cache_counters(urls: Sequence[str]) -> tuple[int, int]:
+    """Σ cached blocks and Σ evicted blocks over the sims."""
+    cached = evicted = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for url in urls:
+            async with session.get(url + "/sim/state") as resp:
+                cache = (await resp.json())["cache"]
+                cached += int(cache["cached_blocks"])
+                evicted += int(cache["evicted_blocks"])
+    return cached, evicted
+
+
+def _idle_cores(pids: Mapping[str, int], seconds: float) -> dict[str, float]:
+    meter = CpuMeter(pids)
+    time.sleep(seconds)
+    measured = meter.stop()
+    return {name: measured["processes"][name] / measured["wall_s"] for name in pids}
+
+
+def _measure(cluster: LocalCluster, text: BlockText, size: int, args: argparse.Namespace,
+             first_block: int) -> SizeResult:
+    pids = {name: cluster.process(name).pid for name in SERVICES}
+    urls = [w.url for w in cluster.workers.values()]
+    prompts = _prompts(text, size, args.requests, args.prefix_share, args.groups, first_block)
+    idle = _idle_cores(pids, args.idle_s)
+    cached0, evicted0 = asyncio.run(_cache_counters(urls))
+    meter = CpuMeter(pids)
+    errors = asyncio.run(_drive(cluster.gateway_urls[0], cluster.spec.model, prompts,
+                                args.concurrency))
+    measured = meter.stop()
+    cached1, evicted1 = asyncio.run(_cache_counters(urls))
+    wall = measured["wall_s"]
+    cpu = {name: max(measured["processes"][name] - idle[name] * wall, 0.0) for name in pids}
+    evicted = evicted1 - evicted0
+    return SizeResult(size, len(prompts) - errors, errors, wall, cpu,
+                      cached1 - cached0 + evicted, evicted)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cortex.chat import ChatTokenizer
+
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    tokenizer = ChatTokenizer.load().tokenizer
+    text = BlockText(WordVocabulary.from_tokenizer(tokenizer), 512)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = ClusterSpec(workers=args.workers, gateways=2, port=0, zero_cost=True,
+                       block_size=BLOCK_SIZE, kv_capacity_blocks=args.kv_blocks)
+    started = time.monotonic()
+    results: list[SizeResult] = []
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-capacity-") as logs, \
+            LocalCluster(spec, logs) as cluster:
+        first_block = 0
+        for size in sizes:
+            res = _measure(cluster, text, size, args, first_block)
+            first_block += size * (args.requests + args.groups)
+            results.append(res)
+            print(f"{size} tokens: {res.requests} ok ({res.errors} failed) in {res.wall_s:.1f}"
+                  f" s; gateway request path {res.request_path_ms:.2f} ms/request, updates"
+                  f" {res.updates:,} (gateway-1 {res.per_update_us('gateway-1'):.2f} µs,"
+                  f" index {res.per_update_us('index'):.2f} µs, ingest"
+                  f" {res.per_update_us('ingest'):.2f} µs per update)", file=sys.stderr)
+    config = {"command": "cortex bench capacity " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+        if k not in ("func", "command", "benchmark") and v is not None),
+        "date": time.strftime("%Y-%m-%d"), "minutes": (time.monotonic() - started) / 60,
+        "machine": f"{os.cpu_count()} cores ({platform.machine()}), Python"
+                   f" {platform.python_version()}",
+        "workers": args.workers, "concurrency": args.concurrency,
+        "prefix_share": args.prefix_share, "groups": args.groups,
+        "kv_blocks": args.kv_blocks, "block_size": BLOCK_SIZE}
+    doc = report_json(results, config)
+    (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(report_markdown(doc), encoding="utf-8")
+    _plot(results, out / "cpu_per_request.png")
+    print(f"report written to {out / 'report.md'}", file=sys.stderr)
+    return 0 if all(r.errors == 0 for r in results) else 1
+
+
+def report_json(results: Sequence[SizeResult], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every size's numbers, the per-update means and the line fit of the request path."""
+    updates = sum(r.updates for r in results)
+    per_update = {p: (sum(r.cpu_s[p] for r in results) / updates * 1e6 if updates else 0.0)
+                  for p in ("gateway-1", "index", "ingest", "redis")}
+    a, b = fit_line([r.prompt_tokens for r in results], [r.request_path_ms for r in results])
+    return {
+        "sizes": [{**asdict(r), "updates": r.updates,
+                   "gateway_request_path_ms": round(r.request_path_ms, 3),
+                   "gateway0_ms_per_request": round(r.per_request_ms("gateway-0"), 3),
+                   "updates_per_request": round(r.updates / r.requests, 1) if r.requests else 0,
+                   "us_per_update": {p: round(r.per_update_us(p), 3)
+                                     for p in ("gateway-1", "index", "ingest", "redis")}}
+                  for r in results],
+        "us_per_update": {p: round(v, 3) for p, v in per_update.items()},
+        "request_path_fit_ms": {"intercept": round(a, 4), "per_1k_tokens": round(b * 1e3, 4)},
+        "config": dict(config),
+    }
+
+
+def report_markdown(doc: Mapping[str, Any]) -> str:
+    cfg, fit, upd = doc["config"], doc["request_path_fit_ms"], doc["us_per_update"]
+    lines = [
+        "# CPU per request and per ledger update (`cortex bench capacity`)", "",
+        f"`{cfg['command']}` — {cfg['date']}, {cfg['minutes']:.1f} min on {cfg['machine']}.",
+        "",
+        f"One cluster: Redis, index, ingest, two gateways, {cfg['workers']} zero-cost SGLang"
+        f" sims (page {cfg['block_size']} tokens, {cfg['kv_blocks']:,} blocks each). Chat"
+        f" requests, {cfg['concurrency']} in flight, each a shared system prompt"
+        f" ({cfg['prefix_share']:.0%} of its tokens, {cfg['groups']} groups) and a unique user"
+        " turn, all to gateway-0. Both gateways apply every ledger update to their replica;"
+        " gateway-1 serves nothing, so its CPU is the update cost, and gateway-0 minus"
+        " gateway-1 is the request path (parse, template, tokenize, keys, match, score, proxy"
+        " the answer). Every CPU figure is above the process's own idle baseline (health"
+        " probes, lease renewal, polling). Updates = blocks stored + blocks evicted.", "",
+        "| prompt tokens | requests | gateway request path ms CPU / request | gateway-0 ms /"
+        " request | updates / request | µs per update: gateway replica · index · ingest ·"
+        " Redis |", "|---|---|---|---|---|---|"]
+    for s in doc["sizes"]:
+        u = s["us_per_update"]
+        lines.append(f"| {s['prompt_tokens']:,} | {s['requests']} |"
+                     f" {s['gateway_request_path_ms']:.2f} | {s['gateway0_ms_per_request']:.2f}"
+                     f" | {s['updates_per_request']:,.0f} | {u['gateway-1']:.2f} · {u['index']:.2f}"
+                     f" · {u['ingest']:.2f} · {u['redis']:.2f} |")
+    lines += [
+        "", f"Fit of the gateway's request path: **{fit['intercept']:.2f} ms +"
+        f" {fit['per_1k_tokens']:.3f} ms per 1k prompt tokens** of CPU per request.",
+        f"Mean cost of one ledger update: gateway replica **{upd['gateway-1']:.2f} µs**, index"
+        f" **{upd['index']:.2f} µs**, ingest **{upd['ingest']:.2f} µs**, Redis"
+        f" {upd['redis']:.2f} µs (Redis holds only leases: no per-update work).", "",
+        "![CPU per request](cpu_per_request.png)", "",
+        "How these numbers become a cluster size: [../../scaling.md](../../scaling.md).", ""]
+    return "\n".join(lines)
+
+
+def _plot(results: Sequence[SizeResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    xs = [r.prompt_tokens for r in results]
+    ax1.plot(xs, [r.request_path_ms for r in results], "o-", label="gateway request path")
+    ax1.plot(xs, [r.per_request_ms("gateway-0") for r in results], "s--",
+             label="gateway-0 total")
+    ax1.set_xlabel("prompt tokens")
+    ax1.set_ylabel("CPU ms per request")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    for process, style in (("gateway-1", "o-"), ("index", "s-"), ("ingest", "^-")):
+        ax2.plot(xs, [r.per_update_us(process) for r in results], style,
+                 label="gateway replica" if process == "gateway-1" else process)
+    ax2.set_xlabel("prompt tokens")
+    ax2.set_ylabel("CPU µs per ledger update")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
