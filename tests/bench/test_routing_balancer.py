@@ -3,18 +3,16 @@ two sims on 127.0.0.1 (each answer names the sim that served it)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cortex.bench.routing_balancer import haproxy_binary, haproxy_config, start_haproxy
 from cortex.cli.supervisor import Supervisor
-from cortex.sim.process import SimProcess
+from cortex.sim.process import started_sims
 from cortex.sim.routes import SERVED_BY_HEADER
 
 
@@ -26,19 +24,6 @@ def test_config_is_round_robin_over_every_backend_on_loopback() -> None:
     assert [line for line in lines if line.startswith("server ")] == [
         "server r0 127.0.0.1:1001", "server r1 127.0.0.1:1002"]
     assert "timeout server 2500ms" in lines
-
-
-@contextlib.contextmanager
-def _sims(n: int) -> Iterator[list[SimProcess]]:
-    with contextlib.ExitStack() as stack:
-        procs = [SimProcess("--engine", "sglang", "--port", "0", "--kv-events-port", "0",
-                            "--zero-cost", "--log-level", "warning") for _ in range(n)]
-        for proc in procs:
-            stack.callback(proc.close)
-            proc.launch()
-        for proc in procs:
-            proc.wait_ready()
-        yield procs
 
 
 def _served_by(url: str) -> str:
@@ -55,7 +40,9 @@ def _served_by(url: str) -> str:
 @pytest.mark.skipif(haproxy_binary() is None, reason="haproxy not installed (apt-get install"
                     " -y haproxy); the benchmark reports the replica variants as skipped")
 def test_haproxy_alternates_between_replicas(tmp_path: Path) -> None:
-    with _sims(2) as sims, Supervisor(tmp_path) as supervisor:
+    argv = ("--engine", "sglang", "--port", "0", "--kv-events-port", "0", "--zero-cost",
+            "--log-level", "warning")
+    with started_sims(argv, argv) as sims, Supervisor(tmp_path) as supervisor:
         url, child = start_haproxy(supervisor, [s.url for s in sims], tmp_path, timeout_s=10)
         assert child.alive() and url.startswith("http://127.0.0.1:")
         ports = [_served_by(url) for _ in range(6)]

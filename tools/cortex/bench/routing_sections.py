@@ -10,11 +10,12 @@ arrive (:data:`cortex.bench.routing_runner.EVENT_ALLOWANCE_S`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cortex.bench.routing_contenders import CONTENDERS
+from cortex.bench.routing_metrics import RunSummary
 from cortex.bench.routing_results import Target, WorkloadResult, fmt_ms
 from cortex.bench.routing_scenarios import VARIANTS, Variant
 
@@ -29,13 +30,28 @@ def _variant(res: WorkloadResult) -> Variant | None:
     return VARIANTS.get(res.workload.name)
 
 
-def _replica_table(results: Sequence[WorkloadResult]) -> dict[str, dict[str, dict[int, Any]]]:
-    """base workload -> contender -> replicas -> run."""
-    out: dict[str, dict[str, dict[int, Any]]] = {}
+def _variants(results: Sequence[WorkloadResult], keep: Callable[[Variant], bool]
+              ) -> Iterator[tuple[WorkloadResult, Variant]]:
+    """The results of the variants ``keep`` selects, with their variant."""
     for res in results:
-        v = _variant(res)
-        if v is None or not v.replicas:
-            continue
+        if (v := _variant(res)) is not None and keep(v):
+            yield res, v
+
+
+def _runs(res: WorkloadResult) -> Iterator[tuple[str, RunSummary]]:
+    """The contenders that ran, in report order."""
+    for c in CONTENDERS:
+        if (run := res.runs.get(c)) is not None:
+            yield c, run
+
+
+_ReplicaRuns = dict[str, dict[str, dict[int, RunSummary]]]
+"""base workload -> contender -> replicas -> run."""
+
+
+def _replica_table(results: Sequence[WorkloadResult]) -> _ReplicaRuns:
+    out: _ReplicaRuns = {}
+    for res, v in _variants(results, lambda v: v.replicas > 0):
         for c, run in res.runs.items():
             out.setdefault(v.base, {}).setdefault(c, {})[v.replicas] = run
     return out
@@ -114,10 +130,7 @@ def _num(value: float | None) -> float:
 
 def _churn_section(results: Sequence[WorkloadResult]) -> list[str]:
     lines: list[str] = []
-    for res in results:
-        v = _variant(res)
-        if v is None or not v.churn:
-            continue
+    for res, _ in _variants(results, lambda v: bool(v.churn)):
         lines += ["## Churn: a worker restarted, another flushed", "",
                   f"`{res.workload.name}`: {res.workload.title}. A restart is the sim's restart"
                   " fault (empty cache, event seq from 0, `AllBlocksCleared`; requests in"
@@ -131,10 +144,7 @@ def _churn_section(results: Sequence[WorkloadResult]) -> list[str]:
                   "| contender | event | at s (tries) | window s | requests · hit · TTFT p50 /"
                   " p90 ms | on the worker: requests · hit | over-predictions (after 1 s) |"
                   " stale sends |", "|---|---|---|---|---|---|---|---|"]
-        for c in CONTENDERS:
-            run = res.runs.get(c)
-            if run is None:
-                continue
+        for c, run in _runs(res):
             stale = run.extra.get("stale") or {}
             for e in run.extra.get("churn") or []:
                 if e.get("at_s") is None:
@@ -154,10 +164,7 @@ def _churn_section(results: Sequence[WorkloadResult]) -> list[str]:
 
 def _pressure_section(results: Sequence[WorkloadResult]) -> list[str]:
     lines: list[str] = []
-    for res in results:
-        v = _variant(res)
-        if v is None or v.capacity_fraction is None:
-            continue
+    for res, _ in _variants(results, lambda v: v.capacity_fraction is not None):
         lines += ["## KV pressure", "",
                   f"`{res.workload.name}`: every worker holds {res.capacity_blocks:,} blocks,"
                   f" {res.capacity_blocks / max(res.unique_pages, 1):.0%} of the working set"
@@ -171,10 +178,7 @@ def _pressure_section(results: Sequence[WorkloadResult]) -> list[str]:
                   "| contender | hit rate | TTFT p50 / p90 ms | evicted blocks | sent for a"
                   " prefix it no longer held | sent to the last holder | stale sends |"
                   " stale tokens |", "|---|---|---|---|---|---|---|---|"]
-        for c in CONTENDERS:
-            run = res.runs.get(c)
-            if run is None:
-                continue
+        for c, run in _runs(res):
             stale = run.extra.get("stale") or {}
             evicted = sum(t.evicted_blocks for t in run.workers.values())
             affine = stale.get("affine", 0)
@@ -192,10 +196,7 @@ def _pressure_section(results: Sequence[WorkloadResult]) -> list[str]:
 
 def _pd_section(results: Sequence[WorkloadResult]) -> list[str]:
     lines: list[str] = []
-    for res in results:
-        v = _variant(res)
-        if v is None or not v.pd:
-            continue
+    for res, _ in _variants(results, lambda v: v.pd):
         lines += ["## Prefill/decode pools", "",
                   f"`{res.workload.name}`: half the sims prefill, half decode (SGLang"
                   " bootstrap handshake between sim processes). Cortex picks the prefill"
@@ -205,10 +206,7 @@ def _pd_section(results: Sequence[WorkloadResult]) -> list[str]:
                   " the prefill engines).", "",
                   "| contender | prefill-pool hit | TTFT p50 / p90 / p99 ms | prefill"
                   " imbalance (uncached) | decode-pool requests |", "|---|---|---|---|---|"]
-        for c in CONTENDERS:
-            run = res.runs.get(c)
-            if run is None:
-                continue
+        for c, run in _runs(res):
             decode = run.extra.get("decode_pool") or {}
             served = sum(int(t.get("requests", 0)) for t in decode.values())
             t = run.ttft_ms

@@ -7,6 +7,7 @@ bound ports; leaving the block sends SIGTERM (SIGKILL after a grace period).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -15,13 +16,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from cortex.sim.cli import READY_PREFIX
 
-__all__ = ["SimProcess", "SimProcessError"]
+__all__ = ["SimProcess", "SimProcessError", "started_sims"]
 
 
 class SimProcessError(RuntimeError):
@@ -169,3 +171,17 @@ class SimProcess:
     def __repr__(self) -> str:
         state = "running" if self.alive() else "stopped"
         return f"SimProcess({self.info.get('url', '?')}, {state})"
+
+
+@contextlib.contextmanager
+def started_sims(*argvs: tuple[str, ...]) -> Iterator[list[SimProcess]]:
+    """One sim per argument list, launched together and each waited for; all stopped on
+    exit (also when one fails to start)."""
+    with contextlib.ExitStack() as stack:
+        procs = [SimProcess(*argv) for argv in argvs]
+        for proc in procs:
+            stack.callback(proc.close)
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready()
+        yield procs
