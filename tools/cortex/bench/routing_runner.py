@@ -324,7 +324,7 @@ def _rep_record(s: RunSummary) -> dict[str, Any]:
 
 
 def _summed(parts: Sequence[Mapping[str, int] | None]) -> dict[str, int] | None:
-    """Per-run counters (``stale``, a decode pool's totals) added up over repetitions."""
+    """Per-run counters (``stale``) added up over repetitions."""
     present = [p for p in parts if p]
     if not present:
         return None
