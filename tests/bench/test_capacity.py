@@ -27,12 +27,13 @@ def test_prompts_share_a_group_prefix_and_have_the_size_asked() -> None:
 
 def test_report_derives_per_request_and_per_update_costs() -> None:
     cpu = {"gateway-0": 3.0, "gateway-1": 1.0, "index": 0.5, "ingest": 2.0, "redis": 0.0}
-    res = SizeResult(4096, 100, 0, 10.0, cpu, stored_blocks=90_000, evicted_blocks=10_000)
+    res = SizeResult("replica", 4096, 100, 0, 10.0, cpu, stored_blocks=90_000,
+                     evicted_blocks=10_000)
     assert res.request_path_ms == pytest.approx(20.0)
     assert res.per_update_us("gateway-1") == pytest.approx(10.0)
     doc = report_json([res], {"command": "x", "date": "d", "minutes": 1.0, "machine": "m",
                               "workers": 4, "concurrency": 4, "prefix_share": 0.6,
                               "groups": 8, "kv_blocks": 1, "block_size": 16})
-    assert doc["us_per_update"]["ingest"] == pytest.approx(20.0)
+    assert doc["modes"]["replica"]["us_per_update"]["ingest"] == pytest.approx(20.0)
     assert doc["sizes"][0]["updates_per_request"] == 1000
-    assert "| 4,096 | 100 | 20.00 | 30.00 | 1,000 |" in report_markdown(doc)
+    assert "| replica | 4,096 | 100 | 20.00 | 5.00 | 1,000 |" in report_markdown(doc)

@@ -10,6 +10,10 @@ requests cost. Index and ingest CPU above their idle baselines are per ledger up
 (blocks stored + blocks evicted, from the sims' counters). CPU comes from ``/proc`` (user
 + system time of each process); the sims' own CPU is not counted.
 
+The same sizes run a second time with ``index.replica = false`` (*rpc* mode): the gateways
+keep no replica and ask the index over gRPC for every request, so the index's CPU per
+request is the Match path's cost, and gateways no longer pay for updates.
+
 Writes ``report.md``, ``report.json`` and ``cpu_per_request.png`` to ``--out``.
 """
 
@@ -23,7 +27,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ from cortex.cli.cluster import ClusterSpec, LocalCluster
 __all__ = ["SizeResult", "fit_line", "register", "run"]
 
 SERVICES = ("gateway-0", "gateway-1", "index", "ingest", "redis")
+UPDATE_COSTS = ("gateway-1", "index", "ingest", "redis")
 BLOCK_SIZE = 16
 
 
@@ -55,15 +60,19 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="each sim's KV pool (blocks of 16 tokens); evictions are updates")
     parser.add_argument("--idle-s", type=float, default=3.0,
                         help="idle interval measuring each process's baseline (s)")
+    parser.add_argument("--modes", default="replica,rpc",
+                        help="replica (ledger replica in every gateway), rpc (Match over"
+                             " gRPC per request), or both")
     parser.add_argument("--out", default="docs/bench/capacity", help="report directory")
     parser.set_defaults(func=run)
 
 
 @dataclass(frozen=True, slots=True)
 class SizeResult:
-    """One prompt size: requests, wall time (s), CPU seconds per process above its idle
-    baseline, and the ledger updates (blocks) the run caused."""
+    """One prompt size in one mode: requests, wall time (s), CPU seconds per process above
+    its idle baseline, and the ledger updates (blocks) the run caused."""
 
+    mode: str
     prompt_tokens: int
     requests: int
     errors: int
@@ -167,8 +176,8 @@ def _idle_cores(pids: Mapping[str, int], seconds: float) -> dict[str, float]:
     return {name: measured["processes"][name] / measured["wall_s"] for name in pids}
 
 
-def _measure(cluster: LocalCluster, text: BlockText, size: int, args: argparse.Namespace,
-             first_block: int) -> SizeResult:
+def _measure(cluster: LocalCluster, mode: str, text: BlockText, size: int,
+             args: argparse.Namespace, first_block: int) -> SizeResult:
     pids = {name: cluster.process(name).pid for name in SERVICES}
     urls = [w.url for w in cluster.workers.values()]
     prompts = _prompts(text, size, args.requests, args.prefix_share, args.groups, first_block)
@@ -182,7 +191,7 @@ def _measure(cluster: LocalCluster, text: BlockText, size: int, args: argparse.N
     wall = measured["wall_s"]
     cpu = {name: max(measured["processes"][name] - idle[name] * wall, 0.0) for name in pids}
     evicted = evicted1 - evicted0
-    return SizeResult(size, len(prompts) - errors, errors, wall, cpu,
+    return SizeResult(mode, size, len(prompts) - errors, errors, wall, cpu,
                       cached1 - cached0 + evicted, evicted)
 
 
@@ -194,22 +203,27 @@ def run(args: argparse.Namespace) -> int:
     text = BlockText(WordVocabulary.from_tokenizer(tokenizer), 512)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    spec = ClusterSpec(workers=args.workers, gateways=2, port=0, zero_cost=True,
-                       block_size=BLOCK_SIZE, kv_capacity_blocks=args.kv_blocks)
+    modes = [m for m in ("replica", "rpc") if m in args.modes.split(",")]
     started = time.monotonic()
     results: list[SizeResult] = []
-    with tempfile.TemporaryDirectory(prefix="cortex-bench-capacity-") as logs, \
-            LocalCluster(spec, logs) as cluster:
-        first_block = 0
-        for size in sizes:
-            res = _measure(cluster, text, size, args, first_block)
-            first_block += size * (args.requests + args.groups)
-            results.append(res)
-            print(f"{size} tokens: {res.requests} ok ({res.errors} failed) in {res.wall_s:.1f}"
-                  f" s; gateway request path {res.request_path_ms:.2f} ms/request, updates"
-                  f" {res.updates:,} (gateway-1 {res.per_update_us('gateway-1'):.2f} µs,"
-                  f" index {res.per_update_us('index'):.2f} µs, ingest"
-                  f" {res.per_update_us('ingest'):.2f} µs per update)", file=sys.stderr)
+    for mode in modes:
+        spec = ClusterSpec(workers=args.workers, gateways=2, port=0, zero_cost=True,
+                           block_size=BLOCK_SIZE, kv_capacity_blocks=args.kv_blocks,
+                           gateway_config={"index": {"replica": mode == "replica"}})
+        with tempfile.TemporaryDirectory(prefix="cortex-bench-capacity-") as logs, \
+                LocalCluster(spec, logs) as cluster:
+            first_block = 0
+            for size in sizes:
+                res = _measure(cluster, mode, text, size, args, first_block)
+                first_block += size * (args.requests + args.groups)
+                results.append(res)
+                print(f"{mode}, {size} tokens: {res.requests} ok ({res.errors} failed) in"
+                      f" {res.wall_s:.1f} s; gateway request path {res.request_path_ms:.2f}"
+                      f" ms/request, index {res.per_request_ms('index'):.2f} ms/request,"
+                      f" updates {res.updates:,} (gateway-1"
+                      f" {res.per_update_us('gateway-1'):.2f} µs, index"
+                      f" {res.per_update_us('index'):.2f} µs, ingest"
+                      f" {res.per_update_us('ingest'):.2f} µs per update)", file=sys.stderr)
     config = {"command": "cortex bench capacity " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
         if k not in ("func", "command", "benchmark") and v is not None),
@@ -227,28 +241,39 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.errors == 0 for r in results) else 1
 
 
+def _fit(results: Sequence[SizeResult], per_request: Callable[[SizeResult], float]
+         ) -> dict[str, float]:
+    a, b = fit_line([r.prompt_tokens for r in results], [per_request(r) for r in results])
+    return {"intercept": round(a, 4), "per_1k_tokens": round(b * 1e3, 4)}
+
+
 def report_json(results: Sequence[SizeResult], config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every size's numbers, the per-update means and the line fit of the request path."""
-    updates = sum(r.updates for r in results)
-    per_update = {p: (sum(r.cpu_s[p] for r in results) / updates * 1e6 if updates else 0.0)
-                  for p in ("gateway-1", "index", "ingest", "redis")}
-    a, b = fit_line([r.prompt_tokens for r in results], [r.request_path_ms for r in results])
+    """Every size's numbers; per mode the mean cost of an update (replica mode) and line
+    fits of the gateway's request path and (rpc mode) the index's CPU per request."""
+    modes: dict[str, Any] = {}
+    for mode in dict.fromkeys(r.mode for r in results):
+        runs = [r for r in results if r.mode == mode]
+        updates = sum(r.updates for r in runs)
+        modes[mode] = {
+            "us_per_update": {p: round(sum(r.cpu_s[p] for r in runs) / updates * 1e6, 3)
+                              if updates else 0.0 for p in UPDATE_COSTS},
+            "request_path_fit_ms": _fit(runs, lambda r: r.request_path_ms),
+            "index_fit_ms": _fit(runs, lambda r: r.per_request_ms("index"))}
     return {
         "sizes": [{**asdict(r), "updates": r.updates,
                    "gateway_request_path_ms": round(r.request_path_ms, 3),
                    "gateway0_ms_per_request": round(r.per_request_ms("gateway-0"), 3),
+                   "index_ms_per_request": round(r.per_request_ms("index"), 3),
                    "updates_per_request": round(r.updates / r.requests, 1) if r.requests else 0,
-                   "us_per_update": {p: round(r.per_update_us(p), 3)
-                                     for p in ("gateway-1", "index", "ingest", "redis")}}
+                   "us_per_update": {p: round(r.per_update_us(p), 3) for p in UPDATE_COSTS}}
                   for r in results],
-        "us_per_update": {p: round(v, 3) for p, v in per_update.items()},
-        "request_path_fit_ms": {"intercept": round(a, 4), "per_1k_tokens": round(b * 1e3, 4)},
+        "modes": modes,
         "config": dict(config),
     }
 
 
 def report_markdown(doc: Mapping[str, Any]) -> str:
-    cfg, fit, upd = doc["config"], doc["request_path_fit_ms"], doc["us_per_update"]
+    cfg = doc["config"]
     lines = [
         "# CPU per request and per ledger update (`cortex bench capacity`)", "",
         f"`{cfg['command']}` — {cfg['date']}, {cfg['minutes']:.1f} min on {cfg['machine']}.",
@@ -257,28 +282,35 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
         f" sims (page {cfg['block_size']} tokens, {cfg['kv_blocks']:,} blocks each). Chat"
         f" requests, {cfg['concurrency']} in flight, each a shared system prompt"
         f" ({cfg['prefix_share']:.0%} of its tokens, {cfg['groups']} groups) and a unique user"
-        " turn, all to gateway-0. Both gateways apply every ledger update to their replica;"
-        " gateway-1 serves nothing, so its CPU is the update cost, and gateway-0 minus"
-        " gateway-1 is the request path (parse, template, tokenize, keys, match, score, proxy"
-        " the answer). Every CPU figure is above the process's own idle baseline (health"
-        " probes, lease renewal, polling). Updates = blocks stored + blocks evicted.", "",
-        "| prompt tokens | requests | gateway request path ms CPU / request | gateway-0 ms /"
-        " request | updates / request | µs per update: gateway replica · index · ingest ·"
-        " Redis |", "|---|---|---|---|---|---|"]
+        " turn, all to gateway-0. *replica* mode: both gateways apply every ledger update to"
+        " their replica; gateway-1 serves nothing, so its CPU is the update cost, and"
+        " gateway-0 minus gateway-1 is the request path (parse, template, tokenize, keys,"
+        " match, score, proxy the answer). *rpc* mode (`index.replica = false`): no replica,"
+        " one gRPC Match per request, so the index's CPU per request is the Match path. Every"
+        " CPU figure is above the process's own idle baseline (health probes, lease renewal,"
+        " polling). Updates = blocks stored + blocks evicted.", "",
+        "| mode | prompt tokens | requests | gateway request path ms CPU / request |"
+        " index ms / request | updates / request | µs per update: gateway replica · index ·"
+        " ingest · Redis |", "|---|---|---|---|---|---|---|"]
     for s in doc["sizes"]:
         u = s["us_per_update"]
-        lines.append(f"| {s['prompt_tokens']:,} | {s['requests']} |"
-                     f" {s['gateway_request_path_ms']:.2f} | {s['gateway0_ms_per_request']:.2f}"
-                     f" | {s['updates_per_request']:,.0f} | {u['gateway-1']:.2f} · {u['index']:.2f}"
-                     f" · {u['ingest']:.2f} · {u['redis']:.2f} |")
-    lines += [
-        "", f"Fit of the gateway's request path: **{fit['intercept']:.2f} ms +"
-        f" {fit['per_1k_tokens']:.3f} ms per 1k prompt tokens** of CPU per request.",
-        f"Mean cost of one ledger update: gateway replica **{upd['gateway-1']:.2f} µs**, index"
-        f" **{upd['index']:.2f} µs**, ingest **{upd['ingest']:.2f} µs**, Redis"
-        f" {upd['redis']:.2f} µs (Redis holds only leases: no per-update work).", "",
-        "![CPU per request](cpu_per_request.png)", "",
-        "How these numbers become a cluster size: [../../scaling.md](../../scaling.md).", ""]
+        lines.append(f"| {s['mode']} | {s['prompt_tokens']:,} | {s['requests']} |"
+                     f" {s['gateway_request_path_ms']:.2f} | {s['index_ms_per_request']:.2f} |"
+                     f" {s['updates_per_request']:,.0f} | {u['gateway-1']:.2f} ·"
+                     f" {u['index']:.2f} · {u['ingest']:.2f} · {u['redis']:.2f} |")
+    lines.append("")
+    for mode, m in doc["modes"].items():
+        fit, upd, idx = m["request_path_fit_ms"], m["us_per_update"], m["index_fit_ms"]
+        lines.append(
+            f"- {mode}: gateway request path **{fit['intercept']:.2f} ms +"
+            f" {fit['per_1k_tokens']:.3f} ms per 1k prompt tokens** of CPU per request; index"
+            f" {idx['intercept']:.2f} ms + {idx['per_1k_tokens']:.3f} ms per 1k tokens per"
+            f" request; one ledger update costs the gateway replica {upd['gateway-1']:.2f} µs,"
+            f" the index {upd['index']:.2f} µs, ingest {upd['ingest']:.2f} µs, Redis"
+            f" {upd['redis']:.2f} µs.")
+    lines += ["", "![CPU per request](cpu_per_request.png)", "",
+              "How these numbers become a cluster size: [../../scaling.md](../../scaling.md).",
+              ""]
     return "\n".join(lines)
 
 
@@ -289,21 +321,26 @@ def _plot(results: Sequence[SizeResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    xs = [r.prompt_tokens for r in results]
-    ax1.plot(xs, [r.request_path_ms for r in results], "o-", label="gateway request path")
-    ax1.plot(xs, [r.per_request_ms("gateway-0") for r in results], "s--",
-             label="gateway-0 total")
+    for mode, style in (("replica", "-"), ("rpc", "--")):
+        runs = [r for r in results if r.mode == mode]
+        if not runs:
+            continue
+        xs = [r.prompt_tokens for r in runs]
+        ax1.plot(xs, [r.request_path_ms for r in runs], "o" + style,
+                 label=f"gateway request path ({mode})")
+        ax1.plot(xs, [r.per_request_ms("index") for r in runs], "s" + style,
+                 label=f"index ({mode})")
+        for process in ("gateway-1", "index", "ingest"):
+            name = "gateway replica" if process == "gateway-1" else process
+            ax2.plot(xs, [r.per_update_us(process) for r in runs], "o" + style,
+                     label=f"{name} ({mode})")
     ax1.set_xlabel("prompt tokens")
     ax1.set_ylabel("CPU ms per request")
-    ax1.legend(fontsize=8)
-    ax1.grid(alpha=0.3)
-    for process, style in (("gateway-1", "o-"), ("index", "s-"), ("ingest", "^-")):
-        ax2.plot(xs, [r.per_update_us(process) for r in results], style,
-                 label="gateway replica" if process == "gateway-1" else process)
     ax2.set_xlabel("prompt tokens")
     ax2.set_ylabel("CPU µs per ledger update")
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
