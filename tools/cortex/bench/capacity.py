@@ -247,6 +247,14 @@ def _fit(results: Sequence[SizeResult], per_request: Callable[[SizeResult], floa
     return {"intercept": round(a, 4), "per_1k_tokens": round(b * 1e3, 4)}
 
 
+def _update_fit(runs: Sequence[SizeResult], process: str) -> dict[str, float]:
+    """``process``'s CPU per request (µs) as a fixed part (one update batch) plus a part
+    per update: ``per_request + per_update · updates``."""
+    a, b = fit_line([r.updates / r.requests for r in runs if r.requests],
+                    [r.cpu_s[process] / r.requests * 1e6 for r in runs if r.requests])
+    return {"per_request": round(a, 1), "per_update": round(b, 3)}
+
+
 def report_json(results: Sequence[SizeResult], config: Mapping[str, Any]) -> dict[str, Any]:
     """Every size's numbers; per mode the mean cost of an update (replica mode) and line
     fits of the gateway's request path and (rpc mode) the index's CPU per request."""
@@ -258,7 +266,8 @@ def report_json(results: Sequence[SizeResult], config: Mapping[str, Any]) -> dic
             "us_per_update": {p: round(sum(r.cpu_s[p] for r in runs) / updates * 1e6, 3)
                               if updates else 0.0 for p in UPDATE_COSTS},
             "request_path_fit_ms": _fit(runs, lambda r: r.request_path_ms),
-            "index_fit_ms": _fit(runs, lambda r: r.per_request_ms("index"))}
+            "index_fit_ms": _fit(runs, lambda r: r.per_request_ms("index")),
+            "update_fit_us": {p: _update_fit(runs, p) for p in UPDATE_COSTS[:3]}}
     return {
         "sizes": [{**asdict(r), "updates": r.updates,
                    "gateway_request_path_ms": round(r.request_path_ms, 3),
@@ -307,7 +316,11 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
             f" {idx['intercept']:.2f} ms + {idx['per_1k_tokens']:.3f} ms per 1k tokens per"
             f" request; one ledger update costs the gateway replica {upd['gateway-1']:.2f} µs,"
             f" the index {upd['index']:.2f} µs, ingest {upd['ingest']:.2f} µs, Redis"
-            f" {upd['redis']:.2f} µs.")
+            f" {upd['redis']:.2f} µs. As a fixed part per request (its update batch) plus"
+            " a part per update: " + "; ".join(
+                f"{'gateway replica' if p == 'gateway-1' else p} {f['per_request']:.0f} µs +"
+                f" {f['per_update']:.2f} µs · updates" for p, f in m["update_fit_us"].items())
+            + ".")
     lines += ["", "![CPU per request](cpu_per_request.png)", "",
               "How these numbers become a cluster size: [../../scaling.md](../../scaling.md).",
               ""]
