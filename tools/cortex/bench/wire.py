@@ -42,7 +42,7 @@ from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
 from cortex.ledger.codec import op_from_pb, pb, update_from_pb
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.replica import journal_batch
-from cortex.ledger.view import Store
+from cortex.ledger.view import Store, ViewOp
 
 __all__ = ["Row", "build_rows", "measure", "register", "render", "run"]
 
@@ -103,7 +103,8 @@ def build_rows() -> list[Row]:
             encoder.store(7, seq, c[0], c) for seq, c in enumerate(chain, 1)])
 
     batch = batch_encode()
-    ops = [Store(Source("worker-007", 0), c[0], np.array(c, np.uint64)) for c in chain]
+    ops: list[ViewOp] = [Store(Source("worker-007", 0), c[0], np.array(c, np.uint64))
+                         for c in chain]
 
     def journal_encode() -> bytes:
         return journal_batch(ops, "index-0", 1, 0.0).SerializeToString()
