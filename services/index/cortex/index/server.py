@@ -1,6 +1,7 @@
 """The gRPC shell of the index: the ``cortex.index.v1.Index`` service on grpclib, the
-``grpc.health.v1`` service, the Prometheus endpoint, and :class:`IndexServer`, the runner
-that owns them all (``async with IndexServer(config) as srv``).
+``grpc.health.v1`` and server-reflection services, the Prometheus endpoint, and
+:class:`IndexServer`, the runner that owns them all (``async with IndexServer(config) as
+srv``).
 
 Handlers only move messages between the wire and :class:`PrefixIndex`; validation errors
 become ``INVALID_ARGUMENT`` with a message and no internals. Messages are the protobuf
@@ -24,6 +25,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+from grpclib.reflection.service import ServerReflection
 from grpclib.server import Stream
 
 from cortex.api.index.v1.index_grpc import IndexBase
@@ -520,7 +522,7 @@ class IndexServer:
         c = self.config
         service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
         health = Health({service: [self._serving]})
-        server = GrpcServer([service, health], codec=LedgerCodec())
+        server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec())
         try:
             sock = _bound_socket(c.host, c.port)
             self._port = sock.getsockname()[1]
