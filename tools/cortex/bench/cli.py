@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "overhead": "cortex.bench.overhead",
     "routing": "cortex.bench.routing",
     "tokenize": "cortex.bench.tokenize",
+    "replica": "cortex.bench.replica",
 }
 
 
