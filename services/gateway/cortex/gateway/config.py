@@ -349,8 +349,10 @@ class TokenizeConfig:
     leaves the event loop. ``heavy_messages`` / ``heavy_chars``: chat requests with more
     messages or message text are rendered and tokenized in a worker process (a huge request
     must not hold the event loop). ``feed_answers``: relayed answers are encoded into the
-    segment cache after the response, so the next turn's resent history hits; at most
-    ``feed_max_bytes`` of a response are kept for it and ``feed_queue`` feeds wait.
+    segment cache after the response, so the next turn's resent history hits — answers of at
+    least ``feed_min_tokens`` (shorter ones cost less to encode on the next turn than
+    rendering the conversation again costs now); at most ``feed_max_bytes`` of a response
+    are kept for it and ``feed_queue`` feeds wait.
     ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
     ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
     """
@@ -361,6 +363,7 @@ class TokenizeConfig:
     heavy_messages: int = 256
     heavy_chars: int = 1_000_000
     feed_answers: bool = True
+    feed_min_tokens: int = 64
     feed_max_bytes: int = 4 * 1024 * 1024
     feed_queue: int = 64
     self_check_interval_s: float = 0.0
@@ -369,6 +372,7 @@ class TokenizeConfig:
     def __post_init__(self) -> None:
         _non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
                       feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
+                      feed_min_tokens=self.feed_min_tokens,
                       self_check_interval_s=self.self_check_interval_s)
         _positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
                   self_check_timeout_s=self.self_check_timeout_s)

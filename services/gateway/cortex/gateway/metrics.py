@@ -73,7 +73,7 @@ class GatewayMetrics:
                                           ["model", "lane"], registry=r)
         self.tokenize_answer_feeds = Counter(p + "tokenize_answer_feeds_total",
                                              "Relayed answers encoded into the segment cache "
-                                             "after the response, by result (fed|dropped|"
+                                             "after the response, by result (fed|short|dropped|"
                                              "skipped|failed)", ["model", "result"], registry=r)
         self.tokenize_self_checks = Counter(p + "tokenize_self_checks_total",
                                             "Prompts re-tokenized by a worker's /tokenize and "

@@ -52,6 +52,17 @@ def next_turn(args: RenderArgs, answer: dict[str, Any]) -> RenderArgs:
                                continue_final_message=False)
 
 
+def _answer_tokens(obj: Any, events: bytes | None) -> int:
+    """About how many tokens an answer has, without parsing it: the usage's
+    ``completion_tokens`` when the response says, else one per streamed event."""
+    if isinstance(obj, dict):
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            return int(usage["completion_tokens"])
+        return 1 << 30  # unknown: worth feeding
+    return events.count(b"\n\ndata:") + 1 if events else 0
+
+
 def _text_chars(args: RenderArgs) -> int:
     total = 0
     for message in args.messages:
@@ -154,6 +165,9 @@ class Tokenization:
                 or req.prompt.kind is PromptKind.TOKENS or (obj is None and not events)):
             return
         m = self.metrics
+        if _answer_tokens(obj, events) < self.config.feed_min_tokens:
+            m.child(m.tokenize_answer_feeds, req.model.name, "short").inc()
+            return
         with self._lock:
             if self._pending >= self.config.feed_queue:
                 m.child(m.tokenize_answer_feeds, req.model.name, "dropped").inc()
