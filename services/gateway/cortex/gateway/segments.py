@@ -57,9 +57,9 @@ class _AddedTokenMatcher:
     pass does), with the tokens' ``lstrip``/``rstrip`` whitespace absorption.
 
     Candidates are found by ``str.find`` of the first characters of the tokens (a handful:
-    ``<`` and ``｜`` for DeepSeek's), then checked against their two-character prefixes: a
-    text is scanned once per first character, in C (a regex alternation of the prefixes
-    tries each at every position, ~5x slower on long prompts).
+    ``<`` and the fullwidth bar for DeepSeek's), then checked against their two-character
+    prefixes: a text is scanned once per first character, in C (a regex alternation of the
+    prefixes tries each at every position, ~5x slower on long prompts).
     """
 
     def __init__(self, tokens: Sequence[tuple[str, int, bool, bool]]) -> None:
