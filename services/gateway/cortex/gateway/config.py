@@ -209,9 +209,12 @@ class IndexConfig:
     ``replica_touch_interval_s``: how often matched blocks are reported to the index.
     ``match_timeout_ms`` bounds one gRPC Match; ``retry_after_ms``: a failed index is skipped
     this long; ``workers_poll_s``: ledger states polled while the replica is not usable.
+    ``token_file``: a file with the index's peer token (its ``--peer-token-file``), presented
+    on every call.
     """
 
     targets: tuple[str, ...] = ()
+    token_file: str = ""
     replica: bool = True
     replica_grace_s: float = 2.0
     replica_touch_interval_s: float = 1.0

@@ -18,6 +18,7 @@ from types import TracebackType
 
 from cortex.gateway.config import GatewayConfig
 from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.errors import ConfigError
 from cortex.gateway.health import HealthMonitor
 from cortex.gateway.index_client import IndexClient
 from cortex.gateway.load import LoadPoller
@@ -28,6 +29,7 @@ from cortex.gateway.replica_client import ReplicaClient
 from cortex.gateway.router import Router
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
+from cortex.ledger.grpc import read_token
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
     MemoryRegistry,
@@ -57,6 +59,15 @@ class Degradation(StrEnum):
     NO_REPLICA = "no_replica"  # the ledger replica is not synced: Match goes over gRPC
     NO_REDIS = "no_redis"
     NO_READY_LEDGER = "no_ready_ledger"
+
+
+def _index_token(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise ConfigError(f"index.token_file: {exc}") from None
 
 
 class Gateway:
@@ -119,12 +130,14 @@ class Gateway:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)
         if config.index.targets:
+            token = _index_token(config.index.token_file)
             if config.index.replica:
                 self.replica = await self._stack.enter_async_context(ReplicaClient(
                     config.index, tuple(m.domain.model for m in config.models), self.metrics,
-                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}"))
+                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}",
+                    token=token))
             self.index = await self._stack.enter_async_context(IndexClient(
-                config.index, self.metrics, self._on_ledgers, self._poll_ledgers))
+                config.index, self.metrics, self._on_ledgers, self._poll_ledgers, token))
         self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
                              self.replica)
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,

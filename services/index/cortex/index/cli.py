@@ -28,6 +28,8 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "port": (int, "gRPC port (0 = ephemeral)"),
     "metrics_host": (str, "Prometheus bind address"),
     "metrics_port": (int, "Prometheus /metrics port (0 = ephemeral, -1 = disabled)"),
+    "peer_token_file": (str, "file with the token Sync / Replicate callers must present"),
+    "query_token_file": (str, "file with the token Match / Workers / Stats / Changes need"),
     "memory_budget_bytes": (int, "estimated tree bytes before LRU leaf eviction (0 = none)"),
     "low_watermark": (float, "eviction stops at this fraction of the budget"),
     "max_query_blocks": (int, "most block keys in one Match"),
@@ -121,4 +123,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"cortex index: cannot serve: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # a token file that cannot be read
+        print(f"cortex index: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     return 0

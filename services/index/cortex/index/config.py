@@ -20,10 +20,16 @@ class IndexConfig:
     Sizes are in bytes, keys, records or blocks as named; times in seconds.
     """
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """gRPC bind address: loopback unless configured (docs/operations.md, trust model)."""
     port: int = 50051
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9464
+    # who may call what (files holding shared secrets; "" = not required)
+    peer_token_file: str = ""
+    """Sync and Replicate (ingest, gateways) must present this token."""
+    query_token_file: str = ""
+    """Match, Workers, Stats and Changes must present this token or the peer token."""
     # memory
     memory_budget_bytes: int = 2 * _GIB
     """Estimated tree bytes at which least-recently-matched leaves are evicted (0 = none)."""

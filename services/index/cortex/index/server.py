@@ -45,7 +45,7 @@ from cortex.index.replicas import ReplicaHub, numbered
 from cortex.index.sequencing import Verdict
 from cortex.ledger.codec import domain_from_pb, keys_from_le, pb, source_from_pb, update_from_pb
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.grpc import LedgerCodec
+from cortex.ledger.grpc import LedgerCodec, TokenCheck, read_token
 from cortex.ledger.model import INGEST_LOST, Source
 
 __all__ = ["IndexServer", "IndexService"]
@@ -478,7 +478,9 @@ class IndexServer:
             max_tombstones=c.max_tombstones,
             ingest_grace_s=c.ingest_grace_s,
         )
-        self.metrics = IndexMetrics(lambda: self.core)
+        self.tokens = TokenCheck(read_token(c.peer_token_file) if c.peer_token_file else None,
+                                 read_token(c.query_token_file) if c.query_token_file else None)
+        self.metrics = IndexMetrics(lambda: self.core, lambda: self.tokens.refused)
         self._service: IndexService | None = None
         self._serving = ServiceStatus()
         self._grpc: GrpcServer | None = None
@@ -523,6 +525,7 @@ class IndexServer:
         service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
         health = Health({service: [self._serving]})
         server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec())
+        self.tokens.install(server)
         try:
             sock = _bound_socket(c.host, c.port)
             self._port = sock.getsockname()[1]
