@@ -43,6 +43,7 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "apply_slice_s": (float, "a Sync batch yields to queries after this much work (s)"),
     "ingest_grace_s": (float, "silent ingest's sources turn SYNCING after (s, 0 = never)"),
     "replica_heartbeat_s": (float, "idle replica-stream heartbeat interval (s)"),
+    "replica_flush_s": (float, "changes within this long reach replicas as one batch (s)"),
     "replica_queue_bytes": (int, "bytes queued for one replica before it must resync"),
     "replica_chunk_bytes": (int, "largest snapshot batch sent to a replica (bytes)"),
     "shutdown_grace_s": (float, "grace for in-flight calls on SIGTERM (s)"),

@@ -89,6 +89,7 @@ class IndexService(IndexBase):
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_reject_log = 0.0
+        self._flush: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return (
@@ -152,10 +153,18 @@ class IndexService(IndexBase):
         await self._idle.wait()
 
     def notify(self) -> None:
-        """The core changed: replicas get the journal, change-feed subscribers wake up."""
-        self.replicas.flush()
+        """The core changed: change-feed subscribers wake up, and the journal goes to the
+        replicas within ``replica_flush_s`` (changes applied meanwhile join the same batch:
+        one message per replica instead of one per Sync batch)."""
+        if self._flush is None and self.replicas.subscribers:
+            self._flush = asyncio.get_running_loop().call_later(
+                self.config.replica_flush_s, self._flush_replicas)
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _flush_replicas(self) -> None:
+        self._flush = None
+        self.replicas.flush()
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
         """Until ``event`` is set or ``timeout`` (s) passes; :class:`_Drained` on drain."""
