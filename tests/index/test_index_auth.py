@@ -66,7 +66,7 @@ async def test_an_unauthenticated_sync_changes_no_ledger(
 
 async def test_replicas_need_the_peer_token_and_queries_a_query_token(
         guarded: tuple[IndexServer, Channel]) -> None:
-    server, channel = guarded
+    _, channel = guarded
 
     async def replicate(token: str | None) -> pb.ReplicaBatch | None:
         async with channel.request(method("Replicate"), Cardinality.STREAM_STREAM,
