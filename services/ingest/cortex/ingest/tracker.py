@@ -41,7 +41,6 @@ import xxhash
 
 from cortex.hashing import Engine, HashDomain
 from cortex.ingest.alignment import AUTO, AlignmentChecker
-from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.codec import (
     AllBlocksCleared,
     BlockRemoved,
@@ -50,6 +49,7 @@ from cortex.ingest.codec import (
     EventBatch,
     decode_batch,
 )
+from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
 from cortex.ingest.ops import (
     Clear,
