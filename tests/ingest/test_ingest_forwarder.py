@@ -122,7 +122,7 @@ async def serving(recorder: Recorder, port: int) -> AsyncIterator[GrpcServer]:
 
 @contextlib.asynccontextmanager
 async def forwarding(
-    port: int, ledgers: Ledgers, epochs: EpochClock | None = None, **config: int | float
+    port: int, ledgers: Ledgers, *, epochs: EpochClock | None = None, **config: int | float
 ) -> AsyncIterator[IndexForwarder]:
     forwarder = IndexForwarder(
         IndexTarget("127.0.0.1", port), ingest_id="t", ledgers=ledgers, epochs=epochs,
