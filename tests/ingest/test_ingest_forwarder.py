@@ -248,8 +248,9 @@ async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
 async def test_a_replica_that_never_replies_is_dropped_and_reconnected() -> None:
     recorder, ledgers, port = Recorder(mute=True), Ledgers(), free_port()
     ledgers.views[A] = view([1])
-    config = {"heartbeat_s": 0.05, "reply_timeout_s": 0.3}
-    async with serving(recorder, port), forwarding(port, ledgers, **config) as fwd:
+    async with serving(recorder, port), forwarding(
+        port, ledgers, heartbeat_s=0.05, reply_timeout_s=0.3
+    ) as fwd:
         await wait_until_async(lambda: recorder.streams >= 2, timeout=10, what="a reconnect")
         assert fwd.failures >= 1 and "no Sync reply" in fwd.last_error
         assert not fwd.idle  # nothing was ever acknowledged
@@ -301,8 +302,9 @@ async def test_a_source_over_its_queue_bytes_becomes_a_snapshot_and_others_are_u
     recorder, ledgers, port = Recorder(), Ledgers(), free_port()
     ledgers.views[A] = view([1])
     ledgers.views[B] = view([2])
-    config = {"source_queue_max_bytes": 4096, "queue_max_bytes": 1 << 20}
-    async with serving(recorder, port), forwarding(port, ledgers, **config) as fwd:
+    async with serving(recorder, port), forwarding(
+        port, ledgers, source_queue_max_bytes=4096, queue_max_bytes=1 << 20
+    ) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         for key in range(10, 60):  # 50 x 8 keys: ~5 KiB for A, no await in between
             fwd.publish(A, DOMAIN, [Store(0, list(range(key * 8, key * 8 + 8)))])
@@ -320,8 +322,9 @@ async def test_the_largest_queue_yields_when_the_replica_total_is_over() -> None
     recorder, ledgers, port = Recorder(), Ledgers(), free_port()
     ledgers.views[A] = view([1])
     ledgers.views[B] = view([2])
-    config = {"source_queue_max_bytes": 8192, "queue_max_bytes": 8192}
-    async with serving(recorder, port), forwarding(port, ledgers, **config) as fwd:
+    async with serving(recorder, port), forwarding(
+        port, ledgers, source_queue_max_bytes=8192, queue_max_bytes=8192
+    ) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         fwd.publish(B, DOMAIN, [Store(2, [3])])  # small, first
         for key in range(10, 30):  # A grows the total past the replica's bound
