@@ -110,8 +110,12 @@ class ForwarderConfig:
     source_queue_max_bytes: int = 8 << 20
     source_turn_bytes: int = 64 << 10
     """Bytes of updates one source contributes to a batch before the next source's turn."""
-    batch_max_updates: int = 2_048
-    batch_max_bytes: int = 4 << 20
+    max_inflight_batches: int = 2
+    """Batches sent and not yet acknowledged. The next batch is collected only when one is
+    acknowledged, so an update waits behind at most this many batches, not behind whatever
+    HTTP/2 flow control would let pile up at a busy replica."""
+    batch_max_updates: int = 512
+    batch_max_bytes: int = 1 << 20
     snapshot_chunk_keys: int = 65_536
     backoff_min_s: float = 0.1
     backoff_max_s: float = 5.0
@@ -123,8 +127,9 @@ class ForwarderConfig:
     """A stream that got no reply for this long is dropped and reconnected."""
 
     def __post_init__(self) -> None:
-        if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys) < 1:
-            raise ConfigError("queue, batch and snapshot chunk sizes must be >= 1")
+        if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys,
+               self.max_inflight_batches) < 1:
+            raise ConfigError("queue, batch, snapshot chunk and in-flight sizes must be >= 1")
         if min(self.batch_max_bytes, self.queue_max_bytes, self.source_queue_max_bytes,
                self.source_turn_bytes) < 1024:
             raise ConfigError("batch, queue and turn sizes must be >= 1024 bytes")
@@ -438,7 +443,11 @@ class IndexForwarder:
         loop = asyncio.get_running_loop()
         heartbeat = self.config.heartbeat_s
         last_sent = loop.time()
+        inflight = self.config.max_inflight_batches
         while True:
+            while self._stream_batches - self.acked_batches >= inflight:
+                self._wake.clear()  # every reply sets it
+                await self._wake.wait()
             updates = self._collect()
             if not updates:
                 self._wake.clear()

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 
@@ -29,7 +29,7 @@ from aiohttp import web
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
 from cortex.ingest.config import IngestConfig
-from cortex.ingest.forwarder import IndexForwarder
+from cortex.ingest.forwarder import EpochClock, IndexForwarder
 from cortex.ingest.held import HeldBytes
 from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
 from cortex.ingest.ops import LedgerState, Op, SnapshotView, SourceId
@@ -97,9 +97,16 @@ class WorkerSession:
 
 class IngestService:
     """See the module docstring. ``registry`` overrides ``config.redis_url`` (tests pass a
-    ``MemoryRegistry``); a registry passed in is not closed by the service."""
+    ``MemoryRegistry``); a registry passed in is not closed by the service. ``wall_clock_us``
+    replaces the wall clock (µs) the epochs start from (tests step it back)."""
 
-    def __init__(self, config: IngestConfig, *, registry: Registry | None = None) -> None:
+    def __init__(
+        self,
+        config: IngestConfig,
+        *,
+        registry: Registry | None = None,
+        wall_clock_us: Callable[[], int] | None = None,
+    ) -> None:
         if registry is None and config.redis_url is None:
             raise ValueError("IngestService needs config.redis_url or a registry")
         self.config = config
@@ -114,7 +121,7 @@ class IngestService:
         )
         self.forwarders = [
             IndexForwarder(target, ingest_id=config.ingest_id, ledgers=self,
-                           config=config.forwarder)
+                           config=config.forwarder, epochs=EpochClock(wall_clock_us))
             for target in config.index
         ]
         self.metrics = IngestMetrics(self)

@@ -113,7 +113,8 @@ class SourceRunner:
             self.flush()
             tasks = [
                 asyncio.create_task(self._read_live(sub), name=f"live-{self.source}"),
-                asyncio.create_task(self._read_monitor(monitor), name=f"monitor-{self.source}"),
+                asyncio.create_task(self._read_monitor(monitor, sub),
+                                    name=f"monitor-{self.source}"),
             ]
             try:
                 await asyncio.gather(*tasks)
@@ -209,7 +210,7 @@ class SourceRunner:
         if self._after_turn is not None:
             self._after_turn()
 
-    async def _read_monitor(self, monitor: zmq.asyncio.Socket) -> None:
+    async def _read_monitor(self, monitor: zmq.asyncio.Socket, sub: zmq.asyncio.Socket) -> None:
         was_connected = False
         while True:
             frames = await monitor.recv_multipart()
@@ -231,6 +232,11 @@ class SourceRunner:
                 self.disconnects += 1
                 log.info("events disconnected source=%s endpoint=%s", self.source,
                          self.events_endpoint, extra=self._log_extra())
+                # libzmq reconnects after a connection error, but not after a protocol
+                # error such as a message over MAXMSGSIZE: dial again ourselves, always.
+                with contextlib.suppress(zmq.ZMQError):
+                    sub.disconnect(self.events_endpoint)
+                sub.connect(self.events_endpoint)
 
     # ---- replay ----
 
