@@ -108,8 +108,9 @@ class ForwarderConfig:
     queue_max_updates: int = 100_000
     queue_max_bytes: int = 64 << 20
     source_queue_max_bytes: int = 8 << 20
-    source_turn_bytes: int = 64 << 10
-    """Bytes of updates one source contributes to a batch before the next source's turn."""
+    source_turn_bytes: int = 4 << 10
+    """Bytes of updates one source contributes to a batch before the next source's turn
+    (small against a batch, so that every batch is shared by the sources with updates)."""
     max_inflight_batches: int = 2
     """Batches sent and not yet acknowledged. The next batch is collected only when one is
     acknowledged, so an update waits behind at most this many batches, not behind whatever
