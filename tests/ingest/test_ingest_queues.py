@@ -40,14 +40,16 @@ def test_bounded_and_unbounded_bytes_are_counted_apart() -> None:
     queues: SourceQueues[str] = SourceQueues(quantum_bytes=1 << 20)
     queues.push(A, "op", 100, now=5.0)
     queues.push(A, "snapshot part", 4000, now=6.0, bounded=False)
-    queues.push(B, "op", 300, now=7.0)
+    queues.extend(B, ["op1", "op2"], [100, 200], now=7.0)
     assert queues.bytes == 4400 and queues.bounded_bytes == 400 and queues.bounded_items == 2
     assert queues.bounded_bytes_of(A) == 100 and queues.bounded_bytes_of(C) == 0
     assert queues.largest() == B  # by bounded bytes: A's snapshot part does not count
     assert queues.oldest() == 5.0
     assert queues.drop(A) == 2
     assert queues.bytes == 300 and queues.bounded_bytes == 300 and queues.oldest() == 7.0
+    assert drain(queues) == ["op1", "op2"] and queues.bounded_items == 0
     assert queues.drop(A) == 0
+    queues.push(C, "x", 1, now=8.0)
     queues.clear()
     assert queues.largest() is None and queues.oldest() is None and queues.bytes == 0
 

@@ -301,9 +301,7 @@ class IndexForwarder:
         if queues.bounded_bytes_of(source) + sum(sizes) > config.source_queue_max_bytes:
             self._overflow(source)
             return
-        now = time.monotonic()
-        for op, size in zip(ops, sizes, strict=True):
-            queues.push(source, (domain, op), size, now)
+        queues.extend(source, [(domain, op) for op in ops], sizes, time.monotonic())
         while (queues.bounded_bytes > config.queue_max_bytes
                or queues.bounded_items > config.queue_max_updates):
             victim = queues.largest()

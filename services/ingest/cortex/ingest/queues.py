@@ -14,6 +14,8 @@ hit, bounded by the ledgers themselves, and are only counted in :attr:`bytes`.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
+from itertools import repeat
 from typing import Generic, TypeVar
 
 from cortex.ingest.ops import SourceId
@@ -70,13 +72,27 @@ class SourceQueues(Generic[T]):
         queue.items.append((item, size, bounded, now))
         self._count(queue, size, bounded, 1)
 
+    def extend(self, source: SourceId, items: Sequence[T], sizes: Sequence[int],
+               now: float) -> None:
+        """Queue bounded ``items`` (``sizes`` bytes each) behind the source's others."""
+        queue = self._ring.get(source)
+        if queue is None:
+            queue = self._ring[source] = _Queue()
+        queue.items.extend(zip(items, sizes, repeat(True), repeat(now)))
+        self._count(queue, sum(sizes), True, len(items))
+
     def pop(self) -> tuple[SourceId, T] | None:
         """The next item in round-robin order, ``None`` when nothing is queued."""
         if not self._ring:
             return None
         source, queue = next(iter(self._ring.items()))
         item, size, bounded, _ = queue.items.popleft()
-        self._count(queue, -size, bounded, -1)
+        self.items -= 1
+        self.bytes -= size
+        if bounded:
+            queue.bounded -= size
+            self.bounded_bytes -= size
+            self.bounded_items -= 1
         self._turn += size
         if not queue.items:
             del self._ring[source]
