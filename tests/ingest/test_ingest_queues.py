@@ -41,7 +41,7 @@ def test_bounded_and_unbounded_bytes_are_counted_apart() -> None:
     queues.push(A, "op", 100, now=5.0)
     queues.push(A, "snapshot part", 4000, now=6.0, bounded=False)
     queues.extend(B, ["op1", "op2"], [100, 200], now=7.0)
-    assert queues.bytes == 4400 and queues.bounded_bytes == 400 and queues.bounded_items == 2
+    assert queues.bytes == 4400 and queues.bounded_bytes == 400 and queues.bounded_items == 3
     assert queues.bounded_bytes_of(A) == 100 and queues.bounded_bytes_of(C) == 0
     assert queues.largest() == B  # by bounded bytes: A's snapshot part does not count
     assert queues.oldest() == 5.0
