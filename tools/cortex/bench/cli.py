@@ -20,6 +20,8 @@ BENCHMARKS: dict[str, str] = {
     "sim": "cortex.bench.sim",
     "overhead": "cortex.bench.overhead",
     "routing": "cortex.bench.routing",
+    "faults": "cortex.bench.faults",
+    "soak": "cortex.bench.soak",
 }
 
 
