@@ -119,7 +119,8 @@ def run_fault(b: Bench, fault: Fault, plan: Plan) -> FaultResult:
         fault.inject(b)
     except Exception as exc:  # a fault that cannot be set up is reported, not fatal
         result.errors.append(f"inject: {type(exc).__name__}: {exc}")
-    hold = {"normal": plan.hold_s, "long": plan.hang_hold_s, "none": 0.0}[fault.hold]
+    hold = {"normal": plan.hold_s, "long": plan.hang_hold_s, "none": 0.0,
+            "lease": plan.lease_ttl_s + 2.0}[fault.hold]
     time.sleep(max(0.0, start + hold - time.monotonic()))
     repaired = time.monotonic()
     try:
@@ -184,7 +185,7 @@ def run(plan: Plan, log_dir: Path) -> dict[str, Any]:
     with LoopThread() as loop, LocalCluster(spec, log_dir) as cluster:
         load = LoadGenerator(list(cluster.gateway_urls), clients=plan.clients,
                              rate=plan.rate, timeout_s=plan.timeout_s)
-        canary = Canary(list(cluster.gateway_urls), timeout_s=plan.timeout_s)
+        canary = Canary(list(cluster.gateway_urls), timeout_s=min(plan.timeout_s, 2.0))
         warmed = loop.call(canary.start())
         loop.call(load.start())
         bench = Bench(cluster, loop, load, canary, plan.hold_s, plan.hang_hold_s,
@@ -247,10 +248,12 @@ def render(report: dict[str, Any]) -> str:
         f"{plan['rate']:g} requests/s in all (chat completions over shared system prompts, "
         f"60 % repeats, half streamed, 8 tokens), each with a {plan['timeout_s']:g} s deadline; "
         "a gateway that refuses the connection is skipped for the other (what a load "
-        "balancer does). A canary sends one of 3 warmed prompts every 0.25 s.", "",
+        "balancer does). A canary sends one of 3 warmed prompts every 0.25 s (2 s deadline).",
+        "",
         f"Per fault, from a healthy cluster: inject, hold ({plan['hold_s']:g} s; "
-        f"{plan['hang_hold_s']:g} s for faults that can hang a client; none for one-shot "
-        f"faults), repair, observe until the canary serves exact-KV hits again (≤ "
+        f"{plan['hang_hold_s']:g} s for faults that can hang a client; a lease + 2 s for the "
+        "worker restart; none for one-shot faults), repair, observe until the canary "
+        "serves exact-KV hits again (≤ "
         f"{plan['observe_s']:g} s). *Requests* started in that window; *failed*: not a 200 "
         f"that completed; *hung*: slower than {plan['hung_s']:g} s; *exact hits back*: "
         "since the injection, when the canary's last run of exact hits began. Then the "

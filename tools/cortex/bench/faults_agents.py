@@ -88,20 +88,21 @@ class StallProxy:
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
                     responses: bool) -> None:
-        pending = b""  # response bytes seen since the stall began (to find the cut point)
+        seen = b""  # response bytes relayed since the stall began (to find the cut point)
         try:
             while data := await reader.read(65536):
                 if responses and self.stalling:
-                    pending += data
-                    start = pending.find(_HEADERS_END)
-                    cut = pending.find(_EVENT_END, start + 4) if start >= 0 else -1
-                    if cut >= 0:
-                        writer.write(pending[:cut + 2])
+                    before = len(seen)
+                    seen += data
+                    head = seen.find(_HEADERS_END)
+                    cut = seen.find(_EVENT_END, head + 4) if head >= 0 else -1
+                    if cut >= 0:  # relay up to the end of the first event, then hold
+                        writer.write(seen[before:cut + 2])
                         await writer.drain()
                         self.stalled += 1
                         self._held.add(writer)
                         return
-                    continue
+                    seen = seen[-65536:] if head < 0 else seen
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):

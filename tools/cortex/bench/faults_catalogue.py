@@ -139,7 +139,8 @@ class Bench:
 
 class Fault:
     """One fault. ``hold`` is ``"normal"`` (``Bench.hold_s``), ``"long"`` (longer than the
-    hung-request bound: the fault must be able to hang a client) or ``"none"``."""
+    hung-request bound: the fault must be able to hang a client), ``"lease"`` (longer than
+    a registry lease: what a real engine restart takes) or ``"none"``."""
 
     name: ClassVar[str]
     title: ClassVar[str]
@@ -193,19 +194,25 @@ class RedisEmpty(Fault):
 
 
 class WorkerRestart(Fault):
-    name, title, hold = "worker_restart", "a worker restarted on the same ports", "none"
+    name, title, hold = "worker_restart", "a worker down past its lease, restarted on the " \
+        "same ports", "lease"
     worker = "worker-1"
 
     def inject(self, b: Bench) -> None:
         b.cluster.kill(self.worker)
-        b.cluster.restart(self.worker)
 
     def repair(self, b: Bench) -> None:
+        b.cluster.restart(self.worker)
+        restarted = time.monotonic()
         url = b.cluster.workers[self.worker].url
         up = wait_for(lambda: _http(url + "/health", timeout=1.0)[0] == 200, 30.0)
         self.notes["sim serving again after s"] = up
         back = wait_for(lambda: b.in_pool(self.worker), b.observe_s, 0.25)
-        self.notes["back in the pool after s"] = back
+        self.notes["routable with a READY ledger after s"] = back
+        served = wait_for(lambda: any(r.worker == self.worker and r.ok and r.started > restarted
+                                      for r in list(b.load.records)), 5.0, 0.25)
+        self.notes["serving load after s"] = (
+            None if served is None else round(time.monotonic() - restarted, 2))
 
 
 class SimFault(Fault):

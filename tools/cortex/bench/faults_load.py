@@ -13,8 +13,9 @@
 - :class:`LoopThread`: an event loop in a thread of its own, so the fault schedule can run
   (and block on the cluster's calls) in the thread that owns the cluster's processes.
 
-A request is *ok* when it answered 200 and (streamed) reached ``[DONE]``; everything else is
-a failure with its reason (``http 503``, ``timeout``, ``cut``, ``ClientConnectorError``...).
+A request is *ok* when it answered 200 and (streamed) reached ``[DONE]`` without an error
+event; everything else is a failure with its reason (``http 503``, ``timeout``, ``cut``,
+``stream error <code>``, ``ClientConnectorError``...).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import random
 import threading
 import time
@@ -54,6 +56,7 @@ class Record:
     mode: str = ""
     hit_tokens: int = 0
     gateway: str = ""
+    worker: str = ""
 
     @property
     def exact(self) -> bool:
@@ -123,6 +126,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, An
     record.gateway = url
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         record.mode = resp.headers.get("x-cortex-match-mode", "")
+        record.worker = resp.headers.get("x-cortex-assigned-worker", "")
         record.hit_tokens = int(resp.headers.get("x-cortex-cache-hit-tokens", "0") or 0)
         if resp.status != 200:
             await resp.read()
@@ -134,10 +138,13 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, An
             record.error = "" if record.ok else "no choices"
             return
         async for line in resp.content:
-            if line.strip() == b"data: [DONE]":
-                record.ok = True
+            if line.startswith(b'data: {"error"'):
+                error = json.loads(line[6:]).get("error") or {}
+                record.error = f"stream error {error.get('code') or error.get('type')}"
+            elif line.strip() == b"data: [DONE]":
+                record.ok = not record.error
                 return
-        record.error = "cut"  # the stream ended without [DONE]
+        record.error = record.error or "cut"  # the stream ended without [DONE]
 
 
 @dataclass
