@@ -20,22 +20,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cortex.bench.faults_catalogue import FAULTS, QUICK, Bench, Fault, wait_for
-from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
+from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record, provenance
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["Plan", "register", "run"]
@@ -199,9 +195,7 @@ def run(plan: Plan, log_dir: Path) -> dict[str, Any]:
             loop.call(load.stop())
             loop.call(canary.stop())
     return {
-        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(),
-        "machine": f"{platform.machine()}, {_cores()} cores, Python {platform.python_version()}",
+        **provenance(),
         "plan": asdict(plan),
         "cluster": "LocalCluster: private redis-server, index, ingest, 2 gateways, "
                    "3 cortex sim SGLang workers (default timing), lease TTL "
@@ -213,19 +207,6 @@ def run(plan: Plan, log_dir: Path) -> dict[str, Any]:
         "duration_s": round(time.monotonic() - started, 1),
         "faults": [asdict(r) for r in results],
     }
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def _cores() -> int:
-    return os.cpu_count() or 1
 
 
 def _seconds(value: float | None, lost: float) -> str:
