@@ -176,6 +176,7 @@ def run(plan: Plan, log_dir: Path) -> dict[str, Any]:
     spec = ClusterSpec(workers=3, gateways=2, port=0, lease_ttl_s=plan.lease_ttl_s,
                        ready_timeout_s=120.0)
     started = time.monotonic()
+    made = provenance()  # the code that runs is the code of this moment
     results: list[FaultResult] = []
     print(f"starting the cluster (logs in {log_dir}) ...", file=sys.stderr, flush=True)
     with LoopThread() as loop, LocalCluster(spec, log_dir) as cluster:
@@ -195,7 +196,7 @@ def run(plan: Plan, log_dir: Path) -> dict[str, Any]:
             loop.call(load.stop())
             loop.call(canary.stop())
     return {
-        **provenance(),
+        **made,
         "plan": asdict(plan),
         "cluster": "LocalCluster: private redis-server, index, ingest, 2 gateways, "
                    "3 cortex sim SGLang workers (default timing), lease TTL "

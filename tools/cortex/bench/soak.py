@@ -46,6 +46,7 @@ def run(minutes: float, warmup_min: float, rate: float, sample_s: float,
         log_dir: Path) -> dict[str, Any]:
     spec = ClusterSpec(workers=3, gateways=1, port=0, kv_capacity_blocks=2048,
                        ready_timeout_s=120.0)
+    made = provenance()  # the code that runs is the code of this moment
     samples: dict[str, list[tuple[float, float]]] = {}
     windows: list[dict[str, float]] = []
     print(f"soak: {minutes:g} min (warm-up {warmup_min:g}), logs in {log_dir}",
@@ -84,7 +85,7 @@ def run(minutes: float, warmup_min: float, rate: float, sample_s: float,
         }
     requests = sum(w["requests"] for w in windows)
     return {
-        **provenance(),
+        **made,
         "minutes": minutes, "warmup_minutes": warmup_min, "rate": rate, "sample_s": sample_s,
         "requests": requests, "failed": sum(w["failed"] for w in windows),
         "exact": sum(w["exact"] for w in windows),
