@@ -34,7 +34,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 import xxhash
@@ -62,6 +61,14 @@ from cortex.ingest.ops import (
     SnapshotView,
     SourceId,
     Store,
+)
+from cortex.ingest.replay import (
+    AbortReplay,
+    Command,
+    Replay,
+    ReplayKind,
+    ReplayOutcome,
+    StartReplay,
 )
 from cortex.ingest.stats import SourceStats, bump
 
@@ -120,43 +127,6 @@ class TrackerConfig:
             raise ValueError("drain_bytes must be >= 1 or None")
 
 
-@dataclass(frozen=True, slots=True)
-class StartReplay:
-    """Ask the replay endpoint for every buffered batch with ``seq >= start_seq``."""
-
-    start_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class AbortReplay:
-    """Forget the running replay: replies still in flight must not reach the tracker."""
-
-
-Command = StartReplay | AbortReplay
-
-
-class ReplayKind(StrEnum):
-    """Why a replay was asked for (a metric label)."""
-
-    INITIAL = "initial"  # first connection: recover what the engine's buffer holds
-    GAP = "gap"  # a seq gap in the live stream
-    RECONNECT = "reconnect"  # the PUB connection broke and came back
-    RESTART = "restart"  # a new publisher: read it from seq 0
-
-
-class ReplayOutcome(StrEnum):
-    OK = "ok"  # every missing batch arrived
-    INCOMPLETE = "incomplete"  # batches were lost for good: the ledger was reset
-
-
-@dataclass(slots=True)
-class _Replay:
-    start: int
-    until: int | None  # last seq that must arrive to close the gap; None: whatever is left
-    kind: ReplayKind
-    hole: bool = False  # a reset happened because the replay skipped batches
-
-
 class SourceTracker:
     """One source's seq tracking, ledger and key mapping. See the module docstring."""
 
@@ -193,7 +163,7 @@ class SourceTracker:
         self._announced = False  # the index has heard of this source (needs a domain)
         self._removed = False
         self._applied_since_reset = 0
-        self._replay: _Replay | None = None
+        self._replay: Replay | None = None
         self._pending = HeldBatches(held_total)
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> payload digest
         self._ops: list[Op] = []
@@ -454,7 +424,7 @@ class SourceTracker:
         self.expected = 0  # a new publisher counts from 0
 
     def _begin_replay(self, start: int, until: int | None, kind: ReplayKind) -> None:
-        self._replay = _Replay(start=start, until=until, kind=kind)
+        self._replay = Replay(start=start, until=until, kind=kind)
         self._commands.append(StartReplay(start))
 
     def _abort_replay(self) -> None:
