@@ -151,6 +151,11 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, An
         record.error = record.error or "cut"  # the stream ended without [DONE]
 
 
+def _client_session() -> aiohttp.ClientSession:
+    """A session opening a connection per request, as independent clients would."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+
+
 @dataclass
 class LoadGenerator:
     """Closed-loop clients sending chat completions at ``rate`` requests/s in all."""
@@ -167,8 +172,7 @@ class LoadGenerator:
     _session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        self._session = _client_session()
         prompts = Prompts(random.Random(self.seed))
         self._tasks = [asyncio.create_task(self._client(i, prompts), name=f"client-{i}")
                        for i in range(self.clients)]
@@ -216,8 +220,7 @@ class Canary:
     async def start(self, warm_until_exact_s: float = 30.0) -> bool:
         """Warm the prompts (each sent until it is an exact hit), then probe; returns
         whether every prompt became an exact hit in time."""
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        self._session = _client_session()
         rng = random.Random(4242)
         pool = Prompts(rng, systems=self.prompts, words=120)
         self._messages = [[{"role": "system", "content": system},
