@@ -16,6 +16,7 @@ with LocalCluster(spec, tmp_path) as cluster:
     cluster.workers["worker-0"].url # the sim's HTTP URL (also kv_events, replay, role, ...)
     cluster.state()                 # the --state-file JSON
     cluster.flush_worker("worker-0"); cluster.kill_worker("worker-1"); cluster.restart_index()
+    cluster.kill("ingest"); cluster.restart("ingest")  # kill -9, then the same command again
 ```
 
 Every call blocks (start-up polls HTTP / gRPC health with deadlines, never fixed sleeps).
