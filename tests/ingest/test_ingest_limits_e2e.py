@@ -26,8 +26,6 @@ from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublis
 from cortex.hashing import Engine, HashDomain
 from cortex.index.model import LedgerState as IndexState
 from cortex.index.model import Source
-from cortex.ingest.config import IngestConfig
-from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
 from cortex.ingest.ops import LedgerState
 from cortex.ingest.service import IngestService
 from cortex.registry import WorkerSpec
@@ -207,20 +205,18 @@ async def test_epochs_stay_above_the_index_when_the_wall_clock_stepped_back(
     fleet: Fleet,
 ) -> None:
     worker = await fleet.add_worker("w", block_size=4)
-    base = {"index": (IndexTarget("127.0.0.1", fleet.index[0].port),), "metrics_port": None,
-            "poll_interval_s": 0.1, "replay_timeout_s": 0.5,
-            "forwarder": ForwarderConfig(backoff_min_s=0.05, backoff_max_s=0.2)}
+    config = fleet.ingest_config()
     srv = fleet.index[0]
 
     def epoch() -> int:
         return next(v.epoch for v in srv.core.workers() if v.source == Source("w", 0))
 
-    async with IngestService(IngestConfig(**base), registry=fleet.registry) as first:  # type: ignore[arg-type]
+    async with IngestService(config, registry=fleet.registry) as first:
         fleet.traffic(worker, 20)
         await fleet.wait_converged(worker, first)
         before = epoch()
     an_hour_ago = time.time_ns() // 1000 - 3_600_000_000
-    async with IngestService(IngestConfig(**base), registry=fleet.registry,  # type: ignore[arg-type]
+    async with IngestService(config, registry=fleet.registry,
                              wall_clock_us=lambda: an_hour_ago) as second:
         fleet.traffic(worker, 20)
         await fleet.wait_converged(worker, second)

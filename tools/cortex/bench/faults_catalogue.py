@@ -307,19 +307,17 @@ class OversizePrompt(Fault):
     name, title, hold = "oversize_prompt", "one 15 MiB completion prompt", "none"
 
     def inject(self, b: Bench) -> None:
-        before = b.registered()
+        self.notes["workers registered before"] = len(b.registered())
         prompt = "cache " * ((15 << 20) // 6)
         started = time.monotonic()
         status = b.loop.call(_post(b.cluster.gateway_urls[0] + "/v1/completions",
                                    {"model": MODEL, "prompt": prompt, "max_tokens": 1}, 120.0))
         self.notes["answer"] = status
         self.notes["answered after ms"] = round((time.monotonic() - started) * 1000, 1)
-        self.notes["workers registered before / after"] = f"{len(before)} / "
-        self._before = before
 
     def repair(self, b: Bench) -> None:
         time.sleep(b.cluster.spec.lease_ttl_s)  # a worker stuck on it would lapse by now
-        self.notes["workers registered before / after"] += str(len(b.registered()))
+        self.notes["workers registered a lease later"] = len(b.registered())
 
 
 class SlowBody(Fault):
