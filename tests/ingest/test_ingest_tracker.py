@@ -15,6 +15,7 @@ from cortex.ingest.codec import (
     EventBatch,
     encode_batch,
 )
+from cortex.ingest.held import HeldBytes
 from cortex.ingest.ops import Clear, Drop, LedgerState, Remove, Reset, SetState, SourceId, Store
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay, TrackerConfig
 
@@ -40,7 +41,8 @@ def removed(*hashes: int, medium: str = "GPU") -> BlockRemoved:
 
 
 def tracker(
-    replay: bool = False, block_size: int | None = BS, max_pending: int = 10_000
+    replay: bool = False, block_size: int | None = BS, max_pending: int = 10_000,
+    held_total: HeldBytes | None = None, **config: int,
 ) -> SourceTracker:
     cfg = TrackerConfig(
         engine=Engine.VLLM,
@@ -48,8 +50,9 @@ def tracker(
         block_size=block_size,
         replay=replay,
         max_pending=max_pending,
+        **config,  # type: ignore[arg-type]
     )
-    t = SourceTracker(SourceId("w", 0), cfg)
+    t = SourceTracker(SourceId("w", 0), cfg, held_total=held_total)
     t.start()
     t.on_connected()
     return t
@@ -439,3 +442,138 @@ def test_alignment_vectors_match_and_a_wrong_seed_is_reported() -> None:
     )
     assert sg.stats.alignment_checks == 1 and sg.stats.alignment_mismatches == {}
     assert block_keys(list(range(1, 49)), 16, sg.domain.root_key())  # type: ignore[union-attr]
+
+
+# ---- held batches: bytes, turns, shedding --------------------------------------------------
+
+
+def chain_payloads(count: int) -> list[bytes]:
+    """``count`` batches of equal size, each storing one chain-start block of its own."""
+    return [payload(stored([1000 + i], [i * 4 + j for j in range(4)])) for i in range(count)]
+
+
+def test_held_batches_are_bounded_by_bytes_and_the_replay_gives_up() -> None:
+    data = chain_payloads(8)
+    size = len(data[1])
+    total = HeldBytes()
+    t = tracker(replay=True, held_total=total, max_pending_bytes=3 * size, align_every=0)
+    t.take_commands()
+    t.on_replay_end()
+    t.on_message(0, data[0])
+    t.take_ops()
+    t.on_message(2, data[2])  # a gap: held while the replay runs
+    assert t.take_commands() == [StartReplay(1)]
+    t.on_message(3, data[3])
+    t.on_message(4, data[4])
+    assert t.replaying and t.held_bytes == 3 * size == total.total
+    t.on_message(5, data[5])  # a fourth batch does not fit
+    assert t.take_commands() == [AbortReplay()]
+    assert not t.replaying and t.pending == 0 and t.held_bytes == 0 == total.total
+    assert t.stats.dropped_batches == {"replay_overflow": 4}
+    assert t.stats.clears == {"replay_overflow": 1}
+    assert t.stats.replays[("gap", "incomplete")] == 1
+    ops = t.take_ops()
+    assert Reset(LedgerState.READY, "replay_overflow") in ops
+    assert len(t.ledger) == 0  # batch 0's block went with the reset: only under-estimates
+    t.on_message(6, data[6])  # continues from the next message
+    assert t.expected == 7 and t.ledger.key_of(1006) is not None
+    assert state(t) is LedgerState.READY
+
+
+def test_a_first_replay_given_up_still_ends_syncing() -> None:
+    data = chain_payloads(3)
+    t = tracker(replay=True, max_pending=1)
+    assert t.take_commands() == [StartReplay(0)]
+    t.on_message(0, data[0])
+    t.on_message(1, data[1])  # two held: over max_pending
+    assert state(t) is LedgerState.READY and not t.replaying
+    assert t.stats.clears == {}  # nothing was applied yet: nothing to reset
+    t.on_message(2, data[2])
+    assert t.ledger.key_of(1002) is not None
+
+
+def test_deferred_batches_are_applied_in_order_by_drain_in_turns() -> None:
+    data = chain_payloads(6)
+    size = len(data[0])
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, data[0])
+    for seq in range(1, 5):
+        t.on_message(seq, data[seq], defer=True)
+    t.on_message(5, data[5])  # not deferred, but batches are held: it waits behind them
+    assert t.pending == 5 and t.backlog and t.expected == 1
+    assert t.drain(2 * size) == 2 * size  # a turn: two batches
+    assert t.expected == 3 and t.pending == 3
+    assert t.drain(1) == size  # at least one batch per turn
+    assert t.drain() == 2 * size and not t.backlog and t.expected == 6
+    assert [len(op.keys) for op in t.take_ops() if isinstance(op, Store)] == [1] * 6
+
+
+def test_a_deferred_gap_still_replays_and_keeps_the_rest_held() -> None:
+    data = chain_payloads(5)
+    t = replayed_tracker()
+    t.on_message(0, data[0])
+    t.on_message(2, data[2], defer=True)
+    t.on_message(3, data[3], defer=True)
+    assert t.take_commands() == []  # nothing is looked at before its turn
+    t.drain()
+    assert t.take_commands() == [StartReplay(1)] and t.pending == 2 and not t.backlog
+    t.on_replay_item(1, data[1])
+    t.on_replay_end()
+    assert t.expected == 4 and t.pending == 0 and t.stats.clears == {}
+
+
+def test_drain_budget_when_a_replay_ends() -> None:
+    data = chain_payloads(6)
+    size = len(data[0])
+    t = tracker(replay=True, drain_bytes=size)
+    t.take_commands()
+    t.on_replay_end()
+    t.on_message(0, data[0])
+    for seq in range(2, 6):
+        t.on_message(seq, data[seq])
+    t.on_replay_item(1, data[1])
+    t.on_replay_end()
+    assert t.expected == 3 and t.pending == 3 and t.backlog  # one held batch per turn
+    t.drain()
+    assert t.expected == 6
+
+
+def test_restart_found_while_draining_keeps_the_new_publishers_batches() -> None:
+    data = chain_payloads(4)
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, data[0])
+    t.on_message(1, data[1])
+    t.on_message(0, data[2], defer=True)  # the engine restarted: a new seq 0 ...
+    t.on_message(1, data[3], defer=True)  # ... and its seq 1, held behind it
+    t.drain()
+    assert t.stats.seq_resets == 1 and t.expected == 2
+    assert t.ledger.key_of(1002) is not None and t.ledger.key_of(1003) is not None
+    assert t.ledger.key_of(1000) is None
+
+
+def test_shed_gives_up_everything_held_and_frees_the_shared_total() -> None:
+    data = chain_payloads(4)
+    total = HeldBytes(limit=len(data[0]))
+    t = tracker(held_total=total)
+    t.on_message(0, data[0])
+    t.on_message(1, data[1], defer=True)
+    t.on_message(2, data[2], defer=True)
+    assert total.over
+    assert t.shed("held_bytes_limit") == 2
+    assert total.total == 0 and not total.over and t.expected is None
+    assert t.stats.dropped_batches == {"held_bytes_limit": 2}
+    assert t.stats.clears == {"held_bytes_limit": 1}
+    assert t.shed("held_bytes_limit") == 0  # nothing held: nothing changes
+    t.on_message(3, data[3])
+    assert t.expected == 4
+
+
+def test_removal_releases_held_bytes() -> None:
+    data = chain_payloads(2)
+    total = HeldBytes()
+    t = tracker(held_total=total)
+    t.on_message(0, data[0], defer=True)
+    t.remove("lease expired")
+    assert total.total == 0 and t.held_bytes == 0

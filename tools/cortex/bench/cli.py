@@ -22,6 +22,8 @@ BENCHMARKS: dict[str, str] = {
     "routing": "cortex.bench.routing",
     "tokenize": "cortex.bench.tokenize",
     "replica": "cortex.bench.replica",
+    "faults": "cortex.bench.faults",
+    "soak": "cortex.bench.soak",
 }
 
 
