@@ -22,19 +22,18 @@ from cortex.ingest.forwarder import (
     IndexForwarder,
     IndexTarget,
 )
-from cortex.ingest.ops import (
-    Clear,
-    Drop,
-    LedgerState,
-    Remove,
-    Reset,
-    SetState,
-    SnapshotView,
-    SourceId,
-    Store,
-)
+from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ledger.codec import pb
 from cortex.ledger.grpc import method
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 from cortex.testing import free_port, wait_until_async
 
 DOMAIN = HashDomain("m", 4, Engine.VLLM)
@@ -148,10 +147,13 @@ async def test_snapshot_first_then_ordered_updates_and_epochs() -> None:
     ledgers.views[A] = view([10, 11])
     async with serving(recorder, port), forwarding(port, ledgers) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
-        fwd.publish(A, DOMAIN, [Store(11, [12]), Remove([10]), SetState(LedgerState.STALE, "gap"),
-                                Clear("all_blocks_cleared")])
-        fwd.publish(B, DOMAIN, [Reset(LedgerState.SYNCING, "connecting"), Store(0, [7])])
-        fwd.publish(A, DOMAIN, [Reset(LedgerState.READY, "seq_reset"), Drop("gone")])
+        fwd.publish(A, DOMAIN, [StoreBlocks(11, [12]), RemoveBlocks([10]),
+                                SetState(LedgerState.STALE, "gap"),
+                                ClearBlocks("all_blocks_cleared")])
+        fwd.publish(B, DOMAIN, [Snapshot([], [], LedgerState.SYNCING, "connecting"),
+                                StoreBlocks(0, [7])])
+        fwd.publish(A, DOMAIN, [Snapshot([], [], LedgerState.READY, "seq_reset"),
+                                RemoveSource("gone")])
         await wait_until_async(lambda: fwd.idle, timeout=10)
     a = recorder.of(A)
     assert [name for _, _, name, _ in a] == [
@@ -176,7 +178,7 @@ async def test_resync_request_gets_a_fresh_snapshot() -> None:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         recorder.resync_next = [B]
         ledgers.views[B] = view([2, 3])
-        fwd.publish(A, DOMAIN, [Store(1, [4])])
+        fwd.publish(A, DOMAIN, [StoreBlocks(1, [4])])
         await wait_until_async(lambda: fwd.idle and fwd.resync_requests == 1, timeout=10)
     snapshots = [(e, op) for e, _, name, op in recorder.of(B) if name == "snapshot"]
     assert len(snapshots) == 2 and snapshots[1][0] > snapshots[0][0]
@@ -191,7 +193,7 @@ async def test_a_full_queue_turns_into_a_snapshot_not_unbounded_memory() -> None
         await wait_until_async(lambda: fwd.idle, timeout=10)
         for key in range(100, 150):  # no await in between: the sender cannot drain
             ledgers.views[A] = view(list(range(100, key + 1)))
-            fwd.publish(A, DOMAIN, [Store(key - 1, [key])])
+            fwd.publish(A, DOMAIN, [StoreBlocks(key - 1, [key])])
             assert fwd.queue_depth <= 8
         await wait_until_async(lambda: fwd.idle, timeout=10)
     assert fwd.overflows >= 1
@@ -229,7 +231,7 @@ async def test_down_index_is_retried_and_gets_snapshots_and_tombstones_on_return
     async with forwarding(port, ledgers) as fwd:
         await wait_until_async(lambda: fwd.failures >= 2, timeout=10, what="retries")
         assert fwd.state is not ForwarderState.STREAMING
-        fwd.publish(A, DOMAIN, [Store(1, [2])])
+        fwd.publish(A, DOMAIN, [StoreBlocks(1, [2])])
         assert fwd.queue_depth == 0  # nothing piles up while the index is down
         ledgers.views[A] = view([1, 2])
         ledgers.dead.append((B, DOMAIN, "lease expired"))
@@ -247,7 +249,7 @@ async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
         await wait_until_async(lambda: recorder.empty_batches >= 3, timeout=10,
                                what="heartbeats")
         assert fwd.heartbeats >= 3 and fwd.connects == 1
-        fwd.publish(A, DOMAIN, [Store(1, [2])])  # data still flows between heartbeats
+        fwd.publish(A, DOMAIN, [StoreBlocks(1, [2])])  # data still flows between heartbeats
         await wait_until_async(lambda: fwd.idle and len(recorder.of(A)) == 2, timeout=10)
     assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot", "store"]
 
@@ -294,8 +296,8 @@ async def test_a_quiet_source_shares_the_first_batch_with_a_flooding_one() -> No
     async with serving(recorder, port), forwarding(port, ledgers) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         first = recorder.batches
-        fwd.publish(A, DOMAIN, [Store(0, [key]) for key in range(10, 6010)])  # a backlog
-        fwd.publish(B, DOMAIN, [Store(2, [3])])  # published after all of it
+        fwd.publish(A, DOMAIN, [StoreBlocks(0, [key]) for key in range(10, 6010)])  # a backlog
+        fwd.publish(B, DOMAIN, [StoreBlocks(2, [3])])  # published after all of it
         await wait_until_async(lambda: fwd.idle, timeout=10)
     b_store = next(i for i, u in enumerate(recorder.updates)
                    if u.source.worker_id == "b" and u.WhichOneof("op") == "store")
@@ -314,8 +316,8 @@ async def test_a_source_over_its_queue_bytes_becomes_a_snapshot_and_others_are_u
     ) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         for key in range(10, 60):  # 50 x 8 keys: ~5 KiB for A, no await in between
-            fwd.publish(A, DOMAIN, [Store(0, list(range(key * 8, key * 8 + 8)))])
-            fwd.publish(B, DOMAIN, [Store(2, [key])])
+            fwd.publish(A, DOMAIN, [StoreBlocks(0, list(range(key * 8, key * 8 + 8)))])
+            fwd.publish(B, DOMAIN, [StoreBlocks(2, [key])])
             assert fwd.queue_bytes <= 4096 + 50 * 56 + 1024
         ledgers.views[A] = view([1, 2, 3])
         await wait_until_async(lambda: fwd.idle, timeout=10)
@@ -333,9 +335,9 @@ async def test_the_largest_queue_yields_when_the_replica_total_is_over() -> None
         port, ledgers, source_queue_max_bytes=8192, queue_max_bytes=8192
     ) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
-        fwd.publish(B, DOMAIN, [Store(2, [3])])  # small, first
+        fwd.publish(B, DOMAIN, [StoreBlocks(2, [3])])  # small, first
         for key in range(10, 30):  # A grows the total past the replica's bound
-            fwd.publish(A, DOMAIN, [Store(0, list(range(key * 50, key * 50 + 50)))])
+            fwd.publish(A, DOMAIN, [StoreBlocks(0, list(range(key * 50, key * 50 + 50)))])
         await wait_until_async(lambda: fwd.idle, timeout=10)
     assert fwd.overflows == 1
     assert [name for _, _, name, _ in recorder.of(B)] == ["snapshot", "store"]
@@ -351,7 +353,7 @@ async def test_epochs_start_above_what_the_replica_holds_when_the_clock_stepped_
     clock = EpochClock(wall_us=lambda: 1_000_000_000_000_000)  # hours behind
     async with serving(recorder, port), forwarding(port, ledgers, epochs=clock) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
-        fwd.publish(A, DOMAIN, [Reset(LedgerState.READY, "seq_reset")])
+        fwd.publish(A, DOMAIN, [Snapshot([], [], LedgerState.READY, "seq_reset")])
         await wait_until_async(lambda: fwd.idle, timeout=10)
     epochs = [u.epoch for u in recorder.updates]
     assert len(epochs) == 3 and min(epochs) > held

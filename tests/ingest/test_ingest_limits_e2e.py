@@ -24,10 +24,9 @@ import zmq.asyncio
 
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine, HashDomain
-from cortex.index.model import LedgerState as IndexState
-from cortex.index.model import Source
-from cortex.ingest.ops import LedgerState
 from cortex.ingest.service import IngestService
+from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.model import LedgerState as IndexState
 from cortex.registry import WorkerSpec
 from cortex.testing import free_port, wait_until_async
 

@@ -16,8 +16,17 @@ from cortex.ingest.codec import (
     encode_batch,
 )
 from cortex.ingest.held import HeldBytes
-from cortex.ingest.ops import Clear, Drop, LedgerState, Remove, Reset, SetState, SourceId, Store
+from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay, TrackerConfig
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 
 BS = 4
 DOMAIN = HashDomain("m", BS, Engine.VLLM)
@@ -64,18 +73,18 @@ KEYS = DOMAIN.keys(TOKENS)
 
 def test_live_without_replay_is_ready_and_maps_keys() -> None:
     t = tracker()
-    assert t.take_ops() == [Reset(LedgerState.READY, "live (no replay endpoint)")]
+    assert t.take_ops() == [Snapshot([], [], LedgerState.READY, "live (no replay endpoint)")]
     assert t.take_commands() == []
     t.on_message(7, payload(stored([11, 12], TOKENS[:8])))
     t.on_message(8, payload(stored([13], TOKENS[8:], parent=12)))
-    # a chain that goes on is one Store: one update for the index instead of two
-    assert t.take_ops() == [Store(DOMAIN.root_key(), KEYS)]
+    # a chain that goes on is one StoreBlocks: one update for the index instead of two
+    assert t.take_ops() == [StoreBlocks(DOMAIN.root_key(), KEYS)]
     t.on_message(9, payload(removed(13), removed(12)))
-    assert t.take_ops() == [Remove([KEYS[2], KEYS[1]])]  # coalesced as well
+    assert t.take_ops() == [RemoveBlocks([KEYS[2], KEYS[1]])]  # coalesced as well
     t.on_message(10, payload(stored([12, 13], TOKENS[4:], parent=11)))
     t.take_ops()
     t.on_message(11, payload(removed(13, 99), AllBlocksCleared()))
-    assert t.take_ops() == [Remove([KEYS[2]]), Clear("all_blocks_cleared")]
+    assert t.take_ops() == [RemoveBlocks([KEYS[2]]), ClearBlocks("all_blocks_cleared")]
     assert t.stats.unknown_removed_blocks == 1
     assert t.stats.events == {"BlockStored": 3, "BlockRemoved": 3, "AllBlocksCleared": 1}
     assert t.stats.blocks == {"stored": 5, "removed": 4}
@@ -99,7 +108,7 @@ def test_duplicate_is_dropped_and_lower_seq_with_new_payload_is_a_restart() -> N
     t.on_message(1, payload(stored([12], TOKENS[4:8], parent=11)))
     t.on_message(1, payload(stored([12], TOKENS[4:8], parent=11)))  # same seq, new ts: restart
     ops = t.take_ops()
-    assert ops[1] == Reset(LedgerState.READY, "seq_reset")
+    assert ops[1] == Snapshot([], [], LedgerState.READY, "seq_reset")
     assert t.stats.seq_resets == 1
     t.on_message(0, first)  # expected is 0 after the reset: applied
     assert t.stats.duplicates == 0
@@ -115,7 +124,7 @@ def test_restart_from_zero_resets() -> None:
     t.take_ops()
     t.on_message(0, payload(AllBlocksCleared()))
     ops = t.take_ops()
-    assert ops == [Reset(LedgerState.READY, "seq_reset")]  # empty ledger: no Clear op
+    assert ops == [Snapshot([], [], LedgerState.READY, "seq_reset")]  # empty ledger: no Clear op
     assert t.stats.clears == {"seq_reset": 1, "all_blocks_cleared": 1}
 
 
@@ -125,8 +134,8 @@ def test_gap_without_replay_resets_and_continues() -> None:
     t.take_ops()
     t.on_message(5, payload(stored([21], TOKENS[4:8])))
     assert t.take_ops() == [
-        Reset(LedgerState.READY, "gap_unrepaired"),
-        Store(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
+        Snapshot([], [], LedgerState.READY, "gap_unrepaired"),
+        StoreBlocks(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
     ]
     assert t.stats.gaps == 1 and t.expected == 6
 
@@ -169,11 +178,11 @@ def test_initial_replay_recovers_the_buffer_then_goes_ready() -> None:
     t.on_replay_end()
     ops = t.take_ops()
     assert ops == [
-        Reset(LedgerState.SYNCING, "waiting for the event stream"),
-        Store(DOMAIN.root_key(), KEYS[:2]),
-        Remove([KEYS[0]]),
+        Snapshot([], [], LedgerState.SYNCING, "waiting for the event stream"),
+        StoreBlocks(DOMAIN.root_key(), KEYS[:2]),
+        RemoveBlocks([KEYS[0]]),
         SetState(LedgerState.READY, "in sync"),
-        Store(KEYS[1], KEYS[2:]),
+        StoreBlocks(KEYS[1], KEYS[2:]),
     ]
     assert t.stats.replays == {("initial", "ok"): 1}
     assert t.stats.clears == {}
@@ -202,10 +211,10 @@ def test_gap_repaired_by_replay() -> None:
     assert t.stats.gaps == 1 and t.stats.duplicates == 1
     assert t.expected == 5 and t.pending == 0
     assert t.take_ops() == [
-        Store(DOMAIN.root_key(), KEYS[:1]),
+        StoreBlocks(DOMAIN.root_key(), KEYS[:1]),
         SetState(LedgerState.STALE, "gap: seq 1..2 missing"),
-        Store(KEYS[0], KEYS[1:]),  # replayed batches 1 and 2: one chain
-        Store(DOMAIN.root_key(), KEYS[:1]),  # hash 14 holds the same tokens as 11 ...
+        StoreBlocks(KEYS[0], KEYS[1:]),  # replayed batches 1 and 2: one chain
+        StoreBlocks(DOMAIN.root_key(), KEYS[:1]),  # hash 14 holds the same tokens as 11 ...
         SetState(LedgerState.READY, "in sync"),
     ]  # ... so removing 11 leaves the key held: no Remove
     assert KEYS[0] in t.ledger
@@ -220,10 +229,10 @@ def test_gap_replay_that_lost_batches_resets_and_continues() -> None:
     t.on_replay_item(4, payload(removed(31)))
     t.on_replay_end()
     ops = t.take_ops()
-    assert Reset(LedgerState.READY, "gap_unrepaired") in ops
+    assert Snapshot([], [], LedgerState.READY, "gap_unrepaired") in ops
     assert ops[-2:] == [
         SetState(LedgerState.READY, "resynced"),
-        Store(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
+        StoreBlocks(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
     ]
     assert t.stats.replays[("gap", "incomplete")] == 1
     assert t.ledger.key_of(11) is None and t.ledger.key_of(21) is not None
@@ -304,12 +313,12 @@ def test_learned_block_size_announces_then_mismatch_is_misaligned() -> None:
     assert t.snapshot() is None
     t.on_message(0, payload(stored([11], TOKENS[:4])))
     ops = t.take_ops()
-    assert ops[0] == Reset(LedgerState.READY, "live (no replay endpoint)")
+    assert ops[0] == Snapshot([], [], LedgerState.READY, "live (no replay endpoint)")
     assert t.domain == DOMAIN
     t.on_message(1, payload(BlockStored((12,), None, tuple(range(8)), 8, medium="GPU")))
     assert state(t) is LedgerState.MISALIGNED
     assert t.take_ops() == [
-        Reset(LedgerState.MISALIGNED, "block size: events say 8, first events says 4")
+        Snapshot([], [], LedgerState.MISALIGNED, "block size: events say 8, first events says 4")
     ]
     t.on_message(2, payload(stored([13], TOKENS[:4])))
     assert t.take_ops() == []
@@ -363,7 +372,7 @@ def test_lora_and_cache_salt_root_the_chain() -> None:
         ),
     )
     assert t.take_ops() == [
-        Store(DOMAIN.root_key("ad", "salt-1"), DOMAIN.keys(TOKENS[:4], "ad", "salt-1"))
+        StoreBlocks(DOMAIN.root_key("ad", "salt-1"), DOMAIN.keys(TOKENS[:4], "ad", "salt-1"))
     ]
     sg = SourceTracker(SourceId("s", 0), TrackerConfig(Engine.SGLANG, "m", BS))
     sg.start()
@@ -373,7 +382,7 @@ def test_lora_and_cache_salt_root_the_chain() -> None:
     )
     domain = HashDomain("m", BS, Engine.SGLANG)
     assert sg.take_ops() == [
-        Store(domain.root_key(None, "s1"), domain.keys(TOKENS[:4], None, "s1"))
+        StoreBlocks(domain.root_key(None, "s1"), domain.keys(TOKENS[:4], None, "s1"))
     ]
 
 
@@ -384,7 +393,7 @@ def test_undecodable_batch_is_counted_and_resets_a_non_empty_ledger() -> None:
     t.on_message(1, payload(stored([11], TOKENS[:4])))
     t.take_ops()
     t.on_message(2, b"\x93\x01")
-    assert t.take_ops() == [Reset(LedgerState.READY, "undecodable_batch")]
+    assert t.take_ops() == [Snapshot([], [], LedgerState.READY, "undecodable_batch")]
     t.on_message(3, payload(stored([12], TOKENS[:4])))
     assert t.expected == 4 and len(t.ledger) == 1
 
@@ -396,7 +405,7 @@ def test_remove_drops_the_source() -> None:
     t.remove("lease expired")
     assert t.take_ops()[-2:] == [
         SetState(LedgerState.REMOVED, "lease expired"),
-        Drop("lease expired"),
+        RemoveSource("lease expired"),
     ]
     assert t.snapshot() is None
     t.on_message(1, payload(stored([12], TOKENS[:4])))
@@ -473,7 +482,7 @@ def test_held_batches_are_bounded_by_bytes_and_the_replay_gives_up() -> None:
     assert t.stats.clears == {"replay_overflow": 1}
     assert t.stats.replays[("gap", "incomplete")] == 1
     ops = t.take_ops()
-    assert Reset(LedgerState.READY, "replay_overflow") in ops
+    assert Snapshot([], [], LedgerState.READY, "replay_overflow") in ops
     assert len(t.ledger) == 0  # batch 0's block went with the reset: only under-estimates
     t.on_message(6, data[6])  # continues from the next message
     assert t.expected == 7 and t.ledger.key_of(1006) is not None
@@ -506,7 +515,7 @@ def test_deferred_batches_are_applied_in_order_by_drain_in_turns() -> None:
     assert t.expected == 3 and t.pending == 3
     assert t.drain(1) == size  # at least one batch per turn
     assert t.drain() == 2 * size and not t.backlog and t.expected == 6
-    assert [len(op.keys) for op in t.take_ops() if isinstance(op, Store)] == [1] * 6
+    assert [len(op.keys) for op in t.take_ops() if isinstance(op, StoreBlocks)] == [1] * 6
 
 
 def test_a_deferred_gap_still_replays_and_keeps_the_rest_held() -> None:

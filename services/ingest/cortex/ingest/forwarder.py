@@ -44,21 +44,20 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from cortex.hashing import HashDomain
 from cortex.ingest.errors import ConfigError, IndexUnavailable
-from cortex.ingest.ops import (
-    Clear,
-    Drop,
-    Op,
-    Remove,
-    Reset,
-    SetState,
-    SnapshotView,
-    SourceId,
-    Store,
-)
+from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.queues import SourceQueues
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
 from cortex.ledger.codec import pb
 from cortex.ledger.grpc import LedgerCodec, bearer, method
+from cortex.ledger.model import (
+    ClearBlocks,
+    Op,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 
 __all__ = [
     "EpochClock",
@@ -551,25 +550,25 @@ class IndexForwarder:
 
     def _encode(self, source: SourceId, domain: HashDomain, op: Op) -> bytes | None:
         stream = self._streams.get(source)
-        if type(op) is Reset:
+        if type(op) is Snapshot:
             stream = self._new_epoch(source, domain)
             return stream.encoder.snapshot(stream.epoch, 0, [], [], op.state, op.reason)
         if stream is None:
             # The replica has not heard of the source on this stream: a snapshot fixes it.
-            if type(op) is not Drop:
+            if type(op) is not RemoveSource:
                 self._owe_snapshot(source)
             return None
         stream.seq += 1
         encoder, epoch, seq = stream.encoder, stream.epoch, stream.seq
-        if type(op) is Store:
+        if type(op) is StoreBlocks:
             return encoder.store(epoch, seq, op.parent_key, op.keys)
-        if type(op) is Remove:
+        if type(op) is RemoveBlocks:
             return encoder.remove(epoch, seq, op.keys)
-        if type(op) is Clear:
+        if type(op) is ClearBlocks:
             return encoder.clear(epoch, seq, op.reason)
         if type(op) is SetState:
             return encoder.state(epoch, seq, op.state, op.reason)
-        if type(op) is Drop:
+        if type(op) is RemoveSource:
             del self._streams[source]
             return encoder.remove_source(epoch, seq, op.reason)
         raise TypeError(f"unknown op {op!r}")

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from cortex.ingest.ops import LedgerState
+from cortex.ledger.model import LedgerState
 
 if TYPE_CHECKING:
     from cortex.ingest.service import IngestService

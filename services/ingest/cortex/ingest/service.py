@@ -32,9 +32,10 @@ from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import EpochClock, IndexForwarder
 from cortex.ingest.held import HeldBytes
 from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
-from cortex.ingest.ops import LedgerState, Op, SnapshotView, SourceId
+from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.ledger.model import LedgerState, Op
 from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
 from cortex.registry.tasks import stop_tasks
 

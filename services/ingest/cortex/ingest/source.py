@@ -34,8 +34,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from cortex.ingest.codec import CodecError
 from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
-from cortex.ingest.ops import Op
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
+from cortex.ledger.model import Op
 from cortex.registry.tasks import stop_tasks
 
 __all__ = ["SourceRunner"]

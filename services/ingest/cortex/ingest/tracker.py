@@ -24,8 +24,8 @@ Sequence rules (spec kv-events.md §1, architecture §4):
   :meth:`SourceTracker.drain` on the source's next turn); the same bounds apply.
 
 A cleared or partial ledger only under-estimates what the worker holds; it never invents a
-hit. Epochs: every ``Reset`` starts one; ``AllBlocksCleared`` is a ``Clear`` in the same epoch
-(the stream stayed continuous).
+hit. Epochs: every empty ``Snapshot`` starts one; ``AllBlocksCleared`` is a ``ClearBlocks`` in
+the same epoch (the stream stayed continuous).
 """
 
 from __future__ import annotations
@@ -50,18 +50,7 @@ from cortex.ingest.codec import (
 )
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
-from cortex.ingest.ops import (
-    Clear,
-    Drop,
-    LedgerState,
-    Op,
-    Remove,
-    Reset,
-    SetState,
-    SnapshotView,
-    SourceId,
-    Store,
-)
+from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.replay import (
     AbortReplay,
     Command,
@@ -71,6 +60,16 @@ from cortex.ingest.replay import (
     StartReplay,
 )
 from cortex.ingest.stats import SourceStats, bump
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    Op,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 
 __all__ = [
     "AbortReplay",
@@ -378,7 +377,7 @@ class SourceTracker:
             self._abort_replay()
         self._set_state(LedgerState.REMOVED, reason)
         if self._announced:
-            self._ops.append(Drop(reason))
+            self._ops.append(RemoveSource(reason))
         self._removed = True
         self.ledger.clear()
         self._pending.clear()
@@ -530,11 +529,11 @@ class SourceTracker:
                     self._reset("misaligned", LedgerState.MISALIGNED, placed.reason)
                     ops = self._ops
                     continue
-                assert type(placed) is Store
+                assert type(placed) is StoreBlocks
                 if not self._announced:
                     self._announce()  # the block size was just learned
                 last = ops[-1] if ops else None
-                if type(last) is Store and last.keys[-1] == placed.parent_key:
+                if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
                     last.keys.extend(placed.keys)  # the chain goes on: one update, not two
                 else:
                     ops.append(placed)
@@ -543,17 +542,17 @@ class SourceTracker:
                 dead = keymap.removed(event)
                 if dead and self._announced:
                     last = ops[-1] if ops else None
-                    if type(last) is Remove:
+                    if type(last) is RemoveBlocks:
                         last.keys.extend(dead)  # vLLM sends one event per block: coalesce
                     else:
-                        ops.append(Remove(dead))
+                        ops.append(RemoveBlocks(dead))
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
                 if len(self.ledger):
                     self.ledger.clear()
                     if self._announced:
-                        ops.append(Clear("all_blocks_cleared"))
+                        ops.append(ClearBlocks("all_blocks_cleared"))
 
     # ---- state ------------------------------------------------------------------------
 
@@ -562,7 +561,7 @@ class SourceTracker:
         if self._announced or self.domain is None or self._removed:
             return
         self._announced = True
-        self._ops.append(Reset(self.state, self.reason))
+        self._ops.append(Snapshot([], [], self.state, self.reason))
 
     def _set_state(self, state: LedgerState, reason: str) -> None:
         if state is self.state and reason == self.reason:
@@ -592,4 +591,4 @@ class SourceTracker:
             self.stats.transitions[key] = self.stats.transitions.get(key, 0) + 1
         self.state, self.reason = state, reason or why
         if self._announced:
-            self._ops.append(Reset(state, self.reason))
+            self._ops.append(Snapshot([], [], state, self.reason))
