@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType, TracebackType
 
-from cortex.registry.base import Listing, Registry
+from cortex.registry.base import Listing, Registry, Tombstone
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
 from cortex.registry.tasks import stop_tasks
@@ -110,6 +110,11 @@ class RegistryWatcher:
         return MappingProxyType(dict(self._listing.workers))
 
     @property
+    def tombstones(self) -> Mapping[str, Tombstone]:
+        """Workers an operator removed, as last seen (read-only)."""
+        return MappingProxyType(dict(self._listing.tombstones))
+
+    @property
     def listing(self) -> Listing:
         """The last successful listing (with lease TTLs and invalid entries)."""
         return self._listing
@@ -162,10 +167,11 @@ class RegistryWatcher:
         self.last_ok_monotonic = time.monotonic()
         self._log_invalid(listing.invalid)
         diff = diff_specs(self._listing.workers, listing.workers)
+        stones_changed = listing.tombstones.keys() != self._listing.tombstones.keys()
         self._listing = listing
         if was is RegistryHealth.DEGRADED:
             log.info("registry reachable again; reconciled %r", diff)
-        if diff or was is not RegistryHealth.OK:
+        if diff or stones_changed or was is not RegistryHealth.OK:
             await self._bump()
         return True
 
