@@ -212,28 +212,39 @@ class IndexConfig:
 
 @dataclass(frozen=True, slots=True)
 class RegistryConfig:
-    """Worker registry. ``redis_url`` unset = an in-process registry (single gateway)."""
+    """Worker registry. ``redis_url`` unset = an in-process registry (single gateway).
+
+    ``forget_after_s``: a worker that left the pool without a tombstone is still probed
+    this long (s), and brought back with its last spec when it answers; 0 = never."""
 
     redis_url: str | None = None
     lease_ttl_s: float = 10.0
     poll_interval_s: float = 1.0
+    forget_after_s: float = 3600.0
 
     def __post_init__(self) -> None:
         _positive("registry", lease_ttl_s=self.lease_ttl_s, poll_interval_s=self.poll_interval_s)
+        _non_negative("registry", forget_after_s=self.forget_after_s)
 
 
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
-    """Worker health probes; each success renews the worker's registry lease."""
+    """Worker health probes; each success re-asserts the worker's registry lease.
+
+    ``remove_after_s``: failed probes keep renewing the lease this long (s) after the first
+    failure of a streak (probe timeouts while this gateway has requests open on the worker
+    never count); then the lease is left to lapse, which removes the worker everywhere."""
 
     interval_s: float = 2.0
     timeout_s: float = 2.0
     unhealthy_after: int = 2
     healthy_after: int = 1
+    remove_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         _positive("health", interval_s=self.interval_s, timeout_s=self.timeout_s,
                   unhealthy_after=self.unhealthy_after, healthy_after=self.healthy_after)
+        _non_negative("health", remove_after_s=self.remove_after_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,7 +246,7 @@ class PairDispatcher:
             last = outcome
             self.metrics.child(self.metrics.pd_handoff_failures, engine, outcome.side.value,
                                outcome.kind).inc()
-            self.metrics.upstream_errors.labels(worker=outcome.worker, kind=outcome.kind).inc()
+            self.metrics.worker(self.metrics.upstream_errors, outcome.worker, outcome.kind).inc()
             log.info("pd attempt failed side=%s worker=%s kind=%s request_id=%s: %s",
                      outcome.side.value, outcome.worker, outcome.kind, request_id,
                      outcome.detail, extra={"worker": outcome.worker, "request_id": request_id})
@@ -479,7 +479,7 @@ class PairDispatcher:
             answer.failure = LegFailure(leg.side, leg.worker.id, ERROR_EVENT,
                                         detail="the answer is an error object")
         elif answer.status == 200 and not whole:  # the decode's first byte
-            self.metrics.child(self.metrics.upstream_ttfb, leg.worker.id,
+            self.metrics.worker(self.metrics.upstream_ttfb, leg.worker.id,
                                ctx.routed.decision.mode.value).observe(
                 time.perf_counter() - leg.started)
         return answer

@@ -93,13 +93,13 @@ class Opened:
 def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
     """Count one more request open on ``worker``."""
     worker.inflight += 1
-    metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
+    metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 def release_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
     """A request open on ``worker`` ended."""
     worker.inflight -= 1
-    metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
+    metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 class Dispatcher:
@@ -213,7 +213,7 @@ class Dispatcher:
             if response is not None:
                 response.close()
             release_slot(worker, self.metrics)
-            self.metrics.upstream_errors.labels(worker=worker.id, kind=failure.kind.value).inc()
+            self.metrics.worker(self.metrics.upstream_errors, worker.id, failure.kind.value).inc()
             if failure.status == 429:
                 breaker.on_abandon()  # busy, not broken
             else:
@@ -230,15 +230,15 @@ class Dispatcher:
             worker.prefilling -= prefill_tokens
         breaker.on_success()
         if response.status == 200:
-            self.metrics.child(self.metrics.upstream_ttfb, worker.id, mode).observe(
+            self.metrics.worker(self.metrics.upstream_ttfb, worker.id, mode).observe(
                 time.perf_counter() - sent)
         return Opened(worker, response, head, attempts, self.metrics)
 
     def failed_midstream(self, opened: Opened, failure: UpstreamFailure) -> None:
         """The worker broke after the first byte: count it against the worker."""
         opened.worker.breaker.on_failure()
-        self.metrics.upstream_errors.labels(worker=opened.worker.id,
-                                            kind=failure.kind.value).inc()
+        self.metrics.worker(self.metrics.upstream_errors, opened.worker.id,
+                            failure.kind.value).inc()
 
     def __repr__(self) -> str:
         return f"Dispatcher(max_attempts={self.config.max_attempts})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.types import Receive, Scope, Send
@@ -50,6 +51,12 @@ class Request:
                 parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    @property
+    def query_params(self) -> dict[str, str]:
+        """The query string as a dict (the last value of a repeated key wins)."""
+        return {unquote_plus(k): unquote_plus(v) for k, _, v in
+                (p.partition("=") for p in self.query.decode("latin-1").split("&") if p)}
 
     @property
     def receive(self) -> Receive:

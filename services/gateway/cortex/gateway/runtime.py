@@ -1,9 +1,10 @@
 """``Gateway``: one gateway process's state and background work, owned by one ``async with``.
 
 Startup order: tokenizers → registry → upstream session → index client → static workers
-seeded → registry watcher → first health probes (so a gateway with reachable workers is
-ready when startup ends) → background loops (pool sync, probes, load polls, status).
-Shutdown unwinds the same stack; background loops are cancelled first.
+seeded (unless an operator removed them: a tombstone) → registry watcher → first health
+probes (so a gateway with reachable workers is ready when startup ends) → background loops
+(pool sync, probes, load polls, status). Shutdown unwinds the same stack; background loops
+are cancelled first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
 from typing import Any
@@ -28,6 +29,7 @@ from cortex.gateway.router import Router
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
 from cortex.registry import (
+    Assertion,
     MemoryRegistry,
     RedisRegistry,
     Registry,
@@ -66,7 +68,7 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.pool = WorkerPool(config.breaker)
+        self.pool = WorkerPool(config.breaker, forget_after_s=config.registry.forget_after_s)
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
         self.tokenizers: dict[str, PromptTokenizer] = {}
@@ -121,16 +123,12 @@ class Gateway:
         self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics)
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
-        for spec in config.workers:
-            try:
-                await self.registry.register(spec, config.registry.lease_ttl_s)
-            except RegistryUnavailable as exc:
-                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
-                            extra={"worker": spec.id})
+        await self._seed()
         self.watcher = await self._stack.enter_async_context(
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
-                                    config.health, config.registry.lease_ttl_s, self.metrics)
+                                    config.health, config.registry.lease_ttl_s, self.metrics,
+                                    on_round=self._sync_pool, on_return=self.watcher.poke)
         loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
                                         self.metrics)
         added = self._sync_pool()
@@ -156,17 +154,44 @@ class Gateway:
 
     # ---- registry → pool ----
 
-    def _registry_view(self) -> Mapping[str, WorkerSpec]:
+    async def _seed(self) -> None:
+        """Write the static workers (``config.workers``) into the registry, over what is
+        there, unless an operator removed them (their tombstone wins)."""
+        for spec in self.config.workers:
+            try:
+                outcome = await self.registry.reassert(spec, self.config.registry.lease_ttl_s,
+                                                       replace=True)
+            except RegistryUnavailable as exc:
+                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
+                            extra={"worker": spec.id})
+                continue
+            if outcome is Assertion.TOMBSTONED:
+                log.warning("not seeding worker=%s: an operator removed it (tombstone)",
+                            spec.id, extra={"worker": spec.id})
+
+    def _registry_view(self) -> tuple[Mapping[str, WorkerSpec], Collection[str], float | None]:
+        """The registry's workers and tombstones as last seen, and when that view was
+        requested (monotonic s)."""
         watcher = self.watcher
         if watcher is None or (watcher.polls and watcher.last_ok_monotonic is None):
             # the registry was never readable: serve the static seeds
-            return {spec.id: spec for spec in self.config.workers}
-        return watcher.workers
+            return {spec.id: spec for spec in self.config.workers}, (), None
+        return watcher.workers, watcher.tombstones.keys(), watcher.view_taken_at
+
+    def reconcile(self) -> None:
+        """Bring the pool in line with the registry view now (after an admin removal)."""
+        self._sync_pool()
 
     def _sync_pool(self) -> list[str]:
-        added, removed = self.pool.sync(self._registry_view())
+        """Reconcile the pool with the registry (and the workers' health); returns the ids
+        added. Workers that left lose their routing state and metric series."""
+        added, removed = self.pool.sync(*self._registry_view())
         if added or removed:
             log.info("worker pool changed: added=%s removed=%s", added, removed)
+        for worker_id in added:
+            self.metrics.welcome_worker(worker_id)
+        for worker_id in removed:
+            self.metrics.forget_worker(worker_id)
         if removed and self.router is not None:
             self.router.forget_workers(removed)
         return added
@@ -177,9 +202,11 @@ class Gateway:
         while True:
             version = await self.watcher.wait_changed(version)
             added = self._sync_pool()
-            if added:
-                await self.health.probe_all(w for w in self.pool if w.id in added)
-                await asyncio.gather(*(self.loads.poll(w) for w in self.pool
+            # new workers, and those whose entry vanished: probe now (the probe re-asserts)
+            urgent = [w for w in self.pool if w.id in added or not w.registered]
+            if urgent:
+                await self.health.probe_all(urgent)
+                await asyncio.gather(*(self.loads.poll(w) for w in urgent
                                        if w.id in added and w.routable()))
 
     async def _status_loop(self) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -244,7 +244,7 @@ class RedisRegistry(Registry):
                 ttls[worker_id] = pttl / 1000 if pttl >= 0 else None
         return Listing(workers=workers, ttl_s=ttls, invalid=invalid, tombstones=tombstones)
 
-    async def _tombstones(self, keys: list[bytes]) -> dict[str, Tombstone]:
+    async def _tombstones(self, keys: Sequence[bytes]) -> dict[str, Tombstone]:
         """Tombstones of ``keys``; an unreadable one still keeps its worker out."""
         found: dict[str, Tombstone] = {}
         async with self._client.pipeline(transaction=False) as pipe:

@@ -90,6 +90,7 @@ class RegistryWatcher:
         self.poll_errors = 0
         self.last_error: str | None = None
         self.last_ok_monotonic: float | None = None
+        self.view_taken_at: float | None = None  # monotonic s the current view was requested
         self._listing = Listing()
         self._invalid_logged: dict[str, str] = {}
         self._wake = asyncio.Event()
@@ -148,6 +149,7 @@ class RegistryWatcher:
     async def refresh(self) -> bool:
         """Poll once; ``True`` on success. Updates health and, on change, the view."""
         self.polls += 1
+        requested = time.monotonic()
         try:
             listing = await self.registry.list()
         except RegistryUnavailable as exc:
@@ -165,6 +167,7 @@ class RegistryWatcher:
         self.health = RegistryHealth.OK
         self.last_error = None
         self.last_ok_monotonic = time.monotonic()
+        self.view_taken_at = requested
         self._log_invalid(listing.invalid)
         diff = diff_specs(self._listing.workers, listing.workers)
         stones_changed = listing.tombstones.keys() != self._listing.tombstones.keys()
