@@ -165,7 +165,7 @@ class AdminHandler:
         else:
             endpoint = (Endpoint.CHAT if "messages" in body
                         else Endpoint.COMPLETIONS if "prompt" in body else Endpoint.GENERATE)
-        req = parse_request(endpoint, body, self.gw.config)
+        req = parse_request(endpoint, body, self.gw.config, self.gw.limits)
         router = self.gw.router
         assert router is not None
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s

@@ -2,7 +2,7 @@
 
 Unknown paths answer 404, known paths with another method 405, both as OpenAI error
 objects. An unexpected exception becomes a 500 ``internal_error`` without details (they go
-to the log with the request id).
+to the log with the request id; tracebacks rate-limited, :mod:`cortex.gateway.tracebacks`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from cortex.gateway.inference import InferenceHandler, request_id_of
 from cortex.gateway.ops import OpsHandler
 from cortex.gateway.payload import Endpoint
 from cortex.gateway.runtime import Gateway
+from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
 
@@ -38,9 +39,10 @@ class GatewayApp:
         self.gateway: Gateway | None = None
         self.started = asyncio.Event()  # set once startup completed
         self._routes: dict[str, dict[str, Handler]] = {}
+        self._tracebacks = TracebackLimiter()
 
     def _build_routes(self, gw: Gateway) -> None:
-        inference = InferenceHandler(gw)
+        inference = InferenceHandler(gw, self._tracebacks)
         ops = OpsHandler(gw)
         admin = AdminHandler(gw)
 
@@ -111,8 +113,8 @@ class GatewayApp:
             await send_error(send, exc, [(b"x-request-id", request_id_of(request).encode())])
         except Exception:
             request_id = request_id_of(request)
-            log.exception("unhandled error request_id=%s path=%s", request_id, request.path,
-                          extra={"request_id": request_id})
+            self._tracebacks.log(log, "unhandled error request_id=%s path=%s", request_id,
+                                 request.path, request_id=request_id)
             await send_error(send, GatewayError("internal error"),
                              [(b"x-request-id", request_id.encode())])
 

@@ -86,9 +86,16 @@ class ModelConfig:
     ``tokenizer``: a ``tokenizer.json`` (or its directory); ``None`` = the default DeepSeek
     tokenizer. ``chat_template``: a Jinja file (or ``tokenizer_config.json``); ``None`` = the
     tokenizer directory's template, else the default. ``block_size`` (tokens) and ``engine``
-    with ``hash_model`` (defaults to ``name``) form the hash domain. ``max_prompt_tokens``
-    rejects longer prompts with a 400. ``reports_cached_tokens``: the engines run with cache
-    reporting on, so a usage without ``cached_tokens`` means 0 (truth check).
+    with ``hash_model`` (defaults to ``name``) form the hash domain. ``reports_cached_tokens``:
+    the engines run with cache reporting on, so a usage without ``cached_tokens`` means 0
+    (truth check).
+
+    Bounds (:mod:`cortex.gateway.limits`; ``None`` = learned from the engines' context
+    length): ``max_prompt_tokens`` rejects longer prompts, ``max_tokens`` larger requested
+    completions (400). ``max_messages`` caps a chat request's messages.
+    ``precheck_chars_per_token``: a text prompt longer than ``max_prompt_tokens`` times this
+    many characters is rejected before tokenizing (real text averages 3-5 characters per
+    token; only runs of one repeated character come near 32).
     """
 
     name: str
@@ -100,6 +107,9 @@ class ModelConfig:
     max_prompt_tokens: int | None = None
     tokenize_cache_tokens: int = 1_000_000
     reports_cached_tokens: bool = True
+    max_tokens: int | None = None
+    max_messages: int = 4096
+    precheck_chars_per_token: float = 32.0
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +124,10 @@ class ModelConfig:
         _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens)
         if self.max_prompt_tokens is not None:
             _positive(where, max_prompt_tokens=self.max_prompt_tokens)
+        if self.max_tokens is not None:
+            _positive(where, max_tokens=self.max_tokens)
+        _positive(where, max_messages=self.max_messages,
+                  precheck_chars_per_token=self.precheck_chars_per_token)
         for name in ("tokenizer", "chat_template"):
             value = getattr(self, name)
             if value is not None:

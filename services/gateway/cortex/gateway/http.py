@@ -88,4 +88,5 @@ async def send_json(send: Send, status: int, obj: Any,
 
 async def send_error(send: Send, error: GatewayError,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send_bytes(send, error.status, error.body(), b"application/json", extra)
+    await send_bytes(send, error.status, error.body(), b"application/json",
+                     [*extra, *error.headers()])

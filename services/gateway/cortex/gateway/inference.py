@@ -24,13 +24,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 from cortex.gateway.dispatch import Opened, upstream_body
-from cortex.gateway.errors import ErrorCode, GatewayError
+from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
 from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
 from cortex.gateway.router import Routed
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.sse import SSEForwarder, cached_tokens_of, sse_error_event
-from cortex.gateway.types import Receive, Send
+from cortex.gateway.tracebacks import TracebackLimiter
+from cortex.gateway.types import Message, Receive, Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure
 
 __all__ = ["InferenceHandler", "request_id_of"]
@@ -65,37 +66,72 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
+class _StatusSent:
+    """Wraps ``send``: remembers the status of the response actually started."""
+
+    __slots__ = ("send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status: int | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class InferenceHandler:
     """``POST /v1/chat/completions``, ``/v1/completions``, ``/generate``."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, tracebacks: TracebackLimiter | None = None) -> None:
         self.gw = gateway
         self.metrics = gateway.metrics
         self.config = gateway.config
+        self._tracebacks = tracebacks or TracebackLimiter()
 
     async def __call__(self, request: Request, send: Send, endpoint: Endpoint) -> None:
         started = time.perf_counter()
         request_id = request_id_of(request)
         base: Headers = [(b"x-request-id", request_id.encode())]
-        status = 200
+        sent = _StatusSent(send)
+        unanswered = 500  # an exception escapes: the app answers 500
         self.metrics.inflight.inc()
         try:
-            status = await self._handle(request, send, endpoint, request_id, base, started)
+            unanswered = await self._handle(request, sent, endpoint, request_id, base, started)
         finally:
             m = self.metrics
             m.inflight.dec()
+            status = sent.status if sent.status is not None else unanswered
             m.child(m.requests, endpoint.value, str(status)).inc()
             m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
 
-    async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
-                      base: Headers, started: float) -> int:
-        deadline = time.monotonic() + self.config.upstream.request_timeout_s
+    async def _admit(self, request: Request, endpoint: Endpoint, deadline: float
+                     ) -> tuple[InferenceRequest, bytes, Routed]:
+        """Read, validate and route the request; raises :class:`GatewayError` for what
+        the client must fix (also what only surfaces while tokenizing)."""
         router = self.gw.router
         assert router is not None
+        raw = await request.body(self.config.server.max_body_bytes)
+        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
         try:
-            raw = await request.body(self.config.server.max_body_bytes)
-            req = parse_request(endpoint, parse_body(raw), self.config)
-            routed = await router.route(req, deadline)
+            return req, raw, await router.route(req, deadline)
+        except RecursionError:
+            raise ClientError("the request is nested too deeply") from None
+        except (TypeError, UnicodeError):
+            # the tokenizer refuses input validation let through: the client's to fix, but
+            # worth a look (a bug would hide here as a 400)
+            self._tracebacks.log(log, "prompt not tokenizable request_id=%s",
+                                 request_id_of(request))
+            raise ClientError("the prompt cannot be tokenized") from None
+
+    async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
+                      base: Headers, started: float) -> int:
+        """Answer the request; returns the status to count when nothing was sent (499: the
+        client went away)."""
+        deadline = time.monotonic() + self.config.upstream.request_timeout_s
+        try:
+            req, raw, routed = await self._admit(request, endpoint, deadline)
         except ClientDisconnected:
             self.metrics.client_disconnects.inc()
             return 499
@@ -210,13 +246,16 @@ class _Exchange:
                 opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id)
                 self.worker_id = opened.worker.id
                 response = opened.response
-                if response.status != 200 or not self.req.stream:
-                    self.status = response.status
-                    await send_bytes(self.send, response.status, opened.head,
+                if response.status != 200:  # refused: in the gateway's error shape
+                    self.status, error = relayed_error(response.status, opened.head)
+                    await send_bytes(self.send, self.status, error, b"application/json",
+                                     self._headers(opened))
+                    return
+                if not self.req.stream:
+                    await send_bytes(self.send, 200, opened.head,
                                      response.content_type.encode(), self._headers(opened))
-                    if response.status == 200:
-                        self._first_byte_sent("false", opened)
-                        self._truth_check(opened, _json_or_none(opened.head))
+                    self._first_byte_sent("false", opened)
+                    self._truth_check(opened, _json_or_none(opened.head))
                     return
                 streaming = True
                 await self._stream(opened)

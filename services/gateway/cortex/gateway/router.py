@@ -32,6 +32,7 @@ from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode, ServiceUnavailable
 from cortex.gateway.handoff import sequence_count
 from cortex.gateway.hotcache import HotCache
+from cortex.gateway.limits import check_prompt_tokens
 from cortex.gateway.matching import LedgerState, MatchAnswer, WorkerMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDPlan
@@ -238,12 +239,7 @@ class Router:
                 ids = await loop.run_in_executor(self._executor, plan.finish)
             else:
                 ids = plan.finish()
-        limit = req.model.max_prompt_tokens
-        if limit is not None and len(ids) > limit:
-            raise ClientError(
-                f"prompt has {len(ids)} tokens, over this model's limit of {limit}",
-                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages"
-                if prompt.kind is PromptKind.CHAT else "prompt")
+        check_prompt_tokens(req.limits, req.body, len(ids), req.prompt_param)
         return ids
 
     def _observe_segments(self, hits: int, misses: int) -> None:

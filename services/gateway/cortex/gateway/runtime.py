@@ -17,10 +17,11 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
-from cortex.gateway.config import GatewayConfig
+from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch import Dispatcher
 from cortex.gateway.health import HealthMonitor
 from cortex.gateway.index_client import IndexClient
+from cortex.gateway.limits import Limits, context_length_of, model_limits
 from cortex.gateway.load import LoadPoller
 from cortex.gateway.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
@@ -250,6 +251,13 @@ class Gateway:
     def _on_ledgers(self, states: dict[str, LedgerState]) -> None:
         for worker in self.pool:
             worker.ledger = states.get(worker.id, LedgerState.UNKNOWN)
+
+    # ---- bounds ----
+
+    def limits(self, model: ModelConfig) -> Limits:
+        """``model``'s request bounds: its config, else what its workers' engines report."""
+        return model_limits(model, context_length_of(
+            w.context_length for w in self.pool if w.spec.model == model.name))
 
     # ---- status ----
 
