@@ -112,7 +112,8 @@ class AdminHandler:
         })
 
     async def add_worker(self, request: Request, send: Send) -> None:
-        body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
+        body = parse_body(await request.body(self.gw.config.server.max_body_bytes,
+                                             self.gw.config.server.body_timeout_s))
         try:
             spec = WorkerSpec.from_dict(body)
         except SpecError as exc:
@@ -155,7 +156,8 @@ class AdminHandler:
     async def explain(self, request: Request, send: Send) -> None:
         """Body: the inference request; endpoint from ``?endpoint=chat|completions|generate``,
         else inferred (``messages`` → chat, ``prompt`` → completions, else generate)."""
-        body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
+        body = parse_body(await request.body(self.gw.config.server.max_body_bytes,
+                                             self.gw.config.server.body_timeout_s))
         name = request.query_params.get("endpoint")
         if name is not None:
             if name not in _ENDPOINTS:

@@ -27,6 +27,7 @@ from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
 __all__ = [
+    "AdmissionConfig",
     "BreakerConfig",
     "GatewayConfig",
     "HealthConfig",
@@ -38,6 +39,7 @@ __all__ = [
     "RoutingConfig",
     "RoutingWeights",
     "ServerConfig",
+    "Timeouts",
     "UpstreamConfig",
     "load_config",
 ]
@@ -59,7 +61,15 @@ def _non_negative(section: str, **values: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """The HTTP listener. ``admin_token`` unset disables the admin API."""
+    """The HTTP listener. ``admin_token`` unset disables the admin API.
+
+    Slow or silent clients: ``keep_alive_timeout_s`` bounds an idle connection and the
+    arrival of a request's headers; ``body_timeout_s`` the arrival of its whole body (408
+    after); ``read_timeout_s`` (hypercorn's) closes a connection nothing was read from for
+    that long — a client reading a stream sends nothing, so it must exceed the longest
+    response (``upstream.request_timeout_s``). ``max_connections``: open client connections
+    per process (0 = no cap); one more is answered 503 and closed at once.
+    """
 
     host: str = "0.0.0.0"
     port: int = 8080
@@ -68,12 +78,17 @@ class ServerConfig:
     graceful_timeout_s: float = 10.0
     keep_alive_timeout_s: float = 75.0
     backlog: int = 1024
+    body_timeout_s: float = 30.0
+    read_timeout_s: float = 900.0
+    max_connections: int = 4096
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
         _positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
-                  keep_alive_timeout_s=self.keep_alive_timeout_s)
+                  keep_alive_timeout_s=self.keep_alive_timeout_s,
+                  body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
+        _non_negative("server", max_connections=self.max_connections)
         _non_negative("server", graceful_timeout_s=self.graceful_timeout_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("server.admin_token: must be at least 16 characters")
@@ -96,6 +111,9 @@ class ModelConfig:
     ``precheck_chars_per_token``: a text prompt longer than ``max_prompt_tokens`` times this
     many characters is rejected before tokenizing (real text averages 3-5 characters per
     token; only runs of one repeated character come near 32).
+
+    ``first_byte_timeout_s`` / ``response_timeout_s`` / ``stream_idle_timeout_s``: this
+    model's upstream timeouts (``None`` = the ``upstream`` section's; :class:`Timeouts`).
     """
 
     name: str
@@ -110,6 +128,9 @@ class ModelConfig:
     max_tokens: int | None = None
     max_messages: int = 4096
     precheck_chars_per_token: float = 32.0
+    first_byte_timeout_s: float | None = None
+    response_timeout_s: float | None = None
+    stream_idle_timeout_s: float | None = None
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -128,6 +149,9 @@ class ModelConfig:
             _positive(where, max_tokens=self.max_tokens)
         _positive(where, max_messages=self.max_messages,
                   precheck_chars_per_token=self.precheck_chars_per_token)
+        for name in ("first_byte_timeout_s", "response_timeout_s", "stream_idle_timeout_s"):
+            if getattr(self, name) is not None:
+                _positive(where, **{name: getattr(self, name)})
         for name in ("tokenizer", "chat_template"):
             value = getattr(self, name)
             if value is not None:
@@ -288,20 +312,68 @@ class LoadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Timeouts:
+    """One model's upstream timeouts (seconds); see :class:`UpstreamConfig`."""
+
+    first_byte_s: float
+    response_s: float
+    stream_idle_s: float
+
+    @classmethod
+    def of(cls, model: ModelConfig, upstream: UpstreamConfig) -> Timeouts:
+        """``model``'s own values where set, else ``upstream``'s."""
+        return cls(
+            model.first_byte_timeout_s or upstream.first_byte_timeout_s,
+            model.response_timeout_s or upstream.response_timeout_s,
+            model.stream_idle_timeout_s or upstream.stream_idle_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     """Calls to workers. ``request_timeout_s`` bounds a whole request (routing included);
-    ``max_attempts`` counts the first try; only failures before the first byte retry."""
+    ``max_attempts`` counts the first try; only failures before the first byte retry.
+
+    An attempt that has not produced its first byte in time is a failure (counted by the
+    worker's breaker) and moves to the next worker: ``first_byte_timeout_s`` for a stream
+    (until its first event), ``response_timeout_s`` for a non-streamed request, whose first
+    byte is the whole answer. ``stream_idle_timeout_s``: a stream silent this long after its
+    first event ends with an SSE error event and its upstream request is cancelled. Models
+    may override the three (:class:`ModelConfig`)."""
 
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 600.0
     max_attempts: int = 3
     max_connections: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504)
+    first_byte_timeout_s: float = 60.0
+    response_timeout_s: float = 300.0
+    stream_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         _positive("upstream", connect_timeout_s=self.connect_timeout_s,
-                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts)
+                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
+                  first_byte_timeout_s=self.first_byte_timeout_s,
+                  response_timeout_s=self.response_timeout_s,
+                  stream_idle_timeout_s=self.stream_idle_timeout_s)
         _non_negative("upstream", max_connections=self.max_connections)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Load shedding (:mod:`cortex.gateway.admission`): at most ``max_concurrent_requests``
+    inference requests in service per process (0 = no limit), ``queue_size`` more waiting
+    up to ``queue_timeout_s``; refusals carry ``Retry-After: retry_after_s``."""
+
+    max_concurrent_requests: int = 1024
+    queue_size: int = 1024
+    queue_timeout_s: float = 30.0
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _non_negative("admission", max_concurrent_requests=self.max_concurrent_requests,
+                      queue_size=self.queue_size)
+        _positive("admission", queue_timeout_s=self.queue_timeout_s,
+                  retry_after_s=self.retry_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +427,7 @@ class GatewayConfig:
     load: LoadConfig = field(default_factory=LoadConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     pd: PDConfig = field(default_factory=PDConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workers: tuple[WorkerSpec, ...] = ()
     gateway_id: str = "gateway"
 
@@ -367,6 +440,9 @@ class GatewayConfig:
         ids = [w.id for w in self.workers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"workers: duplicate worker ids in {ids}")
+        if self.server.read_timeout_s <= self.upstream.request_timeout_s:
+            raise ConfigError("server.read_timeout_s: must exceed upstream.request_timeout_s "
+                              f"({self.upstream.request_timeout_s:g}), or streams get cut")
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -457,7 +533,7 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd")
+             "pd", "admission")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:

@@ -36,6 +36,8 @@ class ErrorCode(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     OVERLOADED = "overloaded"
     RATE_LIMITED = "rate_limited"
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
     INVALID_REQUEST = "invalid_request"
     MODEL_NOT_FOUND = "model_not_found"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -85,6 +87,7 @@ class GatewayError(Exception):
         status: int | None = None,
         param: str | None = None,
         retry_after_s: float | None = None,
+        close_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -94,15 +97,18 @@ class GatewayError(Exception):
             self.status = status
         self.param = param
         self.retry_after_s = retry_after_s
+        self.close_connection = close_connection
 
     def body(self) -> bytes:
         return error_body(self.status, self.message, self.code, self.param)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        """``Retry-After`` (whole seconds, at least 1) when the caller should come back."""
-        if self.retry_after_s is None:
-            return []
-        return [(b"retry-after", str(max(1, round(self.retry_after_s))).encode())]
+        """``Retry-After`` (whole seconds, at least 1) when the caller should come back;
+        ``Connection: close`` when the connection cannot be reused."""
+        headers = [(b"connection", b"close")] if self.close_connection else []
+        if self.retry_after_s is not None:
+            headers.append((b"retry-after", str(max(1, round(self.retry_after_s))).encode()))
+        return headers
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.code.value}, {self.message!r})"

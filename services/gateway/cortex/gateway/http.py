@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -30,12 +31,22 @@ class Request:
             k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
         }
 
-    async def body(self, limit: int) -> bytes:
-        """The whole body; :class:`ClientError` (413) past ``limit`` bytes."""
+    async def body(self, limit: int, timeout_s: float | None = None) -> bytes:
+        """The whole body; :class:`ClientError` past ``limit`` bytes (413) or when it has not
+        arrived within ``timeout_s`` seconds (408, and the connection is closed)."""
         declared = self.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ClientError(f"request body over {limit} bytes",
                               code=ErrorCode.REQUEST_TOO_LARGE, status=413)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._read_body(limit)
+        except TimeoutError:
+            raise ClientError(f"the request body did not arrive within {timeout_s:g}s",
+                              code=ErrorCode.REQUEST_TIMEOUT, status=408,
+                              close_connection=True) from None
+
+    async def _read_body(self, limit: int) -> bytes:
         parts: list[bytes] = []
         size = 0
         while True:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from cortex.gateway.config import Timeouts
 from cortex.gateway.dispatch import Opened, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
@@ -96,15 +97,35 @@ class InferenceHandler:
         base: Headers = [(b"x-request-id", request_id.encode())]
         sent = _StatusSent(send)
         unanswered = 500  # an exception escapes: the app answers 500
-        self.metrics.inflight.inc()
+        m = self.metrics
         try:
-            unanswered = await self._handle(request, sent, endpoint, request_id, base, started)
+            if not await self._admitted(sent, base):
+                return
+            m.inflight.inc()
+            try:
+                unanswered = await self._handle(request, sent, endpoint, request_id, base,
+                                                started)
+            finally:
+                m.inflight.dec()
+                self.gw.admission.release()
         finally:
-            m = self.metrics
-            m.inflight.dec()
             status = sent.status if sent.status is not None else unanswered
             m.child(m.requests, endpoint.value, str(status)).inc()
             m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
+
+    async def _admitted(self, send: Send, base: Headers) -> bool:
+        """Wait for a slot (admission control); ``False`` when refused (answered)."""
+        waited = time.perf_counter()
+        try:
+            await self.gw.admission.acquire()
+        except GatewayError as exc:
+            m = self.metrics
+            m.rejected.labels(code=exc.code.value).inc()
+            m.child(m.admission_rejected, exc.code.value).inc()
+            await send_error(send, exc, [*base, *_NOT_ROUTED])
+            return False
+        self.metrics.admission_wait_seconds.observe(time.perf_counter() - waited)
+        return True
 
     async def _admit(self, request: Request, endpoint: Endpoint, deadline: float
                      ) -> tuple[InferenceRequest, bytes, Routed]:
@@ -112,7 +133,8 @@ class InferenceHandler:
         the client must fix (also what only surfaces while tokenizing)."""
         router = self.gw.router
         assert router is not None
-        raw = await request.body(self.config.server.max_body_bytes)
+        server = self.config.server
+        raw = await request.body(server.max_body_bytes, server.body_timeout_s)
         req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
         try:
             return req, raw, await router.route(req, deadline)
@@ -275,8 +297,13 @@ class _Exchange:
             log.warning("worker failed mid-stream worker=%s request_id=%s: %s", opened.worker.id,
                         self.request_id, failure, extra={"worker": opened.worker.id,
                                                          "request_id": self.request_id})
-            await self._end_stream(sse_error_event(
-                "the worker failed while streaming", ErrorCode.UPSTREAM_STREAM_ERROR.value))
+            if failure.kind is FailureKind.TIMEOUT:  # went silent: the request is cancelled
+                event = sse_error_event("the worker stopped sending",
+                                        ErrorCode.UPSTREAM_TIMEOUT.value)
+            else:
+                event = sse_error_event("the worker failed while streaming",
+                                        ErrorCode.UPSTREAM_STREAM_ERROR.value)
+            await self._end_stream(event)
         except GatewayError as exc:
             self.status = exc.status
             await send_error(self.send, exc, self._headers(opened) if opened else
@@ -311,7 +338,8 @@ class _Exchange:
             await send({"type": "http.response.body", "body": out, "more_body": True})
             self._first_byte_sent("true", opened)
             first = False
-        async for chunk in opened.response.chunks():
+        idle_s = Timeouts.of(req.model, self.gw.config.upstream).stream_idle_s
+        async for chunk in opened.response.chunks(idle_s):
             out = forwarder.feed(chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})

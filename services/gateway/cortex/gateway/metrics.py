@@ -49,6 +49,18 @@ class GatewayMetrics:
         self.client_disconnects = Counter(p + "client_disconnects_total",
                                           "Clients gone before the response ended", registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests being served", registry=r)
+        self.admission_active = Gauge(p + "admission_active",
+                                      "Inference requests holding an admission slot",
+                                      registry=r)
+        self.admission_waiting = Gauge(p + "admission_waiting",
+                                       "Inference requests queued for an admission slot",
+                                       registry=r)
+        self.admission_rejected = Counter(p + "admission_rejected_total",
+                                          "Requests refused by admission control, by code "
+                                          "(queue_full|queue_timeout)", ["code"], registry=r)
+        self.admission_wait_seconds = Histogram(p + "admission_wait_seconds",
+                                                "Time admitted requests waited for a slot",
+                                                buckets=_SLOW, registry=r)
         self.ttft = Histogram(p + "ttft_seconds",
                               "Request arrival to the first byte of a 200 answer sent to the "
                               "client (streams: the first event, i.e. time to first token), by "

@@ -17,6 +17,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
+from cortex.gateway.admission import Admission
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch import Dispatcher
 from cortex.gateway.health import HealthMonitor
@@ -70,6 +71,9 @@ class Gateway:
         self.config = config
         self.metrics = GatewayMetrics()
         self.pool = WorkerPool(config.breaker, forget_after_s=config.registry.forget_after_s)
+        self.admission = admission = Admission(config.admission)
+        self.metrics.admission_active.set_function(lambda: admission.active)
+        self.metrics.admission_waiting.set_function(lambda: admission.waiting)
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
         self.tokenizers: dict[str, PromptTokenizer] = {}
