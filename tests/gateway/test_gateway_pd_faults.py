@@ -169,6 +169,19 @@ async def test_pd_client_errors_pass_through_without_retry(
     await settled(prefill, decode)
 
 
+async def test_pd_workers_that_are_all_busy_make_a_429_not_a_502(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    (prefill,), (decode,) = await sglang_pair(start_sim)
+    gw = await start_gateway(pd_specs([prefill], [decode]), pd=FAST)
+    prefill.set_faults(error_rate=1.0, error_status=429)
+    status, headers, body = await post(http, gw, chat("busy pair"))
+    assert (status, json.loads(body)["error"]["code"]) == (429, "rate_limited")
+    assert headers["Retry-After"] == "1"
+    prefill.clear_faults()
+    await settled(prefill, decode)
+
+
 async def test_pd_decode_breaking_after_the_first_byte_ends_the_stream_with_an_error(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:

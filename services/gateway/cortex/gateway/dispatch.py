@@ -37,7 +37,12 @@ from cortex.gateway.scoring import Decision
 from cortex.gateway.sse import EventRewrite
 from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
-__all__ = ["Dispatcher", "Opened", "acquire_slot", "release_slot", "upstream_body"]
+__all__ = ["BUSY_STATUSES", "Dispatcher", "Opened", "acquire_slot", "all_busy", "release_slot",
+           "upstream_body"]
+
+BUSY_STATUSES = (429, 503)
+"""A worker answering these is busy, not broken: when every attempt got one, so does the
+client (with ``Retry-After``)."""
 
 log = logging.getLogger(__name__)
 
@@ -174,14 +179,14 @@ class Dispatcher:
                 return opened
             placement.withdraw()
             last = opened
-            if opened.status in (429, 503):
+            if opened.status in BUSY_STATUSES:
                 busy.append(opened)
             log.info("attempt failed worker=%s request_id=%s: %s", worker.id, request_id, opened,
                      extra={"worker": worker.id, "request_id": request_id})
         if last is None:
             raise ServiceUnavailable("no available worker for this request")
         if len(busy) == attempts:
-            raise _all_busy(busy)
+            raise all_busy([(f.status, f.retry_after_s) for f in busy])
         if last.kind is FailureKind.TIMEOUT:
             raise UpstreamError("the worker did not answer in time",
                                 code=ErrorCode.UPSTREAM_TIMEOUT, status=504)
@@ -268,11 +273,11 @@ class Dispatcher:
         return f"Dispatcher(max_attempts={self.config.max_attempts})"
 
 
-def _all_busy(answers: list[UpstreamFailure]) -> ServiceUnavailable:
-    """Every attempt was answered 429 / 503: the client gets the same, with the longest
-    ``Retry-After`` a worker asked for (1 s when none did)."""
-    status = 429 if all(a.status == 429 for a in answers) else 503
-    retry = max((a.retry_after_s for a in answers if a.retry_after_s is not None), default=1.0)
+def all_busy(answers: list[tuple[int | None, float | None]]) -> ServiceUnavailable:
+    """Every attempt was answered 429 / 503 (``(status, retry_after_s)`` each): the client
+    gets the same, with the longest ``Retry-After`` a worker asked for (1 s when none did)."""
+    status = 429 if all(code == 429 for code, _ in answers) else 503
+    retry = max((after for _, after in answers if after is not None), default=1.0)
     code = ErrorCode.RATE_LIMITED if status == 429 else ErrorCode.OVERLOADED
     return ServiceUnavailable("every worker is busy; retry later", code=code, status=status,
                               retry_after_s=retry)
