@@ -134,6 +134,19 @@ async def test_reassert_renews_recreates_and_never_overrides_a_tombstone(
         assert await reg.reassert(worker("never-registered")) is Assertion.CREATED
 
 
+async def test_an_unreadable_tombstone_still_keeps_its_worker_out(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await client.set("cortex:v1:tombstone:w", b"\xff not json")
+    finally:
+        await client.aclose()
+    async with RedisRegistry(redis_server.url) as reg:
+        assert (await reg.list()).tombstones["w"].reason == "unreadable tombstone"
+        assert await reg.reassert(worker("w")) is Assertion.TOMBSTONED
+
+
 async def test_reassert_works_after_redis_restarted_empty(redis_server: RedisServer) -> None:
     # the restarted server has no script cache either: the script is loaded again
     async with RedisRegistry(redis_server.url) as reg:

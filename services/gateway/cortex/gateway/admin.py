@@ -147,7 +147,7 @@ class AdminHandler:
                                      code=ErrorCode.REGISTRY_UNAVAILABLE) from None
         if tombstone:
             gw.pool.mark_tombstoned(worker_id)  # out of this replica's pool at once
-            gw.reconcile()
+            gw.sync_pool()
         if gw.watcher is not None:
             gw.watcher.poke()
         await send_json(send, 200, {"removed": worker_id, "had_lease": had_lease,

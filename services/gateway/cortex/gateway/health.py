@@ -91,9 +91,12 @@ class HealthMonitor:
         self._on_return = on_return
 
     async def run(self) -> None:
+        """A round every ``interval_s`` (a round of slow probes delays the next one only
+        by what it took beyond the interval)."""
         while True:
+            started = time.monotonic()
             await self.probe_round()
-            await asyncio.sleep(self.config.interval_s)
+            await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - started)))
 
     async def probe_round(self) -> None:
         """Probe every worker of the pool and every remembered one, once."""

@@ -146,7 +146,7 @@ class WorkerPool:
                 continue
             removed.append(wid)
             del self._workers[wid]
-            if wid not in gone:
+            if wid not in gone and self.forget_after_s > 0:
                 self._remembered.setdefault(wid, Remembered(member.spec, now))
         for wid, spec in specs.items():
             self._remembered.pop(wid, None)

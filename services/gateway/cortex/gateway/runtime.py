@@ -133,10 +133,10 @@ class Gateway:
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
                                     config.health, config.registry.lease_ttl_s, self.metrics,
-                                    on_round=self._sync_pool, on_return=self.watcher.poke)
+                                    on_round=self.sync_pool, on_return=self.watcher.poke)
         loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
                                         self.metrics)
-        added = self._sync_pool()
+        added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
         self._tasks = [
@@ -183,11 +183,7 @@ class Gateway:
             return {spec.id: spec for spec in self.config.workers}, (), None
         return watcher.workers, watcher.tombstones.keys(), watcher.view_taken_at
 
-    def reconcile(self) -> None:
-        """Bring the pool in line with the registry view now (after an admin removal)."""
-        self._sync_pool()
-
-    def _sync_pool(self) -> list[str]:
+    def sync_pool(self) -> list[str]:
         """Reconcile the pool with the registry (and the workers' health); returns the ids
         added. Workers that left lose their routing state and metric series."""
         added, removed = self.pool.sync(*self._registry_view())
@@ -206,7 +202,7 @@ class Gateway:
         version = self.watcher.version
         while True:
             version = await self.watcher.wait_changed(version)
-            added = self._sync_pool()
+            added = self.sync_pool()
             # new workers, and those whose entry vanished: probe now (the probe re-asserts)
             urgent = [w for w in self.pool if w.id in added or not w.registered]
             if urgent:

@@ -219,7 +219,26 @@ class RedisRegistry(Registry):
         workers: dict[str, WorkerSpec] = {}
         ttls: dict[str, float | None] = {}
         invalid: dict[str, str] = {}
-        tombstones = await self._tombstones(stones) if stones else {}
+        async for worker_id, raw, ttl in self._values(keys, len(prefix)):
+            try:
+                spec = WorkerSpec.from_json(raw)
+            except SpecError as exc:
+                invalid[worker_id] = str(exc)
+                continue
+            if spec.id != worker_id:
+                invalid[worker_id] = f"entry holds a spec for {spec.id!r}"
+                continue
+            workers[worker_id] = spec
+            ttls[worker_id] = ttl
+        tombstones: dict[str, Tombstone] = {}
+        async for worker_id, raw, ttl in self._values(stones, len(tomb_prefix)):
+            tombstones[worker_id] = _tombstone(worker_id, raw, ttl)
+        return Listing(workers=workers, ttl_s=ttls, invalid=invalid, tombstones=tombstones)
+
+    async def _values(self, keys: Sequence[bytes], skip: int
+                      ) -> AsyncIterator[tuple[str, bytes, float | None]]:
+        """``(id, value, remaining TTL in s or None)`` of each key still there (``skip``:
+        the prefix length), one pipelined round trip per ``_SCAN_COUNT`` keys."""
         for start in range(0, len(keys), _SCAN_COUNT):
             chunk = keys[start : start + _SCAN_COUNT]
             async with self._client.pipeline(transaction=False) as pipe:
@@ -229,43 +248,9 @@ class RedisRegistry(Registry):
                 replies: list[Any] = await pipe.execute()
             for i, key in enumerate(chunk):
                 raw, pttl = replies[2 * i], replies[2 * i + 1]
-                worker_id = key.decode(errors="replace")[len(self._prefix) :]
-                if raw is None:  # expired between SCAN and GET
-                    continue
-                try:
-                    spec = WorkerSpec.from_json(raw)
-                except SpecError as exc:
-                    invalid[worker_id] = str(exc)
-                    continue
-                if spec.id != worker_id:
-                    invalid[worker_id] = f"entry holds a spec for {spec.id!r}"
-                    continue
-                workers[worker_id] = spec
-                ttls[worker_id] = pttl / 1000 if pttl >= 0 else None
-        return Listing(workers=workers, ttl_s=ttls, invalid=invalid, tombstones=tombstones)
-
-    async def _tombstones(self, keys: Sequence[bytes]) -> dict[str, Tombstone]:
-        """Tombstones of ``keys``; an unreadable one still keeps its worker out."""
-        found: dict[str, Tombstone] = {}
-        async with self._client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.get(key)
-                pipe.pttl(key)
-            replies: list[Any] = await pipe.execute()
-        for i, key in enumerate(keys):
-            raw, pttl = replies[2 * i], replies[2 * i + 1]
-            if raw is None:
-                continue
-            worker_id = key.decode(errors="replace")[len(self._tomb_prefix):]
-            reason, at = "", 0.0
-            try:
-                data = json.loads(raw)
-                reason, at = str(data.get("reason", "")), float(data.get("at", 0.0))
-            except (ValueError, TypeError, AttributeError):
-                reason = "unreadable tombstone"
-            found[worker_id] = Tombstone(worker_id, reason, at,
-                                         pttl / 1000 if pttl >= 0 else None)
-        return found
+                if raw is not None:  # else: expired between SCAN and GET
+                    yield key.decode(errors="replace")[skip:], raw, (
+                        pttl / 1000 if pttl >= 0 else None)
 
     async def changes(self) -> AsyncIterator[str]:
         pubsub = self._client.pubsub(ignore_subscribe_messages=True)
@@ -300,6 +285,16 @@ class RedisRegistry(Registry):
             await self._client.aclose()
         except (RedisError, OSError):
             pass
+
+
+def _tombstone(worker_id: str, raw: bytes, ttl_s: float | None) -> Tombstone:
+    """A stored tombstone; an unreadable one still keeps its worker out."""
+    try:
+        data = json.loads(raw)
+        return Tombstone(worker_id, str(data.get("reason", "")), float(data.get("at", 0.0)),
+                         ttl_s)
+    except (ValueError, TypeError, AttributeError):
+        return Tombstone(worker_id, "unreadable tombstone", 0.0, ttl_s)
 
 
 def _ms(seconds: float) -> int:
