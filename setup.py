@@ -12,6 +12,7 @@ from setuptools import find_namespace_packages, setup
 ROOTS = (
     "libs/hashing",
     "libs/chat",
+    "libs/ledger",
     "services/ingest",
     "services/index",
     "services/gateway",

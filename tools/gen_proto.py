@@ -1,16 +1,18 @@
-"""Generate the betterproto code of Cortex's gRPC contracts, or check it is up to date.
+"""Generate the protobuf and grpclib code of Cortex's gRPC contracts, or check it is up to date.
 
     python tools/gen_proto.py            # rewrite proto/gen/cortex/api/** (`make proto`)
     python tools/gen_proto.py --check    # exit 1 with a diff summary if stale (`make proto-check`)
 
-Every ``proto/cortex/**/*.proto`` is compiled by ``grpc_tools.protoc`` with betterproto's
-plugin, taken from the directory of the running interpreter, so ``.venv/bin`` need not be on
-PATH. betterproto names its output after the proto package (``cortex/index/v1/``); that is
-moved under ``cortex/api/`` because the proto package ``cortex.index`` would shadow the index
-service's own ``cortex.index`` package. betterproto's ``cortex/__init__.py`` is dropped
-(``cortex`` is a namespace package spread over several source roots), and the empty packages
-in between get one-line docstrings. The output is a function of the .proto files and the
-toolchain versions (grpcio-tools, betterproto, black, isort) and nothing else.
+Every ``proto/cortex/**/*.proto`` is compiled by ``grpc_tools.protoc`` into the official
+protobuf messages (``*_pb2.py`` with ``*_pb2.pyi`` types; the upb runtime parses and
+serializes them in C) and grpclib's service stubs (``*_grpc.py``, grpclib's own plugin, taken
+from the directory of the running interpreter, so ``.venv/bin`` need not be on PATH). protoc
+names its output after the .proto path (``cortex/index/v1/``); that is moved under
+``cortex/api/`` because the proto package ``cortex.index`` would shadow the index service's
+own ``cortex.index`` package, and the stubs' imports are rewritten to match. Every package
+gets an ``__init__.py`` docstring (``cortex`` itself is a namespace package spread over
+several source roots). The output is a function of the .proto files and the toolchain
+versions (grpcio-tools, grpclib) and nothing else.
 
 Exit codes: 0 done / up to date, 1 stale (``--check``), 2 the toolchain failed.
 """
@@ -29,11 +31,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "proto"
 GEN_ROOT = REPO / "proto" / "gen"
-PLUGIN = "protoc-gen-python_betterproto"
+PLUGIN = "protoc-gen-grpclib_python"
 API_DOC = (
-    '"""Generated gRPC contracts (betterproto for grpclib). Regenerate with `make proto`."""\n'
+    '"""Generated gRPC contracts (protobuf messages, grpclib stubs). Regenerate with'
+    ' `make proto`."""\n'
 )
-TOOLCHAIN = ("grpcio-tools", "betterproto", "black", "isort")
+TOOLCHAIN = ("grpcio-tools", "grpclib")
+GENERATED = (".py", ".pyi")
 DIFF_LINES = 40  # per file, in the --check summary
 
 __all__ = ["GenerationError", "generate", "main", "stale_files"]
@@ -53,7 +57,7 @@ def _plugin() -> Path:
     if not plugin.exists():
         raise GenerationError(
             f"{plugin} not found: run this with the project's virtualenv python "
-            "(the dev extra installs betterproto[compiler])"
+            "(grpclib installs it)"
         )
     return plugin
 
@@ -84,31 +88,43 @@ def generate(proto_root: Path = PROTO_ROOT) -> dict[str, str]:
             [
                 f"-I{proto_root}",
                 f"--plugin={PLUGIN}={_plugin()}",
-                f"--python_betterproto_out={out}",
+                f"--python_out={out}",
+                f"--pyi_out={out}",
+                f"--grpclib_python_out={out}",
                 *(str(p) for p in protos),
             ]
         )
         produced = {
             p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
-            for p in sorted(out.rglob("*.py"))
+            for p in sorted(out.rglob("*"))
+            if p.suffix in GENERATED
         }
     files: dict[str, str] = {"cortex/api/__init__.py": API_DOC}
+    modules = sorted(
+        (rel.removesuffix(".py").replace("/", ".") for rel in produced if rel.endswith(".py")),
+        key=len, reverse=True,
+    )
     for rel, text in produced.items():
-        if not rel.startswith("cortex/") or rel == "cortex/__init__.py":
-            continue  # betterproto's root and namespace __init__ files
+        if not rel.startswith("cortex/"):
+            continue
+        for module in modules:  # named by their proto path: they move under cortex.api
+            text = text.replace(module, "cortex.api." + module.removeprefix("cortex."))
         files["cortex/api/" + rel.removeprefix("cortex/")] = text
-    # Empty intermediate packages say which proto packages they hold.
-    leaves = {
-        rel.removesuffix("/__init__.py").removeprefix("cortex/api/").replace("/", ".")
-        for rel, text in files.items()
-        if text.strip() and rel != "cortex/api/__init__.py"
+    # Every package between cortex.api and the modules says which proto packages it holds.
+    packages = {
+        str(Path(rel).parent) for rel in files if rel != "cortex/api/__init__.py"
     }
-    for rel, text in files.items():
-        if not text.strip():
-            package = rel.removesuffix("/__init__.py").removeprefix("cortex/api/")
-            below = sorted(f"cortex.{leaf}" for leaf in leaves if leaf.startswith(package + "."))
-            files[rel] = f'"""Generated: {", ".join(below)}."""\n'
-    return files
+    for package in sorted(packages):
+        parts = Path(package).parts
+        for depth in range(3, len(parts) + 1):
+            rel = "/".join(parts[:depth]) + "/__init__.py"
+            below = sorted(
+                "cortex." + "/".join(Path(p).parts[2:]).replace("/", ".")
+                for p in packages
+                if Path(p).parts[:depth] == parts[:depth]
+            )
+            files.setdefault(rel, f'"""Generated: {", ".join(below)}."""\n')
+    return dict(sorted(files.items()))
 
 
 def _committed(gen_root: Path) -> dict[str, str]:
@@ -117,7 +133,8 @@ def _committed(gen_root: Path) -> dict[str, str]:
         return {}
     return {
         p.relative_to(gen_root).as_posix(): p.read_text(encoding="utf-8")
-        for p in sorted(api.rglob("*.py"))
+        for p in sorted(api.rglob("*"))
+        if p.suffix in GENERATED
     }
 
 
@@ -166,8 +183,8 @@ def _summary(expected: dict[str, str], stale: dict[str, str], gen_root: Path) ->
         if len(diff) > DIFF_LINES:
             lines.append(f"... {len(diff) - DIFF_LINES} more diff lines")
     lines.append(
-        f"toolchain here: {_toolchain()} (a formatting-only diff means black/isort differ "
-        "from the ones that generated the committed code)"
+        f"toolchain here: {_toolchain()} (a diff in generated code only means the toolchain"
+        " differs from the one that generated the committed code)"
     )
     return "\n".join(lines)
 

@@ -47,8 +47,8 @@ def chat(system: str, question: str, model: str = "cortex-sim") -> dict[str, Any
 
 
 def metric_sum(metrics: str, name: str, labels: str = "") -> float:
-    """Sum of the samples of ``name`` (with labels) whose label set contains ``labels``."""
-    pattern = rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$"
+    """Sum of the samples of ``name`` whose label set (none: empty) contains ``labels``."""
+    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
     return sum(float(value) for found, value in re.findall(pattern, metrics, re.MULTILINE)
                if labels in found)
 

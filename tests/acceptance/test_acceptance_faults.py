@@ -103,8 +103,16 @@ async def test_a_restarted_index_reconverges_without_restarting_anything_else(
     await wait_until_async(new_index_holds_every_ledger, timeout=20, interval=0.05,
                            what="the restarted index to get both ledgers back")
     cluster.wait_ready(timeout_s=20)
+    gateway_metrics = cluster.gateway_urls[0] + "/metrics"
+
+    async def replica_resynced() -> bool:  # a second snapshot: the new index's
+        metrics = await client.text(gateway_metrics)
+        return metric_sum(metrics, "cortex_gateway_replica_snapshots_total") >= 2
+
+    await wait_until_async(replica_resynced, timeout=20, interval=0.05,
+                           what="the gateway's replica to resync from the new index")
     explained = await client.explain(chat(system, "a question never asked"))
-    assert explained["match_source"] == "index"
+    assert explained["match_source"] == "replica"
     assert {c["worker"]: c["index_tokens"] > 0 for c in explained["candidates"]}[holder]
     assert {name: cluster.process(name).pid for name in before} == before
     assert cluster.crashed() == []

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from grpclib.client import Channel
 
-from cortex.api.index import v1 as pb
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
+from cortex.ledger.client import IndexStub
+from cortex.ledger.grpc import LedgerCodec
 
 
 def loopback_config(**overrides: object) -> IndexConfig:
@@ -46,7 +47,7 @@ async def index_server(index_config: IndexConfig) -> AsyncIterator[IndexServer]:
 
 @pytest.fixture
 async def channel(index_server: IndexServer) -> AsyncIterator[Channel]:
-    ch = Channel("127.0.0.1", index_server.port)
+    ch = Channel("127.0.0.1", index_server.port, codec=LedgerCodec())
     try:
         yield ch
     finally:
@@ -54,5 +55,5 @@ async def channel(index_server: IndexServer) -> AsyncIterator[Channel]:
 
 
 @pytest.fixture
-def stub(channel: Channel) -> pb.IndexStub:
-    return pb.IndexStub(channel)
+def stub(channel: Channel) -> IndexStub:
+    return IndexStub(channel)

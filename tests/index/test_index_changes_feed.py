@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from grpclib.client import Channel
 
-from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
 from cortex.index.client import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.grpcio_stubs import load_grpcio_stubs
 from cortex.index.server import IndexServer
-from cortex.index.tree import node_bytes
-from cortex.index.wire import match_request
+from cortex.ledger.client import IndexStub, match_request
+from cortex.ledger.codec import pb
+from cortex.ledger.tree import node_bytes
 
 DOMAIN = HashDomain("qwen", 4, Engine.VLLM)
 ROOT = DOMAIN.root_key()
@@ -38,7 +38,7 @@ async def next_real(feed: AsyncIterator[pb.ChangeBatch]) -> pb.ChangeBatch:
 
 
 async def test_feed_announces_removals_clears_and_state_loss(
-    channel: Channel, stub: pb.IndexStub
+    channel: Channel, stub: IndexStub
 ) -> None:
     keys = DOMAIN.keys(list(range(40)))
     w, v = LedgerUpdates("w", DOMAIN), LedgerUpdates("v", DOMAIN, dp_rank=3)
@@ -52,9 +52,9 @@ async def test_feed_announces_removals_clears_and_state_loss(
         removal = await next_real(feed)
         assert keys_of(removal) == keys[8:]
         assert [(s.worker_id, s.dp_rank) for s in removal.removed_blocks_sources] == [("w", 0)]
-        assert removal.domain.model == "qwen" and removal.domain.engine == pb.EngineKind.VLLM
+        assert removal.domain.model == "qwen" and removal.domain.engine == pb.ENGINE_KIND_VLLM
         assert removal.from_version >= hello.to_version and removal.to_version > hello.to_version
-        await session.send([v.set_state(pb.LedgerState.STALE)])
+        await session.send([v.set_state(pb.LEDGER_STATE_STALE)])
         stale = await next_real(feed)
         assert [(s.worker_id, s.dp_rank) for s in stale.cleared_sources] == [("v", 3)]
         await session.send([w.clear()])
@@ -75,7 +75,7 @@ async def test_feed_announces_removals_clears_and_state_loss(
         assert not quiet.removed_keys_le and not quiet.cleared_sources and not quiet.reset
 
 
-async def test_idle_feed_sends_heartbeats(stub: pb.IndexStub) -> None:
+async def test_idle_feed_sends_heartbeats(stub: IndexStub) -> None:
     feed = stub.changes(pb.ChangesRequest())
     first = await anext(feed)
     second = await asyncio.wait_for(anext(feed), 10)
@@ -89,7 +89,7 @@ async def test_subscriber_behind_the_ring_gets_a_reset(
     async with IndexServer(make_config(changes_max_keys=8, metrics_port=None)) as server:
         channel = Channel("127.0.0.1", server.port)
         try:
-            stub = pb.IndexStub(channel)
+            stub = IndexStub(channel)
             start = server.core.version
             w = LedgerUpdates("w", DOMAIN)
             async with SyncSession(channel) as session:
@@ -112,7 +112,7 @@ async def test_memory_budget_evicts_least_recently_matched_leaves(
     async with IndexServer(config) as server:
         channel = Channel("127.0.0.1", server.port)
         try:
-            stub = pb.IndexStub(channel)
+            stub = IndexStub(channel)
             feed = stub.changes(pb.ChangesRequest())
             await anext(feed)
             w = LedgerUpdates("w", DOMAIN)

@@ -7,9 +7,10 @@ import pytest
 
 from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
-from cortex.index.errors import InvalidArgument
-from cortex.index.ledger import Ledger, Verdict
-from cortex.index.model import (
+from cortex.index.prefix_index import PrefixIndex
+from cortex.index.sequencing import Ledger, Verdict
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
     LedgerUpdate,
@@ -20,8 +21,7 @@ from cortex.index.model import (
     Source,
     StoreBlocks,
 )
-from cortex.index.prefix_index import PrefixIndex
-from cortex.index.tree import node_bytes
+from cortex.ledger.tree import node_bytes
 
 D = HashDomain("m", 16, Engine.SGLANG)
 D2 = HashDomain("m", 16, Engine.VLLM)

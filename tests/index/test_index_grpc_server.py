@@ -13,10 +13,11 @@ from grpclib.client import Channel
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.health.service import Health
 
-from cortex.api.index import v1 as pb
 from cortex.index.config import IndexConfig
 from cortex.index.grpc_server import GrpcServer
 from cortex.index.server import IndexServer
+from cortex.ledger.client import IndexStub
+from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
@@ -36,7 +37,7 @@ async def test_stopped_index_closes_connections_opened_before(
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     channel = Channel("127.0.0.1", server.port)
     try:
-        stub = pb.IndexStub(channel, timeout=TIMEOUT)
+        stub = IndexStub(channel, timeout=TIMEOUT)
         before = await stub.stats(pb.StatsRequest())  # the channel's connection is open
         await server.stop()
         assert (await read_to_eof(reader)).startswith(b"\x00\x00")  # HTTP/2 SETTINGS, then EOF

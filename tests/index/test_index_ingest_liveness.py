@@ -12,28 +12,28 @@ from collections.abc import AsyncGenerator, Callable
 import aiohttp
 from grpclib.client import Channel
 
-from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
 from cortex.index.client import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
-from cortex.index.wire import match_request
+from cortex.ledger.client import IndexStub, match_request
+from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async
 
 DOMAIN = HashDomain("m", 4, Engine.SGLANG)
 ROOT = DOMAIN.root_key()
 KEYS = DOMAIN.keys(list(range(12)))
 GRACE = 1.5
-READY, SYNCING = pb.LedgerState.READY, pb.LedgerState.SYNCING
+READY, SYNCING = pb.LEDGER_STATE_READY, pb.LEDGER_STATE_SYNCING
 
 
-async def states(stub: pb.IndexStub) -> dict[str, tuple[pb.LedgerState, int]]:
+async def states(stub: IndexStub) -> dict[str, tuple[pb.LedgerState, int]]:
     """Per worker: (state, matched blocks) of a Match for KEYS."""
     reply = await stub.match(match_request(DOMAIN.model, block_keys=KEYS))
     return {m.worker_id: (m.state, m.matched_blocks) for m in reply.matches}
 
 
-async def reasons(stub: pb.IndexStub) -> dict[str, str]:
+async def reasons(stub: IndexStub) -> dict[str, str]:
     return {w.source.worker_id: w.reason for w in (await stub.workers(pb.WorkersRequest())).workers}
 
 
@@ -48,7 +48,7 @@ async def heartbeat(session: SyncSession, stop: asyncio.Event, every_s: float = 
             pass
 
 
-async def cleared_feed(stub: pb.IndexStub) -> AsyncGenerator[str, None]:
+async def cleared_feed(stub: IndexStub) -> AsyncGenerator[str, None]:
     """Worker ids the Changes feed announces as cleared / no longer READY."""
     async for batch in stub.changes(pb.ChangesRequest()):
         for source in batch.cleared_sources:
@@ -61,7 +61,7 @@ async def test_a_gone_ingest_loses_credit_after_the_grace_and_regains_it_on_snap
     async with IndexServer(make_config(ingest_grace_s=GRACE)) as srv:
         channel = Channel("127.0.0.1", srv.port)
         try:
-            stub = pb.IndexStub(channel)
+            stub = IndexStub(channel)
             feed = cleared_feed(stub)
             w = LedgerUpdates("w", DOMAIN)
             async with SyncSession(channel, ingest_id="ingest-0") as session:
@@ -99,7 +99,7 @@ async def test_a_silent_stream_is_a_lost_ingest_until_it_talks_again(
     async with IndexServer(make_config(ingest_grace_s=GRACE)) as srv:
         channel = Channel("127.0.0.1", srv.port)
         try:
-            stub = pb.IndexStub(channel)
+            stub = IndexStub(channel)
             w = LedgerUpdates("w", DOMAIN)
             async with SyncSession(channel, ingest_id="wedged") as session:
                 await session.send([w.chain_snapshot([(ROOT, KEYS)])])
@@ -127,7 +127,7 @@ async def test_reconnect_within_the_grace_and_two_ingests_do_not_interfere(
     async with IndexServer(make_config(ingest_grace_s=GRACE)) as srv:
         channel = Channel("127.0.0.1", srv.port)
         try:
-            stub = pb.IndexStub(channel)
+            stub = IndexStub(channel)
             a, b = LedgerUpdates("a", DOMAIN), LedgerUpdates("b", DOMAIN)
             async with SyncSession(channel, ingest_id="shard-a") as session:
                 await session.send([a.chain_snapshot([(ROOT, KEYS)])])
@@ -166,6 +166,6 @@ async def test_grace_zero_keeps_the_old_behaviour(
                 await session.send([w.chain_snapshot([(ROOT, KEYS)])])
             assert srv.core.owners.owner(srv.core.workers()[0].source) == "i"
             assert srv.core.owners.next_deadline() is None
-            assert (await states(pb.IndexStub(channel)))["w"] == (READY, 3)
+            assert (await states(IndexStub(channel)))["w"] == (READY, 3)
         finally:
             channel.close()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.model import (
+from cortex.index.owners import SourceOwners
+from cortex.index.prefix_index import PrefixIndex
+from cortex.ledger.model import (
     INGEST_LOST,
     LedgerState,
     LedgerUpdate,
@@ -14,8 +16,6 @@ from cortex.index.model import (
     Source,
     StoreBlocks,
 )
-from cortex.index.owners import SourceOwners
-from cortex.index.prefix_index import PrefixIndex
 
 D = HashDomain("m", 4, Engine.VLLM)
 ROOT = D.root_key()

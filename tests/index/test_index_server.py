@@ -13,24 +13,20 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
+from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
 
-from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.index.client import SYNC_METHOD, LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
-from cortex.index.wire import (
-    SYNC_METHOD,
-    EncodedMessage,
-    call_match,
-    encode_match_request,
-    match_request,
-)
+from cortex.ledger.client import IndexStub, match_request
+from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async
 
 DOMAIN = HashDomain("llama-3-8b", 16, Engine.SGLANG)
 ROOT = DOMAIN.root_key()
-READY, SYNCING = pb.LedgerState.READY, pb.LedgerState.SYNCING
+READY, SYNCING = pb.LEDGER_STATE_READY, pb.LEDGER_STATE_SYNCING
 
 
 def prompt(n_blocks: int, offset: int = 0) -> list[int]:
@@ -45,7 +41,7 @@ def by_worker(reply: pb.MatchResponse) -> dict[tuple[str, int], tuple[int, int, 
 
 
 async def test_sync_then_match_by_keys_and_by_tokens(
-    index_server: IndexServer, channel: Channel, stub: pb.IndexStub
+    index_server: IndexServer, channel: Channel, stub: IndexStub
 ) -> None:
     tokens = prompt(6)
     keys = DOMAIN.keys(tokens)
@@ -61,17 +57,16 @@ async def test_sync_then_match_by_keys_and_by_tokens(
     assert by_worker(by_keys) == {("w0", 0): (6, 96, 2), ("w1", 1): (2, 32, 2)}
     assert by_keys.query_blocks == 6 and by_keys.index_version == reply.index_version
     assert by_keys.domain == pb.Domain(model=DOMAIN.model, block_size=16,
-                                       engine=pb.EngineKind.SGLANG)
+                                       engine=pb.ENGINE_KIND_SGLANG)
     # token ids: the index keys them itself; a partial trailing block is not keyed
     by_tokens = await stub.match(match_request(DOMAIN.model, token_ids=tokens[:-5]))
     assert by_worker(by_tokens) == {("w0", 0): (5, 80, 2), ("w1", 1): (2, 32, 2)}
     assert by_tokens.query_blocks == 5
-    # the repeated (non-packed-twin) field and the fast wire path agree
+    # the repeated field and its packed twin agree
     plain = await stub.match(pb.MatchRequest(model=DOMAIN.model, token_ids=tokens))
-    fast = await call_match(channel, encode_match_request(DOMAIN.model, token_ids=tokens))
+    packed = await stub.match(match_request(DOMAIN.model, token_ids=tokens))
     assert by_worker(plain)[("w0", 0)] == (6, 96, 2)
-    assert fast.matches and {h.worker_id: h.matched_blocks for h in fast.matches} == {
-        "w0": 6, "w1": 2}
+    assert by_worker(plain) == by_worker(packed)
     # candidate filter and cap
     only = await stub.match(match_request(DOMAIN.model, block_keys=keys,
                                           candidate_workers=["w1"], max_blocks=1))
@@ -81,7 +76,7 @@ async def test_sync_then_match_by_keys_and_by_tokens(
     assert {m.matched_blocks for m in lora.matches} == {0}
 
 
-async def test_unknown_model_answers_empty(stub: pb.IndexStub) -> None:
+async def test_unknown_model_answers_empty(stub: IndexStub) -> None:
     reply = await stub.match(match_request("nobody", block_keys=[1, 2, 3]))
     assert reply.matches == [] and reply.query_blocks == 3
     reply = await stub.match(match_request("nobody", token_ids=list(range(64)), block_size=16))
@@ -99,7 +94,7 @@ async def test_unknown_model_answers_empty(stub: pb.IndexStub) -> None:
     ],
 )
 async def test_malformed_match_is_invalid_argument(
-    stub: pb.IndexStub, request_: pb.MatchRequest, message: str
+    stub: IndexStub, request_: pb.MatchRequest, message: str
 ) -> None:
     with pytest.raises(GRPCError) as info:
         await stub.match(request_)
@@ -109,7 +104,7 @@ async def test_malformed_match_is_invalid_argument(
 
 
 async def test_ambiguous_domain_needs_block_size_or_engine(
-    channel: Channel, stub: pb.IndexStub
+    channel: Channel, stub: IndexStub
 ) -> None:
     vllm = HashDomain(DOMAIN.model, 16, Engine.VLLM)
     big = HashDomain(DOMAIN.model, 32, Engine.SGLANG)
@@ -125,14 +120,14 @@ async def test_ambiguous_domain_needs_block_size_or_engine(
     with pytest.raises(GRPCError):
         await stub.match(match_request(DOMAIN.model, token_ids=prompt(2), block_size=16))
     reply = await stub.match(match_request(DOMAIN.model, token_ids=prompt(2), block_size=16,
-                                           engine=int(pb.EngineKind.VLLM)))
+                                           engine=int(pb.ENGINE_KIND_VLLM)))
     assert by_worker(reply) == {("b", 0): (2, 32, 2)}
     reply = await stub.match(match_request(DOMAIN.model, token_ids=prompt(2), block_size=32))
     assert by_worker(reply) == {("c", 0): (0, 0, 2)}
 
 
 async def test_sequencing_duplicates_gaps_stale_epochs_and_resync(
-    channel: Channel, stub: pb.IndexStub
+    channel: Channel, stub: IndexStub
 ) -> None:
     keys = DOMAIN.keys(prompt(8))
     w = LedgerUpdates("w", DOMAIN)
@@ -169,21 +164,21 @@ async def test_sequencing_duplicates_gaps_stale_epochs_and_resync(
         match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
         assert by_worker(match) == {("w", 0): (8, 128, int(READY))}
         # state changes, clear, remove source
-        await session.send([w.set_state(pb.LedgerState.STALE, "gap")])
+        await session.send([w.set_state(pb.LEDGER_STATE_STALE, "gap")])
         info = (await stub.workers(pb.WorkersRequest(model=DOMAIN.model))).workers[0]
         assert (info.state, info.reason, info.blocks, info.epoch) == (
-            pb.LedgerState.STALE, "gap", 8, 3)
+            pb.LEDGER_STATE_STALE, "gap", 8, 3)
         await session.send([w.clear()])
         assert (await stub.workers(pb.WorkersRequest())).workers[0].blocks == 0
         await session.send([w.remove_source()])
         info = (await stub.workers(pb.WorkersRequest())).workers[0]
-        assert info.state == pb.LedgerState.REMOVED
+        assert info.state == pb.LEDGER_STATE_REMOVED
         match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
         assert match.matches == []
 
 
 async def test_malformed_updates_are_rejected_and_resynced(
-    channel: Channel, stub: pb.IndexStub
+    channel: Channel, stub: IndexStub
 ) -> None:
     w = LedgerUpdates("w", DOMAIN)
     keys = DOMAIN.keys(prompt(3))
@@ -204,13 +199,13 @@ async def test_malformed_updates_are_rejected_and_resynced(
 
 
 async def test_repeated_key_fields_apply_like_the_le_twins(
-    channel: Channel, stub: pb.IndexStub
+    channel: Channel, stub: IndexStub
 ) -> None:
     """Senders other than Cortex's own write keys in the ``repeated fixed64`` fields."""
     keys = DOMAIN.keys(prompt(6))
     twins = LedgerUpdates("twins", DOMAIN)
     source = pb.Source(worker_id="repeated", dp_rank=1)
-    domain = pb.Domain(model=DOMAIN.model, block_size=16, engine=pb.EngineKind(1))
+    domain = pb.Domain(model=DOMAIN.model, block_size=16, engine=1)
 
     def repeated(seq: int, **op: object) -> pb.LedgerUpdate:
         return pb.LedgerUpdate(source=source, domain=domain, epoch=1, seq=seq,
@@ -231,27 +226,27 @@ async def test_repeated_key_fields_apply_like_the_le_twins(
                                 ("repeated", 1): (4, 64, int(READY))}
 
 
-async def test_undecodable_batch_ends_only_its_stream(channel: Channel, stub: pb.IndexStub) -> None:
+async def test_undecodable_batch_ends_only_its_stream(channel: Channel, stub: IndexStub) -> None:
     w = LedgerUpdates("w", DOMAIN)
     keys = DOMAIN.keys(prompt(2))
     async with SyncSession(channel) as good:
         await good.send([w.snapshot([], [])])
-        async with channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, EncodedMessage,
+        async with channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch,
                                    pb.SyncReply, timeout=10) as bad:
-            await bad.send_message(EncodedMessage(b"\x12\x02\x0a\x05"), end=True)
+            # LedgerCodec sends bytes as they are: not an UpdateBatch
+            await bad.send_message(b"\x12\x02\x0a\x05", end=True)  # type: ignore[arg-type]
             with pytest.raises(GRPCError) as raised:
                 await bad.recv_message()
         reply = await good.send([w.store(ROOT, keys)])
     assert raised.value.status is Status.INVALID_ARGUMENT
-    assert raised.value.message == (
-        "malformed UpdateBatch: updates[0]: length-delimited field overruns the message")
+    assert raised.value.message == "malformed UpdateBatch"
     assert reply.applied_batches == 2 and not reply.resync
     match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
     assert by_worker(match) == {("w", 0): (2, 32, int(READY))}
 
 
 async def test_stats_workers_health_and_metrics(
-    index_server: IndexServer, channel: Channel, stub: pb.IndexStub
+    index_server: IndexServer, channel: Channel, stub: IndexStub
 ) -> None:
     keys = DOMAIN.keys(prompt(4))
     w = LedgerUpdates("w", DOMAIN)
@@ -267,6 +262,15 @@ async def test_stats_workers_health_and_metrics(
     for service in ("", "cortex.index.v1.Index"):
         status = await health.Check(HealthCheckRequest(service=service))
         assert status.status == HealthCheckResponse.SERVING
+    async with ServerReflectionStub(channel).ServerReflectionInfo.open() as reflect:
+        await reflect.send_message(ServerReflectionRequest(list_services=""))
+        await reflect.send_message(
+            ServerReflectionRequest(file_containing_symbol="cortex.index.v1.Index"), end=True)
+        listed, described = [await reflect.recv_message() for _ in range(2)]
+    assert listed is not None and described is not None
+    assert "cortex.index.v1.Index" in {s.name for s in listed.list_services_response.service}
+    (proto,) = described.file_descriptor_response.file_descriptor_proto
+    assert b"ReplicaBatch" in proto  # a grpcurl-style client can read the whole contract
     url = f"http://127.0.0.1:{index_server.metrics_port}/metrics"
     async with aiohttp.ClientSession() as http, http.get(url) as response:
         text = await response.text()
@@ -284,7 +288,7 @@ async def test_graceful_stop_ends_streams_with_unavailable(
     await server.start()
     channel = Channel("127.0.0.1", server.port)
     try:
-        stub = pb.IndexStub(channel)
+        stub = IndexStub(channel)
         feed = stub.changes(pb.ChangesRequest())
         first = await anext(feed)  # the feed is open
         assert not first.reset
@@ -328,7 +332,7 @@ async def test_restarted_index_reports_syncing_until_snapshots_arrive(
         assert second.index_id != first.index_id and second.core.version > old_version
         channel = Channel("127.0.0.1", port)
         try:
-            stub = pb.IndexStub(channel)
+            stub = IndexStub(channel)
             # a gateway resuming its change feed from the old process is told to reset
             feed = stub.changes(pb.ChangesRequest(since_version=old_version))
             assert (await anext(feed)).reset

@@ -18,12 +18,12 @@ import pytest
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
-from cortex.index.model import LedgerState as IndexState
-from cortex.index.model import Source
 from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
 from cortex.ingest.service import IngestService
+from cortex.ledger.model import LedgerState as IndexState
+from cortex.ledger.model import Source
 from cortex.registry import RedisRegistry, Registry, WorkerSpec
 from cortex.testing import RedisServer, wait_until_async
 

@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 
-import betterproto
 import pytest
+from grpclib.const import Cardinality, Handler
+from grpclib.server import Stream
 
-from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain, unpack_keys
 from cortex.index.grpc_server import GrpcServer
 from cortex.ingest.forwarder import (
@@ -29,6 +29,8 @@ from cortex.ingest.ops import (
     SourceId,
     Store,
 )
+from cortex.ledger.codec import pb
+from cortex.ledger.grpc import method
 from cortex.testing import free_port, wait_until_async
 
 DOMAIN = HashDomain("m", 4, Engine.VLLM)
@@ -36,7 +38,7 @@ A = SourceId("a", 0)
 B = SourceId("b", 1)
 
 
-class Recorder(pb.IndexBase):
+class Recorder:
     """Records every LedgerUpdate; replies once per batch, optionally asking for resyncs."""
 
     def __init__(self, *, mute: bool = False) -> None:
@@ -47,12 +49,14 @@ class Recorder(pb.IndexBase):
         self.streams = 0
         self.mute = mute  # read batches, never reply (a wedged index)
 
-    async def sync(
-        self, update_batch_iterator: AsyncIterator[pb.UpdateBatch]
-    ) -> AsyncIterator[pb.SyncReply]:
+    def __mapping__(self) -> dict[str, Handler]:
+        return {method("Sync"): Handler(self.sync, Cardinality.STREAM_STREAM, pb.UpdateBatch,
+                                        pb.SyncReply)}
+
+    async def sync(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
         self.streams += 1
         applied = 0
-        async for batch in update_batch_iterator:
+        async for batch in stream:
             self.updates.extend(batch.updates)
             self.batches += 1
             self.empty_batches += not batch.updates
@@ -60,18 +64,18 @@ class Recorder(pb.IndexBase):
             if self.mute:
                 continue
             resync, self.resync_next = self.resync_next, []
-            yield pb.SyncReply(
+            await stream.send_message(pb.SyncReply(
                 applied_batches=applied, index_id="rec",
                 resync=[pb.Source(worker_id=s.worker_id, dp_rank=s.dp_rank) for s in resync],
-            )
+            ))
 
     def of(self, source: SourceId) -> list[tuple[int, int, str, object]]:
         """(epoch, seq, op name, op) of one source, in arrival order."""
         out = []
         for u in self.updates:
             if (u.source.worker_id, u.source.dp_rank) == source:
-                name, op = betterproto.which_one_of(u, "op")
-                out.append((u.epoch, u.seq, name, op))
+                name = u.WhichOneof("op")
+                out.append((u.epoch, u.seq, name, getattr(u, name)))
         return out
 
 
@@ -145,7 +149,7 @@ async def test_snapshot_first_then_ordered_updates_and_epochs() -> None:
     assert unpack_keys(a[1][3].keys_le) == [12]  # type: ignore[attr-defined]
     b = recorder.of(B)
     assert [name for _, _, name, _ in b] == ["snapshot", "store"]
-    assert b[0][3].state == pb.LedgerState.SYNCING  # type: ignore[attr-defined]
+    assert b[0][3].state == pb.LEDGER_STATE_SYNCING  # type: ignore[attr-defined]
 
 
 async def test_resync_request_gets_a_fresh_snapshot() -> None:

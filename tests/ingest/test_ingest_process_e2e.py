@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from grpclib.client import Channel
 
-from cortex.api.index import v1 as pb
-from cortex.index.model import Source
 from cortex.index.server import IndexServer
-from cortex.index.wire import match_request
 from cortex.ingest.forwarder import ForwarderConfig
 from cortex.ingest.shard import ShardSpec, shard_of
+from cortex.ledger.client import IndexStub, match_request
+from cortex.ledger.codec import pb
+from cortex.ledger.model import Source
 from cortex.testing import wait_until_async
 
 from .conftest import MODEL, Fleet, index_config
@@ -72,15 +72,15 @@ def children() -> Iterator[list[IngestProcess]]:
 
 
 @contextlib.asynccontextmanager
-async def index_stub(srv: IndexServer) -> AsyncIterator[pb.IndexStub]:
+async def index_stub(srv: IndexServer) -> AsyncIterator[IndexStub]:
     channel = Channel("127.0.0.1", srv.port)
     try:
-        yield pb.IndexStub(channel)
+        yield IndexStub(channel)
     finally:
         channel.close()
 
 
-async def match_state(stub: pb.IndexStub, worker_id: str) -> tuple[pb.LedgerState, int]:
+async def match_state(stub: IndexStub, worker_id: str) -> tuple[pb.LedgerState, int]:
     """(state, matched blocks) of ``worker_id`` for a prompt its cache holds (prefix pool 0)."""
     prefix = [1000 + i for i in range(12)]  # Fleet.prompt's pool 0: 3 blocks of 4 tokens
     reply = await stub.match(match_request(MODEL, token_ids=prefix,
@@ -119,7 +119,7 @@ async def test_a_killed_ingest_loses_credit_after_the_grace_and_a_restart_restor
     await fleet.wait_converged(mine, timeout=30)  # the child process fed the index
     await fleet.wait_converged(other, peer)
     async with index_stub(srv) as stub:
-        assert (await match_state(stub, "gpu-2"))[0] == pb.LedgerState.READY
+        assert (await match_state(stub, "gpu-2"))[0] == pb.LEDGER_STATE_READY
         assert srv.core.owners.owner(Source("gpu-2")) == "shard-0"
         assert srv.core.owners.owner(Source("gpu-0")) == "shard-1"
 
@@ -128,7 +128,7 @@ async def test_a_killed_ingest_loses_credit_after_the_grace_and_a_restart_restor
         fleet.traffic(mine, 10)  # the engine goes on caching: nobody tells the index
 
         async def demoted() -> bool:
-            return (await match_state(stub, "gpu-2")) == (pb.LedgerState.SYNCING, 0)
+            return (await match_state(stub, "gpu-2")) == (pb.LEDGER_STATE_SYNCING, 0)
 
         await wait_until_async(demoted, timeout=GRACE + 15, what="gpu-2 no longer READY")
         assert time.monotonic() - killed >= GRACE  # the grace is honoured
@@ -136,11 +136,11 @@ async def test_a_killed_ingest_loses_credit_after_the_grace_and_a_restart_restor
         assert workers["gpu-2"].reason == "ingest_lost"
         # the other shard's ledger is untouched and keeps its credit
         state, blocks = await match_state(stub, "gpu-0")
-        assert state == pb.LedgerState.READY and blocks == 3
+        assert state == pb.LEDGER_STATE_READY and blocks == 3
         await fleet.wait_converged(other, peer)
 
         child.start()  # the same shard comes back: snapshots, replay, READY again
         await fleet.wait_converged(mine, timeout=30)
-        assert (await match_state(stub, "gpu-2"))[0] == pb.LedgerState.READY
+        assert (await match_state(stub, "gpu-2"))[0] == pb.LEDGER_STATE_READY
         assert not srv.core.owners.is_lost("shard-0")
         assert await child.stop(signal.SIGTERM) == 0, child.output()

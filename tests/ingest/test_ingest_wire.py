@@ -1,13 +1,13 @@
-"""The hand-written UpdateBatch encoding decodes as the generated messages say it should."""
+"""Ingest's UpdateBatch parts concatenate into one batch that the index decodes into the
+updates they were made from."""
 
 from __future__ import annotations
 
-import betterproto
-
-from cortex.api.index import v1 as pb
 from cortex.hashing import Engine, HashDomain, pack_keys
 from cortex.ingest.ops import LedgerState, SourceId
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
+from cortex.ledger.codec import pb, update_from_pb
+from cortex.ledger.model import ClearBlocks, RemoveSource, Snapshot, StoreBlocks
 
 DOMAIN = HashDomain("llama-3", 16, Engine.SGLANG)
 BIG = 2**64 - 1
@@ -24,33 +24,39 @@ def test_every_op_round_trips_through_the_generated_classes() -> None:
         enc.remove_source(2**40, 5, "lease expired"),
         enc.snapshot(7, 0, [], [], LedgerState.SYNCING, ""),
     ]
-    batch = pb.UpdateBatch().parse(encode_batch_bytes("ingest-0", updates))
+    batch = pb.UpdateBatch.FromString(encode_batch_bytes("ingest-0", updates))
     assert batch.ingest_id == "ingest-0"
     assert len(batch.updates) == len(updates)
     first = batch.updates[0]
     assert first.source == pb.Source(worker_id="worker-ü", dp_rank=3)
     assert (first.domain.model, first.domain.block_size) == ("llama-3", 16)
-    assert first.domain.engine == pb.EngineKind.SGLANG
+    assert first.domain.engine == pb.ENGINE_KIND_SGLANG
     assert (first.epoch, first.seq) == (2**40, 0)
-    ops = [betterproto.which_one_of(u, "op") for u in batch.updates]
-    assert [name for name, _ in ops] == [
+    assert [u.WhichOneof("op") for u in batch.updates] == [
         "snapshot", "store", "remove", "clear", "state", "remove_source", "snapshot",
     ]
     u = batch.updates
     assert u[0].snapshot.parent_keys_le == pack_keys([BIG, 1])
     assert u[0].snapshot.keys_le == pack_keys([5, BIG])
-    assert (u[0].snapshot.state, u[0].snapshot.reason) == (pb.LedgerState.READY, "snap")
+    assert (u[0].snapshot.state, u[0].snapshot.reason) == (pb.LEDGER_STATE_READY, "snap")
     assert u[1].store.parent_key == BIG and u[1].store.keys_le == pack_keys([1, 2, 300])
     assert u[2].remove.keys_le == pack_keys([2])
     assert u[3].clear.reason == "all_blocks_cleared"
-    assert (u[4].state.state, u[4].state.reason) == (pb.LedgerState.STALE, "gap")
+    assert (u[4].state.state, u[4].state.reason) == (pb.LEDGER_STATE_STALE, "gap")
     assert u[5].remove_source.reason == "lease expired"
-    assert u[6].snapshot.state == pb.LedgerState.SYNCING and not u[6].snapshot.keys_le
+    assert u[6].snapshot.state == pb.LEDGER_STATE_SYNCING and not u[6].snapshot.keys_le
     assert batch.updates[6].epoch == 7
+    decoded = [update_from_pb(u) for u in batch.updates]
+    assert decoded[0].op == Snapshot([BIG, 1], [5, BIG], LedgerState.READY, "snap")
+    assert decoded[1].op == StoreBlocks(BIG, [1, 2, 300])
+    assert decoded[3].op == ClearBlocks("all_blocks_cleared")
+    assert decoded[5].op == RemoveSource("lease expired")
+    assert decoded[6].op == Snapshot([], [], LedgerState.SYNCING, "")
+    assert {(d.source, d.domain) for d in decoded} == {(SourceId("worker-ü", 3), DOMAIN)}
 
 
 def test_rank_zero_and_vllm_domain() -> None:
     enc = UpdateEncoder(SourceId("w", 0), HashDomain("m", 1, Engine.VLLM))
-    update = pb.LedgerUpdate().parse(enc.clear(1, 0, ""))
-    assert update.source.dp_rank == 0 and update.domain.engine == pb.EngineKind.VLLM
-    assert betterproto.which_one_of(update, "op")[0] == "clear"
+    (update,) = pb.UpdateBatch.FromString(enc.clear(1, 0, "")).updates
+    assert update.source.dp_rank == 0 and update.domain.engine == pb.ENGINE_KIND_VLLM
+    assert update.WhichOneof("op") == "clear"

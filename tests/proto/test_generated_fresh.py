@@ -1,4 +1,5 @@
-"""The committed betterproto code is what tools/gen_proto.py generates, and drift is caught."""
+"""The committed protobuf / grpclib code is what tools/gen_proto.py generates; drift is
+caught."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def test_committed_code_is_fresh() -> None:
 def test_check_reports_drift_and_regeneration_repairs_it(tmp_path: Path) -> None:
     gen = tmp_path / "gen"
     shutil.copytree(REPO / "proto" / "gen", gen, ignore=shutil.ignore_patterns("__pycache__"))
-    module = gen / "cortex" / "api" / "index" / "v1" / "__init__.py"
-    module.write_text(module.read_text().replace("class MatchRequest", "class MatchRequestOld"))
+    module = gen / "cortex" / "api" / "index" / "v1" / "index_grpc.py"
+    module.write_text(module.read_text().replace("class IndexStub", "class IndexStubOld"))
     (gen / "cortex" / "api" / "index" / "__init__.py").unlink()
     extra = gen / "cortex" / "api" / "gone" / "v9" / "__init__.py"
     extra.parent.mkdir(parents=True)
@@ -48,17 +49,17 @@ def test_check_reports_drift_and_regeneration_repairs_it(tmp_path: Path) -> None
     done = _run("--check", "--gen-root", str(gen))
     assert done.returncode == 1
     report = done.stderr
-    assert "changed  cortex/api/index/v1/__init__.py" in report
+    assert "changed  cortex/api/index/v1/index_grpc.py" in report
     assert "missing  cortex/api/index/__init__.py" in report
     assert "extra    cortex/api/gone/v9/__init__.py" in report
-    assert "+class MatchRequest(betterproto.Message):" in report
+    assert "+class IndexStub:" in report
     assert "make proto" in report
 
     done = _run("--gen-root", str(gen))
     assert done.returncode == 0, done.stderr
     assert not (gen / "cortex" / "api" / "gone").exists()
     assert _run("--check", "--gen-root", str(gen)).returncode == 0
-    for rel in ("__init__.py", "index/__init__.py", "index/v1/__init__.py"):
+    for rel in ("__init__.py", "index/__init__.py", "index/v1/index_grpc.py"):
         committed = REPO / "proto" / "gen" / "cortex" / "api" / rel
         assert (gen / "cortex" / "api" / rel).read_text() == committed.read_text()
     assert not (gen / "cortex" / "__init__.py").exists()  # cortex stays a namespace

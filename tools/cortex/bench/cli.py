@@ -21,6 +21,8 @@ BENCHMARKS: dict[str, str] = {
     "overhead": "cortex.bench.overhead",
     "routing": "cortex.bench.routing",
     "fleet": "cortex.bench.fleet",
+    "tokenize": "cortex.bench.tokenize",
+    "replica": "cortex.bench.replica",
 }
 
 

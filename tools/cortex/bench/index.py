@@ -35,11 +35,10 @@ import numpy.typing as npt
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.grpcio_stubs import load_grpcio_stubs
-from cortex.index.model import LedgerUpdate, Snapshot, Source, StoreBlocks
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.server import IndexServer
-from cortex.index.tree import node_bytes
-from cortex.index.wire import decode_update_batch
+from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks
+from cortex.ledger.tree import node_bytes
 
 __all__ = ["register", "run"]
 
@@ -264,11 +263,9 @@ ANALYSIS = [
     "client and grpclib's HTTP/2 handling. grpcio's own server over the same core and "
     "messages is the reference row: on this 2-core machine even it does not reach "
     "500 µs at p50, so the loopback target is dominated by the client + transport here.",
-    "Sync stream: the index decodes UpdateBatch with the hand-written decoder of "
-    "cortex.index.wire (~3 µs an update, keys by memcpy) instead of betterproto "
-    "(~250 µs an update, as long as applying it), which took the stream from ~140-210 k "
-    "to the rate above: applying (tree updates) is now most of the server's time, "
-    "validation ~3 µs an update.",
+    "Sync stream: the index decodes UpdateBatch with the protobuf runtime (upb, in C; keys "
+    "by memcpy from the `*_le` twins) and validates each update in cortex.ledger.codec: "
+    "applying (tree updates) is most of the server's time.",
     "At the budget: one eviction pass (global LRU cutoff by partition, then every node "
     "whose whole subtree is older, in vectorised steps) runs when the estimate crosses "
     "the budget and evicts down to 95 %; Match latency is unchanged.",
@@ -349,17 +346,18 @@ async def _bench(args: argparse.Namespace) -> Results:
     gc.collect()
 
     # 3. gRPC match: our grpclib server vs grpcio's server, grpcio client in another process
-    from cortex.api.index import v1 as pb
-    from cortex.index.client import pack_keys
+    from cortex.hashing import pack_keys
+    from cortex.ledger.codec import domain_to_pb, pb, update_from_pb
 
     stub_dir = tempfile.mkdtemp(prefix="cortex-bench-grpcio-")
     stubs = load_grpcio_stubs(Path(stub_dir))
     n_rpc = min(args.rpc_queries, len(queries))
-    keys_le = [bytes(pb.MatchRequest(model=DOMAIN.model, block_keys_le=pack_keys(q)))
-               for q in queries[:n_rpc]]
-    repeated = [bytes(pb.MatchRequest(model=DOMAIN.model, block_keys=q))
+    keys_le = [pb.MatchRequest(model=DOMAIN.model, block_keys_le=pack_keys(q))
+               .SerializeToString() for q in queries[:n_rpc]]
+    repeated = [pb.MatchRequest(model=DOMAIN.model, block_keys=q).SerializeToString()
                 for q in queries[: n_rpc // 2]]
-    by_tokens = [bytes(pb.MatchRequest(model=DOMAIN.model, token_ids=tokens))] * (n_rpc // 4)
+    by_tokens = [pb.MatchRequest(model=DOMAIN.model, token_ids=tokens).SerializeToString()
+                 ] * (n_rpc // 4)
     config = IndexConfig(host="127.0.0.1", port=0, metrics_port=None, memory_budget_bytes=0)
     async with IndexServer(config) as server:
         apply_all(server.core, work)
@@ -385,25 +383,24 @@ async def _bench(args: argparse.Namespace) -> Results:
     sub = Workload(work.workers, stores=work.stores[: len(work.stores) // 4])
     batches = []
     batch: list[pb.LedgerUpdate] = []
+    domain = pb.Domain()
+    domain_to_pb(DOMAIN, domain)
     for update in updates(sub):
         op = update.op
-        msg = pb.LedgerUpdate(
-            source=pb.Source(worker_id=update.source.worker_id),
-            domain=pb.Domain(model=DOMAIN.model, block_size=DOMAIN.block_size,
-                             engine=pb.EngineKind(1)),
-            epoch=update.epoch, seq=update.seq,
-        )
+        msg = pb.LedgerUpdate(source=pb.Source(worker_id=update.source.worker_id),
+                              domain=domain, epoch=update.epoch, seq=update.seq)
         if isinstance(op, Snapshot):
-            msg.snapshot = pb.Snapshot(state=pb.LedgerState(2))
+            msg.snapshot.state = pb.LEDGER_STATE_READY
         else:
             assert isinstance(op, StoreBlocks)
-            msg.store = pb.StoreBlocks(parent_key=op.parent_key, keys_le=pack_keys(op.keys))
+            msg.store.parent_key = op.parent_key
+            msg.store.keys_le = pack_keys(op.keys)
         batch.append(msg)
         if len(batch) == 64:
-            batches.append(bytes(pb.UpdateBatch(ingest_id="bench", updates=batch)))
+            batches.append(pb.UpdateBatch(ingest_id="bench", updates=batch).SerializeToString())
             batch = []
     if batch:
-        batches.append(bytes(pb.UpdateBatch(ingest_id="bench", updates=batch)))
+        batches.append(pb.UpdateBatch(ingest_id="bench", updates=batch).SerializeToString())
     async with IndexServer(config) as server:
         elapsed, replies = await _in_child(_sync_client_main, stub_dir, server.target,
                                            batches, 4)
@@ -411,11 +408,11 @@ async def _bench(args: argparse.Namespace) -> Results:
     res.add("apply through the Sync stream (grpcio client, 64 updates/batch, 4 in flight)",
             f"{sub.stored_blocks / elapsed:,.0f} blocks/s ({replies} batches, "
             f"{blocks:,} holdings)")
-    betterproto_s = seconds_per_call(lambda b: pb.UpdateBatch().parse(b), batches[:8])
-    wire_s = seconds_per_call(decode_update_batch, batches)
-    res.add(f"decode one UpdateBatch (64 updates, {sub.stored_blocks / len(batches):,.0f} "
-            "keys in `keys_le`)", f"cortex.index.wire {wire_s * 1e6:,.0f} µs, "
-            f"betterproto {betterproto_s * 1e3:,.1f} ms")
+    decode_s = seconds_per_call(
+        lambda b: [update_from_pb(u) for u in pb.UpdateBatch.FromString(b).updates], batches)
+    res.add(f"decode + validate one UpdateBatch (64 updates, "
+            f"{sub.stored_blocks / len(batches):,.0f} keys in `keys_le`)",
+            f"{decode_s * 1e6:,.0f} µs")
 
     # 5. at the memory budget
     budget = int(stats.bytes_estimate * 0.5)

@@ -43,10 +43,10 @@ import aiohttp
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
-from cortex.index.model import LedgerState as IndexState
-from cortex.index.model import Source
 from cortex.index.server import IndexServer
 from cortex.ingest.codec import Event, EventBatch, encode_batch
+from cortex.ledger.model import LedgerState as IndexState
+from cortex.ledger.model import Source
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.testing import RedisServer, free_port
 

@@ -229,8 +229,11 @@ def _workload_section(res: WorkloadResult) -> list[str]:
             timing = ", ".join(f"{k} {v:.2f}" for k, v in gateway["routing_ms_mean"].items())
             note = (" (with alpha 0 the labels only say whether the chosen worker happened to"
                     " hold a prefix: load alone chose it)" if c == "cortex_load_only" else "")
+            p50 = gateway.get("routing_ms_p50")
+            median = (f"; routing time per request p50 {p50:.2f} ms (histogram)"
+                      if p50 is not None else "")
             lines += ["", f"{c}: gateway decisions (mode/reason){note} {decided}; mean routing"
-                      f" time per request inside the gateway (ms): {timing}."]
+                      f" time per request inside the gateway (ms): {timing}{median}."]
     if w.stages:
         lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", "",
                   "| offered req/s | " + " | ".join(c for c in CONTENDERS if c in res.runs)

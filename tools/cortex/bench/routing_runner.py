@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -145,6 +146,9 @@ async def _gateway_counters(d: Deployment) -> dict[tuple[str, str], float]:
             if sample.name == "cortex_gateway_decisions_total":
                 key = f"{sample.labels.get('mode')}/{sample.labels.get('reason')}"
                 out[("decisions", key)] = sample.value
+            elif (sample.name == "cortex_gateway_routing_seconds_bucket"
+                  and sample.labels.get("stage") == "total"):
+                out[("routing_bucket", sample.labels.get("le", ""))] = sample.value
             elif sample.name in ("cortex_gateway_routing_seconds_sum",
                                  "cortex_gateway_routing_seconds_count"):
                 kind = "sum" if sample.name.endswith("_sum") else "count"
@@ -169,7 +173,27 @@ def _gateway_delta(before: Mapping[tuple[str, str], float],
         count = delta.get(("routing_count", stage), 0.0)
         if kind == "routing_sum" and count:
             stages[stage] = round(total / count * 1e3, 3)
-    return {"decisions": decisions, "routing_ms_mean": stages}
+    return {"decisions": decisions, "routing_ms_mean": stages,
+            "routing_ms_p50": _histogram_p50_ms(delta)}
+
+
+def _histogram_p50_ms(delta: Mapping[tuple[str, str], float]) -> float | None:
+    """The median total routing time (ms) from the histogram's bucket deltas, interpolated
+    linearly inside the bucket that holds it."""
+    buckets = sorted((float(le), n) for (kind, le), n in delta.items()
+                     if kind == "routing_bucket")
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    half = buckets[-1][1] / 2
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= half:
+            if upper == float("inf"):
+                return round(lower * 1e3, 3)
+            share = (half - below) / (count - below) if count > below else 1.0
+            return round((lower + share * (upper - lower)) * 1e3, 3)
+        lower, below = upper, count
+    return None
 
 
 # ---- one run -------------------------------------------------------------------------------------
@@ -308,8 +332,10 @@ def _merge_gateway(parts: Sequence[dict[str, Any] | None]) -> dict[str, Any] | N
             decisions[key] = decisions.get(key, 0) + n
         for stage, ms in p["routing_ms_mean"].items():
             stages.setdefault(stage, []).append(ms)
+    p50s = [p["routing_ms_p50"] for p in present if p.get("routing_ms_p50") is not None]
     return {"decisions": dict(sorted(decisions.items(), key=lambda kv: -kv[1])),
-            "routing_ms_mean": {k: round(sum(v) / len(v), 3) for k, v in stages.items()}}
+            "routing_ms_mean": {k: round(sum(v) / len(v), 3) for k, v in stages.items()},
+            "routing_ms_p50": round(statistics.median(p50s), 3) if p50s else None}
 
 
 def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunPlan,

@@ -20,7 +20,13 @@ from typing import Any
 
 from aiohttp import web
 
-from cortex.chat import ChatError, render_args, text_add_special_tokens
+from cortex.chat import (
+    ChatError,
+    detokenize_query,
+    detokenize_response,
+    tokenize_query,
+    tokenize_response,
+)
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
@@ -49,6 +55,11 @@ _STALL_CHECK_S = 0.2  # a stalled stream notices its client left within this (s)
 
 class _StreamCut(Exception):
     """Fault: the stream was cut after k chunks."""
+
+
+def _compact_json(obj: Any) -> str:
+    """The engines' JSON bodies: compact, non-ASCII as is (FastAPI / orjson)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _sse(obj: Any) -> bytes:
@@ -285,28 +296,30 @@ class SimRoutes:
             return body
         chat = self.engine.chat
         try:
-            if "messages" in body:
-                tokens = chat.encode_chat(render_args(body, self.config.engine))
-            elif isinstance(body.get("prompt"), str):
-                tokens = chat.encode_text(body["prompt"],
-                                          text_add_special_tokens(body, self.config.engine))
+            query = tokenize_query(body, self.config.engine)
+            if query.chat is not None:
+                ids = [chat.encode_chat(query.chat)]
             else:
-                return self._error("'prompt' or 'messages' is required", param="prompt")
+                ids = [chat.encode_text(text, query.add_special_tokens) for text in query.texts]
         except ChatError as exc:
             return self._error(str(exc), param=exc.param)
-        except ValueError as exc:
-            return self._error(str(exc))
-        return web.json_response({"count": len(tokens), "max_model_len":
-                                  self.config.max_model_len, "tokens": tokens})
+        max_len = self.config.max_model_len
+        if self.config.engine is Engine.SGLANG:  # SGLang reports the tokenizer's length
+            max_len = chat.model_max_length or max_len
+        strs = [chat.token_strings(t) for t in ids] if query.token_strs else None
+        return web.json_response(tokenize_response(query, ids, max_len, strs),
+                                 dumps=_compact_json)
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            return self._error("'tokens' must be a list of token ids", param="tokens")
-        return web.json_response({"prompt": self.engine.chat.decode(tokens)})
+        try:
+            query = detokenize_query(body, self.config.engine)
+        except ChatError as exc:
+            return self._error(str(exc), param=exc.param)
+        texts = [self.engine.chat.decode(ids, query.skip_special_tokens) for ids in query.tokens]
+        return web.json_response(detokenize_response(query, texts), dumps=_compact_json)
 
     # -- generation -----------------------------------------------------------------------
 

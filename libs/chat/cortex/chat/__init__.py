@@ -15,22 +15,37 @@ from cortex.chat.conversation import ContentFormat, Conversation, build_conversa
 from cortex.chat.errors import ChatError, InvalidChatRequest, TemplateError
 from cortex.chat.request import RenderArgs, render_args, text_add_special_tokens
 from cortex.chat.template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, load_chat_template
-from cortex.chat.tokenizer import ChatTokenizer, default_tokenizer_dir, load_tokenizer
+from cortex.chat.tokenize_api import (
+    DetokenizeQuery,
+    TokenizeQuery,
+    detokenize_query,
+    detokenize_response,
+    tokenize_query,
+    tokenize_response,
+)
+from cortex.chat.tokenizer import ChatPrompt, ChatTokenizer, default_tokenizer_dir, load_tokenizer
 
 __all__ = [
     "DEFAULT_CHAT_TEMPLATE",
     "ChatError",
+    "ChatPrompt",
     "ChatTemplate",
     "ChatTokenizer",
     "ContentFormat",
     "Conversation",
+    "DetokenizeQuery",
     "InvalidChatRequest",
     "RenderArgs",
     "TemplateError",
+    "TokenizeQuery",
     "build_conversation",
     "default_tokenizer_dir",
+    "detokenize_query",
+    "detokenize_response",
     "load_chat_template",
     "load_tokenizer",
     "render_args",
     "text_add_special_tokens",
+    "tokenize_query",
+    "tokenize_response",
 ]

@@ -4,7 +4,8 @@ Both engines inspect the template to decide how list-of-parts contents reach it:
 that loops over ``message['content']`` gets parts (``"openai"`` format), any other gets one
 string (``"string"`` format: vLLM joins the text parts with newlines, SGLang with spaces).
 SGLang then handles a trailing assistant message: with ``continue_final_message`` it is
-removed and its text appended after rendering, otherwise it becomes a user message.
+removed and its text tokenized on its own and appended after the rendered prompt's ids,
+otherwise it becomes a user message.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class ContentFormat(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Conversation:
     """The template's input: ``messages``, whether the rendered text is cut after the final
-    message (``transformers``' ``continue_final_message``), and text appended after it."""
+    message (``transformers``' ``continue_final_message``), and ``suffix``: SGLang's
+    continued assistant prefix, tokenized on its own and appended after the prompt's ids."""
 
     messages: list[dict[str, Any]]
     continue_final_message: bool = False

@@ -15,6 +15,10 @@ class ChatError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self) -> tuple[type[ChatError], tuple[str, str]]:
+        # keeps ``param`` across processes (the gateway renders huge requests in workers)
+        return type(self), (str(self), self.param)
+
 
 class InvalidChatRequest(ChatError):
     """The request body has a field of the wrong shape (``messages``, ``tools``, flags...)."""

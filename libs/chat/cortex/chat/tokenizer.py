@@ -9,6 +9,7 @@ file is given, the chat template (``chat_template.jinja`` beside it wins, as in 
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ from cortex.chat.request import RenderArgs
 from cortex.chat.template import ChatTemplate, config_template, load_chat_template
 from cortex.hashing import Engine
 
-__all__ = ["ChatTokenizer", "default_tokenizer_dir", "load_tokenizer"]
+__all__ = ["ChatPrompt", "ChatTokenizer", "default_tokenizer_dir", "load_tokenizer"]
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
             "mask_token")
@@ -39,22 +40,41 @@ def default_tokenizer_dir() -> Path:
 
 def _tokenizer_file(path: str | Path | None) -> Path:
     base = default_tokenizer_dir() if path is None else Path(path)
-    file = base / "tokenizer.json" if base.is_dir() else base
+    if base.is_dir():
+        file = base / "tokenizer.json"
+        if not file.is_file() and (base / "tokenizer.json.gz").is_file():
+            file = base / "tokenizer.json.gz"
+    else:
+        file = base
     if not file.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {base}")
     return file
 
 
+def _read_tokenizer(file: Path) -> Tokenizer:
+    if file.name.endswith(".gz"):
+        return Tokenizer.from_str(gzip.decompress(file.read_bytes()).decode("utf-8"))
+    return Tokenizer.from_file(str(file))
+
+
 def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
-    """A Hugging Face ``tokenizer.json`` (a file, or a directory holding one); ``None`` = the
-    default DeepSeek-V4 tokenizer. Raises ``FileNotFoundError``."""
-    return Tokenizer.from_file(str(_tokenizer_file(path)))
+    """A Hugging Face ``tokenizer.json`` (a file, gzip-compressed ``tokenizer.json.gz`` too,
+    or a directory holding one); ``None`` = the default DeepSeek-V4 tokenizer. Raises
+    ``FileNotFoundError``."""
+    return _read_tokenizer(_tokenizer_file(path))
 
 
 def _token_text(value: Any) -> str | None:
     if isinstance(value, Mapping):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _max_length(config: Mapping[str, Any]) -> int | None:
+    """``model_max_length`` when it is a real length (``transformers`` writes 1e30 for
+    "unset")."""
+    value = config.get("model_max_length")
+    return value if isinstance(value, int) and 0 < value < 2**63 else None
 
 
 def special_tokens_map(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,6 +90,22 @@ def special_tokens_map(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """What an engine tokenizes for a chat request: ``text`` (the rendered template)
+    encoded with ``add_special_tokens``, then ``suffix`` encoded on its own and appended.
+
+    ``suffix`` is SGLang's ``continue_final_message`` assistant prefix: SGLang removes the
+    trailing assistant message, renders the rest, and appends the prefix's own ids
+    (``encode(prefix)`` with the tokenizer's special tokens, a leading BOS dropped). vLLM
+    renders the prefix inside the text; its suffix is empty.
+    """
+
+    text: str
+    add_special_tokens: bool = False
+    suffix: str = ""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class ChatTokenizer:
     """A tokenizer, its special tokens and a chat template (immutable, thread-safe)."""
@@ -78,6 +114,7 @@ class ChatTokenizer:
     template: ChatTemplate
     special_tokens: Mapping[str, Any]
     source: str
+    model_max_length: int | None = None
     _formats: dict[Engine, ContentFormat] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -102,10 +139,11 @@ class ChatTokenizer:
             text = (jinja_file.read_text(encoding="utf-8") if jinja_file.is_file()
                     else config_template(config))
         return cls(
-            tokenizer=Tokenizer.from_file(str(file)),
+            tokenizer=_read_tokenizer(file),
             template=ChatTemplate(text if text is not None else load_chat_template()),
             special_tokens=special_tokens_map(config),
             source=str(file.parent),
+            model_max_length=_max_length(config),
         )
 
     # -- special tokens -------------------------------------------------------------------
@@ -123,6 +161,11 @@ class ChatTokenizer:
         eos = self.special_tokens.get("eos_token")
         return self.tokenizer.token_to_id(eos) if isinstance(eos, str) else None
 
+    @property
+    def bos_token_id(self) -> int | None:
+        bos = self.special_tokens.get("bos_token")
+        return self.tokenizer.token_to_id(bos) if isinstance(bos, str) else None
+
     # -- rendering ------------------------------------------------------------------------
 
     def content_format(self, engine: Engine) -> ContentFormat:
@@ -132,8 +175,9 @@ class ChatTokenizer:
             fmt = self._formats[engine] = content_format(self.template, engine)
         return fmt
 
-    def render(self, args: RenderArgs) -> str:
-        """The prompt text the engine renders for ``args``. Raises ``TemplateError``."""
+    def prompt(self, args: RenderArgs) -> ChatPrompt:
+        """What the engine tokenizes for ``args`` (see :class:`ChatPrompt`). Raises
+        ``TemplateError``."""
         conversation = build_conversation(args, self.content_format(args.engine))
         text = self.template.render(
             conversation.messages,
@@ -143,7 +187,14 @@ class ChatTokenizer:
             continue_final_message=conversation.continue_final_message,
             variables={**self.special_tokens, **args.template_kwargs},
         )
-        return text + conversation.suffix
+        return ChatPrompt(text, args.add_special_tokens, conversation.suffix)
+
+    def render(self, args: RenderArgs) -> str:
+        """The whole prompt text the engine sees for ``args`` (a SGLang continued prefix
+        appended). Its ids are :meth:`encode_chat`'s, not ``encode(render(args))``: SGLang
+        encodes the prefix on its own. Raises ``TemplateError``."""
+        prompt = self.prompt(args)
+        return prompt.text + prompt.suffix
 
     # -- tokenizing -----------------------------------------------------------------------
 
@@ -154,19 +205,40 @@ class ChatTokenizer:
 
     def encode_chat(self, args: RenderArgs) -> list[int]:
         """The prompt token ids the engine computes for a chat request."""
-        return self.encode(self.render(args), args.add_special_tokens)
+        return self.encode_prompt(self.prompt(args))
+
+    def encode_prompt(self, prompt: ChatPrompt) -> list[int]:
+        """The ids of a rendered chat prompt, assembled the engine's way."""
+        return self.encode(prompt.text, prompt.add_special_tokens) + self.encode_suffix(
+            prompt.suffix)
+
+    def encode_suffix(self, suffix: str) -> list[int]:
+        """SGLang's ids of a continued assistant prefix: ``encode(suffix)`` with the
+        tokenizer's special tokens, the first id dropped when it is the BOS token."""
+        if not suffix:
+            return []
+        ids = self.encode(suffix, add_special_tokens=True)
+        if ids and ids[0] == self.bos_token_id:
+            del ids[0]
+        return ids
 
     def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a plain-text prompt (completions, ``/generate``)."""
         return self.encode(text, add_special_tokens)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return text
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary entries of ``ids`` (``convert_ids_to_tokens``)."""
+        to_token = self.tokenizer.id_to_token
+        return [to_token(i) or "" for i in ids]
 
     def with_template(self, template: ChatTemplate) -> ChatTokenizer:
         """The same tokenizer with another chat template."""
-        return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source)
+        return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source,
+                             self.model_max_length)
 
     def __repr__(self) -> str:
         return f"ChatTokenizer(source={self.source!r}, bos={self.bos_token!r}, {self.template!r})"

@@ -1,1 +1,1 @@
-"""Generated gRPC contracts (betterproto for grpclib). Regenerate with `make proto`."""
+"""Generated gRPC contracts (protobuf messages, grpclib stubs). Regenerate with `make proto`."""

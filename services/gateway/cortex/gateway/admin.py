@@ -46,7 +46,7 @@ def _worker_json(w: WorkerState, now: float, stale_after_s: float) -> dict[str, 
         "prefilling_tokens": w.prefilling,
         "engine_running": load.running if load else None,
         "engine_waiting": load.waiting if load else None,
-        "ledger": w.ledger.value,
+        "ledger": w.ledger.label,
         "spec": w.spec.to_dict(),
     }
 
@@ -112,8 +112,7 @@ class AdminHandler:
         })
 
     async def add_worker(self, request: Request, send: Send) -> None:
-        body = parse_body(await request.body(self.gw.config.server.max_body_bytes,
-                                             self.gw.config.server.body_timeout_s))
+        body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
         try:
             spec = WorkerSpec.from_dict(body)
         except SpecError as exc:
@@ -156,8 +155,7 @@ class AdminHandler:
     async def explain(self, request: Request, send: Send) -> None:
         """Body: the inference request; endpoint from ``?endpoint=chat|completions|generate``,
         else inferred (``messages`` → chat, ``prompt`` → completions, else generate)."""
-        body = parse_body(await request.body(self.gw.config.server.max_body_bytes,
-                                             self.gw.config.server.body_timeout_s))
+        body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
         name = request.query_params.get("endpoint")
         if name is not None:
             if name not in _ENDPOINTS:
@@ -194,7 +192,7 @@ class AdminHandler:
                 {
                     "worker": s.worker_id,
                     "rank": rank,
-                    "ledger": s.candidate.ledger.value,
+                    "ledger": s.candidate.ledger.label,
                     "index_tokens": s.candidate.index_tokens,
                     "predicted_tokens": s.candidate.predicted_tokens,
                     "matched_tokens": s.credited_tokens,

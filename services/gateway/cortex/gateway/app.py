@@ -19,6 +19,7 @@ from cortex.gateway.inference import InferenceHandler, request_id_of
 from cortex.gateway.ops import OpsHandler
 from cortex.gateway.payload import Endpoint
 from cortex.gateway.runtime import Gateway
+from cortex.gateway.tokenize_endpoints import AlignmentCheck, TokenizeHandler
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
@@ -45,6 +46,7 @@ class GatewayApp:
         inference = InferenceHandler(gw, self._tracebacks)
         ops = OpsHandler(gw)
         admin = AdminHandler(gw)
+        tokens = TokenizeHandler(gw)
 
         def infer(endpoint: Endpoint) -> Handler:
             async def handle(request: Request, send: Send) -> None:
@@ -56,6 +58,8 @@ class GatewayApp:
             Endpoint.COMPLETIONS.value: {"POST": infer(Endpoint.COMPLETIONS)},
             Endpoint.GENERATE.value: {"POST": infer(Endpoint.GENERATE)},
             "/v1/models": {"GET": lambda r, s: ops.models(s)},
+            "/tokenize": {"POST": tokens.tokenize},
+            "/detokenize": {"POST": tokens.detokenize},
             "/health/live": {"GET": lambda r, s: ops.live(s)},
             "/health/ready": {"GET": lambda r, s: ops.ready(s)},
             "/metrics": {"GET": lambda r, s: ops.metrics(s)},
@@ -81,6 +85,7 @@ class GatewayApp:
             return
         self.gateway = gateway
         self._build_routes(gateway)
+        check = await AlignmentCheck(gateway).__aenter__()
         await send({"type": "lifespan.startup.complete"})
         self.started.set()
         try:
@@ -88,11 +93,12 @@ class GatewayApp:
             assert message["type"] == "lifespan.shutdown"
         finally:
             self.gateway = None
+            await check.__aexit__(None, None, None)
             await gateway.__aexit__(None, None, None)
         await send({"type": "lifespan.shutdown.complete"})
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+        request = Request(scope, receive, self.config.server.body_timeout_s)
         try:
             if self.gateway is None:
                 raise GatewayError("the gateway is not running", code=ErrorCode.SHUTTING_DOWN,

@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(_serve(config))
+    except ConfigError as exc:  # what only start-up can check (a token file, say)
+        print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         logging.getLogger("cortex.gateway").error("gateway failed: %s (%r)", exc, exc.__cause__)
         return 1

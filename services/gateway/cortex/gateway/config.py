@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tomllib
 import types
 import typing
@@ -40,6 +41,7 @@ __all__ = [
     "RoutingWeights",
     "ServerConfig",
     "Timeouts",
+    "TokenizeConfig",
     "UpstreamConfig",
     "load_config",
 ]
@@ -103,7 +105,10 @@ class ModelConfig:
     tokenizer directory's template, else the default. ``block_size`` (tokens) and ``engine``
     with ``hash_model`` (defaults to ``name``) form the hash domain. ``reports_cached_tokens``:
     the engines run with cache reporting on, so a usage without ``cached_tokens`` means 0
-    (truth check).
+    (truth check). ``tokenize_cache_tokens`` / ``tokenize_cache_bytes`` bound the model's
+    segment cache. ``max_model_len``: the engines' context length, what ``POST /tokenize``
+    reports (``None``: the tokenizer's ``model_max_length``, else -1) and, when set, the
+    context the request bounds use instead of the one learned from the engines.
 
     Bounds (:mod:`cortex.gateway.limits`; ``None`` = learned from the engines' context
     length): ``max_prompt_tokens`` rejects longer prompts, ``max_tokens`` larger requested
@@ -126,6 +131,8 @@ class ModelConfig:
     max_prompt_tokens: int | None = None
     tokenize_cache_tokens: int = 1_000_000
     reports_cached_tokens: bool = True
+    tokenize_cache_bytes: int = 256 * 1024 * 1024
+    max_model_len: int | None = None
     max_tokens: int | None = None
     max_messages: int = 4096
     precheck_chars_per_token: float = 16.0
@@ -143,7 +150,10 @@ class ModelConfig:
         except ValueError:
             raise ConfigError(f"{where}.engine: must be one of sglang, vllm") from None
         _positive(where, block_size=self.block_size)
-        _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens)
+        _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens,
+                      tokenize_cache_bytes=self.tokenize_cache_bytes)
+        if self.max_model_len is not None:
+            _positive(where, max_model_len=self.max_model_len)
         if self.max_prompt_tokens is not None:
             _positive(where, max_prompt_tokens=self.max_prompt_tokens)
         if self.max_tokens is not None:
@@ -200,12 +210,12 @@ class RoutingWeights:
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    """Scoring and the caches in front of the index.
+    """Scoring and the predicted blocks.
 
     ``high_watermark``: active requests at or above which a worker gets no cache credit
     (``watermarks`` overrides it per worker id; a worker label ``cortex/high-watermark``
     too). ``predicted_ttl_s``: how long a routed request's blocks are credited to the chosen
-    worker. ``hot_cache_staleness_ms``: the oldest index answer reused without a round trip.
+    worker.
     ``load_stale_after_s``: engine load older than this counts as missing.
     """
 
@@ -214,17 +224,13 @@ class RoutingConfig:
     watermarks: Mapping[str, int] = field(default_factory=dict)
     predicted_ttl_s: float = 2.0
     predicted_max_keys: int = 1_000_000
-    hot_cache_staleness_ms: float = 250.0
-    hot_cache_max_entries: int = 8192
     load_stale_after_s: float = 2.0
 
     def __post_init__(self) -> None:
         _positive("routing", high_watermark=self.high_watermark,
                   predicted_max_keys=self.predicted_max_keys,
                   load_stale_after_s=self.load_stale_after_s)
-        _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s,
-                      hot_cache_staleness_ms=self.hot_cache_staleness_ms,
-                      hot_cache_max_entries=self.hot_cache_max_entries)
+        _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s)
         for worker, mark in self.watermarks.items():
             if not isinstance(mark, int) or mark < 1:
                 raise ConfigError(f"routing.watermarks.{worker}: must be an integer >= 1")
@@ -233,16 +239,33 @@ class RoutingConfig:
 
 @dataclass(frozen=True, slots=True)
 class IndexConfig:
-    """Index replicas (``host:port``) and how long a Match may take. Empty = no index."""
+    """Index replicas (``host:port``, failover in order; empty = no index), the gateway's
+    live ledger replica, and the gRPC Match used while the replica is not usable.
+
+    ``replica``: keep a replica (``Index.Replicate``) and match in process. ``replica_grace_s``:
+    the replica answers while its last applied batch (heartbeats included: the index sends
+    one every 0.25 s when idle) is at most this old; a stream silent this long is dropped.
+    ``replica_touch_interval_s``: how often matched blocks are reported to the index.
+    ``match_timeout_ms`` bounds one gRPC Match; ``retry_after_ms``: a failed index is skipped
+    this long; ``workers_poll_s``: ledger states polled while the replica is not usable.
+    ``token_file``: a file with the index's peer token (its ``--peer-token-file``), presented
+    on every call.
+    """
 
     targets: tuple[str, ...] = ()
+    token_file: str = ""
+    replica: bool = True
+    replica_grace_s: float = 2.0
+    replica_touch_interval_s: float = 1.0
     match_timeout_ms: float = 100.0
     retry_after_ms: float = 1000.0
     workers_poll_s: float = 2.0
 
     def __post_init__(self) -> None:
         _positive("index", match_timeout_ms=self.match_timeout_ms,
-                  retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s)
+                  retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s,
+                  replica_grace_s=self.replica_grace_s,
+                  replica_touch_interval_s=self.replica_touch_interval_s)
         for target in self.targets:
             host, _, port = target.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -413,6 +436,54 @@ class PDConfig:
                               f"{self.local_prefill_max_ratio!r}")
 
 
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeConfig:
+    """How prompts become token ids off the request's critical path (docs/gateway.md).
+
+    ``workers``: cores that encode a long never-seen prompt in parallel (0 = the cores this
+    process may run on); ``encoder``: ``threads`` (GIL released while encoding) or
+    ``processes``. ``offload_chars``: uncached prompt text (characters) above which encoding
+    leaves the event loop. ``heavy_messages`` / ``heavy_chars``: chat requests with more
+    messages or message text are rendered and tokenized in a worker process (a huge request
+    must not hold the event loop). ``feed_answers``: relayed answers are encoded into the
+    segment cache after the response, so the next turn's resent history hits — answers of at
+    least ``feed_min_tokens`` (shorter ones cost less to encode on the next turn than
+    rendering the conversation again costs now); at most ``feed_max_bytes`` of a response
+    are kept for it and ``feed_queue`` feeds wait.
+    ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
+    ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
+    """
+
+    workers: int = 0
+    encoder: str = "threads"
+    offload_chars: int = 4_096
+    heavy_messages: int = 256
+    heavy_chars: int = 1_000_000
+    feed_answers: bool = True
+    feed_min_tokens: int = 64
+    feed_max_bytes: int = 4 * 1024 * 1024
+    feed_queue: int = 64
+    self_check_interval_s: float = 0.0
+    self_check_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
+                      feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
+                      feed_min_tokens=self.feed_min_tokens,
+                      self_check_interval_s=self.self_check_interval_s)
+        _positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
+                  self_check_timeout_s=self.self_check_timeout_s)
+        if self.encoder not in ("threads", "processes"):
+            raise ConfigError(f"tokenize.encoder: must be threads or processes, got "
+                              f"{self.encoder!r}")
+        if self.workers == 0:
+            object.__setattr__(self, "workers", _usable_cores())
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything the gateway needs, validated. Build it with :func:`load_config` or
@@ -430,6 +501,7 @@ class GatewayConfig:
     pd: PDConfig = field(default_factory=PDConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workers: tuple[WorkerSpec, ...] = ()
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     gateway_id: str = "gateway"
 
     def __post_init__(self) -> None:
@@ -534,7 +606,7 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd", "admission")
+             "pd", "tokenize", "admission")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:

@@ -17,13 +17,16 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class Request:
-    """An HTTP request: method, path, lower-cased headers and the body, read once."""
+    """An HTTP request: method, path, lower-cased headers and the body, read once;
+    ``body_timeout_s``: how long the whole body may take to arrive (``None``: no bound)."""
 
-    __slots__ = ("_receive", "headers", "method", "path", "query", "scope")
+    __slots__ = ("_receive", "body_timeout_s", "headers", "method", "path", "query", "scope")
 
-    def __init__(self, scope: Scope, receive: Receive) -> None:
+    def __init__(self, scope: Scope, receive: Receive, body_timeout_s: float | None = None
+                 ) -> None:
         self.scope = scope
         self._receive = receive
+        self.body_timeout_s = body_timeout_s
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.query: bytes = scope.get("query_string", b"")
@@ -31,9 +34,10 @@ class Request:
             k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
         }
 
-    async def body(self, limit: int, timeout_s: float | None = None) -> bytes:
+    async def body(self, limit: int) -> bytes:
         """The whole body; :class:`ClientError` past ``limit`` bytes (413) or when it has not
-        arrived within ``timeout_s`` seconds (408, and the connection is closed)."""
+        arrived within :attr:`body_timeout_s` (408, and the connection is closed)."""
+        timeout_s = self.body_timeout_s
         declared = self.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ClientError(f"request body over {limit} bytes",

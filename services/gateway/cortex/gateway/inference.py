@@ -31,6 +31,7 @@ from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse
 from cortex.gateway.router import Routed
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.sse import SSEForwarder, cached_tokens_of, sse_error_event
+from cortex.gateway.tokenizing import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Message, Receive, Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure
@@ -133,8 +134,7 @@ class InferenceHandler:
         the client must fix (also what only surfaces while tokenizing)."""
         router = self.gw.router
         assert router is not None
-        server = self.config.server
-        raw = await request.body(server.max_body_bytes, server.body_timeout_s)
+        raw = await request.body(self.config.server.max_body_bytes)
         req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
         try:
             return req, raw, await router.route(req, deadline)
@@ -277,7 +277,9 @@ class _Exchange:
                     await send_bytes(self.send, 200, opened.head,
                                      response.content_type.encode(), self._headers(opened))
                     self._first_byte_sent("false", opened)
-                    self._truth_check(opened, _json_or_none(opened.head))
+                    answer = _json_or_none(opened.head)
+                    self._truth_check(opened, answer)
+                    self._tokenization.feed_answer(self.req, obj=answer)
                     return
                 streaming = True
                 await self._stream(opened)
@@ -327,9 +329,12 @@ class _Exchange:
     async def _stream(self, opened: Opened) -> None:
         send = self.send
         req = self.req
+        tokenization = self._tokenization
         forwarder = SSEForwarder(strip_usage=not req.wants_usage
                                  and req.endpoint is not Endpoint.GENERATE,
-                                 rewrite=opened.rewrite)
+                                 rewrite=opened.rewrite,
+                                 keep_bytes=tokenization.config.feed_max_bytes
+                                 if tokenization.config.feed_answers else 0)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, *self._headers(opened)]})
         first = True
@@ -354,6 +359,13 @@ class _Exchange:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         holder = forwarder.usage_holder
         self._truth_check(opened, holder)
+        tokenization.feed_answer(req, events=forwarder.kept)
+
+    @property
+    def _tokenization(self) -> Tokenization:
+        router = self.gw.router
+        assert router is not None
+        return router.tokenization
 
     def _first_byte_sent(self, stream: str, opened: Opened) -> None:
         """The client has the answer's first bytes (a stream's first event): TTFT."""

@@ -1,6 +1,7 @@
 """A model's request bounds, and the checks that enforce them before any work (pure).
 
-Bounds come from the model's config, else from what its engines report (the smallest
+Bounds come from the model's config (``max_prompt_tokens``, ``max_tokens``, and
+``max_model_len`` as the context length), else from what its engines report (the smallest
 context length among the model's workers: a request must fit wherever it is routed):
 
 * prompt tokens: ``max_prompt_tokens``, else context length - 1;
@@ -49,7 +50,10 @@ def context_length_of(lengths: Iterable[int | None]) -> int | None:
 
 
 def model_limits(model: ModelConfig, context_length: int | None) -> Limits:
-    """``model``'s bounds given its engines' smallest ``context_length`` (tokens)."""
+    """``model``'s bounds given its engines' smallest ``context_length`` (tokens; the
+    configured ``max_model_len`` wins)."""
+    if model.max_model_len is not None:
+        context_length = model.max_model_len
     prompt = model.max_prompt_tokens
     if prompt is None and context_length is not None:
         prompt = context_length - 1  # engines compute at least one output token

@@ -1,23 +1,14 @@
-"""What the index answered for one query, as plain values the routing core can use."""
+"""What the ledger (the replica, or the index over gRPC) answered for one query, as plain
+values the routing core can use."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from cortex.ledger.model import LedgerState
 
 __all__ = ["LedgerState", "MatchAnswer", "SourceMatch", "WorkerMatch"]
-
-
-class LedgerState(StrEnum):
-    """A ledger source's state as the index reports it; only ``READY`` earns cache credit."""
-
-    UNKNOWN = "unknown"
-    SYNCING = "syncing"
-    READY = "ready"
-    STALE = "stale"
-    REMOVED = "removed"
-    MISALIGNED = "misaligned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +38,7 @@ _STATE_RANK = {
     LedgerState.SYNCING: 3,
     LedgerState.MISALIGNED: 2,
     LedgerState.REMOVED: 1,
-    LedgerState.UNKNOWN: 0,
+    LedgerState.UNSPECIFIED: 0,
 }
 
 

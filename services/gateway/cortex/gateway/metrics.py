@@ -77,14 +77,55 @@ class GatewayMetrics:
         self.tokenize_cache = Counter(p + "tokenize_cache_total",
                                       "Prompt segments served from / missing in the cache",
                                       ["result"], registry=r)
-        self.hot_cache = Counter(p + "hot_cache_lookups_total",
-                                 "Index answers served from the hot cache",
-                                 ["result"], registry=r)
-        self.hot_cache_invalidations = Counter(p + "hot_cache_invalidations_total",
-                                               "Hot cache answers dropped by the change feed",
-                                               ["reason"], registry=r)
-        self.hot_cache_entries = Gauge(p + "hot_cache_entries", "Answers in the hot cache",
-                                       registry=r)
+        self.tokenize_cache_tokens = Counter(p + "tokenize_cache_tokens_total",
+                                             "Prompt tokens served from (hit) or encoded into "
+                                             "(miss) the segment cache, by model",
+                                             ["model", "result"], registry=r)
+        self.tokenize_cache_entries = Gauge(p + "tokenize_cache_segments",
+                                            "Pieces held by the segment cache", ["model"],
+                                            registry=r)
+        self.tokenize_cache_bytes = Gauge(p + "tokenize_cache_bytes",
+                                          "Bytes held by the segment cache", ["model"],
+                                          registry=r)
+        self.tokenize_cache_evictions = Counter(p + "tokenize_cache_evictions_total",
+                                                "Pieces evicted from the segment cache",
+                                                ["model"], registry=r)
+        self.tokenize_offloaded = Counter(p + "tokenize_offloaded_total",
+                                          "Prompts tokenized off the event loop, by lane "
+                                          "(parallel: never-seen text on worker threads; "
+                                          "heavy: rendered and tokenized in a worker process)",
+                                          ["model", "lane"], registry=r)
+        self.tokenize_answer_feeds = Counter(p + "tokenize_answer_feeds_total",
+                                             "Relayed answers encoded into the segment cache "
+                                             "after the response, by result (fed|short|dropped|"
+                                             "skipped|failed)", ["model", "result"], registry=r)
+        self.tokenize_self_checks = Counter(p + "tokenize_self_checks_total",
+                                            "Prompts re-tokenized by a worker's /tokenize and "
+                                            "compared, by result (match|mismatch|error)",
+                                            ["model", "worker", "result"], registry=r)
+        self.match_source = Counter(p + "match_source_total",
+                                    "Where routing read the ledger: replica (in process), index "
+                                    "(gRPC Match while the replica is not usable) or none",
+                                    ["source"], registry=r)
+        # the ledger replica
+        self.replica_state = Gauge(p + "replica_state",
+                                   "1 for the ledger replica's state (empty, loading, synced, "
+                                   "stale)", ["state"], registry=r)
+        self.replica_batches = Counter(p + "replica_batches_total",
+                                       "Replica stream batches applied (snapshots, changes, "
+                                       "heartbeats)", registry=r)
+        self.replica_snapshots = Counter(p + "replica_snapshots_total",
+                                         "Complete snapshots loaded into the replica", registry=r)
+        self.replica_resyncs = Counter(p + "replica_resyncs_total",
+                                       "Replica streams lost (a snapshot follows), by reason",
+                                       ["reason"], registry=r)
+        self.replica_lag = Histogram(p + "replica_lag_seconds",
+                                     "Index applying a change to this replica applying it (s; "
+                                     "wall clocks of both hosts)", buckets=_FAST, registry=r)
+        self.replica_blocks = Gauge(p + "replica_blocks", "Blocks in the ledger replica",
+                                    registry=r)
+        self.replica_bytes = Gauge(p + "replica_bytes", "Estimated bytes of the ledger replica",
+                                   registry=r)
         self.predicted_keys = Gauge(p + "predicted_blocks", "Blocks in the predicted side index",
                                     registry=r)
         # truth check: predicted vs the engine's cached_tokens
@@ -163,8 +204,6 @@ class GatewayMetrics:
                                      registry=r)
         self.index_errors = Counter(p + "index_errors_total", "Failed index calls", ["kind"],
                                     registry=r)
-        self.change_batches = Counter(p + "index_change_batches_total",
-                                      "Change feed batches received", registry=r)
         self.ready = Gauge(p + "ready", "1 while the gateway can route", registry=r)
         self.degraded = Gauge(p + "degraded", "1 per active degradation reason", ["reason"],
                               registry=r)

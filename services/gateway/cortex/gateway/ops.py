@@ -26,7 +26,7 @@ class OpsHandler:
         otherwise."""
         state, reasons = self.gw.readiness()
         workers = list(self.gw.pool)
-        index = self.gw.index
+        index, replica = self.gw.index, self.gw.replica
         watcher = self.gw.watcher
         await send_json(send, 503 if state is Readiness.UNAVAILABLE else 200, {
             "status": state.value,
@@ -38,7 +38,8 @@ class OpsHandler:
             },
             "index": ("not_configured" if index is None
                       else "available" if index.available else "unavailable"),
-            "change_feed": bool(index and index.feed_connected),
+            "replica": ("not_configured" if replica is None else replica.replica.state.value
+                        if replica.usable else "unusable"),
             "registry": watcher.health.value if watcher else "unknown",
         })
 

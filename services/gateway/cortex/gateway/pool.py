@@ -64,7 +64,7 @@ class WorkerState:
         # byte has not come back: the prefill work queued ahead of the next request
         self.prefilling = 0
         self.engine: EngineLoad | None = None
-        self.ledger = LedgerState.UNKNOWN
+        self.ledger = LedgerState.UNSPECIFIED
 
     @property
     def id(self) -> str:
@@ -91,7 +91,7 @@ class WorkerState:
         return (
             f"WorkerState({self.id}, {self.spec.engine.value}, {self.spec.role.value},"
             f" health={self.health.value}, breaker={self.breaker.state.value},"
-            f" inflight={self.inflight}, prefilling={self.prefilling}, ledger={self.ledger.value})"
+            f" inflight={self.inflight}, prefilling={self.prefilling}, ledger={self.ledger.label})"
         )
 
 

@@ -1,5 +1,6 @@
-"""Routing: request → exact prompt tokens → block keys → index match (hot cache first) →
-predicted blocks → scoring → :class:`Routed`. The async part is the one index call.
+"""Routing: request → exact prompt tokens → block keys → ledger match (the in-process replica;
+the index over gRPC while the replica is not usable) → predicted blocks → scoring →
+:class:`Routed`. The only awaits are tokenizing long prompts and the fallback Match.
 
 Hit accounting follows the engines: a request whose prompt is fully cached still computes
 its last token, so at most ``(prompt_tokens - 1) // block_size`` blocks can be hits; the
@@ -16,41 +17,35 @@ failure before the first byte sends the request elsewhere.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import random
 import time
-from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from cortex.api.index import v1 as pb
-from cortex.chat import ChatError
-from cortex.gateway.config import GatewayConfig, ModelConfig
-from cortex.gateway.errors import ClientError, ErrorCode, ServiceUnavailable
+from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.errors import ServiceUnavailable
 from cortex.gateway.handoff import sequence_count
-from cortex.gateway.hotcache import HotCache
-from cortex.gateway.limits import check_prompt_tokens
-from cortex.gateway.matching import LedgerState, MatchAnswer, WorkerMatch
+from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch, WorkerMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDPlan
-from cortex.gateway.payload import InferenceRequest, PromptKind
+from cortex.gateway.payload import InferenceRequest
 from cortex.gateway.pool import WorkerPool, WorkerState
 from cortex.gateway.predicted import Credit, PredictedBlocks
 from cortex.gateway.scoring import Candidate, Decision, Reason, Scored, decide
 from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.tokenizing import Tokenization
 from cortex.hashing import HashDomain
+from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 from cortex.registry.spec import WorkerRole
 
 __all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
            "Router", "StageTimings", "uncached"]
 
-OFFLOAD_CHARS = 4_096
-"""Uncached prompt text (characters, ~1k tokens, 1-6 ms of encoding) above which encoding
-leaves the event loop: a burst of long new prompts must not hold up every other request's
-index reply and stream."""
+OFFLOAD_CHARS = TokenizeConfig().offload_chars
+"""The default ``tokenize.offload_chars``: uncached prompt text (characters, ~1k tokens,
+1-6 ms of encoding) above which encoding leaves the event loop."""
 
 TIE_TOLERANCE = 1.0
 """Workers without cache credit whose load is within this many active requests of the least
@@ -71,11 +66,18 @@ class Matcher(Protocol):
     @property
     def available(self) -> bool: ...
 
-    @property
-    def feed_connected(self) -> bool: ...
-
     async def match(self, domain: HashDomain, keys: list[int], deadline: float
                     ) -> MatchAnswer | None: ...
+
+
+class Replica(Protocol):
+    """What routing needs from the ledger replica's owner (``ReplicaClient``)."""
+
+    @property
+    def usable(self) -> bool: ...
+
+    @property
+    def replica(self) -> LedgerReplica: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +160,8 @@ class Routed:
     model: ModelConfig
     prompt_tokens: int
     keys: list[int]  # every full block of the prompt
-    query_blocks: int  # blocks that could be hits (sent to the index)
-    match_source: str  # "hot_cache" | "index" | "none"
+    query_blocks: int  # blocks that could be hits (matched against the ledger)
+    match_source: str  # "replica" | "index" | "none"
     index_version: int
     timings: StageTimings
     placement: Placement
@@ -189,69 +191,30 @@ class Router:
         tokenizers: Mapping[str, PromptTokenizer],
         matcher: Matcher | None,
         metrics: GatewayMetrics,
+        replica: Replica | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.tokenizers = tokenizers
         self.matcher = matcher
+        self.replica = replica
         self.metrics = metrics
         routing = config.routing
-        self.hot = HotCache(routing.hot_cache_max_entries, routing.hot_cache_staleness_ms)
         self.predicted = PredictedBlocks(routing.predicted_ttl_s, routing.predicted_max_keys)
         self._turn = 0
         self._rng = random.Random()
-        self._domain_ids = {m.name: f"{m.domain.model}/{m.block_size}/{m.engine.value}"
-                            for m in config.models}
-        # long prompts are encoded off the event loop (the tokenizer releases the GIL there)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="cortex-tokenize")
-        for tokenizer in tokenizers.values():
-            tokenizer.observer = self._observe_segments
+        self.tokenization = Tokenization(config, tokenizers, metrics)
 
     # ---- tokens ----
 
     async def tokens(self, req: InferenceRequest) -> list[int]:
-        """The exact prompt token ids the engine will see (first prompt of a batch).
-
-        Prompts with over ``OFFLOAD_CHARS`` characters not in the segment cache are encoded
-        on a worker thread (the tokenizer releases the GIL) so long new prompts do not stall
-        every other request.
-        Raises :class:`ClientError` when the chat template rejects the messages or the
-        prompt exceeds the model's limit.
-        """
-        prompt = req.prompt
-        if prompt.kind is PromptKind.TOKENS:
-            ids = list(prompt.token_ids)
-        else:
-            tokenizer = self.tokenizers[req.model.name]
-            if prompt.chat is not None:
-                try:
-                    text = tokenizer.render(prompt.chat)
-                except ChatError as exc:
-                    raise ClientError(f"messages cannot be rendered: {exc}",
-                                      code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
-                special = prompt.chat.add_special_tokens
-            else:
-                text, special = prompt.text, prompt.add_special_tokens
-            plan = tokenizer.plan(text, special)
-            if plan.missing_chars > OFFLOAD_CHARS:
-                loop = asyncio.get_running_loop()
-                ids = await loop.run_in_executor(self._executor, plan.finish)
-            else:
-                ids = plan.finish()
-        check_prompt_tokens(req.limits, req.body, len(ids), req.prompt_param)
-        return ids
-
-    def _observe_segments(self, hits: int, misses: int) -> None:
-        m = self.metrics
-        if hits:
-            m.child(m.tokenize_cache, "hit").inc(hits)
-        if misses:
-            m.child(m.tokenize_cache, "miss").inc(misses)
+        """The exact prompt token ids the engine will see (:class:`Tokenization`).
+        Raises :class:`ClientError` for a prompt the engine would reject."""
+        return await self.tokenization.tokens(req)
 
     def close(self) -> None:
-        """Stop the tokenizer thread (waits for a running encode)."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the tokenizer workers (waits for running encodes)."""
+        self.tokenization.close()
 
     # ---- routing ----
 
@@ -372,25 +335,25 @@ class Router:
 
     async def _match(self, model: ModelConfig, query: list[int], deadline: float
                      ) -> tuple[MatchAnswer | None, str]:
+        """The ledger's answer and where it came from: the in-process replica while it is
+        usable (no I/O), else the index over gRPC (bounded by ``deadline``), else none."""
+        if not query:
+            return None, "none"
+        m = self.metrics
+        replica = self.replica
+        if replica is not None and replica.usable:
+            ledger = replica.replica
+            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state)
+                            for s, blocks, state in ledger.match(model.domain, query))
+            m.child(m.match_source, "replica").inc()
+            return MatchAnswer(sources, ledger.version, len(query)), "replica"
         matcher = self.matcher
-        if matcher is None or not query or not matcher.available:
-            return None, "none"
-        use_cache = matcher.feed_connected
-        key = HotCache.key(self._domain_ids[model.name], query)
-        if use_cache and key is not None:
-            cached = self.hot.get(key)
-            m = self.metrics
-            if cached is not None:
-                m.child(m.hot_cache, "hit").inc()
-                return cached, "hot_cache"
-            m.child(m.hot_cache, "miss").inc()
-        answer = await matcher.match(model.domain, query, deadline)
-        if answer is None:
-            return None, "none"
-        if use_cache and key is not None and matcher.feed_connected:
-            self.hot.put(key, answer)
-            self.metrics.hot_cache_entries.set(len(self.hot))
-        return answer, "index"
+        answer = None
+        if matcher is not None and matcher.available:
+            answer = await matcher.match(model.domain, query, deadline)
+        source = "none" if answer is None else "index"
+        m.child(m.match_source, source).inc()
+        return answer, source
 
     def _candidate(self, worker: WorkerState, model: ModelConfig, match: WorkerMatch | None,
                    predicted_blocks: int) -> Candidate:
@@ -410,48 +373,28 @@ class Router:
             engine_waiting=load.waiting if load is not None else None,
             high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),
             prefilling=worker.prefilling,
-            ledger=match.state if match is not None else LedgerState.UNKNOWN,
+            ledger=match.state if match is not None else LedgerState.UNSPECIFIED,
             index_tokens=match.ready_blocks * bs if match is not None else 0,
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
             dp_rank=match.dp_rank if match is not None and match.ready_blocks else None,
         )
 
-    # ---- the index change feed ----
+    # ---- the ledger replica ----
 
-    def on_changes(self, batch: pb.ChangeBatch) -> None:
-        """Invalidate what a change batch makes too optimistic."""
-        if batch.reset:
-            self.hot.clear()
-            self.metrics.hot_cache_invalidations.labels(reason="reset").inc()
-        removed = {s.worker_id for s in batch.removed_blocks_sources}
-        if removed:
-            keys: list[int] | array[int] = list(batch.removed_keys)
-            if batch.removed_keys_le:
-                keys = array("Q")
-                keys.frombytes(batch.removed_keys_le)
-            dropped = self.hot.invalidate_workers(removed)
-            self.metrics.hot_cache_invalidations.labels(reason="removed").inc(dropped)
-            for worker_id in removed:
-                self.predicted.forget_keys(worker_id, keys)
-        cleared = {s.worker_id for s in batch.cleared_sources}
-        if cleared:
-            dropped = self.hot.invalidate_workers(cleared)
-            self.metrics.hot_cache_invalidations.labels(reason="cleared").inc(dropped)
-            for worker_id in cleared:
-                self.predicted.forget_worker(worker_id)
-        self.metrics.hot_cache_entries.set(len(self.hot))
-
-    def on_feed_lost(self) -> None:
-        self.hot.clear()
-        self.metrics.hot_cache_invalidations.labels(reason="feed_lost").inc()
-        self.metrics.hot_cache_entries.set(0)
+    def on_replica_changes(self, changes: ReplicaChanges) -> None:
+        """Blocks or sources the ledger lost: predictions of them go too (a prediction must
+        not outlive the engine's own removal)."""
+        for source, keys in changes.removed:
+            self.predicted.forget_keys(source.worker_id, keys.tolist())
+        for source in changes.cleared:
+            self.predicted.forget_worker(source.worker_id)
+        self.metrics.predicted_keys.set(len(self.predicted))
 
     def forget_workers(self, worker_ids: list[str]) -> None:
         """Workers left the pool."""
-        self.hot.invalidate_workers(worker_ids)
         for worker_id in worker_ids:
             self.predicted.forget_worker(worker_id)
 
     def __repr__(self) -> str:
-        return f"Router({self.hot!r}, {self.predicted!r})"
+        return f"Router({self.predicted!r}, replica={self.replica!r})"

@@ -1,10 +1,10 @@
 """``Gateway``: one gateway process's state and background work, owned by one ``async with``.
 
-Startup order: tokenizers → registry → upstream session → index client → static workers
-seeded (unless an operator removed them: a tombstone) → registry watcher → first health
-probes (so a gateway with reachable workers is ready when startup ends) → background loops
-(pool sync, probes, load polls, status). Shutdown unwinds the same stack; background loops
-are cancelled first.
+Startup order: tokenizers → registry → upstream session → ledger replica and index client →
+static workers seeded (unless an operator removed them: a tombstone) → registry watcher →
+first health probes (so a gateway with reachable workers is ready when startup ends) →
+background loops (pool sync, probes, load polls, status). Shutdown unwinds the same stack;
+background loops are cancelled first.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
-from typing import Any
 
 from cortex.gateway.admission import Admission
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.errors import ConfigError
 from cortex.gateway.health import HealthMonitor
 from cortex.gateway.index_client import IndexClient
 from cortex.gateway.limits import Limits, context_length_of, model_limits
@@ -27,9 +28,12 @@ from cortex.gateway.load import LoadPoller
 from cortex.gateway.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import WorkerPool
+from cortex.gateway.replica_client import ReplicaClient
 from cortex.gateway.router import Router
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
+from cortex.ledger.grpc import read_token
+from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
     Assertion,
     MemoryRegistry,
@@ -55,9 +59,19 @@ class Readiness(StrEnum):
 
 
 class Degradation(StrEnum):
-    NO_INDEX = "no_index"
+    NO_INDEX = "no_index"  # no ledger: neither the replica nor the index answers
+    NO_REPLICA = "no_replica"  # the ledger replica is not synced: Match goes over gRPC
     NO_REDIS = "no_redis"
     NO_READY_LEDGER = "no_ready_ledger"
+
+
+def _index_token(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise ConfigError(f"index.token_file: {exc}") from None
 
 
 class Gateway:
@@ -79,6 +93,7 @@ class Gateway:
         self.tokenizers: dict[str, PromptTokenizer] = {}
         self.upstream = UpstreamClient(config.upstream)
         self.index: IndexClient | None = None
+        self.replica: ReplicaClient | None = None
         self.router: Router | None = None
         self.dispatcher: Dispatcher | None = None
         self.watcher: RegistryWatcher | None = None
@@ -122,10 +137,16 @@ class Gateway:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)
         if config.index.targets:
+            token = _index_token(config.index.token_file)
+            if config.index.replica:
+                self.replica = await self._stack.enter_async_context(ReplicaClient(
+                    config.index, tuple(m.domain.model for m in config.models), self.metrics,
+                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}",
+                    token=token))
             self.index = await self._stack.enter_async_context(IndexClient(
-                config.index, self.metrics, self._on_changes, self._on_feed_lost,
-                self._on_ledgers))
-        self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics)
+                config.index, self.metrics, self._on_ledgers, self._poll_ledgers, token))
+        self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
+                             self.replica)
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
         await self._seed()
@@ -212,13 +233,15 @@ class Gateway:
 
     async def _status_loop(self) -> None:
         while True:
+            if self.replica is not None and self.replica.usable:
+                self._on_ledgers(self._replica_states())
             self.readiness()
             self._publish_alignment()
             await asyncio.sleep(1.0)
 
     def _publish_alignment(self) -> None:
         """Per model: can exact KV routing work, and which workers are denied credit why."""
-        index_up = self.index is not None and self.index.available
+        index_up = self._ledger_usable()
         for model in self.config.models:
             blocked = dict.fromkeys(_BLOCK_REASONS, 0)
             creditable = 0
@@ -240,17 +263,27 @@ class Gateway:
 
     # ---- index callbacks ----
 
-    def _on_changes(self, batch: Any) -> None:
+    def _on_replica_changes(self, changes: ReplicaChanges) -> None:
         if self.router is not None:
-            self.router.on_changes(batch)
+            self.router.on_replica_changes(changes)
+        self._on_ledgers(self._replica_states())
 
-    def _on_feed_lost(self) -> None:
-        if self.router is not None:
-            self.router.on_feed_lost()
+    def _poll_ledgers(self) -> bool:
+        """Ledger states come from the index only while the replica cannot tell them."""
+        return self.replica is None or not self.replica.usable
+
+    def _replica_states(self) -> dict[str, LedgerState]:
+        """Each worker's best ledger state in the replica (READY if any rank is)."""
+        assert self.replica is not None
+        states: dict[str, LedgerState] = {}
+        for source, state in self.replica.replica.states().items():
+            if states.get(source.worker_id) is not LedgerState.READY:
+                states[source.worker_id] = state
+        return states
 
     def _on_ledgers(self, states: dict[str, LedgerState]) -> None:
         for worker in self.pool:
-            worker.ledger = states.get(worker.id, LedgerState.UNKNOWN)
+            worker.ledger = states.get(worker.id, LedgerState.UNSPECIFIED)
 
     # ---- bounds ----
 
@@ -261,13 +294,21 @@ class Gateway:
 
     # ---- status ----
 
+    def _ledger_usable(self) -> bool:
+        """Routing can read the ledger: from the replica, or from the index over gRPC."""
+        return (self.replica is not None and self.replica.usable) or (
+            self.index is not None and self.index.available)
+
     def degradations(self) -> list[Degradation]:
         out: list[Degradation] = []
-        if self.index is None or not self.index.available:
+        ledger = self._ledger_usable()
+        if not ledger:
             out.append(Degradation.NO_INDEX)
+        if self.replica is not None and not self.replica.usable:
+            out.append(Degradation.NO_REPLICA)
         if self.watcher is None or self.watcher.degraded:
             out.append(Degradation.NO_REDIS)
-        if self.index is not None and self.index.available and not any(
+        if ledger and not any(
             w.ledger is LedgerState.READY for w in self.pool if w.routable()
         ):
             out.append(Degradation.NO_READY_LEDGER)

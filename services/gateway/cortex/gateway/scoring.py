@@ -96,7 +96,7 @@ class Candidate:
     engine_waiting: int | None = None
     high_watermark: int = 64
     prefilling: int = 0
-    ledger: LedgerState = LedgerState.UNKNOWN
+    ledger: LedgerState = LedgerState.UNSPECIFIED
     index_tokens: int = 0
     predicted_tokens: int = 0
     credit_blocked: str | None = None
@@ -162,7 +162,7 @@ def _credit(c: Candidate, cache_off: Reason | None) -> tuple[int, str]:
     if c.credit_blocked is not None:
         return 0, c.credit_blocked
     if c.ledger is not LedgerState.READY:
-        return 0, f"ledger_{c.ledger.value}"
+        return 0, f"ledger_{c.ledger.label}"
     if raw and c.active >= c.high_watermark:
         return 0, Reason.OVER_WATERMARK.value
     return raw, ""

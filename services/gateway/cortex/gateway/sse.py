@@ -128,13 +128,19 @@ class SSEForwarder:
 
     ``strip_usage``: drop the usage-only chunk (the client did not ask for usage).
     ``rewrite``: applied to the events holding its marker, before usage is read or stripped.
+    ``keep_bytes``: keep up to this many bytes of the forwarded events (:attr:`kept`, the
+    answer fed to the tokenizer cache afterwards; ``None`` once the answer was longer).
     The common chunk costs a few substring searches: events are split and parsed only in
     the block that holds the usage chunk, ``[DONE]`` or the rewrite marker, or at the end.
     """
 
-    def __init__(self, strip_usage: bool, rewrite: EventRewrite | None = None) -> None:
+    def __init__(self, strip_usage: bool, rewrite: EventRewrite | None = None,
+                 keep_bytes: int = 0) -> None:
         self.strip_usage = strip_usage
         self.rewrite = rewrite
+        self.keep_bytes = keep_bytes
+        self._kept: list[bytes] | None = [] if keep_bytes > 0 else None
+        self._kept_size = 0
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.last_object: dict[str, Any] | None = None
@@ -157,6 +163,11 @@ class SSEForwarder:
             return b""
         complete, self._buffer = buffer[:end], buffer[end:]
         return self._process(complete)
+
+    @property
+    def kept(self) -> bytes | None:
+        """The forwarded events, when keeping was asked for and they fit."""
+        return None if self._kept is None else b"".join(self._kept)
 
     def finish(self) -> bytes:
         """At upstream EOF: whatever partial event is left (forwarded as is)."""
@@ -193,6 +204,12 @@ class SSEForwarder:
             self.done = True
         elif b"data:" in out:  # comment-only blocks (keep-alives) do not replace data
             self._last_block, self._parsed = out, False
+        if self._kept is not None:
+            self._kept_size += len(out)
+            if self._kept_size > self.keep_bytes:
+                self._kept = None
+            else:
+                self._kept.append(out)
         return out
 
     def _rewrite_block(self, block: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """The Cortex index: radix hash trees of who holds which KV block, served over gRPC.
 
-Public API (imported lazily, so ``cortex.index.tree`` does not pull in grpclib)::
+Public API (imported lazily, so ``cortex.ledger.tree`` does not pull in grpclib)::
 
     from cortex.index import IndexConfig, IndexServer
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from cortex.index.config import IndexConfig
     from cortex.index.prefix_index import PrefixIndex
     from cortex.index.server import IndexServer
-    from cortex.index.tree import RadixHashTree
+    from cortex.ledger.tree import RadixHashTree
 
 __all__ = ["IndexConfig", "IndexServer", "PrefixIndex", "RadixHashTree"]
 
@@ -24,7 +24,7 @@ _WHERE = {
     "IndexConfig": "cortex.index.config",
     "IndexServer": "cortex.index.server",
     "PrefixIndex": "cortex.index.prefix_index",
-    "RadixHashTree": "cortex.index.tree",
+    "RadixHashTree": "cortex.ledger.tree",
 }
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cortex.hashing import HashDomain
-from cortex.index.model import Source
+from cortex.ledger.model import Source
 
 __all__ = ["Change", "ChangeLog", "ChangeSet"]
 

@@ -6,33 +6,23 @@ a real in-process index. Keys travel in the ``*_le`` twins (uint64 little-endian
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from types import TracebackType
 
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 
-from cortex.api.index import v1 as pb
-from cortex.hashing import Engine, HashDomain
-from cortex.index.wire import SYNC_METHOD
+from cortex.hashing import HashDomain, pack_keys
+from cortex.ledger.codec import domain_to_pb, pb
+from cortex.ledger.grpc import bearer, method
 
 __all__ = [
     "SYNC_METHOD",
     "LedgerUpdates",
     "SyncSession",
-    "pack_keys",
 ]
 
-_ENGINE_KINDS = {Engine.SGLANG: 1, Engine.VLLM: 2}  # EngineKind values
-
-
-def pack_keys(keys: Sequence[int]) -> bytes:
-    """uint64 little-endian bytes of ``keys`` (a ``*_le`` field)."""
-    packed = array("Q", keys)
-    if packed.itemsize != 8:  # pragma: no cover
-        raise RuntimeError("array('Q') is not 64-bit here")
-    return packed.tobytes()
+SYNC_METHOD = method("Sync")
 
 
 class LedgerUpdates:
@@ -46,8 +36,8 @@ class LedgerUpdates:
         seq: int = 0,
     ) -> None:
         self.source = pb.Source(worker_id=worker_id, dp_rank=dp_rank)
-        self.domain = pb.Domain(model=domain.model, block_size=domain.block_size,
-                                engine=pb.EngineKind(_ENGINE_KINDS[domain.engine]))
+        self.domain = pb.Domain()
+        domain_to_pb(domain, self.domain)
         self.epoch = epoch
         self.seq = seq
 
@@ -71,7 +61,7 @@ class LedgerUpdates:
 
     def set_state(self, state: int, reason: str = "") -> pb.LedgerUpdate:
         """``state``: a ``LedgerState`` value."""
-        return self._next(state=pb.SetState(state=pb.LedgerState(state), reason=reason))
+        return self._next(state=pb.SetState(state=state, reason=reason))  # type: ignore[arg-type]
 
     def snapshot(
         self,
@@ -87,7 +77,7 @@ class LedgerUpdates:
         snapshot = pb.Snapshot(
             parent_keys_le=pack_keys(parent_keys),
             keys_le=pack_keys(keys),
-            state=pb.LedgerState(state),
+            state=state,  # type: ignore[arg-type]
         )
         return self._next(snapshot=snapshot)
 
@@ -108,17 +98,19 @@ class LedgerUpdates:
 
 
 class SyncSession:
-    """One open ``Sync`` stream: ``await session.send(updates)`` returns the reply.
+    """One open ``Sync`` stream: ``await session.send(updates)`` returns the reply
+    (``token``: the index's peer token, when it requires one).
 
     ``async with SyncSession(channel, ingest_id="ingest-0") as session: ...``; leaving the
     block ends the stream (half-close, then the server's trailers).
     """
 
-    def __init__(self, channel: Channel, ingest_id: str = "test-ingest") -> None:
+    def __init__(self, channel: Channel, ingest_id: str = "test-ingest",
+                 token: str | None = None) -> None:
         self.channel = channel
         self.ingest_id = ingest_id
         self._cm = channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch,
-                                   pb.SyncReply)
+                                   pb.SyncReply, metadata=bearer(token))
         self._stream: Stream[pb.UpdateBatch, pb.SyncReply] | None = None
 
     def __repr__(self) -> str:

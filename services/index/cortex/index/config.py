@@ -20,10 +20,16 @@ class IndexConfig:
     Sizes are in bytes, keys, records or blocks as named; times in seconds.
     """
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """gRPC bind address: loopback unless configured (docs/operations.md, trust model)."""
     port: int = 50051
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9464
+    # who may call what (files holding shared secrets; "" = not required)
+    peer_token_file: str = ""
+    """Sync and Replicate (ingest, gateways) must present this token."""
+    query_token_file: str = ""
+    """Match, Workers, Stats and Changes must present this token or the peer token."""
     # memory
     memory_budget_bytes: int = 2 * _GIB
     """Estimated tree bytes at which least-recently-matched leaves are evicted (0 = none)."""
@@ -51,6 +57,15 @@ class IndexConfig:
     """An ingest heard from for no longer than this (no batch: ingests send an empty one
     every second when idle; no open stream) is lost: its sources turn SYNCING
     (``ingest_lost``) until snapshots re-establish them. 0 = never."""
+    # ledger replicas (gateways)
+    replica_heartbeat_s: float = 0.25
+    """An idle replica stream sends an empty batch this often (replicas use it to tell a
+    quiet index from a lost stream)."""
+    replica_queue_bytes: int = 64 << 20
+    """Encoded batches queued for one replica; a replica further behind is cut off and
+    resyncs with a snapshot."""
+    replica_chunk_bytes: int = 1 << 20
+    """Largest snapshot batch sent to a replica (bytes)."""
     # lifecycle
     shutdown_grace_s: float = 5.0
     """On SIGTERM: health NOT_SERVING, streams told to go, in-flight calls get this long."""
@@ -72,13 +87,15 @@ class IndexConfig:
             "changes_max_keys",
             "changes_max_records",
             "changes_batch_keys",
+            "replica_queue_bytes",
+            "replica_chunk_bytes",
         )
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tombstones < 0:
             raise ConfigError(f"max_tombstones must be >= 0, got {self.max_tombstones}")
-        positive_times = ("changes_heartbeat_s", "apply_slice_s")
+        positive_times = ("changes_heartbeat_s", "apply_slice_s", "replica_heartbeat_s")
         for name in positive_times:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")

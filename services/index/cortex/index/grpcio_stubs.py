@@ -41,26 +41,30 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 def load_grpcio_stubs(out_dir: Path, proto: Path = PROTO_PATH) -> GrpcioStubs:
-    """Generate (into ``out_dir``) and load the grpcio modules of ``proto``.
+    """Generate (into ``out_dir``) and load the grpcio service module of ``proto``.
 
-    Loaded once per process: protobuf's descriptor pool accepts a file only once, so later
-    calls return the modules already loaded.
+    The messages are the project's generated ``index_pb2`` (protobuf's descriptor pool
+    takes a .proto file once per process, and a grpcio client of another scheduler uses the
+    same official classes); only ``index_pb2_grpc`` is generated here, with its import of
+    the messages pointed at them. Loaded once per process.
     """
-    loaded_pb2, loaded_grpc = sys.modules.get(_PB2), sys.modules.get(_GRPC)
-    if loaded_pb2 is not None and loaded_grpc is not None:
-        return GrpcioStubs(loaded_pb2, loaded_grpc)
+    from cortex.api.index.v1 import index_pb2
+
+    loaded = sys.modules.get(_GRPC)
+    if loaded is not None:
+        return GrpcioStubs(index_pb2, loaded)
     from grpc_tools import protoc  # type: ignore[import-untyped]  # dev dependency
 
     out_dir.mkdir(parents=True, exist_ok=True)
     code = protoc.main([
         "grpc_tools.protoc",
         f"-I{proto.parent}",
-        f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         str(proto),
     ])
     if code != 0:
         raise RuntimeError(f"grpc_tools.protoc failed ({code}) on {proto}")
-    pb2 = _load(_PB2, out_dir / f"{_PB2}.py")
-    grpc_module = _load(_GRPC, out_dir / f"{_GRPC}.py")  # does `import index_pb2`
-    return GrpcioStubs(pb2, grpc_module)
+    path = out_dir / f"{_GRPC}.py"
+    path.write_text(path.read_text().replace(
+        f"import {_PB2} as", "from cortex.api.index.v1 import index_pb2 as"))
+    return GrpcioStubs(index_pb2, _load(_GRPC, path))

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from cortex.index.model import LedgerState, domain_label
 from cortex.index.prefix_index import PrefixIndex
+from cortex.ledger.model import LedgerState, domain_label
 
 __all__ = ["CONTENT_TYPE", "IndexMetrics"]
 
@@ -29,8 +29,9 @@ _LATENCY_BUCKETS = (
 class _CoreCollector(Collector):
     """Sizes and states read from the core when Prometheus scrapes."""
 
-    def __init__(self, core: Callable[[], PrefixIndex]) -> None:
+    def __init__(self, core: Callable[[], PrefixIndex], refused: Callable[[], int]) -> None:
         self._core = core
+        self._refused = refused
 
     def collect(self) -> Iterator[Metric]:
         core = self._core()
@@ -103,6 +104,10 @@ class _CoreCollector(Collector):
             "cortex_index_ingest_lost_sources",
             "Sources turned SYNCING because their ingest was lost", value=owners.lost_sources,
         )
+        yield CounterMetricFamily(
+            "cortex_index_unauthenticated_calls",
+            "Calls refused for a missing or wrong token", value=self._refused(),
+        )
         yield GaugeMetricFamily(
             "cortex_index_change_log_weight", "Removed keys + cleared sources in the change ring",
             value=core.changes.weight,
@@ -112,7 +117,8 @@ class _CoreCollector(Collector):
 class IndexMetrics:
     """The index's metrics and their registry (``render()`` gives the exposition text)."""
 
-    def __init__(self, core: Callable[[], PrefixIndex]) -> None:
+    def __init__(self, core: Callable[[], PrefixIndex],
+                 refused: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.match_requests = Counter(
@@ -155,10 +161,21 @@ class IndexMetrics:
         self.change_resets = Counter(
             "cortex_index_change_resets", "ChangeBatch resets sent", registry=r
         )
+        self.replica_subscribers = Gauge(
+            "cortex_index_replica_subscribers", "Open Replicate streams (gateway replicas)",
+            registry=r,
+        )
+        self.replica_snapshot_bytes = Counter(
+            "cortex_index_replica_snapshot_bytes", "Snapshot bytes sent to replicas", registry=r
+        )
+        self.replica_overflows = Counter(
+            "cortex_index_replica_overflows",
+            "Replicas cut off for falling replica_queue_bytes behind", registry=r,
+        )
         self.serving = Gauge(
             "cortex_index_serving", "1 while the index serves, 0 while it drains", registry=r
         )
-        r.register(_CoreCollector(core))
+        r.register(_CoreCollector(core, refused))
         ProcessCollector(namespace="cortex_index", registry=r)
 
     def render(self) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cortex.index.model import Source
+from cortex.ledger.model import Source
 
 __all__ = ["SourceOwners"]
 

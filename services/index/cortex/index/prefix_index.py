@@ -13,9 +13,10 @@ import numpy as np
 
 from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
-from cortex.index.errors import InvalidArgument
-from cortex.index.ledger import Ledger, SourceRecord, Verdict
-from cortex.index.model import (
+from cortex.index.owners import SourceOwners
+from cortex.index.sequencing import Ledger, Verdict
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import (
     INGEST_LOST,
     ClearBlocks,
     LedgerState,
@@ -27,8 +28,8 @@ from cortex.index.model import (
     Source,
     StoreBlocks,
 )
-from cortex.index.owners import SourceOwners
-from cortex.index.tree import RadixHashTree, node_bytes
+from cortex.ledger.tree import RadixHashTree, node_bytes
+from cortex.ledger.view import Journaled, LedgerView, SourceMatch
 
 __all__ = [
     "ApplyResult",
@@ -40,11 +41,6 @@ __all__ = [
     "WorkerView",
     "initial_version",
 ]
-
-SourceMatch = tuple[Source, int, LedgerState]
-"""``(source, matched_blocks, state)`` of one source in a Match answer."""
-
-_Roster = list[tuple[int, Source, SourceRecord]]
 
 
 def initial_version(now_s: float | None = None) -> int:
@@ -125,7 +121,11 @@ class IndexStats:
 
 class PrefixIndex:
     """Everything the index knows, behind four verbs: ``apply``, ``match``, ``workers``,
-    ``stats`` (plus ``changes`` for the feed).
+    ``stats`` (plus ``changes`` for the feed and ``journal`` for replicas).
+
+    What routers see is a :class:`LedgerView` (``view``): the sequencing records of
+    :class:`Ledger` decide, and every record change is published to the view (a source's
+    place and effective state), so a replica fed the view's journal answers Match alike.
 
     ``memory_budget_bytes`` (0 = unbounded) is enforced after every store: when the estimate
     exceeds it, least-recently-matched leaves are evicted (globally across domains) until the
@@ -162,9 +162,7 @@ class PrefixIndex:
         self.owners = SourceOwners(ingest_grace_s)
         self.changes = ChangeLog(self.version, max_keys=changes_max_keys,
                                  max_records=changes_max_records)
-        self.trees: dict[HashDomain, RadixHashTree] = {}
-        self._by_model: dict[str, list[HashDomain]] = {}
-        self._rosters: dict[HashDomain, _Roster] = {}
+        self.view = LedgerView()
         self._tick = 0  # recency clock: one tick per store or match
         self.evictions = 0
         self.eviction_passes = 0
@@ -179,8 +177,39 @@ class PrefixIndex:
         )
 
     @property
+    def trees(self) -> dict[HashDomain, RadixHashTree]:
+        return self.view.trees
+
+    @property
     def bytes_estimate(self) -> int:
-        return sum(tree.bytes_estimate for tree in self.trees.values())
+        return self.view.bytes_estimate
+
+    # ---- the replica journal ---------------------------------------------------------------
+
+    def start_journal(self) -> None:
+        """Record every change of the view from now on (replicas are subscribed)."""
+        if self.view.journal is None:
+            self.view.journal = []
+
+    def stop_journal(self) -> None:
+        self.view.journal = None
+
+    def take_journal(self) -> list[Journaled]:
+        """The changes recorded since the last call (empty when not journaling)."""
+        journal = self.view.journal
+        if not journal:
+            return []
+        self.view.journal = []
+        return journal
+
+    def touch(self, domain: HashDomain, keys: Sequence[int]) -> int:
+        """A replica matched ``keys`` (deepest blocks): they count as recently matched for
+        the memory budget. Returns how many exist."""
+        tree = self.view.trees.get(domain)
+        if tree is None:
+            return 0
+        self._tick += 1
+        return tree.touch(keys, self._tick)
 
     # ---- domains ---------------------------------------------------------------------------
 
@@ -191,59 +220,16 @@ class PrefixIndex:
 
         None when no domain fits; :class:`InvalidArgument` when several do.
         """
-        domains = self._by_model.get(model)
-        if not domains:
-            return None
-        if len(domains) == 1 and not block_size and engine is None:
-            return domains[0]
-        fits = [
-            d for d in domains
-            if (not block_size or d.block_size == block_size)
-            and (engine is None or d.engine == engine)
-        ]
-        if len(fits) > 1:
-            names = ", ".join(f"block_size={d.block_size} engine={d.engine.value}" for d in fits)
-            raise InvalidArgument(
-                f"model {model!r} has {len(fits)} hash domains ({names}): "
-                "set block_size and/or engine"
-            )
-        return fits[0] if fits else None
+        return self.view.resolve_domain(model, block_size, engine)
 
-    def _attach(self, source: Source, domain: HashDomain) -> RadixHashTree:
-        tree = self.trees.get(domain)
-        if tree is None:
-            tree = self.trees[domain] = RadixHashTree()
-            self._by_model.setdefault(domain.model, []).append(domain)
-        if not tree.has_source(source):
-            tree.add_source(source)
-            self._rosters.pop(domain, None)
-        return tree
-
-    def _detach(self, source: Source, domain: HashDomain) -> int:
-        tree = self.trees.get(domain)
-        if tree is None:
-            return 0
-        dropped = tree.remove_source(source)
-        self._rosters.pop(domain, None)
-        if not tree.sources:
-            del self.trees[domain]
-            models = self._by_model[domain.model]
-            models.remove(domain)
-            if not models:
-                del self._by_model[domain.model]
-        return dropped
-
-    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> _Roster:
-        roster = self._rosters.get(domain)
-        if roster is None:
-            records = self.ledger
-            roster = []
-            for bit, source in tree.bits():
-                rec = records.get(source)
-                if rec is not None:
-                    roster.append((bit, source, rec))
-            self._rosters[domain] = roster
-        return roster
+    def _publish(self, source: Source) -> None:
+        """Make the view show the source's record: its domain and effective state, or
+        nothing once it is removed (or forgotten)."""
+        rec = self.ledger.get(source)
+        if rec is None or rec.removed:
+            self.view.detach(source)
+        else:
+            self.view.attach(source, rec.domain, rec.effective_state, rec.reason)
 
     # ---- updates ---------------------------------------------------------------------------
 
@@ -255,7 +241,7 @@ class PrefixIndex:
         self.changes.append(Change(self.version, domain, source))
 
     def apply(self, update: LedgerUpdate, ingest_id: str | None = None) -> ApplyResult:
-        """Sequence and apply one ledger update (see :mod:`cortex.index.ledger` for the rules).
+        """Sequence and apply one ledger update (see :mod:`cortex.index.sequencing` for the rules).
 
         Never raises for a bad op: a malformed update leaves its source awaiting a snapshot
         and comes back as ``RESYNC`` with ``error`` set. ``ingest_id`` (the sender; None: not
@@ -263,11 +249,9 @@ class PrefixIndex:
         """
         now = self._wall()
         source = update.source
-        prior = self.ledger.get(source)
-        old_domain = prior.domain if prior is not None and not prior.removed else None
-        was_held = 0
-        if old_domain is not None and old_domain in self.trees:
-            was_held = self.trees[old_domain].blocks_of(source)
+        place = self.view.places.get(source)
+        old_domain = place.domain if place is not None else None
+        was_held = self.view.blocks_of(source)
         admission = self.ledger.admit(update, now)
         verdict = admission.verdict
         if verdict is Verdict.DUPLICATE or verdict is Verdict.STALE:
@@ -276,14 +260,10 @@ class PrefixIndex:
             rec = self.ledger.get(source)
             assert rec is not None
             changed = admission.left_ready
-            if admission.discard and old_domain is not None:
-                if old_domain != rec.domain:
-                    self._detach(source, old_domain)
-                else:
-                    self.trees[old_domain].clear(source)
-                changed = changed or was_held > 0
-            if not rec.removed:
-                self._attach(source, rec.domain)
+            if admission.discard and was_held:
+                self.view.clear(source)
+                changed = True
+            self._publish(source)
             if changed:
                 self._bump()
                 self._log_cleared(old_domain or rec.domain, source)
@@ -292,12 +272,11 @@ class PrefixIndex:
             self._apply_op(update, old_domain, was_held, admission.left_ready, now)
         except InvalidArgument as exc:
             failed = self.ledger.failed(source, update.domain, str(exc), now)
-            rec = self.ledger.get(source)
-            if rec is not None and not rec.removed:
-                self._attach(source, rec.domain)
+            self._publish(source)
             self._bump()
             self._log_cleared(update.domain, source)
             return ApplyResult(Verdict.RESYNC, failed.request_resync, str(exc))
+        self._publish(source)
         if ingest_id is not None:
             rec = self.ledger.get(source)
             if rec is None or rec.removed:
@@ -334,10 +313,10 @@ class PrefixIndex:
                 if rec is None or rec.removed:
                     continue
                 was_ready = self.ledger.owner_lost(source, INGEST_LOST, wall)
-                tree = self.trees.get(rec.domain)
-                held = tree.blocks_of(source) if tree is not None else 0
-                if held and tree is not None:
-                    tree.clear(source)
+                held = self.view.blocks_of(source)
+                if held:
+                    self.view.clear(source)
+                self._publish(source)
                 self._bump()
                 if was_ready or held:
                     self._log_cleared(rec.domain, source)
@@ -353,12 +332,11 @@ class PrefixIndex:
         prior = self.ledger.get(source)
         was_ready = prior is not None and prior.effective_state is LedgerState.READY
         admission = self.ledger.failed(source, domain, reason, now)
+        self._publish(source)
         rec = self.ledger.get(source)
-        if rec is not None and not rec.removed:
-            self._attach(source, rec.domain)
-            if was_ready:
-                self._bump()
-                self._log_cleared(rec.domain, source)
+        if rec is not None and not rec.removed and was_ready:
+            self._bump()
+            self._log_cleared(rec.domain, source)
         return ApplyResult(Verdict.RESYNC, admission.request_resync, reason)
 
     def _apply_op(
@@ -370,42 +348,39 @@ class PrefixIndex:
         now: float,
     ) -> None:
         source, domain, op = update.source, update.domain, update.op
+        view = self.view
         if isinstance(op, RemoveSource) or (
             isinstance(op, SetState) and op.state is LedgerState.REMOVED
         ):
-            if old_domain is not None:
-                self._detach(source, old_domain)
+            view.detach(source)
             self.ledger.removed(source, op.reason, now)
             self._bump()
             if old_domain is not None:
                 self._log_cleared(old_domain, source)
             return
         if isinstance(op, Snapshot):
-            if old_domain is not None and old_domain != domain:
-                self._detach(source, old_domain)
-            tree = self._attach(source, domain)
-            tree.clear(source)
+            # into the snapshot's domain (blocks of another are dropped), empty, until applied
+            view.attach(source, domain, LedgerState.SYNCING, op.reason)
+            view.clear(source)
             self._bump()
             if was_held or left_ready:
                 self._log_cleared(old_domain or domain, source)
             self._tick += 1
-            tree.store_pairs(source, op.parent_keys, op.keys, self._tick)
+            view.store_pairs(source, op.parent_keys, op.keys, self._tick)
             self.ledger.snapshot_applied(source, domain, op.state, op.reason, now)
             self._enforce_budget()
-            return
-        tree = self._attach(source, domain)
-        if isinstance(op, StoreBlocks):
+        elif isinstance(op, StoreBlocks):
             self._tick += 1
-            tree.store(source, op.parent_key, op.keys, self._tick)
+            view.store(source, op.parent_key, op.keys, self._tick)
             self._bump()
             self._enforce_budget()
         elif isinstance(op, RemoveBlocks):
-            dropped = tree.remove(source, op.keys)
+            dropped = view.remove(source, op.keys)
             self._bump()
             if dropped.size:
                 self.changes.append(Change(self.version, domain, source, dropped))
         elif isinstance(op, ClearBlocks):
-            tree.clear(source)
+            view.clear(source)
             self._bump()
             self._log_cleared(domain, source)
         else:
@@ -447,10 +422,10 @@ class PrefixIndex:
             k = min(recency.size, math.ceil(excess / per_node) * widen) - 1
             cutoff = int(np.partition(recency, k)[k])
             round_evicted = 0
-            for domain, tree in list(self.trees.items()):
-                count, dropped = tree.evict_older_than(cutoff)
-                round_evicted += count
-                for source, keys in dropped:
+            for domain in list(self.trees):
+                eviction = self.view.evict_older_than(domain, cutoff)
+                round_evicted += eviction.nodes
+                for source, keys in eviction.dropped:
                     self.changes.append(Change(version, domain, source, keys))
             evicted += round_evicted
             if not round_evicted:
@@ -512,21 +487,11 @@ class PrefixIndex:
                 raise InvalidArgument(str(exc)) from exc
         else:
             query_blocks, keys = 0, []
-        tree = self.trees.get(domain) if domain is not None else None
-        if tree is None or domain is None:
+        if domain is None:
             return MatchResult(model, domain, self.version, query_blocks, [])
         self._tick += 1
-        counts = tree.match(keys, self._tick)
-        roster = self._roster(domain, tree)
-        if candidate_workers:
-            wanted = set(candidate_workers)
-            matches = [
-                (source, counts[bit], rec.effective_state)
-                for bit, source, rec in roster
-                if source.worker_id in wanted
-            ]
-        else:
-            matches = [(source, counts[bit], rec.effective_state) for bit, source, rec in roster]
+        wanted = set(candidate_workers) if candidate_workers else ()
+        matches = self.view.match(domain, keys, self._tick, wanted)
         return MatchResult(model, domain, self.version, query_blocks, matches)
 
     def workers(self, model: str = "") -> list[WorkerView]:
@@ -535,14 +500,13 @@ class PrefixIndex:
         for rec in self.ledger:
             if model and rec.domain.model != model:
                 continue
-            tree = None if rec.removed else self.trees.get(rec.domain)
             out.append(
                 WorkerView(
                     source=rec.source,
                     domain=rec.domain,
                     state=rec.effective_state,
                     reason=rec.reason,
-                    blocks=tree.blocks_of(rec.source) if tree is not None else 0,
+                    blocks=self.view.blocks_of(rec.source),
                     epoch=rec.epoch,
                     seq=max(rec.seq, 0),
                     updated_unix_s=rec.updated_unix_s,

@@ -1,10 +1,11 @@
 """The gRPC shell of the index: the ``cortex.index.v1.Index`` service on grpclib, the
-``grpc.health.v1`` service, the Prometheus endpoint, and :class:`IndexServer`, the runner
-that owns them all (``async with IndexServer(config) as srv``).
+``grpc.health.v1`` and server-reflection services, the Prometheus endpoint, and
+:class:`IndexServer`, the runner that owns them all (``async with IndexServer(config) as
+srv``).
 
 Handlers only move messages between the wire and :class:`PrefixIndex`; validation errors
-become ``INVALID_ARGUMENT`` with a message and no internals. Match and Sync requests are
-decoded by :mod:`cortex.index.wire` (``IndexServiceBase``), not betterproto.
+become ``INVALID_ARGUMENT`` with a message and no internals. Messages are the protobuf
+classes of ``index.proto`` (upb), through :class:`~cortex.ledger.grpc.LedgerCodec`.
 """
 
 from __future__ import annotations
@@ -17,34 +18,35 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+from grpclib.reflection.service import ServerReflection
+from grpclib.server import Stream
 
-from cortex.api.index import v1 as pb
+from cortex.api.index.v1.index_grpc import IndexBase
 from cortex.index.changes import ChangeSet
 from cortex.index.config import IndexConfig
 from cortex.index.convert import (
     change_batch,
-    domain_from_wire,
     match_args,
     match_reply,
-    source_from_wire,
     stats_response,
-    update_from_wire,
     workers_response,
 )
-from cortex.index.errors import InvalidArgument
 from cortex.index.grpc_server import GrpcServer
-from cortex.index.ledger import Verdict
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
-from cortex.index.model import INGEST_LOST, Source
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
-from cortex.index.wire import IndexServiceBase, MatchQuery, MatchReply, WireBatch, WireUpdate
+from cortex.index.replicas import ReplicaHub, numbered
+from cortex.index.sequencing import Verdict
+from cortex.ledger.codec import domain_from_pb, keys_from_le, pb, source_from_pb, update_from_pb
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.grpc import LedgerCodec, TokenCheck, read_token
+from cortex.ledger.model import INGEST_LOST, Source
 
 __all__ = ["IndexServer", "IndexService"]
 
@@ -58,8 +60,17 @@ class _Drained(Exception):
     """The server began draining while a stream waited."""
 
 
-class IndexService(IndexServiceBase):
-    """``cortex.index.v1.Index`` over a :class:`PrefixIndex` (one per process)."""
+async def _messages(stream: Stream[Any, Any]) -> AsyncIterator[Any]:
+    while (message := await stream.recv_message()) is not None:
+        yield message
+
+
+class IndexService(IndexBase):
+    """``cortex.index.v1.Index`` over a :class:`PrefixIndex` (one per process).
+
+    Each gRPC method is a thin loop around a method that takes and gives messages
+    (``match``, ``sync_batches``, ``changes``, ``replicate``), which tests drive directly.
+    """
 
     def __init__(
         self, core: PrefixIndex, config: IndexConfig, metrics: IndexMetrics, index_id: str
@@ -68,6 +79,8 @@ class IndexService(IndexServiceBase):
         self.config = config
         self.metrics = metrics
         self.index_id = index_id
+        self.replicas = ReplicaHub(core, index_id, queue_bytes=config.replica_queue_bytes,
+                                   chunk_bytes=config.replica_chunk_bytes)
         self._changed = asyncio.Event()
         self._ingest_seen = asyncio.Event()  # wakes the ingest watcher when it has no deadline
         self._ingest_watch_idle = False
@@ -80,8 +93,42 @@ class IndexService(IndexServiceBase):
     def __repr__(self) -> str:
         return (
             f"IndexService(index_id={self.index_id}, inflight={self._inflight}, "
-            f"draining={self._draining.is_set()}, {self.core!r})"
+            f"draining={self._draining.is_set()}, {self.replicas!r}, {self.core!r})"
         )
+
+    # ---- gRPC methods --------------------------------------------------------------------
+
+    async def Match(self, stream: Stream[pb.MatchRequest, pb.MatchResponse]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await stream.send_message(self.match(request))
+
+    async def Workers(self, stream: Stream[pb.WorkersRequest, pb.WorkersResponse]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        with self._call():
+            reply = workers_response(self.core.workers(request.model), self.core.version)
+        await stream.send_message(reply)
+
+    async def Stats(self, stream: Stream[pb.StatsRequest, pb.StatsResponse]) -> None:
+        await stream.recv_message()
+        with self._call():
+            reply = stats_response(self.core.stats(), self.index_id)
+        await stream.send_message(reply)
+
+    async def Sync(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
+        async for reply in self.sync_batches(_messages(stream)):
+            await stream.send_message(reply)
+
+    async def Changes(self, stream: Stream[pb.ChangesRequest, pb.ChangeBatch]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        async for batch in self.changes(request):
+            await stream.send_message(batch)
+
+    async def Replicate(self, stream: Stream[pb.ReplicaRequest, pb.ReplicaBatch]) -> None:
+        async for data in self.replicate(_messages(stream)):
+            await stream.send_message(data)  # type: ignore[arg-type]  # LedgerCodec: bytes
 
     # ---- lifecycle helpers ----------------------------------------------------------------
 
@@ -105,7 +152,8 @@ class IndexService(IndexServiceBase):
         await self._idle.wait()
 
     def notify(self) -> None:
-        """Wake change-feed subscribers (the core changed)."""
+        """The core changed: replicas get the journal, change-feed subscribers wake up."""
+        self.replicas.flush()
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -148,11 +196,12 @@ class IndexService(IndexServiceBase):
 
     # ---- queries --------------------------------------------------------------------------
 
-    async def match_query(self, query: MatchQuery) -> MatchReply:
+    def match(self, request: pb.MatchRequest) -> pb.MatchResponse:
+        """Answer one Match; ``INVALID_ARGUMENT`` (GRPCError) for a malformed query."""
         with self._call():
             started = time.perf_counter()
             try:
-                args = match_args(query)
+                args = match_args(request)
                 result = self.core.match(args.model, **args.as_kwargs())
             except InvalidArgument as exc:
                 self.metrics.match_requests.labels("invalid").inc()
@@ -163,28 +212,19 @@ class IndexService(IndexServiceBase):
             self.metrics.match_query_blocks.observe(result.query_blocks)
             return reply
 
-    async def workers(self, workers_request: pb.WorkersRequest) -> pb.WorkersResponse:
-        with self._call():
-            views = self.core.workers(workers_request.model)
-            return workers_response(views, self.core.version)
-
-    async def stats(self, stats_request: pb.StatsRequest) -> pb.StatsResponse:
-        with self._call():
-            return stats_response(self.core.stats(), self.index_id)
-
     # ---- ledger updates -------------------------------------------------------------------
 
-    def _apply(self, update: WireUpdate, ingest_id: str) -> tuple[ApplyResult, Source | None]:
-        op = update.op_name
+    def _apply(self, update: pb.LedgerUpdate, ingest_id: str) -> tuple[ApplyResult, Source | None]:
+        op = update.WhichOneof("op") or "unset"
         try:
-            core_update = update_from_wire(update)
+            core_update = update_from_pb(update)
         except InvalidArgument as exc:
             self.metrics.rejected_updates.inc()
             source = domain = None
             with contextlib.suppress(InvalidArgument):
-                source = source_from_wire(update.source)
+                source = source_from_pb(update.source)
             with contextlib.suppress(InvalidArgument):
-                domain = domain_from_wire(update.domain)
+                domain = domain_from_pb(update.domain)
             now = time.monotonic()
             if now - self._last_reject_log >= 1.0:  # at most one line a second
                 self._last_reject_log = now
@@ -200,14 +240,15 @@ class IndexService(IndexServiceBase):
         self.metrics.updates.labels(op, result.verdict.value).inc()
         return result, source
 
-    async def sync_batches(self, batches: AsyncIterator[WireBatch]) -> AsyncIterator[pb.SyncReply]:
+    async def sync_batches(
+        self, batches: AsyncIterator[pb.UpdateBatch]
+    ) -> AsyncIterator[pb.SyncReply]:
         """One reply per received batch: acks, the version, sources to re-snapshot.
 
-        Batches arrive decoded by :mod:`cortex.index.wire` (a malformed one ends the stream
-        with ``INVALID_ARGUMENT``); each update is validated and applied on its own, so a
-        bad update is rejected (its source asked to resync) and the rest of the batch applies.
-        Every batch (empty ones are an idle ingest's heartbeat) and the stream's end count as
-        hearing from the batch's ``ingest_id`` (see :meth:`watch_ingests`).
+        Each update is validated and applied on its own, so a bad update is rejected (its
+        source asked to resync) and the rest of the batch applies. Every batch (empty ones
+        are an idle ingest's heartbeat) and the stream's end count as hearing from the
+        batch's ``ingest_id`` (see :meth:`watch_ingests`).
         """
         metrics = self.metrics
         metrics.sync_streams.inc()
@@ -248,13 +289,11 @@ class IndexService(IndexServiceBase):
                     if self._ingest_watch_idle:  # no deadline yet: this batch may set one
                         self._ingest_seen.set()
                     self.notify()
-                    yield pb.SyncReply(
-                        applied_batches=applied,
-                        index_version=self.core.version,
-                        resync=[pb.Source(worker_id=s.worker_id, dp_rank=s.dp_rank)
-                                for s in resync],
-                        index_id=self.index_id,
-                    )
+                    reply = pb.SyncReply(applied_batches=applied, index_version=self.core.version,
+                                         index_id=self.index_id)
+                    for s in resync:
+                        reply.resync.add(worker_id=s.worker_id, dp_rank=s.dp_rank)
+                    yield reply
         finally:
             metrics.sync_streams.dec()
             if ingest_id is not None:
@@ -342,6 +381,63 @@ class IndexService(IndexServiceBase):
         finally:
             metrics.change_subscribers.dec()
 
+    # ---- ledger replicas ------------------------------------------------------------------
+
+    async def replicate(self, requests: AsyncIterator[pb.ReplicaRequest]) -> AsyncIterator[bytes]:
+        """A replica stream: the snapshot, then every journal batch, numbered 1, 2, ...
+        (encoded bytes: a live batch is encoded once for every subscriber). Heartbeats when
+        idle; a subscriber that falls ``replica_queue_bytes`` behind is cut off with
+        ``RESOURCE_EXHAUSTED``. Later requests' touched blocks refresh the index's recency.
+        """
+        try:
+            first = await self._next(requests)
+        except _Drained:
+            raise GRPCError(Status.UNAVAILABLE, _DRAINING) from None
+        if first is None:
+            return
+        models = frozenset(m for m in first.models if m)
+        hub, metrics = self.replicas, self.metrics
+        with self._call():
+            sub, snapshot = hub.subscribe(models, first.replica_id)
+            metrics.replica_subscribers.set(len(hub.subscribers))
+            log.info("replica %r subscribed (models=%s)", sub.replica_id,
+                     ",".join(sorted(models)) or "all")
+            touches = asyncio.create_task(self._touches(requests), name="replica-touches")
+            try:
+                seq = 0
+                for batch in snapshot:
+                    seq += 1
+                    batch.seq = seq
+                    data = batch.SerializeToString()
+                    metrics.replica_snapshot_bytes.inc(len(data))
+                    yield data
+                heartbeat = self.config.replica_heartbeat_s
+                while True:
+                    if self._draining.is_set():
+                        raise GRPCError(Status.UNAVAILABLE, _DRAINING)
+                    queued = await sub.get(heartbeat)
+                    if sub.overflowed:
+                        metrics.replica_overflows.inc()
+                        log.warning("replica %r fell %d bytes behind: cut off, it will resync",
+                                    sub.replica_id, sub.max_bytes)
+                        raise GRPCError(Status.RESOURCE_EXHAUSTED, "replica fell behind")
+                    seq += 1
+                    yield numbered(seq, queued if queued is not None else hub.heartbeat())
+            finally:
+                touches.cancel()
+                await asyncio.gather(touches, return_exceptions=True)
+                hub.unsubscribe(sub)
+                metrics.replica_subscribers.set(len(hub.subscribers))
+                log.info("replica %r unsubscribed after %d batches", sub.replica_id, seq)
+
+    async def _touches(self, requests: AsyncIterator[pb.ReplicaRequest]) -> None:
+        """Apply a replica's touch reports until its stream ends."""
+        async for request in requests:
+            for touch in request.touched:
+                with contextlib.suppress(InvalidArgument):
+                    self.core.touch(domain_from_pb(touch.domain),
+                                    keys_from_le(touch.keys_le, "keys_le").tolist())
+
 
 def _bound_socket(host: str, port: int) -> socket.socket:
     """A listening-ready TCP socket bound to ``host:port`` (port 0: the kernel picks)."""
@@ -382,7 +478,9 @@ class IndexServer:
             max_tombstones=c.max_tombstones,
             ingest_grace_s=c.ingest_grace_s,
         )
-        self.metrics = IndexMetrics(lambda: self.core)
+        self.tokens = TokenCheck(read_token(c.peer_token_file) if c.peer_token_file else None,
+                                 read_token(c.query_token_file) if c.query_token_file else None)
+        self.metrics = IndexMetrics(lambda: self.core, lambda: self.tokens.refused)
         self._service: IndexService | None = None
         self._serving = ServiceStatus()
         self._grpc: GrpcServer | None = None
@@ -426,7 +524,8 @@ class IndexServer:
         c = self.config
         service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
         health = Health({service: [self._serving]})
-        server = GrpcServer([service, health])
+        server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec())
+        self.tokens.install(server)
         try:
             sock = _bound_socket(c.host, c.port)
             self._port = sock.getsockname()[1]

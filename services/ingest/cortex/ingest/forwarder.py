@@ -36,7 +36,6 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
-from cortex.api.index import v1 as pb
 from cortex.hashing import HashDomain
 from cortex.ingest.errors import ConfigError, IndexUnavailable
 from cortex.ingest.ops import (
@@ -50,7 +49,9 @@ from cortex.ingest.ops import (
     SourceId,
     Store,
 )
-from cortex.ingest.wire import EncodedBatch, RawCodec, UpdateEncoder, encode_batch_bytes
+from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
+from cortex.ledger.codec import pb
+from cortex.ledger.grpc import LedgerCodec, method
 
 __all__ = [
     "EpochClock",
@@ -63,7 +64,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SYNC_METHOD = "/cortex.index.v1.Index/Sync"
+SYNC_METHOD = method("Sync")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +268,7 @@ class IndexForwarder:
         try:
             while True:
                 self.state = ForwarderState.CONNECTING
-                channel = Channel(self.target.host, self.target.port, codec=RawCodec())
+                channel = Channel(self.target.host, self.target.port, codec=LedgerCodec())
                 try:
                     await self._stream(channel)
                 except (
@@ -361,7 +362,7 @@ class IndexForwarder:
                     continue
                 self.heartbeats += 1  # nothing to send for a while: an empty batch
             data = encode_batch_bytes(self.ingest_id, updates)
-            await stream.send_message(EncodedBatch(data, len(updates)))  # type: ignore[arg-type]
+            await stream.send_message(data)  # type: ignore[arg-type]  # LedgerCodec: bytes
             last_sent = loop.time()
             self.sent_batches += 1
             self._stream_batches += 1

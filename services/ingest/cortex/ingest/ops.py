@@ -9,10 +9,9 @@ continuous, so no epoch change is needed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import NamedTuple
 
 from cortex.hashing import HashDomain
+from cortex.ledger.model import LedgerState, Source
 
 __all__ = [
     "Clear",
@@ -28,28 +27,8 @@ __all__ = [
 ]
 
 
-class LedgerState(IntEnum):
-    """A source's ledger state; values equal ``cortex.index.v1.LedgerState``.
-
-    Only ``READY`` sources get exact-KV credit from routers.
-    """
-
-    UNSPECIFIED = 0
-    SYNCING = 1  # connected, history not confirmed yet
-    READY = 2  # every event applied in order
-    STALE = 3  # a gap is being repaired
-    REMOVED = 4  # lease lost; blocks pruned
-    MISALIGNED = 5  # block size disagrees with the domain config: no exact routing
-
-
-class SourceId(NamedTuple):
-    """One ledger source: a worker's data-parallel rank."""
-
-    worker_id: str
-    dp_rank: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.worker_id}#{self.dp_rank}"
+SourceId = Source
+"""One ledger source: a worker's data-parallel rank (the ledger library's :class:`Source`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from cortex.index.errors import InvalidArgument
-from cortex.index.model import Source
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import Source
 
-__all__ = ["FREE", "NO_PARENT", "RadixHashTree", "node_bytes"]
+__all__ = ["FREE", "NO_PARENT", "Eviction", "RadixHashTree", "TreeColumns", "no_eviction",
+           "node_bytes"]
 
 if sys.byteorder != "little":  # pragma: no cover - holder bit counting views uint64 as bytes
-    raise ImportError("cortex.index.tree needs a little-endian machine")
+    raise ImportError("cortex.ledger.tree needs a little-endian machine")
 
 NO_PARENT = -1
 """``_parent`` of a node whose parent block is not in the tree."""
@@ -47,6 +49,8 @@ FREE = -2
 """``_parent`` of a slot on the free stack."""
 
 _U64 = np.uint64
+_SMALL = 16
+"""Pairs up to which a store runs element by element (see ``_store_small``)."""
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
 
 # Per-node cost outside the numpy columns, measured on CPython 3.11 (x86-64): the dict's
@@ -55,6 +59,49 @@ _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
 _DICT_BYTES_PER_NODE = 42 + 40 + 32
 # key 8 + parent 4 + children 4 + recency 8, plus 8 per holder word
 _COLUMN_BYTES_PER_NODE = 24
+
+
+@dataclass(frozen=True, slots=True)
+class TreeColumns:
+    """A whole tree as columns (see :meth:`RadixHashTree.columns`): per slot its key
+    (``uint64``), parent slot (``int32``: ``NO_PARENT``, ``FREE``) and holder bitset
+    (``uint64[slots, words]``); ``sources[bit]`` is the source of each holder bit."""
+
+    keys: npt.NDArray[np.uint64]
+    parents: npt.NDArray[np.int32]
+    holders: npt.NDArray[np.uint64]
+    sources: list[Source | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Nodes evicted from a tree: every one's key, and per holder the keys it lost."""
+
+    keys: npt.NDArray[np.uint64]
+    dropped: tuple[tuple[Source, npt.NDArray[np.uint64]], ...]
+
+    @property
+    def nodes(self) -> int:
+        return len(self.keys)
+
+
+_NO_EVICTION = Eviction(np.zeros(0, np.uint64), ())
+
+
+def _count_bits(counts: list[int], before: list[int], after: list[int], count: int) -> None:
+    """``counts[bit] = count`` for every bit set in ``before`` and clear in ``after``
+    (holder words, 64 bits each)."""
+    for word, (was, now) in enumerate(zip(before, after, strict=True)):
+        dropped = was & ~now
+        base = 64 * word
+        while dropped:
+            low = dropped & -dropped
+            counts[base + low.bit_length() - 1] = count
+            dropped ^= low
+
+
+def no_eviction() -> Eviction:
+    return _NO_EVICTION
 
 
 def node_bytes(words: int) -> int:
@@ -72,7 +119,9 @@ class RadixHashTree:
       once (placeholders included).
     * ``match(keys)`` gives, per registered source, the count of consecutive leading ``keys``
       it holds.
-    * ``evict(slots)`` forgets leaf nodes for every holder (see ``oldest_leaves``).
+    * ``evict_older_than(cutoff)`` / ``evict_keys(keys)`` forget whole old subtrees for every
+      holder (the memory budget; a replica repeats its index's evictions by key).
+    * ``columns()`` / ``from_columns()`` copy the whole tree (a replica's snapshot).
     * Counts are in blocks; ``bytes_estimate`` is in bytes (``nodes * node_bytes(words)``).
     """
 
@@ -169,6 +218,10 @@ class RadixHashTree:
 
     def has_source(self, source: Source) -> bool:
         return source in self._bit_of
+
+    def bit_of(self, source: Source) -> int:
+        """The holder bit of a registered source (``KeyError`` otherwise)."""
+        return self._bit_of[source]
 
     # ---- slots ---------------------------------------------------------------------------
 
@@ -300,6 +353,8 @@ class RadixHashTree:
             if j is not None and j >= i:
                 raise InvalidArgument(f"blocks not listed parents-first (block {i})")
         bit = self.add_source(source)
+        if n <= _SMALL:
+            return self._store_small(bit, parent_keys, keys, now)
         get = self._slot_of.get
         slots = [get(k, -1) for k in keys]
         fresh_keys = [k for k, s in zip(keys, slots, strict=True) if s < 0]
@@ -338,6 +393,48 @@ class RadixHashTree:
         self._recency[uniq] = now
         self._held[bit] += fresh
         return fresh
+
+    def _store_small(self, bit: int, parent_keys: Sequence[int], keys: Sequence[int],
+                     now: int) -> int:
+        """:meth:`store_pairs` of a few (validated) pairs, one at a time: what a single
+        engine event carries. Per-call numpy overhead would cost more than the work."""
+        slot_of = self._slot_of
+        word, mask = bit >> 6, 1 << (bit & 63)
+        self._grow(self._high + 2 * len(keys))  # room for every key and parent: no regrowth
+        holders, recency = self._holders, self._recency
+        fresh = 0
+        for parent_key, key in zip(parent_keys, keys, strict=True):
+            pslot = slot_of.get(parent_key)
+            if pslot is None:  # an unknown parent: a holderless placeholder root
+                pslot = self._new_slot(parent_key, NO_PARENT, now)
+            slot = slot_of.get(key)
+            if slot is None:
+                slot = self._new_slot(key, pslot, now)
+            elif self._parent[slot] == NO_PARENT:
+                self._link_orphan(slot, pslot)
+            held = int(holders[slot, word])
+            if not held & mask:
+                holders[slot, word] = held | mask
+                fresh += 1
+            recency[slot] = now
+        self._held[bit] += fresh
+        return fresh
+
+    def _new_slot(self, key: int, parent: int, now: int) -> int:
+        """A node for ``key`` under ``parent`` (a slot, or ``NO_PARENT``)."""
+        if self._nfree:
+            self._nfree -= 1
+            slot = int(self._free[self._nfree])
+        else:
+            slot = self._high
+            self._high += 1
+        self._slot_of[key] = slot
+        self._key[slot] = key
+        self._parent[slot] = parent
+        self._recency[slot] = now
+        if parent >= 0:
+            self._children[parent] += 1
+        return slot
 
     def remove(self, source: Source, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
         """``source`` no longer holds ``keys``; returns the keys it actually held (dropped)."""
@@ -415,11 +512,13 @@ class RadixHashTree:
             return counts
         idx = np.array(slots[:n] if n < len(slots) else slots, np.int64)
         cum = np.bitwise_and.accumulate(self._holders[idx], axis=0)
-        # cumulative AND only loses bits, so a source's count is the rows that keep its bit
-        bits = np.unpackbits(cum.view(np.uint8), axis=1, bitorder="little")
         self._recency[idx] = now
-        result: list[int] = bits.sum(axis=0, dtype=np.int64).tolist()
-        return result
+        # cumulative AND only loses bits: a source's count is the row where its bit drops
+        # (the rows where anything drops are few, one per source at most), or n
+        for row in (np.flatnonzero((cum[1:] != cum[:-1]).any(axis=1)) + 1).tolist():
+            _count_bits(counts, cum[row - 1].tolist(), cum[row].tolist(), row)
+        _count_bits(counts, cum[-1].tolist(), [0] * cum.shape[1], n)
+        return counts
 
     def bits(self) -> Iterator[tuple[int, Source]]:
         """``(bit, source)`` of every registered source."""
@@ -443,6 +542,11 @@ class RadixHashTree:
         rows = np.flatnonzero(self._holders[: self._high, bit >> 6] & _U64(1 << (bit & 63)))
         return set(self._key[rows].tolist())
 
+    def recency_of(self, key: int) -> int:
+        """The recency tick of block ``key`` (-1 when absent; for tests and debugging)."""
+        slot = self._slot_of.get(key)
+        return -1 if slot is None else int(self._recency[slot])
+
     def parent_of(self, key: int) -> int | None:
         """Parent block key of ``key`` (None when unknown or a root)."""
         slot = self._slot_of.get(key)
@@ -459,15 +563,13 @@ class RadixHashTree:
         recency: npt.NDArray[np.uint64] = self._recency[:hi][self._parent[:hi] != FREE]
         return recency
 
-    def evict_older_than(
-        self, cutoff: int
-    ) -> tuple[int, list[tuple[Source, npt.NDArray[np.uint64]]]]:
+    def evict_older_than(self, cutoff: int) -> Eviction:
         """Evict every node whose whole subtree has recency <= ``cutoff``.
 
         That is exactly what repeatedly evicting a least-recently-used *leaf* (recency <=
         ``cutoff``) converges to, done in a few vectorised passes: a young node protects its
         ancestors, and only unprotected old nodes go, so no kept node loses a descendant's
-        link. Returns ``(evicted nodes, [(source, keys it lost)])``.
+        link.
         """
         hi = self._high
         parent = self._parent[:hi]
@@ -485,10 +587,28 @@ class RadixHashTree:
             protected[up] = True
             frontier = up[old[up]]
         victims = np.flatnonzero(old & ~protected)
+        return self._evict_slots(victims)
+
+    def evict_keys(self, keys: Sequence[int]) -> Eviction:
+        """Evict the nodes of ``keys`` for every holder (another tree's eviction, repeated).
+
+        The set is meant to be closed under descendants, as :meth:`evict_older_than` picks
+        it; a kept child of an evicted node becomes a root (its prefix is gone, so it can no
+        longer match: only under-estimates). Unknown keys are ignored.
+        """
+        get = self._slot_of.get
+        found = [s for s in (get(k) for k in keys) if s is not None]
+        if not found:
+            return _NO_EVICTION
+        return self._evict_slots(np.unique(np.array(found, np.int64)))
+
+    def _evict_slots(self, victims: npt.NDArray[np.int64]) -> Eviction:
         if not victims.size:
-            return 0, []
+            return _NO_EVICTION
+        hi = self._high
+        parent = self._parent[:hi]
         rows = self._holders[victims]
-        keys = self._key[victims]
+        keys = self._key[victims].copy()
         dropped: list[tuple[Source, npt.NDArray[np.uint64]]] = []
         for bit, source in self.bits():
             held = (rows[:, bit >> 6] & _U64(1 << (bit & 63))) != 0
@@ -502,6 +622,11 @@ class RadixHashTree:
         parents = parent[victims].astype(np.int64)
         victim_mask = np.zeros(hi, np.bool_)
         victim_mask[victims] = True
+        kept_children = np.flatnonzero(
+            ~victim_mask & (parent >= 0) & victim_mask[np.maximum(parent, 0)]
+        )
+        if kept_children.size:
+            self._parent[kept_children] = NO_PARENT
         outside = parents[parents >= 0]
         outside = outside[~victim_mask[outside]]
         self._parent[victims] = FREE
@@ -514,7 +639,79 @@ class RadixHashTree:
         if outside.size:
             np.subtract.at(self._children, outside, 1)
             self._reclaim(self._dead(np.unique(outside)))
-        return len(victims), dropped
+        return Eviction(keys, tuple(dropped))
+
+    def touch(self, keys: Sequence[int], now: int) -> int:
+        """Give the nodes of ``keys`` recency ``now`` (matched elsewhere); returns how many
+        exist. A touched node protects its ancestors from eviction too."""
+        get = self._slot_of.get
+        found = [s for s in (get(k) for k in keys) if s is not None]
+        if found:
+            self._recency[np.array(found, np.int64)] = now
+        return len(found)
+
+    # ---- copies --------------------------------------------------------------------------
+
+    def columns(self) -> TreeColumns:
+        """A copy of every slot handed out so far (free ones included), and the source of
+        each holder bit: what :meth:`from_columns` rebuilds the same tree from."""
+        hi = self._high
+        return TreeColumns(
+            keys=self._key[:hi].copy(),
+            parents=self._parent[:hi].copy(),
+            holders=self._holders[:hi].copy(),
+            sources=list(self._source_at),
+        )
+
+    @classmethod
+    def from_columns(cls, columns: TreeColumns) -> RadixHashTree:
+        """The tree :meth:`columns` copied (recency starts at 0 everywhere).
+
+        Raises :class:`InvalidArgument` when the columns are inconsistent (lengths, parents
+        outside the slots, a key twice, holder bits without a source); nothing is kept then.
+        """
+        keys, parents, holders = columns.keys, columns.parents, columns.holders
+        n = len(keys)
+        if len(parents) != n or holders.ndim != 2 or holders.shape[0] != n:
+            raise InvalidArgument("tree columns differ in length")
+        words = holders.shape[1]
+        if words < 1 or len(columns.sources) != 64 * words:
+            raise InvalidArgument("tree columns: holder width and sources disagree")
+        if n and (parents.min() < FREE or parents.max() >= n):
+            raise InvalidArgument("tree columns: a parent slot is out of range")
+        live = parents != FREE
+        linked = parents[live]
+        linked = linked[linked >= 0]
+        if linked.size and np.any(parents[linked] == FREE):
+            raise InvalidArgument("tree columns: a node's parent is a free slot")
+        live_keys = keys[live].tolist()
+        tree = cls(max(n, 16))
+        slot_of = dict(zip(live_keys, np.flatnonzero(live).tolist(), strict=True))
+        if len(slot_of) != len(live_keys):
+            raise InvalidArgument("tree columns: a block key appears twice")
+        sources = columns.sources
+        named = {s for s in sources if s is not None}
+        if len(named) != sum(s is not None for s in sources):
+            raise InvalidArgument("tree columns: a source has two bits")
+        bits = np.unpackbits(holders[live].view(np.uint8), axis=1, bitorder="little")
+        held = bits.sum(axis=0, dtype=np.int64)
+        if any(held[b] and sources[b] is None for b in range(len(sources))):
+            raise InvalidArgument("tree columns: holder bits without a source")
+        if words > 1:
+            tree._holders = np.zeros((tree.capacity, words), _U64)
+        tree._slot_of = slot_of
+        tree._key[:n] = np.where(live, keys, 0)
+        tree._parent[:n] = parents
+        tree._holders[:n] = np.where(live[:, None], holders, 0)
+        tree._children[:n] = np.bincount(linked, minlength=n)[:n] if n else 0
+        tree._high = n
+        free = np.flatnonzero(~live)
+        tree._push_free(free.astype(np.int64))
+        tree._source_at = list(sources)
+        tree._bit_of = {s: b for b, s in enumerate(sources) if s is not None}
+        tree._free_bits = sorted((b for b, s in enumerate(sources) if s is None), reverse=True)
+        tree._held = held
+        return tree
 
     # ---- checks --------------------------------------------------------------------------
 

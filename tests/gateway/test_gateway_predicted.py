@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from cortex.gateway.hotcache import HotCache
 from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.predicted import PredictedBlocks
 
@@ -17,38 +16,6 @@ class Clock:
 
 def answer(*holders: tuple[str, int]) -> MatchAnswer:
     return MatchAnswer(tuple(SourceMatch(w, 0, b, LedgerState.READY) for w, b in holders), 1, 4)
-
-
-def test_hot_cache_answers_the_same_query_within_staleness() -> None:
-    clock = Clock()
-    cache = HotCache(max_entries=10, staleness_ms=250, clock=clock)
-    key = HotCache.key("d", [1, 2, 3, 4])
-    assert key is not None and cache.get(key) is None
-    cache.put(key, answer(("a", 4)))
-    assert cache.get(key) == answer(("a", 4))
-    assert cache.get(("d", 3, 3)) is None  # a shorter query is another query
-    clock.now += 0.3
-    assert cache.get(key) is None
-    assert (cache.stats.hits, cache.stats.stale) == (1, 1)
-
-
-def test_hot_cache_invalidation_by_worker_and_reset() -> None:
-    cache = HotCache(max_entries=10, staleness_ms=1000, clock=Clock())
-    cache.put(("d", 4, 4), answer(("a", 4), ("b", 2)))
-    cache.put(("d", 4, 8), answer(("b", 1)))
-    cache.put(("d", 4, 9), answer(("c", 3)))
-    assert cache.invalidate_workers(["a"]) == 1
-    assert cache.get(("d", 4, 4)) is None and cache.get(("d", 4, 8)) is not None
-    assert cache.invalidate_workers(["b"]) == 1
-    cache.clear()
-    assert len(cache) == 0
-
-
-def test_hot_cache_is_bounded_lru() -> None:
-    cache = HotCache(max_entries=2, staleness_ms=1000, clock=Clock())
-    for last in (1, 2, 3):
-        cache.put(("d", 1, last), answer(("a", 1)))
-    assert len(cache) == 2 and cache.get(("d", 1, 1)) is None
 
 
 def test_predicted_blocks_credit_leading_chain_until_ttl() -> None:

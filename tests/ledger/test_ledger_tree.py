@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.index.errors import InvalidArgument
-from cortex.index.model import Source
-from cortex.index.tree import RadixHashTree, node_bytes
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import Source
+from cortex.ledger.tree import RadixHashTree, node_bytes
 
 A, B, C = Source("a"), Source("b"), Source("c", 1)
 ROOT = 0xFFFF_0000_0000_0001
@@ -129,11 +129,12 @@ def test_eviction_takes_least_recently_matched_subtrees_only() -> None:
     tree.store(B, 101, [150], now=6)
     tree.match(chain(100, 3), now=10)  # the 100-chain is now the most recent
     tree.store(A, 202, [203], now=7)  # a young leaf protects the old 200-chain
-    assert tree.evict_older_than(cutoff=5) == (0, [])
-    evicted, dropped = tree.evict_older_than(cutoff=7)
+    assert tree.evict_older_than(cutoff=5).nodes == 0
+    eviction = tree.evict_older_than(cutoff=7)
     # 200..203 go (their subtree is old); 100..102 are newer, 150 (6) hangs below 101
-    assert evicted == 5  # 200..203 and 150
-    assert {s: sorted(k.tolist()) for s, k in dropped} == {A: [200, 201, 202, 203], B: [150]}
+    assert sorted(eviction.keys.tolist()) == [150, 200, 201, 202, 203]
+    assert {s: sorted(k.tolist()) for s, k in eviction.dropped} == {
+        A: [200, 201, 202, 203], B: [150]}
     assert counts(tree, chain(100, 3)) == {A: 3, B: 0}
     assert tree.evicted == 5
     tree.check_invariants()
@@ -232,8 +233,7 @@ def test_random_operations_agree_with_the_naive_model(
             tree.remove_source(source)
             model.remove_source(source)
         elif op == "evict":
-            _, dropped_pairs = tree.evict_older_than(cutoff=step - length)
-            for s, k in dropped_pairs:
+            for s, k in tree.evict_older_than(cutoff=step - length).dropped:
                 model.remove(s, k.tolist())
         query = [key[n] for n in full]
         expected = model.match(query)

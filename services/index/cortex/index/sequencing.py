@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from cortex.hashing import HashDomain
-from cortex.index.model import (
+from cortex.ledger.model import (
     LedgerState,
     LedgerUpdate,
     RemoveSource,

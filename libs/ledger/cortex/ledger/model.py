@@ -1,8 +1,9 @@
-"""Value types of the index core: sources, ledger states and ledger updates.
+"""Value types of the ledger: sources, ledger states and the ingest → index updates.
 
-These are the socket-free twins of the ``cortex.index.v1`` messages; ``convert`` translates at
-the gRPC boundary. Hash domains are :class:`cortex.hashing.HashDomain` (model + block size +
-engine kind), which is hashable and so keys the per-domain trees.
+These are the socket-free twins of the ``cortex.index.v1`` messages;
+:mod:`cortex.ledger.codec` translates at the gRPC boundary. Hash domains are
+:class:`cortex.hashing.HashDomain` (model + block size + engine kind), which is hashable and
+so keys the per-domain trees.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class LedgerState(IntEnum):
     STALE = 3
     REMOVED = 4
     MISALIGNED = 5
+
+    @property
+    def label(self) -> str:
+        """Lower-case name for JSON, logs and metric labels (``unknown`` for UNSPECIFIED)."""
+        return "unknown" if self is LedgerState.UNSPECIFIED else self.name.lower()
 
 
 INGEST_LOST = "ingest_lost"

