@@ -128,7 +128,7 @@ class InferenceHandler:
         self.metrics.admission_wait_seconds.observe(time.perf_counter() - waited)
         return True
 
-    async def _admit(self, request: Request, endpoint: Endpoint, deadline: float
+    async def _read_and_route(self, request: Request, endpoint: Endpoint, deadline: float
                      ) -> tuple[InferenceRequest, bytes, Routed]:
         """Read, validate and route the request; raises :class:`GatewayError` for what
         the client must fix (also what only surfaces while tokenizing)."""
@@ -153,7 +153,7 @@ class InferenceHandler:
         client went away)."""
         deadline = time.monotonic() + self.config.upstream.request_timeout_s
         try:
-            req, raw, routed = await self._admit(request, endpoint, deadline)
+            req, raw, routed = await self._read_and_route(request, endpoint, deadline)
         except ClientDisconnected:
             self.metrics.client_disconnects.inc()
             return 499
