@@ -229,13 +229,14 @@ class LocalCluster:
                 self._start_redis(redis_binary)
             if spec.services:
                 self._start_index()
-                for i, port in enumerate(gateway_ports):
-                    self._start_gateway(i, port)
                 self._start_ingest()
             for wid, role, offset in launched:
                 self._wait_sim(wid, role, offset, deadline)
             if spec.services:
-                self._wait_services(deadline, register=True)
+                # the gateways seed the workers: they re-assert them if Redis forgets them
+                for i, port in enumerate(gateway_ports):
+                    self._start_gateway(i, port)
+                self._wait_services(deadline, register=not spec.gateways)
         except BaseException:
             self.stop()
             raise
@@ -439,7 +440,12 @@ class LocalCluster:
             "index": {"targets": [self.index_target]},
             "registry": {"redis_url": self.redis_url, "lease_ttl_s": spec.lease_ttl_s,
                          "poll_interval_s": interval},
-            "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5))},
+            # a dead dev worker leaves within its lease (production waits health.remove_after_s
+            # first); probe timeouts of a worker busy with a gateway's request never count
+            "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5)),
+                       "remove_after_s": 0},
+            "workers": [w.spec(spec.model, spec.block_size).to_dict()
+                        for w in self.workers.values()],
         }
         return _merge(document, spec.gateway_config)
 

@@ -28,6 +28,7 @@ from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.encoder import EncoderMode, ParallelEncoder
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.heavylane import HeavyLane, TokenizerSpec
+from cortex.gateway.limits import check_prompt_tokens
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.payload import Endpoint, InferenceRequest, PromptKind
 from cortex.gateway.tokenize import EncodePlan, PromptTokenizer
@@ -115,12 +116,7 @@ class Tokenization:
             ids = await self.chat_tokens(req.model, prompt.chat)
         else:
             ids = await self.text_tokens(req.model, prompt.text, prompt.add_special_tokens)
-        limit = req.model.max_prompt_tokens
-        if limit is not None and len(ids) > limit:
-            raise ClientError(
-                f"prompt has {len(ids)} tokens, over this model's limit of {limit}",
-                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages"
-                if prompt.kind is PromptKind.CHAT else "prompt")
+        check_prompt_tokens(req.limits, req.body, len(ids), req.prompt_param)
         return ids
 
     def is_heavy(self, args: RenderArgs) -> bool:
