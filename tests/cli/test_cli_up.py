@@ -7,6 +7,7 @@ itself being killed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -183,6 +184,23 @@ def test_every_child_dies_with_a_killed_launcher(launch: Any) -> None:
 
     wait_until(lambda: all(gone(pid) for pid in started.values()), timeout=20,
                what="the children to die with the launcher")
+    # SIGKILL left its state file behind: the next start replaces it instead of trusting it
+    assert json.loads(up.state_file.read_text())["launcher_pid"] == up.proc.pid
+    again = launch(gateways="0")
+
+    def replaced() -> bool:
+        assert again.proc.poll() is None, again.stderr()
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            return bool(json.loads(again.state_file.read_text())["launcher_pid"]
+                        == again.proc.pid)
+        return False
+
+    wait_until(replaced, timeout=START_TIMEOUT_S, interval=0.05, what="a fresh state file")
+    assert "removed the stale state file" in again.stdout()
+    # and a running launcher's file is not taken over
+    third = launch(gateways="0")
+    assert third.wait_exit() == 1
+    assert f"belongs to a running cortex up (pid {again.proc.pid})" in third.stderr()
 
 
 def test_workers_0_runs_the_services_for_workers_registered_by_hand(

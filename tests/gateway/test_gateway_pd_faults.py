@@ -159,9 +159,26 @@ async def test_pd_client_errors_pass_through_without_retry(
 ) -> None:
     (prefill,), (decode,) = await sglang_pair(start_sim)
     gw = await start_gateway(pd_specs([prefill], [decode]), pd=FAST)
-    status, headers, body = await post(http, gw, chat("too long", max_tokens=10**6))
-    assert status == 400 and headers["x-cortex-attempts"] == "1"
-    assert "context length" in json.loads(body)["message"]
+    prefill.set_faults(error_rate=1.0, error_status=422)  # the engine refuses the request
+    status, headers, body = await post(http, gw, chat("refused"))
+    assert status == 422 and headers["x-cortex-attempts"] == "1"
+    error = json.loads(body)["error"]  # relayed in the gateway's OpenAI shape
+    assert error["message"] == "injected fault: HTTP 422"
+    assert (error["code"], error["type"]) == ("invalid_request", "invalid_request_error")
+    prefill.clear_faults()
+    await settled(prefill, decode)
+
+
+async def test_pd_workers_that_are_all_busy_make_a_429_not_a_502(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    (prefill,), (decode,) = await sglang_pair(start_sim)
+    gw = await start_gateway(pd_specs([prefill], [decode]), pd=FAST)
+    prefill.set_faults(error_rate=1.0, error_status=429)
+    status, headers, body = await post(http, gw, chat("busy pair"))
+    assert (status, json.loads(body)["error"]["code"]) == (429, "rate_limited")
+    assert headers["Retry-After"] == "1"
+    prefill.clear_faults()
     await settled(prefill, decode)
 
 

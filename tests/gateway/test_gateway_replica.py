@@ -209,3 +209,31 @@ async def test_evictions_reach_the_replica_and_matched_blocks_survive_them(
 
         await wait_until_async(evicted, timeout=5, what="the eviction replicated")
         assert index.core.evictions >= 40
+
+
+async def test_a_guarded_index_replicates_to_the_gateway_holding_its_token(
+    tmp_path: Any, start_sim: StartSim, start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+) -> None:
+    token = tmp_path / "peer.token"
+    token.write_text("s3cret-peer-token")
+    tokens = prompt(8, 4)
+    async with IndexServer(index_config(peer_token_file=str(token))) as index:
+        host, _, port = index.target.rpartition(":")
+        channel = Channel(host, int(port), codec=LedgerCodec())
+        w0 = LedgerUpdates("w0", DOMAIN)
+        async with SyncSession(channel, token="s3cret-peer-token") as session:
+            await session.send([w0.chain_snapshot([(DOMAIN.root_key(), DOMAIN.keys(tokens))])])
+        channel.close()
+        trusted = await replica_gateway(start_sim, start_gateway, index.target,
+                                        token_file=str(token))
+        stranger = await replica_gateway(start_sim, start_gateway, index.target)
+
+        async def synced() -> bool:
+            found = await explain(http, trusted, tokens)
+            return found["match_source"] == "replica" and credit(found) == 64
+
+        await wait_until_async(synced, timeout=10, what="the trusted gateway's replica")
+        body = await ready(http, stranger)
+        assert "no_replica" in body["degraded"]
+        assert index.tokens.refused > 0

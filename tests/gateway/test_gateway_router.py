@@ -33,7 +33,6 @@ class ColdIndex:
     """Every worker's ledger READY, no block of any query held."""
 
     available = True
-    feed_connected = False
 
     async def match(self, domain: HashDomain, keys: list[int], deadline: float
                     ) -> MatchAnswer | None:

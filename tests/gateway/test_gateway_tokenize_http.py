@@ -85,9 +85,9 @@ async def test_bad_tokenize_requests_are_openai_errors(start_sim: StartSim,
     assert status == 400 and json.loads(body)["error"]["param"] == "tokens"
 
 
-async def stream_answer(http: aiohttp.ClientSession, url: str, messages: list[dict[str, str]]
-                        ) -> str:
-    body = {"model": MODEL, "messages": messages, "stream": True, "max_tokens": 24}
+async def stream_answer(http: aiohttp.ClientSession, url: str, messages: list[dict[str, str]],
+                        max_tokens: int = 24) -> str:
+    body = {"model": MODEL, "messages": messages, "stream": True, "max_tokens": max_tokens}
     text = []
     async with http.post(url + "/v1/chat/completions", json=body) as response:
         assert response.status == 200
@@ -98,8 +98,8 @@ async def stream_answer(http: aiohttp.ClientSession, url: str, messages: list[di
     return "".join(text)
 
 
-def fed(gw: GatewayServer) -> float:
-    metric = gw.gateway.metrics.tokenize_answer_feeds.labels(model=MODEL, result="fed")
+def fed(gw: GatewayServer, result: str = "fed") -> float:
+    metric = gw.gateway.metrics.tokenize_answer_feeds.labels(model=MODEL, result=result)
     value: float = metric._value.get()
     return value
 
@@ -109,7 +109,7 @@ async def test_the_next_turn_encodes_only_its_new_message(
         stream: bool, start_sim: StartSim, start_gateway: StartGateway,
         http: aiohttp.ClientSession) -> None:
     sim = await start_sim()
-    gw = await start_gateway([spec_of(sim, "w1")])
+    gw = await start_gateway([spec_of(sim, "w1")], tokenize=TokenizeConfig(feed_min_tokens=8))
     messages = [{"role": "system", "content": "You are terse. " * 40},
                 {"role": "user", "content": "Tell me about tokenizers."}]
     if stream:
@@ -120,6 +120,8 @@ async def test_the_next_turn_encodes_only_its_new_message(
             answer = (await response.json())["choices"][0]["message"]["content"]
     assert answer
     await wait_for(lambda: fed(gw) == 1)
+    await stream_answer(http, gw.url, messages, max_tokens=2)  # too short to be worth it
+    assert fed(gw, "short") == 1 and fed(gw) == 1
     cache = gw.gateway.tokenizers[MODEL].cache
     misses = cache.stats.misses
     messages += [{"role": "assistant", "content": answer},

@@ -13,6 +13,8 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
+from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
 
 from cortex.hashing import Engine, HashDomain
 from cortex.index.client import SYNC_METHOD, LedgerUpdates, SyncSession
@@ -260,6 +262,15 @@ async def test_stats_workers_health_and_metrics(
     for service in ("", "cortex.index.v1.Index"):
         status = await health.Check(HealthCheckRequest(service=service))
         assert status.status == HealthCheckResponse.SERVING
+    async with ServerReflectionStub(channel).ServerReflectionInfo.open() as reflect:
+        await reflect.send_message(ServerReflectionRequest(list_services=""))
+        await reflect.send_message(
+            ServerReflectionRequest(file_containing_symbol="cortex.index.v1.Index"), end=True)
+        listed, described = [await reflect.recv_message() for _ in range(2)]
+    assert listed is not None and described is not None
+    assert "cortex.index.v1.Index" in {s.name for s in listed.list_services_response.service}
+    (proto,) = described.file_descriptor_response.file_descriptor_proto
+    assert b"ReplicaBatch" in proto  # a grpcurl-style client can read the whole contract
     url = f"http://127.0.0.1:{index_server.metrics_port}/metrics"
     async with aiohttp.ClientSession() as http, http.get(url) as response:
         text = await response.text()

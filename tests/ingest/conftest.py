@@ -132,8 +132,8 @@ class Fleet:
         self.workers[worker_id] = worker
         return worker
 
-    async def ingest(self, **overrides: object) -> IngestService:
-        """An ingest process feeding every index of the fleet (closed with the test)."""
+    def ingest_config(self, **overrides: object) -> IngestConfig:
+        """The config of an ingest feeding every index of the fleet, quick to react."""
         base: dict[str, object] = {
             "index": tuple(IndexTarget("127.0.0.1", srv.port) for srv in self.index),
             "metrics_port": None,
@@ -142,9 +142,12 @@ class Fleet:
             "forwarder": ForwarderConfig(backoff_min_s=0.05, backoff_max_s=0.2),
         }
         base.update(overrides)
-        config = IngestConfig(**base)  # type: ignore[arg-type]
-        return await self.stack.enter_async_context(IngestService(config,
-                                                                  registry=self.registry))
+        return IngestConfig(**base)  # type: ignore[arg-type]
+
+    async def ingest(self, **overrides: object) -> IngestService:
+        """An ingest process feeding every index of the fleet (closed with the test)."""
+        return await self.stack.enter_async_context(
+            IngestService(self.ingest_config(**overrides), registry=self.registry))
 
     # ---- workload ----
 

@@ -146,3 +146,23 @@ def test_ingest_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     report = (tmp_path / "ingest.md").read_text()
     assert "| sustained block events/s into one ingest" in report
     assert "| NO |" not in report and "| yes |" in report
+
+
+def test_rm_writes_a_tombstone_that_add_lifts(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = ["--redis", redis_server.url]
+    assert main([*ADD, *url, "--ttl", "30"]) == 0
+    assert main(["workers", "rm", "w1", *url, "--for", "600", "--reason", "drained"]) == 0
+    assert "a tombstone keeps it out" in capsys.readouterr().out
+    stones = listed(redis_server, capsys)["tombstones"]
+    assert isinstance(stones, list) and len(stones) == 1
+    assert stones[0]["id"] == "w1" and stones[0]["reason"] == "drained"
+    assert 0 < stones[0]["ttl_s"] <= 600
+    assert main(["workers", "list", *url]) == 0
+    assert "removed: w1 (drained; for" in capsys.readouterr().out
+    assert main(["workers", "rm", "w1", *url, "--for", "0"]) == 2
+    assert main([*ADD, *url]) == 0  # an explicit add lifts it
+    assert listed(redis_server, capsys)["tombstones"] == []
+    assert main(["workers", "rm", "w1", *url, "--no-tombstone"]) == 0
+    assert listed(redis_server, capsys) == {"workers": [], "invalid": {}, "tombstones": []}

@@ -8,9 +8,9 @@ import aiohttp
 
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine
-from cortex.ingest.ops import LedgerState
 from cortex.ingest.service import IngestService
 from cortex.ingest.shard import ShardSpec
+from cortex.ledger.model import LedgerState
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.registry import WorkerSpec
 from cortex.testing import wait_until_async

@@ -5,32 +5,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 
 import pytest
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
 
 from cortex.hashing import Engine, HashDomain, unpack_keys
+from cortex.index.config import IndexConfig
 from cortex.index.grpc_server import GrpcServer
+from cortex.index.server import IndexServer
 from cortex.ingest.forwarder import (
+    EpochClock,
     ForwarderConfig,
     ForwarderState,
     IndexForwarder,
     IndexTarget,
 )
-from cortex.ingest.ops import (
-    Clear,
-    Drop,
-    LedgerState,
-    Remove,
-    Reset,
-    SetState,
-    SnapshotView,
-    SourceId,
-    Store,
-)
+from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ledger.codec import pb
 from cortex.ledger.grpc import method
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 from cortex.testing import free_port, wait_until_async
 
 DOMAIN = HashDomain("m", 4, Engine.VLLM)
@@ -41,13 +44,24 @@ B = SourceId("b", 1)
 class Recorder:
     """Records every LedgerUpdate; replies once per batch, optionally asking for resyncs."""
 
-    def __init__(self, *, mute: bool = False) -> None:
+    def __init__(self, *, mute: bool = False, held_epochs: Iterable[int] | None = None) -> None:
         self.updates: list[pb.LedgerUpdate] = []
+        self.batch_of: list[int] = []  # per update: the number of the batch it came in
         self.batches = 0
         self.empty_batches = 0
         self.resync_next: list[SourceId] = []
         self.streams = 0
         self.mute = mute  # read batches, never reply (a wedged index)
+        # None: Workers is UNIMPLEMENTED; else the epochs it reports as held
+        self.held_epochs = None if held_epochs is None else list(held_epochs)
+
+    async def workers(self, workers_request: pb.WorkersRequest) -> pb.WorkersResponse:
+        if self.held_epochs is None:
+            return await super().workers(workers_request)
+        return pb.WorkersResponse(workers=[
+            pb.WorkerInfo(source=pb.Source(worker_id=f"old-{i}"), epoch=epoch)
+            for i, epoch in enumerate(self.held_epochs)
+        ])
 
     def __mapping__(self) -> dict[str, Handler]:
         return {method("Sync"): Handler(self.sync, Cardinality.STREAM_STREAM, pb.UpdateBatch,
@@ -58,6 +72,7 @@ class Recorder:
         applied = 0
         async for batch in stream:
             self.updates.extend(batch.updates)
+            self.batch_of.extend([self.batches] * len(batch.updates))
             self.batches += 1
             self.empty_batches += not batch.updates
             applied += 1
@@ -113,10 +128,10 @@ async def serving(recorder: Recorder, port: int) -> AsyncIterator[GrpcServer]:
 
 @contextlib.asynccontextmanager
 async def forwarding(
-    port: int, ledgers: Ledgers, **config: int | float
+    port: int, ledgers: Ledgers, *, epochs: EpochClock | None = None, **config: int | float
 ) -> AsyncIterator[IndexForwarder]:
     forwarder = IndexForwarder(
-        IndexTarget("127.0.0.1", port), ingest_id="t", ledgers=ledgers,
+        IndexTarget("127.0.0.1", port), ingest_id="t", ledgers=ledgers, epochs=epochs,
         config=ForwarderConfig(backoff_min_s=0.02, backoff_max_s=0.1, **config),  # type: ignore[arg-type]
     )
     task = asyncio.create_task(forwarder.run())
@@ -132,10 +147,13 @@ async def test_snapshot_first_then_ordered_updates_and_epochs() -> None:
     ledgers.views[A] = view([10, 11])
     async with serving(recorder, port), forwarding(port, ledgers) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
-        fwd.publish(A, DOMAIN, [Store(11, [12]), Remove([10]), SetState(LedgerState.STALE, "gap"),
-                                Clear("all_blocks_cleared")])
-        fwd.publish(B, DOMAIN, [Reset(LedgerState.SYNCING, "connecting"), Store(0, [7])])
-        fwd.publish(A, DOMAIN, [Reset(LedgerState.READY, "seq_reset"), Drop("gone")])
+        fwd.publish(A, DOMAIN, [StoreBlocks(11, [12]), RemoveBlocks([10]),
+                                SetState(LedgerState.STALE, "gap"),
+                                ClearBlocks("all_blocks_cleared")])
+        fwd.publish(B, DOMAIN, [Snapshot([], [], LedgerState.SYNCING, "connecting"),
+                                StoreBlocks(0, [7])])
+        fwd.publish(A, DOMAIN, [Snapshot([], [], LedgerState.READY, "seq_reset"),
+                                RemoveSource("gone")])
         await wait_until_async(lambda: fwd.idle, timeout=10)
     a = recorder.of(A)
     assert [name for _, _, name, _ in a] == [
@@ -160,7 +178,7 @@ async def test_resync_request_gets_a_fresh_snapshot() -> None:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         recorder.resync_next = [B]
         ledgers.views[B] = view([2, 3])
-        fwd.publish(A, DOMAIN, [Store(1, [4])])
+        fwd.publish(A, DOMAIN, [StoreBlocks(1, [4])])
         await wait_until_async(lambda: fwd.idle and fwd.resync_requests == 1, timeout=10)
     snapshots = [(e, op) for e, _, name, op in recorder.of(B) if name == "snapshot"]
     assert len(snapshots) == 2 and snapshots[1][0] > snapshots[0][0]
@@ -175,7 +193,7 @@ async def test_a_full_queue_turns_into_a_snapshot_not_unbounded_memory() -> None
         await wait_until_async(lambda: fwd.idle, timeout=10)
         for key in range(100, 150):  # no await in between: the sender cannot drain
             ledgers.views[A] = view(list(range(100, key + 1)))
-            fwd.publish(A, DOMAIN, [Store(key - 1, [key])])
+            fwd.publish(A, DOMAIN, [StoreBlocks(key - 1, [key])])
             assert fwd.queue_depth <= 8
         await wait_until_async(lambda: fwd.idle, timeout=10)
     assert fwd.overflows >= 1
@@ -213,7 +231,7 @@ async def test_down_index_is_retried_and_gets_snapshots_and_tombstones_on_return
     async with forwarding(port, ledgers) as fwd:
         await wait_until_async(lambda: fwd.failures >= 2, timeout=10, what="retries")
         assert fwd.state is not ForwarderState.STREAMING
-        fwd.publish(A, DOMAIN, [Store(1, [2])])
+        fwd.publish(A, DOMAIN, [StoreBlocks(1, [2])])
         assert fwd.queue_depth == 0  # nothing piles up while the index is down
         ledgers.views[A] = view([1, 2])
         ledgers.dead.append((B, DOMAIN, "lease expired"))
@@ -231,7 +249,7 @@ async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
         await wait_until_async(lambda: recorder.empty_batches >= 3, timeout=10,
                                what="heartbeats")
         assert fwd.heartbeats >= 3 and fwd.connects == 1
-        fwd.publish(A, DOMAIN, [Store(1, [2])])  # data still flows between heartbeats
+        fwd.publish(A, DOMAIN, [StoreBlocks(1, [2])])  # data still flows between heartbeats
         await wait_until_async(lambda: fwd.idle and len(recorder.of(A)) == 2, timeout=10)
     assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot", "store"]
 
@@ -239,8 +257,9 @@ async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
 async def test_a_replica_that_never_replies_is_dropped_and_reconnected() -> None:
     recorder, ledgers, port = Recorder(mute=True), Ledgers(), free_port()
     ledgers.views[A] = view([1])
-    config = {"heartbeat_s": 0.05, "reply_timeout_s": 0.3}
-    async with serving(recorder, port), forwarding(port, ledgers, **config) as fwd:
+    async with serving(recorder, port), forwarding(
+        port, ledgers, heartbeat_s=0.05, reply_timeout_s=0.3
+    ) as fwd:
         await wait_until_async(lambda: recorder.streams >= 2, timeout=10, what="a reconnect")
         assert fwd.failures >= 1 and "no Sync reply" in fwd.last_error
         assert not fwd.idle  # nothing was ever acknowledged
@@ -268,3 +287,129 @@ def test_bad_index_addresses(text: str) -> None:
 def test_index_address_forms() -> None:
     assert IndexTarget.parse("[::1]:50051") == IndexTarget("::1", 50051)
     assert str(IndexTarget("::1", 5)) == "[::1]:5"
+
+
+async def test_a_quiet_source_shares_the_first_batch_with_a_flooding_one() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    ledgers.views[B] = view([2])
+    async with serving(recorder, port), forwarding(port, ledgers) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        first = recorder.batches
+        fwd.publish(A, DOMAIN, [StoreBlocks(0, [key]) for key in range(10, 6010)])  # a backlog
+        fwd.publish(B, DOMAIN, [StoreBlocks(2, [3])])  # published after all of it
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    b_store = next(i for i, u in enumerate(recorder.updates)
+                   if u.source.worker_id == "b" and u.WhichOneof("op") == "store")
+    assert recorder.batch_of[b_store] == first  # not behind A's 6,000 updates (12 batches)
+    assert len([u for u in recorder.updates if u.source.worker_id == "a"]) == 6001
+    assert recorder.batches - first >= 12
+
+
+async def test_a_source_over_its_queue_bytes_becomes_a_snapshot_and_others_are_untouched(
+) -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    ledgers.views[B] = view([2])
+    async with serving(recorder, port), forwarding(
+        port, ledgers, source_queue_max_bytes=4096, queue_max_bytes=1 << 20
+    ) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        for key in range(10, 60):  # 50 x 8 keys: ~5 KiB for A, no await in between
+            fwd.publish(A, DOMAIN, [StoreBlocks(0, list(range(key * 8, key * 8 + 8)))])
+            fwd.publish(B, DOMAIN, [StoreBlocks(2, [key])])
+            assert fwd.queue_bytes <= 4096 + 50 * 56 + 1024
+        ledgers.views[A] = view([1, 2, 3])
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    assert fwd.overflows == 1
+    assert [name for _, _, name, _ in recorder.of(A)][-1] == "snapshot"
+    b = [name for _, _, name, _ in recorder.of(B)]
+    assert b == ["snapshot"] + ["store"] * 50
+
+
+async def test_the_largest_queue_yields_when_the_replica_total_is_over() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    ledgers.views[B] = view([2])
+    async with serving(recorder, port), forwarding(
+        port, ledgers, source_queue_max_bytes=8192, queue_max_bytes=8192
+    ) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        fwd.publish(B, DOMAIN, [StoreBlocks(2, [3])])  # small, first
+        for key in range(10, 30):  # A grows the total past the replica's bound
+            fwd.publish(A, DOMAIN, [StoreBlocks(0, list(range(key * 50, key * 50 + 50)))])
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    assert fwd.overflows == 1
+    assert [name for _, _, name, _ in recorder.of(B)] == ["snapshot", "store"]
+    assert [name for _, _, name, _ in recorder.of(A)][-1] == "snapshot"
+
+
+async def test_epochs_start_above_what_the_replica_holds_when_the_clock_stepped_back(
+) -> None:
+    held = 1_900_000_000_000_000  # an epoch (µs) from an ingest whose clock was ahead
+    recorder, ledgers, port = Recorder(held_epochs=[5, held, 7]), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    ledgers.dead.append((B, DOMAIN, "gone"))
+    clock = EpochClock(wall_us=lambda: 1_000_000_000_000_000)  # hours behind
+    async with serving(recorder, port), forwarding(port, ledgers, epochs=clock) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        fwd.publish(A, DOMAIN, [Snapshot([], [], LedgerState.READY, "seq_reset")])
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    epochs = [u.epoch for u in recorder.updates]
+    assert len(epochs) == 3 and min(epochs) > held
+    assert fwd.epoch_floor_failures == 0
+    a = [epoch for epoch, _, _, _ in recorder.of(A)]
+    assert a[1] > a[0]  # and still strictly increasing
+
+
+async def test_an_index_without_workers_leaves_epochs_to_the_wall_clock() -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([1])
+    async with serving(recorder, port), forwarding(port, ledgers) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    assert fwd.epoch_floor_failures == 1 and len(recorder.of(A)) == 1
+
+
+def test_the_epoch_clock_never_goes_back_nor_overflows() -> None:
+    wall = [100]
+    clock = EpochClock(wall_us=lambda: wall[0])
+    assert [clock.next(), clock.next()] == [100, 101]
+    wall[0] = 50  # stepped back
+    assert clock.next() == 102
+    clock.raise_floor(1000)
+    assert clock.next() == 1001
+    clock.raise_floor(10)  # a lower floor changes nothing
+    assert clock.next() == 1002
+    clock.raise_floor(2**64 + 5)  # a replica claiming more than a uint64
+    assert clock.next() == 2**64 - 1 == clock.next()
+
+
+async def test_a_guarded_index_takes_updates_only_with_its_peer_token(tmp_path: Path) -> None:
+    (tmp_path / "peer").write_text("ingest-peer-token")
+    config = IndexConfig(host="127.0.0.1", port=0, metrics_port=None,
+                         peer_token_file=str(tmp_path / "peer"))
+    ledgers = Ledgers()
+    ledgers.views[A] = view([1, 2, 3])
+    async with IndexServer(config) as index:
+        port = index.port
+        for token in (None, "wrong"):
+            forwarder = IndexForwarder(
+                IndexTarget("127.0.0.1", port), ingest_id="t", ledgers=ledgers, token=token,
+                config=ForwarderConfig(backoff_min_s=0.02, backoff_max_s=0.1))
+            task = asyncio.create_task(forwarder.run())
+            try:
+                await wait_until_async(lambda f=forwarder: f.failures >= 2, timeout=10)
+                assert "UNAUTHENTICATED" in forwarder.last_error
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        assert not index.core.view.places  # nothing got in
+        forwarder = IndexForwarder(
+            IndexTarget("127.0.0.1", port), ingest_id="t", ledgers=ledgers,
+            token="ingest-peer-token", config=ForwarderConfig(backoff_min_s=0.02))
+        task = asyncio.create_task(forwarder.run())
+        try:
+            await wait_until_async(lambda: index.core.view.blocks_of(A) == 3, timeout=10)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

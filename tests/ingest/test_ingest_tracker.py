@@ -15,8 +15,18 @@ from cortex.ingest.codec import (
     EventBatch,
     encode_batch,
 )
-from cortex.ingest.ops import Clear, Drop, LedgerState, Remove, Reset, SetState, SourceId, Store
+from cortex.ingest.held import HeldBytes
+from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay, TrackerConfig
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 
 BS = 4
 DOMAIN = HashDomain("m", BS, Engine.VLLM)
@@ -40,7 +50,8 @@ def removed(*hashes: int, medium: str = "GPU") -> BlockRemoved:
 
 
 def tracker(
-    replay: bool = False, block_size: int | None = BS, max_pending: int = 10_000
+    replay: bool = False, block_size: int | None = BS, max_pending: int = 10_000,
+    held_total: HeldBytes | None = None, **config: int,
 ) -> SourceTracker:
     cfg = TrackerConfig(
         engine=Engine.VLLM,
@@ -48,8 +59,9 @@ def tracker(
         block_size=block_size,
         replay=replay,
         max_pending=max_pending,
+        **config,  # type: ignore[arg-type]
     )
-    t = SourceTracker(SourceId("w", 0), cfg)
+    t = SourceTracker(SourceId("w", 0), cfg, held_total=held_total)
     t.start()
     t.on_connected()
     return t
@@ -61,18 +73,18 @@ KEYS = DOMAIN.keys(TOKENS)
 
 def test_live_without_replay_is_ready_and_maps_keys() -> None:
     t = tracker()
-    assert t.take_ops() == [Reset(LedgerState.READY, "live (no replay endpoint)")]
+    assert t.take_ops() == [Snapshot([], [], LedgerState.READY, "live (no replay endpoint)")]
     assert t.take_commands() == []
     t.on_message(7, payload(stored([11, 12], TOKENS[:8])))
     t.on_message(8, payload(stored([13], TOKENS[8:], parent=12)))
-    # a chain that goes on is one Store: one update for the index instead of two
-    assert t.take_ops() == [Store(DOMAIN.root_key(), KEYS)]
+    # a chain that goes on is one StoreBlocks: one update for the index instead of two
+    assert t.take_ops() == [StoreBlocks(DOMAIN.root_key(), KEYS)]
     t.on_message(9, payload(removed(13), removed(12)))
-    assert t.take_ops() == [Remove([KEYS[2], KEYS[1]])]  # coalesced as well
+    assert t.take_ops() == [RemoveBlocks([KEYS[2], KEYS[1]])]  # coalesced as well
     t.on_message(10, payload(stored([12, 13], TOKENS[4:], parent=11)))
     t.take_ops()
     t.on_message(11, payload(removed(13, 99), AllBlocksCleared()))
-    assert t.take_ops() == [Remove([KEYS[2]]), Clear("all_blocks_cleared")]
+    assert t.take_ops() == [RemoveBlocks([KEYS[2]]), ClearBlocks("all_blocks_cleared")]
     assert t.stats.unknown_removed_blocks == 1
     assert t.stats.events == {"BlockStored": 3, "BlockRemoved": 3, "AllBlocksCleared": 1}
     assert t.stats.blocks == {"stored": 5, "removed": 4}
@@ -96,7 +108,7 @@ def test_duplicate_is_dropped_and_lower_seq_with_new_payload_is_a_restart() -> N
     t.on_message(1, payload(stored([12], TOKENS[4:8], parent=11)))
     t.on_message(1, payload(stored([12], TOKENS[4:8], parent=11)))  # same seq, new ts: restart
     ops = t.take_ops()
-    assert ops[1] == Reset(LedgerState.READY, "seq_reset")
+    assert ops[1] == Snapshot([], [], LedgerState.READY, "seq_reset")
     assert t.stats.seq_resets == 1
     t.on_message(0, first)  # expected is 0 after the reset: applied
     assert t.stats.duplicates == 0
@@ -112,7 +124,7 @@ def test_restart_from_zero_resets() -> None:
     t.take_ops()
     t.on_message(0, payload(AllBlocksCleared()))
     ops = t.take_ops()
-    assert ops == [Reset(LedgerState.READY, "seq_reset")]  # empty ledger: no Clear op
+    assert ops == [Snapshot([], [], LedgerState.READY, "seq_reset")]  # empty ledger: no Clear op
     assert t.stats.clears == {"seq_reset": 1, "all_blocks_cleared": 1}
 
 
@@ -122,8 +134,8 @@ def test_gap_without_replay_resets_and_continues() -> None:
     t.take_ops()
     t.on_message(5, payload(stored([21], TOKENS[4:8])))
     assert t.take_ops() == [
-        Reset(LedgerState.READY, "gap_unrepaired"),
-        Store(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
+        Snapshot([], [], LedgerState.READY, "gap_unrepaired"),
+        StoreBlocks(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
     ]
     assert t.stats.gaps == 1 and t.expected == 6
 
@@ -166,11 +178,11 @@ def test_initial_replay_recovers_the_buffer_then_goes_ready() -> None:
     t.on_replay_end()
     ops = t.take_ops()
     assert ops == [
-        Reset(LedgerState.SYNCING, "waiting for the event stream"),
-        Store(DOMAIN.root_key(), KEYS[:2]),
-        Remove([KEYS[0]]),
+        Snapshot([], [], LedgerState.SYNCING, "waiting for the event stream"),
+        StoreBlocks(DOMAIN.root_key(), KEYS[:2]),
+        RemoveBlocks([KEYS[0]]),
         SetState(LedgerState.READY, "in sync"),
-        Store(KEYS[1], KEYS[2:]),
+        StoreBlocks(KEYS[1], KEYS[2:]),
     ]
     assert t.stats.replays == {("initial", "ok"): 1}
     assert t.stats.clears == {}
@@ -199,10 +211,10 @@ def test_gap_repaired_by_replay() -> None:
     assert t.stats.gaps == 1 and t.stats.duplicates == 1
     assert t.expected == 5 and t.pending == 0
     assert t.take_ops() == [
-        Store(DOMAIN.root_key(), KEYS[:1]),
+        StoreBlocks(DOMAIN.root_key(), KEYS[:1]),
         SetState(LedgerState.STALE, "gap: seq 1..2 missing"),
-        Store(KEYS[0], KEYS[1:]),  # replayed batches 1 and 2: one chain
-        Store(DOMAIN.root_key(), KEYS[:1]),  # hash 14 holds the same tokens as 11 ...
+        StoreBlocks(KEYS[0], KEYS[1:]),  # replayed batches 1 and 2: one chain
+        StoreBlocks(DOMAIN.root_key(), KEYS[:1]),  # hash 14 holds the same tokens as 11 ...
         SetState(LedgerState.READY, "in sync"),
     ]  # ... so removing 11 leaves the key held: no Remove
     assert KEYS[0] in t.ledger
@@ -217,10 +229,10 @@ def test_gap_replay_that_lost_batches_resets_and_continues() -> None:
     t.on_replay_item(4, payload(removed(31)))
     t.on_replay_end()
     ops = t.take_ops()
-    assert Reset(LedgerState.READY, "gap_unrepaired") in ops
+    assert Snapshot([], [], LedgerState.READY, "gap_unrepaired") in ops
     assert ops[-2:] == [
         SetState(LedgerState.READY, "resynced"),
-        Store(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
+        StoreBlocks(DOMAIN.root_key(), DOMAIN.keys(TOKENS[4:8])),
     ]
     assert t.stats.replays[("gap", "incomplete")] == 1
     assert t.ledger.key_of(11) is None and t.ledger.key_of(21) is not None
@@ -301,12 +313,12 @@ def test_learned_block_size_announces_then_mismatch_is_misaligned() -> None:
     assert t.snapshot() is None
     t.on_message(0, payload(stored([11], TOKENS[:4])))
     ops = t.take_ops()
-    assert ops[0] == Reset(LedgerState.READY, "live (no replay endpoint)")
+    assert ops[0] == Snapshot([], [], LedgerState.READY, "live (no replay endpoint)")
     assert t.domain == DOMAIN
     t.on_message(1, payload(BlockStored((12,), None, tuple(range(8)), 8, medium="GPU")))
     assert state(t) is LedgerState.MISALIGNED
     assert t.take_ops() == [
-        Reset(LedgerState.MISALIGNED, "block size: events say 8, first events says 4")
+        Snapshot([], [], LedgerState.MISALIGNED, "block size: events say 8, first events says 4")
     ]
     t.on_message(2, payload(stored([13], TOKENS[:4])))
     assert t.take_ops() == []
@@ -360,7 +372,7 @@ def test_lora_and_cache_salt_root_the_chain() -> None:
         ),
     )
     assert t.take_ops() == [
-        Store(DOMAIN.root_key("ad", "salt-1"), DOMAIN.keys(TOKENS[:4], "ad", "salt-1"))
+        StoreBlocks(DOMAIN.root_key("ad", "salt-1"), DOMAIN.keys(TOKENS[:4], "ad", "salt-1"))
     ]
     sg = SourceTracker(SourceId("s", 0), TrackerConfig(Engine.SGLANG, "m", BS))
     sg.start()
@@ -370,7 +382,7 @@ def test_lora_and_cache_salt_root_the_chain() -> None:
     )
     domain = HashDomain("m", BS, Engine.SGLANG)
     assert sg.take_ops() == [
-        Store(domain.root_key(None, "s1"), domain.keys(TOKENS[:4], None, "s1"))
+        StoreBlocks(domain.root_key(None, "s1"), domain.keys(TOKENS[:4], None, "s1"))
     ]
 
 
@@ -381,7 +393,7 @@ def test_undecodable_batch_is_counted_and_resets_a_non_empty_ledger() -> None:
     t.on_message(1, payload(stored([11], TOKENS[:4])))
     t.take_ops()
     t.on_message(2, b"\x93\x01")
-    assert t.take_ops() == [Reset(LedgerState.READY, "undecodable_batch")]
+    assert t.take_ops() == [Snapshot([], [], LedgerState.READY, "undecodable_batch")]
     t.on_message(3, payload(stored([12], TOKENS[:4])))
     assert t.expected == 4 and len(t.ledger) == 1
 
@@ -393,7 +405,7 @@ def test_remove_drops_the_source() -> None:
     t.remove("lease expired")
     assert t.take_ops()[-2:] == [
         SetState(LedgerState.REMOVED, "lease expired"),
-        Drop("lease expired"),
+        RemoveSource("lease expired"),
     ]
     assert t.snapshot() is None
     t.on_message(1, payload(stored([12], TOKENS[:4])))
@@ -439,3 +451,138 @@ def test_alignment_vectors_match_and_a_wrong_seed_is_reported() -> None:
     )
     assert sg.stats.alignment_checks == 1 and sg.stats.alignment_mismatches == {}
     assert block_keys(list(range(1, 49)), 16, sg.domain.root_key())  # type: ignore[union-attr]
+
+
+# ---- held batches: bytes, turns, shedding --------------------------------------------------
+
+
+def chain_payloads(count: int) -> list[bytes]:
+    """``count`` batches of equal size, each storing one chain-start block of its own."""
+    return [payload(stored([1000 + i], [i * 4 + j for j in range(4)])) for i in range(count)]
+
+
+def test_held_batches_are_bounded_by_bytes_and_the_replay_gives_up() -> None:
+    data = chain_payloads(8)
+    size = len(data[1])
+    total = HeldBytes()
+    t = tracker(replay=True, held_total=total, max_pending_bytes=3 * size, align_every=0)
+    t.take_commands()
+    t.on_replay_end()
+    t.on_message(0, data[0])
+    t.take_ops()
+    t.on_message(2, data[2])  # a gap: held while the replay runs
+    assert t.take_commands() == [StartReplay(1)]
+    t.on_message(3, data[3])
+    t.on_message(4, data[4])
+    assert t.replaying and t.held_bytes == 3 * size == total.total
+    t.on_message(5, data[5])  # a fourth batch does not fit
+    assert t.take_commands() == [AbortReplay()]
+    assert not t.replaying and t.pending == 0 and t.held_bytes == 0 == total.total
+    assert t.stats.dropped_batches == {"replay_overflow": 4}
+    assert t.stats.clears == {"replay_overflow": 1}
+    assert t.stats.replays[("gap", "incomplete")] == 1
+    ops = t.take_ops()
+    assert Snapshot([], [], LedgerState.READY, "replay_overflow") in ops
+    assert len(t.ledger) == 0  # batch 0's block went with the reset: only under-estimates
+    t.on_message(6, data[6])  # continues from the next message
+    assert t.expected == 7 and t.ledger.key_of(1006) is not None
+    assert state(t) is LedgerState.READY
+
+
+def test_a_first_replay_given_up_still_ends_syncing() -> None:
+    data = chain_payloads(3)
+    t = tracker(replay=True, max_pending=1)
+    assert t.take_commands() == [StartReplay(0)]
+    t.on_message(0, data[0])
+    t.on_message(1, data[1])  # two held: over max_pending
+    assert state(t) is LedgerState.READY and not t.replaying
+    assert t.stats.clears == {}  # nothing was applied yet: nothing to reset
+    t.on_message(2, data[2])
+    assert t.ledger.key_of(1002) is not None
+
+
+def test_deferred_batches_are_applied_in_order_by_drain_in_turns() -> None:
+    data = chain_payloads(6)
+    size = len(data[0])
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, data[0])
+    for seq in range(1, 5):
+        t.on_message(seq, data[seq], defer=True)
+    t.on_message(5, data[5])  # not deferred, but batches are held: it waits behind them
+    assert t.pending == 5 and t.backlog and t.expected == 1
+    assert t.drain(2 * size) == 2 * size  # a turn: two batches
+    assert t.expected == 3 and t.pending == 3
+    assert t.drain(1) == size  # at least one batch per turn
+    assert t.drain() == 2 * size and not t.backlog and t.expected == 6
+    assert [len(op.keys) for op in t.take_ops() if isinstance(op, StoreBlocks)] == [1] * 6
+
+
+def test_a_deferred_gap_still_replays_and_keeps_the_rest_held() -> None:
+    data = chain_payloads(5)
+    t = replayed_tracker()
+    t.on_message(0, data[0])
+    t.on_message(2, data[2], defer=True)
+    t.on_message(3, data[3], defer=True)
+    assert t.take_commands() == []  # nothing is looked at before its turn
+    t.drain()
+    assert t.take_commands() == [StartReplay(1)] and t.pending == 2 and not t.backlog
+    t.on_replay_item(1, data[1])
+    t.on_replay_end()
+    assert t.expected == 4 and t.pending == 0 and t.stats.clears == {}
+
+
+def test_drain_budget_when_a_replay_ends() -> None:
+    data = chain_payloads(6)
+    size = len(data[0])
+    t = tracker(replay=True, drain_bytes=size)
+    t.take_commands()
+    t.on_replay_end()
+    t.on_message(0, data[0])
+    for seq in range(2, 6):
+        t.on_message(seq, data[seq])
+    t.on_replay_item(1, data[1])
+    t.on_replay_end()
+    assert t.expected == 3 and t.pending == 3 and t.backlog  # one held batch per turn
+    t.drain()
+    assert t.expected == 6
+
+
+def test_restart_found_while_draining_keeps_the_new_publishers_batches() -> None:
+    data = chain_payloads(4)
+    t = tracker()
+    t.take_ops()
+    t.on_message(0, data[0])
+    t.on_message(1, data[1])
+    t.on_message(0, data[2], defer=True)  # the engine restarted: a new seq 0 ...
+    t.on_message(1, data[3], defer=True)  # ... and its seq 1, held behind it
+    t.drain()
+    assert t.stats.seq_resets == 1 and t.expected == 2
+    assert t.ledger.key_of(1002) is not None and t.ledger.key_of(1003) is not None
+    assert t.ledger.key_of(1000) is None
+
+
+def test_shed_gives_up_everything_held_and_frees_the_shared_total() -> None:
+    data = chain_payloads(4)
+    total = HeldBytes(limit=len(data[0]))
+    t = tracker(held_total=total)
+    t.on_message(0, data[0])
+    t.on_message(1, data[1], defer=True)
+    t.on_message(2, data[2], defer=True)
+    assert total.over
+    assert t.shed("held_bytes_limit") == 2
+    assert total.total == 0 and not total.over and t.expected is None
+    assert t.stats.dropped_batches == {"held_bytes_limit": 2}
+    assert t.stats.clears == {"held_bytes_limit": 1}
+    assert t.shed("held_bytes_limit") == 0  # nothing held: nothing changes
+    t.on_message(3, data[3])
+    assert t.expected == 4
+
+
+def test_removal_releases_held_bytes() -> None:
+    data = chain_payloads(2)
+    total = HeldBytes()
+    t = tracker(held_total=total)
+    t.on_message(0, data[0], defer=True)
+    t.remove("lease expired")
+    assert total.total == 0 and t.held_bytes == 0

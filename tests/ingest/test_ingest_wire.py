@@ -4,10 +4,10 @@ updates they were made from."""
 from __future__ import annotations
 
 from cortex.hashing import Engine, HashDomain, pack_keys
-from cortex.ingest.ops import LedgerState, SourceId
+from cortex.ingest.ops import SourceId
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
 from cortex.ledger.codec import pb, update_from_pb
-from cortex.ledger.model import ClearBlocks, RemoveSource, Snapshot, StoreBlocks
+from cortex.ledger.model import ClearBlocks, LedgerState, RemoveSource, Snapshot, StoreBlocks
 
 DOMAIN = HashDomain("llama-3", 16, Engine.SGLANG)
 BIG = 2**64 - 1

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from cortex.hashing import Engine
-from cortex.registry import MemoryRegistry, RegistryUnavailable, WorkerSpec
+from cortex.registry import Assertion, MemoryRegistry, RegistryUnavailable, WorkerSpec
 from cortex.testing import wait_until_async
 
 
@@ -68,3 +68,40 @@ async def test_changes_and_unavailable() -> None:
         await reg.list()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_reassert_renews_recreates_and_yields_to_a_tombstone() -> None:
+    clock = Clock()
+    reg = MemoryRegistry(default_ttl_s=10, clock=clock)
+    spec = worker()
+    assert await reg.reassert(spec) is Assertion.CREATED
+    moved = spec.with_changes(url="http://h:2")
+    assert await reg.reassert(moved) is Assertion.RENEWED  # the stored spec wins
+    assert await reg.get("w1") == spec
+    assert await reg.reassert(moved, replace=True) is Assertion.REPLACED
+    assert await reg.get("w1") == moved
+    reg.wipe()  # Redis restarted empty
+    assert await reg.reassert(spec) is Assertion.CREATED
+    assert await reg.remove("w1", reason="decommissioned") is True
+    assert await reg.get("w1") is None
+    assert await reg.reassert(spec) is Assertion.TOMBSTONED
+    assert await reg.reassert(spec, replace=True) is Assertion.TOMBSTONED
+    listing = await reg.list()
+    assert not listing.workers
+    assert listing.tombstones["w1"].reason == "decommissioned"
+    assert listing.tombstones["w1"].ttl_s is None
+    await reg.register(spec)  # an operator adds it again: the tombstone goes
+    assert not (await reg.list()).tombstones
+    assert await reg.reassert(spec) is Assertion.RENEWED
+
+
+async def test_a_tombstone_with_a_ttl_expires_and_a_lapsed_worker_can_be_removed() -> None:
+    clock = Clock()
+    reg = MemoryRegistry(default_ttl_s=10, clock=clock)
+    assert await reg.remove("gone", tombstone_ttl_s=60) is False  # no lease: still kept out
+    assert await reg.reassert(worker("gone")) is Assertion.TOMBSTONED
+    assert (await reg.list()).tombstones["gone"].ttl_s == pytest.approx(60)
+    clock.now += 61
+    assert await reg.reassert(worker("gone")) is Assertion.CREATED
+    with pytest.raises(ValueError, match="tombstone_ttl_s"):
+        await reg.remove("gone", tombstone_ttl_s=0)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from cortex.registry import RedisRegistry, RegistryUnavailable, WorkerSpec
+from cortex.registry import Assertion, RedisRegistry, RegistryUnavailable, WorkerSpec
 from cortex.testing import RedisServer, free_port, wait_until_async
 
 
@@ -99,6 +99,69 @@ async def test_changes_channel_reports_put_and_del(redis_server: RedisServer) ->
         await wait_until_async(lambda: seen[-1:] == ["a"] and len(seen) >= 2, timeout=5)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_reassert_renews_recreates_and_never_overrides_a_tombstone(
+    redis_server: RedisServer,
+) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+        spec = worker("a")
+        assert await reg.reassert(spec, ttl_s=30) is Assertion.CREATED
+        moved = spec.with_changes(url="http://127.0.0.1:9001")
+        assert await reg.reassert(moved, ttl_s=5) is Assertion.RENEWED
+        assert await reg.get("a") == spec  # renewal keeps the stored spec
+        assert 0 < ((await reg.list()).ttl_s["a"] or 0) <= 5
+        assert await reg.reassert(moved, ttl_s=0, replace=True) is Assertion.REPLACED
+        assert await reg.get("a") == moved
+        assert (await reg.list()).ttl_s["a"] is None
+
+        assert await reg.remove("a", reason="decommissioned") is True
+        assert await reg.reassert(spec, ttl_s=30) is Assertion.TOMBSTONED
+        assert await reg.reassert(spec, ttl_s=30, replace=True) is Assertion.TOMBSTONED
+        listing = await reg.list()
+        assert "a" not in listing.workers
+        assert listing.tombstones["a"].reason == "decommissioned"
+        assert listing.tombstones["a"].ttl_s is None
+        assert await reg.remove("never-registered", tombstone_ttl_s=0.3) is False
+        await reg.register(spec, ttl_s=30)  # an explicit add clears the tombstone
+        assert set((await reg.list()).tombstones) == {"never-registered"}
+        assert await reg.reassert(spec, ttl_s=30) is Assertion.RENEWED
+
+        async def stone_expired() -> bool:
+            return "never-registered" not in (await reg.list()).tombstones
+
+        await wait_until_async(stone_expired, timeout=5, what="the tombstone's TTL")
+        assert await reg.reassert(worker("never-registered")) is Assertion.CREATED
+
+
+async def test_an_unreadable_tombstone_still_keeps_its_worker_out(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await client.set("cortex:v1:tombstone:w", b"\xff not json")
+    finally:
+        await client.aclose()
+    async with RedisRegistry(redis_server.url) as reg:
+        assert (await reg.list()).tombstones["w"].reason == "unreadable tombstone"
+        assert await reg.reassert(worker("w")) is Assertion.TOMBSTONED
+
+
+async def test_reassert_works_after_redis_restarted_empty(redis_server: RedisServer) -> None:
+    # the restarted server has no script cache either: the script is loaded again
+    async with RedisRegistry(redis_server.url) as reg:
+        assert await reg.reassert(worker("a"), ttl_s=30) is Assertion.CREATED
+        await asyncio.to_thread(redis_server.stop)
+        await asyncio.to_thread(redis_server.start)
+
+        async def recreated() -> bool:
+            try:
+                return await reg.reassert(worker("a"), ttl_s=30) is Assertion.CREATED
+            except RegistryUnavailable:  # the old connection breaks once
+                return False
+
+        await wait_until_async(recreated, timeout=5, what="the lease written again")
+        assert await reg.get("a") == worker("a")
 
 
 async def test_unreachable_redis_raises_registry_unavailable() -> None:

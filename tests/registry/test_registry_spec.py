@@ -42,6 +42,8 @@ def test_valid_spec_normalises_enums_and_labels() -> None:
         ({"url": "http://:80"}, "url:"),
         ({"url": "http://h:99999"}, "url:"),
         ({"url": "http://h:1/?q=1"}, "url:"),
+        ({"url": "http://user:secret@h:1"}, "url: must not carry credentials"),
+        ({"url": "http://user@h:1"}, "url: must not carry credentials"),
         ({"engine": "tgi"}, "engine: unknown engine 'tgi'"),
         ({"role": "both"}, "role:"),
         ({"model": " "}, "model:"),
@@ -118,3 +120,9 @@ def test_bad_json_is_a_spec_error(payload: str, message: str) -> None:
 def test_with_changes_validates() -> None:
     with pytest.raises(SpecError):
         spec().with_changes(engine="nope")
+
+
+def test_a_rejected_url_with_credentials_never_echoes_the_password() -> None:
+    with pytest.raises(SpecError) as raised:
+        spec(url="http://admin:hunter2@10.0.0.5:30000")
+    assert "hunter2" not in str(raised.value)

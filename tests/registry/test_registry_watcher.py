@@ -60,6 +60,17 @@ async def test_memory_registry_diffs_and_degraded() -> None:
         assert watcher.health is RegistryHealth.OK
 
 
+async def test_a_new_tombstone_wakes_waiters_and_is_in_the_view() -> None:
+    reg = MemoryRegistry()
+    async with RegistryWatcher(reg, interval_s=0.05, use_channel=False) as watcher:
+        version = watcher.version
+        await reg.remove("gone", reason="by hand")  # no lease: only the tombstone changes
+        async with asyncio.timeout(10):
+            await watcher.wait_changed(version)
+        assert set(watcher.tombstones) == {"gone"}
+        assert watcher.tombstones["gone"].reason == "by hand"
+
+
 async def test_channel_wakes_the_watcher_before_the_poll_interval(
     redis_server: RedisServer,
 ) -> None:
@@ -117,10 +128,13 @@ async def test_lease_keeper_renews_and_deregisters(redis_server: RedisServer) ->
         async with LeaseKeeper(reg, worker("a"), ttl_s=0.3) as keeper:
             await wait_until_async(lambda: keeper.renewals >= 3, timeout=5, what="renewals")
             assert await reg.get("a") == worker("a")
-            await reg.deregister("a")  # e.g. an operator removed it: the keeper restores it
+            await reg.deregister("a")  # e.g. Redis forgot it: the keeper restores it
 
             async def back() -> bool:
                 return await reg.get("a") is not None
 
             await wait_until_async(back, timeout=5, what="re-registration")
+            await reg.remove("a")  # an operator removed it for good: the keeper yields
+            await wait_until_async(lambda: keeper.tombstoned, timeout=5, what="tombstone seen")
+            assert await reg.get("a") is None
         assert await reg.get("a") is None

@@ -88,6 +88,36 @@ async def test_stream_is_cut_after_k_chunks(start_sim: StartSim, http: aiohttp.C
         assert (await resp.read()).rstrip().endswith(b"data: [DONE]")
 
 
+async def test_stream_stalls_after_k_chunks_until_cleared_or_the_client_leaves(
+    start_sim: StartSim, http: aiohttp.ClientSession,
+) -> None:
+    sim = await start_sim(engine="sglang")
+    await set_faults(http, sim.url, stall_stream_after=1)
+    async with http.post(sim.url + "/v1/chat/completions",
+                         json=chat_body("hello", max_tokens=20, stream=True)) as resp:
+        assert resp.status == 200
+        first = await resp.content.readuntil(b"\n\n")
+        assert first.startswith(b"data: ")
+        with pytest.raises(asyncio.TimeoutError):  # silent, the connection held open
+            async with asyncio.timeout(0.5):
+                await resp.content.readuntil(b"\n\n")
+        await set_faults(http, sim.url, stall_stream_after=None)  # the engine wakes up
+        assert (await resp.read()).rstrip().endswith(b"data: [DONE]")
+    await set_faults(http, sim.url, stall_stream_after=0)  # headers, then nothing at all
+    async with http.post(sim.url + "/v1/completions",
+                         json={"model": "cortex-sim", "prompt": "hi", "stream": True}) as resp:
+        assert resp.status == 200
+        with pytest.raises(asyncio.TimeoutError):
+            async with asyncio.timeout(0.5):
+                await resp.content.readany()
+    # leaving the block closed the connection: the stalled handler lets go
+    await wait_until_async(lambda: not sim.engine.running, timeout=10, what="release")
+    async with http.get(sim.url + "/sim/faults") as resp:
+        assert (await resp.json())["stall_stream_after"] == 0
+    async with http.post(sim.url + "/sim/faults", json={"stall_stream_after": -1}) as resp:
+        assert resp.status == 400
+
+
 async def test_client_disconnect_releases_the_request(start_sim: StartSim,
                                                       http: aiohttp.ClientSession) -> None:
     from cortex.sim.config import TimingConfig

@@ -20,7 +20,11 @@ BENCHMARKS: dict[str, str] = {
     "sim": "cortex.bench.sim",
     "overhead": "cortex.bench.overhead",
     "routing": "cortex.bench.routing",
+    "fleet": "cortex.bench.fleet",
     "tokenize": "cortex.bench.tokenize",
+    "replica": "cortex.bench.replica",
+    "faults": "cortex.bench.faults",
+    "soak": "cortex.bench.soak",
     "capacity": "cortex.bench.capacity",
 }
 

@@ -16,6 +16,7 @@ with LocalCluster(spec, tmp_path) as cluster:
     cluster.workers["worker-0"].url # the sim's HTTP URL (also kv_events, replay, role, ...)
     cluster.state()                 # the --state-file JSON
     cluster.flush_worker("worker-0"); cluster.kill_worker("worker-1"); cluster.restart_index()
+    cluster.kill("ingest"); cluster.restart("ingest")  # kill -9, then the same command again
 ```
 
 Every call blocks (start-up polls HTTP / gRPC health with deadlines, never fixed sleeps).
@@ -228,13 +229,14 @@ class LocalCluster:
                 self._start_redis(redis_binary)
             if spec.services:
                 self._start_index()
-                for i, port in enumerate(gateway_ports):
-                    self._start_gateway(i, port)
                 self._start_ingest()
             for wid, role, offset in launched:
                 self._wait_sim(wid, role, offset, deadline)
             if spec.services:
-                self._wait_services(deadline, register=True)
+                # the gateways seed the workers: they re-assert them if Redis forgets them
+                for i, port in enumerate(gateway_ports):
+                    self._start_gateway(i, port)
+                self._wait_services(deadline, register=not spec.gateways)
         except BaseException:
             self.stop()
             raise
@@ -293,6 +295,22 @@ class LocalCluster:
         self._children["index"] = self._sup.restart(self._children["index"])
         if wait:
             self.wait_ready()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL ``name`` (``redis``, ``index``, ``ingest``, ``gateway-<i>`` or a worker
+        id) at once: a crash on purpose (not reported by :meth:`check`)."""
+        self._sup.kill(self._children[name])
+
+    def restart(self, name: str) -> None:
+        """Start ``name`` again (stopping it first if it still runs) on the ports it had and
+        return at once: Redis comes back empty, a worker with an empty cache and its seq
+        restarting at 0, a service with nothing but its flags. :meth:`wait_ready` waits
+        for the cluster (a worker: also wait for it yourself, its lease may have lapsed)."""
+        child = self._children[name]
+        info = self.workers.get(name)
+        if info is not None:  # sims bind port 0 at first: pin the ports they got
+            child.argv = _pinned_ports(child.argv, info)
+        self._children[name] = self._sup.restart(child)
 
     # ---- what runs where --------------------------------------------------------------------
 
@@ -422,7 +440,12 @@ class LocalCluster:
             "index": {"targets": [self.index_target]},
             "registry": {"redis_url": self.redis_url, "lease_ttl_s": spec.lease_ttl_s,
                          "poll_interval_s": interval},
-            "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5))},
+            # a dead dev worker leaves within its lease (production waits health.remove_after_s
+            # first); probe timeouts of a worker busy with a gateway's request never count
+            "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5)),
+                       "remove_after_s": 0},
+            "workers": [w.spec(spec.model, spec.block_size).to_dict()
+                        for w in self.workers.values()],
         }
         return _merge(document, spec.gateway_config)
 
@@ -649,6 +672,20 @@ def _ready_line(log_path: Path, offset: int) -> dict[str, Any] | None:
             found: dict[str, Any] = json.loads(line[len(READY_PREFIX):])
             return found
     return None
+
+
+def _pinned_ports(argv: Sequence[str], info: WorkerInfo) -> list[str]:
+    """A sim's command line with the ports it bound instead of ``0``."""
+    ports = {"--port": info.url.rsplit(":", 1)[1],
+             "--kv-events-port": info.kv_events.rsplit(":", 1)[1],
+             "--replay-port": info.replay.rsplit(":", 1)[1]}
+    if info.bootstrap_port is not None:
+        ports["--bootstrap-port"] = str(info.bootstrap_port)
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in ports:
+            out[i + 1] = ports[arg]
+    return out
 
 
 def _metrics_url(port: int | None) -> str | None:

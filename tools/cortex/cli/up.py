@@ -118,8 +118,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"cortex up: invalid arguments: {exc}", file=sys.stderr)
         return 2
-    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="cortex-up-"))
     state_file = Path(args.state_file) if args.state_file else None
+    if state_file is not None:
+        owner = _claim_state_file(state_file)
+        if owner is not None:
+            print(f"cortex up: {state_file} belongs to a running cortex up (pid {owner}): stop "
+                  "it first, or pass another --state-file", file=sys.stderr)
+            return 1
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="cortex-up-"))
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"cortex up: starting (logs in {log_dir}) ...", flush=True)
     started = time.monotonic()
@@ -155,6 +161,38 @@ def _watch(cluster: Any) -> None:
                       f"keeps running. Last log lines ({child.log_path}):\n{child.log_tail(2000)}",
                       file=sys.stderr, flush=True)
         time.sleep(0.5)
+
+
+def _claim_state_file(path: Path) -> int | None:
+    """Make ``path`` ours: ``None`` once it is absent — a file left by a launcher that died
+    (SIGKILL, a crash) is removed, so nobody mistakes it for a running cluster — or the pid
+    of the live ``cortex up`` that owns it."""
+    try:
+        owner = json.loads(path.read_text()).get("launcher_pid")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        owner = None  # unreadable: nobody can be using it
+    if isinstance(owner, int) and owner != os.getpid() and _is_launcher(owner):
+        return owner
+    path.unlink(missing_ok=True)
+    print(f"cortex up: removed the stale state file {path} (launcher pid {owner} is gone)",
+          flush=True)
+    return None
+
+
+def _is_launcher(pid: int) -> bool:
+    """Whether ``pid`` is a live ``cortex`` process (not a stranger that reused the pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's: leave its file alone
+    try:
+        return b"cortex" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust that the pid is alive
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:

@@ -110,6 +110,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    "all engine paths (health and load probes too)")
     f.add_argument("--cut-stream-after", type=int, default=None,
                    help="cut streams after K chunks")
+    f.add_argument("--stall-stream-after", type=int, default=None,
+                   help="stall streams after K chunks (0: after the headers), connection open")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
@@ -150,6 +152,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
             error_status=args.error_status,
             latency_ms=args.latency_ms,
             cut_stream_after=args.cut_stream_after,
+            stall_stream_after=args.stall_stream_after,
             fault_paths=FaultScope(args.fault_paths),
         ),
         bootstrap_port=args.bootstrap_port,

@@ -106,7 +106,9 @@ class FaultConfig:
     probability in [0, 1] that a request gets ``error_status``. ``latency_ms``: added
     before a request is handled. These three hit the paths of ``fault_paths``
     (:class:`FaultScope`; admin paths never). ``cut_stream_after``: a streaming response
-    is cut (connection closed, no ``[DONE]``) after k chunks.
+    is cut (connection closed, no ``[DONE]``) after k chunks. ``stall_stream_after``: a
+    streaming response stops after k chunks (0: right after its headers) with the
+    connection held open, until the fault is cleared or the client goes away — a hung engine.
     """
 
     drop_batches: int = 0
@@ -117,6 +119,7 @@ class FaultConfig:
     error_status: int = 500
     latency_ms: float = 0.0
     cut_stream_after: int | None = None
+    stall_stream_after: int | None = None
     fault_paths: FaultScope = FaultScope.GENERATION
 
     def __post_init__(self) -> None:
@@ -133,8 +136,10 @@ class FaultConfig:
             raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
         if not 400 <= self.error_status <= 599:
             raise ValueError(f"error_status must be a 4xx/5xx code, got {self.error_status}")
-        if self.cut_stream_after is not None and self.cut_stream_after < 0:
-            raise ValueError(f"cut_stream_after must be >= 0, got {self.cut_stream_after}")
+        for name in ("cut_stream_after", "stall_stream_after"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ never: ``GET /sim/state``, ``GET /sim/cache``, ``GET|POST|DELETE /sim/faults``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -51,6 +52,7 @@ _PREFILL_FINISH = {"type": "length", "length": 0}
 _DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's explicit data-parallel rank
 SERVED_BY_HEADER = "x-cortex-sim-port"
 """Response header of every generation: the HTTP port of the worker that served it."""
+_STALL_CHECK_S = 0.2  # a stalled stream notices its client left within this (s)
 
 
 class _StreamCut(Exception):
@@ -433,6 +435,7 @@ class SimRoutes:
             nonlocal sent
             if cut_after is not None and sent >= cut_after:
                 raise _StreamCut
+            await self._stall(request, sent)
             await resp.write(data)
             sent += 1
 
@@ -442,6 +445,7 @@ class SimRoutes:
                     await write(_sse(chunk))
 
         try:
+            await self._stall(request, 0)
             results = await self._run_all(req, emit)
             async with lock:
                 if req.include_usage and req.endpoint is not Endpoint.GENERATE:
@@ -463,6 +467,20 @@ class SimRoutes:
                 await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def _stall(self, request: web.Request, sent: int) -> None:
+        """Fault: hold a stream that sent ``sent`` chunks, silent, while the fault says so
+        and the client stays."""
+        while True:
+            stall = self.faults.config.stall_stream_after
+            transport = request.transport
+            if (stall is None or sent < stall or transport is None
+                    or transport.is_closing()):
+                return
+            self._faults_changed.clear()
+            with contextlib.suppress(TimeoutError):  # look at the connection now and then
+                async with asyncio.timeout(_STALL_CHECK_S):
+                    await self._faults_changed.wait()
 
     def _chunks(self, req: GenRequest, result: SequenceResult, done: int
                 ) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from grpclib.const import Cardinality
 from cortex.api.index.v1 import index_grpc
 from cortex.hashing import Engine, pack_keys, pack_tokens
 from cortex.ledger.codec import ENGINE_KIND, pb
-from cortex.ledger.grpc import LedgerCodec, method
+from cortex.ledger.grpc import LedgerCodec, bearer, method
 
 __all__ = ["IndexStub", "index_channel", "match_request"]
 
@@ -61,11 +61,14 @@ def match_request(
 
 
 class IndexStub:
-    """The Index methods on one channel; ``timeout`` in seconds (None: none)."""
+    """The Index methods on one channel; ``timeout`` in seconds (None: none); ``token``: the
+    index's peer or query token, presented on every call (None: none)."""
 
-    def __init__(self, channel: Channel, timeout: float | None = None) -> None:
+    def __init__(self, channel: Channel, timeout: float | None = None,
+                 token: str | None = None) -> None:
         self.channel = channel
         self.timeout = timeout
+        self.metadata = bearer(token)
         self._stub = index_grpc.IndexStub(channel)
 
     def __repr__(self) -> str:
@@ -73,15 +76,18 @@ class IndexStub:
 
     async def match(self, request: pb.MatchRequest, *, timeout: float | None = None
                     ) -> pb.MatchResponse:
-        return await self._stub.Match(request, timeout=self._timeout(timeout))
+        return await self._stub.Match(request, timeout=self._timeout(timeout),
+                                       metadata=self.metadata)
 
     async def workers(self, request: pb.WorkersRequest, *, timeout: float | None = None
                       ) -> pb.WorkersResponse:
-        return await self._stub.Workers(request, timeout=self._timeout(timeout))
+        return await self._stub.Workers(request, timeout=self._timeout(timeout),
+                                       metadata=self.metadata)
 
     async def stats(self, request: pb.StatsRequest, *, timeout: float | None = None
                     ) -> pb.StatsResponse:
-        return await self._stub.Stats(request, timeout=self._timeout(timeout))
+        return await self._stub.Stats(request, timeout=self._timeout(timeout),
+                                       metadata=self.metadata)
 
     def _timeout(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -89,7 +95,8 @@ class IndexStub:
     async def changes(self, request: pb.ChangesRequest) -> AsyncIterator[pb.ChangeBatch]:
         """The change feed until the server ends it (or the caller stops iterating)."""
         async with self.channel.request(method("Changes"), Cardinality.UNARY_STREAM,
-                                        pb.ChangesRequest, pb.ChangeBatch) as stream:
+                                        pb.ChangesRequest, pb.ChangeBatch,
+                                        metadata=self.metadata) as stream:
             await stream.send_message(request, end=True)
             while (batch := await stream.recv_message()) is not None:
                 yield batch

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cortex.api.index.v1 import index_pb2 as pb
-from cortex.hashing import Engine, HashDomain
+from cortex.hashing import Engine, HashDomain, pack_keys
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import (
     ClearBlocks,
@@ -78,8 +78,11 @@ def engine_from_kind(value: int, *, required: bool) -> Engine | None:
 
 
 def keys_to_le(keys: Keys) -> bytes:
-    """Block keys as the ``*_le`` twin: uint64 little-endian."""
-    return np.asarray(keys, "<u8").tobytes()
+    """Block keys as the ``*_le`` twin: uint64 little-endian (lists through
+    :func:`cortex.hashing.pack_keys`, key arrays as they are)."""
+    if isinstance(keys, np.ndarray):
+        return keys.astype("<u8", copy=False).tobytes()
+    return pack_keys(keys)
 
 
 def keys_from_le(data: bytes, field: str) -> npt.NDArray[np.uint64]:

@@ -1,4 +1,6 @@
-"""grpclib glue shared by every Cortex gRPC peer: the message codec and the method paths.
+"""grpclib glue shared by every Cortex gRPC peer: the message codec, the method paths and
+shared-secret authentication (:class:`TokenCheck` on the server, :func:`bearer` metadata on
+the clients).
 
 :class:`LedgerCodec` is grpclib's protobuf codec with three changes: a message whose bytes
 were encoded once for many streams (``bytes``) passes through unchanged; bytes that do not
@@ -9,14 +11,27 @@ surface as an internal error); and a message over ``max_message_bytes`` is refus
 
 from __future__ import annotations
 
+import hmac
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
+from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError
+from grpclib.server import Server
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LedgerCodec", "method"]
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "PEER_METHODS",
+    "QUERY_METHODS",
+    "LedgerCodec",
+    "TokenCheck",
+    "bearer",
+    "method",
+    "read_token",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """Largest message a Cortex peer accepts (bytes): a snapshot travels in 1 MiB batches, an
@@ -48,3 +63,69 @@ class LedgerCodec(ProtoCodec):
         except DecodeError:
             name = getattr(message_type, "__name__", "message")
             raise GRPCError(Status.INVALID_ARGUMENT, f"malformed {name}") from None
+
+
+# ---- shared-secret authentication -----------------------------------------------------------
+
+PEER_METHODS = frozenset({method("Sync"), method("Replicate")})
+"""Methods that change the ledger or copy all of it: Cortex's own peers (ingest, gateways)."""
+
+QUERY_METHODS = frozenset({method("Match"), method("Workers"), method("Stats"),
+                           method("Changes")})
+"""Read-only queries (other schedulers, operators)."""
+
+
+def read_token(path: str) -> str:
+    """The secret in file ``path`` (surrounding whitespace dropped); ``ValueError`` when it is
+    empty or unreadable, naming the file, never the content."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
+def bearer(token: str | None) -> dict[str, str] | None:
+    """The call metadata that presents ``token`` (None: none to present)."""
+    return {"authorization": f"Bearer {token}"} if token else None
+
+
+class TokenCheck:
+    """Who may call what: with a ``peer`` token, :data:`PEER_METHODS` need it; with a
+    ``query`` token, :data:`QUERY_METHODS` need it or the peer token. Health and reflection
+    stay open (probes). Install with :meth:`install`; a refused call ends with
+    ``UNAUTHENTICATED`` before its handler runs. Comparisons are constant-time."""
+
+    def __init__(self, peer: str | None, query: str | None) -> None:
+        self.peer = peer.encode() if peer else None
+        self.query = query.encode() if query else None
+        self.refused = 0
+
+    def install(self, server: Server) -> None:
+        listen(server, RecvRequest, self._on_request)
+
+    def allowed(self, method_name: str, presented: str | None) -> bool:
+        if method_name in PEER_METHODS:
+            accepted = [self.peer]
+        elif method_name in QUERY_METHODS:
+            if self.query is None:
+                return True
+            accepted = [self.query, self.peer]
+        else:
+            return True
+        if accepted[0] is None:
+            return True
+        given = (presented or "").removeprefix("Bearer ").encode()
+        return any(t is not None and hmac.compare_digest(given, t) for t in accepted)
+
+    async def _on_request(self, event: RecvRequest) -> None:
+        presented = None
+        for key, value in event.metadata.items():
+            if key == "authorization" and isinstance(value, str):
+                presented = value
+        if not self.allowed(event.method_name, presented):
+            self.refused += 1
+            raise GRPCError(Status.UNAUTHENTICATED, "a valid token is required for "
+                            + event.method_name.rsplit("/", 1)[-1])

@@ -13,7 +13,7 @@ how long it may still be used) and reports ``STALE``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -112,7 +112,7 @@ def snapshot_batches(view: LedgerView, models: Collection[str], index_id: str, v
     yield batch
 
 
-def journal_batch(ops: list[ViewOp], index_id: str, version: int,
+def journal_batch(ops: Sequence[ViewOp], index_id: str, version: int,
                   applied_unix_s: float) -> pb.ReplicaBatch:
     """One live batch of journal records (without ``seq``)."""
     batch = pb.ReplicaBatch(index_id=index_id, version=version, applied_unix_s=applied_unix_s)

@@ -88,6 +88,18 @@ class Eviction:
 _NO_EVICTION = Eviction(np.zeros(0, np.uint64), ())
 
 
+def _count_bits(counts: list[int], before: list[int], after: list[int], count: int) -> None:
+    """``counts[bit] = count`` for every bit set in ``before`` and clear in ``after``
+    (holder words, 64 bits each)."""
+    for word, (was, now) in enumerate(zip(before, after, strict=True)):
+        dropped = was & ~now
+        base = 64 * word
+        while dropped:
+            low = dropped & -dropped
+            counts[base + low.bit_length() - 1] = count
+            dropped ^= low
+
+
 def no_eviction() -> Eviction:
     return _NO_EVICTION
 
@@ -500,11 +512,13 @@ class RadixHashTree:
             return counts
         idx = np.array(slots[:n] if n < len(slots) else slots, np.int64)
         cum = np.bitwise_and.accumulate(self._holders[idx], axis=0)
-        # cumulative AND only loses bits, so a source's count is the rows that keep its bit
-        bits = np.unpackbits(cum.view(np.uint8), axis=1, bitorder="little")
         self._recency[idx] = now
-        result: list[int] = bits.sum(axis=0, dtype=np.int64).tolist()
-        return result
+        # cumulative AND only loses bits: a source's count is the row where its bit drops
+        # (the rows where anything drops are few, one per source at most), or n
+        for row in (np.flatnonzero((cum[1:] != cum[:-1]).any(axis=1)) + 1).tolist():
+            _count_bits(counts, cum[row - 1].tolist(), cum[row].tolist(), row)
+        _count_bits(counts, cum[-1].tolist(), [0] * cum.shape[1], n)
+        return counts
 
     def bits(self) -> Iterator[tuple[int, Source]]:
         """``(bit, source)`` of every registered source."""

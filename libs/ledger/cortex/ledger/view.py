@@ -14,7 +14,7 @@ Pure and single-threaded; ``now`` arguments are ticks of the owner's recency clo
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,9 +163,6 @@ class LedgerView:
     @property
     def bytes_estimate(self) -> int:
         return sum(t.bytes_estimate for t in self.trees.values())
-
-    def domains(self, model: str) -> list[HashDomain]:
-        return list(self._by_model.get(model, ()))
 
     def blocks_of(self, source: Source) -> int:
         place = self.places.get(source)
@@ -351,9 +348,6 @@ class LedgerView:
             self.clear(op.source)
             return ReplayEffect(cleared=(op.source,))
         return ReplayEffect(removed=tuple(self.evict_keys(op.domain, op.keys).dropped))
-
-    def sources(self) -> Iterator[tuple[Source, Place]]:
-        return iter(self.places.items())
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,11 @@
 """The admin API, behind ``Authorization: Bearer <server.admin_token>``.
 
 * ``GET /admin/workers`` — every worker in the pool with health, breaker, load and ledger;
-* ``POST /admin/workers`` — register a worker (a registry spec object), ``201``;
-* ``DELETE /admin/workers/{id}`` — deregister it;
+* ``POST /admin/workers`` — register a worker (a registry spec object), ``201``; clears
+  its tombstone if it had one;
+* ``DELETE /admin/workers/{id}[?for_s=S][&tombstone=false]`` — remove it for good: its lease
+  goes and a tombstone (permanent, or for ``S`` seconds) stops every gateway from bringing
+  it back; ``tombstone=false`` only drops the lease (a reachable worker then returns);
 * ``POST /admin/explain`` — the routing decision for a request body, without sending it.
 """
 
@@ -48,6 +51,24 @@ def _worker_json(w: WorkerState, now: float, stale_after_s: float) -> dict[str, 
     }
 
 
+def _seconds(text: str | None, name: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ClientError(f"'{name}' must be a positive number of seconds", param=name)
+    return value
+
+
+def _flag(text: str, name: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise ClientError(f"'{name}' must be true or false", param=name)
+    return text.lower() in ("true", "1")
+
+
 class AdminHandler:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -71,7 +92,8 @@ class AdminHandler:
         elif path == "/admin/workers" and method == "POST":
             await self.add_worker(request, send)
         elif path.startswith("/admin/workers/") and method == "DELETE":
-            await self.remove_worker(path.removeprefix("/admin/workers/"), send)
+            await self.remove_worker(path.removeprefix("/admin/workers/"), request.query_params,
+                                     send)
         elif path == "/admin/explain" and method == "POST":
             await self.explain(request, send)
         elif path in ("/admin/workers", "/admin/explain") or path.startswith("/admin/workers/"):
@@ -104,25 +126,37 @@ class AdminHandler:
             self.gw.watcher.poke()
         await send_json(send, 201, {"worker": spec.to_dict()})
 
-    async def remove_worker(self, worker_id: str, send: Send) -> None:
+    async def remove_worker(self, worker_id: str, query: dict[str, str], send: Send) -> None:
+        """404 for an id neither registered nor known to this gateway (nothing written)."""
+        gw = self.gw
+        for_s = _seconds(query.get("for_s"), "for_s")
+        tombstone = _flag(query.get("tombstone", "true"), "tombstone")
+        known = gw.pool.get(worker_id) is not None or worker_id in gw.pool.remembered
         try:
-            found = await self.gw.registry.deregister(worker_id)
+            if not known and await gw.registry.get(worker_id) is None:
+                raise GatewayError(f"no worker '{worker_id}'", code=ErrorCode.WORKER_NOT_FOUND,
+                                   status=404)
+            if tombstone:
+                had_lease = await gw.registry.remove(worker_id, tombstone_ttl_s=for_s,
+                                                     reason="admin API")
+            else:
+                had_lease = await gw.registry.deregister(worker_id)
         except RegistryUnavailable:
             raise ServiceUnavailable("the worker registry is unreachable",
                                      code=ErrorCode.REGISTRY_UNAVAILABLE) from None
-        if not found:
-            raise GatewayError(f"no worker '{worker_id}'", code=ErrorCode.WORKER_NOT_FOUND,
-                               status=404)
-        if self.gw.watcher is not None:
-            self.gw.watcher.poke()
-        await send_json(send, 200, {"removed": worker_id})
+        if tombstone:
+            gw.pool.mark_tombstoned(worker_id)  # out of this replica's pool at once
+            gw.sync_pool()
+        if gw.watcher is not None:
+            gw.watcher.poke()
+        await send_json(send, 200, {"removed": worker_id, "had_lease": had_lease,
+                                    "tombstone": {"ttl_s": for_s} if tombstone else None})
 
     async def explain(self, request: Request, send: Send) -> None:
         """Body: the inference request; endpoint from ``?endpoint=chat|completions|generate``,
         else inferred (``messages`` → chat, ``prompt`` → completions, else generate)."""
         body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
-        query = dict(p.partition("=")[::2] for p in request.query.decode().split("&") if p)
-        name = query.get("endpoint")
+        name = request.query_params.get("endpoint")
         if name is not None:
             if name not in _ENDPOINTS:
                 raise ClientError(f"endpoint must be one of {sorted(_ENDPOINTS)}",
@@ -131,7 +165,7 @@ class AdminHandler:
         else:
             endpoint = (Endpoint.CHAT if "messages" in body
                         else Endpoint.COMPLETIONS if "prompt" in body else Endpoint.GENERATE)
-        req = parse_request(endpoint, body, self.gw.config)
+        req = parse_request(endpoint, body, self.gw.config, self.gw.limits)
         router = self.gw.router
         assert router is not None
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s

@@ -2,7 +2,7 @@
 
 Unknown paths answer 404, known paths with another method 405, both as OpenAI error
 objects. An unexpected exception becomes a 500 ``internal_error`` without details (they go
-to the log with the request id).
+to the log with the request id; tracebacks rate-limited, :mod:`cortex.gateway.tracebacks`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from cortex.gateway.ops import OpsHandler
 from cortex.gateway.payload import Endpoint
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.tokenize_endpoints import AlignmentCheck, TokenizeHandler
+from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
 
@@ -39,9 +40,10 @@ class GatewayApp:
         self.gateway: Gateway | None = None
         self.started = asyncio.Event()  # set once startup completed
         self._routes: dict[str, dict[str, Handler]] = {}
+        self._tracebacks = TracebackLimiter()
 
     def _build_routes(self, gw: Gateway) -> None:
-        inference = InferenceHandler(gw)
+        inference = InferenceHandler(gw, self._tracebacks)
         ops = OpsHandler(gw)
         admin = AdminHandler(gw)
         tokens = TokenizeHandler(gw)
@@ -96,7 +98,7 @@ class GatewayApp:
         await send({"type": "lifespan.shutdown.complete"})
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+        request = Request(scope, receive, self.config.server.body_timeout_s)
         try:
             if self.gateway is None:
                 raise GatewayError("the gateway is not running", code=ErrorCode.SHUTTING_DOWN,
@@ -117,8 +119,8 @@ class GatewayApp:
             await send_error(send, exc, [(b"x-request-id", request_id_of(request).encode())])
         except Exception:
             request_id = request_id_of(request)
-            log.exception("unhandled error request_id=%s path=%s", request_id, request.path,
-                          extra={"request_id": request_id})
+            self._tracebacks.log(log, "unhandled error request_id=%s path=%s", request_id,
+                                 request.path, request_id=request_id)
             await send_error(send, GatewayError("internal error"),
                              [(b"x-request-id", request_id.encode())])
 

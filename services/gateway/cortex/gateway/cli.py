@@ -1,8 +1,10 @@
 """``cortex gateway``: run the gateway until SIGINT/SIGTERM.
 
 Configuration comes from ``--config`` (TOML or JSON; default ``$CORTEX_GATEWAY_CONFIG``) and
-``CORTEX_GATEWAY_*`` environment variables (see :mod:`cortex.gateway.config`); ``--host`` and
-``--port`` override the file. Exit codes: 0 clean stop, 2 bad configuration, 1 start failure.
+``CORTEX_GATEWAY_*`` environment variables (see :mod:`cortex.gateway.config`); ``--host``,
+``--port`` and the admission flags (sglang-router's names: ``--max-concurrent-requests``,
+``--queue-size``, ``--queue-timeout-secs``) override both. Exit codes: 0 clean stop, 2 bad
+configuration, 1 start failure.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--config", help="config file (.toml or .json)")
     parser.add_argument("--host", help="listen address (overrides server.host)")
     parser.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    parser.add_argument("--max-concurrent-requests", type=int, metavar="N",
+                        help="inference requests in service at once, 0 = no limit "
+                             "(overrides admission.max_concurrent_requests)")
+    parser.add_argument("--queue-size", type=int, metavar="N",
+                        help="requests waiting for a slot (overrides admission.queue_size)")
+    parser.add_argument("--queue-timeout-secs", type=float, metavar="S",
+                        help="longest wait for a slot (overrides admission.queue_timeout_s)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
@@ -70,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         env["CORTEX_GATEWAY_SERVER_HOST"] = args.host
     if args.port is not None:
         env["CORTEX_GATEWAY_SERVER_PORT"] = str(args.port)
+    for flag, var in (("max_concurrent_requests", "MAX_CONCURRENT_REQUESTS"),
+                      ("queue_size", "QUEUE_SIZE"), ("queue_timeout_secs", "QUEUE_TIMEOUT_S")):
+        if getattr(args, flag) is not None:
+            env[f"CORTEX_GATEWAY_ADMISSION_{var}"] = str(getattr(args, flag))
     try:
         config = load_config(args.config, env)
     except ConfigError as exc:
@@ -77,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(_serve(config))
+    except ConfigError as exc:  # what only start-up can check (a token file, say)
+        print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         logging.getLogger("cortex.gateway").error("gateway failed: %s (%r)", exc, exc.__cause__)
         return 1

@@ -28,6 +28,7 @@ from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
 __all__ = [
+    "AdmissionConfig",
     "BreakerConfig",
     "GatewayConfig",
     "HealthConfig",
@@ -39,6 +40,7 @@ __all__ = [
     "RoutingConfig",
     "RoutingWeights",
     "ServerConfig",
+    "Timeouts",
     "TokenizeConfig",
     "UpstreamConfig",
     "load_config",
@@ -61,7 +63,15 @@ def _non_negative(section: str, **values: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """The HTTP listener. ``admin_token`` unset disables the admin API."""
+    """The HTTP listener. ``admin_token`` unset disables the admin API.
+
+    Slow or silent clients: ``keep_alive_timeout_s`` bounds an idle connection and the
+    arrival of a request's headers; ``body_timeout_s`` the arrival of its whole body (408
+    after); ``read_timeout_s`` (hypercorn's) closes a connection nothing was read from for
+    that long — a client reading a stream sends nothing, so it must exceed the longest
+    response (``upstream.request_timeout_s``). ``max_connections``: open client connections
+    per process (0 = no cap); one more is answered 503 and closed at once.
+    """
 
     host: str = "0.0.0.0"
     port: int = 8080
@@ -70,12 +80,17 @@ class ServerConfig:
     graceful_timeout_s: float = 10.0
     keep_alive_timeout_s: float = 75.0
     backlog: int = 1024
+    body_timeout_s: float = 30.0
+    read_timeout_s: float = 900.0
+    max_connections: int = 4096
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
         _positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
-                  keep_alive_timeout_s=self.keep_alive_timeout_s)
+                  keep_alive_timeout_s=self.keep_alive_timeout_s,
+                  body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
+        _non_negative("server", max_connections=self.max_connections)
         _non_negative("server", graceful_timeout_s=self.graceful_timeout_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("server.admin_token: must be at least 16 characters")
@@ -88,12 +103,23 @@ class ModelConfig:
     ``tokenizer``: a ``tokenizer.json`` (or its directory); ``None`` = the default DeepSeek
     tokenizer. ``chat_template``: a Jinja file (or ``tokenizer_config.json``); ``None`` = the
     tokenizer directory's template, else the default. ``block_size`` (tokens) and ``engine``
-    with ``hash_model`` (defaults to ``name``) form the hash domain. ``max_prompt_tokens``
-    rejects longer prompts with a 400. ``reports_cached_tokens``: the engines run with cache
-    reporting on, so a usage without ``cached_tokens`` means 0 (truth check).
-    ``tokenize_cache_tokens`` / ``tokenize_cache_bytes`` bound the model's segment cache.
-    ``max_model_len``: what ``POST /tokenize`` reports (the engine's context length; ``None``:
-    the tokenizer's ``model_max_length``, else -1).
+    with ``hash_model`` (defaults to ``name``) form the hash domain. ``reports_cached_tokens``:
+    the engines run with cache reporting on, so a usage without ``cached_tokens`` means 0
+    (truth check). ``tokenize_cache_tokens`` / ``tokenize_cache_bytes`` bound the model's
+    segment cache. ``max_model_len``: the engines' context length, what ``POST /tokenize``
+    reports (``None``: the tokenizer's ``model_max_length``, else -1) and, when set, the
+    context the request bounds use instead of the one learned from the engines.
+
+    Bounds (:mod:`cortex.gateway.limits`; ``None`` = learned from the engines' context
+    length): ``max_prompt_tokens`` rejects longer prompts, ``max_tokens`` larger requested
+    completions (400). ``max_messages`` caps a chat request's messages.
+    ``precheck_chars_per_token``: a text prompt longer than ``max_prompt_tokens`` times this
+    many characters is rejected before tokenizing (measured with the DeepSeek tokenizer:
+    prose, code, JSON, CJK and base64 average 1.4-5.2 characters per token; only long runs
+    of one repeated character go beyond 16, up to 128).
+
+    ``first_byte_timeout_s`` / ``response_timeout_s`` / ``stream_idle_timeout_s``: this
+    model's upstream timeouts (``None`` = the ``upstream`` section's; :class:`Timeouts`).
     """
 
     name: str
@@ -107,6 +133,12 @@ class ModelConfig:
     reports_cached_tokens: bool = True
     tokenize_cache_bytes: int = 256 * 1024 * 1024
     max_model_len: int | None = None
+    max_tokens: int | None = None
+    max_messages: int = 4096
+    precheck_chars_per_token: float = 16.0
+    first_byte_timeout_s: float | None = None
+    response_timeout_s: float | None = None
+    stream_idle_timeout_s: float | None = None
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +156,13 @@ class ModelConfig:
             _positive(where, max_model_len=self.max_model_len)
         if self.max_prompt_tokens is not None:
             _positive(where, max_prompt_tokens=self.max_prompt_tokens)
+        if self.max_tokens is not None:
+            _positive(where, max_tokens=self.max_tokens)
+        _positive(where, max_messages=self.max_messages,
+                  precheck_chars_per_token=self.precheck_chars_per_token)
+        for name in ("first_byte_timeout_s", "response_timeout_s", "stream_idle_timeout_s"):
+            if getattr(self, name) is not None:
+                _positive(where, **{name: getattr(self, name)})
         for name in ("tokenizer", "chat_template"):
             value = getattr(self, name)
             if value is not None:
@@ -209,9 +248,12 @@ class IndexConfig:
     ``replica_touch_interval_s``: how often matched blocks are reported to the index.
     ``match_timeout_ms`` bounds one gRPC Match; ``retry_after_ms``: a failed index is skipped
     this long; ``workers_poll_s``: ledger states polled while the replica is not usable.
+    ``token_file``: a file with the index's peer token (its ``--peer-token-file``), presented
+    on every call.
     """
 
     targets: tuple[str, ...] = ()
+    token_file: str = ""
     replica: bool = True
     replica_grace_s: float = 2.0
     replica_touch_interval_s: float = 1.0
@@ -232,28 +274,39 @@ class IndexConfig:
 
 @dataclass(frozen=True, slots=True)
 class RegistryConfig:
-    """Worker registry. ``redis_url`` unset = an in-process registry (single gateway)."""
+    """Worker registry. ``redis_url`` unset = an in-process registry (single gateway).
+
+    ``forget_after_s``: a worker that left the pool without a tombstone is still probed
+    this long (s), and brought back with its last spec when it answers; 0 = never."""
 
     redis_url: str | None = None
     lease_ttl_s: float = 10.0
     poll_interval_s: float = 1.0
+    forget_after_s: float = 3600.0
 
     def __post_init__(self) -> None:
         _positive("registry", lease_ttl_s=self.lease_ttl_s, poll_interval_s=self.poll_interval_s)
+        _non_negative("registry", forget_after_s=self.forget_after_s)
 
 
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
-    """Worker health probes; each success renews the worker's registry lease."""
+    """Worker health probes; each success re-asserts the worker's registry lease.
+
+    ``remove_after_s``: failed probes keep renewing the lease this long (s) after the first
+    failure of a streak (probe timeouts while this gateway has requests open on the worker
+    never count); then the lease is left to lapse, which removes the worker everywhere."""
 
     interval_s: float = 2.0
     timeout_s: float = 2.0
     unhealthy_after: int = 2
     healthy_after: int = 1
+    remove_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         _positive("health", interval_s=self.interval_s, timeout_s=self.timeout_s,
                   unhealthy_after=self.unhealthy_after, healthy_after=self.healthy_after)
+        _non_negative("health", remove_after_s=self.remove_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,20 +336,68 @@ class LoadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Timeouts:
+    """One model's upstream timeouts (seconds); see :class:`UpstreamConfig`."""
+
+    first_byte_s: float
+    response_s: float
+    stream_idle_s: float
+
+    @classmethod
+    def of(cls, model: ModelConfig, upstream: UpstreamConfig) -> Timeouts:
+        """``model``'s own values where set, else ``upstream``'s."""
+        return cls(
+            model.first_byte_timeout_s or upstream.first_byte_timeout_s,
+            model.response_timeout_s or upstream.response_timeout_s,
+            model.stream_idle_timeout_s or upstream.stream_idle_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     """Calls to workers. ``request_timeout_s`` bounds a whole request (routing included);
-    ``max_attempts`` counts the first try; only failures before the first byte retry."""
+    ``max_attempts`` counts the first try; only failures before the first byte retry.
+
+    An attempt that has not produced its first byte in time is a failure (counted by the
+    worker's breaker) and moves to the next worker: ``first_byte_timeout_s`` for a stream
+    (until its first event), ``response_timeout_s`` for a non-streamed request, whose first
+    byte is the whole answer. ``stream_idle_timeout_s``: a stream silent this long after its
+    first event ends with an SSE error event and its upstream request is cancelled. Models
+    may override the three (:class:`ModelConfig`)."""
 
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 600.0
     max_attempts: int = 3
     max_connections: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504)
+    first_byte_timeout_s: float = 60.0
+    response_timeout_s: float = 300.0
+    stream_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         _positive("upstream", connect_timeout_s=self.connect_timeout_s,
-                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts)
+                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
+                  first_byte_timeout_s=self.first_byte_timeout_s,
+                  response_timeout_s=self.response_timeout_s,
+                  stream_idle_timeout_s=self.stream_idle_timeout_s)
         _non_negative("upstream", max_connections=self.max_connections)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Load shedding (:mod:`cortex.gateway.admission`): at most ``max_concurrent_requests``
+    inference requests in service per process (0 = no limit), ``queue_size`` more waiting
+    up to ``queue_timeout_s``; refusals carry ``Retry-After: retry_after_s``."""
+
+    max_concurrent_requests: int = 1024
+    queue_size: int = 1024
+    queue_timeout_s: float = 30.0
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _non_negative("admission", max_concurrent_requests=self.max_concurrent_requests,
+                      queue_size=self.queue_size)
+        _positive("admission", queue_timeout_s=self.queue_timeout_s,
+                  retry_after_s=self.retry_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,8 +450,10 @@ class TokenizeConfig:
     leaves the event loop. ``heavy_messages`` / ``heavy_chars``: chat requests with more
     messages or message text are rendered and tokenized in a worker process (a huge request
     must not hold the event loop). ``feed_answers``: relayed answers are encoded into the
-    segment cache after the response, so the next turn's resent history hits; at most
-    ``feed_max_bytes`` of a response are kept for it and ``feed_queue`` feeds wait.
+    segment cache after the response, so the next turn's resent history hits — answers of at
+    least ``feed_min_tokens`` (shorter ones cost less to encode on the next turn than
+    rendering the conversation again costs now); at most ``feed_max_bytes`` of a response
+    are kept for it and ``feed_queue`` feeds wait.
     ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
     ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
     """
@@ -361,6 +464,7 @@ class TokenizeConfig:
     heavy_messages: int = 256
     heavy_chars: int = 1_000_000
     feed_answers: bool = True
+    feed_min_tokens: int = 64
     feed_max_bytes: int = 4 * 1024 * 1024
     feed_queue: int = 64
     self_check_interval_s: float = 0.0
@@ -369,6 +473,7 @@ class TokenizeConfig:
     def __post_init__(self) -> None:
         _non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
                       feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
+                      feed_min_tokens=self.feed_min_tokens,
                       self_check_interval_s=self.self_check_interval_s)
         _positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
                   self_check_timeout_s=self.self_check_timeout_s)
@@ -394,6 +499,7 @@ class GatewayConfig:
     load: LoadConfig = field(default_factory=LoadConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     pd: PDConfig = field(default_factory=PDConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workers: tuple[WorkerSpec, ...] = ()
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     gateway_id: str = "gateway"
@@ -407,6 +513,9 @@ class GatewayConfig:
         ids = [w.id for w in self.workers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"workers: duplicate worker ids in {ids}")
+        if self.server.read_timeout_s <= self.upstream.request_timeout_s:
+            raise ConfigError("server.read_timeout_s: must exceed upstream.request_timeout_s "
+                              f"({self.upstream.request_timeout_s:g}), or streams get cut")
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -497,7 +606,7 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd", "tokenize")
+             "pd", "tokenize", "admission")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:

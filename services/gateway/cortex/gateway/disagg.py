@@ -42,7 +42,14 @@ from enum import StrEnum
 from typing import Any
 
 from cortex.gateway.config import PDConfig
-from cortex.gateway.dispatch import Dispatcher, Opened, acquire_slot, release_slot
+from cortex.gateway.dispatch import (
+    BUSY_STATUSES,
+    Dispatcher,
+    Opened,
+    acquire_slot,
+    all_busy,
+    release_slot,
+)
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.handoff import (
     bootstrap_host,
@@ -86,7 +93,8 @@ class Side(StrEnum):
 @dataclass(frozen=True, slots=True)
 class LegFailure:
     """A failed attempt: which side failed, how (a :class:`FailureKind` value or
-    ``error_event``), and whether the prefill had already succeeded (KV handed over)."""
+    ``error_event``), and whether the prefill had already succeeded (KV handed over);
+    ``status`` / ``retry_after_s``: what a worker that refused it answered."""
 
     side: Side
     worker: str
@@ -94,6 +102,8 @@ class LegFailure:
     timeout: bool = False
     prefill_ok: bool = False
     detail: str = ""
+    status: int | None = None
+    retry_after_s: float | None = None
 
 
 class _Verdict(StrEnum):
@@ -216,6 +226,7 @@ class PairDispatcher:
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
         last: LegFailure | None = None
+        failures: list[LegFailure] = []
         attempts = 0
         while attempts < self.config.max_attempts:
             pair = self._next_pair(plan, failed_prefill, failed_decode)
@@ -244,9 +255,10 @@ class PairDispatcher:
             if not outcome.prefill_ok:  # the prompt was not computed where it is credited
                 placement.withdraw()
             last = outcome
+            failures.append(outcome)
             self.metrics.child(self.metrics.pd_handoff_failures, engine, outcome.side.value,
                                outcome.kind).inc()
-            self.metrics.upstream_errors.labels(worker=outcome.worker, kind=outcome.kind).inc()
+            self.metrics.worker(self.metrics.upstream_errors, outcome.worker, outcome.kind).inc()
             log.info("pd attempt failed side=%s worker=%s kind=%s request_id=%s: %s",
                      outcome.side.value, outcome.worker, outcome.kind, request_id,
                      outcome.detail, extra={"worker": outcome.worker, "request_id": request_id})
@@ -254,7 +266,7 @@ class PairDispatcher:
                 outcome.worker)
             if outcome.side is Side.DECODE and outcome.prefill_ok:
                 break  # the KV was handed over and lost: no second pair, fall back
-        return await self._fallback(ctx, last, attempts, request_id)
+        return await self._fallback(ctx, failures, attempts, request_id)
 
     def _next_pair(self, plan: PDPlan, failed_prefill: set[str], failed_decode: set[str]
                    ) -> tuple[Scored, Scored] | None:
@@ -269,9 +281,10 @@ class PairDispatcher:
         decode = first(plan.decode.ranked, failed_decode)
         return None if prefill is None or decode is None else (prefill, decode)
 
-    async def _fallback(self, ctx: _Request, last: LegFailure | None, attempts: int,
+    async def _fallback(self, ctx: _Request, failures: list[LegFailure], attempts: int,
                         request_id: str) -> Opened:
         plan, engine = ctx.plan, ctx.engine.value
+        last = failures[-1] if failures else None
         if plan.fallback is not None and self.config.fallback_to_regular:
             reason = f"{last.side.value}_failed" if last is not None else "no_pair"
             self.metrics.child(self.metrics.pd_fallbacks, engine, reason).inc()
@@ -292,6 +305,8 @@ class PairDispatcher:
         self.metrics.child(self.metrics.pd_requests, engine, "failed").inc()
         if last is None:
             raise ServiceUnavailable("no available prefill/decode pair for this request")
+        if all(f.status in BUSY_STATUSES for f in failures):
+            raise all_busy([(f.status, f.retry_after_s) for f in failures])
         if last.side is Side.PREFILL:
             code, message = ErrorCode.PREFILL_SERVER_ERROR, "the prefill worker failed"
         else:
@@ -474,12 +489,13 @@ class PairDispatcher:
             return answer
         if answer.status in self.retry_statuses:
             answer.failure = LegFailure(leg.side, leg.worker.id, FailureKind.STATUS.value,
-                                        detail=f"status {answer.status}")
+                                        detail=f"status {answer.status}", status=answer.status,
+                                        retry_after_s=response.retry_after_s)
         elif answer.status == 200 and _error_in(answer.data, stream):
             answer.failure = LegFailure(leg.side, leg.worker.id, ERROR_EVENT,
                                         detail="the answer is an error object")
         elif answer.status == 200 and not whole:  # the decode's first byte
-            self.metrics.child(self.metrics.upstream_ttfb, leg.worker.id,
+            self.metrics.worker(self.metrics.upstream_ttfb, leg.worker.id,
                                ctx.routed.decision.mode.value).observe(
                 time.perf_counter() - leg.started)
         return answer

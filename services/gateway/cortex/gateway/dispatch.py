@@ -5,24 +5,28 @@ a prefill/decode plan (``routed.pd``) goes to :class:`~cortex.gateway.disagg.Pai
 which opens a pair and returns the decode leg as the :class:`Opened` response, leaving
 streaming untouched.
 
-Failures before the first byte — connection refused, a retryable status, a timeout, a
-stream that ends before its first chunk — move the request to the next worker of the
-decision's ranking (at most ``max_attempts`` tries in all), and its predicted blocks with
-it (:class:`~cortex.gateway.router.Placement`); a worker that refuses the request (another
-non-200 status) loses them too. A worker's in-flight count is held from the attempt until
-:meth:`Opened.close`, i.e. until its response stream ended; before the first attempt the
-routing decision's pending count stands in for it.
+Failures before the first byte — connection refused, a retryable status, no first byte
+within the model's first-byte timeout (:class:`~cortex.gateway.config.Timeouts`), a stream
+that ends before its first chunk — count against the worker's breaker and move the request
+to the next worker of the decision's ranking (at most ``max_attempts`` tries in all), and
+its predicted blocks with it (:class:`~cortex.gateway.router.Placement`); a worker that
+refuses the request (another non-200 status) loses them too. When every attempt was
+answered 429 or 503 (busy), the client gets that status with ``Retry-After``, not a 502.
+A worker's in-flight count is held from the attempt until :meth:`Opened.close`, i.e. until
+its response stream ended; before the first attempt the routing decision's pending count
+stands in for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cortex.gateway.config import PDConfig, UpstreamConfig
+from cortex.gateway.config import PDConfig, Timeouts, UpstreamConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDOutcome
@@ -33,7 +37,12 @@ from cortex.gateway.scoring import Decision
 from cortex.gateway.sse import EventRewrite
 from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
-__all__ = ["Dispatcher", "Opened", "acquire_slot", "release_slot", "upstream_body"]
+__all__ = ["BUSY_STATUSES", "Dispatcher", "Opened", "acquire_slot", "all_busy", "release_slot",
+           "upstream_body"]
+
+BUSY_STATUSES = (429, 503)
+"""A worker answering these is busy, not broken: when every attempt got one, so does the
+client (with ``Retry-After``)."""
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +102,13 @@ class Opened:
 def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
     """Count one more request open on ``worker``."""
     worker.inflight += 1
-    metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
+    metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 def release_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
     """A request open on ``worker`` ended."""
     worker.inflight -= 1
-    metrics.child(metrics.worker_inflight, worker.id).set(worker.inflight)
+    metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
 class Dispatcher:
@@ -145,7 +154,10 @@ class Dispatcher:
         path = req.endpoint.value
         placement = routed.placement
         mode = routed.decision.mode.value
+        timeouts = Timeouts.of(req.model, self.config)
+        first_byte_s = timeouts.first_byte_s if req.stream else timeouts.response_s
         last: UpstreamFailure | None = None
+        busy: list[UpstreamFailure] = []  # attempts answered 429 / 503
         attempts = 0
         for scored in routed.decision.ranked:
             if attempts >= self.config.max_attempts:
@@ -158,7 +170,8 @@ class Dispatcher:
             attempts += 1
             placement.move(worker.id)
             opened = await self._attempt(worker, path, body, headers, req.stream, attempts,
-                                         mode, uncached(routed.prompt_tokens, scored))
+                                         mode, uncached(routed.prompt_tokens, scored),
+                                         first_byte_s)
             if isinstance(opened, Opened):
                 if opened.response.status != 200:
                     placement.withdraw()  # refused: the prompt is not computed there
@@ -166,10 +179,14 @@ class Dispatcher:
                 return opened
             placement.withdraw()
             last = opened
+            if opened.status in BUSY_STATUSES:
+                busy.append(opened)
             log.info("attempt failed worker=%s request_id=%s: %s", worker.id, request_id, opened,
                      extra={"worker": worker.id, "request_id": request_id})
         if last is None:
             raise ServiceUnavailable("no available worker for this request")
+        if len(busy) == attempts:
+            raise all_busy([(f.status, f.retry_after_s) for f in busy])
         if last.kind is FailureKind.TIMEOUT:
             raise UpstreamError("the worker did not answer in time",
                                 code=ErrorCode.UPSTREAM_TIMEOUT, status=504)
@@ -185,35 +202,34 @@ class Dispatcher:
         attempts: int,
         mode: str,
         prefill_tokens: int,
+        first_byte_s: float,
     ) -> Opened | UpstreamFailure:
-        """One attempt up to its first byte; ``prefill_tokens`` count on the worker's
-        prefill queue (:attr:`WorkerState.prefilling`) until then."""
+        """One attempt up to its first byte, within ``first_byte_s`` seconds;
+        ``prefill_tokens`` count on the worker's prefill queue
+        (:attr:`WorkerState.prefilling`) until then."""
         breaker = worker.breaker
         breaker.on_attempt()
         acquire_slot(worker, self.metrics)
         worker.prefilling += prefill_tokens
         response: UpstreamResponse | None = None
         sent = time.perf_counter()
+        timer = asyncio.timeout(first_byte_s)
         try:
-            response = await self.upstream.post(worker.spec.url.rstrip("/") + path, body, headers)
-            if response.status in self.config.retry_statuses:
-                await response.read()
-                raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
-                                      response.status)
-            if response.status != 200 or not stream:
-                head = await response.read()
-            else:
-                head = b""
-                async for chunk in response.chunks():
-                    head = chunk
-                    break
-                if not head:
-                    raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
+            try:
+                async with timer:
+                    response = await self.upstream.post(worker.spec.url.rstrip("/") + path,
+                                                        body, headers)
+                    head = await self._first_bytes(response, stream)
+            except TimeoutError:
+                if not timer.expired():
+                    raise
+                raise UpstreamFailure(FailureKind.TIMEOUT,
+                                      f"no first byte in {first_byte_s}s") from None
         except UpstreamFailure as failure:
             if response is not None:
                 response.close()
             release_slot(worker, self.metrics)
-            self.metrics.upstream_errors.labels(worker=worker.id, kind=failure.kind.value).inc()
+            self.metrics.worker(self.metrics.upstream_errors, worker.id, failure.kind.value).inc()
             if failure.status == 429:
                 breaker.on_abandon()  # busy, not broken
             else:
@@ -230,15 +246,38 @@ class Dispatcher:
             worker.prefilling -= prefill_tokens
         breaker.on_success()
         if response.status == 200:
-            self.metrics.child(self.metrics.upstream_ttfb, worker.id, mode).observe(
+            self.metrics.worker(self.metrics.upstream_ttfb, worker.id, mode).observe(
                 time.perf_counter() - sent)
         return Opened(worker, response, head, attempts, self.metrics)
+
+    async def _first_bytes(self, response: UpstreamResponse, stream: bool) -> bytes:
+        """The whole body, or a stream's first chunk; :class:`UpstreamFailure` for a
+        retryable status or a stream that ends before any byte."""
+        if response.status in self.config.retry_statuses:
+            await response.read()
+            raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
+                                  response.status, response.retry_after_s)
+        if response.status != 200 or not stream:
+            return await response.read()
+        async for chunk in response.chunks():
+            return chunk
+        raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
 
     def failed_midstream(self, opened: Opened, failure: UpstreamFailure) -> None:
         """The worker broke after the first byte: count it against the worker."""
         opened.worker.breaker.on_failure()
-        self.metrics.upstream_errors.labels(worker=opened.worker.id,
-                                            kind=failure.kind.value).inc()
+        self.metrics.worker(self.metrics.upstream_errors, opened.worker.id,
+                            failure.kind.value).inc()
 
     def __repr__(self) -> str:
         return f"Dispatcher(max_attempts={self.config.max_attempts})"
+
+
+def all_busy(answers: list[tuple[int | None, float | None]]) -> ServiceUnavailable:
+    """Every attempt was answered 429 / 503 (``(status, retry_after_s)`` each): the client
+    gets the same, with the longest ``Retry-After`` a worker asked for (1 s when none did)."""
+    status = 429 if all(code == 429 for code, _ in answers) else 503
+    retry = max((after for _, after in answers if after is not None), default=1.0)
+    code = ErrorCode.RATE_LIMITED if status == 429 else ErrorCode.OVERLOADED
+    return ServiceUnavailable("every worker is busy; retry later", code=code, status=status,
+                              retry_after_s=retry)

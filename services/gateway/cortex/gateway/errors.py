@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from typing import Any
 
 __all__ = [
     "ClientError",
@@ -24,6 +25,7 @@ __all__ = [
     "ServiceUnavailable",
     "UpstreamError",
     "error_body",
+    "relayed_error",
 ]
 
 
@@ -31,6 +33,11 @@ class ErrorCode(StrEnum):
     """Stable error codes of the ``error.code`` field."""
 
     INVALID_JSON = "invalid_json"
+    REQUEST_TIMEOUT = "request_timeout"
+    OVERLOADED = "overloaded"
+    RATE_LIMITED = "rate_limited"
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
     INVALID_REQUEST = "invalid_request"
     MODEL_NOT_FOUND = "model_not_found"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -58,9 +65,12 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    429: "rate_limit_error",
 }
+_MAX_RELAYED_MESSAGE = 1000  # characters of an engine's message passed on to the client
 
 
 class GatewayError(Exception):
@@ -76,6 +86,8 @@ class GatewayError(Exception):
         code: ErrorCode | None = None,
         status: int | None = None,
         param: str | None = None,
+        retry_after_s: float | None = None,
+        close_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -84,9 +96,19 @@ class GatewayError(Exception):
         if status is not None:
             self.status = status
         self.param = param
+        self.retry_after_s = retry_after_s
+        self.close_connection = close_connection
 
     def body(self) -> bytes:
         return error_body(self.status, self.message, self.code, self.param)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """``Retry-After`` (whole seconds, at least 1) when the caller should come back;
+        ``Connection: close`` when the connection cannot be reused."""
+        headers = [(b"connection", b"close")] if self.close_connection else []
+        if self.retry_after_s is not None:
+            headers.append((b"retry-after", str(max(1, round(self.retry_after_s))).encode()))
+        return headers
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.code.value}, {self.message!r})"
@@ -123,3 +145,37 @@ def error_body(status: int, message: str, code: ErrorCode, param: str | None = N
     return json.dumps(
         {"error": {"message": message, "type": kind, "param": param, "code": code.value}}
     ).encode()
+
+
+def _engine_error(data: bytes) -> tuple[str | None, str | None]:
+    """(message, param) of an engine's error body: vLLM ``{"error": {...}}``, SGLang
+    ``{"object": "error", "message": ...}``, FastAPI ``{"detail": ...}``."""
+    try:
+        obj: Any = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+        obj = obj["error"]
+    if not isinstance(obj, dict):
+        return None, None
+    message = obj.get("message", obj.get("detail"))
+    param = obj.get("param")
+    return (message if isinstance(message, str) else None,
+            param if isinstance(param, str) else None)
+
+
+def relayed_error(status: int, data: bytes) -> tuple[int, bytes]:
+    """A worker's error answer as the gateway's OpenAI error object: (status, body).
+
+    A 4xx is the client's request refused by the engine: its status and message are kept
+    (``context_length_exceeded`` when the engine says so). Anything else is the worker's
+    failure: 502 ``upstream_error``, without the engine's text (it may hold internals)."""
+    message, param = _engine_error(data)
+    if not 400 <= status < 500:
+        return 502, error_body(502, "the worker failed to answer", ErrorCode.UPSTREAM_ERROR)
+    text = (message or f"the worker refused the request (HTTP {status})")
+    code = {404: ErrorCode.MODEL_NOT_FOUND, 413: ErrorCode.REQUEST_TOO_LARGE,
+            429: ErrorCode.RATE_LIMITED}.get(status, ErrorCode.INVALID_REQUEST)
+    if "context length" in text.lower() or "context_length" in text.lower():
+        code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    return status, error_body(status, text[:_MAX_RELAYED_MESSAGE], code, param)

@@ -1,31 +1,74 @@
-"""Worker health probes; each passing probe renews the worker's registry lease.
+"""Worker health probes, and the leases they vouch for (architecture §2: the fleet heals).
 
 A worker becomes ``HEALTHY`` after ``healthy_after`` passing probes in a row and
-``UNHEALTHY`` after ``unhealthy_after`` failures in a row. The lease is renewed by whichever
-gateway replica can reach the worker: when none can, the lease expires and every service
-drops the worker (architecture §2).
+``UNHEALTHY`` after ``unhealthy_after`` failures in a row. What a probe means for the
+worker's registry lease (:func:`lease_action`):
+
+* a passing probe **re-asserts** the lease: it is extended, or written again from the
+  worker's last known spec when it vanished (Redis restarted empty, a lapsed lease) —
+  unless an operator removed the worker (a tombstone), which drops it here for good;
+* a probe that timed out while this gateway has requests open on the worker proves nothing
+  (a busy engine answers late: one long prompt must not remove it) and renews the lease;
+* failed probes keep renewing it for ``remove_after_s`` after the first failure of the
+  streak; then this gateway stops, and once no replica renews it the lease lapses and every
+  service drops the worker;
+* workers that left (remembered by the pool) are probed too: one that answers again is
+  re-asserted with its last spec and comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from enum import StrEnum
 
 import aiohttp
 
 from cortex.gateway.config import HealthConfig
+from cortex.gateway.engine_info import fetch_context_length
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pool import Health, WorkerPool, WorkerState
-from cortex.registry import Registry, RegistryUnavailable
+from cortex.gateway.pool import Health, Remembered, WorkerPool, WorkerState
+from cortex.registry import Assertion, Registry, RegistryUnavailable, WorkerSpec
 
-__all__ = ["HealthMonitor"]
+__all__ = ["HealthMonitor", "LeaseAction", "ProbeResult", "lease_action"]
 
 log = logging.getLogger(__name__)
 
+INFO_RETRY_S = 30.0
+"""A healthy worker that did not report its context length is asked again this often (s)."""
+
+
+class ProbeResult(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    BUSY = "busy"  # timed out while this gateway has requests open on the worker
+
+
+class LeaseAction(StrEnum):
+    REASSERT = "reassert"  # renew, or write the spec again when the entry vanished
+    RENEW = "renew"  # extend an existing lease only
+    NONE = "none"  # let it lapse
+
+
+def lease_action(worker: WorkerState, result: ProbeResult, now: float,
+                 remove_after_s: float) -> LeaseAction:
+    """What a probe ``result`` (already applied to ``worker``) does to its lease."""
+    if result is ProbeResult.OK:
+        return LeaseAction.REASSERT
+    if result is ProbeResult.BUSY:
+        return LeaseAction.RENEW
+    since = worker.failing_since
+    if since is not None and now - since < remove_after_s:
+        return LeaseAction.RENEW
+    return LeaseAction.NONE
+
 
 class HealthMonitor:
-    """Probes ``GET <url>/health`` of every worker in the pool each ``interval_s``."""
+    """Probes ``GET <url>/health`` of every worker in the pool, and of the remembered ones,
+    each ``interval_s``. ``on_round``: called after each round (the owner reconciles the
+    pool); ``on_return``: a lease was written again (the owner polls the registry now)."""
 
     def __init__(
         self,
@@ -35,6 +78,8 @@ class HealthMonitor:
         config: HealthConfig,
         lease_ttl_s: float,
         metrics: GatewayMetrics,
+        on_round: Callable[[], object] = lambda: None,
+        on_return: Callable[[], object] = lambda: None,
     ) -> None:
         self.pool = pool
         self.session = session
@@ -42,54 +87,114 @@ class HealthMonitor:
         self.config = config
         self.lease_ttl_s = lease_ttl_s
         self.metrics = metrics
+        self._on_round = on_round
+        self._on_return = on_return
 
     async def run(self) -> None:
+        """A round every ``interval_s`` (a round of slow probes delays the next one only
+        by what it took beyond the interval)."""
         while True:
-            await self.probe_all(list(self.pool))
-            await asyncio.sleep(self.config.interval_s)
+            started = time.monotonic()
+            await self.probe_round()
+            await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+
+    async def probe_round(self) -> None:
+        """Probe every worker of the pool and every remembered one, once."""
+        await asyncio.gather(*(self.probe(w) for w in self.pool),
+                             *(self.probe_return(r) for r in self.pool.remembered.values()))
+        self.publish()
+        self._on_round()
 
     async def probe_all(self, workers: Iterable[WorkerState]) -> None:
         await asyncio.gather(*(self.probe(w) for w in workers))
         self.publish()
 
     async def probe(self, worker: WorkerState) -> bool:
-        """Probe once, update the worker's health, renew its lease on success."""
-        error = await self._check(worker)
-        if error is None:
-            self.metrics.probes.labels(result="ok").inc()
+        """Probe once, update the worker's health, act on its lease; ``True`` if it passed."""
+        result, error = await self._check(worker.spec, busy=worker.inflight > 0)
+        now = time.monotonic()
+        self.metrics.probes.labels(result=result.value).inc()
+        if result is ProbeResult.OK:
             worker.failures = 0
             worker.successes += 1
+            worker.failing_since = None
             worker.last_probe_error = None
-            healthy = worker.successes >= self.config.healthy_after
-            if worker.health is not Health.HEALTHY and healthy:
+            if worker.health is not Health.HEALTHY and (
+                    worker.successes >= self.config.healthy_after):
                 log.info("worker healthy worker=%s", worker.id, extra={"worker": worker.id})
                 worker.health = Health.HEALTHY
+                worker.info_checked = None  # it may have restarted with other limits
+        elif result is ProbeResult.ERROR:
+            worker.successes = 0
+            worker.failures += 1
+            worker.failing_since = worker.failing_since or now
+            worker.last_probe_error = error
+            if worker.health is not Health.UNHEALTHY and (
+                worker.failures >= self.config.unhealthy_after or worker.health is Health.UNKNOWN
+            ):
+                log.warning("worker unhealthy worker=%s: %s", worker.id, error,
+                            extra={"worker": worker.id})
+                worker.health = Health.UNHEALTHY
+                worker.engine = None
+        else:
+            worker.last_probe_error = error  # busy: no verdict either way
+        action = lease_action(worker, result, now, self.config.remove_after_s)
+        if action is LeaseAction.REASSERT:
+            await self._reassert(worker.spec, returning=not worker.registered)
+        elif action is LeaseAction.RENEW:
             await self._renew(worker)
-            return True
-        self.metrics.probes.labels(result="error").inc()
-        worker.successes = 0
-        worker.failures += 1
-        worker.last_probe_error = error
-        if worker.health is not Health.UNHEALTHY and (
-            worker.failures >= self.config.unhealthy_after or worker.health is Health.UNKNOWN
-        ):
-            log.warning("worker unhealthy worker=%s: %s", worker.id, error,
-                        extra={"worker": worker.id})
-            worker.health = Health.UNHEALTHY
-            worker.engine = None
-        return False
+        if result is ProbeResult.OK:
+            await self._learn_limits(worker, now)
+        return result is ProbeResult.OK
 
-    async def _check(self, worker: WorkerState) -> str | None:
-        url = worker.spec.url.rstrip("/") + "/health"
+    async def probe_return(self, gone: Remembered) -> bool:
+        """Probe a worker that left; if it answers, bring it back with its last spec."""
+        spec = gone.spec
+        result, _ = await self._check(spec, busy=False)
+        if result is not ProbeResult.OK:
+            return False
+        if any(w.spec.url == spec.url for w in self.pool):
+            # its address now belongs to another registered worker: never resurrect a twin
+            log.info("forgetting worker=%s: its URL is now another worker's", spec.id,
+                     extra={"worker": spec.id})
+            self.pool.forget(spec.id)
+            return False
+        return await self._reassert(spec, returning=True)
+
+    async def _check(self, spec: WorkerSpec, *, busy: bool) -> tuple[ProbeResult, str | None]:
+        url = spec.url.rstrip("/") + "/health"
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 async with self.session.get(url) as resp:
                     await resp.read()
-                    return None if resp.status == 200 else f"status {resp.status}"
+                    if resp.status == 200:
+                        return ProbeResult.OK, None
+                    return ProbeResult.ERROR, f"status {resp.status}"
         except TimeoutError:
-            return "timeout"
+            return (ProbeResult.BUSY if busy else ProbeResult.ERROR), "timeout"
         except aiohttp.ClientError as exc:
-            return type(exc).__name__
+            return ProbeResult.ERROR, type(exc).__name__
+
+    async def _reassert(self, spec: WorkerSpec, *, returning: bool) -> bool:
+        """Renew ``spec``'s lease or write it again; ``True`` unless it is tombstoned or the
+        registry is unreachable."""
+        try:
+            outcome = await self.registry.reassert(spec, self.lease_ttl_s)
+        except RegistryUnavailable:
+            self.metrics.lease_renewals.labels(result="unavailable").inc()
+            return False
+        self.metrics.lease_renewals.labels(result=outcome.value).inc()
+        if outcome is Assertion.TOMBSTONED:
+            log.info("worker=%s was removed by an operator: dropped", spec.id,
+                     extra={"worker": spec.id})
+            self.pool.mark_tombstoned(spec.id)
+            self._on_round()
+            return False
+        if outcome is Assertion.CREATED or returning:
+            log.info("worker=%s answers: lease %s", spec.id, outcome.value,
+                     extra={"worker": spec.id})
+            self._on_return()
+        return True
 
     async def _renew(self, worker: WorkerState) -> None:
         try:
@@ -97,17 +202,30 @@ class HealthMonitor:
         except RegistryUnavailable:
             self.metrics.lease_renewals.labels(result="unavailable").inc()
             return
-        # gone: removed by an operator or expired; the watcher drops it, we do not resurrect
-        self.metrics.lease_renewals.labels(result="ok" if renewed else "gone").inc()
+        self.metrics.lease_renewals.labels(result="renewed" if renewed else "gone").inc()
+
+    async def _learn_limits(self, worker: WorkerState, now: float) -> None:
+        checked = worker.info_checked
+        if checked is not None and (worker.context_length is not None
+                                    or now - checked < INFO_RETRY_S):
+            return
+        worker.info_checked = now
+        found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s)
+        if found != worker.context_length:
+            log.info("worker=%s context length %s tokens", worker.id, found,
+                     extra={"worker": worker.id})
+        worker.context_length = found
 
     def publish(self) -> None:
         counts = dict.fromkeys(Health, 0)
+        m = self.metrics
         for w in self.pool:
             counts[w.health] += 1
-            self.metrics.worker_healthy.labels(worker=w.id).set(w.health is Health.HEALTHY)
-            self.metrics.worker_breaker_open.labels(worker=w.id).set(not w.breaker.allows())
+            m.worker(m.worker_healthy, w.id).set(w.health is Health.HEALTHY)
+            m.worker(m.worker_breaker_open, w.id).set(not w.breaker.allows())
         for health, count in counts.items():
-            self.metrics.workers.labels(health=health.value).set(count)
+            m.workers.labels(health=health.value).set(count)
+        m.remembered_workers.set(len(self.pool.remembered))
 
     def __repr__(self) -> str:
         return f"HealthMonitor(workers={len(self.pool)}, interval_s={self.config.interval_s})"

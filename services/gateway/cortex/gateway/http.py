@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.types import Receive, Scope, Send
@@ -15,13 +17,16 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class Request:
-    """An HTTP request: method, path, lower-cased headers and the body, read once."""
+    """An HTTP request: method, path, lower-cased headers and the body, read once;
+    ``body_timeout_s``: how long the whole body may take to arrive (``None``: no bound)."""
 
-    __slots__ = ("_receive", "headers", "method", "path", "query", "scope")
+    __slots__ = ("_receive", "body_timeout_s", "headers", "method", "path", "query", "scope")
 
-    def __init__(self, scope: Scope, receive: Receive) -> None:
+    def __init__(self, scope: Scope, receive: Receive, body_timeout_s: float | None = None
+                 ) -> None:
         self.scope = scope
         self._receive = receive
+        self.body_timeout_s = body_timeout_s
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.query: bytes = scope.get("query_string", b"")
@@ -30,11 +35,22 @@ class Request:
         }
 
     async def body(self, limit: int) -> bytes:
-        """The whole body; :class:`ClientError` (413) past ``limit`` bytes."""
+        """The whole body; :class:`ClientError` past ``limit`` bytes (413) or when it has not
+        arrived within :attr:`body_timeout_s` (408, and the connection is closed)."""
+        timeout_s = self.body_timeout_s
         declared = self.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ClientError(f"request body over {limit} bytes",
                               code=ErrorCode.REQUEST_TOO_LARGE, status=413)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._read_body(limit)
+        except TimeoutError:
+            raise ClientError(f"the request body did not arrive within {timeout_s:g}s",
+                              code=ErrorCode.REQUEST_TIMEOUT, status=408,
+                              close_connection=True) from None
+
+    async def _read_body(self, limit: int) -> bytes:
         parts: list[bytes] = []
         size = 0
         while True:
@@ -50,6 +66,12 @@ class Request:
                 parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    @property
+    def query_params(self) -> dict[str, str]:
+        """The query string as a dict (the last value of a repeated key wins)."""
+        return {unquote_plus(k): unquote_plus(v) for k, _, v in
+                (p.partition("=") for p in self.query.decode("latin-1").split("&") if p)}
 
     @property
     def receive(self) -> Receive:
@@ -81,4 +103,5 @@ async def send_json(send: Send, status: int, obj: Any,
 
 async def send_error(send: Send, error: GatewayError,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send_bytes(send, error.status, error.body(), b"application/json", extra)
+    await send_bytes(send, error.status, error.body(), b"application/json",
+                     [*extra, *error.headers()])

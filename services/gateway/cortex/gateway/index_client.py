@@ -45,7 +45,7 @@ def ledger_state(value: int) -> LedgerState:
 
 
 class IndexClient:
-    """Use as ``async with IndexClient(config, metrics, on_ledgers, polling) as idx``.
+    """Use as ``async with IndexClient(config, metrics, on_ledgers, polling, token) as idx``.
 
     ``on_ledgers(states)`` gets each worker's best ledger state every ``workers_poll_s``
     while ``polling()`` says so (the replica, when usable, knows them itself).
@@ -57,8 +57,10 @@ class IndexClient:
         metrics: GatewayMetrics,
         on_ledgers: Callable[[dict[str, LedgerState]], None],
         polling: Callable[[], bool] = lambda: True,
+        token: str | None = None,
     ) -> None:
         self.config = config
+        self._token = token
         self.metrics = metrics
         self._on_ledgers = on_ledgers
         self._polling = polling
@@ -99,7 +101,7 @@ class IndexClient:
         self._channels = []
 
     def _stub(self) -> IndexStub:
-        return IndexStub(self._channels[self._current % len(self._channels)])
+        return IndexStub(self._channels[self._current % len(self._channels)], token=self._token)
 
     def _failed(self, kind: str, exc: BaseException) -> None:
         self.metrics.index_errors.labels(kind=kind).inc()

@@ -23,15 +23,17 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from cortex.gateway.config import Timeouts
 from cortex.gateway.dispatch import Opened, upstream_body
-from cortex.gateway.errors import ErrorCode, GatewayError
+from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
 from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
 from cortex.gateway.router import Routed
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.sse import SSEForwarder, cached_tokens_of, sse_error_event
 from cortex.gateway.tokenizing import Tokenization
-from cortex.gateway.types import Receive, Send
+from cortex.gateway.tracebacks import TracebackLimiter
+from cortex.gateway.types import Message, Receive, Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure
 
 __all__ = ["InferenceHandler", "request_id_of"]
@@ -66,37 +68,92 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
+class _StatusSent:
+    """Wraps ``send``: remembers the status of the response actually started."""
+
+    __slots__ = ("send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status: int | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class InferenceHandler:
     """``POST /v1/chat/completions``, ``/v1/completions``, ``/generate``."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, tracebacks: TracebackLimiter | None = None) -> None:
         self.gw = gateway
         self.metrics = gateway.metrics
         self.config = gateway.config
+        self._tracebacks = tracebacks or TracebackLimiter()
 
     async def __call__(self, request: Request, send: Send, endpoint: Endpoint) -> None:
         started = time.perf_counter()
         request_id = request_id_of(request)
         base: Headers = [(b"x-request-id", request_id.encode())]
-        status = 200
-        self.metrics.inflight.inc()
+        sent = _StatusSent(send)
+        unanswered = 500  # an exception escapes: the app answers 500
+        m = self.metrics
         try:
-            status = await self._handle(request, send, endpoint, request_id, base, started)
+            if not await self._admitted(sent, base):
+                return
+            m.inflight.inc()
+            try:
+                unanswered = await self._handle(request, sent, endpoint, request_id, base,
+                                                started)
+            finally:
+                m.inflight.dec()
+                self.gw.admission.release()
         finally:
-            m = self.metrics
-            m.inflight.dec()
+            status = sent.status if sent.status is not None else unanswered
             m.child(m.requests, endpoint.value, str(status)).inc()
             m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
 
-    async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
-                      base: Headers, started: float) -> int:
-        deadline = time.monotonic() + self.config.upstream.request_timeout_s
+    async def _admitted(self, send: Send, base: Headers) -> bool:
+        """Wait for a slot (admission control); ``False`` when refused (answered)."""
+        waited = time.perf_counter()
+        try:
+            await self.gw.admission.acquire()
+        except GatewayError as exc:
+            m = self.metrics
+            m.rejected.labels(code=exc.code.value).inc()
+            m.child(m.admission_rejected, exc.code.value).inc()
+            await send_error(send, exc, [*base, *_NOT_ROUTED])
+            return False
+        self.metrics.admission_wait_seconds.observe(time.perf_counter() - waited)
+        return True
+
+    async def _read_and_route(self, request: Request, endpoint: Endpoint, deadline: float
+                     ) -> tuple[InferenceRequest, bytes, Routed]:
+        """Read, validate and route the request; raises :class:`GatewayError` for what
+        the client must fix (also what only surfaces while tokenizing)."""
         router = self.gw.router
         assert router is not None
+        raw = await request.body(self.config.server.max_body_bytes)
+        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
         try:
-            raw = await request.body(self.config.server.max_body_bytes)
-            req = parse_request(endpoint, parse_body(raw), self.config)
-            routed = await router.route(req, deadline)
+            return req, raw, await router.route(req, deadline)
+        except RecursionError:
+            raise ClientError("the request is nested too deeply") from None
+        except (TypeError, UnicodeError):
+            # the tokenizer refuses input validation let through: the client's to fix, but
+            # worth a look (a bug would hide here as a 400)
+            self._tracebacks.log(log, "prompt not tokenizable request_id=%s",
+                                 request_id_of(request))
+            raise ClientError("the prompt cannot be tokenized") from None
+
+    async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
+                      base: Headers, started: float) -> int:
+        """Answer the request; returns the status to count when nothing was sent (499: the
+        client went away)."""
+        deadline = time.monotonic() + self.config.upstream.request_timeout_s
+        try:
+            req, raw, routed = await self._read_and_route(request, endpoint, deadline)
         except ClientDisconnected:
             self.metrics.client_disconnects.inc()
             return 499
@@ -211,15 +268,18 @@ class _Exchange:
                 opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id)
                 self.worker_id = opened.worker.id
                 response = opened.response
-                if response.status != 200 or not self.req.stream:
-                    self.status = response.status
-                    await send_bytes(self.send, response.status, opened.head,
+                if response.status != 200:  # refused: in the gateway's error shape
+                    self.status, error = relayed_error(response.status, opened.head)
+                    await send_bytes(self.send, self.status, error, b"application/json",
+                                     self._headers(opened))
+                    return
+                if not self.req.stream:
+                    await send_bytes(self.send, 200, opened.head,
                                      response.content_type.encode(), self._headers(opened))
-                    if response.status == 200:
-                        self._first_byte_sent("false", opened)
-                        answer = _json_or_none(opened.head)
-                        self._truth_check(opened, answer)
-                        self._tokenization.feed_answer(self.req, obj=answer)
+                    self._first_byte_sent("false", opened)
+                    answer = _json_or_none(opened.head)
+                    self._truth_check(opened, answer)
+                    self._tokenization.feed_answer(self.req, obj=answer)
                     return
                 streaming = True
                 await self._stream(opened)
@@ -239,8 +299,13 @@ class _Exchange:
             log.warning("worker failed mid-stream worker=%s request_id=%s: %s", opened.worker.id,
                         self.request_id, failure, extra={"worker": opened.worker.id,
                                                          "request_id": self.request_id})
-            await self._end_stream(sse_error_event(
-                "the worker failed while streaming", ErrorCode.UPSTREAM_STREAM_ERROR.value))
+            if failure.kind is FailureKind.TIMEOUT:  # went silent: the request is cancelled
+                event = sse_error_event("the worker stopped sending",
+                                        ErrorCode.UPSTREAM_TIMEOUT.value)
+            else:
+                event = sse_error_event("the worker failed while streaming",
+                                        ErrorCode.UPSTREAM_STREAM_ERROR.value)
+            await self._end_stream(event)
         except GatewayError as exc:
             self.status = exc.status
             await send_error(self.send, exc, self._headers(opened) if opened else
@@ -278,7 +343,8 @@ class _Exchange:
             await send({"type": "http.response.body", "body": out, "more_body": True})
             self._first_byte_sent("true", opened)
             first = False
-        async for chunk in opened.response.chunks():
+        idle_s = Timeouts.of(req.model, self.gw.config.upstream).stream_idle_s
+        async for chunk in opened.response.chunks(idle_s):
             out = forwarder.feed(chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})

@@ -116,8 +116,8 @@ class LoadPoller:
             return
         worker.engine = EngineLoad(running, waiting, time.monotonic())
         self.metrics.load_polls.labels(result="ok").inc()
-        self.metrics.worker_engine_running.labels(worker=worker.id).set(running)
-        self.metrics.worker_engine_waiting.labels(worker=worker.id).set(waiting)
+        self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
+        self.metrics.worker(self.metrics.worker_engine_waiting, worker.id).set(waiting)
 
     async def _fetch(self, worker: WorkerState) -> tuple[int, int]:
         base = worker.spec.url.rstrip("/")

@@ -6,6 +6,7 @@ several in-process gateways (tests, the dev launcher) never share counters.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -18,6 +19,17 @@ _FAST = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_GONE_KEPT = 10_000  # departed worker ids remembered so late updates do not revive series
+
+
+class _Noop:
+    """Stands in for the series of a worker that left: late updates go nowhere."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+_NOOP = _Noop()
 
 
 class GatewayMetrics:
@@ -37,6 +49,18 @@ class GatewayMetrics:
         self.client_disconnects = Counter(p + "client_disconnects_total",
                                           "Clients gone before the response ended", registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests being served", registry=r)
+        self.admission_active = Gauge(p + "admission_active",
+                                      "Inference requests holding an admission slot",
+                                      registry=r)
+        self.admission_waiting = Gauge(p + "admission_waiting",
+                                       "Inference requests queued for an admission slot",
+                                       registry=r)
+        self.admission_rejected = Counter(p + "admission_rejected_total",
+                                          "Requests refused by admission control, by code "
+                                          "(queue_full|queue_timeout)", ["code"], registry=r)
+        self.admission_wait_seconds = Histogram(p + "admission_wait_seconds",
+                                                "Time admitted requests waited for a slot",
+                                                buckets=_SLOW, registry=r)
         self.ttft = Histogram(p + "ttft_seconds",
                               "Request arrival to the first byte of a 200 answer sent to the "
                               "client (streams: the first event, i.e. time to first token), by "
@@ -73,7 +97,7 @@ class GatewayMetrics:
                                           ["model", "lane"], registry=r)
         self.tokenize_answer_feeds = Counter(p + "tokenize_answer_feeds_total",
                                              "Relayed answers encoded into the segment cache "
-                                             "after the response, by result (fed|dropped|"
+                                             "after the response, by result (fed|short|dropped|"
                                              "skipped|failed)", ["model", "result"], registry=r)
         self.tokenize_self_checks = Counter(p + "tokenize_self_checks_total",
                                             "Prompts re-tokenized by a worker's /tokenize and "
@@ -166,8 +190,13 @@ class GatewayMetrics:
         self.workers = Gauge(p + "workers", "Workers in the pool by health", ["health"],
                              registry=r)
         self.probes = Counter(p + "health_probes_total", "Health probes", ["result"], registry=r)
-        self.lease_renewals = Counter(p + "lease_renewals_total", "Registry lease renewals",
+        self.lease_renewals = Counter(p + "lease_renewals_total",
+                                      "Registry lease renewals and re-assertions by result "
+                                      "(renewed|created|replaced|tombstoned|gone|unavailable)",
                                       ["result"], registry=r)
+        self.remembered_workers = Gauge(p + "remembered_workers",
+                                        "Workers that left the pool, probed for their return",
+                                        registry=r)
         self.load_polls = Counter(p + "load_polls_total", "Engine load polls", ["result"],
                                   registry=r)
         # dependencies and readiness
@@ -186,6 +215,8 @@ class GatewayMetrics:
                                     ["model", "reason"], registry=r)
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._per_worker: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, memoized: label lookups are hot-path costs."""
@@ -194,6 +225,28 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*values)
         return found
+
+    def worker(self, metric: Any, worker_id: str, *rest: str) -> Any:
+        """The series of a per-worker ``metric`` (``worker`` its first label), removed by
+        :meth:`forget_worker`; a no-op for a worker that left the pool."""
+        if worker_id in self._gone:
+            return _NOOP
+        values = (worker_id, *rest)
+        self._per_worker.setdefault(worker_id, set()).add((metric, values))
+        return self.child(metric, *values)
+
+    def forget_worker(self, worker_id: str) -> None:
+        """The worker left the pool: drop every series labelled with it."""
+        for metric, values in self._per_worker.pop(worker_id, ()):
+            self._children.pop((id(metric), values), None)
+            metric.remove(*values)
+        self._gone[worker_id] = None
+        if len(self._gone) > _GONE_KEPT:
+            self._gone.popitem(last=False)
+
+    def welcome_worker(self, worker_id: str) -> None:
+        """The worker (re)joined the pool: its series may be created again."""
+        self._gone.pop(worker_id, None)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

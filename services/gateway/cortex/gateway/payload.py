@@ -3,26 +3,35 @@
 Validation is deliberately shallow where the engine is the authority (sampling parameters
 are forwarded untouched) and strict where the gateway acts on a field: the model, the prompt
 it must tokenize exactly as the engine will, ``stream`` / ``stream_options`` it rewrites, and
-the prompt length limit. Chat rendering arguments are the engine's own reading of the body
-(:func:`cortex.chat.render_args` for the model's engine kind), and so is whether a text
-prompt gets the tokenizer's special tokens.
+the model's bounds (:mod:`cortex.gateway.limits`: message count, prompt length, requested
+completion tokens), checked before any tokenizing. Chat rendering arguments are the
+engine's own reading of the body (:func:`cortex.chat.render_args` for the model's engine
+kind), and so is whether a text prompt gets the tokenizer's special tokens.
+
+A body must be UTF-8 JSON without lone surrogates (``"\\ud800"``: no tokenizer can encode
+them) nested less deeply than Python's recursion limit; anything else is a 400.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
+from cortex.gateway.limits import Limits, precheck
 
 __all__ = ["Endpoint", "InferenceRequest", "Prompt", "parse_body", "parse_request"]
 
 _MAX_TOKEN_ID = 2**32 - 1
+_MAX_COUNT = 2**31 - 1  # counts beyond int32 are no request any engine can serve
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Endpoint(StrEnum):
@@ -57,7 +66,8 @@ class Prompt:
 class InferenceRequest:
     """A validated inference request. ``body`` is the client's JSON object (forwarded, with
     ``stream_options`` adjusted upstream); ``wants_usage``: the client asked for the usage
-    chunk itself; ``lora_name`` / ``cache_salt`` extend the hash chain's root."""
+    chunk itself; ``lora_name`` / ``cache_salt`` extend the hash chain's root; ``limits``:
+    the model's bounds the request was checked against (again once it is tokenized)."""
 
     endpoint: Endpoint
     model: ModelConfig
@@ -67,17 +77,55 @@ class InferenceRequest:
     wants_usage: bool
     lora_name: str | None = None
     cache_salt: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def prompt_param(self) -> str:
+        """The field holding the prompt (where a length error points)."""
+        if self.endpoint is Endpoint.CHAT:
+            return "messages"
+        if self.endpoint is Endpoint.COMPLETIONS:
+            return "prompt"
+        return "input_ids" if self.prompt.kind is PromptKind.TOKENS else "text"
+
+
+def _bad_json(message: str) -> ClientError:
+    return ClientError(message, code=ErrorCode.INVALID_JSON)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The JSON object of a request body."""
+    """The JSON object of a request body (strict UTF-8, no lone surrogates)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ClientError("request body is not valid JSON", code=ErrorCode.INVALID_JSON) from None
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _bad_json("request body is not valid UTF-8") from None
+    except RecursionError:
+        raise _bad_json("request body is nested too deeply") from None
+    except ValueError:
+        raise _bad_json("request body is not valid JSON") from None
     if not isinstance(body, dict):
-        raise ClientError("request body must be a JSON object", code=ErrorCode.INVALID_JSON)
+        raise _bad_json("request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and _holds_lone_surrogate(body):
+        raise _bad_json("request body holds a lone UTF-16 surrogate (\\ud800-\\udfff "
+                        "escape without its pair)")
     return body
+
+
+def _holds_lone_surrogate(obj: Any) -> bool:
+    """Whether a string anywhere in ``obj`` (keys too) holds a surrogate code point; JSON
+    decoding joins escaped pairs, so one left is alone. Iterative: any depth."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _invalid(message: str, param: str) -> ClientError:
@@ -93,11 +141,12 @@ def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
     return value
 
 
-def _count(body: Mapping[str, Any], name: str, minimum: int) -> None:
+def _count(body: Mapping[str, Any], name: str, minimum: int, where: str = "") -> None:
     value = body.get(name)
+    param = f"{where}{name}"
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < minimum):
-        raise _invalid(f"'{name}' must be an integer >= {minimum}", name)
+                              or not minimum <= value <= _MAX_COUNT):
+        raise _invalid(f"'{param}' must be an integer in {minimum}..{_MAX_COUNT}", param)
 
 
 def _optional_str(body: Mapping[str, Any], name: str) -> str | None:
@@ -147,6 +196,10 @@ def _text_or_tokens(value: Any, name: str, add_special_tokens: bool = True) -> P
 
 
 def _chat(body: Mapping[str, Any], model: ModelConfig) -> Prompt:
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > model.max_messages:
+        raise _invalid(f"'messages' holds {len(messages)} messages, over this model's limit "
+                       f"of {model.max_messages}", "messages")
     try:
         args = render_args(body, model.engine)
     except ChatError as exc:
@@ -161,9 +214,10 @@ def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
         raise _invalid(str(exc), exc.param) from None
 
 
-def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfig
-                  ) -> InferenceRequest:
-    """Validate a decoded body for ``endpoint``; raises :class:`ClientError`."""
+def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfig,
+                  limits: Callable[[ModelConfig], Limits] | None = None) -> InferenceRequest:
+    """Validate a decoded body for ``endpoint``, and against the model's bounds
+    (``limits(model)``; none by default); raises :class:`ClientError`."""
     model = _model(body, config, required=endpoint is not Endpoint.GENERATE)
     if endpoint is Endpoint.CHAT:
         prompt = _chat(body, model)
@@ -182,12 +236,16 @@ def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfi
         raise _invalid("either 'text' or 'input_ids' is required", "text")
     _count(body, "max_tokens", 0)
     _count(body, "n", 1)
+    params = body.get("sampling_params")
+    if isinstance(params, dict):
+        _count(params, "max_new_tokens", 0, "sampling_params.")
     stream = _bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _invalid("'stream_options' must be an object", "stream_options")
     wants_usage = bool(options and options.get("include_usage"))
-    return InferenceRequest(
+    bounds = limits(model) if limits is not None else Limits()
+    req = InferenceRequest(
         endpoint=endpoint,
         model=model,
         body=body,
@@ -196,4 +254,8 @@ def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfi
         wants_usage=wants_usage,
         lora_name=_optional_str(body, "lora_path") or _optional_str(body, "lora_name"),
         cache_salt=_optional_str(body, "cache_salt"),
+        limits=bounds,
     )
+    tokens = len(prompt.token_ids) if prompt.kind is PromptKind.TOKENS else None
+    precheck(model, bounds, body, tokens, req.prompt_param)
+    return req

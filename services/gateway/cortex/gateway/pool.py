@@ -2,21 +2,29 @@
 
 Pure state (no I/O): the registry watcher feeds specs in, probes and pollers write health
 and engine load, the index client writes ledger states, routing reads candidates.
+
+Membership follows the registry with one exception that makes the fleet heal itself
+(architecture §2): a worker whose entry vanished (Redis restarted empty, a lease nobody
+renewed) stays while it is healthy here — the health monitor re-asserts its lease at the
+next passing probe. A worker that leaves is *remembered* (its last spec) for
+``forget_after_s`` so that it comes back when it answers again; a tombstone (an operator's
+removal) drops it and its memory at once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 from cortex.gateway.breaker import CircuitBreaker
 from cortex.gateway.config import BreakerConfig
 from cortex.gateway.matching import LedgerState
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
-__all__ = ["EngineLoad", "Health", "WorkerPool", "WorkerState"]
+__all__ = ["EngineLoad", "Health", "Remembered", "WorkerPool", "WorkerState"]
 
 WATERMARK_LABEL = "cortex/high-watermark"
 
@@ -46,6 +54,10 @@ class WorkerState:
         self.failures = 0  # consecutive failed probes
         self.successes = 0  # consecutive good probes
         self.last_probe_error: str | None = None
+        self.failing_since: float | None = None  # monotonic s of the streak's first failure
+        self.registered = True  # False: its registry entry vanished, its lease is re-asserted
+        self.context_length: int | None = None  # tokens, as the engine reports it
+        self.info_checked: float | None = None  # monotonic s of the last engine-info fetch
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)
         # uncached prompt tokens of this gateway's requests routed or sent here whose first
@@ -83,6 +95,15 @@ class WorkerState:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """A worker that left the pool without a tombstone: its last spec, and since when
+    (monotonic seconds) it is gone."""
+
+    spec: WorkerSpec
+    since: float
+
+
 def _servable(roles: set[WorkerRole]) -> bool:
     return WorkerRole.REGULAR in roles or {WorkerRole.PREFILL, WorkerRole.DECODE} <= roles
 
@@ -90,26 +111,55 @@ def _servable(roles: set[WorkerRole]) -> bool:
 class WorkerPool:
     """Worker id → :class:`WorkerState`, reconciled against the registry's view."""
 
-    def __init__(self, breaker: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, breaker: BreakerConfig, clock: Callable[[], float] = time.monotonic, *,
+                 forget_after_s: float = 3600.0) -> None:
         self._breaker = breaker
         self._clock = clock
+        self.forget_after_s = forget_after_s
         self._workers: dict[str, WorkerState] = {}
         self._roles: dict[str, set[WorkerRole]] = {}  # model -> roles registered
+        self._remembered: dict[str, Remembered] = {}
+        # learned from re-assertions (id -> monotonic s), until a later view registers it
+        self._tombstoned: dict[str, float] = {}
         self.version = 0
 
-    def sync(self, specs: Mapping[str, WorkerSpec]) -> tuple[list[str], list[str]]:
-        """Make the pool match ``specs``; returns (added ids, removed ids). A changed spec
-        keeps the worker's health and counters unless its URL changed."""
+    def sync(self, specs: Mapping[str, WorkerSpec], tombstones: Collection[str] = (),
+             taken_at: float | None = None) -> tuple[list[str], list[str]]:
+        """Follow the registry view ``specs`` (with its ``tombstones``, requested at
+        monotonic ``taken_at``, default now); returns (added ids, removed ids). A changed
+        spec keeps the worker's health and counters unless its URL changed. A worker
+        missing from ``specs`` stays while it is healthy and not tombstoned (see the module
+        docstring); one that leaves is remembered."""
+        now = self._clock()
+        taken = now if taken_at is None else taken_at
+        for wid in [w for w, at in self._tombstoned.items() if w in specs and taken > at]:
+            del self._tombstoned[wid]  # registered again after its removal
+        gone = set(tombstones) | self._tombstoned.keys()
+        specs = {wid: spec for wid, spec in specs.items() if wid not in gone}
         added = [wid for wid in specs if wid not in self._workers]
-        removed = [wid for wid in self._workers if wid not in specs]
-        for wid in removed:
+        removed: list[str] = []
+        for wid, member in list(self._workers.items()):
+            if wid in specs:
+                continue
+            if wid not in gone and member.health is Health.HEALTHY:
+                member.registered = False  # kept: the health monitor re-asserts the lease
+                continue
+            removed.append(wid)
             del self._workers[wid]
+            if wid not in gone and self.forget_after_s > 0:
+                self._remembered.setdefault(wid, Remembered(member.spec, now))
         for wid, spec in specs.items():
+            self._remembered.pop(wid, None)
             state = self._workers.get(wid)
             if state is None or state.spec.url != spec.url:
                 self._workers[wid] = WorkerState(spec, CircuitBreaker(self._breaker, self._clock))
-            elif state.spec != spec:
-                state.spec = spec
+            else:
+                state.registered = True
+                if state.spec != spec:
+                    state.spec = spec
+        for wid in [wid for wid, r in self._remembered.items()
+                    if wid in gone or now - r.since > self.forget_after_s]:
+            del self._remembered[wid]
         if added or removed:
             self.version += 1
         roles: dict[str, set[WorkerRole]] = {}
@@ -117,6 +167,21 @@ class WorkerPool:
             roles.setdefault(state.spec.model, set()).add(state.spec.role)
         self._roles = roles
         return added, removed
+
+    def mark_tombstoned(self, worker_id: str) -> None:
+        """An operator removed ``worker_id`` (a re-assertion found its tombstone): the next
+        :meth:`sync` drops it for good, until it is registered again."""
+        self._tombstoned[worker_id] = self._clock()
+        self._remembered.pop(worker_id, None)
+
+    def forget(self, worker_id: str) -> None:
+        """Stop probing a remembered worker for its return."""
+        self._remembered.pop(worker_id, None)
+
+    @property
+    def remembered(self) -> Mapping[str, Remembered]:
+        """Workers that left without a tombstone, probed for their return (read-only)."""
+        return MappingProxyType(self._remembered)
 
     def has_role(self, model: str, role: WorkerRole) -> bool:
         """Whether a worker of ``role`` serving ``model`` is registered (routable or not)."""
@@ -155,4 +220,5 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         healthy = sum(1 for w in self._workers.values() if w.health is Health.HEALTHY)
-        return f"WorkerPool(workers={len(self._workers)}, healthy={healthy})"
+        return (f"WorkerPool(workers={len(self._workers)}, healthy={healthy}, "
+                f"remembered={len(self._remembered)})")

@@ -29,7 +29,7 @@ from cortex.gateway.config import IndexConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.ledger.client import index_channel
 from cortex.ledger.codec import pb
-from cortex.ledger.grpc import method
+from cortex.ledger.grpc import bearer, method
 from cortex.ledger.replica import LedgerReplica, OutOfSync, ReplicaChanges, touch_request
 
 __all__ = ["ReplicaClient"]
@@ -44,7 +44,8 @@ class ReplicaClient:
     """Use as ``async with ReplicaClient(config, models, metrics, on_changes) as rc``.
 
     ``on_changes(changes)`` gets what each applied batch took away (predictions derived
-    from those blocks must go). ``clock``: monotonic seconds (tests).
+    from those blocks must go). ``token``: the index's peer token. ``clock``: monotonic
+    seconds (tests).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class ReplicaClient:
         on_changes: Callable[[ReplicaChanges], None],
         *,
         replica_id: str = "gateway",
+        token: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -62,6 +64,7 @@ class ReplicaClient:
         self.metrics = metrics
         self.replica = LedgerReplica(clock)
         self.replica_id = replica_id
+        self._metadata = bearer(token)
         self.connected = False
         self.last_error: str | None = None
         self._on_changes = on_changes
@@ -131,7 +134,8 @@ class ReplicaClient:
     async def _stream(self, channel: Channel) -> None:
         grace = self.config.replica_grace_s
         async with channel.request(method("Replicate"), Cardinality.STREAM_STREAM,
-                                   pb.ReplicaRequest, pb.ReplicaBatch) as stream:
+                                   pb.ReplicaRequest, pb.ReplicaBatch,
+                                   metadata=self._metadata) as stream:
             await stream.send_message(pb.ReplicaRequest(models=list(self.models),
                                                         replica_id=self.replica_id))
             self.replica.begin()

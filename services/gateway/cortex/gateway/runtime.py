@@ -1,9 +1,10 @@
 """``Gateway``: one gateway process's state and background work, owned by one ``async with``.
 
 Startup order: tokenizers → registry → upstream session → ledger replica and index client →
-static workers seeded → registry watcher → first health probes (so a gateway with reachable
-workers is ready when startup ends) → background loops (pool sync, probes, load polls, status).
-Shutdown unwinds the same stack; background loops are cancelled first.
+static workers seeded (unless an operator removed them: a tombstone) → registry watcher →
+first health probes (so a gateway with reachable workers is ready when startup ends) →
+background loops (pool sync, probes, load polls, status). Shutdown unwinds the same stack;
+background loops are cancelled first.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
 
-from cortex.gateway.config import GatewayConfig
+from cortex.gateway.admission import Admission
+from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.errors import ConfigError
 from cortex.gateway.health import HealthMonitor
 from cortex.gateway.index_client import IndexClient
+from cortex.gateway.limits import Limits, context_length_of, model_limits
 from cortex.gateway.load import LoadPoller
 from cortex.gateway.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
@@ -28,8 +32,10 @@ from cortex.gateway.replica_client import ReplicaClient
 from cortex.gateway.router import Router
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
+from cortex.ledger.grpc import read_token
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
+    Assertion,
     MemoryRegistry,
     RedisRegistry,
     Registry,
@@ -59,6 +65,15 @@ class Degradation(StrEnum):
     NO_READY_LEDGER = "no_ready_ledger"
 
 
+def _index_token(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise ConfigError(f"index.token_file: {exc}") from None
+
+
 class Gateway:
     """Use as ``async with Gateway(config) as gw``; the ASGI app reads its parts.
 
@@ -69,7 +84,10 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.pool = WorkerPool(config.breaker)
+        self.pool = WorkerPool(config.breaker, forget_after_s=config.registry.forget_after_s)
+        self.admission = admission = Admission(config.admission)
+        self.metrics.admission_active.set_function(lambda: admission.active)
+        self.metrics.admission_waiting.set_function(lambda: admission.waiting)
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
         self.tokenizers: dict[str, PromptTokenizer] = {}
@@ -119,29 +137,27 @@ class Gateway:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)
         if config.index.targets:
+            token = _index_token(config.index.token_file)
             if config.index.replica:
                 self.replica = await self._stack.enter_async_context(ReplicaClient(
                     config.index, tuple(m.domain.model for m in config.models), self.metrics,
-                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}"))
+                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}",
+                    token=token))
             self.index = await self._stack.enter_async_context(IndexClient(
-                config.index, self.metrics, self._on_ledgers, self._poll_ledgers))
+                config.index, self.metrics, self._on_ledgers, self._poll_ledgers, token))
         self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
                              self.replica)
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
-        for spec in config.workers:
-            try:
-                await self.registry.register(spec, config.registry.lease_ttl_s)
-            except RegistryUnavailable as exc:
-                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
-                            extra={"worker": spec.id})
+        await self._seed()
         self.watcher = await self._stack.enter_async_context(
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
-                                    config.health, config.registry.lease_ttl_s, self.metrics)
+                                    config.health, config.registry.lease_ttl_s, self.metrics,
+                                    on_round=self.sync_pool, on_return=self.watcher.poke)
         loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
                                         self.metrics)
-        added = self._sync_pool()
+        added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
         self._tasks = [
@@ -164,17 +180,40 @@ class Gateway:
 
     # ---- registry → pool ----
 
-    def _registry_view(self) -> Mapping[str, WorkerSpec]:
+    async def _seed(self) -> None:
+        """Write the static workers (``config.workers``) into the registry, over what is
+        there, unless an operator removed them (their tombstone wins)."""
+        for spec in self.config.workers:
+            try:
+                outcome = await self.registry.reassert(spec, self.config.registry.lease_ttl_s,
+                                                       replace=True)
+            except RegistryUnavailable as exc:
+                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
+                            extra={"worker": spec.id})
+                continue
+            if outcome is Assertion.TOMBSTONED:
+                log.warning("not seeding worker=%s: an operator removed it (tombstone)",
+                            spec.id, extra={"worker": spec.id})
+
+    def _registry_view(self) -> tuple[Mapping[str, WorkerSpec], Collection[str], float | None]:
+        """The registry's workers and tombstones as last seen, and when that view was
+        requested (monotonic s)."""
         watcher = self.watcher
         if watcher is None or (watcher.polls and watcher.last_ok_monotonic is None):
             # the registry was never readable: serve the static seeds
-            return {spec.id: spec for spec in self.config.workers}
-        return watcher.workers
+            return {spec.id: spec for spec in self.config.workers}, (), None
+        return watcher.workers, watcher.tombstones.keys(), watcher.view_taken_at
 
-    def _sync_pool(self) -> list[str]:
-        added, removed = self.pool.sync(self._registry_view())
+    def sync_pool(self) -> list[str]:
+        """Reconcile the pool with the registry (and the workers' health); returns the ids
+        added. Workers that left lose their routing state and metric series."""
+        added, removed = self.pool.sync(*self._registry_view())
         if added or removed:
             log.info("worker pool changed: added=%s removed=%s", added, removed)
+        for worker_id in added:
+            self.metrics.welcome_worker(worker_id)
+        for worker_id in removed:
+            self.metrics.forget_worker(worker_id)
         if removed and self.router is not None:
             self.router.forget_workers(removed)
         return added
@@ -184,10 +223,12 @@ class Gateway:
         version = self.watcher.version
         while True:
             version = await self.watcher.wait_changed(version)
-            added = self._sync_pool()
-            if added:
-                await self.health.probe_all(w for w in self.pool if w.id in added)
-                await asyncio.gather(*(self.loads.poll(w) for w in self.pool
+            added = self.sync_pool()
+            # new workers, and those whose entry vanished: probe now (the probe re-asserts)
+            urgent = [w for w in self.pool if w.id in added or not w.registered]
+            if urgent:
+                await self.health.probe_all(urgent)
+                await asyncio.gather(*(self.loads.poll(w) for w in urgent
                                        if w.id in added and w.routable()))
 
     async def _status_loop(self) -> None:
@@ -243,6 +284,13 @@ class Gateway:
     def _on_ledgers(self, states: dict[str, LedgerState]) -> None:
         for worker in self.pool:
             worker.ledger = states.get(worker.id, LedgerState.UNSPECIFIED)
+
+    # ---- bounds ----
+
+    def limits(self, model: ModelConfig) -> Limits:
+        """``model``'s request bounds: its config, else what its workers' engines report."""
+        return model_limits(model, context_length_of(
+            w.context_length for w in self.pool if w.spec.model == model.name))
 
     # ---- status ----
 

@@ -4,20 +4,25 @@
 free port, see :attr:`port` / :attr:`url`), runs startup (ready when it returns) and on exit
 shuts down gracefully (in-flight requests get ``server.graceful_timeout_s``). Used by
 tests, the dev-cluster launcher and ``cortex gateway``.
+
+The listening socket is a :class:`~cortex.gateway.listener.CappedListener`: past
+``server.max_connections`` open client connections, a new one is answered 503 at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from types import TracebackType
 
-from hypercorn.asyncio import serve
+from hypercorn.asyncio.run import worker_serve
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.utils import wrap_app
 
 from cortex.gateway.app import GatewayApp
 from cortex.gateway.config import GatewayConfig
+from cortex.gateway.listener import CappedListener
 from cortex.gateway.runtime import Gateway
 from cortex.registry import Registry
 
@@ -32,6 +37,7 @@ class GatewayServer:
         self.port = 0
         self._shutdown = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.listener: CappedListener | None = None
 
     @property
     def url(self) -> str:
@@ -46,12 +52,12 @@ class GatewayServer:
             raise RuntimeError("the gateway is not running")
         return gateway
 
-    def _hypercorn_config(self, fd: int) -> HypercornConfig:
+    def _hypercorn_config(self) -> HypercornConfig:
         server = self.config.server
         hc = HypercornConfig()
-        hc.bind = [f"fd://{fd}"]
         hc.graceful_timeout = server.graceful_timeout_s
         hc.keep_alive_timeout = server.keep_alive_timeout_s
+        hc.read_timeout = server.read_timeout_s  # type: ignore[assignment]
         hc.backlog = server.backlog
         hc.accesslog = None
         hc.errorlog = None
@@ -60,20 +66,23 @@ class GatewayServer:
         return hc
 
     async def __aenter__(self) -> GatewayServer:
+        server = self.config.server
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = self.listener = CappedListener(family, server.max_connections)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((self.host, self.config.server.port))
-            sock.listen(self.config.server.backlog)  # connections queue until serving
+            sock.bind((self.host, server.port))
+            sock.listen(server.backlog)  # connections queue until serving
             self.port = sock.getsockname()[1]
-            fd = os.dup(sock.fileno())  # hypercorn owns the duplicate
-        finally:
+        except BaseException:
             sock.close()
+            raise
+        config = self._hypercorn_config()
         self._task = asyncio.create_task(
-            serve(self.app, self._hypercorn_config(fd),  # type: ignore[arg-type]
-                  shutdown_trigger=self._shutdown.wait),
+            worker_serve(wrap_app(self.app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
+                         config, sockets=Sockets([], [sock], []),
+                         shutdown_trigger=self._shutdown.wait),
             name="gateway-hypercorn",
         )
         started = asyncio.create_task(self._wait_started())
@@ -94,8 +103,12 @@ class GatewayServer:
         tb: TracebackType | None,
     ) -> None:
         self._shutdown.set()
-        if self._task is not None:
-            await self._task
+        try:
+            if self._task is not None:
+                await self._task
+        finally:
+            if self.listener is not None:
+                self.listener.close()
 
     def __repr__(self) -> str:
         return f"GatewayServer(url={self.url!r}, running={self.app.gateway is not None})"

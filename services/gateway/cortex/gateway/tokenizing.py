@@ -28,6 +28,7 @@ from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.encoder import EncoderMode, ParallelEncoder
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.heavylane import HeavyLane, TokenizerSpec
+from cortex.gateway.limits import check_prompt_tokens
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.payload import Endpoint, InferenceRequest, PromptKind
 from cortex.gateway.tokenize import EncodePlan, PromptTokenizer
@@ -50,6 +51,17 @@ def next_turn(args: RenderArgs, answer: dict[str, Any]) -> RenderArgs:
                        args.engine).messages
     return dataclasses.replace(args, messages=(*messages, *tail), add_generation_prompt=True,
                                continue_final_message=False)
+
+
+def _answer_tokens(obj: Any, events: bytes | None) -> int:
+    """About how many tokens an answer has, without parsing it: the usage's
+    ``completion_tokens`` when the response says, else one per streamed event."""
+    if isinstance(obj, dict):
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            return int(usage["completion_tokens"])
+        return 1 << 30  # unknown: worth feeding
+    return events.count(b"\n\ndata:") + 1 if events else 0
 
 
 def _text_chars(args: RenderArgs) -> int:
@@ -104,12 +116,7 @@ class Tokenization:
             ids = await self.chat_tokens(req.model, prompt.chat)
         else:
             ids = await self.text_tokens(req.model, prompt.text, prompt.add_special_tokens)
-        limit = req.model.max_prompt_tokens
-        if limit is not None and len(ids) > limit:
-            raise ClientError(
-                f"prompt has {len(ids)} tokens, over this model's limit of {limit}",
-                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages"
-                if prompt.kind is PromptKind.CHAT else "prompt")
+        check_prompt_tokens(req.limits, req.body, len(ids), req.prompt_param)
         return ids
 
     def is_heavy(self, args: RenderArgs) -> bool:
@@ -154,6 +161,9 @@ class Tokenization:
                 or req.prompt.kind is PromptKind.TOKENS or (obj is None and not events)):
             return
         m = self.metrics
+        if _answer_tokens(obj, events) < self.config.feed_min_tokens:
+            m.child(m.tokenize_answer_feeds, req.model.name, "short").inc()
+            return
         with self._lock:
             if self._pending >= self.config.feed_queue:
                 m.child(m.tokenize_answer_feeds, req.model.name, "dropped").inc()

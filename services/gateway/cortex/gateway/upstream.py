@@ -8,7 +8,7 @@ engine learns that the client went away and aborts the generation.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from enum import StrEnum
 from types import TracebackType
 
@@ -28,12 +28,22 @@ class FailureKind(StrEnum):
 
 
 class UpstreamFailure(Exception):
-    """A worker call failed; ``kind`` says how. Internal: never shown to clients as is."""
+    """A worker call failed; ``kind`` says how (``status``: the HTTP status it answered,
+    ``retry_after_s``: its ``Retry-After``). Internal: never shown to clients as is."""
 
-    def __init__(self, kind: FailureKind, detail: str, status: int | None = None) -> None:
+    def __init__(self, kind: FailureKind, detail: str, status: int | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
         self.status = status
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (the HTTP-date form is ignored)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
 
 
 def _translate(exc: BaseException) -> UpstreamFailure:
@@ -47,6 +57,47 @@ def _translate(exc: BaseException) -> UpstreamFailure:
     return UpstreamFailure(FailureKind.PROTOCOL, type(exc).__name__)
 
 
+class _IdleGuard:
+    """Closes a response whose read has waited ``idle_s`` seconds for bytes.
+
+    Only time spent waiting on the worker counts (not time the consumer spends sending to a
+    slow client), and it costs one timer per idle period, not one per chunk."""
+
+    __slots__ = ("_handle", "_loop", "_on_idle", "fired", "idle_s", "since")
+
+    def __init__(self, idle_s: float, on_idle: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.idle_s = idle_s
+        self._on_idle = on_idle
+        self._handle: asyncio.TimerHandle | None = None
+        self.since: float | None = None  # loop time the pending read started
+        self.fired = False
+
+    def reading(self) -> None:
+        self.since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(self.since + self.idle_s, self._check)
+
+    def got(self) -> None:
+        self.since = None
+
+    def _check(self) -> None:
+        self._handle = None
+        since = self.since
+        if since is None:
+            return  # not reading: re-armed by the next read
+        if self._loop.time() - since >= self.idle_s:
+            self.fired = True
+            self._on_idle()
+        else:
+            self._handle = self._loop.call_at(since + self.idle_s, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class UpstreamResponse:
     """A worker's response whose headers arrived; iterate :meth:`chunks`, then close."""
 
@@ -54,14 +105,35 @@ class UpstreamResponse:
         self._response = response
         self.status = response.status
         self.content_type = response.headers.get("Content-Type", "application/json")
+        self.retry_after_s = _retry_after(response.headers.get("Retry-After"))
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive; raises :class:`UpstreamFailure` if the worker fails."""
+    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive; raises :class:`UpstreamFailure` if the worker fails,
+        or (kind ``timeout``) when it sends nothing for ``idle_timeout_s`` seconds (the
+        connection is then closed: the engine aborts the request)."""
+        content = self._response.content
+        guard = (_IdleGuard(idle_timeout_s, self._response.close)
+                 if idle_timeout_s is not None else None)
         try:
-            async for chunk in self._response.content.iter_any():
+            while True:
+                if guard is not None:
+                    guard.reading()
+                chunk = await content.readany()
+                if guard is not None:
+                    guard.got()
+                if not chunk:
+                    break
                 yield chunk
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if guard is not None and guard.fired:
+                raise UpstreamFailure(FailureKind.TIMEOUT,
+                                      f"no bytes for {idle_timeout_s}s") from exc
             raise _translate(exc) from exc
+        finally:
+            if guard is not None:
+                guard.cancel()
+        if guard is not None and guard.fired:
+            raise UpstreamFailure(FailureKind.TIMEOUT, f"no bytes for {idle_timeout_s}s")
 
     async def read(self) -> bytes:
         """The whole body; raises :class:`UpstreamFailure`."""

@@ -28,6 +28,8 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "port": (int, "gRPC port (0 = ephemeral)"),
     "metrics_host": (str, "Prometheus bind address"),
     "metrics_port": (int, "Prometheus /metrics port (0 = ephemeral, -1 = disabled)"),
+    "peer_token_file": (str, "file with the token Sync / Replicate callers must present"),
+    "query_token_file": (str, "file with the token Match / Workers / Stats / Changes need"),
     "memory_budget_bytes": (int, "estimated tree bytes before LRU leaf eviction (0 = none)"),
     "low_watermark": (float, "eviction stops at this fraction of the budget"),
     "max_query_blocks": (int, "most block keys in one Match"),
@@ -41,6 +43,7 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "apply_slice_s": (float, "a Sync batch yields to queries after this much work (s)"),
     "ingest_grace_s": (float, "silent ingest's sources turn SYNCING after (s, 0 = never)"),
     "replica_heartbeat_s": (float, "idle replica-stream heartbeat interval (s)"),
+    "replica_flush_s": (float, "changes within this long reach replicas as one batch (s)"),
     "replica_queue_bytes": (int, "bytes queued for one replica before it must resync"),
     "replica_chunk_bytes": (int, "largest snapshot batch sent to a replica (bytes)"),
     "shutdown_grace_s": (float, "grace for in-flight calls on SIGTERM (s)"),
@@ -121,4 +124,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"cortex index: cannot serve: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # a token file that cannot be read
+        print(f"cortex index: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     return 0

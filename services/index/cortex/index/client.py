@@ -14,7 +14,7 @@ from grpclib.const import Cardinality
 
 from cortex.hashing import HashDomain, pack_keys
 from cortex.ledger.codec import domain_to_pb, pb
-from cortex.ledger.grpc import method
+from cortex.ledger.grpc import bearer, method
 
 __all__ = [
     "SYNC_METHOD",
@@ -98,17 +98,19 @@ class LedgerUpdates:
 
 
 class SyncSession:
-    """One open ``Sync`` stream: ``await session.send(updates)`` returns the reply.
+    """One open ``Sync`` stream: ``await session.send(updates)`` returns the reply
+    (``token``: the index's peer token, when it requires one).
 
     ``async with SyncSession(channel, ingest_id="ingest-0") as session: ...``; leaving the
     block ends the stream (half-close, then the server's trailers).
     """
 
-    def __init__(self, channel: Channel, ingest_id: str = "test-ingest") -> None:
+    def __init__(self, channel: Channel, ingest_id: str = "test-ingest",
+                 token: str | None = None) -> None:
         self.channel = channel
         self.ingest_id = ingest_id
         self._cm = channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch,
-                                   pb.SyncReply)
+                                   pb.SyncReply, metadata=bearer(token))
         self._stream: Stream[pb.UpdateBatch, pb.SyncReply] | None = None
 
     def __repr__(self) -> str:

@@ -20,10 +20,16 @@ class IndexConfig:
     Sizes are in bytes, keys, records or blocks as named; times in seconds.
     """
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """gRPC bind address: loopback unless configured (docs/operations.md, trust model)."""
     port: int = 50051
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9464
+    # who may call what (files holding shared secrets; "" = not required)
+    peer_token_file: str = ""
+    """Sync and Replicate (ingest, gateways) must present this token."""
+    query_token_file: str = ""
+    """Match, Workers, Stats and Changes must present this token or the peer token."""
     # memory
     memory_budget_bytes: int = 2 * _GIB
     """Estimated tree bytes at which least-recently-matched leaves are evicted (0 = none)."""
@@ -55,6 +61,9 @@ class IndexConfig:
     replica_heartbeat_s: float = 0.25
     """An idle replica stream sends an empty batch this often (replicas use it to tell a
     quiet index from a lost stream)."""
+    replica_flush_s: float = 0.005
+    """Changes applied within this long go to the replicas as one batch (the lag it adds is
+    at most this; the messages it saves are most of the index's CPU under small batches)."""
     replica_queue_bytes: int = 64 << 20
     """Encoded batches queued for one replica; a replica further behind is cut off and
     resyncs with a snapshot."""
@@ -89,7 +98,8 @@ class IndexConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tombstones < 0:
             raise ConfigError(f"max_tombstones must be >= 0, got {self.max_tombstones}")
-        positive_times = ("changes_heartbeat_s", "apply_slice_s", "replica_heartbeat_s")
+        positive_times = ("changes_heartbeat_s", "apply_slice_s", "replica_heartbeat_s",
+                          "replica_flush_s")
         for name in positive_times:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -29,8 +29,9 @@ _LATENCY_BUCKETS = (
 class _CoreCollector(Collector):
     """Sizes and states read from the core when Prometheus scrapes."""
 
-    def __init__(self, core: Callable[[], PrefixIndex]) -> None:
+    def __init__(self, core: Callable[[], PrefixIndex], refused: Callable[[], int]) -> None:
         self._core = core
+        self._refused = refused
 
     def collect(self) -> Iterator[Metric]:
         core = self._core()
@@ -103,6 +104,10 @@ class _CoreCollector(Collector):
             "cortex_index_ingest_lost_sources",
             "Sources turned SYNCING because their ingest was lost", value=owners.lost_sources,
         )
+        yield CounterMetricFamily(
+            "cortex_index_unauthenticated_calls",
+            "Calls refused for a missing or wrong token", value=self._refused(),
+        )
         yield GaugeMetricFamily(
             "cortex_index_change_log_weight", "Removed keys + cleared sources in the change ring",
             value=core.changes.weight,
@@ -112,7 +117,8 @@ class _CoreCollector(Collector):
 class IndexMetrics:
     """The index's metrics and their registry (``render()`` gives the exposition text)."""
 
-    def __init__(self, core: Callable[[], PrefixIndex]) -> None:
+    def __init__(self, core: Callable[[], PrefixIndex],
+                 refused: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.match_requests = Counter(
@@ -169,7 +175,7 @@ class IndexMetrics:
         self.serving = Gauge(
             "cortex_index_serving", "1 while the index serves, 0 while it drains", registry=r
         )
-        r.register(_CoreCollector(core))
+        r.register(_CoreCollector(core, refused))
         ProcessCollector(namespace="cortex_index", registry=r)
 
     def render(self) -> bytes:

@@ -1,6 +1,7 @@
 """The gRPC shell of the index: the ``cortex.index.v1.Index`` service on grpclib, the
-``grpc.health.v1`` service, the Prometheus endpoint, and :class:`IndexServer`, the runner
-that owns them all (``async with IndexServer(config) as srv``).
+``grpc.health.v1`` and server-reflection services, the Prometheus endpoint, and
+:class:`IndexServer`, the runner that owns them all (``async with IndexServer(config) as
+srv``).
 
 Handlers only move messages between the wire and :class:`PrefixIndex`; validation errors
 become ``INVALID_ARGUMENT`` with a message and no internals. Messages are the protobuf
@@ -24,6 +25,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
+from grpclib.reflection.service import ServerReflection
 from grpclib.server import Stream
 
 from cortex.api.index.v1.index_grpc import IndexBase
@@ -43,7 +45,7 @@ from cortex.index.replicas import ReplicaHub, numbered
 from cortex.index.sequencing import Verdict
 from cortex.ledger.codec import domain_from_pb, keys_from_le, pb, source_from_pb, update_from_pb
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.grpc import LedgerCodec
+from cortex.ledger.grpc import LedgerCodec, TokenCheck, read_token
 from cortex.ledger.model import INGEST_LOST, Source
 
 __all__ = ["IndexServer", "IndexService"]
@@ -87,6 +89,7 @@ class IndexService(IndexBase):
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_reject_log = 0.0
+        self._flush: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return (
@@ -150,10 +153,18 @@ class IndexService(IndexBase):
         await self._idle.wait()
 
     def notify(self) -> None:
-        """The core changed: replicas get the journal, change-feed subscribers wake up."""
-        self.replicas.flush()
+        """The core changed: change-feed subscribers wake up, and the journal goes to the
+        replicas within ``replica_flush_s`` (changes applied meanwhile join the same batch:
+        one message per replica instead of one per Sync batch)."""
+        if self._flush is None and self.replicas.subscribers:
+            self._flush = asyncio.get_running_loop().call_later(
+                self.config.replica_flush_s, self._flush_replicas)
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _flush_replicas(self) -> None:
+        self._flush = None
+        self.replicas.flush()
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:
         """Until ``event`` is set or ``timeout`` (s) passes; :class:`_Drained` on drain."""
@@ -476,7 +487,9 @@ class IndexServer:
             max_tombstones=c.max_tombstones,
             ingest_grace_s=c.ingest_grace_s,
         )
-        self.metrics = IndexMetrics(lambda: self.core)
+        self.tokens = TokenCheck(read_token(c.peer_token_file) if c.peer_token_file else None,
+                                 read_token(c.query_token_file) if c.query_token_file else None)
+        self.metrics = IndexMetrics(lambda: self.core, lambda: self.tokens.refused)
         self._service: IndexService | None = None
         self._serving = ServiceStatus()
         self._grpc: GrpcServer | None = None
@@ -520,7 +533,8 @@ class IndexServer:
         c = self.config
         service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
         health = Health({service: [self._serving]})
-        server = GrpcServer([service, health], codec=LedgerCodec())
+        server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec())
+        self.tokens.install(server)
         try:
             sock = _bound_socket(c.host, c.port)
             self._port = sock.getsockname()[1]

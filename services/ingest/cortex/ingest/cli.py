@@ -1,8 +1,9 @@
 """``cortex ingest``: run an ingest process, or ask which shard owns a worker.
 
 Flags win over environment variables (``CORTEX_REDIS_URL``, ``CORTEX_INDEX`` — comma
-separated ``HOST:PORT`` —, ``CORTEX_INGEST_SHARD``, ``CORTEX_INGEST_METRICS_PORT``,
-``CORTEX_INGEST_ID``). Everything is validated before anything starts; a bad setting exits 2
+separated ``HOST:PORT`` —, ``CORTEX_INGEST_SHARD``, ``CORTEX_INGEST_METRICS_HOST``,
+``CORTEX_INGEST_METRICS_PORT``, ``CORTEX_INGEST_ID``). Sizes take ``KiB`` / ``MiB`` /
+``GiB`` suffixes. Everything is validated before anything starts; a bad setting exits 2
 with a clear message. SIGTERM / SIGINT stop the process cleanly.
 """
 
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -24,6 +26,7 @@ from cortex.ingest.errors import ConfigError
 from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
 from cortex.ingest.service import IngestService
 from cortex.ingest.shard import ShardSpec, shard_of
+from cortex.ledger.grpc import read_token
 
 __all__ = ["build_config", "register"]
 
@@ -49,10 +52,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="own the workers whose id hashes to shard i of K (default: 0/1)")
     run.add_argument("--ingest-id", default=env("CORTEX_INGEST_ID", ""),
                      help="name reported to the index (default: ingest-<i>of<K>@<host>)")
-    run.add_argument("--metrics-host", default="0.0.0.0")
+    run.add_argument("--metrics-host", default=env("CORTEX_INGEST_METRICS_HOST", "127.0.0.1"),
+                     help="address of /metrics and /health (default: 127.0.0.1; 0.0.0.0 "
+                          "for every interface)")
     run.add_argument("--metrics-port", type=int,
                      default=int(env("CORTEX_INGEST_METRICS_PORT", "9465")),
                      help="HTTP port for /metrics and /health (-1 = off; default: 9465)")
+    run.add_argument("--index-token-file", default=os.environ.get("CORTEX_INGEST_INDEX_TOKEN_FILE"),
+                     metavar="PATH",
+                     help="file with the index's peer token [env CORTEX_INGEST_INDEX_TOKEN_FILE]")
     run.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
                      help="registry polling interval (<= 1 s)")
     run.add_argument("--no-channel", action="store_true",
@@ -60,9 +68,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("--replay-timeout", type=float, default=2.0, metavar="S",
                      help="abandon a replay silent for this long")
     run.add_argument("--max-pending", type=int, default=10_000, metavar="N",
-                     help="live batches held per source while it replays")
+                     help="live batches held per source (replaying or waiting for its turn)")
+    run.add_argument("--max-pending-bytes", type=_size, default="64MiB", metavar="SIZE",
+                     help="payload bytes held per source; over it the source gives its held "
+                          "batches up and resets its ledger (default: 64MiB)")
+    run.add_argument("--max-held-bytes", type=_size, default="256MiB", metavar="SIZE",
+                     help="payload bytes held by all sources; over it the largest holder "
+                          "gives up (default: 256MiB)")
+    run.add_argument("--turn-bytes", type=_size, default="64KiB", metavar="SIZE",
+                     help="payload bytes one source decodes before the next one's turn "
+                          "(default: 64KiB)")
+    run.add_argument("--max-message-bytes", type=_size, default="32MiB", metavar="SIZE",
+                     help="ZMQ MAXMSGSIZE of every event and replay socket (default: 32MiB)")
     run.add_argument("--queue-max", type=int, default=100_000, metavar="N",
                      help="updates queued per index replica before snapshots take over")
+    run.add_argument("--queue-max-bytes", type=_size, default="64MiB", metavar="SIZE",
+                     help="bytes of updates queued per index replica (default: 64MiB)")
+    run.add_argument("--source-queue-max-bytes", type=_size, default="8MiB", metavar="SIZE",
+                     help="bytes of updates queued per source and replica (default: 8MiB)")
     run.add_argument("--heartbeat", type=float, default=1.0, metavar="S",
                      help="an idle Sync stream sends an empty batch this often (keep it well "
                           "under the index's --ingest-grace-s)")
@@ -80,6 +103,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     owner.add_argument("--shards", type=int, required=True, metavar="K")
     owner.add_argument("worker_ids", nargs="+", metavar="ID")
     owner.set_defaults(func=_cmd_shard_of)
+
+
+_SIZE = re.compile(r"\s*(\d+)\s*([KMG]i?B?)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _size(text: str) -> int:
+    """``"64MiB"`` -> 67108864 (``K``/``M``/``G`` with or without ``iB``/``B`` are binary)."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 65536, 64KiB, 32MiB)")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "")[:1].upper()]
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -101,6 +136,7 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
     ingest_id = args.ingest_id or f"ingest-{shard.index}of{shard.count}@{socket.gethostname()}"
     return IngestConfig(
         index=tuple(IndexTarget.parse(a) for a in addresses),
+        index_token=read_token(args.index_token_file) if args.index_token_file else None,
         redis_url=args.redis,
         registry_namespace=args.namespace,
         shard=shard,
@@ -111,10 +147,19 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         use_channel=not args.no_channel,
         replay_timeout_s=args.replay_timeout,
         max_pending_batches=args.max_pending,
+        max_pending_bytes=args.max_pending_bytes,
+        max_held_bytes=args.max_held_bytes,
+        turn_bytes=args.turn_bytes,
+        max_message_bytes=args.max_message_bytes,
         align_every=args.align_every,
         hash_algo=args.hash_algo,
         hash_seed=args.hash_seed,
-        forwarder=ForwarderConfig(queue_max_updates=args.queue_max, heartbeat_s=args.heartbeat),
+        forwarder=ForwarderConfig(
+            queue_max_updates=args.queue_max,
+            queue_max_bytes=args.queue_max_bytes,
+            source_queue_max_bytes=args.source_queue_max_bytes,
+            heartbeat_s=args.heartbeat,
+        ),
     )
 
 

@@ -80,9 +80,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     ls.add_argument("--json", action="store_true", help="print JSON (one object)")
     ls.set_defaults(func=_cmd_list)
 
-    rm = sub.add_parser("rm", help="remove a worker now")
+    rm = sub.add_parser("rm", help="remove a worker for good (a tombstone)",
+                        description="Drop the worker's lease and write a tombstone, so that no "
+                                    "gateway brings it back while it stays reachable. "
+                                    "`cortex workers add` lifts the tombstone.")
     common(rm)
     rm.add_argument("worker_id", metavar="ID")
+    rm.add_argument("--for", dest="for_s", type=float, default=None, metavar="S",
+                    help="the tombstone expires after S seconds (default: until re-added)")
+    rm.add_argument("--reason", default="cortex workers rm", help="kept with the tombstone")
+    rm.add_argument("--no-tombstone", action="store_true",
+                    help="only drop the lease: a gateway that still reaches the worker "
+                         "registers it again")
     rm.set_defaults(func=_cmd_rm)
 
 
@@ -173,10 +182,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     except RegistryUnavailable as exc:
         return _fail(f"registry unavailable: {exc}", 1)
     workers = sorted(listing.workers.values(), key=lambda s: s.id)
+    stones = sorted(listing.tombstones.values(), key=lambda t: t.worker_id)
     if args.json:
         print(json.dumps({
             "workers": [{**s.to_dict(), "ttl_s": listing.ttl_s.get(s.id)} for s in workers],
             "invalid": dict(listing.invalid),
+            "tombstones": [t.to_dict() for t in stones],
         }, indent=2, sort_keys=True))
         return 0
     rows = [("ID", "ENGINE", "ROLE", "MODEL", "DP", "BLOCK", "KV-EVENTS", "REPLAY", "TTL")]
@@ -191,6 +202,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
               .rstrip())
+    for stone in stones:
+        expiry = "until re-added" if stone.ttl_s is None else f"for {stone.ttl_s:.0f}s more"
+        print(f"removed: {stone.worker_id} ({stone.reason or 'no reason'}; {expiry})")
     for worker_id, reason in sorted(listing.invalid.items()):
         print(f"warning: unreadable entry {worker_id}: {reason}", file=sys.stderr)
     return 0
@@ -206,16 +220,22 @@ def _cmd_rm(args: argparse.Namespace) -> int:
         registry = _registry(args)
     except SpecError as exc:
         return _fail(str(exc), 2)
+    if args.for_s is not None and not args.for_s > 0:
+        return _fail("--for must be > 0 seconds", 2)
     try:
-        found = asyncio.run(_rm(registry, args.worker_id))
+        found = asyncio.run(_rm(registry, args))
     except RegistryUnavailable as exc:
         return _fail(f"registry unavailable: {exc}", 1)
+    kept_out = "" if args.no_tombstone else "; a tombstone keeps it out"
     if not found:
-        return _fail(f"no worker {args.worker_id!r} in the registry", 1)
-    print(f"removed {args.worker_id}")
+        return _fail(f"no worker {args.worker_id!r} in the registry{kept_out}", 1)
+    print(f"removed {args.worker_id}{kept_out}")
     return 0
 
 
-async def _rm(registry: RedisRegistry, worker_id: str) -> bool:
+async def _rm(registry: RedisRegistry, args: argparse.Namespace) -> bool:
     async with registry:
-        return await registry.deregister(worker_id)
+        if args.no_tombstone:
+            return await registry.deregister(args.worker_id)
+        return await registry.remove(args.worker_id, tombstone_ttl_s=args.for_s,
+                                     reason=args.reason)

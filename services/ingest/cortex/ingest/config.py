@@ -19,27 +19,40 @@ __all__ = ["IngestConfig"]
 
 @dataclass(frozen=True, slots=True)
 class IngestConfig:
-    """Settings of one ingest process. Times in seconds, sizes in batches or updates.
+    """Settings of one ingest process. Times in seconds, counts in batches, sizes in bytes.
 
     ``redis_url`` is where the registry lives (``None`` when the caller hands the service a
     registry object, e.g. a ``MemoryRegistry`` in tests). ``index`` lists every index replica
     to feed. ``metrics_port`` ``None`` disables the HTTP endpoint, 0 picks a free port.
     ``hash_algo`` / ``hash_seed`` configure the vLLM alignment check (a worker's labels
     ``hash_algo`` / ``hash_seed`` override them).
+
+    Held payloads: a source holds at most ``max_pending_batches`` / ``max_pending_bytes``
+    (batches waiting for a replay, or for the source's next turn), all sources together at
+    most ``max_held_bytes``; a source over its bound, or the largest holder when the total
+    is over, gives its held batches up and resets its ledger. ``turn_bytes``: payload bytes a
+    source decodes per turn before the others get theirs. ``max_message_bytes``: ZMQ
+    ``MAXMSGSIZE`` of every SUB and DEALER (a larger message is refused by libzmq).
     """
 
     index: tuple[IndexTarget, ...] = ()
+    index_token: str | None = field(default=None, repr=False)
+    """The index's peer token (``cortex index --peer-token-file``), presented on every call."""
     redis_url: str | None = None
     registry_namespace: str = "cortex:v1:"
     shard: ShardSpec = field(default_factory=ShardSpec)
     ingest_id: str = ""
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9465
     poll_interval_s: float = 1.0
     use_channel: bool = True
     redis_timeout_s: float = 2.0
     replay_timeout_s: float = 2.0
     max_pending_batches: int = 10_000
+    max_pending_bytes: int = 64 << 20
+    max_held_bytes: int = 256 << 20
+    turn_bytes: int = 64 << 10
+    max_message_bytes: int = 32 << 20
     sub_hwm: int = 100_000
     read_burst: int = 512
     align_every: int = 64
@@ -75,6 +88,11 @@ class IngestConfig:
         for name in ("max_pending_batches", "sub_hwm", "read_burst"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_pending_bytes", "max_held_bytes", "turn_bytes", "max_message_bytes"):
+            if getattr(self, name) < 1024:
+                raise ConfigError(f"{name} must be >= 1024 bytes, got {getattr(self, name)}")
+        if self.max_pending_bytes > self.max_held_bytes:
+            raise ConfigError("max_pending_bytes must be <= max_held_bytes")
         if self.align_every < 0:
             raise ConfigError("align_every must be >= 0 (0 = off)")
         if self.hash_algo != AUTO and self.hash_algo not in VLLM_HASH_ALGOS:

@@ -7,16 +7,23 @@ a replica that is down or slow never holds the others back.
   (a new epoch each), then the live updates. Removed sources that the replica may still hold
   (tombstones) are sent a ``RemoveSource``.
 - Updates are batched: whatever accumulated while the previous batch was being written goes
-  into the next one (no timer), bounded in count and bytes.
-- Memory is bounded: the queue holds at most ``queue_max_updates``; a source whose update does
-  not fit is marked dirty and re-sent later as a snapshot taken at send time (its queued
-  updates are superseded). A replica that is down queues nothing.
+  into the next one (no timer), bounded in count and bytes. Each source has its own queue
+  and batches take from them in turns (:class:`~cortex.ingest.queues.SourceQueues`), so a
+  flooding source cannot delay the others' updates behind its backlog or its snapshots.
+- Memory is bounded: live updates queue at most ``source_queue_max_bytes`` per source and
+  ``queue_max_bytes`` / ``queue_max_updates`` in all; a source whose update does not fit
+  (or the largest queue, when the total is over) is marked dirty and re-sent later as a
+  snapshot taken at send time (its queued updates are superseded). A replica that is down
+  queues nothing.
 - ``SyncReply.resync`` names sources the replica could not apply in order: each gets a fresh
   snapshot.
 - An idle stream sends an empty batch every ``heartbeat_s``: the replica counts an ingest it
   has not heard from for its grace as gone and stops crediting that ingest's sources. Every
   batch is answered, so a stream without any reply for ``reply_timeout_s`` has a dead or
   wedged replica at its other end: it is dropped and reconnected.
+- Epochs must grow even when the wall clock stepped back across an ingest restart (the
+  replica rejects a lower epoch as stale): before each stream the forwarder reads the
+  replica's ``Workers`` and starts its epochs above every epoch the replica holds.
 """
 
 from __future__ import annotations
@@ -26,32 +33,31 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from cortex.hashing import HashDomain
 from cortex.ingest.errors import ConfigError, IndexUnavailable
-from cortex.ingest.ops import (
-    Clear,
-    Drop,
-    Op,
-    Remove,
-    Reset,
-    SetState,
-    SnapshotView,
-    SourceId,
-    Store,
-)
+from cortex.ingest.ops import SnapshotView, SourceId
+from cortex.ingest.queues import SourceQueues
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
 from cortex.ledger.codec import pb
-from cortex.ledger.grpc import LedgerCodec, method
+from cortex.ledger.grpc import LedgerCodec, bearer, method
+from cortex.ledger.model import (
+    ClearBlocks,
+    Op,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 
 __all__ = [
     "EpochClock",
@@ -65,6 +71,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SYNC_METHOD = method("Sync")
+WORKERS_METHOD = method("Workers")
+MAX_EPOCH = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +106,17 @@ class ForwarderConfig:
     """Limits of one forwarder. Counts are updates, sizes bytes, times seconds."""
 
     queue_max_updates: int = 100_000
-    batch_max_updates: int = 2_048
-    batch_max_bytes: int = 4 << 20
+    queue_max_bytes: int = 64 << 20
+    source_queue_max_bytes: int = 8 << 20
+    source_turn_bytes: int = 4 << 10
+    """Bytes of updates one source contributes to a batch before the next source's turn
+    (small against a batch, so that every batch is shared by the sources with updates)."""
+    max_inflight_batches: int = 2
+    """Batches sent and not yet acknowledged. The next batch is collected only when one is
+    acknowledged, so an update waits behind at most this many batches, not behind whatever
+    HTTP/2 flow control would let pile up at a busy replica."""
+    batch_max_updates: int = 512
+    batch_max_bytes: int = 1 << 20
     snapshot_chunk_keys: int = 65_536
     backoff_min_s: float = 0.1
     backoff_max_s: float = 5.0
@@ -111,10 +128,14 @@ class ForwarderConfig:
     """A stream that got no reply for this long is dropped and reconnected."""
 
     def __post_init__(self) -> None:
-        if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys) < 1:
-            raise ConfigError("queue, batch and snapshot chunk sizes must be >= 1")
-        if self.batch_max_bytes < 1024:
-            raise ConfigError("batch_max_bytes must be >= 1024")
+        if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys,
+               self.max_inflight_batches) < 1:
+            raise ConfigError("queue, batch, snapshot chunk and in-flight sizes must be >= 1")
+        if min(self.batch_max_bytes, self.queue_max_bytes, self.source_queue_max_bytes,
+               self.source_turn_bytes) < 1024:
+            raise ConfigError("batch, queue and turn sizes must be >= 1024 bytes")
+        if self.source_queue_max_bytes > self.queue_max_bytes:
+            raise ConfigError("source_queue_max_bytes must be <= queue_max_bytes")
         if not 0 < self.backoff_min_s <= self.backoff_max_s:
             raise ConfigError("backoff must satisfy 0 < min <= max")
         if self.connect_timeout_s <= 0:
@@ -148,14 +169,28 @@ class LedgerSource(Protocol):
 
 
 class EpochClock:
-    """Epochs that grow across ingest restarts: microseconds of wall clock, strictly
-    increasing within the process."""
+    """Epochs for one replica: strictly increasing, wall-clock microseconds when the wall
+    clock is ahead, and never at or below a floor learned from the replica (what it holds
+    from an earlier ingest process: a wall clock that stepped back must not make the
+    replica reject our epochs as stale). ``wall_us`` is injectable for tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall_us: Callable[[], int] | None = None) -> None:
+        self._wall_us = wall_us or (lambda: time.time_ns() // 1000)
         self._last = 0
 
+    def __repr__(self) -> str:
+        return f"EpochClock(last={self._last})"
+
+    @property
+    def last(self) -> int:
+        return self._last
+
+    def raise_floor(self, epoch: int) -> None:
+        """Every later epoch is above ``epoch``."""
+        self._last = max(self._last, min(epoch, MAX_EPOCH - 1))
+
     def next(self) -> int:
-        self._last = max(self._last + 1, time.time_ns() // 1000)
+        self._last = min(max(self._last + 1, self._wall_us()), MAX_EPOCH)
         return self._last
 
 
@@ -170,7 +205,16 @@ class _Stream:
         self.seq = 0
 
 
-_QueueItem = tuple[SourceId, HashDomain, int, Op]
+_Item = tuple[HashDomain, Op] | bytes | None
+"""A queued op, an encoded update (snapshot part, removal), or ``None``: the source is owed
+a snapshot, taken when its turn comes."""
+
+_OP_BYTES = 48  # an update's fixed part: source, domain, epoch, seq, op framing
+
+
+def _op_bytes(op: Op) -> int:
+    keys = getattr(op, "keys", None)
+    return _OP_BYTES + (8 * len(keys) if keys is not None else 0)
 
 
 class IndexForwarder:
@@ -184,12 +228,14 @@ class IndexForwarder:
         ledgers: LedgerSource,
         config: ForwarderConfig | None = None,
         epochs: EpochClock | None = None,
+        token: str | None = None,
     ) -> None:
         self.target = target
         self.ingest_id = ingest_id
         self.ledgers = ledgers
         self.config = config or ForwarderConfig()
         self.epochs = epochs or EpochClock()
+        self._metadata = bearer(token)  # the index's peer token, on Workers and Sync
         self.state = ForwarderState.CONNECTING
         self.index_id = ""
         self.last_error = ""
@@ -204,34 +250,43 @@ class IndexForwarder:
         self.overflows = 0
         self.resync_requests = 0
         self.heartbeats = 0
+        self.epoch_floor_failures = 0
         self._stream_batches = 0  # batches sent on the current stream
         self._data_batches = 0  # ... of which the last one with updates was number
         self._stream_replies = 0  # replies received on the current stream
-        self._queue: deque[_QueueItem] = deque()
-        self._outbox: deque[bytes] = deque()  # encoded snapshot updates, sent first
-        self._dirty: dict[SourceId, None] = {}  # ordered set: sources owed a snapshot
-        self._gen: dict[SourceId, int] = {}  # bumped when a snapshot supersedes queued ops
+        self._queues: SourceQueues[_Item] = SourceQueues(self.config.source_turn_bytes)
+        self._dirty: set[SourceId] = set()  # sources owed a snapshot
         self._streams: dict[SourceId, _Stream] = {}
         self._wake = asyncio.Event()
 
     def __repr__(self) -> str:
         return (
-            f"IndexForwarder({self.target}, state={self.state.value}, queue={len(self._queue)},"
+            f"IndexForwarder({self.target}, state={self.state.value}, {self._queues!r},"
             f" dirty={len(self._dirty)}, sent={self.sent_batches}, acked={self.acked_batches})"
         )
 
     @property
     def queue_depth(self) -> int:
         """Updates waiting to be sent (queued ops plus encoded snapshot parts)."""
-        return len(self._queue) + len(self._outbox)
+        return len(self._queues)
+
+    @property
+    def queue_bytes(self) -> int:
+        """Bytes of the updates waiting to be sent (ops estimated by their keys)."""
+        return self._queues.bytes
+
+    @property
+    def queue_wait_s(self) -> float:
+        """How long the longest-waiting update has been queued (0 when none is)."""
+        oldest = self._queues.oldest()
+        return 0.0 if oldest is None else max(0.0, time.monotonic() - oldest)
 
     @property
     def idle(self) -> bool:
         """Streaming, nothing left to send, every batch of updates acknowledged."""
         return (
             self.state is ForwarderState.STREAMING
-            and not self._queue
-            and not self._outbox
+            and not self._queues
             and not self._dirty
             and self.acked_batches >= self._data_batches
         )
@@ -243,22 +298,37 @@ class IndexForwarder:
         next stream starts from snapshots."""
         if self.state is not ForwarderState.STREAMING or not ops or source in self._dirty:
             return
-        queue = self._queue
-        if len(queue) + len(ops) > self.config.queue_max_updates:
-            self.overflows += 1
-            self._dirty[source] = None
-            self._wake.set()
+        queues, config = self._queues, self.config
+        sizes = [_op_bytes(op) for op in ops]
+        if queues.bounded_bytes_of(source) + sum(sizes) > config.source_queue_max_bytes:
+            self._overflow(source)
             return
-        gen = self._gen.get(source, 0)
-        for op in ops:
-            queue.append((source, domain, gen, op))
+        queues.extend(source, [(domain, op) for op in ops], sizes, time.monotonic())
+        while (queues.bounded_bytes > config.queue_max_bytes
+               or queues.bounded_items > config.queue_max_updates):
+            victim = queues.largest()
+            if victim is None:
+                break
+            self._overflow(victim)
         self._wake.set()
 
     def resync(self, source: SourceId) -> None:
         """Send ``source`` a fresh snapshot (e.g. its domain became known)."""
         if self.state is ForwarderState.STREAMING:
-            self._dirty[source] = None
-            self._wake.set()
+            self._owe_snapshot(source)
+
+    def _overflow(self, source: SourceId) -> None:
+        self.overflows += 1
+        self._owe_snapshot(source)
+
+    def _owe_snapshot(self, source: SourceId) -> None:
+        """Supersede the source's queued updates by a snapshot taken at its next turn."""
+        if source in self._dirty:
+            return
+        self._queues.drop(source)
+        self._dirty.add(source)
+        self._queues.push(source, None, 0, time.monotonic(), bounded=False)
+        self._wake.set()
 
     # ---- connection loop ----------------------------------------------------------------
 
@@ -288,8 +358,10 @@ class IndexForwarder:
             self._reset_stream()
 
     async def _stream(self, channel: Channel) -> None:
+        await self._learn_epoch_floor(channel)
         async with channel.request(
-            SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch, pb.SyncReply
+            SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch, pb.SyncReply,
+            metadata=self._metadata,
         ) as stream:
             async with asyncio.timeout(self.config.connect_timeout_s):
                 await stream.send_request()
@@ -307,6 +379,31 @@ class IndexForwarder:
             for task in done:
                 task.result()  # re-raise the failure
 
+    async def _learn_epoch_floor(self, channel: Channel) -> None:
+        """Start this stream's epochs above every epoch the replica holds (tombstones too,
+        other ingests' sources too: only growth matters). An index without ``Workers``
+        leaves the wall clock alone; any other failure fails the connect (retried)."""
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                async with channel.request(
+                    WORKERS_METHOD, Cardinality.UNARY_UNARY, pb.WorkersRequest,
+                    pb.WorkersResponse, metadata=self._metadata,
+                ) as call:
+                    await call.send_message(pb.WorkersRequest(), end=True)
+                    reply = await call.recv_message()
+        except GRPCError as exc:
+            if exc.status is not Status.UNIMPLEMENTED:
+                raise
+            self.epoch_floor_failures += 1
+            log.warning("index %s has no Workers method: epochs follow the wall clock",
+                        self.target)
+            return
+        held = max((w.epoch for w in reply.workers), default=0) if reply is not None else 0
+        if held >= self.epochs.last:
+            log.info("index %s holds epochs up to %d: new epochs start above it",
+                     self.target, held)
+        self.epochs.raise_floor(held)
+
     def _connected(self) -> None:
         self._reset_stream()
         self.state = ForwarderState.STREAMING
@@ -316,13 +413,13 @@ class IndexForwarder:
         self._stream_replies = 0
         self.acked_batches = 0
         for source in self.ledgers.live_sources():
-            self._dirty[source] = None
+            self._owe_snapshot(source)
         for source, domain, reason in self.ledgers.tombstones():
             if source in self._dirty:
                 continue
             # A removal applies in any epoch (forgetting only under-estimates).
             encoder = UpdateEncoder(source, domain)
-            self._outbox.append(encoder.remove_source(self.epochs.next(), 0, reason))
+            self._send_later(source, encoder.remove_source(self.epochs.next(), 0, reason))
         log.info("index %s: Sync stream open; sending %d snapshots", self.target,
                  len(self._dirty))
         self._wake.set()
@@ -338,11 +435,9 @@ class IndexForwarder:
         self._reset_stream()
 
     def _reset_stream(self) -> None:
-        self._queue.clear()
-        self._outbox.clear()
+        self._queues.clear()
         self._dirty.clear()
         self._streams.clear()
-        self._gen.clear()
 
     # ---- sending ------------------------------------------------------------------------
 
@@ -350,7 +445,11 @@ class IndexForwarder:
         loop = asyncio.get_running_loop()
         heartbeat = self.config.heartbeat_s
         last_sent = loop.time()
+        inflight = self.config.max_inflight_batches
         while True:
+            while self._stream_batches - self.acked_batches >= inflight:
+                self._wake.clear()  # every reply sets it
+                await self._wake.wait()
             updates = self._collect()
             if not updates:
                 self._wake.clear()
@@ -372,44 +471,47 @@ class IndexForwarder:
             self.sent_bytes += len(data)
 
     def _collect(self) -> list[bytes]:
-        """The next batch: snapshot parts first, then dirty sources, then queued ops."""
+        """The next batch: the sources' queued updates in turns (a source owed a snapshot
+        takes it when its turn comes)."""
         limit, max_bytes = self.config.batch_max_updates, self.config.batch_max_bytes
         out: list[bytes] = []
         size = 0
-        outbox, dirty, queue = self._outbox, self._dirty, self._queue
+        queues = self._queues
         while len(out) < limit and size < max_bytes:
-            if outbox:
-                update = outbox.popleft()
-            elif dirty:
-                source = next(iter(dirty))
-                del dirty[source]
+            head = queues.pop()
+            if head is None:
+                break
+            source, item = head
+            if item is None:
+                self._dirty.discard(source)
                 self._take_snapshot(source)
                 continue
-            elif queue:
-                source, domain, gen, op = queue.popleft()
-                if gen != self._gen.get(source, 0):
-                    continue  # superseded by a snapshot taken since
+            if isinstance(item, bytes):
+                update = item
+            else:
+                domain, op = item
                 encoded = self._encode(source, domain, op)
                 if encoded is None:
                     continue
                 update = encoded
-            else:
-                break
             out.append(update)
             size += len(update)
         return out
 
+    def _send_later(self, source: SourceId, update: bytes) -> None:
+        """Queue an encoded update (a recovery: not subject to the queue limits)."""
+        self._queues.push(source, update, len(update), time.monotonic(), bounded=False)
+
     def _take_snapshot(self, source: SourceId) -> None:
-        """Encode the source's whole ledger now into the outbox; its queued ops are
-        superseded (the snapshot already reflects them)."""
-        self._gen[source] = self._gen.get(source, 0) + 1
+        """Encode the source's whole ledger now into its queue (nothing else is queued for
+        it: the ops it had were superseded when it was owed the snapshot)."""
         view = self.ledgers.snapshot(source)
         stream = self._streams.get(source)
         if view is None:
             if stream is not None:  # the replica holds it from this stream: prune it
                 stream.seq += 1
-                self._outbox.append(
-                    stream.encoder.remove_source(stream.epoch, stream.seq, "removed")
+                self._send_later(
+                    source, stream.encoder.remove_source(stream.epoch, stream.seq, "removed")
                 )
                 del self._streams[source]
             return
@@ -418,9 +520,9 @@ class IndexForwarder:
         self.snapshots += 1
         chunk = self.config.snapshot_chunk_keys
         parents, keys = view.parent_keys, view.keys
-        self._outbox.append(
-            encoder.snapshot(stream.epoch, 0, parents[:chunk], keys[:chunk], view.state,
-                             view.reason)
+        self._send_later(
+            source, encoder.snapshot(stream.epoch, 0, parents[:chunk], keys[:chunk],
+                                     view.state, view.reason)
         )
         # The rest as chains of consecutive blocks (parents-first order keeps them valid).
         start = chunk
@@ -431,8 +533,8 @@ class IndexForwarder:
             while end < stop and parents[end] == keys[end - 1]:
                 end += 1
             stream.seq += 1
-            self._outbox.append(encoder.store(stream.epoch, stream.seq, parents[start],
-                                              keys[start:end]))
+            self._send_later(source, encoder.store(stream.epoch, stream.seq, parents[start],
+                                                   keys[start:end]))
             start = end
 
     def _new_epoch(self, source: SourceId, domain: HashDomain) -> _Stream:
@@ -448,25 +550,25 @@ class IndexForwarder:
 
     def _encode(self, source: SourceId, domain: HashDomain, op: Op) -> bytes | None:
         stream = self._streams.get(source)
-        if type(op) is Reset:
+        if type(op) is Snapshot:
             stream = self._new_epoch(source, domain)
             return stream.encoder.snapshot(stream.epoch, 0, [], [], op.state, op.reason)
         if stream is None:
             # The replica has not heard of the source on this stream: a snapshot fixes it.
-            if type(op) is not Drop:
-                self._dirty[source] = None
+            if type(op) is not RemoveSource:
+                self._owe_snapshot(source)
             return None
         stream.seq += 1
         encoder, epoch, seq = stream.encoder, stream.epoch, stream.seq
-        if type(op) is Store:
+        if type(op) is StoreBlocks:
             return encoder.store(epoch, seq, op.parent_key, op.keys)
-        if type(op) is Remove:
+        if type(op) is RemoveBlocks:
             return encoder.remove(epoch, seq, op.keys)
-        if type(op) is Clear:
+        if type(op) is ClearBlocks:
             return encoder.clear(epoch, seq, op.reason)
         if type(op) is SetState:
             return encoder.state(epoch, seq, op.state, op.reason)
-        if type(op) is Drop:
+        if type(op) is RemoveSource:
             del self._streams[source]
             return encoder.remove_source(epoch, seq, op.reason)
         raise TypeError(f"unknown op {op!r}")
@@ -495,5 +597,5 @@ class IndexForwarder:
                 self.resync_requests += 1
                 log.info("index %s asked to resync source=%s", self.target, source,
                          extra={"worker": source.worker_id, "source": str(source)})
-                self._dirty[source] = None
+                self._owe_snapshot(source)
             self._wake.set()

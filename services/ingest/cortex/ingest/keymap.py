@@ -25,8 +25,9 @@ from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ingest.alignment import AlignmentChecker
 from cortex.ingest.codec import BlockRemoved, BlockStored
 from cortex.ingest.ledger import Ledger
-from cortex.ingest.ops import SourceId, Store
+from cortex.ingest.ops import SourceId
 from cortex.ingest.stats import SourceStats, bump
+from cortex.ledger.model import StoreBlocks
 
 __all__ = ["KeyMapper", "Misaligned"]
 
@@ -82,8 +83,8 @@ class KeyMapper:
     def _ignore(self, reason: str, blocks: int) -> None:
         bump(self.stats.ignored_blocks, reason, blocks)
 
-    def stored(self, event: BlockStored) -> Store | Misaligned | None:
-        """Place a store: the ``Store`` op to emit, ``Misaligned``, or ``None`` (counted)."""
+    def stored(self, event: BlockStored) -> StoreBlocks | Misaligned | None:
+        """Place a store: the ``StoreBlocks`` op to emit, ``Misaligned``, or ``None`` (counted)."""
         hashes = event.block_hashes
         count = len(hashes)
         bump(self.stats.blocks, "stored", count)
@@ -130,7 +131,7 @@ class KeyMapper:
             parent = found
         keys = block_keys(event.token_ids, size, parent)
         self.ledger.store(hashes, keys, parent)
-        return Store(parent, keys)
+        return StoreBlocks(parent, keys)
 
     def removed(self, event: BlockRemoved) -> list[int]:
         """Apply a removal; the keys no longer held."""

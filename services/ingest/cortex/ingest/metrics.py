@@ -8,6 +8,7 @@ has its own ``CollectorRegistry`` (several can run in one test process).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from cortex.ingest.ops import LedgerState
+from cortex.ledger.model import LedgerState
 
 if TYPE_CHECKING:
     from cortex.ingest.service import IngestService
@@ -51,7 +52,11 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}source_state": "Ledger state of each source (1 for the current state).",
     f"{P}ledger_blocks": "Blocks in each source's ledger.",
     f"{P}source_lag_seconds": "Now minus the timestamp of the source's last applied batch.",
-    f"{P}pending_batches": "Live batches held while a replay runs.",
+    f"{P}pending_batches": "Live batches held (while a replay runs, or waiting for a turn).",
+    f"{P}held_bytes": "Payload bytes of the live batches the source holds.",
+    f"{P}backlog_seconds": "Age of the oldest batch received and not applied yet (0: none).",
+    f"{P}dropped_batches": "Held batches given up at a bound (ledger reset), by reason.",
+    f"{P}source_disconnects": "Event-socket disconnects (also: a message over the size limit).",
     f"{P}last_applied_timestamp_seconds": "Unix time the source's last batch was applied.",
     f"{P}source_connected": "1 while the source's event socket is connected.",
     # per index replica (label: index)
@@ -67,6 +72,11 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}index_snapshots": "Source snapshots sent.",
     f"{P}index_resync_requests": "Sources the replica asked to resync.",
     f"{P}index_heartbeats": "Empty batches sent on an idle Sync stream (liveness).",
+    f"{P}index_queue_bytes": "Bytes of updates waiting to be sent to the index replica.",
+    f"{P}index_queue_wait_seconds": "How long the oldest queued update has waited (0: none).",
+    f"{P}index_epoch_floor_failures": "Streams opened without learning the replica's epochs.",
+    # process
+    f"{P}held_bytes_limit": "Limit on the payload bytes all sources hold together.",
     # registry
     f"{P}registry_degraded": "1 while the registry (Redis) is unreachable.",
     f"{P}registry_workers": "Workers in the last known registry.",
@@ -120,6 +130,11 @@ class IngestCollector(Collector):
         ledger_blocks = _gauge(f"{P}ledger_blocks", src)
         lag = _gauge(f"{P}source_lag_seconds", src)
         pending = _gauge(f"{P}pending_batches", src)
+        held = _gauge(f"{P}held_bytes", src)
+        backlog = _gauge(f"{P}backlog_seconds", src)
+        dropped = _counter(f"{P}dropped_batches", [*src, "reason"])
+        disconnects = _counter(f"{P}source_disconnects", src)
+        now = time.time()
         applied_at = _gauge(f"{P}last_applied_timestamp_seconds", src)
         connected = _gauge(f"{P}source_connected", src)
         for source, runner in service.runners.items():
@@ -159,6 +174,12 @@ class IngestCollector(Collector):
             if s.last_lag_s is not None:
                 lag.add_metric(lv, s.last_lag_s)
             pending.add_metric(lv, t.pending)
+            held.add_metric(lv, t.held_bytes)
+            oldest = t.oldest_held_at
+            backlog.add_metric(lv, 0.0 if oldest is None else max(0.0, now - oldest))
+            for reason, value in s.dropped_batches.items():
+                dropped.add_metric([*lv, reason], value)
+            disconnects.add_metric(lv, runner.disconnects)
             if s.last_applied_unix_s is not None:
                 applied_at.add_metric(lv, s.last_applied_unix_s)
             connected.add_metric(lv, 1.0 if runner.connected else 0.0)
@@ -166,7 +187,7 @@ class IngestCollector(Collector):
             messages, batches, events, blocks, duplicates, gaps, resets, replays, clears,
             unknown_parent, unknown_removed, ignored, decode_errors, bad_frames,
             unknown_events, checks, mismatches, transitions, state, ledger_blocks, lag,
-            pending, applied_at, connected,
+            pending, held, backlog, dropped, disconnects, applied_at, connected,
         )
 
         idx = ["index"]
@@ -182,6 +203,9 @@ class IngestCollector(Collector):
         snapshots = _counter(f"{P}index_snapshots", idx)
         resyncs = _counter(f"{P}index_resync_requests", idx)
         heartbeats = _counter(f"{P}index_heartbeats", idx)
+        queue_bytes = _gauge(f"{P}index_queue_bytes", idx)
+        queue_wait = _gauge(f"{P}index_queue_wait_seconds", idx)
+        floor_failures = _counter(f"{P}index_epoch_floor_failures", idx)
         for f in service.forwarders:
             label = [str(f.target)]
             up.add_metric(label, 1.0 if f.state.value == "streaming" else 0.0)
@@ -196,8 +220,12 @@ class IngestCollector(Collector):
             snapshots.add_metric(label, f.snapshots)
             resyncs.add_metric(label, f.resync_requests)
             heartbeats.add_metric(label, f.heartbeats)
+            queue_bytes.add_metric(label, f.queue_bytes)
+            queue_wait.add_metric(label, f.queue_wait_s)
+            floor_failures.add_metric(label, f.epoch_floor_failures)
         yield from (up, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
-                    failures, overflows, snapshots, resyncs, heartbeats)
+                    failures, overflows, snapshots, resyncs, heartbeats, queue_bytes,
+                    queue_wait, floor_failures)
 
         watcher = service.watcher
         degraded = _gauge(f"{P}registry_degraded", [])
@@ -208,7 +236,9 @@ class IngestCollector(Collector):
         invalid.add_metric([], len(watcher.listing.invalid))
         owned = _gauge(f"{P}owned_workers", [])
         owned.add_metric([], len(service.sessions))
-        yield from (degraded, known, invalid, owned)
+        held_limit = _gauge(f"{P}held_bytes_limit", [])
+        held_limit.add_metric([], service.config.max_held_bytes)
+        yield from (degraded, known, invalid, owned, held_limit)
 
 
 class IngestMetrics:

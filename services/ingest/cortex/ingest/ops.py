@@ -1,9 +1,8 @@
-"""Ledger operations the per-source tracker emits, before they get an (epoch, seq) and a wire
-encoding per index replica.
-
-``Reset`` starts a new epoch (an empty snapshot with a state); ``Clear`` empties the ledger
-inside the current epoch (the engine's own ``AllBlocksCleared``: the event stream stays
-continuous, so no epoch change is needed).
+"""What the per-source tracker hands the forwarders besides its ops, which are the ledger
+library's update vocabulary (:mod:`cortex.ledger.model`): ``StoreBlocks``, ``RemoveBlocks``,
+``ClearBlocks`` (the engine's own ``AllBlocksCleared``: same epoch), ``SetState``, an empty
+``Snapshot`` (a new epoch begins with an empty ledger in its state) and ``RemoveSource``.
+The forwarders stamp them with an ``(epoch, seq)`` per index replica.
 """
 
 from __future__ import annotations
@@ -13,68 +12,10 @@ from dataclasses import dataclass
 from cortex.hashing import HashDomain
 from cortex.ledger.model import LedgerState, Source
 
-__all__ = [
-    "Clear",
-    "Drop",
-    "LedgerState",
-    "Op",
-    "Remove",
-    "Reset",
-    "SetState",
-    "SnapshotView",
-    "SourceId",
-    "Store",
-]
-
+__all__ = ["SnapshotView", "SourceId"]
 
 SourceId = Source
 """One ledger source: a worker's data-parallel rank (the ledger library's :class:`Source`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Store:
-    """The source now holds ``keys``: consecutive blocks chained after ``parent_key``."""
-
-    parent_key: int
-    keys: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class Remove:
-    """The source no longer holds ``keys``."""
-
-    keys: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class Clear:
-    """The ledger is empty now (same epoch)."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SetState:
-    state: LedgerState
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Reset:
-    """A new epoch begins with an empty ledger in ``state``."""
-
-    state: LedgerState
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """The source is gone (lease lost, worker removed): prune it."""
-
-    reason: str
-
-
-Op = Store | Remove | Clear | SetState | Reset | Drop
 
 
 @dataclass(frozen=True, slots=True)

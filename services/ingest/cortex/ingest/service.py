@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 
@@ -29,11 +29,13 @@ from aiohttp import web
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
 from cortex.ingest.config import IngestConfig
-from cortex.ingest.forwarder import IndexForwarder
+from cortex.ingest.forwarder import EpochClock, IndexForwarder
+from cortex.ingest.held import HeldBytes
 from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
-from cortex.ingest.ops import LedgerState, Op, SnapshotView, SourceId
+from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.ledger.model import LedgerState, Op
 from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
 from cortex.registry.tasks import stop_tasks
 
@@ -96,9 +98,16 @@ class WorkerSession:
 
 class IngestService:
     """See the module docstring. ``registry`` overrides ``config.redis_url`` (tests pass a
-    ``MemoryRegistry``); a registry passed in is not closed by the service."""
+    ``MemoryRegistry``); a registry passed in is not closed by the service. ``wall_clock_us``
+    replaces the wall clock (µs) the epochs start from (tests step it back)."""
 
-    def __init__(self, config: IngestConfig, *, registry: Registry | None = None) -> None:
+    def __init__(
+        self,
+        config: IngestConfig,
+        *,
+        registry: Registry | None = None,
+        wall_clock_us: Callable[[], int] | None = None,
+    ) -> None:
         if registry is None and config.redis_url is None:
             raise ValueError("IngestService needs config.redis_url or a registry")
         self.config = config
@@ -113,10 +122,12 @@ class IngestService:
         )
         self.forwarders = [
             IndexForwarder(target, ingest_id=config.ingest_id, ledgers=self,
-                           config=config.forwarder)
+                           config=config.forwarder, epochs=EpochClock(wall_clock_us),
+                           token=config.index_token)
             for target in config.index
         ]
         self.metrics = IngestMetrics(self)
+        self.held = HeldBytes(config.max_held_bytes)
         self.sessions: dict[str, WorkerSession] = {}
         self._trackers: dict[SourceId, SourceTracker] = {}
         self._runners: dict[SourceId, SourceRunner] = {}
@@ -293,6 +304,8 @@ class IngestService:
             block_size=spec.block_size,
             replay=spec.replay is not None,
             max_pending=cfg.max_pending_batches,
+            max_pending_bytes=cfg.max_pending_bytes,
+            drain_bytes=cfg.turn_bytes,
             align_every=cfg.align_every,
             hash_algo=hash_algo,
             hash_seed=spec.labels.get(_LABEL_HASH_SEED, cfg.hash_seed),
@@ -301,7 +314,8 @@ class IngestService:
             source = SourceId(spec.id, rank)
             events = spec.kv_events_endpoint(rank)
             assert events is not None
-            tracker = SourceTracker(source, tracker_config, clock=time.time)
+            tracker = SourceTracker(source, tracker_config, clock=time.time,
+                                    held_total=self.held)
             runner = SourceRunner(
                 tracker,
                 ctx=self._ctx,
@@ -312,7 +326,10 @@ class IngestService:
                 replay_timeout_s=cfg.replay_timeout_s,
                 sub_hwm=cfg.sub_hwm,
                 read_burst=cfg.read_burst,
+                turn_bytes=cfg.turn_bytes,
+                max_message_bytes=cfg.max_message_bytes,
                 observe_lag=self.metrics.observe_lag,
+                after_turn=self._enforce_held_limit,
             )
             self._trackers[source] = tracker
             self._runners[source] = runner
@@ -344,6 +361,17 @@ class IngestService:
             self._trackers.pop(tracker.source, None)
             self._runners.pop(tracker.source, None)
         log.info("worker=%s dropped: %s", worker_id, reason, extra={"worker": worker_id})
+
+    def _enforce_held_limit(self) -> None:
+        """While all sources together hold more than ``max_held_bytes``, the largest holder
+        gives its held batches up (its ledger resets): a flood costs its own source, not
+        the quiet ones."""
+        while self.held.over:
+            runner = max(self._runners.values(), key=lambda r: r.tracker.held_bytes,
+                         default=None)
+            if runner is None or not runner.tracker.shed("held_bytes_limit"):
+                return
+            runner.flush()
 
     def _publish(self, tracker: SourceTracker, ops: list[Op]) -> None:
         domain = tracker.domain

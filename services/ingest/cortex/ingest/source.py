@@ -1,12 +1,20 @@
 """``SourceRunner``: the sockets of one ledger source, feeding its :class:`SourceTracker`.
 
 - a SUB connected to the rank's event endpoint (``port + rank``), filtered by topic, read in
-  bursts (one await per burst, not per message);
+  *turns*: each turn first applies what the tracker holds from earlier turns, then reads
+  what the socket has (up to ``read_burst`` messages) and decodes it until ``turn_bytes`` of
+  payload were processed; the rest is deferred to the tracker's byte-bounded hold buffer,
+  so the socket (and the engine's send queue) keeps draining while decoding waits. Every
+  source's runner yields to the event loop after each turn, so one flooding source costs
+  the others at most one turn of work, not its whole backlog;
 - a monitor on that SUB: a connection that comes back after a break asks the tracker to
   verify through replay (the engine may have restarted, batches may be lost);
-- during a replay, a DEALER to the rank's replay endpoint. A replay that goes silent for
-  ``replay_timeout_s`` is abandoned and its socket closed, so late replies cannot reach the
-  tracker (each replay has its own socket).
+- during a replay, a DEALER to the rank's replay endpoint, applying replies in turns of
+  ``turn_bytes`` too. A replay that goes silent for ``replay_timeout_s`` is abandoned and its
+  socket closed, so late replies cannot reach the tracker (each replay has its own socket).
+
+Both sockets refuse messages above ``max_message_bytes`` (ZMQ ``MAXMSGSIZE``: libzmq drops
+the connection instead of receiving the message whole; the tracker then sees a gap).
 
 Every tracker call is followed by :meth:`flush`: ledger ops go to ``on_ops``, replay commands
 are carried out.
@@ -26,8 +34,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from cortex.ingest.codec import CodecError
 from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
-from cortex.ingest.ops import Op
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
+from cortex.ledger.model import Op
 from cortex.registry.tasks import stop_tasks
 
 __all__ = ["SourceRunner"]
@@ -52,7 +60,10 @@ class SourceRunner:
         replay_timeout_s: float = 2.0,
         sub_hwm: int = 100_000,
         read_burst: int = 512,
+        turn_bytes: int = 64 << 10,
+        max_message_bytes: int = 32 << 20,
         observe_lag: Callable[[float], None] | None = None,
+        after_turn: Callable[[], None] | None = None,
     ) -> None:
         self.tracker = tracker
         self.source = tracker.source
@@ -64,11 +75,16 @@ class SourceRunner:
         self._replay_timeout_s = replay_timeout_s
         self._sub_hwm = sub_hwm
         self._burst = read_burst
+        self._turn_bytes = turn_bytes
+        self._max_message_bytes = max_message_bytes
         self._observe_lag = observe_lag
+        self._after_turn = after_turn
+        self._backlog = asyncio.Event()  # the tracker holds batches to apply
         self._replay_task: asyncio.Task[None] | None = None  # the current replay
         self._replays: set[asyncio.Task[None]] = set()  # current and aborted, until done
         self.connected = False
         self.connects = 0
+        self.disconnects = 0
         self.bad_frames = 0
         self.foreign_topic = 0
 
@@ -89,6 +105,7 @@ class SourceRunner:
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, self._sub_hwm)
+            sub.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
             sub.setsockopt(zmq.SUBSCRIBE, self.topic)
             monitor = sub.get_monitor_socket(_MONITORED)
             sub.connect(self.events_endpoint)
@@ -96,7 +113,8 @@ class SourceRunner:
             self.flush()
             tasks = [
                 asyncio.create_task(self._read_live(sub), name=f"live-{self.source}"),
-                asyncio.create_task(self._read_monitor(monitor), name=f"monitor-{self.source}"),
+                asyncio.create_task(self._read_monitor(monitor, sub),
+                                    name=f"monitor-{self.source}"),
             ]
             try:
                 await asyncio.gather(*tasks)
@@ -120,6 +138,8 @@ class SourceRunner:
         ops = tracker.take_ops()
         if ops:
             self._on_ops(tracker, ops)
+        if tracker.backlog:
+            self._backlog.set()
         for command in tracker.take_commands():
             if type(command) is AbortReplay:
                 self._cancel_replay()
@@ -144,9 +164,12 @@ class SourceRunner:
         tracker = self.tracker
         topic = self.topic
         burst = self._burst
+        turn = self._turn_bytes
         again = zmq.Again
         while True:
-            await sub.poll()  # POLLIN
+            if not tracker.backlog:
+                await self._readable(sub)
+            budget = turn - tracker.drain(turn)  # batches held from earlier turns go first
             for _ in range(burst):
                 try:
                     frames = raw.recv_multipart(zmq.NOBLOCK)
@@ -160,13 +183,34 @@ class SourceRunner:
                 if topic and not message.topic.startswith(topic):
                     self.foreign_topic += 1
                     continue
-                tracker.on_message(message.seq, message.payload)
-            self.flush()
-            if self._observe_lag is not None and tracker.stats.last_batch_ts is not None:
-                self._observe_lag(time.time() - tracker.stats.last_batch_ts)
+                tracker.on_message(message.seq, message.payload, defer=budget <= 0)
+                budget -= len(message.payload)
+            self._end_turn()
             await asyncio.sleep(0)  # let the forwarders and other sources run
 
-    async def _read_monitor(self, monitor: zmq.asyncio.Socket) -> None:
+    async def _readable(self, sub: zmq.asyncio.Socket) -> None:
+        """Until the SUB has a message or the tracker holds batches to apply (a replay that
+        just ended leaves them)."""
+        self._backlog.clear()
+        if self.tracker.backlog:
+            return
+        poll = asyncio.ensure_future(sub.poll())
+        backlog = asyncio.ensure_future(self._backlog.wait())
+        try:
+            await asyncio.wait((poll, backlog), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            poll.cancel()
+            backlog.cancel()
+
+    def _end_turn(self) -> None:
+        self.flush()
+        tracker = self.tracker
+        if self._observe_lag is not None and tracker.stats.last_batch_ts is not None:
+            self._observe_lag(time.time() - tracker.stats.last_batch_ts)
+        if self._after_turn is not None:
+            self._after_turn()
+
+    async def _read_monitor(self, monitor: zmq.asyncio.Socket, sub: zmq.asyncio.Socket) -> None:
         was_connected = False
         while True:
             frames = await monitor.recv_multipart()
@@ -185,8 +229,14 @@ class SourceRunner:
                 self.flush()
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
+                self.disconnects += 1
                 log.info("events disconnected source=%s endpoint=%s", self.source,
                          self.events_endpoint, extra=self._log_extra())
+                # libzmq reconnects after a connection error, but not after a protocol
+                # error such as a message over MAXMSGSIZE: dial again ourselves, always.
+                with contextlib.suppress(zmq.ZMQError):
+                    sub.disconnect(self.events_endpoint)
+                sub.connect(self.events_endpoint)
 
     # ---- replay ----
 
@@ -202,9 +252,11 @@ class SourceRunner:
             # A replay answers with up to the engine's whole buffer (10,000 batches by
             # default) at once; the engine's ROUTER drops what does not fit the pipe.
             dealer.setsockopt(zmq.RCVHWM, max(self._sub_hwm, 100_000))
+            dealer.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart(replay_request(start_seq))
             tracker = self.tracker
+            budget = self._turn_bytes
             while self._replay_task is me:
                 try:
                     async with asyncio.timeout(self._replay_timeout_s):
@@ -225,9 +277,14 @@ class SourceRunner:
                 if isinstance(reply, ReplayEnd):
                     self._replay_task = None
                     tracker.on_replay_end()
-                    self.flush()
+                    self._end_turn()
                     return
                 tracker.on_replay_item(reply.seq, reply.payload)
                 self.flush()
+                budget -= len(reply.payload)
+                if budget <= 0:  # a reply already received does not yield: take turns
+                    budget = self._turn_bytes
+                    self._end_turn()
+                    await asyncio.sleep(0)
         finally:
             dealer.close(linger=0)

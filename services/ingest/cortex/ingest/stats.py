@@ -23,6 +23,7 @@ class SourceStats:
     seq_resets: int = 0
     replays: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, outcome)
     clears: dict[str, int] = field(default_factory=dict)  # by reason
+    dropped_batches: dict[str, int] = field(default_factory=dict)  # held, given up; by reason
     unknown_parent_blocks: int = 0
     unknown_removed_blocks: int = 0
     ignored_blocks: dict[str, int] = field(default_factory=dict)  # by reason

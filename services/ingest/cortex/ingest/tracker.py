@@ -11,26 +11,29 @@ Sequence rules (spec kv-events.md §1, architecture §4):
 - a ``seq`` below the expected one with a different payload is a new publisher (the engine
   restarted): the ledger is reset (new epoch) and the new publisher is read from ``seq`` 0;
 - a ``seq`` above the expected one is a gap: the source turns ``STALE``, live messages are held
-  (bounded) and a replay from the first missing ``seq`` is requested. Replayed batches are
-  applied in order; when the replay ends, the held messages follow. A replay that skipped
-  batches (the engine's buffer no longer had them), timed out or overflowed the hold buffer
-  leaves a hole: the ledger is reset and continues from the first batch after the hole. A
-  hole in a ledger that holds nothing yet (first connection, right after a reset) costs
-  nothing and is accepted silently.
+  and a replay from the first missing ``seq`` is requested. Replayed batches are applied in
+  order; when the replay ends, the held messages follow. A replay that skipped batches (the
+  engine's buffer no longer had them) or timed out leaves a hole: the ledger is reset and
+  continues from the first batch after the hole. A hole in a ledger that holds nothing yet
+  (first connection, right after a reset) costs nothing and is accepted silently.
 - without a replay endpoint a gap resets the ledger at once.
+- held batches are bounded per source in count and payload bytes (and, through a shared
+  :class:`~cortex.ingest.held.HeldBytes`, in total): a bound hit gives the held batches up
+  (a running replay is abandoned), resets the ledger and continues from the next message.
+  The shell may also *defer* messages (hold them without decoding, to be applied by
+  :meth:`SourceTracker.drain` on the source's next turn); the same bounds apply.
 
 A cleared or partial ledger only under-estimates what the worker holds; it never invents a
-hit. Epochs: every ``Reset`` starts one; ``AllBlocksCleared`` is a ``Clear`` in the same epoch
-(the stream stayed continuous).
+hit. Epochs: every empty ``Snapshot`` starts one; ``AllBlocksCleared`` is a ``ClearBlocks`` in
+the same epoch (the stream stayed continuous).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 import xxhash
@@ -45,20 +48,28 @@ from cortex.ingest.codec import (
     EventBatch,
     decode_batch,
 )
+from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
-from cortex.ingest.ops import (
-    Clear,
-    Drop,
-    LedgerState,
-    Op,
-    Remove,
-    Reset,
-    SetState,
-    SnapshotView,
-    SourceId,
-    Store,
+from cortex.ingest.ops import SnapshotView, SourceId
+from cortex.ingest.replay import (
+    AbortReplay,
+    Command,
+    Replay,
+    ReplayKind,
+    ReplayOutcome,
+    StartReplay,
 )
 from cortex.ingest.stats import SourceStats, bump
+from cortex.ledger.model import (
+    ClearBlocks,
+    LedgerState,
+    Op,
+    RemoveBlocks,
+    RemoveSource,
+    SetState,
+    Snapshot,
+    StoreBlocks,
+)
 
 __all__ = [
     "AbortReplay",
@@ -81,9 +92,12 @@ class TrackerConfig:
     """Per-source settings (validated on creation).
 
     ``block_size``: tokens per block from the registry, ``None`` to learn it from the first
-    ``BlockStored``. ``max_pending``: live batches held while a replay runs. ``dup_window``:
-    recent batches remembered to tell duplicates from restarts. ``align_every``: check one
-    in N chain-start stores against the engine's own hash (0 = never).
+    ``BlockStored``. ``max_pending`` / ``max_pending_bytes``: live batches / payload bytes
+    held at most (during a replay, or deferred). ``drain_bytes``: payload bytes of held
+    batches applied right when a replay ends (``None``: all; the shell calls
+    :meth:`SourceTracker.drain` for the rest). ``dup_window``: recent batches remembered to
+    tell duplicates from restarts. ``align_every``: check one in N chain-start stores
+    against the engine's own hash (0 = never).
     """
 
     engine: Engine
@@ -91,6 +105,8 @@ class TrackerConfig:
     block_size: int | None = None
     replay: bool = False
     max_pending: int = 10_000
+    max_pending_bytes: int = 64 << 20
+    drain_bytes: int | None = None
     dup_window: int = 256
     align_every: int = 64
     hash_algo: str = AUTO
@@ -102,45 +118,12 @@ class TrackerConfig:
             raise ValueError("model must be non-empty")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.max_pending < 1 or self.dup_window < 1 or self.align_every < 0:
-            raise ValueError("max_pending and dup_window must be >= 1, align_every >= 0")
-
-
-@dataclass(frozen=True, slots=True)
-class StartReplay:
-    """Ask the replay endpoint for every buffered batch with ``seq >= start_seq``."""
-
-    start_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class AbortReplay:
-    """Forget the running replay: replies still in flight must not reach the tracker."""
-
-
-Command = StartReplay | AbortReplay
-
-
-class ReplayKind(StrEnum):
-    """Why a replay was asked for (a metric label)."""
-
-    INITIAL = "initial"  # first connection: recover what the engine's buffer holds
-    GAP = "gap"  # a seq gap in the live stream
-    RECONNECT = "reconnect"  # the PUB connection broke and came back
-    RESTART = "restart"  # a new publisher: read it from seq 0
-
-
-class ReplayOutcome(StrEnum):
-    OK = "ok"  # every missing batch arrived
-    INCOMPLETE = "incomplete"  # batches were lost for good: the ledger was reset
-
-
-@dataclass(slots=True)
-class _Replay:
-    start: int
-    until: int | None  # last seq that must arrive to close the gap; None: whatever is left
-    kind: ReplayKind
-    hole: bool = False  # a reset happened because the replay skipped batches
+        if min(self.max_pending, self.max_pending_bytes, self.dup_window) < 1:
+            raise ValueError("max_pending, max_pending_bytes and dup_window must be >= 1")
+        if self.align_every < 0:
+            raise ValueError("align_every must be >= 0")
+        if self.drain_bytes is not None and self.drain_bytes < 1:
+            raise ValueError("drain_bytes must be >= 1 or None")
 
 
 class SourceTracker:
@@ -152,6 +135,7 @@ class SourceTracker:
         config: TrackerConfig,
         *,
         clock: Callable[[], float] | None = None,
+        held_total: HeldBytes | None = None,
     ) -> None:
         self.source = source
         self.config = config
@@ -178,8 +162,8 @@ class SourceTracker:
         self._announced = False  # the index has heard of this source (needs a domain)
         self._removed = False
         self._applied_since_reset = 0
-        self._replay: _Replay | None = None
-        self._pending: deque[tuple[int, bytes, int]] = deque()
+        self._replay: Replay | None = None
+        self._pending = HeldBatches(held_total)
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> payload digest
         self._ops: list[Op] = []
         self._commands: list[Command] = []
@@ -220,8 +204,23 @@ class SourceTracker:
 
     @property
     def pending(self) -> int:
-        """Live batches held while a replay runs."""
+        """Live batches held (while a replay runs, or deferred)."""
         return len(self._pending)
+
+    @property
+    def held_bytes(self) -> int:
+        """Payload bytes of the held batches."""
+        return self._pending.bytes
+
+    @property
+    def backlog(self) -> bool:
+        """Held batches :meth:`drain` can apply now (no replay must come first)."""
+        return self._replay is None and bool(self._pending)
+
+    @property
+    def oldest_held_at(self) -> float | None:
+        """Arrival time (the injected clock, s) of the batch held longest."""
+        return self._pending.oldest_arrival
 
     def snapshot(self) -> SnapshotView | None:
         """The whole ledger now, or ``None`` while the index must not hear of the source (no
@@ -259,46 +258,72 @@ class SourceTracker:
         if self.config.replay and self._replay is None and not self._applied_since_reset:
             self._begin_replay(self.expected or 0, None, ReplayKind.INITIAL)
 
-    def on_message(self, seq: int, payload: bytes) -> None:
-        """A live message from the PUB socket."""
+    def on_message(self, seq: int, payload: bytes, *, defer: bool = False) -> None:
+        """A live message from the PUB socket. ``defer``: hold it without decoding (the
+        shell's turn budget is spent); :meth:`drain` applies it later, in order."""
         if self._removed:
             return
         self.stats.messages += 1
         digest = _digest(payload)
+        held = self._pending
         if self._replay is None:
-            if not self._process(seq, payload, digest):
-                self._pending.append((seq, payload, digest))
+            if held or defer:  # behind the batches already held: keep the order
+                self._hold(seq, payload, digest)
+            elif not self._process(seq, payload, digest):
+                self._hold(seq, payload, digest)
             return
         # A replay runs: hold the message, unless it proves the publisher restarted.
-        last = self._pending[-1][0] if self._pending else None
+        last = held.last_seq
         if (self.expected is not None and seq < self.expected) or (
             last is not None and seq <= last
         ):
-            if self._recent.get(seq) == digest or any(
-                s == seq and d == digest for s, _, d in self._pending
-            ):
+            if self._recent.get(seq) == digest or held.holds(seq, digest):
                 self.stats.duplicates += 1
                 return
             self._abort_replay()
+            held.clear()  # the dead publisher's batches: the reset supersedes them
             self._publisher_restarted(seq)
-            if not self._process(seq, payload, digest):
-                self._pending.append((seq, payload, digest))
+            if defer or not self._process(seq, payload, digest):
+                self._hold(seq, payload, digest)
             return
-        if len(self._pending) >= self.config.max_pending:
-            self._pending.append((seq, payload, digest))
-            kind = self._replay.kind
-            self._abort_replay()
-            log.warning(
-                "replay of source=%s overflowed %d held batches; resetting the ledger",
-                self.source, self.config.max_pending,
-                extra=self._log_fields,
-            )
-            self._count_replay(kind, ReplayOutcome.INCOMPLETE)
-            self._hole("replay_overflow")
-            self.expected = None  # continue from the first held message
-            self._drain()
-            return
-        self._pending.append((seq, payload, digest))
+        self._hold(seq, payload, digest)
+
+    def drain(self, max_bytes: int | None = None) -> int:
+        """Apply held batches in order until none is left, a new gap needs a replay first,
+        or ``max_bytes`` of payload were applied (at least one batch; ``None``: no limit).
+        Returns the payload bytes applied."""
+        held = self._pending
+        done = 0
+        while held and self._replay is None and (max_bytes is None or done < max_bytes):
+            item = held.popleft()
+            if not self._process(item[0], item[1], item[2]):
+                held.appendleft(item)
+                break
+            done += len(item[1])
+        return done
+
+    def shed(self, reason: str) -> int:
+        """Give every held batch up (a bound was hit): a running replay is abandoned, the
+        ledger reset if it held anything, and the source continues from the next message.
+        Returns how many batches were dropped."""
+        held = self._pending
+        if not held or self._removed:
+            return 0
+        dropped = held.clear()
+        bump(self.stats.dropped_batches, reason, dropped)
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            self._commands.append(AbortReplay())
+            self._count_replay(replay.kind, ReplayOutcome.INCOMPLETE)
+        log.warning(
+            "source=%s gave up %d held batches (%s); resetting the ledger",
+            self.source, dropped, reason, extra=self._log_fields,
+        )
+        self._hole(reason)
+        self.expected = None  # continue from the next message
+        if self.state is not LedgerState.MISALIGNED:
+            self._set_state(LedgerState.READY, "resynced")
+        return dropped
 
     def on_replay_item(self, seq: int, payload: bytes) -> None:
         """One batch from the replay endpoint."""
@@ -313,6 +338,7 @@ class SourceTracker:
             if known is not None and known != digest:
                 # The buffer holds other batches under seqs we applied: a new publisher.
                 self._abort_replay()
+                self._pending.clear()  # held live batches: the reset supersedes them
                 self._publisher_restarted(seq)
                 self._begin_replay(0, None, ReplayKind.RESTART)
                 return
@@ -351,7 +377,7 @@ class SourceTracker:
             self._abort_replay()
         self._set_state(LedgerState.REMOVED, reason)
         if self._announced:
-            self._ops.append(Drop(reason))
+            self._ops.append(RemoveSource(reason))
         self._removed = True
         self.ledger.clear()
         self._pending.clear()
@@ -393,12 +419,11 @@ class SourceTracker:
             extra=self._log_fields,
         )
         self._recent.clear()
-        self._pending.clear()  # the dead publisher's batches: the reset supersedes them
         self._reset("seq_reset")
         self.expected = 0  # a new publisher counts from 0
 
     def _begin_replay(self, start: int, until: int | None, kind: ReplayKind) -> None:
-        self._replay = _Replay(start=start, until=until, kind=kind)
+        self._replay = Replay(start=start, until=until, kind=kind)
         self._commands.append(StartReplay(start))
 
     def _abort_replay(self) -> None:
@@ -432,20 +457,18 @@ class SourceTracker:
             )
         if self.state is not LedgerState.MISALIGNED:
             self._set_state(LedgerState.READY, "in sync" if ok else "resynced")
-        self._drain()
+        self.drain(self.config.drain_bytes)
 
     def _count_replay(self, kind: ReplayKind, outcome: ReplayOutcome) -> None:
         key = (kind.value, outcome.value)
         self.stats.replays[key] = self.stats.replays.get(key, 0) + 1
 
-    def _drain(self) -> None:
-        """Apply held live messages until none is left or a new gap needs a replay."""
-        pending = self._pending
-        while pending and self._replay is None:
-            message = pending.popleft()
-            if not self._process(*message):
-                pending.appendleft(message)
-                return
+    def _hold(self, seq: int, payload: bytes, digest: int) -> None:
+        held = self._pending
+        held.append((seq, payload, digest, self._clock() if self._clock is not None else 0.0))
+        cfg = self.config
+        if len(held) > cfg.max_pending or held.bytes > cfg.max_pending_bytes:
+            self.shed("replay_overflow" if self._replay is not None else "backlog_overflow")
 
     def _hole(self, reason: str) -> bool:
         """Batches were lost for good. A ledger holding anything from before is reset
@@ -506,11 +529,11 @@ class SourceTracker:
                     self._reset("misaligned", LedgerState.MISALIGNED, placed.reason)
                     ops = self._ops
                     continue
-                assert type(placed) is Store
+                assert type(placed) is StoreBlocks
                 if not self._announced:
                     self._announce()  # the block size was just learned
                 last = ops[-1] if ops else None
-                if type(last) is Store and last.keys[-1] == placed.parent_key:
+                if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
                     last.keys.extend(placed.keys)  # the chain goes on: one update, not two
                 else:
                     ops.append(placed)
@@ -519,17 +542,17 @@ class SourceTracker:
                 dead = keymap.removed(event)
                 if dead and self._announced:
                     last = ops[-1] if ops else None
-                    if type(last) is Remove:
+                    if type(last) is RemoveBlocks:
                         last.keys.extend(dead)  # vLLM sends one event per block: coalesce
                     else:
-                        ops.append(Remove(dead))
+                        ops.append(RemoveBlocks(dead))
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
                 if len(self.ledger):
                     self.ledger.clear()
                     if self._announced:
-                        ops.append(Clear("all_blocks_cleared"))
+                        ops.append(ClearBlocks("all_blocks_cleared"))
 
     # ---- state ------------------------------------------------------------------------
 
@@ -538,7 +561,7 @@ class SourceTracker:
         if self._announced or self.domain is None or self._removed:
             return
         self._announced = True
-        self._ops.append(Reset(self.state, self.reason))
+        self._ops.append(Snapshot([], [], self.state, self.reason))
 
     def _set_state(self, state: LedgerState, reason: str) -> None:
         if state is self.state and reason == self.reason:
@@ -568,4 +591,4 @@ class SourceTracker:
             self.stats.transitions[key] = self.stats.transitions.get(key, 0) + 1
         self.state, self.reason = state, reason or why
         if self._announced:
-            self._ops.append(Reset(state, self.reason))
+            self._ops.append(Snapshot([], [], state, self.reason))

@@ -1,14 +1,14 @@
 """The worker registry: Redis leases of worker specs, shared by every Cortex service.
 
 - :class:`WorkerSpec` — a validated worker description (JSON at ``cortex:v1:worker:<id>``);
-- :class:`Registry` — register / renew / deregister / get / list / changes, implemented by
-  :class:`RedisRegistry` and :class:`MemoryRegistry`;
+- :class:`Registry` — register / reassert / renew / deregister / remove (a tombstone) /
+  get / list / changes, implemented by :class:`RedisRegistry` and :class:`MemoryRegistry`;
 - :class:`RegistryWatcher` — the last known registry, polled (≤ 1 s) and woken by the
   channel, ``degraded`` while the store is unreachable;
 - :class:`LeaseKeeper` — hold a lease while a context is open.
 """
 
-from cortex.registry.base import DEFAULT_TTL_S, Listing, Registry
+from cortex.registry.base import DEFAULT_TTL_S, Assertion, Listing, Registry, Tombstone
 from cortex.registry.endpoint import Endpoint, parse_endpoint
 from cortex.registry.errors import RegistryError, RegistryUnavailable, SpecError
 from cortex.registry.lease import LeaseKeeper
@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "DEFAULT_TTL_S",
     "SPEC_VERSION",
+    "Assertion",
     "Endpoint",
     "LeaseKeeper",
     "Listing",
@@ -33,6 +34,7 @@ __all__ = [
     "RegistryUnavailable",
     "RegistryWatcher",
     "SpecError",
+    "Tombstone",
     "WorkerRole",
     "WorkerSpec",
     "diff_specs",

@@ -2,7 +2,8 @@
 
 Gateways renew leases from their health probes; this keeper serves static registrations
 (``cortex workers add --keep``), dev clusters and tests. A lease found missing (expired
-during an outage) is re-registered.
+during an outage, Redis restarted empty) is written again — unless an operator removed the
+worker (a tombstone): then the keeper writes nothing until the tombstone is gone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import logging
 from types import TracebackType
 
-from cortex.registry.base import Registry
+from cortex.registry.base import Assertion, Registry
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
 from cortex.registry.tasks import stop_tasks
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    """Registers ``spec`` on enter (errors propagate), renews every ``ttl_s / 3`` seconds,
-    deregisters on exit unless ``deregister_on_exit`` is false."""
+    """Registers ``spec`` on enter (errors propagate; clears a tombstone: an explicit
+    add), re-asserts it every ``ttl_s / 3`` seconds, deregisters on exit unless
+    ``deregister_on_exit`` is false."""
 
     def __init__(
         self,
@@ -42,12 +44,13 @@ class LeaseKeeper:
         self.deregister_on_exit = deregister_on_exit
         self.renewals = 0
         self.failures = 0
+        self.tombstoned = False  # the last re-assertion found an operator's removal
         self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (
             f"LeaseKeeper(worker={self.spec.id!r}, ttl_s={self.ttl_s}, renewals={self.renewals},"
-            f" failures={self.failures})"
+            f" failures={self.failures}, tombstoned={self.tombstoned})"
         )
 
     async def __aenter__(self) -> LeaseKeeper:
@@ -72,13 +75,19 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                if await self.registry.renew(self.spec.id, self.ttl_s):
-                    self.renewals += 1
-                else:
-                    log.info("lease of worker=%s was gone; registering again", self.spec.id,
-                             extra={"worker": self.spec.id})
-                    await self.registry.register(self.spec, self.ttl_s)
+                outcome = await self.registry.reassert(self.spec, self.ttl_s)
             except RegistryUnavailable as exc:
                 self.failures += 1
                 log.warning("lease renewal failed worker=%s: %s", self.spec.id, exc,
                             extra={"worker": self.spec.id})
+                continue
+            tombstoned = outcome is Assertion.TOMBSTONED
+            if tombstoned and not self.tombstoned:
+                log.warning("worker=%s was removed by an operator; not renewing its lease",
+                            self.spec.id, extra={"worker": self.spec.id})
+            elif outcome is Assertion.CREATED:
+                log.info("lease of worker=%s was gone; registered again", self.spec.id,
+                         extra={"worker": self.spec.id})
+            self.tombstoned = tombstoned
+            if not tombstoned:
+                self.renewals += 1

@@ -3,8 +3,13 @@
 Layout (``namespace`` defaults to ``cortex:v1:``):
 
 - ``<ns>worker:<id>`` → the spec's JSON, expiring with the lease (``PX``);
+- ``<ns>tombstone:<id>`` → ``{"id", "reason", "at"}`` of an operator's removal, expiring
+  with its own TTL or never (until the worker is registered again);
 - ``<ns>workers`` → a pub/sub channel carrying ``put <id>`` / ``del <id>`` on register and
   deregister, so watchers react faster than their polling interval.
+
+Re-asserting a lease is one Lua script (atomic with a concurrent removal: a tombstone
+written between a gateway's probe and its write always wins).
 
 Every redis error is translated into :class:`RegistryUnavailable` at this boundary.
 """
@@ -12,8 +17,10 @@ Every redis error is translated into :class:`RegistryUnavailable` at this bounda
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -21,7 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from cortex.registry.base import DEFAULT_TTL_S, Listing, Registry
+from cortex.registry.base import DEFAULT_TTL_S, Assertion, Listing, Registry, Tombstone
 from cortex.registry.errors import RegistryUnavailable, SpecError
 from cortex.registry.spec import WorkerSpec
 
@@ -32,6 +39,26 @@ log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "cortex:v1:"
 _SCAN_COUNT = 500
 _T = TypeVar("_T")
+
+# KEYS: worker key, tombstone key. ARGV: spec JSON, lease ms (0 = none), replace (0|1),
+# channel, worker id. Returns the Assertion's value.
+_REASSERT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'tombstoned' end
+local ttl = tonumber(ARGV[2])
+local existed = redis.call('EXISTS', KEYS[1]) == 1
+if existed and ARGV[3] == '0' then
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
+  return 'renewed'
+end
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', ARGV[4], 'put ' .. ARGV[5])
+if existed then return 'replaced' end
+return 'created'
+"""
 
 
 class RedisRegistry(Registry):
@@ -53,6 +80,7 @@ class RedisRegistry(Registry):
         self.namespace = namespace
         self.channel = f"{namespace}workers"
         self._prefix = f"{namespace}worker:"
+        self._tomb_prefix = f"{namespace}tombstone:"
         try:
             self._client: aioredis.Redis = aioredis.Redis.from_url(
                 url,
@@ -63,6 +91,7 @@ class RedisRegistry(Registry):
             )
         except ValueError as exc:
             raise RegistryUnavailable(f"bad redis URL {url!r}: {exc}") from None
+        self._reassert = self._client.register_script(_REASSERT)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -75,6 +104,9 @@ class RedisRegistry(Registry):
 
     def key(self, worker_id: str) -> str:
         return f"{self._prefix}{worker_id}"
+
+    def tombstone_key(self, worker_id: str) -> str:
+        return f"{self._tomb_prefix}{worker_id}"
 
     async def _run(self, what: str, call: Awaitable[_T]) -> _T:
         task = asyncio.current_task()
@@ -93,8 +125,9 @@ class RedisRegistry(Registry):
 
         async def call() -> None:
             async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(self.tombstone_key(spec.id))
                 if ttl:
-                    pipe.set(self.key(spec.id), payload, px=max(1, round(ttl * 1000)))
+                    pipe.set(self.key(spec.id), payload, px=_ms(ttl))
                 else:
                     pipe.set(self.key(spec.id), payload)
                 pipe.publish(self.channel, f"put {spec.id}")
@@ -102,13 +135,25 @@ class RedisRegistry(Registry):
 
         await self._run(f"register {spec.id}", call())
 
+    async def reassert(self, spec: WorkerSpec, ttl_s: float | None = None, *,
+                       replace: bool = False) -> Assertion:
+        ttl = self._ttl(ttl_s)
+        reply = await self._run(f"reassert {spec.id}", self._reassert(
+            keys=[self.key(spec.id), self.tombstone_key(spec.id)],
+            args=[spec.to_json(), _ms(ttl) if ttl else 0, int(replace), self.channel,
+                  spec.id]))
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        try:
+            return Assertion(text)
+        except ValueError:
+            raise RegistryUnavailable(f"redis: reassert {spec.id}: unexpected reply "
+                                      f"{text[:40]!r}") from None
+
     async def renew(self, worker_id: str, ttl_s: float | None = None) -> bool:
         ttl = self._ttl(ttl_s)
         if ttl:
             done = await self._run(
-                f"renew {worker_id}",
-                self._client.pexpire(self.key(worker_id), max(1, round(ttl * 1000))),
-            )
+                f"renew {worker_id}", self._client.pexpire(self.key(worker_id), _ms(ttl)))
             return bool(done)
 
         async def persist() -> bool:
@@ -130,6 +175,24 @@ class RedisRegistry(Registry):
 
         return await self._run(f"deregister {worker_id}", call())
 
+    async def remove(self, worker_id: str, *, tombstone_ttl_s: float | None = None,
+                     reason: str = "") -> bool:
+        ttl = self._tombstone_ttl(tombstone_ttl_s)
+        stone = json.dumps({"id": worker_id, "reason": reason, "at": round(time.time(), 3)})
+
+        async def call() -> bool:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(self.key(worker_id))
+                if ttl is None:
+                    pipe.set(self.tombstone_key(worker_id), stone)
+                else:
+                    pipe.set(self.tombstone_key(worker_id), stone, px=_ms(ttl))
+                pipe.publish(self.channel, f"del {worker_id}")
+                deleted, _, _ = await pipe.execute()
+            return bool(deleted)
+
+        return await self._run(f"remove {worker_id}", call())
+
     async def get(self, worker_id: str) -> WorkerSpec | None:
         raw = await self._run(f"get {worker_id}", self._client.get(self.key(worker_id)))
         if raw is None:
@@ -145,12 +208,37 @@ class RedisRegistry(Registry):
         return await self._run("list", self._list())
 
     async def _list(self) -> Listing:
-        keys: list[bytes] = [
-            key async for key in self._client.scan_iter(match=f"{self._prefix}*", count=_SCAN_COUNT)
-        ]
+        prefix, tomb_prefix = self._prefix.encode(), self._tomb_prefix.encode()
+        keys: list[bytes] = []
+        stones: list[bytes] = []
+        async for key in self._client.scan_iter(match=f"{self.namespace}*", count=_SCAN_COUNT):
+            if key.startswith(prefix):
+                keys.append(key)
+            elif key.startswith(tomb_prefix):
+                stones.append(key)
         workers: dict[str, WorkerSpec] = {}
         ttls: dict[str, float | None] = {}
         invalid: dict[str, str] = {}
+        async for worker_id, raw, ttl in self._values(keys, len(prefix)):
+            try:
+                spec = WorkerSpec.from_json(raw)
+            except SpecError as exc:
+                invalid[worker_id] = str(exc)
+                continue
+            if spec.id != worker_id:
+                invalid[worker_id] = f"entry holds a spec for {spec.id!r}"
+                continue
+            workers[worker_id] = spec
+            ttls[worker_id] = ttl
+        tombstones: dict[str, Tombstone] = {}
+        async for worker_id, raw, ttl in self._values(stones, len(tomb_prefix)):
+            tombstones[worker_id] = _tombstone(worker_id, raw, ttl)
+        return Listing(workers=workers, ttl_s=ttls, invalid=invalid, tombstones=tombstones)
+
+    async def _values(self, keys: Sequence[bytes], skip: int
+                      ) -> AsyncIterator[tuple[str, bytes, float | None]]:
+        """``(id, value, remaining TTL in s or None)`` of each key still there (``skip``:
+        the prefix length), one pipelined round trip per ``_SCAN_COUNT`` keys."""
         for start in range(0, len(keys), _SCAN_COUNT):
             chunk = keys[start : start + _SCAN_COUNT]
             async with self._client.pipeline(transaction=False) as pipe:
@@ -160,20 +248,9 @@ class RedisRegistry(Registry):
                 replies: list[Any] = await pipe.execute()
             for i, key in enumerate(chunk):
                 raw, pttl = replies[2 * i], replies[2 * i + 1]
-                worker_id = key.decode(errors="replace")[len(self._prefix) :]
-                if raw is None:  # expired between SCAN and GET
-                    continue
-                try:
-                    spec = WorkerSpec.from_json(raw)
-                except SpecError as exc:
-                    invalid[worker_id] = str(exc)
-                    continue
-                if spec.id != worker_id:
-                    invalid[worker_id] = f"entry holds a spec for {spec.id!r}"
-                    continue
-                workers[worker_id] = spec
-                ttls[worker_id] = pttl / 1000 if pttl >= 0 else None
-        return Listing(workers=workers, ttl_s=ttls, invalid=invalid)
+                if raw is not None:  # else: expired between SCAN and GET
+                    yield key.decode(errors="replace")[skip:], raw, (
+                        pttl / 1000 if pttl >= 0 else None)
 
     async def changes(self) -> AsyncIterator[str]:
         pubsub = self._client.pubsub(ignore_subscribe_messages=True)
@@ -208,6 +285,20 @@ class RedisRegistry(Registry):
             await self._client.aclose()
         except (RedisError, OSError):
             pass
+
+
+def _tombstone(worker_id: str, raw: bytes, ttl_s: float | None) -> Tombstone:
+    """A stored tombstone; an unreadable one still keeps its worker out."""
+    try:
+        data = json.loads(raw)
+        return Tombstone(worker_id, str(data.get("reason", "")), float(data.get("at", 0.0)),
+                         ttl_s)
+    except (ValueError, TypeError, AttributeError):
+        return Tombstone(worker_id, "unreadable tombstone", 0.0, ttl_s)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _raise_lost_cancel(task: asyncio.Task[object] | None, requested: int) -> None:

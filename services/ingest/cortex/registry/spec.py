@@ -227,6 +227,10 @@ def _check_url(url: object) -> None:
         raise SpecError(f"url: {url!r} must start with http:// or https://")
     if not parts.hostname:
         raise SpecError(f"url: {url!r} has no host")
+    if "@" in parts.netloc:
+        # an HTTP client would send it as Basic auth to whatever the URL names: never
+        raise SpecError("url: must not carry credentials (user:password@host); workers are "
+                        "reached without them")
     if port is not None and port == 0:
         raise SpecError(f"url: port 0 in {url!r}")
     if any(ch.isspace() for ch in url) or parts.query or parts.fragment:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType, TracebackType
 
-from cortex.registry.base import Listing, Registry
+from cortex.registry.base import Listing, Registry, Tombstone
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
 from cortex.registry.tasks import stop_tasks
@@ -90,6 +90,7 @@ class RegistryWatcher:
         self.poll_errors = 0
         self.last_error: str | None = None
         self.last_ok_monotonic: float | None = None
+        self.view_taken_at: float | None = None  # monotonic s the current view was requested
         self._listing = Listing()
         self._invalid_logged: dict[str, str] = {}
         self._wake = asyncio.Event()
@@ -108,6 +109,11 @@ class RegistryWatcher:
     def workers(self) -> Mapping[str, WorkerSpec]:
         """Last known workers (read-only)."""
         return MappingProxyType(dict(self._listing.workers))
+
+    @property
+    def tombstones(self) -> Mapping[str, Tombstone]:
+        """Workers an operator removed, as last seen (read-only)."""
+        return MappingProxyType(dict(self._listing.tombstones))
 
     @property
     def listing(self) -> Listing:
@@ -143,6 +149,7 @@ class RegistryWatcher:
     async def refresh(self) -> bool:
         """Poll once; ``True`` on success. Updates health and, on change, the view."""
         self.polls += 1
+        requested = time.monotonic()
         try:
             listing = await self.registry.list()
         except RegistryUnavailable as exc:
@@ -160,12 +167,14 @@ class RegistryWatcher:
         self.health = RegistryHealth.OK
         self.last_error = None
         self.last_ok_monotonic = time.monotonic()
+        self.view_taken_at = requested
         self._log_invalid(listing.invalid)
         diff = diff_specs(self._listing.workers, listing.workers)
+        stones_changed = listing.tombstones.keys() != self._listing.tombstones.keys()
         self._listing = listing
         if was is RegistryHealth.DEGRADED:
             log.info("registry reachable again; reconciled %r", diff)
-        if diff or was is not RegistryHealth.OK:
+        if diff or stones_changed or was is not RegistryHealth.OK:
             await self._bump()
         return True
 

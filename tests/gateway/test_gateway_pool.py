@@ -1,0 +1,104 @@
+"""Pool membership and lease decisions (pure): who stays, who is remembered, who is gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from cortex.gateway.config import BreakerConfig
+from cortex.gateway.engine_info import (
+    context_length_from_models,
+    context_length_from_server_info,
+)
+from cortex.gateway.health import LeaseAction, ProbeResult, lease_action
+from cortex.gateway.pool import Health, WorkerPool
+from cortex.hashing import Engine
+from cortex.registry import WorkerSpec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def spec(worker_id: str, port: int = 9000) -> WorkerSpec:
+    return WorkerSpec(id=worker_id, url=f"http://127.0.0.1:{port}", engine=Engine.SGLANG,
+                      model="m")
+
+
+def test_a_vanished_healthy_worker_stays_and_an_unhealthy_one_is_remembered() -> None:
+    clock = Clock()
+    pool = WorkerPool(BreakerConfig(), clock, forget_after_s=60)
+    assert pool.sync({"a": spec("a"), "b": spec("b", 9001)}) == (["a", "b"], [])
+    a, b = pool.get("a"), pool.get("b")
+    assert a is not None and b is not None
+    a.health, b.health = Health.HEALTHY, Health.UNHEALTHY
+    # Redis restarted empty: the view is empty
+    assert pool.sync({}) == ([], ["b"])
+    assert pool.get("a") is a and not a.registered  # kept, its lease to be re-asserted
+    assert set(pool.remembered) == {"b"} and pool.remembered["b"].spec == spec("b", 9001)
+    assert pool.candidates("m") == [a]
+    # a's lease is back in the registry; b answers again and is re-registered
+    assert pool.sync({"a": spec("a"), "b": spec("b", 9001)}) == (["b"], [])
+    assert a.registered and not pool.remembered
+    # a kept worker that turns unhealthy leaves at the next reconciliation
+    a.health = Health.UNHEALTHY
+    assert pool.sync({"b": spec("b", 9001)}) == ([], ["a"])
+    clock.now += 61
+    pool.sync({"b": spec("b", 9001)})
+    assert not pool.remembered  # forgotten after forget_after_s
+
+
+def test_a_tombstone_drops_a_worker_and_its_memory_until_registered_again() -> None:
+    clock = Clock()
+    pool = WorkerPool(BreakerConfig(), clock)
+    pool.sync({"a": spec("a"), "b": spec("b", 9001)})
+    for worker in pool:
+        worker.health = Health.HEALTHY
+    assert pool.sync({"b": spec("b", 9001)}, tombstones={"a"}) == ([], ["a"])
+    assert "a" not in pool.remembered
+    # learned from a re-assertion, with a view still holding the worker (taken earlier)
+    pool.mark_tombstoned("b")
+    assert pool.sync({"b": spec("b", 9001)}, taken_at=clock.now - 1) == ([], ["b"])
+    assert len(pool) == 0 and not pool.remembered
+    # a view requested after the removal that holds it again: an operator re-added it
+    clock.now += 5
+    assert pool.sync({"b": spec("b", 9001)}, taken_at=clock.now - 1) == (["b"], [])
+    pool.forget("b")  # forgetting a member is a no-op
+    assert pool.get("b") is not None
+
+
+@pytest.mark.parametrize(
+    ("result", "failing_for", "expected"),
+    [
+        (ProbeResult.OK, None, LeaseAction.REASSERT),
+        (ProbeResult.BUSY, 500.0, LeaseAction.RENEW),  # busy: never evidence of death
+        (ProbeResult.ERROR, 5.0, LeaseAction.RENEW),  # briefly unreachable
+        (ProbeResult.ERROR, 30.0, LeaseAction.NONE),  # sustained: let the lease lapse
+    ],
+)
+def test_lease_action(result: ProbeResult, failing_for: float | None,
+                      expected: LeaseAction) -> None:
+    pool = WorkerPool(BreakerConfig())
+    pool.sync({"a": spec("a")})
+    worker = pool.get("a")
+    assert worker is not None
+    worker.failing_since = None if failing_for is None else 1000.0 - failing_for
+    assert lease_action(worker, result, 1000.0, remove_after_s=30.0) is expected
+
+
+def test_context_length_parsers() -> None:
+    models = {"object": "list", "data": [{"id": "m", "max_model_len": 32768},
+                                         {"id": "other", "max_model_len": 8}]}
+    assert context_length_from_models(models, "m") == 32768
+    assert context_length_from_models({"data": [{"id": "served", "max_model_len": 99}]},
+                                      "m") == 99  # the only model, under another name
+    assert context_length_from_models(models, "absent") is None
+    assert context_length_from_models({"data": [{"id": "m", "max_model_len": True}]},
+                                      "m") is None
+    assert context_length_from_models([], "m") is None
+    assert context_length_from_server_info({"context_length": 131072}) == 131072
+    assert context_length_from_server_info({"context_length": -1}) is None
+    assert context_length_from_server_info("nope") is None
