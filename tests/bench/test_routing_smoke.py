@@ -38,7 +38,7 @@ def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> Non
     balancer = haproxy_binary() is not None
     assert set(runs) == {(w, c) for w in QUICK_WORKLOADS
                          for c in (QUICK_VARIANT_CONTENDERS if w in VARIANTS else CONTENDERS)
-                         if balancer or not VARIANTS.get(w, VARIANTS["pd"]).replicas}
+                         if balancer or w not in VARIANTS or not VARIANTS[w].replicas}
     repeats = doc["config"]["repeats"]
     for (workload, _), run in runs.items():
         expected = doc["workloads"][workload]["requests"] * repeats

@@ -8,6 +8,10 @@ the same request list on the same schedule, and checks that every request was se
 and counted by the engines. It also computes what a single infinite cache would hit on the
 same list. ``--out DIR`` gets ``report.md``, ``report.json`` and the plots.
 
+Beside the plain workloads it runs the deployment variants of
+:mod:`cortex.bench.routing_scenarios` (router replicas behind HAProxy, churn, KV pressure,
+real prompt sizes, prefill/decode pools), with ``vllm-router`` as a further contender.
+
 Sizing (workers, KV pool, token and time scaling) is in :data:`FULL` and :data:`QUICK`; the
 report states all of it.
 """

@@ -37,6 +37,7 @@ from typing import Any
 from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
 from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.registry import WorkerRole
 from cortex.testing import (
     free_port,
     peer_program,
@@ -267,7 +268,7 @@ def _peer_argv(contender: str, port: int, cluster: LocalCluster) -> list[str]:
         return sglang_router_argv(port, policy, [w.url for w in cluster.workers.values()])
     pd = ["--pd-disaggregation"]
     for w in cluster.workers.values():
-        if w.role.value == "prefill":
+        if w.role is WorkerRole.PREFILL:
             pd += ["--prefill", w.url, str(w.bootstrap_port)]
         else:
             pd += ["--decode", w.url]
@@ -294,7 +295,7 @@ def _router(supervisor: Supervisor, contender: str, cluster: LocalCluster, name:
 
 
 def _prefill_ids(cluster: LocalCluster) -> tuple[str, ...]:
-    return tuple(wid for wid, w in cluster.workers.items() if w.role.value == "prefill")
+    return tuple(wid for wid, w in cluster.workers.items() if w.role is WorkerRole.PREFILL)
 
 
 def _balanced(supervisor: Supervisor, urls: list[str], log_dir: Path, pids: dict[str, int],
