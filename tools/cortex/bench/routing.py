@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary
 from cortex.bench.routing_bounds import shape_prompts
 from cortex.bench.routing_contenders import CONTENDERS, SimSetup, cpu_split
 from cortex.bench.routing_report import WorkloadResult, report_json, report_markdown, write_plots
@@ -406,6 +407,8 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
         "prefill_overhead_ms": sims.prefill_overhead_ms,
         "decode_ms_per_token": sims.decode_ms_per_token, "max_running": sims.max_running,
         "sglang_router_version": _version("sglang-router"),
+        "vllm_router_version": _version("vllm-router"),
+        "haproxy": haproxy_binary() or f"not installed (`{HAPROXY_INSTALL}`)",
         "pinned": cpu_split() if plan.pin else None,
         "profile": dataclasses.asdict(profile), "cortex_weights": dict(weights),
         "cortex_weights_note": note, "seed": args.seed,
