@@ -122,3 +122,34 @@ async def test_a_restarted_index_reconverges_without_restarting_anything_else(
     assert {r.mode for r in replies} == {"exact_kv"}
     assert all(0 < r.hit_tokens <= (r.cached_tokens or 0) for r in replies)
 
+
+
+async def test_the_dev_cluster_index_takes_ledger_writes_only_from_its_peers(
+    cluster: LocalCluster, http: aiohttp.ClientSession,
+) -> None:
+    from grpclib.const import Status
+    from grpclib.exceptions import GRPCError
+
+    from cortex.hashing import Engine, HashDomain
+    from cortex.index.client import LedgerUpdates, SyncSession
+    from cortex.ledger.client import index_channel
+    from cortex.ledger.grpc import read_token
+
+    client = Client(cluster, http)
+    body = chat(long_prompt("peers"), "who holds this?")
+    holder = (await client.chat(body)).worker
+    await client.wait_indexed(body, holder)  # ingest's token works
+    state = cluster.state()["index"]
+    domain = HashDomain(cluster.spec.model, cluster.spec.block_size, Engine.SGLANG)
+    channel = index_channel(state["grpc"])
+    try:
+        forged = LedgerUpdates(holder, domain, epoch=2**62)
+        with pytest.raises(GRPCError) as refused:
+            async with SyncSession(channel) as session:  # no token: the reported attack
+                await session.send([forged.snapshot([], [])])
+        assert refused.value.status is Status.UNAUTHENTICATED
+        assert read_token(state["token_file"])
+    finally:
+        channel.close()
+    explained = await client.explain(body)  # the holder's real ledger is untouched
+    assert {c["worker"]: c["index_tokens"] > 0 for c in explained["candidates"]}[holder]

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
-from grpclib.const import Cardinality, Handler
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from cortex.hashing import Engine, HashDomain, unpack_keys
@@ -44,7 +45,7 @@ B = SourceId("b", 1)
 class Recorder:
     """Records every LedgerUpdate; replies once per batch, optionally asking for resyncs."""
 
-    def __init__(self, *, mute: bool = False, held_epochs: Iterable[int] | None = None) -> None:
+    def __init__(self, *, mute: bool = False, held_epochs: Iterable[int] | None = ()) -> None:
         self.updates: list[pb.LedgerUpdate] = []
         self.batch_of: list[int] = []  # per update: the number of the batch it came in
         self.batches = 0
@@ -55,17 +56,23 @@ class Recorder:
         # None: Workers is UNIMPLEMENTED; else the epochs it reports as held
         self.held_epochs = None if held_epochs is None else list(held_epochs)
 
-    async def workers(self, workers_request: pb.WorkersRequest) -> pb.WorkersResponse:
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            method("Sync"): Handler(self.sync, Cardinality.STREAM_STREAM, pb.UpdateBatch,
+                                    pb.SyncReply),
+            method("Workers"): Handler(self.workers, Cardinality.UNARY_UNARY,
+                                       pb.WorkersRequest, pb.WorkersResponse),
+        }
+
+    async def workers(self, stream: Stream[pb.WorkersRequest, pb.WorkersResponse]) -> None:
+        """The epochs the "index" holds (the forwarder asks before every stream)."""
+        await stream.recv_message()
         if self.held_epochs is None:
-            return await super().workers(workers_request)
-        return pb.WorkersResponse(workers=[
+            raise GRPCError(Status.UNIMPLEMENTED, "no Workers here")
+        await stream.send_message(pb.WorkersResponse(workers=[
             pb.WorkerInfo(source=pb.Source(worker_id=f"old-{i}"), epoch=epoch)
             for i, epoch in enumerate(self.held_epochs)
-        ])
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return {method("Sync"): Handler(self.sync, Cardinality.STREAM_STREAM, pb.UpdateBatch,
-                                        pb.SyncReply)}
+        ]))
 
     async def sync(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
         self.streams += 1
@@ -363,7 +370,7 @@ async def test_epochs_start_above_what_the_replica_holds_when_the_clock_stepped_
 
 
 async def test_an_index_without_workers_leaves_epochs_to_the_wall_clock() -> None:
-    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    recorder, ledgers, port = Recorder(held_epochs=None), Ledgers(), free_port()
     ledgers.views[A] = view([1])
     async with serving(recorder, port), forwarding(port, ledgers) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)

@@ -191,6 +191,8 @@ class LocalCluster:
         self.spec = spec
         self.log_dir = Path(log_dir)
         self.admin_token = secrets.token_urlsafe(24)
+        # the index's peer token: ingest and the gateways present it, nobody else gets in
+        self.index_token_file = self.log_dir / "index-peer.token"
         self.redis_url: str | None = spec.redis_url
         self.index_target: str | None = None
         self.ingest_url: str | None = None
@@ -321,7 +323,8 @@ class LocalCluster:
         logs = {name: str(child.log_path) for name, child in self._children.items()}
         index = None
         if self.index_target is not None:
-            index = {"grpc": self.index_target, "metrics_port": self._index_metrics_port,
+            index = {"grpc": self.index_target, "token_file": str(self.index_token_file),
+                     "metrics_port": self._index_metrics_port,
                      "metrics_url": _metrics_url(self._index_metrics_port),
                      "pid": pids["index"], "log": logs["index"]}
         ingest = None
@@ -413,7 +416,11 @@ class LocalCluster:
     def _start_index(self) -> None:
         port, self._index_metrics_port = free_port(), free_port()
         self.index_target = f"{LOOPBACK}:{port}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.index_token_file.write_text(secrets.token_urlsafe(32))
+        self.index_token_file.chmod(0o600)
         self._start("index", ["index", "--host", LOOPBACK, "--port", str(port),
+                              "--peer-token-file", str(self.index_token_file),
                               "--metrics-host", LOOPBACK,
                               "--metrics-port", str(self._index_metrics_port),
                               *self.spec.index_args])
@@ -424,6 +431,7 @@ class LocalCluster:
         self.ingest_url = f"http://{LOOPBACK}:{self._ingest_port}"
         self._start("ingest", ["ingest", "run", "--redis", self.redis_url,
                                "--index", self.index_target, "--ingest-id", "ingest-0",
+                               "--index-token-file", str(self.index_token_file),
                                "--metrics-host", LOOPBACK,
                                "--metrics-port", str(self._ingest_port),
                                "--poll-interval", str(self.spec.poll_interval_s),
@@ -437,7 +445,8 @@ class LocalCluster:
             "server": {"host": spec.host, "port": port, "admin_token": self.admin_token},
             "models": [{"name": spec.model, "engine": spec.engine.value,
                         "block_size": spec.block_size}],
-            "index": {"targets": [self.index_target]},
+            "index": {"targets": [self.index_target],
+                      "token_file": str(self.index_token_file)},
             "registry": {"redis_url": self.redis_url, "lease_ttl_s": spec.lease_ttl_s,
                          "poll_interval_s": interval},
             # a dead dev worker leaves within its lease (production waits health.remove_after_s
