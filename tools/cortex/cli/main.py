@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "index": "cortex.index.cli",
     "ingest": "cortex.ingest.cli",
     "workers": "cortex.ingest.cli_workers",
+    "discover-pods": "cortex.registry.kubernetes.cli",
     "gateway": "cortex.gateway.cli",
     "up": "cortex.cli.up",
     "bench": "cortex.bench.cli",
