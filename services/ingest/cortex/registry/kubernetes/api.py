@@ -47,7 +47,7 @@ class LineSplitter:
         if len(rest) > self._max:
             raise KubernetesUnavailable(f"a watch event exceeds {self._max} bytes")
         self._buffer = bytearray(rest)
-        return [line for line in lines if line.strip()]
+        return [bytes(line) for line in lines if line.strip()]
 
 
 def ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
@@ -60,12 +60,12 @@ class PodApi:
 
     def __init__(self, session: aiohttp.ClientSession, api_url: str, namespace: str,
                  selector: str, *, token_file: str | None = None,
-                 ssl: ssl.SSLContext | None = None, watch_timeout_s: float = 300.0) -> None:
+                 tls: ssl.SSLContext | None = None, watch_timeout_s: float = 300.0) -> None:
         self._session = session
         self._url = f"{api_url.rstrip('/')}/api/v1/namespaces/{namespace}/pods"
         self._selector = selector
         self._token_file = token_file
-        self._ssl: ssl.SSLContext | bool = ssl if ssl is not None else True
+        self._ssl: ssl.SSLContext | bool = tls if tls is not None else True
         self._watch_timeout_s = watch_timeout_s
 
     def __repr__(self) -> str:

@@ -39,7 +39,7 @@ class DiscoveryService:
             registry = await self._stack.enter_async_context(RedisRegistry(
                 c.redis_url, default_ttl_s=c.lease_ttl_s, namespace=c.registry_namespace))
             api = PodApi(session, c.api_url, c.namespace, c.selector, token_file=c.token_file,
-                         ssl=ssl_context(c.ca_file), watch_timeout_s=c.watch_timeout_s)
+                         tls=ssl_context(c.ca_file), watch_timeout_s=c.watch_timeout_s)
             self.discovery = await self._stack.enter_async_context(
                 PodDiscovery(api, registry, c, self.metrics))
             if c.metrics_port is not None:
