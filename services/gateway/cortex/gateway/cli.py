@@ -60,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="requests waiting for a slot (overrides admission.queue_size)")
     parser.add_argument("--queue-timeout-secs", type=float, metavar="S",
                         help="longest wait for a slot (overrides admission.queue_timeout_s)")
+    parser.add_argument("--epp-port", type=int, metavar="PORT",
+                        help="also serve Envoy's ext_proc as a Gateway API Inference Extension "
+                             "endpoint picker on this gRPC port (docs/kubernetes.md)")
+    parser.add_argument("--epp-host", default="0.0.0.0",
+                        help="address of the endpoint picker (default: 0.0.0.0)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
@@ -88,8 +93,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if args.epp_port is not None and not 0 <= args.epp_port <= 65535:
+        print(f"cortex gateway: --epp-port must be in 0..65535, got {args.epp_port}",
+              file=sys.stderr)
+        return 2
+    epp = None if args.epp_port is None else (args.epp_host, args.epp_port)
     try:
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, epp))
     except ConfigError as exc:  # what only start-up can check (a token file, say)
         print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -99,14 +109,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: Any) -> None:
+async def _serve(config: Any, epp: tuple[str, int] | None = None) -> None:
+    import contextlib
+
     from cortex.gateway.server import GatewayServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with GatewayServer(config) as server:
+    async with GatewayServer(config) as server, contextlib.AsyncExitStack() as stack:
+        if epp is not None:
+            from cortex.gateway.epp_server import EppServer
+
+            await stack.enter_async_context(EppServer(server.gateway, *epp))
         # what start-up built (tokenizers, templates, modules) lives as long as the process:
         # out of the collector's sight, old-generation passes no longer walk it
         gc.collect()

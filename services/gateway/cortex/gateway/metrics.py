@@ -213,6 +213,15 @@ class GatewayMetrics:
         self.credit_blocked = Gauge(p + "credit_blocked_workers",
                                     "Workers denied cache credit, by model and reason",
                                     ["model", "reason"], registry=r)
+        # the endpoint picker (cortex gateway --epp-port: Envoy's ext_proc)
+        self.epp_picks = Counter(p + "epp_picks_total",
+                                 "Endpoint picker answers, by outcome (picked|refused_<status>)",
+                                 ["outcome"], registry=r)
+        self.epp_served = Counter(p + "epp_served_total",
+                                  "Responses whose served endpoint Envoy reported, by whether it "
+                                  "was the picked one (chosen|fallback|unknown)", ["endpoint"],
+                                  registry=r)
+        self.epp_streams = Gauge(p + "epp_streams", "Open ext_proc streams", registry=r)
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._per_worker: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -181,6 +181,10 @@ def uncached(prompt_tokens: int, scored: Scored) -> int:
     return max(prompt_tokens - PDPlan.held_tokens(scored), 0)
 
 
+def _only(workers: list[WorkerState], allowed: Collection[str] | None) -> list[WorkerState]:
+    return workers if allowed is None else [w for w in workers if w.id in allowed]
+
+
 class Router:
     """Holds the routing caches; one per gateway process. Not thread-safe (event loop)."""
 
@@ -218,12 +222,13 @@ class Router:
 
     # ---- routing ----
 
-    async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True
-                    ) -> Routed:
+    async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True,
+                    allowed: Collection[str] | None = None) -> Routed:
         """Tokenize, hash, match and score. ``deadline``: ``time.monotonic()`` seconds.
 
         Raises :class:`ClientError` (bad prompt) or :class:`ServiceUnavailable` (no
         routable worker). ``record=False`` (explain) leaves metrics and counters alone.
+        ``allowed``: only these worker ids may be chosen (an endpoint picker's subset).
         """
         model = req.model
         t0 = time.perf_counter()
@@ -233,8 +238,8 @@ class Router:
         query_blocks = max(len(ids) - 1, 0) // model.block_size
         query = keys[:query_blocks]
         t2 = time.perf_counter()
-        workers = self.pool.candidates(model.name)
-        pools = self._pd_pools(model)
+        workers = _only(self.pool.candidates(model.name), allowed)
+        pools = self._pd_pools(model, allowed)
         if not workers and pools is None:
             raise ServiceUnavailable(f"no available worker for model '{model.name}'")
         answer, source = await self._match(model, query, deadline)
@@ -306,16 +311,17 @@ class Router:
         """An empty placement for ``keys`` (a fallback that places the request anew)."""
         return Placement(self, keys)
 
-    def _pd_pools(self, model: ModelConfig) -> tuple[list[WorkerState], list[WorkerState]] | None:
+    def _pd_pools(self, model: ModelConfig, allowed: Collection[str] | None = None
+                  ) -> tuple[list[WorkerState], list[WorkerState]] | None:
         """Routable (prefill, decode) workers of ``model`` speaking its engine's handoff, or
         ``None`` when the model is not served disaggregated now."""
         pool = self.pool
         if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
                 and pool.has_role(model.name, WorkerRole.DECODE)):
             return None
-        prefill = [w for w in self.pool.candidates(model.name, WorkerRole.PREFILL)
+        prefill = [w for w in _only(self.pool.candidates(model.name, WorkerRole.PREFILL), allowed)
                    if w.spec.engine is model.engine]
-        decode = [w for w in self.pool.candidates(model.name, WorkerRole.DECODE)
+        decode = [w for w in _only(self.pool.candidates(model.name, WorkerRole.DECODE), allowed)
                   if w.spec.engine is model.engine]
         return (prefill, decode) if prefill and decode else None
 
