@@ -38,7 +38,9 @@ from cortex.sim.cli import build_config as sim_config
 REPO = Path(__file__).resolve().parents[2]
 KUBE = REPO / "deploy/kubernetes"
 VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())  # pod-index label: 1.28+
-CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+        ("inference.networking.k8s.io/v1", "InferencePool"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute")}
 ParseCortex = Callable[..., argparse.Namespace]  # the fixture of tests/deploy/conftest.py
 POD_IP = "10.1.2.3"
 
@@ -50,6 +52,7 @@ def kustomized(directory: Path) -> list[dict[str, Any]]:
 
 
 DOCS = kustomized(KUBE)
+GIE = kustomized(KUBE / "gie")
 EXAMPLES = [doc for doc in yaml.safe_load_all((KUBE / "examples/sim-workers.yaml").read_text())
             if doc]
 
@@ -174,7 +177,7 @@ def ingest_of(parse_cortex: ParseCortex, root: Path, ordinal: int) -> IngestConf
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("directory", ["", "monitoring"])
+@pytest.mark.parametrize("directory", ["", "monitoring", "gie"])
 def test_every_manifest_validates_against_the_official_schemas(directory: str,
                                                                version: str) -> None:
     root = KUBE / directory
@@ -196,13 +199,15 @@ def test_every_manifest_validates_against_the_official_schemas(directory: str,
 def test_every_cortex_container_runs_a_real_command_with_requests_and_limits(
     parse_cortex: ParseCortex, tmp_path: Path,
 ) -> None:
-    cortex = [w for w in workloads(DOCS + EXAMPLES) if container(w)["image"].startswith("cortex")]
+    every = DOCS + EXAMPLES + GIE
+    cortex = [w for w in workloads(every) if container(w)["image"].startswith("cortex")]
     assert {w["metadata"]["name"] for w in cortex} == {
-        "cortex-index", "cortex-ingest", "cortex-gateway", "cortex-discovery", "cortex-sim"}
+        "cortex-index", "cortex-ingest", "cortex-gateway", "cortex-discovery", "cortex-sim",
+        "cortex-epp"}
     for workload in cortex:
         args, _ = parse(workload, parse_cortex, tmp_path)
         assert callable(args.func), workload["metadata"]["name"]
-    for workload in workloads(DOCS + EXAMPLES):
+    for workload in workloads(every):
         resources = container(workload)["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]), workload["metadata"]["name"]
         assert "memory" in resources["limits"], workload["metadata"]["name"]
@@ -378,3 +383,39 @@ def test_the_example_sim_pods_are_workers_the_gateway_serves(
     assert served[spec.model].block_size == spec.block_size
     get = container(deployment)["readinessProbe"]["httpGet"]
     assert (get["path"], probe_port(deployment, get)) == ("/health", sim.port)
+
+
+def test_the_inference_pool_asks_the_endpoint_picker_about_the_discovered_pods(
+    parse_cortex: ParseCortex, tmp_path: Path, discovery: DiscoveryConfig,
+) -> None:
+    from cortex.gateway.epp_server import SERVICE, PickerHealth
+
+    deployment = the("Deployment", "cortex-epp", GIE)
+    args, env = parse(deployment, parse_cortex, tmp_path)
+    load_config(args.config, env)  # the gateways' own config
+    assert args.epp_host == "0.0.0.0" and args.epp_port == port_of(deployment, "grpc-epp")
+    health = PickerHealth(lambda: True)
+    for probe in ("livenessProbe", "readinessProbe"):
+        grpc = container(deployment)[probe]["grpc"]
+        assert grpc["port"] == args.epp_port and health.status(grpc["service"]) is not None
+    assert health.status(SERVICE) is not None
+    service = the("Service", "cortex-epp", GIE)
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"][
+        "labels"].items()
+    (grpc_port,) = [p for p in service["spec"]["ports"] if p["targetPort"] == "grpc-epp"]
+    assert grpc_port["appProtocol"] == "kubernetes.io/h2c"  # ext_proc is HTTP/2
+
+    pool = the("InferencePool", "cortex-pool", GIE)
+    ref = pool["spec"]["endpointPickerRef"]
+    assert (ref["kind"], ref["name"], ref["port"]["number"]) == (
+        "Service", "cortex-epp", grpc_port["port"])
+    assert ref["failureMode"] in ("FailOpen", "FailClose")
+    sims = the("Deployment", "cortex-sim", EXAMPLES)["spec"]["template"]["metadata"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= sims["labels"].items()
+    assert discovery.selector in pool["spec"]["selector"]["matchLabels"]  # the same pods
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [
+        int(sims["annotations"]["cortex/port"])]
+    route = the("HTTPRoute", "cortex-inference", GIE)
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io",
+                                    "kind": "InferencePool", "name": "cortex-pool"}]
