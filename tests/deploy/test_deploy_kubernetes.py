@@ -334,7 +334,7 @@ def test_prometheus_finds_every_metrics_endpoint(
         <= service["metadata"]["labels"].items()
         and {p["name"] for p in service["spec"]["ports"]} & scraped
     }
-    assert covered == {"cortex-gateway", "cortex-index", "cortex-ingest"}
+    assert covered == {"cortex-gateway", "cortex-index", "cortex-ingest", "cortex-discovery"}
 
 
 def test_discovery_reads_only_pods_with_its_own_service_account(
