@@ -1,24 +1,20 @@
 """PodApi + PodDiscovery against a recorded list and watch stream served over HTTP on
 127.0.0.1 in the Kubernetes API's shapes (no API server can run here), and a real Redis.
 
-The fake server answers ``GET /api/v1/namespaces/llm/pods`` from the recording: list pages
-in order, and each watch from a queue the test feeds event by event (split across writes,
-as a chunked stream may be), so every step of the protocol is observed as it happens.
+The fake server (:mod:`cortex.testing.kubernetes`) answers from the recording: list pages in
+order, and each watch from a queue the test feeds event by event, so every step of the
+protocol is observed as it happens.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from cortex.registry import RedisRegistry, RegistryWatcher
 from cortex.registry.kubernetes import (
@@ -32,6 +28,7 @@ from cortex.registry.kubernetes import (
 from cortex.registry.kubernetes.api import LineSplitter
 from cortex.registry.kubernetes.service import DiscoveryService
 from cortex.testing import RedisServer, wait_until_async
+from cortex.testing.kubernetes import FakeKubernetesApi, Watch, fake_kubernetes_api
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,63 +37,10 @@ RECORDING: dict[str, Any] = json.loads(
 A, B, C, D = (f"sglang-7c9d5f6b8-{s}.llm" for s in ("2xkqp", "9wlzt", "q4m7d", "zr8nb"))
 
 
-@dataclass
-class Watch:
-    query: dict[str, str]
-    events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
-
-
-@dataclass
-class FakeApi:
-    """Scripted answers; every request is recorded (path, query, Authorization)."""
-
-    lists: deque[tuple[int, dict[str, Any]]] = field(default_factory=deque)
-    watch_statuses: deque[tuple[int, dict[str, Any]]] = field(default_factory=deque)
-    watches: asyncio.Queue[Watch] = field(default_factory=asyncio.Queue)
-    requests: list[tuple[str, dict[str, str], str]] = field(default_factory=list)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        query = dict(request.query)
-        self.requests.append((request.path, query, request.headers.get("Authorization", "")))
-        if request.path != "/api/v1/namespaces/llm/pods":
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
-        if query.get("watch") != "1":
-            status, body = self.lists.popleft()
-            return web.json_response(body, status=status)
-        if self.watch_statuses:
-            status, body = self.watch_statuses.popleft()
-            return web.json_response(body, status=status)
-        watch = Watch(query)
-        await self.watches.put(watch)
-        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
-        while (event := await watch.events.get()) is not None:
-            line = json.dumps(event).encode() + b"\n"
-            await resp.write(line[:37])  # a line split across chunks
-            await resp.write(line[37:])
-        await resp.write_eof()
-        return resp
-
-    def calls(self, *, watch: bool) -> list[tuple[dict[str, str], str]]:
-        return [(q, auth) for _, q, auth in self.requests if (q.get("watch") == "1") == watch]
-
-
 @pytest.fixture
-async def api_server() -> AsyncIterator[tuple[FakeApi, str]]:
-    fake = FakeApi()
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", fake.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield fake, f"http://127.0.0.1:{port}"
-    finally:
-        for _ in range(fake.watches.qsize()):
-            fake.watches.get_nowait().events.put_nowait(None)
-        await runner.cleanup()
+async def api_server() -> AsyncIterator[tuple[FakeKubernetesApi, str]]:
+    async with fake_kubernetes_api("llm") as api:
+        yield api, api.url
 
 
 def config(url: str, redis: str, token_file: Path | None = None, **changes: Any) -> DiscoveryConfig:
@@ -106,13 +50,12 @@ def config(url: str, redis: str, token_file: Path | None = None, **changes: Any)
                            token_file=str(token_file) if token_file else None, **fields)
 
 
-async def next_watch(fake: FakeApi) -> Watch:
-    async with asyncio.timeout(10):
-        return await fake.watches.get()
+async def next_watch(fake: FakeKubernetesApi) -> Watch:
+    return await fake.next_watch()
 
 
 async def test_list_watch_bookmarks_and_relist_keep_the_registry_equal_to_the_ready_pods(
-    api_server: tuple[FakeApi, str], redis_server: RedisServer, tmp_path: Path,
+    api_server: tuple[FakeKubernetesApi, str], redis_server: RedisServer, tmp_path: Path,
 ) -> None:
     fake, url = api_server
     token = tmp_path / "token"
@@ -188,7 +131,7 @@ async def test_list_watch_bookmarks_and_relist_keep_the_registry_equal_to_the_re
 
 
 async def test_the_api_adapter_translates_gone_and_errors(
-    api_server: tuple[FakeApi, str],
+    api_server: tuple[FakeKubernetesApi, str],
 ) -> None:
     fake, url = api_server
     async with aiohttp.ClientSession() as session:
@@ -225,7 +168,7 @@ def test_the_line_splitter_frames_and_bounds_events() -> None:
 
 
 async def test_the_service_serves_health_and_metrics(
-    api_server: tuple[FakeApi, str], redis_server: RedisServer,
+    api_server: tuple[FakeKubernetesApi, str], redis_server: RedisServer,
 ) -> None:
     fake, url = api_server
     fake.lists.extend((200, page) for page in RECORDING["list_pages"])
