@@ -230,6 +230,22 @@ async def test_bad_requests_and_a_full_gateway_are_immediate_answers(
             end_of_stream=True))
         assert set(destination(await envoy.recv())) == {address_of(w.spec) for w in pool}
         await envoy.close()
+        # Envoy configured to send no body: picked on the headers; per-chunk STREAMED: refused
+        post = base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=":path", raw_value=CHAT_PATH.encode())])
+        for mode, expected in ((processing_mode_pb2.ProcessingMode.NONE, "request_headers"),
+                               (processing_mode_pb2.ProcessingMode.STREAMED,
+                                "immediate_response")):
+            envoy = Envoy(stub)
+            await envoy.send(request_headers=ext.HttpHeaders(headers=post),
+                             protocol_config=ext.ProtocolConfiguration(request_body_mode=mode))
+            reply = await envoy.recv()
+            assert reply.WhichOneof("response") == expected
+            if expected == "request_headers":
+                assert len(destination(reply)) == 2
+            else:
+                assert reply.immediate_response.status.code == 500
+            await envoy.close()
 
 
 async def test_grpc_health_names_liveness_readiness_and_the_processor(

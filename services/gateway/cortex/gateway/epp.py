@@ -134,6 +134,7 @@ class PickerStream:
         self._body = bytearray()
         self._duplex_request = False
         self._duplex_response = False
+        self._request_mode = _Mode.BUFFERED
         self._admitted = False
 
     def __repr__(self) -> str:
@@ -143,6 +144,7 @@ class PickerStream:
     async def handle(self, req: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
         if req.HasField("protocol_config"):
             config = req.protocol_config
+            self._request_mode = config.request_body_mode
             self._duplex_request = config.request_body_mode == _Mode.FULL_DUPLEX_STREAMED
             self._duplex_response = config.response_body_mode == _Mode.FULL_DUPLEX_STREAMED
         kind = req.WhichOneof("request")
@@ -170,7 +172,15 @@ class PickerStream:
         subset = _struct_value(req.metadata_context, SUBSET_NAMESPACE, SUBSET)
         self._subset = subset if isinstance(subset, list) else None
         self.phase = Phase.BODY
-        if headers.end_of_stream:  # no body (GET /v1/models, say): any routable worker
+        if self._request_mode == _Mode.STREAMED:
+            # each chunk would need its answer before the body is whole, and the headers
+            # would be gone by then: no way to name the endpoint
+            self.close()
+            return [immediate(GatewayError(
+                "the endpoint picker needs Envoy's request body mode BUFFERED or "
+                "FULL_DUPLEX_STREAMED", code=ErrorCode.INTERNAL_ERROR, status=500))]
+        if headers.end_of_stream or self._request_mode == _Mode.NONE:
+            # no body (GET /v1/models, say), or Envoy sends none: any routable worker
             return await self._answer(headers_reply=True, body_reply=False)
         if self._duplex_request:
             return []  # the headers are answered once the body is whole
