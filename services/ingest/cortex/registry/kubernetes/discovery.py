@@ -114,8 +114,12 @@ class PodDiscovery:
                 async with asyncio.timeout(self.config.lease_ttl_s / 3):
                     await self._wake.wait()
             self._wake.clear()
-            if self.listed:
+            if not self.listed:
+                continue
+            try:
                 await self.reconcile()
+            except Exception:  # a bug must not stop the leases: log, retry next period
+                log.exception("reconciliation failed")
 
     async def reconcile(self) -> Plan:
         """List the registry, apply the plan; the plan (empty when unreachable)."""
