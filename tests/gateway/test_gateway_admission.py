@@ -156,8 +156,8 @@ def test_the_gateway_cli_sets_admission_like_sglang_router(
 
     seen: dict[str, Any] = {}
 
-    async def serve(config: GatewayConfig) -> None:
-        seen["config"] = config
+    async def serve(config: GatewayConfig, epp: tuple[str, int] | None = None) -> None:
+        seen["config"], seen["epp"] = config, epp
 
     monkeypatch.setattr(cli, "_serve", serve)
     parser = argparse.ArgumentParser()
@@ -169,3 +169,9 @@ def test_the_gateway_cli_sets_admission_like_sglang_router(
     assert cli.run(args) == 0
     assert seen["config"].admission == AdmissionConfig(max_concurrent_requests=64,
                                                        queue_size=8, queue_timeout_s=5)
+    assert seen["epp"] is None
+    # the endpoint picker beside it (docs/kubernetes.md)
+    args = parser.parse_args(["gateway", "--config", str(path), "--epp-port", "9002"])
+    assert cli.run(args) == 0 and seen["epp"] == ("0.0.0.0", 9002)
+    args = parser.parse_args(["gateway", "--config", str(path), "--epp-port", "70000"])
+    assert cli.run(args) == 2
