@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,9 +21,7 @@ import pytest
 import yaml
 
 from cortex.gateway.config import GatewayConfig, load_config
-from cortex.index.cli import config_from_args
 from cortex.index.config import IndexConfig
-from cortex.ingest.cli import build_config as ingest_config
 from cortex.ingest.config import IngestConfig
 from cortex.registry import WorkerSpec
 from cortex.sim.cli import build_config as sim_config
@@ -34,7 +32,7 @@ COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text
 SERVICES: dict[str, Any] = COMPOSE["services"]
 CORTEX = sorted(name for name, svc in SERVICES.items() if "build" in svc)
 SIMS = sorted(name for name in CORTEX if SERVICES[name]["command"][0] == "sim")
-ParseCortex = Callable[..., argparse.Namespace]  # the fixture of tests/deploy/conftest.py
+ParseCortex = Any  # tests/deploy/conftest.py's ParseCortex (a fixture)
 
 
 def env_of(name: str) -> dict[str, str]:
@@ -61,12 +59,16 @@ def health_url(name: str) -> str:
 
 @pytest.fixture
 def index(parse_cortex: ParseCortex) -> IndexConfig:
-    return config_from_args(parse("index", parse_cortex), env_of("index"))
+    config: IndexConfig = parse_cortex.start(parse("index", parse_cortex))
+    assert parse_cortex.unread(env_of("index")) == [], "variables the index never reads"
+    return config
 
 
 @pytest.fixture
 def ingest(parse_cortex: ParseCortex) -> IngestConfig:
-    return ingest_config(parse("ingest", parse_cortex))
+    config: IngestConfig = parse_cortex.start(parse("ingest", parse_cortex))
+    assert parse_cortex.unread(env_of("ingest")) == [], "variables the ingest never reads"
+    return config
 
 
 @pytest.fixture

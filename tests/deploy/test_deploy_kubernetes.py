@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,15 +23,12 @@ import pytest
 import yaml
 from kubernetes_validate.utils import ValidationError
 
-from cortex.gateway.config import GatewayConfig, load_config
-from cortex.index.cli import config_from_args
+from cortex.gateway.config import GatewayConfig
 from cortex.index.config import IndexConfig
-from cortex.ingest.cli import build_config as ingest_config
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.shard import ShardSpec
 from cortex.registry import WorkerSpec
 from cortex.registry.kubernetes import worker_of
-from cortex.registry.kubernetes.cli import build_config as discovery_config
 from cortex.registry.kubernetes.config import DiscoveryConfig
 from cortex.sim.cli import build_config as sim_config
 
@@ -41,7 +38,7 @@ VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())  # pod-index l
 CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
         ("inference.networking.k8s.io/v1", "InferencePool"),
         ("gateway.networking.k8s.io/v1", "HTTPRoute")}
-ParseCortex = Callable[..., argparse.Namespace]  # the fixture of tests/deploy/conftest.py
+ParseCortex = Any  # tests/deploy/conftest.py's ParseCortex (a fixture)
 POD_IP = "10.1.2.3"
 
 
@@ -100,7 +97,8 @@ def args_of(workload: dict[str, Any], env: Mapping[str, str]) -> list[str]:
 
 
 def parse(workload: dict[str, Any], parse_cortex: ParseCortex, root: Path,
-          ordinal: int = 0) -> tuple[argparse.Namespace, dict[str, str]]:
+          ordinal: int = 0, extra: Mapping[str, str] | None = None,
+          ) -> tuple[argparse.Namespace, dict[str, str]]:
     """The container's command through the real parser; the files mounted into the
     container are written under ``root`` and the paths that name them point there."""
     env = env_of(workload, ordinal)
@@ -113,7 +111,7 @@ def parse(workload: dict[str, Any], parse_cortex: ParseCortex, root: Path,
         real[path] = str(file)
     env = {k: real.get(v, v) for k, v in env.items()}
     argv = [real.get(a, a) for a in args_of(workload, env)]
-    return parse_cortex(workload["metadata"]["name"], argv, env), env
+    return parse_cortex(workload["metadata"]["name"], argv, {**env, **(extra or {})}), env
 
 
 def in_container(root: Path, path: str) -> str:
@@ -152,28 +150,36 @@ def probe_port(workload: dict[str, Any], probe: dict[str, Any]) -> int:
 def index(parse_cortex: ParseCortex, tmp_path: Path) -> IndexConfig:
     sts = the("StatefulSet", "cortex-index")
     args, env = parse(sts, parse_cortex, tmp_path)
-    return config_from_args(args, env)
+    config: IndexConfig = parse_cortex.start(args)
+    assert parse_cortex.unread(env) == [], "variables the index never reads"
+    return config
 
 
 @pytest.fixture
 def gateway(parse_cortex: ParseCortex, tmp_path: Path) -> GatewayConfig:
     deployment = the("Deployment", "cortex-gateway")
-    args, env = parse(deployment, parse_cortex, tmp_path)
+    args, _ = parse(deployment, parse_cortex, tmp_path)
     assert mounted(deployment)[in_container(tmp_path, args.config)][0] == "configMap"
-    return load_config(args.config, env)
+    config: GatewayConfig = parse_cortex.start(args)  # unknown CORTEX_GATEWAY_* are errors
+    return config
 
 
 @pytest.fixture
 def discovery(parse_cortex: ParseCortex, tmp_path: Path) -> DiscoveryConfig:
-    args, env = parse(the("Deployment", "cortex-discovery"), parse_cortex, tmp_path)
-    # the kubelet's own variables, and the service account's namespace given as the env does
-    return discovery_config(args, {**env, "KUBERNETES_SERVICE_HOST": "10.96.0.1",
-                                   "KUBERNETES_SERVICE_PORT": "443"})
+    # the kubelet's own variables, beside the container's
+    kubelet = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    args, env = parse(the("Deployment", "cortex-discovery"), parse_cortex, tmp_path,
+                      extra=kubelet)
+    config: DiscoveryConfig = parse_cortex.start(args)
+    assert parse_cortex.unread(env) == [], "variables the discovery never reads"
+    return config
 
 
 def ingest_of(parse_cortex: ParseCortex, root: Path, ordinal: int) -> IngestConfig:
-    args, _ = parse(the("StatefulSet", "cortex-ingest"), parse_cortex, root, ordinal)
-    return ingest_config(args)
+    args, env = parse(the("StatefulSet", "cortex-ingest"), parse_cortex, root, ordinal)
+    config: IngestConfig = parse_cortex.start(args)
+    assert parse_cortex.unread(env) == [], "variables the ingest never reads"
+    return config
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -391,8 +397,8 @@ def test_the_inference_pool_asks_the_endpoint_picker_about_the_discovered_pods(
     from cortex.gateway.epp_server import SERVICE, PickerHealth
 
     deployment = the("Deployment", "cortex-epp", GIE)
-    args, env = parse(deployment, parse_cortex, tmp_path)
-    load_config(args.config, env)  # the gateways' own config
+    args, _ = parse(deployment, parse_cortex, tmp_path)
+    parse_cortex.start(args)  # the gateways' own config, and the picker's flags
     assert args.epp_host == "0.0.0.0" and args.epp_port == port_of(deployment, "grpc-epp")
     health = PickerHealth(lambda: True)
     for probe in ("livenessProbe", "readinessProbe"):
