@@ -115,10 +115,14 @@ class EppServer:
     async def __aenter__(self) -> EppServer:
         server = GrpcServer([ExternalProcessor(self.gw), PickerHealth(self.ready)])
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto TCP, not 0: asyncio turns Nagle off only on accepted sockets of proto TCP,
+        # and with Nagle each small reply waits ~40 ms for the client's delayed ACK
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.bind((self.host, self.port))
+            sock.setblocking(False)
             self.port = sock.getsockname()[1]
             await server.start(sock=sock)
         except BaseException:
