@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "cortex.bench.faults",
     "soak": "cortex.bench.soak",
     "capacity": "cortex.bench.capacity",
+    "epp": "cortex.bench.epp",
 }
 
 
