@@ -405,6 +405,10 @@ def test_the_inference_pool_asks_the_endpoint_picker_about_the_discovered_pods(
         grpc = container(deployment)[probe]["grpc"]
         assert grpc["port"] == args.epp_port and health.status(grpc["service"]) is not None
     assert health.status(SERVICE) is not None
+    hpa = the("HorizontalPodAutoscaler", "cortex-epp", GIE)
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "cortex-epp"
+    assert the("PodDisruptionBudget", "cortex-epp", GIE)["spec"]["selector"] == deployment[
+        "spec"]["selector"]
     service = the("Service", "cortex-epp", GIE)
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"][
         "labels"].items()
