@@ -19,6 +19,7 @@ def test_a_few_picks_are_timed_and_reported(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = out.read_text()
-    for row in ("`Router.route` alone", "pick, `BUFFERED`", "pick, `FULL_DUPLEX_STREAMED`"):
+    for row in ("`Router.route` alone", "pick, `BUFFERED`", "pick, `FULL_DUPLEX_STREAMED`",
+                "the same from a grpclib client"):
         assert f"| {row}" in text
-    assert text.count(" ms |") == 12
+    assert text.count(" ms |") == 16
