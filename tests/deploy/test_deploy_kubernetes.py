@@ -429,3 +429,41 @@ def test_the_inference_pool_asks_the_endpoint_picker_about_the_discovered_pods(
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io",
                                     "kind": "InferencePool", "name": "cortex-pool"}]
+
+
+def components_allowed(policy: dict[str, Any]) -> dict[int, set[str] | None]:
+    """port -> the Cortex components allowed to reach it (``None``: anyone)."""
+    allowed: dict[int, set[str] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        sources: set[str] | None = None
+        for peer in rule.get("from", []):
+            selector = peer["podSelector"]
+            assert selector["matchLabels"] == {"app.kubernetes.io/name": "cortex"}
+            (expression,) = selector["matchExpressions"]
+            assert (expression["key"], expression["operator"]) == (
+                "app.kubernetes.io/component", "In")
+            sources = (sources or set()) | set(expression["values"])
+        for port in rule["ports"]:
+            allowed[int(port["port"])] = sources
+    return allowed
+
+
+def test_network_policies_let_in_exactly_the_components_that_dial(
+    index: IndexConfig,
+) -> None:
+    components = {w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+                  for w in workloads(DOCS + GIE)}
+    index_policy = components_allowed(the("NetworkPolicy", "cortex-index"))
+    assert index_policy == {index.port: {"ingest", "gateway", "epp"},
+                            index.metrics_port: None}  # scrapers from anywhere
+    redis = the("Service", "cortex-redis")["spec"]["ports"][0]["port"]
+    redis_policy = components_allowed(the("NetworkPolicy", "cortex-redis"))
+    assert redis_policy == {redis: {"ingest", "gateway", "epp", "discovery"}}
+    for name, policy in (("cortex-index", index_policy), ("cortex-redis", redis_policy)):
+        selector = the("NetworkPolicy", name)["spec"]["podSelector"]["matchLabels"]
+        (target,) = [w for w in workloads() if selector.items()
+                     <= w["spec"]["template"]["metadata"]["labels"].items()]
+        ports = {p["containerPort"] for p in container(target)["ports"]}
+        assert set(policy) <= ports, name
+        for allowed in policy.values():
+            assert allowed is None or allowed <= components, name
