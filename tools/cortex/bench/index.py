@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cortex.bench.procstat import rss_bytes
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.grpcio_stubs import load_grpcio_stubs
@@ -45,15 +46,6 @@ __all__ = ["register", "run"]
 DOMAIN = HashDomain("bench-model", 16, Engine.SGLANG)
 ROOT = DOMAIN.root_key()
 QUERY_BLOCKS = 256
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (bytes), from /proc/self/statm."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
 @dataclass
 class Workload:
     """Chains to store: ``(worker, parent_key, keys)``; queries of 256 keys."""
@@ -307,10 +299,10 @@ async def _bench(args: argparse.Namespace) -> Results:
     # 1. in-process apply + memory
     core = PrefixIndex(memory_budget_bytes=0, start_version=1)
     gc.collect()
-    rss0 = rss_bytes()
+    rss0 = rss_bytes(os.getpid()) or 0
     seconds = apply_all(core, work)
     gc.collect()
-    rss1 = rss_bytes()
+    rss1 = rss_bytes(os.getpid()) or 0
     stats = core.stats()
     rate = stored / seconds
     res.add("apply in-process", f"{rate:,.0f} blocks/s ({seconds:.1f} s)", "≥ 300,000/s",

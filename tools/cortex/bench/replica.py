@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_contenders import _proc_cpu_s
+from cortex.bench.procstat import cpu_s, rss_bytes
 from cortex.hashing import Engine, HashDomain
 from cortex.testing import free_port, wait_until
 
@@ -45,11 +45,6 @@ __all__ = ["main", "register", "run_rate"]
 
 DOMAIN = HashDomain("bench-model", 16, Engine.SGLANG)
 SOURCES = 8
-
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 # ---- the child processes ------------------------------------------------------------------
@@ -114,12 +109,12 @@ async def _replica(target: str, seconds: float) -> None:
 
     client = Measured(IndexConfig(targets=(target,)), (DOMAIN.model,), GatewayMetrics(),
                       lambda changes: None, replica_id=f"bench-{os.getpid()}")
-    rss0 = _rss_bytes(os.getpid())
+    rss0 = rss_bytes(os.getpid()) or 0
     async with client:
         await asyncio.sleep(seconds)
         replica = client.replica
         blocks = replica.view.blocks
-        rss = _rss_bytes(os.getpid())
+        rss = rss_bytes(os.getpid()) or 0
         tree = replica.view.trees.get(DOMAIN)
         queries: list[list[int]] = []
         if tree is not None and tree.sources:
@@ -196,12 +191,12 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
         wait_until(lambda: _subscribers(metrics_port) == replicas, 30, 0.05,
                    "the replicas to subscribe")
         procs: list[subprocess.Popen[Any]] = [index, *children]
-        cpu0 = {p.pid: _proc_cpu_s(p.pid) for p in procs}
+        cpu0 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
         feeder = _child("feeder", target, str(rate), str(seconds), str(blocks), str(per_batch),
                         str(seed))
         fed = _result(feeder, seconds + 60)
-        cpu1 = {p.pid: _proc_cpu_s(p.pid) for p in procs}
-        index_rss = _rss_bytes(index.pid)
+        cpu1 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
+        index_rss = rss_bytes(index.pid) or 0
         outs = [_result(c, seconds + 120) for c in children]
     finally:
         index.terminate()

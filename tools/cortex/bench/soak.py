@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.faults_catalogue import rss_mb
 from cortex.bench.faults_load import LoadGenerator, LoopThread, provenance
+from cortex.bench.procstat import rss_mb
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["register", "slope_mb_per_10min"]

@@ -95,8 +95,8 @@ class ClusterSpec:
     every ``min(1, ttl/4)`` s so renewals stay well inside it. With no gateway nobody renews
     leases, so workers are registered without expiry.
     ``gateway_config``: sections merged into every gateway's generated config
-    (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args``: extra
-    flags. ``ready_timeout_s``: the whole start-up's deadline.
+    (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args`` /
+    ``gateway_args``: extra flags. ``ready_timeout_s``: the whole start-up's deadline.
     """
 
     workers: int = 2
@@ -117,6 +117,7 @@ class ClusterSpec:
     gateway_config: Mapping[str, Any] = field(default_factory=dict)
     index_args: tuple[str, ...] = ()
     ingest_args: tuple[str, ...] = ()
+    gateway_args: tuple[str, ...] = ()
     ready_timeout_s: float = 90.0
 
     def __post_init__(self) -> None:
@@ -144,6 +145,7 @@ class ClusterSpec:
         object.__setattr__(self, "sim_args", tuple(self.sim_args))
         object.__setattr__(self, "index_args", tuple(self.index_args))
         object.__setattr__(self, "ingest_args", tuple(self.ingest_args))
+        object.__setattr__(self, "gateway_args", tuple(self.gateway_args))
         object.__setattr__(self, "gateway_config", MappingProxyType(dict(self.gateway_config)))
 
     @property
@@ -464,7 +466,7 @@ class LocalCluster:
         path.chmod(0o600)  # holds the admin token
         self._gateway_configs.append(path)
         self._start(f"gateway-{index}", ["gateway", "--config", str(path),
-                                         "--log-format", "text"])
+                                         "--log-format", "text", *self.spec.gateway_args])
         connect = LOOPBACK if self.spec.host in ("0.0.0.0", "::", "") else self.spec.host
         self.gateway_urls.append(f"http://{connect}:{port}")
 
