@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.faults_catalogue import FAULTS, QUICK, Bench, Fault, wait_for
-from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record, provenance
+from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
+from cortex.bench.report import provenance
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["Plan", "register", "run"]

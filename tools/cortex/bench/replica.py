@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.procstat import cpu_s, rss_bytes
+from cortex.bench.report import table
 from cortex.hashing import Engine, HashDomain
 from cortex.testing import free_port, wait_until
 
@@ -252,16 +253,15 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         f"updates a batch), {replicas} replica processes (a gateway's `ReplicaClient` each), "
         "all on 127.0.0.1 and one machine: the replicas compete with the index for the cores.",
         "",
-        "| offered blocks/s | sent | lag p50 | p99 | max | index CPU / block | replica CPU / "
-        "block | replica RSS / block | match (256 keys) | answers ≠ index |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *table(("offered blocks/s", "sent", "lag p50", "p99", "max", "index CPU / block",
+                "replica CPU / block", "replica RSS / block", "match (256 keys)",
+                "answers ≠ index"),
+               [(f"{r.rate:,.0f}", f"{r.blocks:,}", f"{r.lag_p50_ms:.1f} ms",
+                 f"{r.lag_p99_ms:.1f} ms", f"{r.lag_max_ms:.0f} ms",
+                 f"{r.index_cpu_us_per_block:.2f} µs", f"{r.replica_cpu_us_per_block:.2f} µs",
+                 f"{r.replica_bytes_per_block:.0f} B", f"{r.match_us:.0f} µs",
+                 f"{r.mismatches} of {r.queries}") for r in results], "r" * 10),
     ]
-    for r in results:
-        lines.append(
-            f"| {r.rate:,.0f} | {r.blocks:,} | {r.lag_p50_ms:.1f} ms | {r.lag_p99_ms:.1f} ms | "
-            f"{r.lag_max_ms:.0f} ms | {r.index_cpu_us_per_block:.2f} µs | "
-            f"{r.replica_cpu_us_per_block:.2f} µs | {r.replica_bytes_per_block:.0f} B | "
-            f"{r.match_us:.0f} µs | {r.mismatches} of {r.queries} |")
     lines += [
         "",
         "- **lag**: a replica applying a live batch, minus the index's `applied_unix_s` for",
@@ -330,7 +330,7 @@ def _main(args: argparse.Namespace) -> int:
                                     encoding="utf-8")
     if plot(results, out / "replica.png"):
         with (out / "replica.md").open("a", encoding="utf-8") as f:
-            f.write("![replica lag](replica.png)\n")
+            f.write("\n![replica lag](replica.png)\n")
     print(out / "replica.md")
     return 0
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.report import package_version
 from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary
 from cortex.bench.routing_bounds import shape_prompts
 from cortex.bench.routing_contenders import CONTENDERS, SimSetup, cpu_split
@@ -406,19 +407,11 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
         "prefill_ms_per_token": sims.prefill_ms_per_token,
         "prefill_overhead_ms": sims.prefill_overhead_ms,
         "decode_ms_per_token": sims.decode_ms_per_token, "max_running": sims.max_running,
-        "sglang_router_version": _version("sglang-router"),
-        "vllm_router_version": _version("vllm-router"),
+        "sglang_router_version": package_version("sglang-router"),
+        "vllm_router_version": package_version("vllm-router"),
         "haproxy": haproxy_binary() or f"not installed (`{HAPROXY_INSTALL}`)",
         "pinned": cpu_split() if plan.pin else None,
         "profile": dataclasses.asdict(profile), "cortex_weights": dict(weights),
         "cortex_weights_note": note, "seed": args.seed,
     }
 
-
-def _version(package: str) -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
