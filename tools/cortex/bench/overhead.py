@@ -46,6 +46,7 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.procstat import cpu_s
+from cortex.bench.report import table
 from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.cli.supervisor import Child, Supervisor
 from cortex.testing import free_port, sglang_router_argv, wait_until
@@ -478,15 +479,14 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         "Server-side timings of `/admin/explain` (the same code path as real requests),"
         f" {args.decisions} decisions per scenario, milliseconds.",
         "",
-        "| scenario | p50 total | p99 total | tokenize p50 | hash p50 | match p50 | score p50 |",
-        "|---|---|---|---|---|---|---|",
+        *table(("scenario", "p50 total", "p99 total", "tokenize p50", "hash p50", "match p50",
+                "score p50"),
+               [(name, _fmt(statistics.median(stages["total"])),
+                 _fmt(_pct(stages["total"], 0.99)),
+                 *(_fmt(statistics.median(stages[s])) for s in ("tokenize", "hash", "match",
+                                                                 "score")))
+                for name, stages in routing.items()]),
     ]
-    for name, stages in routing.items():
-        p50 = {s: statistics.median(v) for s, v in stages.items()}
-        lines.append(
-            f"| {name} | {_fmt(p50['total'])} | {_fmt(_pct(stages['total'], 0.99))} |"
-            f" {_fmt(p50['tokenize'])} | {_fmt(p50['hash'])} | {_fmt(p50['match'])} |"
-            f" {_fmt(p50['score'])} |")
     warm = statistics.median(routing["warm"]["total"])
     cold = statistics.median(routing["never seen"]["total"])
     lines += [
@@ -499,15 +499,15 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f"{args.latency_requests} sequential streamed chat requests per target (16 output"
         " tokens, ~330 prompt tokens), interleaved; full stream time in ms.",
         "",
-        "| target | p50 | p99 | added p50 | added p99 |",
-        "|---|---|---|---|---|",
     ]
     base50, base99 = statistics.median(lat["direct"]), _pct(lat["direct"], 0.99)
+    rows = []
     for name, values in lat.items():
         t50, t99 = statistics.median(values), _pct(values, 0.99)
-        added = "—" if name == "direct" else f"{t50 - base50:+.2f}"
-        added99 = "—" if name == "direct" else f"{t99 - base99:+.2f}"
-        lines.append(f"| {name} | {t50:.2f} | {t99:.2f} | {added} | {added99} |")
+        direct = name == "direct"
+        rows.append((name, f"{t50:.2f}", f"{t99:.2f}", "—" if direct else f"{t50 - base50:+.2f}",
+                     "—" if direct else f"{t99 - base99:+.2f}"))
+    lines += table(("target", "p50", "p99", "added p50", "added p99"), rows)
     lines += [
         "",
         "## 3. Streamed requests per second",
@@ -515,13 +515,12 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f"Closed loop, {args.concurrency} clients, {args.duration:g} s per target. CPU is"
         " seconds of CPU per 1,000 requests, per process.",
         "",
-        "| target | req/s | errors | " + " | ".join(
-            f"CPU {n}" for n in next(iter(rates.values())).cpu_s) + " |",
-        "|---|---|---|" + "---|" * len(next(iter(rates.values())).cpu_s),
+        *table(("target", "req/s", "errors",
+                *(f"CPU {n}" for n in next(iter(rates.values())).cpu_s)),
+               [(name, f"{r.rate:.0f}", r.errors,
+                 *(f"{v / max(r.requests, 1) * 1000:.2f}" for v in r.cpu_s.values()))
+                for name, r in rates.items()]),
     ]
-    for name, r in rates.items():
-        cpu = " | ".join(f"{v / max(r.requests, 1) * 1000:.2f}" for v in r.cpu_s.values())
-        lines.append(f"| {name} | {r.rate:.0f} | {r.errors} | {cpu} |")
     cortex = rates["cortex"]
     gw_cpu_ms = cortex.cpu_s["gateway"] / max(cortex.requests, 1) * 1000
     lines += [""]
@@ -554,10 +553,10 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
             " (one gRPC Match per request), and the gateway of section 3. CPU is that"
             " process's, per request, and the index's.",
             "",
-            "| server | req/s | errors | CPU per request (ms) | index CPU per request (ms) |",
-            "|---|---|---|---|---|",
-            *(f"| {name} | {f.rate:.0f} | {f.errors} | {f.cpu_ms:.3f} | {f.index_cpu_ms:.3f} |"
-              for name, f in breakdown.items()),
+            *table(("server", "req/s", "errors", "CPU per request (ms)",
+                    "index CPU per request (ms)"),
+                   [(name, f"{f.rate:.0f}", f.errors, f"{f.cpu_ms:.3f}", f"{f.index_cpu_ms:.3f}")
+                    for name, f in breakdown.items()]),
             "",
         ]
     lines += [
