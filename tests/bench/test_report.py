@@ -10,14 +10,14 @@ def test_table_has_header_rule_and_rows() -> None:
 
     assert lines == [
         "| what | µs | note |",
-        "| --- | ---: | --- |",
+        "|---|---:|---|",
         "| match | 1.5 |  |",
         "| sync | 12 | batched |",
     ]
 
 
 def test_table_without_rows_is_header_and_rule() -> None:
-    assert table(("a", "b"), []) == ["| a | b |", "| --- | --- |"]
+    assert table(("a", "b"), []) == ["| a | b |", "|---|---|"]
 
 
 @pytest.mark.parametrize("row", [("only one",), ("one", "two", "three")])

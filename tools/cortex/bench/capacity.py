@@ -35,8 +35,8 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.report import table
-from cortex.bench.routing_contenders import CpuMeter
-from cortex.bench.routing_text import BlockText, Segment, WordVocabulary
+from cortex.bench.routing.contenders import CpuMeter
+from cortex.bench.routing.text import BlockText, Segment, WordVocabulary
 from cortex.cli.cluster import ClusterSpec, LocalCluster
 
 __all__ = ["SizeResult", "fit_line", "register", "run"]

@@ -25,7 +25,7 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str =
     if len(align) > len(columns) or set(align) - set(_RULES):
         raise ValueError(f"align {align!r} does not fit {len(columns)} columns of l/r")
     rules = [_RULES[a] for a in align.ljust(len(columns), "l")]
-    lines = [_line(columns), _line(rules)]
+    lines = [_line(columns), "|" + "|".join(rules) + "|"]
     for row in rows:
         if len(row) != len(columns):
             raise ValueError(f"a row of {len(row)} cells in a table of {len(columns)} columns: "

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.procstat import cpu_s, machine_busy_s
-from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
+from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
 from cortex.cli.supervisor import Child, ChildExited, Supervisor
 from cortex.registry import WorkerRole

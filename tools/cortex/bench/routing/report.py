@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_contenders import CONTENDERS
-from cortex.bench.routing_metrics import RunSummary
-from cortex.bench.routing_results import Target, WorkloadResult, fmt_ms, or_nan
-from cortex.bench.routing_sections import (
+from cortex.bench.routing.contenders import CONTENDERS
+from cortex.bench.routing.metrics import RunSummary
+from cortex.bench.routing.results import Target, WorkloadResult, fmt_ms, or_nan
+from cortex.bench.routing.sections import (
     variant_json,
     variant_sections,
     variant_targets,
