@@ -29,8 +29,8 @@ import platform
 import random
 import statistics
 import struct
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +42,7 @@ import aiohttp
 
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.bench.report import table
+from cortex.cli.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
@@ -328,20 +329,19 @@ async def gap_repair(
 async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
     """``cortex ingest run`` as a child process; yields its metrics URL."""
     metrics_port = free_port()
-    cmd = [
-        sys.executable, "-m", "cortex.cli.main", "ingest", "run", "--redis", redis_url,
-        "--index", f"127.0.0.1:{index_port}", "--metrics-host", "127.0.0.1",
-        "--metrics-port", str(metrics_port), "--poll-interval", "0.2", "--log-level",
-        "WARNING", "--align-every", "0",
-    ]
-    proc = await asyncio.create_subprocess_exec(*cmd, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{metrics_port}"
-    try:
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-ingest-") as logs, \
+            Supervisor(Path(logs)) as sup:
+        child = sup.start_cortex("ingest", [
+            "ingest", "run", "--redis", redis_url, "--index", f"127.0.0.1:{index_port}",
+            "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--poll-interval", "0.2", "--log-level", "WARNING", "--align-every", "0"])
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as session:
             while True:
-                if proc.returncode is not None:
-                    raise RuntimeError(f"cortex ingest exited with {proc.returncode}")
+                if not child.alive():
+                    raise RuntimeError(f"cortex ingest exited with {child.returncode}:\n"
+                                       f"{child.log_tail()}")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with session.get(f"{url}/health/ready") as resp:
                         if resp.status == 200:
@@ -350,14 +350,6 @@ async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
                     raise TimeoutError("cortex ingest did not become ready")
                 await asyncio.sleep(0.05)
         yield f"{url}/metrics"
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 async def run(args: argparse.Namespace) -> str:

@@ -30,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from typing import Any
 
 from cortex.bench.procstat import cpu_s, rss_bytes
 from cortex.bench.report import table
+from cortex.cli.supervisor import Child, Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.testing import free_port, wait_until
 
@@ -165,16 +167,19 @@ class RateResult:
     index_bytes_per_block: float
 
 
-def _child(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cortex.bench.replica", "--child", *args],
-                            stdout=subprocess.PIPE, text=True)
+def _child(sup: Supervisor, name: str, *args: str) -> Child:
+    return sup.start(name, [sys.executable, "-m", "cortex.bench.replica", "--child", *args])
 
 
-def _result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"child failed ({proc.returncode})")
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+def _result(child: Child, timeout: float) -> dict[str, Any]:
+    """The JSON line a child prints last, once it exited."""
+    try:
+        child.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{child.name} did not finish in {timeout:g} s") from None
+    if child.returncode != 0:
+        raise RuntimeError(f"{child.name} failed ({child.returncode}):\n{child.log_tail()}")
+    result: dict[str, Any] = json.loads(child.log_path.read_text().strip().splitlines()[-1])
     return result
 
 
@@ -182,26 +187,25 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
              seed: int) -> RateResult:
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
-    index = subprocess.Popen([sys.executable, "-m", "cortex.cli.main", "index", "--host",
-                              "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
-                              "--metrics-port", str(metrics_port), "--log-level", "WARNING",
-                              "--memory-budget-bytes", "0"])
-    try:
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-replica-") as logs, \
+            Supervisor(Path(logs)) as sup:
+        index = sup.start_cortex("index", [
+            "index", "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(metrics_port), "--log-level", "WARNING",
+            "--memory-budget-bytes", "0"])
         wait_until(lambda: _port_open(port), 30, 0.05, "index")
-        children = [_child("replica", target, str(seconds + 2)) for _ in range(replicas)]
+        children = [_child(sup, f"replica-{i}", "replica", target, str(seconds + 2))
+                    for i in range(replicas)]
         wait_until(lambda: _subscribers(metrics_port) == replicas, 30, 0.05,
                    "the replicas to subscribe")
-        procs: list[subprocess.Popen[Any]] = [index, *children]
+        procs = [index, *children]
         cpu0 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
-        feeder = _child("feeder", target, str(rate), str(seconds), str(blocks), str(per_batch),
-                        str(seed))
+        feeder = _child(sup, "feeder", "feeder", target, str(rate), str(seconds), str(blocks),
+                        str(per_batch), str(seed))
         fed = _result(feeder, seconds + 60)
         cpu1 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
         index_rss = rss_bytes(index.pid) or 0
         outs = [_result(c, seconds + 120) for c in children]
-    finally:
-        index.terminate()
-        index.wait(10)
     sent = max(1, fed["blocks"])
     lags = sorted(x for o in outs for x in o["lags"])
     q = statistics.quantiles(lags, n=100) if len(lags) > 1 else [0.0] * 99
