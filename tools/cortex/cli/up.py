@@ -233,10 +233,9 @@ def summary(state: dict[str, Any], seconds: float) -> str:
     if not workers and state["redis"]:
         lines += ["", "No workers yet: register each one (its lease is renewed while it answers",
                   "the gateways' health probes):",
-                  f"  cortex workers add --redis {state['redis']['url']} --id ID --url URL "
-                  f"--engine {state['engine']} --model {state['model']} \\",
-                  "    --kv-events tcp://HOST:PORT --replay tcp://HOST:PORT "
-                  f"--block-size {state['block_size']}"]
+                  f"  cortex workers add --redis {state['redis']['url']} --url URL",
+                  "(engine, model, block size and event endpoints are read from the worker's",
+                  "own endpoints; flags such as --model or --kv-events tcp://HOST:PORT win)"]
     if gateways:
         url = gateways[0]["url"]
         body = json.dumps({"model": state["model"], "max_tokens": 16, "messages": [
