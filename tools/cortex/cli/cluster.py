@@ -94,6 +94,8 @@ class ClusterSpec:
     ``lease_ttl_s``: registry lease (s); gateways probe and the services poll the registry
     every ``min(1, ttl/4)`` s so renewals stay well inside it. With no gateway nobody renews
     leases, so workers are registered without expiry.
+    ``external``: workers that already run elsewhere (``cortex serve``): registered and
+    waited for like the sims, never started or stopped.
     ``gateway_config``: sections merged into every gateway's generated config
     (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args``: extra
     flags. ``ready_timeout_s``: the whole start-up's deadline.
@@ -115,6 +117,7 @@ class ClusterSpec:
     sim_args: tuple[str, ...] = ()
     lease_ttl_s: float = 10.0
     gateway_config: Mapping[str, Any] = field(default_factory=dict)
+    external: tuple[WorkerSpec, ...] = ()
     index_args: tuple[str, ...] = ()
     ingest_args: tuple[str, ...] = ()
     ready_timeout_s: float = 90.0
@@ -145,6 +148,12 @@ class ClusterSpec:
         object.__setattr__(self, "index_args", tuple(self.index_args))
         object.__setattr__(self, "ingest_args", tuple(self.ingest_args))
         object.__setattr__(self, "gateway_config", MappingProxyType(dict(self.gateway_config)))
+        object.__setattr__(self, "external", tuple(self.external))
+        ids = [wid for wid, _ in self.worker_roles()] + [w.id for w in self.external]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"external: worker ids must be unique, got {ids}")
+        if self.external and not self.services:
+            raise ValueError("external: registering workers needs the services")
 
     @property
     def poll_interval_s(self) -> float:
@@ -249,9 +258,10 @@ class LocalCluster:
         if supervisor is None:
             return
         try:
-            if self.spec.redis_url and self.workers and self.spec.services:
+            ids = [*self.workers, *(w.id for w in self.spec.external)]
+            if self.spec.redis_url and ids and self.spec.services:
                 with contextlib.suppress(Exception):
-                    _run_async(_deregister(self.spec.redis_url, list(self.workers)))
+                    _run_async(_deregister(self.spec.redis_url, ids))
         finally:
             supervisor.stop_all(grace_s)
 
@@ -359,6 +369,12 @@ class LocalCluster:
                  "bootstrap_port": w.bootstrap_port, "metrics_url": w.url + "/metrics",
                  "pid": pids[w.id], "log": logs[w.id]}
                 for w in self.workers.values()
+            ] + [
+                {"id": w.id, "url": w.url, "engine": w.engine.value, "role": w.role.value,
+                 "model": w.model, "kv_events": w.kv_events, "replay": w.replay,
+                 "bootstrap_port": w.bootstrap_port, "metrics_url": w.url + "/metrics",
+                 "block_size": w.block_size, "dp_size": w.dp_size, "pid": None, "log": None}
+                for w in spec.external
             ],
         }
 
@@ -454,7 +470,7 @@ class LocalCluster:
             "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5)),
                        "remove_after_s": 0},
             "workers": [w.spec(spec.model, spec.block_size).to_dict()
-                        for w in self.workers.values()],
+                        for w in self.workers.values()] + [w.to_dict() for w in spec.external],
         }
         return _merge(document, spec.gateway_config)
 
@@ -522,11 +538,12 @@ class LocalCluster:
                        self._children[f"gateway-{i}"])
 
     def _register_workers(self) -> None:
-        if not self.workers:
+        specs = [w.spec(self.spec.model, self.spec.block_size) for w in self.workers.values()]
+        specs += self.spec.external
+        if not specs:
             return
         assert self.redis_url is not None
         ttl = self.spec.lease_ttl_s if self.spec.gateways else 0.0
-        specs = [w.spec(self.spec.model, self.spec.block_size) for w in self.workers.values()]
         try:
             _run_async(_register(self.redis_url, specs, ttl))
         except Exception as exc:
@@ -537,13 +554,14 @@ class LocalCluster:
         if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
             return False
         sources = body.get("sources", {})
-        return all(sources.get(f"{wid}#0") == "READY" for wid in self._live_workers())
+        return all(sources.get(f"{w.id}#{rank}") == "READY" for w in self._expected()
+                   if w.kv_events is not None for rank in range(w.dp_size))
 
     def _gateway_ready(self, url: str) -> bool:
         status, body = _http(url + "/health/ready")
         if not isinstance(body, dict):
             return False
-        live = self._live_workers()
+        live = self._expected()
         if not live:  # nothing to route to: the dependencies must be there
             return body.get("index") == "available" and body.get("registry") == "ok"
         if status != 200 or body.get("status") != "ready":
@@ -553,11 +571,14 @@ class LocalCluster:
         if status != 200 or not isinstance(listing, dict):
             return False
         seen = {w["id"]: w for w in listing.get("workers", [])}
-        return all(wid in seen and seen[wid]["routable"] and seen[wid]["ledger"] == "ready"
-                   for wid in live)
+        return all(w.id in seen and seen[w.id]["routable"]
+                   and (w.kv_events is None or seen[w.id]["ledger"] == "ready") for w in live)
 
-    def _live_workers(self) -> list[str]:
-        return [wid for wid in self.workers if self._children[wid].alive()]
+    def _expected(self) -> list[WorkerSpec]:
+        """The workers start-up waits for: the live sims and the external workers."""
+        sims = [info.spec(self.spec.model, self.spec.block_size)
+                for wid, info in self.workers.items() if self._children[wid].alive()]
+        return sims + list(self.spec.external)
 
     def _wait(self, what: str, predicate: Callable[[], bool], deadline: float,
               child: Child) -> None:
