@@ -119,7 +119,7 @@ class AdminHandler:
             if ("engine" in body and "model" in body) or not isinstance(body.get("url"), str):
                 spec = WorkerSpec.from_dict(body)
             else:
-                found = await discover(body["url"], timeout_s=self.gw.config.health.timeout_s)
+                found = await discover(body["url"], timeout_s=self.gw.config.discovery.timeout_s)
                 spec = found.spec({k: v for k, v in body.items() if k != "url"},
                                   worker_id=body.get("id"))
         except SpecError as exc:  # DiscoveryError too: it names the missing fields

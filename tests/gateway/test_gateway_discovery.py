@@ -1,5 +1,6 @@
-"""``POST /admin/workers`` with ``{"url": ...}`` alone: the gateway asks the worker's engine
-for the rest of its spec (real sims and a real Redis registry on 127.0.0.1)."""
+"""Workers known by URL alone: ``POST /admin/workers`` with ``{"url": ...}`` and the static
+seed ``discovery.worker_urls``; the gateway asks each worker's engine for the rest of its
+spec (real sims and a real Redis registry on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from cortex.gateway.config import HealthConfig, RegistryConfig
+from cortex.gateway.config import DiscoveryConfig, HealthConfig, RegistryConfig
+from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry
 from cortex.testing import RedisServer, free_port, wait_until_async
 
@@ -31,6 +33,12 @@ def sections(redis_url: str) -> dict[str, object]:
             "health": HealthConfig(interval_s=0.2, timeout_s=2.0)}
 
 
+async def routable(http: aiohttp.ClientSession, gw: GatewayServer, worker_id: str) -> bool:
+    async with http.get(gw.url + "/admin/workers", headers=ADMIN) as resp:
+        listing = await resp.json()
+    return any(w["id"] == worker_id and w["routable"] for w in listing["workers"])
+
+
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 async def test_a_url_alone_registers_the_worker_the_engine_describes(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
@@ -47,12 +55,10 @@ async def test_a_url_alone_registers_the_worker_the_engine_describes(
     stored = await registry.get("found")
     assert stored is not None and stored.replay == sim.replay_endpoint
 
-    async def routable() -> bool:
-        async with http.get(gw.url + "/admin/workers", headers=ADMIN) as resp:
-            listing = await resp.json()
-        return any(w["id"] == "found" and w["routable"] for w in listing["workers"])
+    async def found() -> bool:
+        return await routable(http, gw, "found")
 
-    await wait_until_async(routable, timeout=20, what="the discovered worker to be routable")
+    await wait_until_async(found, timeout=20, what="the discovered worker to be routable")
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
@@ -71,3 +77,28 @@ async def test_a_worker_that_cannot_describe_itself_is_a_400_naming_the_fields(
     assert resp.status == 400 and body["error"]["code"] == "invalid_request"
     assert f"could not learn engine from {url}" in body["error"]["message"]
     assert (await registry.list()).workers == {}
+
+
+async def test_seed_urls_are_discovered_at_start_and_late_workers_when_they_come(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+    redis_server: RedisServer, registry: RedisRegistry,
+) -> None:
+    early = await start_sim(engine="vllm")
+    late_port = free_port()
+    late_url = f"http://127.0.0.1:{late_port}"
+    gw = await start_gateway([], **sections(redis_server.url), discovery=DiscoveryConfig(
+        worker_urls=(early.url, late_url), timeout_s=1.0, retry_interval_s=0.2))
+    early_id = f"127.0.0.1-{early.port}"
+    assert await routable(http, gw, early_id)  # in the pool when the gateway is up
+    stored = await registry.get(early_id)
+    assert stored is not None and stored.kv_events == early.kv_events_endpoint
+    assert await registry.get(f"127.0.0.1-{late_port}") is None
+
+    await start_sim(engine="sglang", port=late_port)
+
+    async def late_routable() -> bool:
+        return await routable(http, gw, f"127.0.0.1-{late_port}")
+
+    await wait_until_async(late_routable, timeout=20, what="the late seed to be discovered")
+    late = await registry.get(f"127.0.0.1-{late_port}")
+    assert late is not None and (late.engine.value, late.block_size) == ("sglang", BLOCK)
