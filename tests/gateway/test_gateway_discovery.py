@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from cortex.gateway.config import DiscoveryConfig, HealthConfig, RegistryConfig
+from cortex.gateway.config import DiscoveryConfig, HealthConfig, RegistryConfig, load_config
+from cortex.gateway.errors import ConfigError
 from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry
 from cortex.testing import RedisServer, free_port, wait_until_async
@@ -102,3 +103,14 @@ async def test_seed_urls_are_discovered_at_start_and_late_workers_when_they_come
     await wait_until_async(late_routable, timeout=20, what="the late seed to be discovered")
     late = await registry.get(f"127.0.0.1-{late_port}")
     assert late is not None and (late.engine.value, late.block_size) == ("sglang", BLOCK)
+
+
+def test_seed_urls_from_the_environment_and_bad_ones_named() -> None:
+    models = '[{"name": "m"}]'
+    config = load_config(None, {"CORTEX_GATEWAY_MODELS": models,
+                                "CORTEX_GATEWAY_DISCOVERY_WORKER_URLS":
+                                    "http://10.0.0.5:30000, http://10.0.0.6:30000"})
+    assert config.discovery.worker_urls == ("http://10.0.0.5:30000", "http://10.0.0.6:30000")
+    with pytest.raises(ConfigError, match=r"discovery\.worker_urls: url: .*credentials"):
+        load_config(None, {"CORTEX_GATEWAY_MODELS": models,
+                           "CORTEX_GATEWAY_DISCOVERY_WORKER_URLS": "http://u:p@h:1"})

@@ -7,7 +7,8 @@ process group with a private Redis (or ``--redis-url``) through
 :class:`cortex.cli.cluster.LocalCluster`, waits until every worker is routable, prints what
 runs where, and runs until Ctrl-C / SIGTERM. The flags follow sglang-router's where a knob
 means the same (``--host``, ``--port``, ``--api-key``, ``--max-concurrent-requests``,
-``--tokenizer-path``, ``--chat-template``, ``--policy``, ``--request-timeout-secs``,
+``--queue-size``, ``--queue-timeout-secs``, ``--tokenizer-path``, ``--chat-template``,
+``--policy``, ``--request-timeout-secs``,
 ``--worker-startup-timeout-secs``); the table is in ``docs/operations.md``.
 Exit codes: 0 after a clean stop, 1 when it could not start, 2 on invalid arguments or
 workers that could not be described.
@@ -85,6 +86,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gateway.add_argument("--max-concurrent-requests", type=int, default=None, metavar="N",
                          help="inference requests in service at once, more wait in the "
                               "admission queue (-1 or 0 = no limit; default: the gateway's)")
+    gateway.add_argument("--queue-size", type=int, default=None, metavar="N",
+                         help="requests waiting for a slot; one more gets 429 (default: the "
+                              "gateway's)")
+    gateway.add_argument("--queue-timeout-secs", type=float, default=None, metavar="S",
+                         help="longest wait for a slot, then 503 (default: the gateway's)")
     gateway.add_argument("--tokenizer-path", type=Path, default=None, metavar="PATH",
                          help="the model's tokenizer.json or its directory (exact KV matching "
                               "needs the engines' tokenizer)")
@@ -194,10 +200,17 @@ def gateway_sections(specs: Sequence[Any], args: argparse.Namespace) -> dict[str
                 f"({seen['engine']}/{seen['block_size']} vs {entry['engine']}/"
                 f"{entry['block_size']} at {spec.url}); one model is one hash domain")
     sections: dict[str, Any] = {"models": list(models.values())}
+    admission: dict[str, Any] = {}
     if args.max_concurrent_requests is not None:
         if args.max_concurrent_requests < -1:
             raise ValueError("--max-concurrent-requests: must be >= -1")
-        sections["admission"] = {"max_concurrent_requests": max(args.max_concurrent_requests, 0)}
+        admission["max_concurrent_requests"] = max(args.max_concurrent_requests, 0)
+    if args.queue_size is not None:
+        admission["queue_size"] = args.queue_size
+    if args.queue_timeout_secs is not None:
+        admission["queue_timeout_s"] = args.queue_timeout_secs
+    if admission:
+        sections["admission"] = admission
     if args.request_timeout_secs is not None:
         if not args.request_timeout_secs > 0:
             raise ValueError("--request-timeout-secs: must be > 0")
