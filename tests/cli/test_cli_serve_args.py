@@ -29,7 +29,7 @@ def spec(url: str, model: str = "m", engine: Engine = Engine.SGLANG, block: int 
 
 def test_sglang_router_style_workers() -> None:
     args = parse("--worker-urls", "http://a:1", "http://b:2", "--pd-disaggregation",
-                 "--prefill", "http://p:3", "9001", "--prefill", "http://q:4",
+                 "--prefill", "http://p:3", "9001", "--prefill", "http://q:4", "none",
                  "--decode", "http://d:5", "--decode", "http://e:6")
     assert worker_args(args) == [
         WorkerArg("http://a:1"), WorkerArg("http://b:2"),
@@ -39,7 +39,7 @@ def test_sglang_router_style_workers() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     ((), "no workers"),
-    (("--prefill", "http://p:3", "x"), r"URL \[BOOTSTRAP_PORT\]"),
+    (("--prefill", "http://p:3", "x"), r"URL \[BOOTSTRAP_PORT\|none\]"),
     (("--worker-urls", "http://a:1", "http://a:1/"), "given twice"),
 ])
 def test_bad_worker_lists(argv: tuple[str, ...], message: str) -> None:

@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     workers.add_argument("--prefill", nargs="+", action="append", default=[],
                          metavar="URL [BOOTSTRAP_PORT]",
                          help="a prefill worker (repeat the flag per worker); SGLang: its "
-                              "bootstrap port when the engine does not say it")
+                              "bootstrap port over what the engine says ('none' or omitted: "
+                              "the engine's)")
     workers.add_argument("--decode", nargs="+", action="append", default=[], metavar="URL",
                          help="decode worker(s)")
     workers.add_argument("--pd-disaggregation", action="store_true",
@@ -81,8 +82,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gateway.add_argument("--port", type=int, default=DEFAULT_GATEWAY_PORT,
                          help="listening port (0 = a free port; default %(default)s)")
     gateway.add_argument("--api-key", default=None, metavar="KEY",
-                         help="clients must send Authorization: Bearer KEY (gateway config "
-                              "auth.api_keys); also presented to the workers when asking them")
+                         help="as sglang-router's: inference clients must send "
+                              "Authorization: Bearer KEY (gateway config auth.api_keys), and "
+                              "the workers are asked about themselves with it")
     gateway.add_argument("--max-concurrent-requests", type=int, default=None, metavar="N",
                          help="inference requests in service at once, more wait in the "
                               "admission queue (-1 or 0 = no limit; default: the gateway's)")
@@ -124,9 +126,10 @@ def worker_args(args: argparse.Namespace) -> list[WorkerArg]:
     """The workers of the command line (``ValueError`` for a malformed ``--prefill``)."""
     found = [WorkerArg(url) for url in args.worker_urls]
     for group in args.prefill:
-        if len(group) > 2 or (len(group) == 2 and not group[1].isdigit()):
-            raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(group)}")
-        port = int(group[1]) if len(group) == 2 else None
+        port_text = group[1].lower() if len(group) == 2 else "none"
+        if len(group) > 2 or not (port_text.isdigit() or port_text == "none"):
+            raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT|none], got {' '.join(group)}")
+        port = int(port_text) if port_text.isdigit() else None  # none: what the engine says
         found.append(WorkerArg(group[0], "prefill", port))
     found += [WorkerArg(url, "decode") for group in args.decode for url in group]
     if not found:
