@@ -4,6 +4,7 @@ quickstart curl sent twice (the repeat is ``exact_kv`` on the first worker), SIG
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -15,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.process import SimProcess
-from cortex.testing import free_port
+from cortex.testing import RedisServer, free_port
 
 from .test_cli_up import Launcher, gone, printed_commands
 
@@ -145,3 +147,24 @@ def test_a_worker_that_cannot_describe_itself_stops_serve_naming_the_fields(
     assert "cannot connect" in err and "(--engine, --model, --block-size)" in err
     assert good.url not in err  # the worker that answered is fine
     assert not up.state_file.exists() and not (up.state_file.parent / "logs").exists()
+
+
+def test_serve_with_a_given_redis_registers_dp_workers_and_removes_them_at_exit(
+    serve: Any, start_sims: Any, redis_server: RedisServer,
+) -> None:
+    (sim,) = start_sims(("--engine", "vllm", "--dp-size", "2"),)
+    async def listed() -> dict[str, WorkerSpec]:
+        async with RedisRegistry(redis_server.url) as registry:
+            return dict((await registry.list()).workers)
+
+    up = serve("--worker-urls", sim.url, "--redis-url", redis_server.url)
+    state = up.wait_state()  # ready: both DP ranks' ledgers READY at the ingest
+    assert state["redis"] == {"url": redis_server.url, "pid": None, "log": None}
+    (spec,) = asyncio.run(listed()).values()
+    assert (spec.url, spec.dp_size, spec.kv_events) == (
+        sim.url, 2, f"tcp://127.0.0.1:{sim.info['kv_events_port']}")
+    assert curl(printed_commands(up.stdout())[0])["x-cortex-assigned-worker"] == spec.id
+
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0
+    assert asyncio.run(listed()) == {}

@@ -260,6 +260,10 @@ class LocalCluster:
         try:
             ids = [*self.workers, *(w.id for w in self.spec.external)]
             if self.spec.redis_url and ids and self.spec.services:
+                # a gateway re-asserts every worker it still reaches: stop them first
+                for name, child in self._children.items():
+                    if name.startswith("gateway-"):
+                        supervisor.stop(child, grace_s)
                 with contextlib.suppress(Exception):
                     _run_async(_deregister(self.spec.redis_url, ids))
         finally:
