@@ -66,28 +66,63 @@ async def test_a_worker_without_replay_says_so(start_sim: StartSim) -> None:
         assert "replay" in found.learned and found.spec().replay is None
 
 
-async def test_a_server_that_is_no_engine_names_the_missing_fields() -> None:
-    async def no_models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": []})
+@contextlib.asynccontextmanager
+async def serving(routes: dict[str, Any], key: str | None = None) -> AsyncIterator[str]:
+    """A plain HTTP server answering ``routes`` (path → JSON body), requiring
+    ``Authorization: Bearer <key>`` when ``key`` is set; yields its URL."""
+
+    async def answer(request: web.Request) -> web.Response:
+        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response(routes[request.path])
 
     app = web.Application()
-    app.router.add_get("/v1/models", no_models)
+    for path in routes:
+        app.router.add_get(path, answer)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        url = f"http://127.0.0.1:{port}"
-        found = await discover(url, timeout_s=2.0)
-        assert "GET /server_info: HTTP 404" in found.problems
-        assert "GET /kv_event_sources: HTTP 404" in found.problems
-        with pytest.raises(DiscoveryError) as caught:
-            found.spec(require=("engine", "model", "block_size"))
-        assert caught.value.missing == ("engine", "model", "block_size")
-        assert f"could not learn engine, model, block_size from {url}" in str(caught.value)
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+async def test_an_older_sglang_with_only_get_server_info() -> None:
+    info = {"model_path": "/models/m", "page_size": 16, "dp_size": 1,
+            "kv_events_config": '{"publisher": "zmq", "endpoint": "tcp://*:5557"}'}
+    async with serving({"/get_server_info": info}) as url:
+        found = await discover(url, timeout_s=2.0)
+    spec = found.spec()
+    assert (spec.engine, spec.model, spec.block_size) == (Engine.SGLANG, "/models/m", 16)
+    assert spec.kv_events_endpoint() == "tcp://127.0.0.1:5557" and spec.replay is None
+    assert found.sources["model"] == "GET /get_server_info"
+    assert "GET /server_info: HTTP 404" in found.problems
+
+
+async def test_an_engine_started_with_an_api_key_is_asked_with_it() -> None:
+    models = {"object": "list", "data": [{"id": "m", "owned_by": "vllm", "parent": None,
+                                          "max_model_len": 2048}]}
+    async with serving({"/v1/models": models, "/kv_event_sources": []}, key="sk-1") as url:
+        refused = await discover(url, timeout_s=2.0)
+        found = await discover(url, timeout_s=2.0, authorization="Bearer sk-1")
+    assert "GET /v1/models: HTTP 401" in refused.problems and refused.engine is None
+    spec = found.spec()
+    assert (spec.engine, spec.model, spec.context_length, spec.kv_events) == (
+        Engine.VLLM, "m", 2048, None)
+
+
+async def test_a_server_that_is_no_engine_names_the_missing_fields() -> None:
+    async with serving({"/v1/models": {"object": "list", "data": []}}) as url:
+        found = await discover(url, timeout_s=2.0)
+    assert "GET /server_info: HTTP 404" in found.problems
+    assert "GET /kv_event_sources: HTTP 404" in found.problems
+    with pytest.raises(DiscoveryError) as caught:
+        found.spec(require=("engine", "model", "block_size"))
+    assert caught.value.missing == ("engine", "model", "block_size")
+    assert f"could not learn engine, model, block_size from {url}" in str(caught.value)
 
 
 async def test_nobody_listening_is_a_problem_not_an_exception() -> None:
