@@ -102,6 +102,7 @@ def test_serve_in_front_of_running_workers_routes_the_repeat_to_its_cache(
             engine, "regular", "org/quick", 16)
         assert worker["kv_events"].startswith("tcp://127.0.0.1:") and worker["replay"]
     assert f"{urls[0]}: block_size = 16" in up.stdout()
+    assert "warning: no --tokenizer-path" in up.stderr()
     started = service_pids(state)
 
     quickstart, _ = printed_commands(up.stdout())

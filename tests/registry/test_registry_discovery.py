@@ -69,6 +69,7 @@ def test_sglang_server_info_gives_every_field() -> None:
         "engine": Engine.SGLANG, "model": "qwen3-8b", "role": WorkerRole.REGULAR,
         "bootstrap_port": None, "dp_size": 2, "block_size": 32,
         "kv_events": "tcp://*:5557", "replay": "tcp://*:5558", "topic": "kv-events",
+        "tokenizer": "/models/Qwen3-8B",
     }  # context_length null: SGLang was not told one (it lives in /v1/models)
 
 
@@ -116,7 +117,7 @@ def test_only_sglang_server_info_looks_like_sglang() -> None:
 def test_v1_models_picks_the_base_model_not_an_adapter() -> None:
     learned, ids = parse_v1_models(VLLM_MODELS)
     assert learned == {"model": "meta-llama/Llama-3.1-8B-Instruct", "context_length": 32768,
-                       "engine": Engine.VLLM}
+                       "engine": Engine.VLLM, "tokenizer": "/models/llama-3.1-8b"}
     assert ids == ("meta-llama/Llama-3.1-8B-Instruct", "sql-lora")
     assert parse_v1_models({"object": "list", "data": []}) == ({}, ())
     assert parse_v1_models({"data": "nonsense"}) == ({}, ())

@@ -174,6 +174,12 @@ def describe(workers: Sequence[WorkerArg], args: argparse.Namespace) -> list[Any
         specs.append(spec)
     if errors:
         raise ValueError("\n".join(errors))
+    if args.tokenizer_path is None:
+        hints = sorted({d.tokenizer for d in found if d.tokenizer and Path(d.tokenizer).exists()})
+        print("cortex serve: warning: no --tokenizer-path: prompts are tokenized with the "
+              "default (DeepSeek) tokenizer, and KV hits need the engines' own"
+              + (f"; the engines loaded theirs from {', '.join(hints)}, which exists here"
+                 if hints else ""), file=sys.stderr, flush=True)
     return specs
 
 

@@ -92,6 +92,8 @@ def parse_sglang_server_info(info: Mapping[str, Any]) -> Learned:
     model = _name(info.get("served_model_name")) or _name(info.get("model_path"))
     if model is not None:
         learned["model"] = model
+    if (tokenizer := _name(info.get("tokenizer_path")) or _name(info.get("model_path"))):
+        learned["tokenizer"] = tokenizer
     mode = info.get("disaggregation_mode")
     role = WorkerRole.REGULAR if mode in _OFF else {
         "prefill": WorkerRole.PREFILL, "decode": WorkerRole.DECODE}.get(str(mode))
@@ -169,6 +171,8 @@ def parse_v1_models(body: Mapping[str, Any]) -> tuple[Learned, tuple[str, ...]]:
     if base is None:
         return learned, ids
     learned["model"] = str(base["id"]).strip()
+    if (root := _name(base.get("root"))) is not None:
+        learned["tokenizer"] = root  # where the engine loaded the model (and its tokenizer)
     if (context := _int(base.get("max_model_len"))) is not None:
         learned["context_length"] = context
     owner = base.get("owned_by")
@@ -289,6 +293,13 @@ class Discovery:
     def engine(self) -> Engine | None:
         engine = self.learned.get("engine")
         return engine if isinstance(engine, Engine) else None
+
+    @property
+    def tokenizer(self) -> str | None:
+        """Where the engine says it loaded its tokenizer (a path *on the worker's machine*
+        or a hub id): a hint for the gateway's ``models[].tokenizer``, not a spec field."""
+        tokenizer = self.learned.get("tokenizer")
+        return tokenizer if isinstance(tokenizer, str) else None
 
     def unlearned(self) -> tuple[str, ...]:
         """Discoverable fields the engine did not say anything about."""
