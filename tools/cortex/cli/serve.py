@@ -96,6 +96,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gateway.add_argument("--tokenizer-path", type=Path, default=None, metavar="PATH",
                          help="the model's tokenizer.json or its directory (exact KV matching "
                               "needs the engines' tokenizer)")
+    gateway.add_argument("--model-path", type=Path, default=None, metavar="DIR",
+                         help="a local model directory: its tokenizer (and chat template) "
+                              "are used unless --tokenizer-path says otherwise")
     gateway.add_argument("--chat-template", type=Path, default=None, metavar="PATH",
                          help="a Jinja chat template (default: the tokenizer's)")
     gateway.add_argument("--policy", choices=_POLICIES, default="cache_aware",
@@ -257,6 +260,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         workers = worker_args(args)
+        if args.tokenizer_path is None and args.model_path is not None:
+            if not args.model_path.is_dir():
+                raise ValueError(f"--model-path: {args.model_path} is not a local directory (a "
+                                 "hub id is not fetched: download it, or pass --tokenizer-path)")
+            args.tokenizer_path = args.model_path  # sglang-router loads its tokenizer there
     except ValueError as exc:
         print(f"cortex serve: invalid arguments: {exc}", file=sys.stderr)
         return 2
