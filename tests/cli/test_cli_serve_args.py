@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from cortex.cli.main import build_parser
-from cortex.cli.serve import WorkerArg, gateway_sections, worker_args
+from cortex.cli.serve import WorkerArg, describe, gateway_sections, worker_args
 from cortex.gateway.config import GatewayConfig
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
+from cortex.testing import free_port
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -79,3 +80,18 @@ def test_api_key_goes_to_auth_api_keys_when_the_gateway_has_it() -> None:
         with pytest.raises(ValueError, match=r"auth\.api_keys"):
             gateway_sections([spec("http://a:1")], args)
 
+
+
+def test_engine_and_block_size_are_defaults_for_workers_that_do_not_say_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    args = parse("--worker-urls", dead, "--engine", "vllm", "--model", "m", "--block-size", "8",
+                 "--discovery-timeout", "1")
+    (spec,) = describe(worker_args(args), args)
+    assert (spec.engine, spec.model, spec.block_size, spec.kv_events) == (
+        Engine.VLLM, "m", 8, None)
+    assert "publishes no KV events" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"could not learn block_size .*\(--block-size\)"):
+        describe(worker_args(args), parse("--worker-urls", dead, "--engine", "vllm",
+                                          "--model", "m", "--discovery-timeout", "1"))

@@ -162,10 +162,11 @@ def describe(workers: Sequence[WorkerArg], args: argparse.Namespace) -> list[Any
     for worker, discovery in zip(workers, found, strict=True):
         for line in discovery.report():
             print(f"cortex serve: {worker.url}: {line}", flush=True)
-        overrides = {"engine": args.engine, "model": args.model, "role": worker.role,
+        overrides = {"model": args.model, "role": worker.role,
                      "bootstrap_port": worker.bootstrap_port}
-        if discovery.learned.get("block_size") is None:  # a default, not an override
-            overrides["block_size"] = args.block_size
+        for name in ("engine", "block_size"):  # defaults for workers that do not say them
+            if discovery.learned.get(name) is None:
+                overrides[name] = getattr(args, name)
         try:
             spec = discovery.spec(overrides, require=REQUIRED)
         except SpecError as exc:  # DiscoveryError names the fields nobody supplied
