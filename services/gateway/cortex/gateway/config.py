@@ -294,9 +294,10 @@ class RegistryConfig:
 class DiscoveryConfig:
     """Workers known by URL alone (a static seed): at start each worker's engine is asked
     for its spec (:func:`cortex.registry.discover`) and the spec is seeded into the
-    registry like ``workers``; a worker that does not answer, or does not say its engine,
-    model and block size, is asked again every ``retry_interval_s``. ``timeout_s`` bounds
-    each request of a discovery (also of ``POST /admin/workers`` with a bare URL)."""
+    registry like ``workers`` (the start waits for them at most ``timeout_s``); a worker that
+    does not answer, or does not say its engine, model and block size, is asked again every
+    ``retry_interval_s``. ``timeout_s`` bounds each request of a discovery (also of
+    ``POST /admin/workers`` with a bare URL)."""
 
     worker_urls: tuple[str, ...] = ()
     timeout_s: float = 5.0

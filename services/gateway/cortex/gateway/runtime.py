@@ -151,8 +151,11 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
         await self._seed()
-        seeder = UrlSeeder(config.discovery, self._seed_one)
-        await seeder.round()  # the workers that answer now are in the pool at once
+        seeds = asyncio.create_task(UrlSeeder(config.discovery, self._seed_one).run(),
+                                    name="gateway-seeds")
+        self._tasks.append(seeds)
+        # the seeds that answer at once are in the pool at start; a slow one does not hold it
+        await asyncio.wait([seeds], timeout=config.discovery.timeout_s)
         self.watcher = await self._stack.enter_async_context(
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
@@ -163,14 +166,12 @@ class Gateway:
         added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self._pool_loop(), name="gateway-pool"),
             asyncio.create_task(self.health.run(), name="gateway-health"),
             asyncio.create_task(loads.run(), name="gateway-load"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
-        if seeder.pending:
-            self._tasks.append(asyncio.create_task(seeder.run(), name="gateway-seeds"))
         log.info("gateway started: %d models, %d workers, index=%s", len(config.models),
                  len(self.pool), self.index)
 

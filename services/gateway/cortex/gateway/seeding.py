@@ -43,7 +43,8 @@ class UrlSeeder:
         return seeded
 
     async def run(self) -> None:
-        """Rounds every ``retry_interval_s`` until every URL is seeded."""
+        """A round now, then one every ``retry_interval_s`` until every URL is seeded."""
+        await self.round()
         while self.pending:
             await asyncio.sleep(self.config.retry_interval_s)
             await self.round()
