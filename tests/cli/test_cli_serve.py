@@ -169,3 +169,20 @@ def test_serve_with_a_given_redis_registers_dp_workers_and_removes_them_at_exit(
     up.proc.send_signal(signal.SIGTERM)
     assert up.wait_exit() == 0
     assert asyncio.run(listed()) == {}
+
+
+def test_a_worker_that_never_becomes_routable_is_named_when_start_up_gives_up(
+    tmp_path: Path,
+) -> None:
+    from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
+    from cortex.hashing import Engine
+
+    dead = WorkerSpec(id="gone", url=f"http://127.0.0.1:{free_port()}", engine=Engine.VLLM,
+                      model="m", block_size=16)
+    spec = ClusterSpec(workers=0, port=0, external=(dead,), model="m", engine=Engine.VLLM,
+                       lease_ttl_s=3, ready_timeout_s=6)
+    with pytest.raises(ClusterError) as caught:
+        LocalCluster(spec, tmp_path / "logs").start()
+    message = str(caught.value)
+    assert f"waiting for gone ({dead.url}): " in message, message
+    assert "health unhealthy" in message and "ClientConnectorError" in message

@@ -212,6 +212,8 @@ class LocalCluster:
         self._index_metrics_port: int | None = None
         self._ingest_port: int | None = None
         self._gateway_configs: list[Path] = []
+        self._waiting_for: list[str] = []  # what the last readiness check still waited for
+        self._last_seen: dict[str, str] = {}  # worker id -> its last state at a gateway
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -558,8 +560,11 @@ class LocalCluster:
         if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
             return False
         sources = body.get("sources", {})
-        return all(sources.get(f"{w.id}#{rank}") == "READY" for w in self._expected()
-                   if w.kv_events is not None for rank in range(w.dp_size))
+        self._waiting_for = [
+            f"{w.id} ({w.url}) rank {rank}: ledger {sources.get(f'{w.id}#{rank}', 'unknown')}"
+            for w in self._expected() if w.kv_events is not None for rank in range(w.dp_size)
+            if sources.get(f"{w.id}#{rank}") != "READY"]
+        return not self._waiting_for
 
     def _gateway_ready(self, url: str) -> bool:
         status, body = _http(url + "/health/ready")
@@ -568,15 +573,29 @@ class LocalCluster:
         live = self._expected()
         if not live:  # nothing to route to: the dependencies must be there
             return body.get("index") == "available" and body.get("registry") == "ok"
-        if status != 200 or body.get("status") != "ready":
-            return False
+        ready = status == 200 and body.get("status") == "ready"
         status, listing = _http(url + "/admin/workers",
                                 headers={"Authorization": f"Bearer {self.admin_token}"})
         if status != 200 or not isinstance(listing, dict):
             return False
         seen = {w["id"]: w for w in listing.get("workers", [])}
-        return all(w.id in seen and seen[w.id]["routable"]
-                   and (w.kv_events is None or seen[w.id]["ledger"] == "ready") for w in live)
+        waiting = []
+        for w in live:
+            entry = seen.get(w.id)
+            if entry is not None and entry["routable"] and (
+                    w.kv_events is None or entry["ledger"] == "ready"):
+                continue
+            if entry is not None:
+                error = entry.get("last_probe_error")
+                self._last_seen[w.id] = (f"health {entry['health']}, ledger {entry['ledger']}"
+                                         + (f", last probe error: {error}" if error else ""))
+                waiting.append(f"{w.id} ({w.url}): {self._last_seen[w.id]}")
+            else:
+                last = self._last_seen.get(w.id)
+                waiting.append(f"{w.id} ({w.url}): not in the pool"
+                               + (f" (left it with {last})" if last else ""))
+        self._waiting_for = waiting
+        return ready and not waiting
 
     def _expected(self) -> list[WorkerSpec]:
         """The workers start-up waits for: the live sims and the external workers."""
@@ -588,14 +607,16 @@ class LocalCluster:
               child: Child) -> None:
         """Poll ``predicate`` until true; :class:`ClusterError` with ``child``'s log tail when
         any process crashes or the deadline passes."""
+        self._waiting_for = []
         while True:
             self.check()
             if predicate():
                 return
             if time.monotonic() >= deadline:
+                waiting = "".join(f"\n  waiting for {w}" for w in self._waiting_for)
                 raise ClusterError(
-                    f"{what} not ready after {self.spec.ready_timeout_s:g} s; last log lines "
-                    f"({child.log_path}):\n{child.log_tail()}")
+                    f"{what} not ready after {self.spec.ready_timeout_s:g} s;{waiting}\nlast "
+                    f"log lines ({child.log_path}):\n{child.log_tail()}")
             time.sleep(_POLL_S)
 
 
