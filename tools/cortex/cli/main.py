@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "workers": "cortex.ingest.cli_workers",
     "gateway": "cortex.gateway.cli",
     "up": "cortex.cli.up",
+    "serve": "cortex.cli.serve",
     "bench": "cortex.bench.cli",
 }
 
