@@ -19,7 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "ingest": "cortex.bench.ingest",
     "sim": "cortex.bench.sim",
     "overhead": "cortex.bench.overhead",
-    "routing": "cortex.bench.routing",
+    "routing": "cortex.bench.routing.command",
     "fleet": "cortex.bench.fleet",
     "tokenize": "cortex.bench.tokenize",
     "replica": "cortex.bench.replica",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
+from cortex.bench.report import provenance, table
 from cortex.gateway.config import (
     GatewayConfig,
     HealthConfig,
@@ -219,31 +219,29 @@ def _report(args: argparse.Namespace, results: dict[str, list[float]]) -> None:
             "buffered": "pick, `BUFFERED` (headers → answer, body → answer with the endpoint)",
             "duplex": "pick, `FULL_DUPLEX_STREAMED` (headers, 2 body chunks → endpoint + body)",
             "duplex_grpclib": "the same from a grpclib client (no grpcio client overhead)"}
+    made = provenance()
+    stats = {key: _stats(results[key]) for key in rows}
     lines = [
         "# Endpoint picker: time to name an endpoint",
         "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-        f"{platform.machine()}, Python {platform.python_version()}: `cortex bench epp --picks "
-        f"{args.picks} --prompt-tokens {args.prompt_tokens} --workers {args.workers}`. "
-        f"{args.workers} zero-cost sims, index, ingest, Redis, the gateway with its picker and "
-        "a grpcio client playing Envoy, all on 127.0.0.1 and in one process (the client's "
-        "CPU competes with the picker's: conservative). Sequential, one stream per request; "
-        f"{_WARMUP} untimed picks first. The shared system prompt's tokens are cached after "
-        "the first request (as in steady traffic); each request's question is new.",
+        f"Generated {made['generated']} at commit `{made['commit']}` on {made['machine']}: "
+        f"`cortex bench epp --picks {args.picks} --prompt-tokens {args.prompt_tokens} "
+        f"--workers {args.workers}`. {args.workers} zero-cost sims, index, ingest, Redis, the "
+        "gateway with its picker and a client playing Envoy, all on 127.0.0.1 and in one "
+        "process (the client's CPU competes with the picker's: conservative). Sequential, one "
+        f"stream per request; {_WARMUP} untimed picks first. The shared system prompt's tokens "
+        "are cached after the first request (as in steady traffic); each question is new.",
         "",
-        "| what | p50 | p90 | p99 | mean |",
-        "|---|---|---|---|---|",
+        *table(["what", "p50", "p90", "p99", "mean"],
+               [[label, *(f"{stats[key][q]:.2f} ms" for q in ("p50", "p90", "p99", "mean"))]
+                for key, label in rows.items()], "lrrrr"),
     ]
-    for key, label in rows.items():
-        s = _stats(results[key])
-        lines.append(f"| {label} | {s['p50']:.2f} ms | {s['p90']:.2f} ms | {s['p99']:.2f} ms "
-                     f"| {s['mean']:.2f} ms |")
-    overhead = _stats(results["buffered"])["p50"] - _stats(results["router"])["p50"]
+    overhead = stats["buffered"]["p50"] - stats["router"]["p50"]
     lines += ["", f"The protocol and gRPC add ≈ {overhead:.2f} ms (p50) to the routing "
-              "decision itself. The grpcio client's own cost is in the first three rows (each "
-              "of its writes is a hop through its completion queue: the full-duplex row has "
-              "three); the grpclib row shows the picker without it. Envoy adds its own hops "
-              "(to the picker and back) on top.", ""]
+              "decision itself. The last row is the full-duplex exchange from a grpclib "
+              "client: its difference to the row above is the two clients' own cost. On a "
+              "shared machine the tails (p90, p99) move by several ms from run to run. Envoy "
+              "adds its own hops (to the picker and back) on top.", ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

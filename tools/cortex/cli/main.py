@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "discover-pods": "cortex.registry.kubernetes.cli",
     "gateway": "cortex.gateway.cli",
     "up": "cortex.cli.up",
+    "serve": "cortex.cli.serve",
     "bench": "cortex.bench.cli",
 }
 

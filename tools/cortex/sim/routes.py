@@ -31,6 +31,7 @@ from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
 from cortex.sim.config import Role, SimConfig
+from cortex.sim.discovery import add_vllm_discovery_routes, cache_config_info
 from cortex.sim.dp import RankPicker
 from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState
@@ -119,6 +120,7 @@ class SimRoutes:
             r.add_get("/load", self._load)
             r.add_get("/ping", self._health)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+            add_vllm_discovery_routes(r, self.config, self.ports)
         r.add_get("/sim/state", self._sim_state)
         r.add_get("/sim/cache", self._sim_cache)
         r.add_route("*", "/sim/faults", self._sim_faults)
@@ -269,6 +271,8 @@ class SimRoutes:
     async def _metrics(self, _: web.Request) -> web.Response:
         text = render_metrics(self.config.engine, self.config.version_tuple, self.config.model,
                               self.loads())
+        if self.config.engine is Engine.VLLM:
+            text += cache_config_info(self.config)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- cache control --------------------------------------------------------------------

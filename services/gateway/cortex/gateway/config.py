@@ -30,6 +30,7 @@ from cortex.registry.spec import WorkerSpec
 __all__ = [
     "AdmissionConfig",
     "BreakerConfig",
+    "DiscoveryConfig",
     "GatewayConfig",
     "HealthConfig",
     "IndexConfig",
@@ -290,6 +291,29 @@ class RegistryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """Workers known by URL alone (a static seed): at start each worker's engine is asked
+    for its spec (:func:`cortex.registry.discover`) and the spec is seeded into the
+    registry like ``workers`` (the start waits for them at most ``timeout_s``); a worker that
+    does not answer, or does not say its engine, model and block size, is asked again every
+    ``retry_interval_s``. ``timeout_s`` bounds each request of a discovery (also of
+    ``POST /admin/workers`` with a bare URL)."""
+
+    worker_urls: tuple[str, ...] = ()
+    timeout_s: float = 5.0
+    retry_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive("discovery", timeout_s=self.timeout_s,
+                  retry_interval_s=self.retry_interval_s)
+        for url in self.worker_urls:
+            try:
+                WorkerSpec(id="seed", url=url, engine=Engine.SGLANG, model="seed")
+            except SpecError as exc:
+                raise ConfigError(f"discovery.worker_urls: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
 class HealthConfig:
     """Worker health probes; each success re-asserts the worker's registry lease.
 
@@ -502,6 +526,7 @@ class GatewayConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workers: tuple[WorkerSpec, ...] = ()
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     gateway_id: str = "gateway"
 
     def __post_init__(self) -> None:
@@ -606,7 +631,7 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd", "tokenize", "admission")
+             "pd", "tokenize", "admission", "discovery")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:

@@ -30,6 +30,7 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import WorkerPool
 from cortex.gateway.replica_client import ReplicaClient
 from cortex.gateway.router import Router
+from cortex.gateway.seeding import UrlSeeder
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
 from cortex.ledger.grpc import read_token
@@ -150,6 +151,11 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
         await self._seed()
+        seeds = asyncio.create_task(UrlSeeder(config.discovery, self._seed_one).run(),
+                                    name="gateway-seeds")
+        self._tasks.append(seeds)
+        # the seeds that answer at once are in the pool at start; a slow one does not hold it
+        await asyncio.wait([seeds], timeout=config.discovery.timeout_s)
         self.watcher = await self._stack.enter_async_context(
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
@@ -160,7 +166,7 @@ class Gateway:
         added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self._pool_loop(), name="gateway-pool"),
             asyncio.create_task(self.health.run(), name="gateway-health"),
             asyncio.create_task(loads.run(), name="gateway-load"),
@@ -184,16 +190,21 @@ class Gateway:
         """Write the static workers (``config.workers``) into the registry, over what is
         there, unless an operator removed them (their tombstone wins)."""
         for spec in self.config.workers:
-            try:
-                outcome = await self.registry.reassert(spec, self.config.registry.lease_ttl_s,
-                                                       replace=True)
-            except RegistryUnavailable as exc:
-                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
-                            extra={"worker": spec.id})
-                continue
-            if outcome is Assertion.TOMBSTONED:
-                log.warning("not seeding worker=%s: an operator removed it (tombstone)",
-                            spec.id, extra={"worker": spec.id})
+            await self._seed_one(spec)
+
+    async def _seed_one(self, spec: WorkerSpec) -> None:
+        try:
+            outcome = await self.registry.reassert(spec, self.config.registry.lease_ttl_s,
+                                                   replace=True)
+        except RegistryUnavailable as exc:
+            log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
+                        extra={"worker": spec.id})
+            return
+        if outcome is Assertion.TOMBSTONED:
+            log.warning("not seeding worker=%s: an operator removed it (tombstone)",
+                        spec.id, extra={"worker": spec.id})
+        elif self.watcher is not None:
+            self.watcher.poke()
 
     def _registry_view(self) -> tuple[Mapping[str, WorkerSpec], Collection[str], float | None]:
         """The registry's workers and tombstones as last seen, and when that view was

@@ -29,6 +29,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _MAX_LABEL_VALUE = 256
 _MAX_DP_SIZE = 1024
 _MAX_BLOCK_SIZE = 1 << 20
+_MAX_CONTEXT = 1 << 30
 
 
 class WorkerRole(StrEnum):
@@ -44,6 +45,7 @@ class WorkerSpec:
     ``kv_events`` and ``replay`` are endpoint *bases*: DP rank ``r`` uses ``port + r``.
     ``block_size`` (tokens per block) is ``None`` when unknown; ingest then learns it from
     the first ``BlockStored``. ``bootstrap_port`` applies to SGLang prefill workers only.
+    ``context_length``: the engine's context (tokens) when known (discovery fills it).
     """
 
     id: str
@@ -57,6 +59,7 @@ class WorkerSpec:
     replay: str | None = None
     bootstrap_port: int | None = None
     block_size: int | None = None
+    context_length: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +108,11 @@ class WorkerSpec:
             raise SpecError(
                 f"block_size: must be an integer in 1..{_MAX_BLOCK_SIZE}, got {self.block_size!r}"
             )
+        if self.context_length is not None and (
+            not _is_int(self.context_length) or not 1 <= self.context_length <= _MAX_CONTEXT
+        ):
+            raise SpecError(f"context_length: must be an integer in 1..{_MAX_CONTEXT}, got "
+                            f"{self.context_length!r}")
         if not isinstance(self.labels, Mapping):
             raise SpecError("labels: must be a mapping of strings")
         for key, value in self.labels.items():
@@ -172,6 +180,7 @@ class WorkerSpec:
             "replay": self.replay,
             "bootstrap_port": self.bootstrap_port,
             "block_size": self.block_size,
+            "context_length": self.context_length,
             "labels": dict(self.labels),
         }
 
@@ -207,7 +216,7 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "labels",
+    "bootstrap_port", "block_size", "context_length", "labels",
 )
 
 

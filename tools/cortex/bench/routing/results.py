@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from cortex.bench.routing_metrics import RunSummary
-from cortex.bench.routing_workloads import Workload
+from cortex.bench.routing.metrics import RunSummary
+from cortex.bench.routing.workloads import Workload
 
 __all__ = ["CAPACITY_ALLOWS", "Target", "WorkloadResult", "fmt_ms", "or_nan"]
 

@@ -23,16 +23,16 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.routing_bounds import (
+from cortex.bench.routing.bounds import (
     PromptShape,
     infinite_cache_hit_rate,
     nominal_order,
     pooled_lru_hit_rate,
     unique_pages,
 )
-from cortex.bench.routing_churn import ChurnRecord, churn_driver
-from cortex.bench.routing_client import drive, idle_ttft
-from cortex.bench.routing_contenders import (
+from cortex.bench.routing.churn import ChurnRecord, churn_driver
+from cortex.bench.routing.client import drive, idle_ttft
+from cortex.bench.routing.contenders import (
     CpuMeter,
     Deployment,
     SimSetup,
@@ -42,7 +42,7 @@ from cortex.bench.routing_contenders import (
     missing_program,
     pinned,
 )
-from cortex.bench.routing_metrics import (
+from cortex.bench.routing.metrics import (
     EngineTotals,
     Outcome,
     RunSummary,
@@ -50,14 +50,14 @@ from cortex.bench.routing_metrics import (
     pool,
     summarize,
 )
-from cortex.bench.routing_report import WorkloadResult, ttft_values_ms
-from cortex.bench.routing_scenarios import (
+from cortex.bench.routing.report import WorkloadResult, ttft_values_ms
+from cortex.bench.routing.scenarios import (
     Variant,
     WindowStats,
     stale_sends,
     window_stats,
 )
-from cortex.bench.routing_workloads import Workload
+from cortex.bench.routing.workloads import Workload
 
 __all__ = ["EVENT_ALLOWANCE_S", "RunPlan", "run_workload", "wait_for_quiet", "worker_capacity"]
 

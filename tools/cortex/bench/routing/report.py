@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_contenders import CONTENDERS
-from cortex.bench.routing_metrics import RunSummary
-from cortex.bench.routing_results import Target, WorkloadResult, fmt_ms, or_nan
-from cortex.bench.routing_sections import (
+from cortex.bench.report import table
+from cortex.bench.routing.contenders import CONTENDERS
+from cortex.bench.routing.metrics import RunSummary
+from cortex.bench.routing.results import Target, WorkloadResult, fmt_ms, or_nan
+from cortex.bench.routing.sections import (
     variant_json,
     variant_sections,
     variant_targets,
@@ -156,11 +157,8 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         f" the whole cluster {res.pooled_bound:.1%}"
         f" ({'capacity allows the bound' if res.capacity_allows else 'capacity-limited'});"
         f" one worker's pool alone, fed every request, {res.single_worker_bound:.1%}.", "",
-        "| contender | sent / ok | hit rate | TTFT p50 / p90 / p99 ms | E2E p50 / p90 / p99 ms"
-        " | req/s | imbalance req · uncached | evicted blocks | stale sends | idle TTFT ms"
-        " | CPU cores ours · foreign | per repetition: hit, TTFT p50 / p90 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows: list[tuple[str, ...]] = []
     for c in CONTENDERS:
         run = res.runs.get(c)
         if run is None:
@@ -171,26 +169,28 @@ def _workload_section(res: WorkloadResult) -> list[str]:
         reps = "; ".join(f"{r['hit_rate']:.1%}, {fmt_ms(r['ttft_p50_ms'])} /"
                          f" {fmt_ms(r['ttft_p90_ms'])}" for r in run.extra.get("repeats", []))
         flag = "" if run.verified else " ⚠"
-        lines.append(
-            f"| {c} | {run.requests_sent:,} / {run.requests_ok:,}{flag} | {run.hit_rate:.1%} |"
-            f" {fmt_ms(t[0])} / {fmt_ms(t[1])} / {fmt_ms(t[2])} |"
-            f" {fmt_ms(e[0])} / {fmt_ms(e[1])} / {fmt_ms(e[2])} | {run.throughput_rps:.1f} |"
-            f" {run.imbalance('requests'):.2f} · {run.imbalance('uncached_tokens'):.2f} |"
-            f" {evicted:,} | {_stale_cell(run.extra.get('stale'))} |"
-            f" {fmt_ms(or_nan(run.extra.get('idle_ttft_p50_ms')))} |"
-            f" {or_nan(cpu.get('ours_cores')):.2f} · {or_nan(cpu.get('foreign_cores')):.2f} |"
-            f" {reps} |")
+        rows.append((
+            c, f"{run.requests_sent:,} / {run.requests_ok:,}{flag}", f"{run.hit_rate:.1%}",
+            f"{fmt_ms(t[0])} / {fmt_ms(t[1])} / {fmt_ms(t[2])}",
+            f"{fmt_ms(e[0])} / {fmt_ms(e[1])} / {fmt_ms(e[2])}", f"{run.throughput_rps:.1f}",
+            f"{run.imbalance('requests'):.2f} · {run.imbalance('uncached_tokens'):.2f}",
+            f"{evicted:,}", _stale_cell(run.extra.get("stale")),
+            fmt_ms(or_nan(run.extra.get("idle_ttft_p50_ms"))),
+            f"{or_nan(cpu.get('ours_cores')):.2f} · {or_nan(cpu.get('foreign_cores')):.2f}",
+            reps))
+    lines += table(("contender", "sent / ok", "hit rate", "TTFT p50 / p90 / p99 ms",
+                    "E2E p50 / p90 / p99 ms", "req/s", "imbalance req · uncached",
+                    "evicted blocks", "stale sends", "idle TTFT ms", "CPU cores ours · foreign",
+                    "per repetition: hit, TTFT p50 / p90"), rows)
     preds = [(c, r.prediction) for c, r in res.runs.items() if r.prediction is not None]
     if preds:
         lines += ["", "Cortex's predicted hit (`x-cortex-cache-hit-tokens`) against the engine's"
                   " `cached_tokens`:", "",
-                  "| contender | requests | exact | under | over | over-predicted tokens |"
-                  " mean abs error (tokens) |", "|---|---|---|---|---|---|---|"]
-        for c, p in preds:
-            assert p is not None
-            lines.append(f"| {c} | {p.requests:,} | {p.exact_fraction:.1%} | {p.under:,} |"
-                         f" {p.over:,} ({p.over_fraction:.2%}) | {p.over_tokens:,} |"
-                         f" {p.mean_abs_error:.1f} |")
+                  *table(("contender", "requests", "exact", "under", "over",
+                          "over-predicted tokens", "mean abs error (tokens)"),
+                         [(c, f"{p.requests:,}", f"{p.exact_fraction:.1%}", f"{p.under:,}",
+                           f"{p.over:,} ({p.over_fraction:.2%})", f"{p.over_tokens:,}",
+                           f"{p.mean_abs_error:.1f}") for c, p in preds if p is not None])]
     for c in CONTENDERS:
         run = res.runs.get(c)
         gateway = run.extra.get("gateway") if run is not None else None
@@ -205,19 +205,12 @@ def _workload_section(res: WorkloadResult) -> list[str]:
             lines += ["", f"{c}: gateway decisions (mode/reason){note} {decided}; mean routing"
                       f" time per request inside the gateway (ms): {timing}{median}."]
     if w.stages:
-        lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", "",
-                  "| offered req/s | " + " | ".join(c for c in CONTENDERS if c in res.runs)
-                  + " |", "|---|" + "---|" * len(res.runs)]
-        for k, rate in enumerate(w.stages):
-            cells = []
-            for c in CONTENDERS:
-                run = res.runs.get(c)
-                if run is None:
-                    continue
-                s = run.stages[k]
-                cells.append(f"{fmt_ms(s.ttft_p50_ms)} / {fmt_ms(s.ttft_p90_ms)},"
-                             f" {s.hit_rate:.0%}")
-            lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+        ran = [c for c in CONTENDERS if c in res.runs]
+        lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", ""]
+        lines += table(("offered req/s", *ran), [
+            (f"{rate:g}", *(f"{fmt_ms(s.ttft_p50_ms)} / {fmt_ms(s.ttft_p90_ms)},"
+                            f" {s.hit_rate:.0%}" for s in (res.runs[c].stages[k] for c in ran)))
+            for k, rate in enumerate(w.stages)])
     noisy = [(c, d) for c, r in res.runs.items() for d in r.extra.get("discarded_noisy_runs", [])]
     if noisy:
         lines += ["", "Runs discarded because other work on the machine took too much CPU"
@@ -329,22 +322,18 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
         " the machine (*foreign*: other work sharing the cores, i.e. noise)."
         f" {config['cortex_weights_note']}", "",
         "## Targets", "",
-        "| workload | target | result | detail |", "|---|---|---|---|",
+        *table(("workload", "target", "result", "detail"),
+               [(t.workload, t.name, _verdict(t.met), t.detail) for t in targets]),
     ]
-    lines += [f"| {t.workload} | {t.name} | {_verdict(t.met)} | {t.detail} |" for t in targets]
-    lines += ["", "## Summary", "",
-              "| workload | bound | " + " | ".join(
-                  f"{c} hit / TTFT p50 / p90" for c in CONTENDERS) + " |",
-              "|---|---|" + "---|" * len(CONTENDERS)]
-    for res in results:
-        cells = []
-        for c in CONTENDERS:
-            run = res.runs.get(c)
-            cells.append("—" if run is None else
-                         f"{run.hit_rate:.1%} / {fmt_ms(run.ttft_ms[0])} /"
-                         f" {fmt_ms(run.ttft_ms[1])} ms")
-        lines.append(f"| {res.workload.name} | {res.infinite_bound:.1%} | " + " | ".join(cells)
-                     + " |")
+
+    def summary(run: RunSummary | None) -> str:
+        return ("—" if run is None else f"{run.hit_rate:.1%} / {fmt_ms(run.ttft_ms[0])} /"
+                f" {fmt_ms(run.ttft_ms[1])} ms")
+
+    lines += ["", "## Summary", ""]
+    lines += table(("workload", "bound", *(f"{c} hit / TTFT p50 / p90" for c in CONTENDERS)),
+                   [(res.workload.name, f"{res.infinite_bound:.1%}",
+                     *(summary(res.runs.get(c)) for c in CONTENDERS)) for res in results])
     lines += ["", "![hit rate](hit_rate.png)", "", "![TTFT](ttft.png)", ""]
     if any(res.workload.stages for res in results):
         lines += ["![shared-prefix ladder](ladder.png)", ""]

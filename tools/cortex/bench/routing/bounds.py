@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from cortex.bench.routing_workloads import Endpoint, Request, Workload
+from cortex.bench.routing.workloads import Endpoint, Request, Workload
 
 __all__ = [
     "PromptShape",

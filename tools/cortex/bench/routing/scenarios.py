@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cortex.bench.routing_bounds import PromptShape, cacheable_tokens
-from cortex.bench.routing_metrics import Outcome, percentile
+from cortex.bench.routing.bounds import PromptShape, cacheable_tokens
+from cortex.bench.routing.metrics import Outcome, percentile
 
 __all__ = [
     "VARIANTS",

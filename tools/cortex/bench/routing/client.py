@@ -22,8 +22,8 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.routing_metrics import Outcome
-from cortex.bench.routing_workloads import Endpoint, Request, Workload
+from cortex.bench.routing.metrics import Outcome
+from cortex.bench.routing.workloads import Endpoint, Request, Workload
 from cortex.sim.routes import SERVED_BY_HEADER
 
 __all__ = ["HEADER_HIT", "HEADER_WORKER", "drive", "idle_ttft"]

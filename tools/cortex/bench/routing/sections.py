@@ -4,7 +4,7 @@ for the plot).
 Each reads the :class:`WorkloadResult` of the variants present (``VARIANTS`` names them) and
 adds its targets: Cortex with 4 replicas within 2 points of its 1-replica hit rate, and no
 over-prediction on a restarted or flushed worker once the event's KV events had time to
-arrive (:data:`cortex.bench.routing_runner.EVENT_ALLOWANCE_S`).
+arrive (:data:`cortex.bench.routing.runner.EVENT_ALLOWANCE_S`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_contenders import CONTENDERS
-from cortex.bench.routing_metrics import RunSummary
-from cortex.bench.routing_results import Target, WorkloadResult, fmt_ms
-from cortex.bench.routing_scenarios import VARIANTS, Variant
+from cortex.bench.routing.contenders import CONTENDERS
+from cortex.bench.routing.metrics import RunSummary
+from cortex.bench.routing.results import Target, WorkloadResult, fmt_ms
+from cortex.bench.routing.scenarios import VARIANTS, Variant
 
 __all__ = ["REPLICA_TOLERANCE", "variant_json", "variant_sections", "variant_targets",
            "write_replica_plot"]

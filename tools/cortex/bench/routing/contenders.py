@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
+from cortex.bench.procstat import cpu_s, machine_busy_s
+from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
 from cortex.cli.supervisor import Child, ChildExited, Supervisor
 from cortex.registry import WorkerRole
@@ -62,7 +63,6 @@ __all__ = [
 CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin",
               "vllm_cache_aware")
 PEER_PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,27 +126,11 @@ class Deployment:
     """The prefill pool's worker ids (PD deployments)."""
 
 
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def _machine_busy_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    total = sum(values[:8])
-    return (total - idle) / _CLK_TCK, total / _CLK_TCK
-
-
 def machine_busy_cores(interval_s: float = 0.5) -> float:
     """Cores the whole machine keeps busy over the next ``interval_s`` seconds (blocks)."""
-    busy0, total0 = _machine_busy_s()
+    busy0, total0 = machine_busy_s()
     time.sleep(interval_s)
-    busy1, total1 = _machine_busy_s()
+    busy1, total1 = machine_busy_s()
     cores = os.cpu_count() or 1
     return (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
 
@@ -200,8 +184,8 @@ class CpuMeter:
         self._wall = time.monotonic()
 
     def _read(self) -> tuple[dict[str, float], float, float, float]:
-        per = {name: _proc_cpu_s(pid) for name, pid in self.pids.items()}
-        busy, total = _machine_busy_s()
+        per = {name: cpu_s(pid) or 0.0 for name, pid in self.pids.items()}
+        busy, total = machine_busy_s()
         return per, time.process_time(), busy, total
 
     def stop(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.routing_scenarios import ChurnAction, ChurnEvent
+from cortex.bench.routing.scenarios import ChurnAction, ChurnEvent
 
 __all__ = ["FLUSH_DEADLINE_S", "ChurnRecord", "churn_driver"]
 
@@ -53,7 +53,7 @@ async def _apply(session: aiohttp.ClientSession, url: str, record: ChurnRecord,
 def churn_driver(events: Sequence[ChurnEvent], workers: Mapping[str, str], span_s: float,
                  records: list[ChurnRecord]
                  ) -> Callable[[Callable[[], float]], Coroutine[Any, Any, None]]:
-    """A ``during`` coroutine function for :func:`cortex.bench.routing_client.drive`: each
+    """A ``during`` coroutine function for :func:`cortex.bench.routing.client.drive`: each
     event at ``fraction * span_s`` on worker number ``worker`` (in ``workers`` order),
     appended to ``records`` as it is planned."""
     ids = list(workers)

@@ -3,7 +3,7 @@
 Three families, each described by where it comes from and how it was scaled to one machine:
 
 * :func:`mooncake` — a Mooncake FAST'25 trace: real arrival times and 512-token prefix-block
-  ids. Each block id becomes ``tokens_per_block`` tokens (:mod:`cortex.bench.routing_text`),
+  ids. Each block id becomes ``tokens_per_block`` tokens (:mod:`cortex.bench.routing.text`),
   input and output lengths shrink by ``tokens_per_block / 512``, the first ``minutes`` of
   the trace are replayed ``speedup`` times faster.
 * :func:`shared_prefix` — llm-d's published shared-prefix profile (``inference-perf``
@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_text import BlockText, Segment
+from cortex.bench.routing.text import BlockText, Segment
 
 __all__ = [
     "TRACE_BLOCK_TOKENS",

@@ -9,7 +9,7 @@ and counted by the engines. It also computes what a single infinite cache would 
 same list. ``--out DIR`` gets ``report.md``, ``report.json`` and the plots.
 
 Beside the plain workloads it runs the deployment variants of
-:mod:`cortex.bench.routing_scenarios` (router replicas behind HAProxy, churn, KV pressure,
+:mod:`cortex.bench.routing.scenarios` (router replicas behind HAProxy, churn, KV pressure,
 real prompt sizes, prefill/decode pools), with ``vllm-router`` as a further contender.
 
 Sizing (workers, KV pool, token and time scaling) is in :data:`FULL` and :data:`QUICK`; the
@@ -34,14 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary
-from cortex.bench.routing_bounds import shape_prompts
-from cortex.bench.routing_contenders import CONTENDERS, SimSetup, cpu_split
-from cortex.bench.routing_report import WorkloadResult, report_json, report_markdown, write_plots
-from cortex.bench.routing_runner import RunPlan, run_workload
-from cortex.bench.routing_scenarios import VARIANTS, Variant
-from cortex.bench.routing_text import BlockText, WordVocabulary
-from cortex.bench.routing_workloads import Workload, load_trace, mooncake, multi_turn, shared_prefix
+from cortex.bench.report import package_version
+from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary
+from cortex.bench.routing.bounds import shape_prompts
+from cortex.bench.routing.contenders import CONTENDERS, SimSetup, cpu_split
+from cortex.bench.routing.report import WorkloadResult, report_json, report_markdown, write_plots
+from cortex.bench.routing.runner import RunPlan, run_workload
+from cortex.bench.routing.scenarios import VARIANTS, Variant
+from cortex.bench.routing.text import BlockText, WordVocabulary
+from cortex.bench.routing.workloads import Workload, load_trace, mooncake, multi_turn, shared_prefix
 
 __all__ = ["FULL", "PLAIN_WORKLOADS", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "EngineTokenizer",
            "Profile",
@@ -50,7 +51,7 @@ __all__ = ["FULL", "PLAIN_WORKLOADS", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "
 PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix",
                    "multi_turn", "mooncake_conversation_small_kv")
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
-"""The plain workloads, then the deployment variants (:mod:`cortex.bench.routing_scenarios`)."""
+"""The plain workloads, then the deployment variants (:mod:`cortex.bench.routing.scenarios`)."""
 QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
 QUICK_VARIANT_CONTENDERS = ("cortex", "sglang_cache_aware")
 """Who runs the variants in ``--quick`` (CI's smoke run stays under 2 minutes)."""
@@ -224,7 +225,7 @@ def _choice(value: str, allowed: Sequence[str], what: str) -> list[str]:
 def _traces_dir(value: str | None) -> Path:
     if value is not None:
         return Path(value)
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     return root.parent / "shared" / "data" / "traces"
 
 
@@ -406,19 +407,11 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
         "prefill_ms_per_token": sims.prefill_ms_per_token,
         "prefill_overhead_ms": sims.prefill_overhead_ms,
         "decode_ms_per_token": sims.decode_ms_per_token, "max_running": sims.max_running,
-        "sglang_router_version": _version("sglang-router"),
-        "vllm_router_version": _version("vllm-router"),
+        "sglang_router_version": package_version("sglang-router"),
+        "vllm_router_version": package_version("vllm-router"),
         "haproxy": haproxy_binary() or f"not installed (`{HAPROXY_INSTALL}`)",
         "pinned": cpu_split() if plan.pin else None,
         "profile": dataclasses.asdict(profile), "cortex_weights": dict(weights),
         "cortex_weights_note": note, "seed": args.seed,
     }
 
-
-def _version(package: str) -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
