@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -27,6 +28,8 @@ from cortex.registry.kubernetes import (
 )
 from cortex.registry.kubernetes.api import LineSplitter
 from cortex.registry.kubernetes.service import DiscoveryService
+from cortex.sim.config import SimConfig, TimingConfig
+from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 from cortex.testing.kubernetes import FakeKubernetesApi, Watch, fake_kubernetes_api
 
@@ -43,7 +46,8 @@ async def api_server() -> AsyncIterator[tuple[FakeKubernetesApi, str]]:
         yield api, api.url
 
 
-def config(url: str, redis: str, token_file: Path | None = None, **changes: Any) -> DiscoveryConfig:
+def config_of(url: str, redis: str, token_file: Path | None = None,
+              **changes: Any) -> DiscoveryConfig:
     fields: dict[str, Any] = {"lease_ttl_s": 3.0, "watch_timeout_s": 30.0,
                               "backoff_max_s": 0.5, "metrics_port": None, **changes}
     return DiscoveryConfig(api_url=url, namespace="llm", redis_url=redis,
@@ -61,7 +65,7 @@ async def test_list_watch_bookmarks_and_relist_keep_the_registry_equal_to_the_re
     token = tmp_path / "token"
     token.write_text("token-1\n")
     fake.lists.extend((200, page) for page in RECORDING["list_pages"])
-    cfg = config(url, redis_server.url, token)
+    cfg = config_of(url, redis_server.url, token)
     async with aiohttp.ClientSession() as session, \
             RedisRegistry(redis_server.url) as registry, \
             RegistryWatcher(registry, interval_s=0.2) as gateway_view:
@@ -172,7 +176,7 @@ async def test_the_service_serves_health_and_metrics(
 ) -> None:
     fake, url = api_server
     fake.lists.extend((200, page) for page in RECORDING["list_pages"])
-    cfg = config(url, redis_server.url, metrics_port=0)
+    cfg = config_of(url, redis_server.url, metrics_port=0)
     async with DiscoveryService(cfg) as service, aiohttp.ClientSession() as http:
         watch = await next_watch(fake)
         base = f"http://127.0.0.1:{service.metrics_port}"
@@ -190,3 +194,41 @@ async def test_the_service_serves_health_and_metrics(
         assert 'cortex_discovery_pods{state="worker"} 1.0' in text
         assert 'cortex_discovery_lists_total{reason="start"} 1.0' in text
         await watch.events.put(None)
+
+
+async def test_with_learning_a_bare_pod_is_described_by_its_engine(
+    api_server: tuple[FakeKubernetesApi, str], redis_server: RedisServer,
+) -> None:
+    fake, url = api_server
+    config = SimConfig(port=0, kv_events_port=0, replay_port=0, block_size=16, model="sim-m",
+                       timing=TimingConfig(zero_cost=True))
+    async with SimServer(config) as sim:
+        port = urlsplit(sim.url).port
+        bare = {"kind": "Pod", "apiVersion": "v1",
+                "metadata": {"name": "engine-0", "namespace": "llm", "uid": "u-1",
+                             "resourceVersion": "5", "labels": {"cortex/engine": "sglang"},
+                             "annotations": {"cortex/port": str(port)}},
+                "status": {"phase": "Running", "podIP": "127.0.0.1",
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+        fake.lists.append((200, {"kind": "PodList", "apiVersion": "v1",
+                                 "metadata": {"resourceVersion": "5"}, "items": [bare]}))
+        cfg = config_of(url, redis_server.url, learn_from_engines=True)
+        async with aiohttp.ClientSession() as session, \
+                RedisRegistry(redis_server.url) as registry:
+            api = PodApi(session, url, "llm", cfg.selector)
+            async with PodDiscovery(api, registry, cfg) as discovery:
+                watch = await next_watch(fake)
+
+                async def registered() -> bool:
+                    return "engine-0.llm" in (await registry.list()).workers
+
+                await wait_until_async(registered, timeout=10, what="the bare pod registered")
+                spec = (await registry.list()).workers["engine-0.llm"]
+                assert (spec.model, spec.block_size) == ("sim-m", 16)
+                assert spec.kv_events == sim.kv_events_endpoint
+                assert spec.replay == sim.replay_endpoint
+                asked = discovery.metrics.engine_queries.labels("learned")._value.get()
+                await discovery.wait_reconciled(discovery.reconciliations, timeout_s=10)
+                # asked once per pod and address, not every reconciliation
+                assert discovery.metrics.engine_queries.labels("learned")._value.get() == asked
+                await watch.events.put(None)

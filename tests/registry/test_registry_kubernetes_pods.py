@@ -157,3 +157,22 @@ def test_a_pod_object_is_not_mutated() -> None:
     table.reset([original], "1")
     table.workers()
     assert original == kept
+
+
+def test_what_the_engine_said_fills_in_what_the_pod_does_not() -> None:
+    bare = pod()
+    bare["metadata"]["annotations"] = {"cortex/block-size": "32"}  # the pod's word wins
+    learned = {"engine": Engine.SGLANG, "model": "Qwen/Qwen3-8B", "block_size": 16,
+               "kv_events": "tcp://10.0.0.5:6000", "replay": "tcp://10.0.0.5:6001",
+               "dp_size": 2, "topic": "kv", "bootstrap_port": 8998,
+               "role": WorkerRole.REGULAR, "context_length": 32768}
+    spec = worker_of(bare, BY, learned)
+    assert isinstance(spec, WorkerSpec), spec
+    assert (spec.model, spec.block_size, spec.dp_size, spec.topic) == ("Qwen/Qwen3-8B", 32, 2,
+                                                                       "kv")
+    assert spec.kv_events == "tcp://10.0.0.5:6000" and spec.replay == "tcp://10.0.0.5:6001"
+    assert spec.bootstrap_port is None  # a learned default of SGLang prefills only
+    prefill = worker_of(bare, BY, {**learned, "role": WorkerRole.PREFILL})
+    assert isinstance(prefill, WorkerSpec) and prefill.bootstrap_port == 8998
+    nothing = worker_of(bare, BY, {})
+    assert isinstance(nothing, NotWorker) and "cortex/model: missing" in nothing.reason

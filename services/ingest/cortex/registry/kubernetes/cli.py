@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="a pod that left stays out this long (default: 300)")
     parser.add_argument("--watch-timeout", type=float, default=300.0, metavar="S",
                         help="each watch is resumed after this long (default: 300)")
+    parser.add_argument("--learn-from-engines", action="store_true",
+                        help="ask each Ready pod's engine what its annotations do not say "
+                             "(model, KV-event endpoints, block size...)")
     parser.add_argument("--metrics-host", default=env("CORTEX_DISCOVERY_METRICS_HOST",
                                                       "127.0.0.1"),
                         help="address of /metrics and /health (default: 127.0.0.1)")
@@ -96,6 +99,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Discov
         tombstone_ttl_s=args.tombstone_ttl, watch_timeout_s=args.watch_timeout,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        learn_from_engines=args.learn_from_engines,
     )
 
 

@@ -19,6 +19,9 @@ class DiscoveryConfig:
     are renewed every third of it; a pod that leaves is tombstoned for ``tombstone_ttl_s``.
     ``watch_timeout_s``: the server ends each watch after this long (it is then resumed);
     failures back off up to ``backoff_max_s``. ``metrics_port`` ``None``: no HTTP endpoint.
+    ``learn_from_engines``: ask each Ready pod's engine what the pod's annotations do not
+    say (model, KV-event endpoints, block size…), each request bounded by
+    ``learn_timeout_s``.
     """
 
     api_url: str
@@ -34,6 +37,8 @@ class DiscoveryConfig:
     backoff_max_s: float = 30.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9466
+    learn_from_engines: bool = False
+    learn_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.api_url)
@@ -41,7 +46,8 @@ class DiscoveryConfig:
             raise ValueError(f"api_url: {self.api_url!r} is not an http(s) URL")
         if not self.namespace:
             raise ValueError("namespace: required")
-        for name in ("lease_ttl_s", "tombstone_ttl_s", "watch_timeout_s", "backoff_max_s"):
+        for name in ("lease_ttl_s", "tombstone_ttl_s", "watch_timeout_s", "backoff_max_s",
+                     "learn_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

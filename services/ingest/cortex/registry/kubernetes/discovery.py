@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from types import TracebackType
+from typing import Any
 
 from cortex.registry.base import Registry
+from cortex.registry.discoverer import discover
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.kubernetes.api import PodApi
 from cortex.registry.kubernetes.config import DiscoveryConfig
 from cortex.registry.kubernetes.errors import KubernetesUnavailable, ResourceVersionGone
 from cortex.registry.kubernetes.metrics import DiscoveryMetrics
-from cortex.registry.kubernetes.pods import NotWorker, PodTable
+from cortex.registry.kubernetes.pods import NotWorker, PodTable, pod_url, ready_reason
 from cortex.registry.kubernetes.reconcile import REMOVAL_REASON, Plan, plan
 from cortex.registry.tasks import stop_tasks
 
@@ -45,6 +48,8 @@ class PodDiscovery:
         self.reconciliations = 0
         self.last_plan = Plan()
         self._previous: set[str] = set()
+        # pod name -> ((uid, url) asked, the fields its engine reported)
+        self._learned: dict[str, tuple[tuple[str, str], Mapping[str, Any]]] = {}
         self._invalid_logged: dict[str, str] = {}
         self._wake = asyncio.Event()
         self._done = asyncio.Condition()
@@ -121,9 +126,39 @@ class PodDiscovery:
             except Exception:  # a bug must not stop the leases: log, retry next period
                 log.exception("reconciliation failed")
 
+    async def learn(self) -> dict[str, Mapping[str, Any]]:
+        """With ``learn_from_engines``: ask each Ready pod's engine about itself, once per
+        pod and address (a failed ask is repeated next time); what was learned, by pod."""
+        if not self.config.learn_from_engines:
+            return {}
+        pods = self.table.pods()
+        for gone in [name for name in self._learned if name not in pods]:
+            del self._learned[gone]
+        todo: list[tuple[str, tuple[str, str]]] = []
+        for name, pod in pods.items():
+            url = pod_url(pod)
+            if ready_reason(pod) is not None or url is None:
+                continue
+            key = (str((pod.get("metadata") or {}).get("uid") or ""), url)
+            if name not in self._learned or self._learned[name][0] != key:
+                todo.append((name, key))
+        found = await asyncio.gather(*(discover(key[1], timeout_s=self.config.learn_timeout_s)
+                                       for _, key in todo))
+        for (name, key), discovery in zip(todo, found, strict=True):
+            if discovery.learned:
+                self._learned[name] = (key, dict(discovery.learned))
+                self.metrics.engine_queries.labels("learned").inc()
+                log.info("pod %s: learned %s from its engine", name,
+                         ", ".join(sorted(discovery.learned)))
+            else:
+                self.metrics.engine_queries.labels("failed").inc()
+                log.warning("pod %s: its engine said nothing about itself: %s", name,
+                            "; ".join(discovery.problems))
+        return {name: fields for name, (_, fields) in self._learned.items()}
+
     async def reconcile(self) -> Plan:
         """List the registry, apply the plan; the plan (empty when unreachable)."""
-        outcomes = self.table.outcomes()
+        outcomes = self.table.outcomes(await self.learn())
         self._count(list(outcomes.values()))
         desired = {o.id: o for o in outcomes.values() if not isinstance(o, NotWorker)}
         c = self.config

@@ -26,6 +26,10 @@ class DiscoveryMetrics:
         self.registry_errors = Counter("cortex_discovery_registry_errors_total",
                                        "Reconciliations that could not reach the registry",
                                        registry=r)
+        self.engine_queries = Counter(
+            "cortex_discovery_engine_queries_total",
+            "Engines asked about themselves (--learn-from-engines), by result (learned|failed)",
+            ["result"], registry=r)
         self.held = Gauge("cortex_discovery_held_workers",
                           "Ready pods kept out by an operator's removal", registry=r)
 

@@ -19,6 +19,9 @@ cannot hold a model name like ``org/model``, annotations can):
 
 The worker id is ``<pod>.<namespace>``; the spec's labels record where it came from
 (``source``, ``k8s.namespace``, ``k8s.pod``, ``k8s.node``, ``discovered-by``).
+
+What the engine said about itself (:mod:`cortex.registry.discovery`, when the discovery
+asks it) fills in what the pod does not say; the pod's annotations win.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ from cortex.hashing import Engine
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
-__all__ = ["PREFIX", "NotWorker", "PodTable", "worker_of"]
+__all__ = ["PREFIX", "NotWorker", "PodTable", "pod_url", "ready_reason", "worker_of"]
 
 PREFIX = "cortex/"
 """Prefix of the annotations (and labels) that describe a worker pod."""
 
 _DEFAULT_PORT = {Engine.SGLANG: 30000, Engine.VLLM: 8000}
 _INTS = {"dp-size": "dp_size", "block-size": "block_size", "bootstrap-port": "bootstrap_port"}
+_LEARNED = ("role", "dp_size", "kv_events", "topic", "replay", "bootstrap_port", "block_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,7 @@ def _field(pod: Mapping[str, Any], *path: str) -> Any:
     return value
 
 
-def _ready(pod: Mapping[str, Any]) -> str | None:
+def ready_reason(pod: Mapping[str, Any]) -> str | None:
     """``None`` when the pod can take requests, else why not."""
     if _field(pod, "metadata", "deletionTimestamp"):
         return "terminating"
@@ -83,36 +87,62 @@ def _port(text: str, key: str) -> int:
     return int(text)
 
 
-def worker_of(pod: Mapping[str, Any], discovered_by: str = "") -> WorkerSpec | NotWorker:
-    """The worker ``pod`` is, or why it is none. ``discovered_by`` is recorded in the
-    spec's labels, so a discovery recognises the workers it registered."""
-    name = str(_field(pod, "metadata", "name") or "")
-    namespace = str(_field(pod, "metadata", "namespace") or "")
+def _described(pod: Mapping[str, Any]) -> dict[str, str]:
     described: dict[str, str] = {}
     for source in ("labels", "annotations"):  # annotations win
         for key, value in (_field(pod, "metadata", source) or {}).items():
             if isinstance(key, str) and key.startswith(PREFIX) and isinstance(value, str):
                 described[key[len(PREFIX):]] = value.strip()
+    return described
+
+
+def pod_url(pod: Mapping[str, Any]) -> str | None:
+    """The engine's base URL, to ask it about itself: ``None`` without an IP, or without a
+    port (``cortex/port``, else the annotated engine's default)."""
+    ip = _field(pod, "status", "podIP")
+    described = _described(pod)
     try:
-        spec = _spec(pod, name, namespace, described, discovered_by)
+        if "port" in described:
+            port = _port(described["port"], "port")
+        else:
+            port = _DEFAULT_PORT[Engine(described.get("engine", ""))]
+    except (SpecError, ValueError):
+        return None
+    return f"http://{_netloc(str(ip), port)}" if ip else None
+
+
+def worker_of(pod: Mapping[str, Any], discovered_by: str = "",
+              learned: Mapping[str, Any] | None = None) -> WorkerSpec | NotWorker:
+    """The worker ``pod`` is, or why it is none. ``discovered_by`` is recorded in the
+    spec's labels, so a discovery recognises the workers it registered. ``learned``: spec
+    fields the engine reported (``Discovery.learned``), under the pod's own."""
+    name = str(_field(pod, "metadata", "name") or "")
+    namespace = str(_field(pod, "metadata", "namespace") or "")
+    try:
+        spec = _spec(pod, name, namespace, _described(pod), discovered_by, learned or {})
     except SpecError as exc:
         return NotWorker(name, str(exc), invalid=True)
-    reason = _ready(pod)
+    reason = ready_reason(pod)
     return spec if reason is None else NotWorker(name, reason)
 
 
 def _spec(pod: Mapping[str, Any], name: str, namespace: str, described: Mapping[str, str],
-          discovered_by: str) -> WorkerSpec:
-    for required in ("engine", "model"):
-        if not described.get(required):
-            raise SpecError(f"{PREFIX}{required}: missing (an annotation or label)")
-    try:
-        engine = Engine(described["engine"])
-    except ValueError:
-        raise SpecError(f"{PREFIX}engine: unknown engine {described['engine']!r}") from None
+          discovered_by: str, learned: Mapping[str, Any]) -> WorkerSpec:
+    if described.get("engine"):
+        try:
+            engine = Engine(described["engine"])
+        except ValueError:
+            raise SpecError(f"{PREFIX}engine: unknown engine {described['engine']!r}") from None
+    elif isinstance(learned.get("engine"), Engine):
+        engine = learned["engine"]
+    else:
+        raise SpecError(f"{PREFIX}engine: missing (an annotation or label)")
+    model = described.get("model") or learned.get("model")
+    if not isinstance(model, str) or not model:
+        raise SpecError(f"{PREFIX}model: missing (an annotation or label)")
     ip = str(_field(pod, "status", "podIP") or "0.0.0.0")  # validated with a placeholder
     port = _port(described["port"], "port") if "port" in described else _DEFAULT_PORT[engine]
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {k: learned[k] for k in _LEARNED if learned.get(k) is not None}
     for key, attr in _INTS.items():
         if key in described:
             if not described[key].isdigit():
@@ -121,13 +151,18 @@ def _spec(pod: Mapping[str, Any], name: str, namespace: str, described: Mapping[
     for key, attr in (("kv-events-port", "kv_events"), ("replay-port", "replay")):
         if key in described:
             fields[attr] = f"tcp://{_netloc(ip, _port(described[key], key))}"
+    role = _role(described["role"]) if "role" in described else fields.pop("role", None)
+    if role is not WorkerRole.PREFILL or engine is not Engine.SGLANG:
+        if "bootstrap-port" not in described:
+            fields.pop("bootstrap_port", None)  # a learned default of SGLang prefills only
+    if "topic" in described:
+        fields["topic"] = described["topic"]
     labels = {"source": "kubernetes", "k8s.namespace": namespace, "k8s.pod": name,
               "k8s.node": str(_field(pod, "spec", "nodeName") or ""),
               "discovered-by": discovered_by}
     return WorkerSpec(
         id=f"{name}.{namespace}", url=f"http://{_netloc(ip, port)}", engine=engine,
-        model=described["model"], role=_role(described.get("role", "regular")),
-        topic=described.get("topic", ""), labels=labels, **fields,
+        model=model, role=role or WorkerRole.REGULAR, labels=labels, **fields,
     )
 
 
@@ -181,13 +216,21 @@ class PodTable:
         self._pods[name] = obj
         return held != obj
 
-    def outcomes(self) -> dict[str, WorkerSpec | NotWorker]:
-        """Every pod's outcome, by pod name."""
-        return {name: worker_of(pod, self.discovered_by) for name, pod in self._pods.items()}
+    def pods(self) -> dict[str, Mapping[str, Any]]:
+        """The pods held, by name."""
+        return dict(self._pods)
 
-    def workers(self) -> dict[str, WorkerSpec]:
+    def outcomes(self, learned: Mapping[str, Mapping[str, Any]] | None = None
+                 ) -> dict[str, WorkerSpec | NotWorker]:
+        """Every pod's outcome, by pod name (``learned``: what engines said, by pod name)."""
+        learned = learned or {}
+        return {name: worker_of(pod, self.discovered_by, learned.get(name))
+                for name, pod in self._pods.items()}
+
+    def workers(self, learned: Mapping[str, Mapping[str, Any]] | None = None
+                ) -> dict[str, WorkerSpec]:
         """The Ready pods' specs, by worker id."""
-        return {o.id: o for o in self.outcomes().values() if isinstance(o, WorkerSpec)}
+        return {o.id: o for o in self.outcomes(learned).values() if isinstance(o, WorkerSpec)}
 
 
 def _newer(held: object, incoming: str) -> bool:
