@@ -61,7 +61,7 @@ async def test_a_full_queue_is_a_429_and_a_long_wait_a_503_both_with_retry_after
         text = await resp.text()
     assert 'cortex_gateway_admission_rejected_total{code="queue_full"} 1.0' in text
     assert 'cortex_gateway_admission_rejected_total{code="queue_timeout"} 1.0' in text
-    assert 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="429"} 1.0' \
+    assert 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="429",model="unknown"} 1.0' \
         in text
     assert "cortex_gateway_admission_active 0.0" in text
 

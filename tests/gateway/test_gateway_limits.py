@@ -137,7 +137,7 @@ async def test_client_mistakes_are_4xx_counted_as_sent_and_never_tracebacks(
     got, _ = await call(http, gw, b'{"model": "cortex-sim", "max_tokens": 2, "messages": '
                                   b'[{"role": "user", "content": "smile \\ud83d\\ude00"}]}')
     assert got == 200
-    counted = 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="400"}'
+    counted = 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="400",'
     assert await metric(http, gw, counted) == len(bodies)
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     assert sim.engine.stats_dict()["requests_started"] == 1
@@ -160,7 +160,7 @@ async def test_an_internal_error_is_a_500_counted_as_500(
         got, answer = await call(http, gw, chat("hi"))
         assert (got, answer["error"]["code"]) == (500, "internal_error")
         assert "a bug" not in json.dumps(answer)
-    counted = 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="500"}'
+    counted = 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="500",'
     assert await metric(http, gw, counted) == 12
     errors = [r for r in caplog.records if r.name == "cortex.gateway.app"]
     assert len(errors) == 12 and sum(1 for r in errors if r.exc_info) == 10  # rate-limited

@@ -30,6 +30,7 @@ from cortex.chat import (
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
+from cortex.sim.auxiliary import auth_middleware
 from cortex.sim.config import Role, SimConfig
 from cortex.sim.dp import RankPicker
 from cortex.sim.engine import SimEngine
@@ -95,7 +96,9 @@ class SimRoutes:
     # -- wiring ---------------------------------------------------------------------------
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[self._fault_middleware], client_max_size=64 * 2**20)
+        app = web.Application(middlewares=[auth_middleware(self.config.api_key),
+                                                       self._fault_middleware],
+                              client_max_size=64 * 2**20)
         r = app.router
         r.add_get("/health", self._health)
         r.add_get("/health_generate", self._health)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from cortex.gateway.admin import AdminHandler
 from cortex.gateway.config import GatewayConfig
+from cortex.gateway.edge import Edge
 from cortex.gateway.errors import ErrorCode, GatewayError
-from cortex.gateway.http import Request, send_error
+from cortex.gateway.http import Request, send_bytes, send_error
 from cortex.gateway.inference import InferenceHandler, request_id_of
 from cortex.gateway.ops import OpsHandler
 from cortex.gateway.payload import Endpoint
@@ -34,9 +35,12 @@ Handler = Callable[[Request, Send], Awaitable[None]]
 class GatewayApp:
     """``GatewayApp(config)`` is the ASGI callable hypercorn serves."""
 
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._registry = registry
+        self._environ = environ
+        self._edge: Edge | None = None
         self.gateway: Gateway | None = None
         self.started = asyncio.Event()  # set once startup completed
         self._routes: dict[str, dict[str, Handler]] = {}
@@ -47,6 +51,7 @@ class GatewayApp:
         ops = OpsHandler(gw)
         admin = AdminHandler(gw)
         tokens = TokenizeHandler(gw)
+        self._edge = Edge(gw.api_keys, self.config.cors, self.config.access_log, gw.metrics)
 
         def infer(endpoint: Endpoint) -> Handler:
             async def handle(request: Request, send: Send) -> None:
@@ -60,6 +65,7 @@ class GatewayApp:
             "/v1/models": {"GET": lambda r, s: ops.models(s)},
             "/tokenize": {"POST": tokens.tokenize},
             "/detokenize": {"POST": tokens.detokenize},
+            "/health": {"GET": lambda r, s: ops.health(s)},
             "/health/live": {"GET": lambda r, s: ops.live(s)},
             "/health/ready": {"GET": lambda r, s: ops.ready(s)},
             "/metrics": {"GET": lambda r, s: ops.metrics(s)},
@@ -76,8 +82,8 @@ class GatewayApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"
-        gateway = Gateway(self.config, registry=self._registry)
         try:
+            gateway = Gateway(self.config, registry=self._registry, environ=self._environ)
             await gateway.__aenter__()
         except Exception as exc:
             log.exception("gateway startup failed")
@@ -99,10 +105,24 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, self.config.server.body_timeout_s)
+        edge = self._edge
+        if self.gateway is None or edge is None:
+            await send_error(send, GatewayError("the gateway is not running",
+                                                code=ErrorCode.SHUTTING_DOWN, status=503))
+            return
+        exchange = edge.exchange(request, send)
         try:
-            if self.gateway is None:
-                raise GatewayError("the gateway is not running", code=ErrorCode.SHUTTING_DOWN,
-                                   status=503)
+            await self._route(request, exchange, edge)
+        finally:
+            exchange.finish(request_id_of(request))
+
+    async def _route(self, request: Request, send: Send, edge: Edge) -> None:
+        try:
+            preflight = edge.preflight(request)
+            if preflight is not None:
+                await send_bytes(send, 204, b"", b"text/plain", preflight)
+                return
+            edge.authenticate(request)
             if request.path.startswith("/admin/"):
                 await self._admin(request, send)
                 return

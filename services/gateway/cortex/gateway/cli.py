@@ -63,12 +63,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    parser.add_argument("--hash-key", action="store_true",
+                        help="print the sha256:<hex> digest of the API key read from stdin "
+                             "(for auth.keys) and exit")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from cortex.gateway.auth import hash_key
     from cortex.gateway.config import load_config
     from cortex.gateway.errors import ConfigError
+
+    if args.hash_key:
+        key = sys.stdin.readline().strip()
+        if not key:
+            print("cortex gateway: no key on stdin", file=sys.stderr)
+            return 2
+        print(hash_key(key))
+        return 0
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
@@ -89,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, env))
     except ConfigError as exc:  # what only start-up can check (a token file, say)
         print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -99,14 +111,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: Any) -> None:
+async def _serve(config: Any, env: dict[str, str]) -> None:
     from cortex.gateway.server import GatewayServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with GatewayServer(config) as server:
+    async with GatewayServer(config, environ=env) as server:
         # what start-up built (tokenizers, templates, modules) lives as long as the process:
         # out of the collector's sight, old-generation passes no longer walk it
         gc.collect()

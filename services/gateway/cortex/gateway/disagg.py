@@ -466,7 +466,8 @@ class PairDispatcher:
         answer = _Answer(leg)
         try:
             async with asyncio.timeout(timeout_s):
-                response = leg.response = await self.upstream.post(url, body, ctx.headers)
+                response = leg.response = await self.upstream.post(url, body, ctx.headers,
+                                                                   leg.worker.spec)
                 answer.status = response.status
                 if whole or response.status != 200 or not stream:
                     answer.data = await response.read()

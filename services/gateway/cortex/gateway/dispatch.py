@@ -218,7 +218,7 @@ class Dispatcher:
             try:
                 async with timer:
                     response = await self.upstream.post(worker.spec.url.rstrip("/") + path,
-                                                        body, headers)
+                                                        body, headers, worker.spec)
                     head = await self._first_bytes(response, stream)
             except TimeoutError:
                 if not timer.expired():

@@ -20,7 +20,8 @@ class Request:
     """An HTTP request: method, path, lower-cased headers and the body, read once;
     ``body_timeout_s``: how long the whole body may take to arrive (``None``: no bound)."""
 
-    __slots__ = ("_receive", "body_timeout_s", "headers", "method", "path", "query", "scope")
+    __slots__ = ("_receive", "body_timeout_s", "headers", "key_id", "method", "model", "path",
+                 "query", "request_id", "scope")
 
     def __init__(self, scope: Scope, receive: Receive, body_timeout_s: float | None = None
                  ) -> None:
@@ -33,6 +34,11 @@ class Request:
         self.headers: dict[str, str] = {
             k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
         }
+        # learned while it is served, for the access log: the accepted API key's id, the
+        # model asked for, the request id answered with
+        self.key_id: str | None = None
+        self.model: str | None = None
+        self.request_id: str | None = None
 
     async def body(self, limit: int) -> bytes:
         """The whole body; :class:`ClientError` past ``limit`` bytes (413) or when it has not

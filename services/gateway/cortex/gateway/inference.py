@@ -54,11 +54,15 @@ _SSE_HEADERS: Headers = [
 
 
 def request_id_of(request: Request) -> str:
-    """The client's ``x-request-id`` when sane, else a fresh one."""
+    """The client's ``x-request-id`` when sane, else a fresh one (the same for the whole
+    request)."""
+    if request.request_id is not None:
+        return request.request_id
     given = request.headers.get("x-request-id", "")
-    if 0 < len(given) <= 128 and given.isprintable():
-        return given
-    return f"{_ids.getrandbits(128):032x}"
+    if not (0 < len(given) <= 128 and given.isprintable()):
+        given = f"{_ids.getrandbits(128):032x}"
+    request.request_id = given
+    return given
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -111,8 +115,10 @@ class InferenceHandler:
                 self.gw.admission.release()
         finally:
             status = sent.status if sent.status is not None else unanswered
-            m.child(m.requests, endpoint.value, str(status)).inc()
-            m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
+            model = request.model or "unknown"
+            m.child(m.requests, endpoint.value, str(status), model).inc()
+            m.child(m.request_seconds, endpoint.value, model).observe(
+                time.perf_counter() - started)
 
     async def _admitted(self, send: Send, base: Headers) -> bool:
         """Wait for a slot (admission control); ``False`` when refused (answered)."""
@@ -136,6 +142,7 @@ class InferenceHandler:
         assert router is not None
         raw = await request.body(self.config.server.max_body_bytes)
         req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
+        request.model = req.model.name
         try:
             return req, raw, await router.route(req, deadline)
         except RecursionError:
@@ -371,7 +378,7 @@ class _Exchange:
         """The client has the answer's first bytes (a stream's first event): TTFT."""
         decision = opened.decision or self.routed.decision
         metrics = self.gw.metrics
-        metrics.child(metrics.ttft, stream, decision.mode.value).observe(
+        metrics.child(metrics.ttft, self.req.model.name, stream, decision.mode.value).observe(
             time.perf_counter() - self.started)
 
     async def _end_stream(self, data: bytes) -> None:

@@ -39,11 +39,18 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "cortex_gateway_"
         # requests
-        self.requests = Counter(p + "requests_total", "HTTP requests answered",
-                                ["endpoint", "status"], registry=r)
+        self.requests = Counter(p + "requests_total", "Inference requests answered, by "
+                                "endpoint, status and model (a served one, else 'unknown')",
+                                ["endpoint", "status", "model"], registry=r)
         self.request_seconds = Histogram(p + "request_duration_seconds",
                                          "Time from request to end of response",
-                                         ["endpoint"], buckets=_SLOW, registry=r)
+                                         ["endpoint", "model"], buckets=_SLOW, registry=r)
+        self.auth_failures = Counter(p + "auth_failures_total",
+                                     "Requests refused 401, by reason (missing|invalid key)",
+                                     ["reason"], registry=r)
+        self.key_requests = Counter(p + "key_requests_total",
+                                    "Requests authenticated with each API key (by key id)",
+                                    ["key"], registry=r)
         self.rejected = Counter(p + "rejected_total", "Requests rejected before routing",
                                 ["code"], registry=r)
         self.client_disconnects = Counter(p + "client_disconnects_total",
@@ -64,8 +71,8 @@ class GatewayMetrics:
         self.ttft = Histogram(p + "ttft_seconds",
                               "Request arrival to the first byte of a 200 answer sent to the "
                               "client (streams: the first event, i.e. time to first token), by "
-                              "stream (true|false) and match mode",
-                              ["stream", "mode"], buckets=_TTFT, registry=r)
+                              "model, stream (true|false) and match mode",
+                              ["model", "stream", "mode"], buckets=_TTFT, registry=r)
         # routing
         self.routing_seconds = Histogram(p + "routing_seconds",
                                          "Routing decision time by stage",

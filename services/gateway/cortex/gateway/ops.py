@@ -18,6 +18,11 @@ class OpsHandler:
         self.gw = gateway
         self._created = int(time.time())
 
+    async def health(self, send: Send) -> None:
+        """``GET /health`` (what vLLM, SGLang and their routers serve; load testers probe
+        it): 200 while this process can serve, like readiness."""
+        await self.ready(send)
+
     async def live(self, send: Send) -> None:
         await send_json(send, 200, {"status": "live"})
 

@@ -18,6 +18,7 @@ from enum import StrEnum
 from types import TracebackType
 
 from cortex.gateway.admission import Admission
+from cortex.gateway.auth import WorkerCredentials
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch import Dispatcher
 from cortex.gateway.errors import ConfigError
@@ -81,8 +82,13 @@ class Gateway:
     when ``registry.redis_url`` is set, else an in-process registry.
     """
 
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.config = config
+        self.api_keys = config.auth.load()  # ConfigError: a bad keys file
+        # the workers' API keys come from this process's environment (a snapshot taken at
+        # the edge) or files it can read; never from the registry
+        self.credentials = WorkerCredentials(environ or {})
         self.metrics = GatewayMetrics()
         self.pool = WorkerPool(config.breaker, forget_after_s=config.registry.forget_after_s)
         self.admission = admission = Admission(config.admission)
@@ -91,7 +97,7 @@ class Gateway:
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
         self.tokenizers: dict[str, PromptTokenizer] = {}
-        self.upstream = UpstreamClient(config.upstream)
+        self.upstream = UpstreamClient(config.upstream, self.credentials)
         self.index: IndexClient | None = None
         self.replica: ReplicaClient | None = None
         self.router: Router | None = None
@@ -154,9 +160,10 @@ class Gateway:
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
                                     config.health, config.registry.lease_ttl_s, self.metrics,
-                                    on_round=self.sync_pool, on_return=self.watcher.poke)
+                                    on_round=self.sync_pool, on_return=self.watcher.poke,
+                                    auth=self.upstream.auth)
         loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
-                                        self.metrics)
+                                        self.metrics, self.upstream.auth)
         added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Mapping
 from types import TracebackType
 
 from hypercorn.asyncio.run import worker_serve
@@ -30,9 +31,10 @@ __all__ = ["GatewayServer"]
 
 
 class GatewayServer:
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.config = config
-        self.app = GatewayApp(config, registry=registry)
+        self.app = GatewayApp(config, registry=registry, environ=environ)
         self.host = config.server.host
         self.port = 0
         self._shutdown = asyncio.Event()

@@ -29,6 +29,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _MAX_LABEL_VALUE = 256
 _MAX_DP_SIZE = 1024
 _MAX_BLOCK_SIZE = 1 << 20
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 class WorkerRole(StrEnum):
@@ -58,6 +59,7 @@ class WorkerSpec:
     bootstrap_port: int | None = None
     block_size: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    credential: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or _ID.match(self.id) is None:
@@ -113,6 +115,7 @@ class WorkerSpec:
             if not isinstance(value, str) or len(value) > _MAX_LABEL_VALUE:
                 raise SpecError(f"labels: value of {key!r} must be a string of <= 256 chars")
         object.__setattr__(self, "labels", MappingProxyType(dict(sorted(self.labels.items()))))
+        _check_credential(self.credential)
 
     def _endpoint(self, text: str | None, what: str) -> Endpoint | None:
         if text is None:
@@ -173,6 +176,7 @@ class WorkerSpec:
             "bootstrap_port": self.bootstrap_port,
             "block_size": self.block_size,
             "labels": dict(self.labels),
+            **({"credential": self.credential} if self.credential is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -207,12 +211,27 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "labels",
+    "bootstrap_port", "block_size", "labels", "credential",
 )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_credential(ref: object) -> None:
+    """``env:NAME`` or ``file:/absolute/path``: a reference, so a key pasted in is refused."""
+    if ref is None:
+        return
+    if not isinstance(ref, str):
+        raise SpecError("credential: must be env:NAME or file:/path")
+    kind, _, where = ref.partition(":")
+    if kind == "env" and _ENV_NAME.match(where):
+        return
+    if kind == "file" and where.startswith("/") and "\0" not in where and len(where) < 4096:
+        return
+    raise SpecError("credential: must reference the key (env:NAME or file:/absolute/path), "
+                    "not be the key")
 
 
 def _check_url(url: object) -> None:
