@@ -48,7 +48,8 @@ def test_key_digests_and_key_files_are_validated() -> None:
         KeyDigest("team-a", CLIENT_KEY)  # the key itself, not its digest
     with pytest.raises(ConfigError, match="key id"):
         KeyDigest("bad id", hash_key(CLIENT_KEY))
-    text = f"# keys\nteam-a {hash_key(CLIENT_KEY)}  # rotated 2026-11\n\nteam-b {hash_key(OTHER_KEY)}\n"
+    text = (f"# keys\nteam-a {hash_key(CLIENT_KEY)}  # rotated 2026-11\n\n"
+            f"team-b {hash_key(OTHER_KEY)}\n")
     assert [k.id for k in parse_key_lines(text, "keys")] == ["team-a", "team-b"]
     with pytest.raises(ConfigError, match="keys:2"):
         parse_key_lines(f"team-a {hash_key(CLIENT_KEY)}\nteam-b\n", "keys")
@@ -68,7 +69,7 @@ def test_keys_come_from_the_file_the_table_and_the_environment(tmp_path: Path) -
     assert len(keys) == 2
     assert keys.check(f"Bearer {OTHER_KEY}") == "team-b"
     assert CLIENT_KEY not in repr(config) and OTHER_KEY not in repr(config)
-    with pytest.raises(ConfigError, match="auth.keys_file"):
+    with pytest.raises(ConfigError, match=r"auth\.keys_file"):
         GatewayConfig.from_mapping({"models": [{"name": "m"}],
                                     "auth": {"keys_file": str(tmp_path / "missing")}})
 

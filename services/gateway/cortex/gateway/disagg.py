@@ -127,7 +127,7 @@ class _Leg:
         self._metrics = owner.metrics
         self._settled = False
         worker.breaker.on_attempt()
-        acquire_slot(worker, self._metrics)
+        self.slot = acquire_slot(worker, self._metrics)
 
     def settle(self, verdict: _Verdict) -> None:
         if self._settled:
@@ -142,7 +142,7 @@ class _Leg:
             breaker.on_abandon()
         if self.response is not None:
             self.response.close()
-        release_slot(self.worker, self._metrics)
+        release_slot(self.worker, self._metrics, self.slot)
 
     def hand_over(self) -> UpstreamResponse:
         assert self.response is not None and not self._settled
@@ -524,7 +524,8 @@ class PairDispatcher:
     def _opened(self, ctx: _Request, leg: _Leg, head: bytes, hit_tokens: int,
                 outcome: PDOutcome, rewrite: EventRewrite | None) -> Opened:
         response = leg.hand_over()
-        return Opened(leg.worker, response, head, 1, self.metrics, hit_tokens=hit_tokens,
+        return Opened(leg.worker, response, head, 1, self.metrics, leg.slot,
+                      hit_tokens=hit_tokens,
                       pd=outcome, rewrite=rewrite)
 
     def _prefill_done(self, answer: _Answer, ctx: _Request) -> None:

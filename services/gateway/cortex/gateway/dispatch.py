@@ -81,6 +81,7 @@ class Opened:
     head: bytes
     attempts: int
     _metrics: GatewayMetrics = field(repr=False)
+    _slot: int = field(repr=False)
     hit_tokens: int = 0
     decision: Decision | None = None
     pd: PDOutcome | None = None
@@ -94,20 +95,21 @@ class Opened:
             return
         self._closed = True
         self.response.close()
-        release_slot(self.worker, self._metrics)
+        release_slot(self.worker, self._metrics, self._slot)
         if self.on_close is not None:
             self.on_close()
 
 
-def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
-    """Count one more request open on ``worker``."""
-    worker.inflight += 1
+def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> int:
+    """Count one more request open on ``worker``; returns the slot for :func:`release_slot`."""
+    slot = worker.open_request()
     metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
+    return slot
 
 
-def release_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
-    """A request open on ``worker`` ended."""
-    worker.inflight -= 1
+def release_slot(worker: WorkerState, metrics: GatewayMetrics, slot: int) -> None:
+    """A request open on ``worker`` (``slot``: what :func:`acquire_slot` returned) ended."""
+    worker.close_request(slot)
     metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
@@ -209,7 +211,7 @@ class Dispatcher:
         (:attr:`WorkerState.prefilling`) until then."""
         breaker = worker.breaker
         breaker.on_attempt()
-        acquire_slot(worker, self.metrics)
+        slot = acquire_slot(worker, self.metrics)
         worker.prefilling += prefill_tokens
         response: UpstreamResponse | None = None
         sent = time.perf_counter()
@@ -228,7 +230,7 @@ class Dispatcher:
         except UpstreamFailure as failure:
             if response is not None:
                 response.close()
-            release_slot(worker, self.metrics)
+            release_slot(worker, self.metrics, slot)
             self.metrics.worker(self.metrics.upstream_errors, worker.id, failure.kind.value).inc()
             if failure.status == 429:
                 breaker.on_abandon()  # busy, not broken
@@ -239,7 +241,7 @@ class Dispatcher:
             # cancelled (client gone, deadline) or a bug: no verdict on the worker
             if response is not None:
                 response.close()
-            release_slot(worker, self.metrics)
+            release_slot(worker, self.metrics, slot)
             breaker.on_abandon()
             raise
         finally:
@@ -248,7 +250,7 @@ class Dispatcher:
         if response.status == 200:
             self.metrics.worker(self.metrics.upstream_ttfb, worker.id, mode).observe(
                 time.perf_counter() - sent)
-        return Opened(worker, response, head, attempts, self.metrics)
+        return Opened(worker, response, head, attempts, self.metrics, slot)
 
     async def _first_bytes(self, response: UpstreamResponse, stream: bool) -> bytes:
         """The whole body, or a stream's first chunk; :class:`UpstreamFailure` for a

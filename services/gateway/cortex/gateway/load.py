@@ -20,7 +20,7 @@ import aiohttp
 
 from cortex.gateway.config import LoadConfig
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pool import EngineLoad, Health, WorkerPool, WorkerState
+from cortex.gateway.pool import Health, WorkerPool, WorkerState
 from cortex.hashing import Engine
 from cortex.registry.spec import WorkerSpec
 
@@ -111,6 +111,8 @@ class LoadPoller:
             await asyncio.sleep(self.config.poll_interval_s)
 
     async def poll(self, worker: WorkerState) -> None:
+        sent = time.monotonic()
+        number = worker.load_poll_begun()
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 running, waiting = await self._fetch(worker)
@@ -118,7 +120,7 @@ class LoadPoller:
             self.metrics.load_polls.labels(result="error").inc()
             log.debug("load poll failed worker=%s: %r", worker.id, exc, extra={"worker": worker.id})
             return
-        worker.engine = EngineLoad(running, waiting, time.monotonic())
+        worker.load_polled(number, running, waiting, sent)
         self.metrics.load_polls.labels(result="ok").inc()
         self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
         self.metrics.worker(self.metrics.worker_engine_waiting, worker.id).set(waiting)
