@@ -30,7 +30,7 @@ from cortex.chat import (
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
-from cortex.sim.auxiliary import auth_middleware
+from cortex.sim.auxiliary import AuxiliaryRoutes, auth_middleware
 from cortex.sim.config import Role, SimConfig
 from cortex.sim.dp import RankPicker
 from cortex.sim.engine import SimEngine
@@ -122,6 +122,8 @@ class SimRoutes:
             r.add_get("/load", self._load)
             r.add_get("/ping", self._health)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        AuxiliaryRoutes(self.config.model, lambda: {
+            SERVED_BY_HEADER: str(self.ports.get("http"))}).add_to(app)
         r.add_get("/sim/state", self._sim_state)
         r.add_get("/sim/cache", self._sim_cache)
         r.add_route("*", "/sim/faults", self._sim_faults)

@@ -36,7 +36,7 @@ from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Message, Receive, Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure
 
-__all__ = ["InferenceHandler", "request_id_of"]
+__all__ = ["InferenceHandler", "race_disconnect", "request_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class InferenceHandler:
             body = upstream_body(req, raw)
             exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline,
                                  started)
-            if await _race_disconnect(request.receive, exchange.run()):
+            if await race_disconnect(request.receive, exchange.run()):
                 self.metrics.client_disconnects.inc()
                 log.info("client disconnected request_id=%s worker=%s", request_id,
                          exchange.worker_id, extra={"request_id": request_id,
@@ -190,7 +190,7 @@ class InferenceHandler:
             routed.placement.dispatched()  # if it never was: the routed load ends here
 
 
-async def _race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
+async def race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
     """Run ``work`` in this task until done or the client disconnects (then cancel it);
     ``True`` if the client went away first.
 

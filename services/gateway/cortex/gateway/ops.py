@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http import send_bytes, send_json
 from cortex.gateway.metrics import CONTENT_TYPE
 from cortex.gateway.pool import Health
@@ -52,13 +54,29 @@ class OpsHandler:
         self.gw.readiness()  # refresh the readiness gauges
         await send_bytes(send, 200, self.gw.metrics.render(), CONTENT_TYPE.encode())
 
+    def _listed(self) -> list[str]:
+        """Served models with registered workers (or a fixed upstream), sorted."""
+        registered = set(self.gw.pool.models())
+        return sorted(m.name for m in self.gw.config.models
+                      if m.name in registered or m.upstream_url is not None)
+
+    def _entry(self, name: str) -> dict[str, Any]:
+        """One model as vLLM describes it (``max_model_len``: the context length in tokens,
+        configured or learned from the engines; ``None`` while unknown)."""
+        model = self.gw.config.model(name)
+        assert model is not None
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "cortex",
+                "root": model.hash_model or name, "parent": None,
+                "max_model_len": self.gw.limits(model).context_tokens}
+
     async def models(self, send: Send) -> None:
         """Models with registered workers that this gateway is configured to serve."""
-        served = {m.name for m in self.gw.config.models}
-        await send_json(send, 200, {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": self._created, "owned_by": "cortex"}
-                for name in self.gw.pool.models() if name in served
-            ],
-        })
+        await send_json(send, 200, {"object": "list",
+                                    "data": [self._entry(name) for name in self._listed()]})
+
+    async def model(self, send: Send, model_id: str) -> None:
+        """``GET /v1/models/{id}``: that model, or 404 ``model_not_found``."""
+        if model_id not in self._listed():
+            raise ClientError(f"the model {model_id!r} does not exist",
+                              code=ErrorCode.MODEL_NOT_FOUND, status=404)
+        await send_json(send, 200, self._entry(model_id))

@@ -208,10 +208,16 @@ class UpstreamClient:
         headers (the caller's deadline applies).
 
         Raises :class:`UpstreamFailure` (connect, timeout, disconnect)."""
+        return await self.request("POST", url, body, headers, worker)
+
+    async def request(self, method: str, url: str, body: bytes | None,
+                      headers: Mapping[str, str], worker: WorkerSpec | None = None
+                      ) -> UpstreamResponse:
+        """:meth:`post` for any method (``body`` ``None``: none)."""
         if worker is not None and worker.credential is not None:
             headers = {**headers, **self.auth(worker)}
         try:
-            response = await self.session.post(url, data=body, headers=headers)
+            response = await self.session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise _translate(exc) from exc
         return UpstreamResponse(response)
