@@ -53,7 +53,8 @@ class GatewayApp:
         ops = self._ops = OpsHandler(gw)
         admin = AdminHandler(gw)
         tokens = TokenizeHandler(gw)
-        self._edge = Edge(gw.api_keys, self.config.cors, self.config.access_log, gw.metrics)
+        self._edge = Edge(gw.api_keys, self.config.cors, self.config.access_log, gw.metrics,
+                          lambda: gw.draining)
 
         relay = self._relay = RelayHandler(gw)
         passthrough = frozenset(m.name for m in self.config.models if m.passthrough)

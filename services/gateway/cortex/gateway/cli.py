@@ -126,3 +126,11 @@ async def _serve(config: Any, env: dict[str, str]) -> None:
         gc.set_threshold(*GC_THRESHOLDS)
         logging.getLogger("cortex.gateway").info("gateway listening on %s", server.url)
         await stop.wait()
+        stop.clear()  # a second signal cuts the drain delay short
+        drain = asyncio.create_task(server.drain())
+        again = asyncio.create_task(stop.wait())
+        await asyncio.wait((drain, again), return_when=asyncio.FIRST_COMPLETED)
+        drain.cancel()
+        again.cancel()
+        logging.getLogger("cortex.gateway").info("closing the listener; in-flight requests "
+                                                 "finish")

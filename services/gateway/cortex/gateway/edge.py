@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from cortex.gateway.auth import ApiKeys
 from cortex.gateway.edgeconfig import AccessLogConfig, CorsConfig
@@ -37,8 +38,10 @@ class Edge:
     """The config's auth, CORS and access-log settings, applied per request."""
 
     def __init__(self, keys: ApiKeys, cors: CorsConfig, access: AccessLogConfig,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, draining: Callable[[], bool] = lambda: False
+                 ) -> None:
         self.keys = keys
+        self.draining = draining
         self.cors = cors
         self.access = access
         self.metrics = metrics
@@ -109,6 +112,8 @@ class Exchange:
         self._send = send
         self._cors = edge.cors_headers(request.headers.get("origin")) if edge.cors.enabled \
             else []
+        if edge.draining():  # keep-alive clients reconnect, to a replica that stays
+            self._cors = [*self._cors, (b"connection", b"close")]
         self.started = time.perf_counter()
         self.status: int | None = None
         self.worker = "none"

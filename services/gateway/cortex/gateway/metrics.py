@@ -211,7 +211,13 @@ class GatewayMetrics:
                                      registry=r)
         self.index_errors = Counter(p + "index_errors_total", "Failed index calls", ["kind"],
                                     registry=r)
-        self.ready = Gauge(p + "ready", "1 while the gateway can route", registry=r)
+        self.ready = Gauge(p + "ready", "1 while the gateway can route (some model has a "
+                           "routable worker)", registry=r)
+        self.draining = Gauge(p + "draining", "1 once the process drains (SIGTERM): readiness "
+                              "is 503, requests are still served", registry=r)
+        self.routable_workers = Gauge(p + "routable_workers",
+                                      "Workers healthy with their breaker admitting requests",
+                                      registry=r)
         self.degraded = Gauge(p + "degraded", "1 per active degradation reason", ["reason"],
                               registry=r)
         self.exact_routing = Gauge(p + "exact_routing_enabled",

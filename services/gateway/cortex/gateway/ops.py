@@ -9,7 +9,7 @@ from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http import send_bytes, send_json
 from cortex.gateway.metrics import CONTENT_TYPE
 from cortex.gateway.pool import Health
-from cortex.gateway.runtime import Gateway, Readiness
+from cortex.gateway.runtime import Gateway
 from cortex.gateway.types import Send
 
 __all__ = ["OpsHandler"]
@@ -29,14 +29,20 @@ class OpsHandler:
         await send_json(send, 200, {"status": "live"})
 
     async def ready(self, send: Send) -> None:
-        """200 while some worker is routable (``status`` says ``degraded`` and why), 503
-        otherwise."""
+        """Readiness: 200 while this process serves (started, not draining), 503 once it
+        drains (SIGTERM). The fleet's state is in the body, not the status code: a
+        shared worker outage must not take every gateway out of its load balancer
+        (clients then get a JSON 503 instead of a refused connection). ``status``: the
+        fleet's state (``ready``, ``degraded`` and why, ``unavailable``: no worker
+        routable) or ``draining``."""
         state, reasons = self.gw.readiness()
         workers = list(self.gw.pool)
         index, replica = self.gw.index, self.gw.replica
         watcher = self.gw.watcher
-        await send_json(send, 503 if state is Readiness.UNAVAILABLE else 200, {
-            "status": state.value,
+        draining = self.gw.draining
+        await send_json(send, 503 if draining else 200, {
+            "status": "draining" if draining else state.value,
+            "fleet": state.value,
             "degraded": [r.value for r in reasons],
             "workers": {
                 "total": len(workers),

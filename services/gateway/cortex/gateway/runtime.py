@@ -107,6 +107,15 @@ class Gateway:
         self.loads: LoadPoller | None = None
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
+        self.draining = False  # SIGTERM: readiness says 503, requests are still served
+
+    def drain(self) -> None:
+        """Start draining: readiness turns 503 and answers close their connections, so
+        load balancers and keep-alive clients move to other replicas."""
+        if not self.draining:
+            self.draining = True
+            self.metrics.draining.set(1)
+            log.info("draining: readiness is now 503")
 
     def _make_registry(self) -> Registry:
         cfg = self.config.registry
@@ -329,6 +338,7 @@ class Gateway:
         state = (Readiness.UNAVAILABLE if not routable
                  else Readiness.DEGRADED if reasons else Readiness.READY)
         self.metrics.ready.set(1 if routable else 0)
+        self.metrics.routable_workers.set(sum(1 for w in self.pool if w.routable()))
         for reason in Degradation:
             self.metrics.degraded.labels(reason=reason.value).set(reason in reasons)
         return state, reasons

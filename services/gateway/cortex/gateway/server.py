@@ -95,6 +95,16 @@ class GatewayServer:
             raise RuntimeError("the gateway failed to start") from error
         return self
 
+    async def drain(self) -> None:
+        """The not-ready-then-drain phase of a shutdown: readiness turns 503 at once,
+        requests are still served for ``server.drain_delay_s``; leaving the ``async with``
+        then stops accepting and lets in-flight requests finish (``graceful_timeout_s``)."""
+        gateway = self.app.gateway
+        if gateway is None:
+            return
+        gateway.drain()
+        await asyncio.sleep(self.config.server.drain_delay_s)
+
     async def _wait_started(self) -> None:
         await self.app.started.wait()
 
