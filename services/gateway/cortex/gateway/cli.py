@@ -12,40 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
 import os
 import signal
 import sys
 from typing import Any
 
-__all__ = ["register"]
+from cortex.telemetry import add_logging_flags, configure_logging
 
-_FIELDS = ("worker", "request_id", "mode")
+__all__ = ["register"]
 
 GC_THRESHOLDS = (10_000, 10, 10)
 """Cyclic GC generations' thresholds in the gateway process (CPython's are 700, 10, 10):
 requests allocate many short-lived containers, and the default made collections ~5 % of
 the CPU under load."""
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the structured fields (worker, request id, mode)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for name in _FIELDS:
-            value = getattr(record, name, None)
-            if value is not None:
-                entry[name] = value
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -60,9 +40,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="requests waiting for a slot (overrides admission.queue_size)")
     parser.add_argument("--queue-timeout-secs", type=float, metavar="S",
                         help="longest wait for a slot (overrides admission.queue_timeout_s)")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    add_logging_flags(parser, log_format="json")
     parser.add_argument("--hash-key", action="store_true",
                         help="print the sha256:<hex> digest of the API key read from stdin "
                              "(for auth.keys) and exit")
@@ -82,10 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(hash_key(key))
         return 0
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    configure_logging(args.log_level, args.log_format)
     env = dict(os.environ)
     if args.host:
         env["CORTEX_GATEWAY_SERVER_HOST"] = args.host

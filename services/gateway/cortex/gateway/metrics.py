@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.process_collector import ProcessCollector
 
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
@@ -37,6 +38,7 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)  # the standard process_* series
         p = "cortex_gateway_"
         # requests
         self.requests = Counter(p + "requests_total", "Inference requests answered, by "
