@@ -33,12 +33,16 @@ OPEN_PATHS = frozenset({"/health", "/health_generate", "/ping", "/metrics", "/ve
 """Paths the engines answer without their ``--api-key``."""
 
 
-def auth_middleware(api_key: str | None) -> Middleware:
-    """401 for a request without ``Authorization: Bearer <api_key>`` (``None``: open)."""
+def auth_middleware(api_key: str | None, seen: dict[str, str]) -> Middleware:
+    """401 for a request without ``Authorization: Bearer <api_key>`` (``None``: open);
+    ``seen`` keeps the ``traceparent`` of the last request that carried one (what a
+    tracing gateway forwarded)."""
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if "traceparent" in request.headers:
+            seen["traceparent"] = request.headers["traceparent"]
         if api_key is None or request.path in OPEN_PATHS or request.path.startswith("/sim/"):
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()

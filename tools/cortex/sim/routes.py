@@ -92,11 +92,12 @@ class SimRoutes:
         self._on_restart = on_restart
         self._faults_changed = asyncio.Event()
         self.shutting_down = False
+        self.seen: dict[str, str] = {}  # the last request's trace context (``traceparent``)
 
     # -- wiring ---------------------------------------------------------------------------
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[auth_middleware(self.config.api_key),
+        app = web.Application(middlewares=[auth_middleware(self.config.api_key, self.seen),
                                                        self._fault_middleware],
                               client_max_size=64 * 2**20)
         r = app.router
@@ -548,6 +549,7 @@ class SimRoutes:
             "ports": dict(self.ports), "running": whole["running"],
             "waiting": whole["waiting"], "cache": whole["cache"], "events": whole["events"],
             "stats": whole["stats"], "faults": self.faults.snapshot(),
+            "traceparent": self.seen.get("traceparent"),
         }
         if len(ranks) > 1:
             state["ranks"] = ranks

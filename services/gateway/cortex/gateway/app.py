@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from cortex.gateway.admin import AdminHandler
 from cortex.gateway.config import GatewayConfig
-from cortex.gateway.edge import Edge
+from cortex.gateway.edge import PUBLIC_PATHS, Edge
 from cortex.gateway.errors import ErrorCode, GatewayError
 from cortex.gateway.http import ClientDisconnected, Request, send_bytes, send_error
 from cortex.gateway.inference import InferenceHandler, request_id_of
@@ -26,6 +26,7 @@ from cortex.gateway.tokenize_endpoints import AlignmentCheck, TokenizeHandler
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
+from cortex.telemetry.tracing import SpanKind
 
 __all__ = ["GatewayApp"]
 
@@ -120,11 +121,20 @@ class GatewayApp:
             await send_error(send, GatewayError("the gateway is not running",
                                                 code=ErrorCode.SHUTTING_DOWN, status=503))
             return
+        tracing = self.gateway.tracing
+        if tracing is not None and request.path not in PUBLIC_PATHS:
+            request.span = tracing.start(f"{request.method} {request.path}",
+                                         headers=request.headers, kind=SpanKind.SERVER,
+                                         attributes={"http.request.method": request.method,
+                                                     "url.path": request.path})
         exchange = edge.exchange(request, send)
         try:
             await self._route(request, exchange, edge)
         finally:
             exchange.finish(request_id_of(request))
+            if request.span is not None:
+                exchange.annotate(request.span)
+                request.span.end()
 
     async def _route(self, request: Request, send: Send, edge: Edge) -> None:
         try:

@@ -207,8 +207,8 @@ class PairDispatcher:
 
     # ---- the attempt loop ----
 
-    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
-                   ) -> Opened:
+    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
+                   trace: Mapping[str, str] | None = None) -> Opened:
         """Open the decode leg of a working pair (or the fallback) up to its first byte.
 
         Raises :class:`UpstreamError` with code ``prefill_server_error`` /
@@ -219,7 +219,8 @@ class PairDispatcher:
         plan = routed.pd
         assert plan is not None
         ctx = _Request(req, routed, plan, body,
-                       {"Content-Type": "application/json", "X-Request-Id": request_id},
+                       {"Content-Type": "application/json", "X-Request-Id": request_id,
+                        **(trace or {})},
                        req.endpoint.value)
         engine = plan.engine.value
         placement = routed.placement

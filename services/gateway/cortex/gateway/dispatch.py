@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cortex.gateway.config import PDConfig, Timeouts, UpstreamConfig
@@ -135,9 +135,10 @@ class Dispatcher:
         self.metrics = metrics
         self.pairs = PairDispatcher(self, pd or PDConfig())
 
-    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
-                   ) -> Opened:
-        """Open the request on a worker (or a prefill/decode pair) up to its first byte.
+    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
+                   trace: Mapping[str, str] | None = None) -> Opened:
+        """Open the request on a worker (or a prefill/decode pair) up to its first byte;
+        ``trace``: the W3C trace-context headers to send along.
 
         Raises :class:`UpstreamError` (502/504) when every attempt failed, and
         :class:`ServiceUnavailable` when no ranked worker is routable any more. The caller's
@@ -145,14 +146,15 @@ class Dispatcher:
         """
         routed.placement.dispatched()  # the attempts' in-flight slots count it from here
         if routed.pd is not None:
-            return await self.pairs.open(req, routed, body, request_id)
-        return await self.open_regular(req, routed, body, request_id)
+            return await self.pairs.open(req, routed, body, request_id, trace)
+        return await self.open_regular(req, routed, body, request_id, trace)
 
     async def open_regular(self, req: InferenceRequest, routed: Routed, body: bytes,
-                           request_id: str) -> Opened:
+                           request_id: str, trace: Mapping[str, str] | None = None) -> Opened:
         """Send to ``routed.decision``'s workers in order until one answers; the placement
         (predicted blocks) follows the attempts."""
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id,
+                   **(trace or {})}
         path = req.endpoint.value
         placement = routed.placement
         mode = routed.decision.mode.value

@@ -17,6 +17,7 @@ from cortex.gateway.errors import ErrorCode, GatewayError
 from cortex.gateway.http import Headers, Request
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.types import Message, Send
+from cortex.telemetry.tracing import Span, StatusCode
 
 __all__ = ["PUBLIC_PATHS", "Edge", "Exchange"]
 
@@ -131,6 +132,17 @@ class Exchange:
             if self._cors:
                 message = {**message, "headers": [*headers, *self._cors]}
         await self._send(message)
+
+    def annotate(self, span: Span) -> None:
+        """Put what the answer said on the request's trace span."""
+        request = self.request
+        span.set_attributes({
+            "http.response.status_code": self.status if self.status is not None else 499,
+            "cortex.request_id": request.request_id or "", "cortex.worker": self.worker,
+            "cortex.match_mode": self.mode, "cortex.model": request.model or "",
+            "cortex.key_id": request.key_id or ""})
+        if self.status is not None and self.status >= 500:
+            span.set_status(StatusCode.ERROR)
 
     def finish(self, request_id: str) -> None:
         """The request is over (answered, or the client went away): log its line."""

@@ -110,13 +110,16 @@ class AccessLogConfig:
 
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
-    """OpenTelemetry traces over OTLP/HTTP (JSON encoding); off by default.
+    """OpenTelemetry traces over OTLP/HTTP (protobuf); off by default.
 
     ``endpoint``: the collector's traces URL (``…:4318/v1/traces``). ``sample_ratio``: the
     share of requests without a sampled ``traceparent`` that are traced (a client's sampled
     ``traceparent`` is always honoured). Spans are batched: at most ``batch_size`` per
     export, every ``export_interval_s``; at most ``max_queue`` wait (more are dropped and
-    counted). ``service_name``: the ``service.name`` resource attribute.
+    lost). ``service_name``: the ``service.name`` resource attribute. Spans: the request
+    (``POST /v1/chat/completions``; its parent: a client's ``traceparent``), ``parse``,
+    ``tokenize``, ``hash``, ``match``, ``score`` and ``upstream`` (until the first byte; its
+    context is the ``traceparent`` the worker receives).
     """
 
     enabled: bool = False

@@ -10,6 +10,7 @@ from urllib.parse import unquote_plus
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.types import Receive, Scope, Send
+from cortex.telemetry.tracing import Span
 
 __all__ = ["Headers", "Request", "send_bytes", "send_error", "send_json"]
 
@@ -21,7 +22,7 @@ class Request:
     ``body_timeout_s``: how long the whole body may take to arrive (``None``: no bound)."""
 
     __slots__ = ("_body", "_receive", "body_timeout_s", "headers", "key_id", "method", "model",
-                 "path", "query", "request_id", "scope")
+                 "path", "query", "request_id", "scope", "span")
 
     def __init__(self, scope: Scope, receive: Receive, body_timeout_s: float | None = None
                  ) -> None:
@@ -40,6 +41,7 @@ class Request:
         self.model: str | None = None
         self.request_id: str | None = None
         self._body: bytes | None = None
+        self.span: Span | None = None  # this request's trace span, when traced
 
     async def body(self, limit: int) -> bytes:
         """The whole body (read once, then remembered); :class:`ClientError` past ``limit``

@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from cortex.gateway.config import Timeouts
-from cortex.gateway.dispatch import Opened, upstream_body
+from cortex.gateway.dispatch import Dispatcher, Opened, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
 from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
@@ -35,6 +35,7 @@ from cortex.gateway.tokenizing import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Message, Receive, Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure
+from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 
 __all__ = ["InferenceHandler", "race_disconnect", "request_id_of"]
 
@@ -141,10 +142,15 @@ class InferenceHandler:
         router = self.gw.router
         assert router is not None
         raw = await request.body(self.config.server.max_body_bytes)
+        parse_ns = time.time_ns()
         req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
         request.model = req.model.name
         try:
-            return req, raw, await router.route(req, deadline)
+            route_ns = time.time_ns()
+            routed = await router.route(req, deadline)
+            if request.span is not None:
+                self._trace_routing(request.span, parse_ns, route_ns, routed)
+            return req, raw, routed
         except RecursionError:
             raise ClientError("the request is nested too deeply") from None
         except (TypeError, UnicodeError):
@@ -153,6 +159,26 @@ class InferenceHandler:
             self._tracebacks.log(log, "prompt not tokenizable request_id=%s",
                                  request_id_of(request))
             raise ClientError("the prompt cannot be tokenized") from None
+
+    def _trace_routing(self, span: Span, parse_ns: int, route_ns: int, routed: Routed) -> None:
+        """The parse and routing stages as child spans (timed while they ran)."""
+        tracing = self.gw.tracing
+        assert tracing is not None
+        tracing.record("parse", span, parse_ns, route_ns)
+        at = route_ns
+        timings = routed.timings
+        decision = routed.decision
+        for stage, seconds, attributes in (
+                ("tokenize", timings.tokenize, {"cortex.prompt_tokens": routed.prompt_tokens}),
+                ("hash", timings.hash, {"cortex.blocks": len(routed.keys)}),
+                ("match", timings.match, {"cortex.match_source": routed.match_source}),
+                ("score", timings.score, {"cortex.worker": decision.chosen.worker_id,
+                                          "cortex.match_mode": decision.mode.value,
+                                          "cortex.match_reason": decision.reason.value,
+                                          "cortex.hit_tokens": decision.hit_tokens})):
+            end = at + int(seconds * 1e9)
+            tracing.record(stage, span, at, end, attributes)
+            at = end
 
     async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
                       base: Headers, started: float) -> int:
@@ -178,7 +204,7 @@ class InferenceHandler:
         try:
             body = upstream_body(req, raw)
             exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline,
-                                 started)
+                                 started, request)
             if await race_disconnect(request.receive, exchange.run()):
                 self.metrics.client_disconnects.inc()
                 log.info("client disconnected request_id=%s worker=%s", request_id,
@@ -228,8 +254,9 @@ class _Exchange:
 
     def __init__(self, gw: Gateway, req: InferenceRequest, routed: Routed, body: bytes,
                  request_id: str, base: Headers, send: Send, deadline: float,
-                 started: float) -> None:
+                 started: float, request: Request) -> None:
         self.gw = gw
+        self.request = request
         self.req = req
         self.routed = routed
         self.body = body
@@ -272,7 +299,7 @@ class _Exchange:
         loop_deadline = asyncio.get_running_loop().time() + (self.deadline - time.monotonic())
         try:
             async with asyncio.timeout_at(loop_deadline):
-                opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id)
+                opened = await self._open(dispatcher)
                 self.worker_id = opened.worker.id
                 response = opened.response
                 if response.status != 200:  # refused: in the gateway's error shape
@@ -320,6 +347,27 @@ class _Exchange:
         finally:
             if opened is not None:
                 opened.close()
+
+    async def _open(self, dispatcher: Dispatcher) -> Opened:
+        """Dispatch up to the first byte, under an ``upstream`` client span when traced
+        (its context goes upstream), else passing the client's trace context on."""
+        tracing, parent = self.gw.tracing, self.request.span
+        if tracing is None or parent is None:
+            return await dispatcher.open(self.req, self.routed, self.body, self.request_id,
+                                         trace_headers(self.request.headers))
+        span = tracing.start("upstream", parent=parent, kind=SpanKind.CLIENT)
+        try:
+            opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id,
+                                           tracing.headers(span))
+            span.set_attributes({"cortex.worker": opened.worker.id,
+                                 "cortex.attempts": opened.attempts,
+                                 "http.response.status_code": opened.response.status})
+            return opened
+        except BaseException as exc:
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+            raise
+        finally:
+            span.end()  # the first byte (or the failure): what the span times
 
     def _not_sent(self) -> Headers:
         decision = self.routed.decision

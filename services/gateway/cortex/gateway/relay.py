@@ -42,6 +42,7 @@ from cortex.gateway.pool import WorkerState
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.types import Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure, UpstreamResponse
+from cortex.telemetry.tracing import Span, SpanKind, trace_headers
 
 __all__ = ["RELAYED_PATHS", "RelayHandler", "ResponseOwners", "least_loaded", "response_id_of"]
 
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 RELAYED_PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/responses", "/v1/messages")
 _SNIFF_BYTES = 64 * 1024  # a stream's response id is in its first event: look no further
-_FORWARDED = ("traceparent", "tracestate", "accept", "anthropic-version", "anthropic-beta")
+_FORWARDED = ("accept", "anthropic-version", "anthropic-beta")
 _MODE = (b"x-cortex-match-mode", b"passthrough")
 
 
@@ -234,15 +235,34 @@ class RelayHandler:
                      body: bytes | None, model: ModelConfig | None, targets: list[_Target],
                      stream: bool) -> int:
         """Open the first target that answers, relay its answer; the status sent."""
-        upstream_cfg = self.gw.config.upstream
-        timeouts = Timeouts.of(model, upstream_cfg) if model is not None else Timeouts(
-            upstream_cfg.first_byte_timeout_s, upstream_cfg.response_timeout_s,
-            upstream_cfg.stream_idle_timeout_s)
         headers = {"Content-Type": "application/json",
                    "X-Request-Id": request_id_of(request)}
         for name in _FORWARDED:
             if name in request.headers:
                 headers[name] = request.headers[name]
+        tracing = self.gw.tracing
+        span = None
+        if tracing is not None and request.span is not None:
+            span = tracing.start("upstream", parent=request.span, kind=SpanKind.CLIENT)
+            headers.update(tracing.headers(span))
+        else:
+            headers.update(trace_headers(request.headers))
+        try:
+            return await self._relay_traced(request, send, method, path, body, model,
+                                            targets, stream, headers, span)
+        finally:
+            if span is not None and span.is_recording():  # not ended at the first byte
+                span.end()
+
+    async def _relay_traced(self, request: Request, send: Send, method: str, path: str,
+                            body: bytes | None, model: ModelConfig | None,
+                            targets: list[_Target], stream: bool, headers: dict[str, str],
+                            span: Span | None) -> int:
+        """:meth:`_relay` once the headers are set (``span``: the upstream span)."""
+        upstream_cfg = self.gw.config.upstream
+        timeouts = Timeouts.of(model, upstream_cfg) if model is not None else Timeouts(
+            upstream_cfg.first_byte_timeout_s, upstream_cfg.response_timeout_s,
+            upstream_cfg.stream_idle_timeout_s)
         opened: tuple[_Target, UpstreamResponse, int | None] | None = None
         last: UpstreamFailure | None = None
         for attempt, target in enumerate(targets[:upstream_cfg.max_attempts]):
@@ -264,6 +284,10 @@ class RelayHandler:
             await send_error(send, error, [*base, *_not_sent()])
             return error.status
         target, response, slot = opened
+        if span is not None:
+            span.set_attributes({"cortex.worker": target.name,
+                                 "http.response.status_code": response.status})
+            span.end()  # the first byte: what the span times
         base += [(b"x-cortex-assigned-worker", target.name.encode()),
                  (b"x-cortex-cache-hit-tokens", b"0")]
         try:

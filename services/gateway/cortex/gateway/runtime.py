@@ -44,6 +44,7 @@ from cortex.registry import (
     RegistryWatcher,
     WorkerSpec,
 )
+from cortex.telemetry.tracing import Tracing
 
 __all__ = ["Degradation", "Gateway", "Readiness"]
 
@@ -108,6 +109,13 @@ class Gateway:
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
         self.draining = False  # SIGTERM: readiness says 503, requests are still served
+        tracing = config.tracing
+        self.tracing: Tracing | None = Tracing(
+            tracing.endpoint, tracing.service_name, sample_ratio=tracing.sample_ratio,
+            export_interval_s=tracing.export_interval_s,
+            export_timeout_s=tracing.export_timeout_s, batch_size=tracing.batch_size,
+            max_queue=tracing.max_queue,
+            attributes={"service.instance.id": config.gateway_id}) if tracing.enabled else None
 
     def drain(self) -> None:
         """Start draining: readiness turns 503 and answers close their connections, so
@@ -193,6 +201,8 @@ class Gateway:
         await self._stack.aclose()
         if self.router is not None:
             self.router.close()
+        if self.tracing is not None:  # what is queued goes out (bounded by its timeout)
+            await asyncio.to_thread(self.tracing.shutdown)
 
     # ---- registry → pool ----
 
