@@ -142,8 +142,9 @@ class RelayHandler:
         await self._admitted(request, send, self._by_id(request, send))
 
     async def passthrough(self, request: Request, send: Send) -> None:
-        """An inference request (its body already read) of a ``passthrough`` model."""
-        await self._admitted(request, send, self._post(request, send))
+        """An inference request (its body already read) of a ``passthrough`` model: relayed
+        like the endpoints of :meth:`post`."""
+        await self.post(request, send)
 
     # ---- the work ----
 
