@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from cortex.cli.main import build_parser
-from cortex.cli.serve import WorkerArg, describe, gateway_sections, worker_args
+from cortex.cli.serve import (
+    WORKER_KEY_ENV,
+    WorkerArg,
+    describe,
+    gateway_sections,
+    with_worker_key,
+    worker_args,
+)
+from cortex.gateway.auth import hash_key
 from cortex.gateway.config import GatewayConfig
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
@@ -71,15 +79,16 @@ def test_workers_of_one_model_must_share_its_hash_domain() -> None:
                          parse("--worker-urls", "http://a:1"))
 
 
-def test_api_key_goes_to_auth_api_keys_when_the_gateway_has_it() -> None:
-    args = parse("--worker-urls", "http://a:1", "--api-key", "sk-test")
-    has_auth = any(f.name == "auth" for f in dataclasses.fields(GatewayConfig))
-    if has_auth:
-        assert gateway_sections([spec("http://a:1")], args)["auth"] == {"api_keys": ["sk-test"]}
-    else:
-        with pytest.raises(ValueError, match=r"auth\.api_keys"):
-            gateway_sections([spec("http://a:1")], args)
-
+def test_api_key_becomes_a_key_digest_and_the_workers_credential() -> None:
+    args = parse("--worker-urls", "http://a:1", "http://b:2", "--api-key", "sk-test")
+    (key,) = gateway_sections([spec("http://a:1")], args)["auth"]["keys"]
+    assert key == {"id": "serve", "hash": hash_key("sk-test")}
+    assert "sk-test" not in repr(gateway_sections([spec("http://a:1")], args))
+    own = dataclasses.replace(spec("http://b:2"), credential="file:/run/secrets/b")
+    credentials = [s.credential for s in with_worker_key([spec("http://a:1"), own], args)]
+    assert credentials == [f"env:{WORKER_KEY_ENV}", "file:/run/secrets/b"]
+    assert with_worker_key([spec("http://a:1")], parse("--worker-urls", "http://a:1")) == [
+        spec("http://a:1")]
 
 
 def test_engine_and_block_size_are_defaults_for_workers_that_do_not_say_them(

@@ -61,8 +61,8 @@ async def test_a_full_queue_is_a_429_and_a_long_wait_a_503_both_with_retry_after
         text = await resp.text()
     assert 'cortex_gateway_admission_rejected_total{code="queue_full"} 1.0' in text
     assert 'cortex_gateway_admission_rejected_total{code="queue_timeout"} 1.0' in text
-    assert 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="429"} 1.0' \
-        in text
+    assert ('cortex_gateway_requests_total{endpoint="/v1/chat/completions",model="unknown",'
+            'status="429"} 1.0') in text
     assert "cortex_gateway_admission_active 0.0" in text
 
 
@@ -156,7 +156,8 @@ def test_the_gateway_cli_sets_admission_like_sglang_router(
 
     seen: dict[str, Any] = {}
 
-    async def serve(config: GatewayConfig, epp: tuple[str, int] | None = None) -> None:
+    async def serve(config: GatewayConfig, env: dict[str, str],
+                    epp: tuple[str, int] | None = None) -> None:
         seen["config"], seen["epp"] = config, epp
 
     monkeypatch.setattr(cli, "_serve", serve)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -83,8 +84,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                          help="listening port (0 = a free port; default %(default)s)")
     gateway.add_argument("--api-key", default=None, metavar="KEY",
                          help="as sglang-router's: inference clients must send "
-                              "Authorization: Bearer KEY (gateway config auth.api_keys), and "
-                              "the workers are asked about themselves with it")
+                              "Authorization: Bearer KEY (gateway config auth.keys holds its "
+                              "digest), and the workers are called with it")
     gateway.add_argument("--max-concurrent-requests", type=int, default=None, metavar="N",
                          help="inference requests in service at once, more wait in the "
                               "admission queue (-1 or 0 = no limit; default: the gateway's)")
@@ -195,6 +196,9 @@ def _explain(exc: Exception, url: str) -> str:
     return f"{exc} ({flags})"
 
 
+WORKER_KEY_ENV = "CORTEX_SERVE_WORKER_API_KEY"
+
+
 def gateway_sections(specs: Sequence[Any], args: argparse.Namespace) -> dict[str, Any]:
     """The gateway config sections the command line implies: one model entry per served
     model (its workers must agree on engine and block size), admission, auth, timeouts."""
@@ -231,17 +235,21 @@ def gateway_sections(specs: Sequence[Any], args: argparse.Namespace) -> dict[str
         sections["upstream"] = {"request_timeout_s": args.request_timeout_secs}
         sections["server"] = {"read_timeout_s": args.request_timeout_secs + 60.0}
     if args.api_key:
-        if not _gateway_has_auth():
-            raise ValueError("--api-key: this build's gateway has no inference API keys "
-                             "(config section auth.api_keys)")
-        sections["auth"] = {"api_keys": [args.api_key]}
+        from cortex.gateway.auth import hash_key
+
+        # the gateway keeps only the digest; the key itself reaches it in the environment
+        sections["auth"] = {"keys": [{"id": "serve", "hash": hash_key(args.api_key)}]}
     return sections
 
 
-def _gateway_has_auth() -> bool:
-    from cortex.gateway.config import GatewayConfig
-
-    return any(f.name == "auth" for f in dataclasses.fields(GatewayConfig))
+def with_worker_key(specs: Sequence[Any], args: argparse.Namespace) -> list[Any]:
+    """As sglang-router's ``--api-key``, the key also authenticates the gateway to the
+    workers: specs without a credential of their own name :data:`WORKER_KEY_ENV`, which
+    :func:`run` sets for the children (never on a command line or in a file)."""
+    if not args.api_key:
+        return list(specs)
+    return [s if s.credential else dataclasses.replace(s, credential=f"env:{WORKER_KEY_ENV}")
+            for s in specs]
 
 
 def cluster_spec(specs: Sequence[Any], sections: Mapping[str, Any],
@@ -271,9 +279,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"cortex serve: asking {len(workers)} worker(s) about themselves ...", flush=True)
     try:
-        specs = describe(workers, args)
+        specs = with_worker_key(describe(workers, args), args)
         spec = cluster_spec(specs, gateway_sections(specs, args), args)
     except ValueError as exc:
         print(f"cortex serve: {exc}", file=sys.stderr)
         return 2
+    if args.api_key:
+        os.environ[WORKER_KEY_ENV] = args.api_key  # inherited by the gateways only as a value
     return launch(spec, args, command="cortex serve")

@@ -66,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--output-tokens", type=_output_range, default=(16, 64),
                    help="natural answer length range MIN:MAX (tokens)")
     g.add_argument("--engine-id", default=None, help="vLLM remote_engine_id to advertise")
+    g.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer <key> (like the engines' --api-key)")
     g.add_argument("--dp-size", type=int, default=1,
                    help="data-parallel ranks, each with its own KV pool, prefix cache and "
                    "KV-event PUB / replay on the base port + rank")
@@ -130,6 +132,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         replay_port=args.replay_port,
         topic=args.topic,
         model=args.model,
+        api_key=args.api_key,
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,
         block_size=args.block_size,

@@ -155,7 +155,9 @@ class SimConfig:
     length in tokens (where the seeded text generator emits EOS). ``dp_size``:
     data-parallel ranks, each with its own KV pool of ``kv_capacity_blocks`` blocks, its
     own prefix cache and its own KV-event PUB / replay on ``kv_events_port + rank`` /
-    ``replay_port + rank``.
+    ``replay_port + rank``. ``api_key``: like ``--api-key`` of the engines: every path but
+    the probes (``/health``, ``/health_generate``, ``/ping``, ``/metrics``, ``/version``)
+    and ``/sim/*`` needs ``Authorization: Bearer <api_key>`` (401 otherwise).
     """
 
     engine: Engine = Engine.SGLANG
@@ -186,6 +188,7 @@ class SimConfig:
     advertise_host: str | None = None
     engine_id: str | None = None
     dp_size: int = 1
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))

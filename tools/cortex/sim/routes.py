@@ -30,6 +30,7 @@ from cortex.chat import (
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
+from cortex.sim.auxiliary import AuxiliaryRoutes, auth_middleware
 from cortex.sim.config import Role, SimConfig
 from cortex.sim.discovery import add_vllm_discovery_routes, cache_config_info
 from cortex.sim.dp import RankPicker
@@ -92,11 +93,14 @@ class SimRoutes:
         self._on_restart = on_restart
         self._faults_changed = asyncio.Event()
         self.shutting_down = False
+        self.seen: dict[str, str] = {}  # the last request's trace context (``traceparent``)
 
     # -- wiring ---------------------------------------------------------------------------
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[self._fault_middleware], client_max_size=64 * 2**20)
+        app = web.Application(middlewares=[auth_middleware(self.config.api_key, self.seen),
+                                                       self._fault_middleware],
+                              client_max_size=64 * 2**20)
         r = app.router
         r.add_get("/health", self._health)
         r.add_get("/health_generate", self._health)
@@ -121,6 +125,8 @@ class SimRoutes:
             r.add_get("/ping", self._health)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             add_vllm_discovery_routes(r, self.config, self.ports)
+        AuxiliaryRoutes(self.config.model, lambda: {
+            SERVED_BY_HEADER: str(self.ports.get("http"))}).add_to(app)
         r.add_get("/sim/state", self._sim_state)
         r.add_get("/sim/cache", self._sim_cache)
         r.add_route("*", "/sim/faults", self._sim_faults)
@@ -547,6 +553,7 @@ class SimRoutes:
             "ports": dict(self.ports), "running": whole["running"],
             "waiting": whole["waiting"], "cache": whole["cache"], "events": whole["events"],
             "stats": whole["stats"], "faults": self.faults.snapshot(),
+            "traceparent": self.seen.get("traceparent"),
         }
         if len(ranks) > 1:
             state["ranks"] = ranks

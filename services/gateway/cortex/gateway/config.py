@@ -21,15 +21,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
+from cortex.gateway.auth import KeyDigest
+from cortex.gateway.edgeconfig import AccessLogConfig, AuthConfig, CorsConfig, TracingConfig
 from cortex.gateway.errors import ConfigError
 from cortex.hashing import Engine, HashDomain
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
 __all__ = [
+    "AccessLogConfig",
     "AdmissionConfig",
+    "AuthConfig",
     "BreakerConfig",
+    "CorsConfig",
     "DiscoveryConfig",
     "GatewayConfig",
     "HealthConfig",
@@ -43,6 +49,7 @@ __all__ = [
     "ServerConfig",
     "Timeouts",
     "TokenizeConfig",
+    "TracingConfig",
     "UpstreamConfig",
     "load_config",
 ]
@@ -72,6 +79,10 @@ class ServerConfig:
     that long — a client reading a stream sends nothing, so it must exceed the longest
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.
+
+    Shutdown (SIGTERM): readiness turns 503 at once, requests are still served for
+    ``drain_delay_s`` (load balancers and Kubernetes endpoints notice the probe), then the
+    listener closes and in-flight requests get ``graceful_timeout_s`` to finish.
     """
 
     host: str = "0.0.0.0"
@@ -79,6 +90,7 @@ class ServerConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     admin_token: str | None = field(default=None, repr=False)
     graceful_timeout_s: float = 10.0
+    drain_delay_s: float = 0.0
     keep_alive_timeout_s: float = 75.0
     backlog: int = 1024
     body_timeout_s: float = 30.0
@@ -92,7 +104,8 @@ class ServerConfig:
                   keep_alive_timeout_s=self.keep_alive_timeout_s,
                   body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
         _non_negative("server", max_connections=self.max_connections)
-        _non_negative("server", graceful_timeout_s=self.graceful_timeout_s)
+        _non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
+                      drain_delay_s=self.drain_delay_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("server.admin_token: must be at least 16 characters")
 
@@ -121,6 +134,10 @@ class ModelConfig:
 
     ``first_byte_timeout_s`` / ``response_timeout_s`` / ``stream_idle_timeout_s``: this
     model's upstream timeouts (``None`` = the ``upstream`` section's; :class:`Timeouts`).
+
+    ``passthrough``: the gateway only proxies this model — no tokenizing, no KV or PD
+    decisions; each request goes to the least loaded routable worker of the model, or to
+    ``upstream_url`` when set (an upstream scheduler that places requests itself).
     """
 
     name: str
@@ -140,6 +157,8 @@ class ModelConfig:
     first_byte_timeout_s: float | None = None
     response_timeout_s: float | None = None
     stream_idle_timeout_s: float | None = None
+    passthrough: bool = False
+    upstream_url: str | None = None
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -171,6 +190,13 @@ class ModelConfig:
                 if not path.exists():
                     raise ConfigError(f"{where}.{name}: {path} does not exist")
                 object.__setattr__(self, name, path)
+        if self.upstream_url is not None:
+            if not self.passthrough:
+                raise ConfigError(f"{where}.upstream_url: only for a passthrough model")
+            parts = urlsplit(self.upstream_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+                raise ConfigError(f"{where}.upstream_url: {self.upstream_url!r} must be an "
+                                  "http(s) base URL without credentials")
         try:  # once: routing asks for it per request (its seed is a hash)
             domain = HashDomain(self.hash_model or self.name, self.block_size, self.engine)
         except ValueError as exc:
@@ -528,6 +554,10 @@ class GatewayConfig:
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     gateway_id: str = "gateway"
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    cors: CorsConfig = field(default_factory=CorsConfig)
+    access_log: AccessLogConfig = field(default_factory=AccessLogConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -567,6 +597,9 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             return value if isinstance(value, WorkerSpec) else WorkerSpec.from_dict(value)
         except SpecError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+    if hint is KeyDigest and isinstance(value, str):  # id=sha256:<hex>, from the environment
+        key_id, _, digest = value.partition("=")
+        return KeyDigest(key_id.strip(), digest.strip())
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: must be a table/object")
@@ -631,7 +664,8 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd", "tokenize", "admission", "discovery")
+             "pd", "tokenize", "admission", "discovery", "auth", "cors", "access_log",
+             "tracing")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -648,8 +682,9 @@ def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         if rest == "gateway_id":
             raw["gateway_id"] = text
             continue
-        section, _, name = rest.partition("_")
-        if section not in _SECTIONS or not name:
+        section = next((s for s in _SECTIONS if rest.startswith(s + "_")), "")
+        name = rest[len(section) + 1:]
+        if not section or not name:
             raise ConfigError(f"{var}: unknown setting")
         table = raw.setdefault(section, {})
         if section == "routing" and name in ("alpha", "beta", "gamma", "delta"):

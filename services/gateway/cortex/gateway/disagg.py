@@ -127,7 +127,7 @@ class _Leg:
         self._metrics = owner.metrics
         self._settled = False
         worker.breaker.on_attempt()
-        acquire_slot(worker, self._metrics)
+        self.slot = acquire_slot(worker, self._metrics)
 
     def settle(self, verdict: _Verdict) -> None:
         if self._settled:
@@ -142,7 +142,7 @@ class _Leg:
             breaker.on_abandon()
         if self.response is not None:
             self.response.close()
-        release_slot(self.worker, self._metrics)
+        release_slot(self.worker, self._metrics, self.slot)
 
     def hand_over(self) -> UpstreamResponse:
         assert self.response is not None and not self._settled
@@ -207,8 +207,8 @@ class PairDispatcher:
 
     # ---- the attempt loop ----
 
-    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
-                   ) -> Opened:
+    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
+                   trace: Mapping[str, str] | None = None) -> Opened:
         """Open the decode leg of a working pair (or the fallback) up to its first byte.
 
         Raises :class:`UpstreamError` with code ``prefill_server_error`` /
@@ -219,7 +219,8 @@ class PairDispatcher:
         plan = routed.pd
         assert plan is not None
         ctx = _Request(req, routed, plan, body,
-                       {"Content-Type": "application/json", "X-Request-Id": request_id},
+                       {"Content-Type": "application/json", "X-Request-Id": request_id,
+                        **(trace or {})},
                        req.endpoint.value)
         engine = plan.engine.value
         placement = routed.placement
@@ -466,7 +467,8 @@ class PairDispatcher:
         answer = _Answer(leg)
         try:
             async with asyncio.timeout(timeout_s):
-                response = leg.response = await self.upstream.post(url, body, ctx.headers)
+                response = leg.response = await self.upstream.post(url, body, ctx.headers,
+                                                                   leg.worker.spec)
                 answer.status = response.status
                 if whole or response.status != 200 or not stream:
                     answer.data = await response.read()
@@ -523,7 +525,8 @@ class PairDispatcher:
     def _opened(self, ctx: _Request, leg: _Leg, head: bytes, hit_tokens: int,
                 outcome: PDOutcome, rewrite: EventRewrite | None) -> Opened:
         response = leg.hand_over()
-        return Opened(leg.worker, response, head, 1, self.metrics, hit_tokens=hit_tokens,
+        return Opened(leg.worker, response, head, 1, self.metrics, leg.slot,
+                      hit_tokens=hit_tokens,
                       pd=outcome, rewrite=rewrite)
 
     def _prefill_done(self, answer: _Answer, ctx: _Request) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -47,8 +48,9 @@ def context_length_from_server_info(obj: Any) -> int | None:
     return _positive_int(obj.get("context_length")) if isinstance(obj, dict) else None
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
-    async with session.get(url) as resp:
+async def _get_json(session: aiohttp.ClientSession, url: str,
+                    headers: Mapping[str, str]) -> Any:
+    async with session.get(url, headers=headers) as resp:
         if resp.status != 200:
             return None
         try:
@@ -58,19 +60,22 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
 
 
 async def fetch_context_length(session: aiohttp.ClientSession, spec: WorkerSpec,
-                               timeout_s: float) -> int | None:
-    """The worker's context length in tokens, or ``None`` (not reported, unreachable)."""
+                               timeout_s: float, headers: Mapping[str, str] | None = None
+                               ) -> int | None:
+    """The worker's context length in tokens, or ``None`` (not reported, unreachable);
+    ``headers``: the worker's credential."""
+    headers = headers or {}
     base = spec.url.rstrip("/")
     try:
         async with asyncio.timeout(timeout_s):
             if spec.engine is Engine.SGLANG:
                 for path in ("/server_info", "/get_server_info"):
-                    found = context_length_from_server_info(await _get_json(session,
-                                                                            base + path))
+                    found = context_length_from_server_info(await _get_json(
+                        session, base + path, headers))
                     if found is not None:
                         return found
-            return context_length_from_models(await _get_json(session, base + "/v1/models"),
-                                              spec.model)
+            return context_length_from_models(
+                await _get_json(session, base + "/v1/models", headers), spec.model)
     except (TimeoutError, aiohttp.ClientError) as exc:
         log.debug("engine info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 
 import aiohttp
@@ -80,9 +80,11 @@ class HealthMonitor:
         metrics: GatewayMetrics,
         on_round: Callable[[], object] = lambda: None,
         on_return: Callable[[], object] = lambda: None,
+        auth: Callable[[WorkerSpec], Mapping[str, str]] = lambda spec: {},
     ) -> None:
         self.pool = pool
         self.session = session
+        self._auth = auth  # a worker's credential headers
         self.registry = registry
         self.config = config
         self.lease_ttl_s = lease_ttl_s
@@ -165,7 +167,7 @@ class HealthMonitor:
         url = spec.url.rstrip("/") + "/health"
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                async with self.session.get(url) as resp:
+                async with self.session.get(url, headers=self._auth(spec)) as resp:
                     await resp.read()
                     if resp.status == 200:
                         return ProbeResult.OK, None
@@ -210,7 +212,8 @@ class HealthMonitor:
                                     or now - checked < INFO_RETRY_S):
             return
         worker.info_checked = now
-        found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s)
+        found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s,
+                                           self._auth(worker.spec))
         if found != worker.context_length:
             log.info("worker=%s context length %s tokens", worker.id, found,
                      extra={"worker": worker.id})

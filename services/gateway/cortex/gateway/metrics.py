@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.process_collector import ProcessCollector
 
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
@@ -37,13 +38,21 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)  # the standard process_* series
         p = "cortex_gateway_"
         # requests
-        self.requests = Counter(p + "requests_total", "HTTP requests answered",
-                                ["endpoint", "status"], registry=r)
+        self.requests = Counter(p + "requests_total", "Inference requests answered, by "
+                                "endpoint, status and model (a served one, else 'unknown')",
+                                ["endpoint", "status", "model"], registry=r)
         self.request_seconds = Histogram(p + "request_duration_seconds",
                                          "Time from request to end of response",
-                                         ["endpoint"], buckets=_SLOW, registry=r)
+                                         ["endpoint", "model"], buckets=_SLOW, registry=r)
+        self.auth_failures = Counter(p + "auth_failures_total",
+                                     "Requests refused 401, by reason (missing|invalid key)",
+                                     ["reason"], registry=r)
+        self.key_requests = Counter(p + "key_requests_total",
+                                    "Requests authenticated with each API key (by key id)",
+                                    ["key"], registry=r)
         self.rejected = Counter(p + "rejected_total", "Requests rejected before routing",
                                 ["code"], registry=r)
         self.client_disconnects = Counter(p + "client_disconnects_total",
@@ -64,8 +73,8 @@ class GatewayMetrics:
         self.ttft = Histogram(p + "ttft_seconds",
                               "Request arrival to the first byte of a 200 answer sent to the "
                               "client (streams: the first event, i.e. time to first token), by "
-                              "stream (true|false) and match mode",
-                              ["stream", "mode"], buckets=_TTFT, registry=r)
+                              "model, stream (true|false) and match mode",
+                              ["model", "stream", "mode"], buckets=_TTFT, registry=r)
         # routing
         self.routing_seconds = Histogram(p + "routing_seconds",
                                          "Routing decision time by stage",
@@ -204,7 +213,13 @@ class GatewayMetrics:
                                      registry=r)
         self.index_errors = Counter(p + "index_errors_total", "Failed index calls", ["kind"],
                                     registry=r)
-        self.ready = Gauge(p + "ready", "1 while the gateway can route", registry=r)
+        self.ready = Gauge(p + "ready", "1 while the gateway can route (some model has a "
+                           "routable worker)", registry=r)
+        self.draining = Gauge(p + "draining", "1 once the process drains (SIGTERM): readiness "
+                              "is 503, requests are still served", registry=r)
+        self.routable_workers = Gauge(p + "routable_workers",
+                                      "Workers healthy with their breaker admitting requests",
+                                      registry=r)
         self.degraded = Gauge(p + "degraded", "1 per active degradation reason", ["reason"],
                               registry=r)
         self.exact_routing = Gauge(p + "exact_routing_enabled",

@@ -30,6 +30,7 @@ _MAX_LABEL_VALUE = 256
 _MAX_DP_SIZE = 1024
 _MAX_BLOCK_SIZE = 1 << 20
 _MAX_CONTEXT = 1 << 30
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 class WorkerRole(StrEnum):
@@ -61,6 +62,7 @@ class WorkerSpec:
     block_size: int | None = None
     context_length: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    credential: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or _ID.match(self.id) is None:
@@ -121,6 +123,7 @@ class WorkerSpec:
             if not isinstance(value, str) or len(value) > _MAX_LABEL_VALUE:
                 raise SpecError(f"labels: value of {key!r} must be a string of <= 256 chars")
         object.__setattr__(self, "labels", MappingProxyType(dict(sorted(self.labels.items()))))
+        _check_credential(self.credential)
 
     def _endpoint(self, text: str | None, what: str) -> Endpoint | None:
         if text is None:
@@ -182,6 +185,7 @@ class WorkerSpec:
             "block_size": self.block_size,
             "context_length": self.context_length,
             "labels": dict(self.labels),
+            **({"credential": self.credential} if self.credential is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -216,12 +220,27 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "context_length", "labels",
+    "bootstrap_port", "block_size", "context_length", "labels", "credential",
 )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_credential(ref: object) -> None:
+    """``env:NAME`` or ``file:/absolute/path``: a reference, so a key pasted in is refused."""
+    if ref is None:
+        return
+    if not isinstance(ref, str):
+        raise SpecError("credential: must be env:NAME or file:/path")
+    kind, _, where = ref.partition(":")
+    if kind == "env" and _ENV_NAME.match(where):
+        return
+    if kind == "file" and where.startswith("/") and "\0" not in where and len(where) < 4096:
+        return
+    raise SpecError("credential: must reference the key (env:NAME or file:/absolute/path), "
+                    "not be the key")
 
 
 def _check_url(url: object) -> None:
