@@ -76,6 +76,13 @@ class BlockStored:
     KV-cache group (hybrid models have several); the engine sends nil for single-group models,
     which reads as 0 and sets ``group_idx_nil`` (a wire detail kept only so
     :func:`encode_batch` can reproduce the bytes; it takes no part in equality).
+
+    Speculative decoding: ``lookahead_token_ids`` holds, per block, the tokens after it that
+    the engine's reuse of the block also needs. vLLM sends them (EAGLE block hashes,
+    ``list[list[int]]``); SGLang's EAGLE radix cache sends each page's ``token_ids`` as
+    bigrams ``[[t0, t1], [t1, t2], ...]``, which decode to ``token_ids = (t0, t1, ...)``
+    (one token per position), ``lookahead_token_ids`` = each page's last pair's second
+    token, and ``bigram=True`` (how :func:`encode_batch` writes them back).
     """
 
     block_hashes: tuple[BlockHash, ...]
@@ -93,8 +100,18 @@ class BlockStored:
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
-    lookahead_token_ids: tuple[int, ...] | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+    bigram: bool = False
     group_idx_nil: bool = field(default=False, compare=False)
+
+    @property
+    def lookahead(self) -> int:
+        """Tokens after each block its reuse needs (0: none; ``-1``: uneven lists)."""
+        lists = self.lookahead_token_ids
+        if not lists:
+            return 0
+        width = len(lists[0])
+        return width if all(len(item) == width for item in lists) else -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,10 +333,18 @@ def _stored(f: Mapping[object, object]) -> BlockStored:
     extra = get("extra_keys")
     window = get("kv_cache_spec_sliding_window")
     lookahead = get("lookahead_token_ids")
+    bigram = type(tokens) is tuple and bool(tokens) and type(tokens[0]) is tuple
+    if bigram:
+        if lookahead is not None:
+            raise CodecError("bigram token_ids and lookahead_token_ids cannot both be set")
+        token_ids, lookahead_ids = _bigrams(tokens, len(hashes), block_size)  # type: ignore[arg-type]
+    else:
+        token_ids = _tokens(tokens, "token_ids")
+        lookahead_ids = None if lookahead is None else _token_lists(lookahead)
     return BlockStored(
         _hashes(hashes),
         parent,  # type: ignore[arg-type]  # checked above
-        _tokens(tokens, "token_ids"),
+        token_ids,
         block_size,
         lora_id,
         medium,  # type: ignore[arg-type]  # checked in bulk above
@@ -332,9 +357,43 @@ def _stored(f: Mapping[object, object]) -> BlockStored:
         locality,  # type: ignore[arg-type]
         ownership,  # type: ignore[arg-type]
         None if session is None else _opt_str(session, "session_id"),
-        None if lookahead is None else _tokens(lookahead, "lookahead_token_ids"),
+        lookahead_ids,
+        bigram,
         group is None,
     )
+
+
+def _token_lists(value: object) -> tuple[tuple[int, ...], ...]:
+    """vLLM's ``lookahead_token_ids``: one token list per block."""
+    if type(value) is not tuple:
+        raise CodecError(f"lookahead_token_ids must be an array, got {_kind(value)}")
+    for position, item in enumerate(value):
+        _tokens(item, f"lookahead_token_ids[{position}]")
+    return value  # type: ignore[return-value]  # checked item by item
+
+
+def _bigrams(
+    pairs: tuple[object, ...], blocks: int, block_size: int
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """SGLang EAGLE pages (``mem_cache/events.py::record_store``): pair ``j`` is
+    ``(raw[j], raw[j + 1])``, so consecutive pairs share a token. Returns the raw tokens of
+    the positions and, per page, the token after it."""
+    for position, pair in enumerate(pairs):
+        if type(pair) is not tuple or len(pair) != 2:
+            raise CodecError(f"token_ids[{position}] must be a [token, next token] pair")
+    firsts = tuple(pair[0] for pair in pairs)  # type: ignore[index]
+    seconds = tuple(pair[1] for pair in pairs)  # type: ignore[index]
+    _tokens(firsts, "token_ids")
+    _tokens(seconds, "token_ids")
+    if firsts[1:] != seconds[:-1]:
+        bad = next(j for j in range(len(pairs) - 1) if seconds[j] != firsts[j + 1])
+        raise CodecError(f"bigram token_ids[{bad}] and [{bad + 1}] do not share a token")
+    if block_size <= 0 or len(pairs) != blocks * block_size:
+        raise CodecError(
+            f"bigram token_ids hold {len(pairs)} pairs for {blocks} pages of {block_size}"
+        )
+    lookahead = tuple((seconds[(k + 1) * block_size - 1],) for k in range(blocks))
+    return firsts, lookahead
 
 
 def _removed(f: Mapping[object, object]) -> BlockRemoved:
@@ -476,6 +535,7 @@ class _Schema:
     stored_required: int  # map era: leading fields written even when nil
     removed: tuple[str, ...]
     removed_required: int
+    bigram_pages: bool = False  # token_ids may be SGLang EAGLE pairs
 
 
 def _vllm(era: _Era, rank: bool, stored: int, removed: int) -> _Schema:
@@ -484,7 +544,7 @@ def _vllm(era: _Era, rank: bool, stored: int, removed: int) -> _Schema:
 
 def _sglang(era: _Era, stored: int, removed: int) -> _Schema:
     # SGLang declares medium (and everything after it) with a None default.
-    return _Schema(era, True, _SGLANG_STORED[:stored], 5, _SGLANG_REMOVED[:removed], 1)
+    return _Schema(era, True, _SGLANG_STORED[:stored], 5, _SGLANG_REMOVED[:removed], 1, True)
 
 
 # Field counts are the largest proven by the golden payloads; a map-era version is never
@@ -597,7 +657,12 @@ def _encode_event(
     else:
         raise CodecError(f"event {index}: cannot encode {type(event).__name__}")
 
+    bigram = isinstance(event, BlockStored) and event.bigram
+    if bigram and not schema.bigram_pages:
+        raise CodecError(f"event {index}: vLLM stores have no bigram pages")
     for name, default in defaults.items():
+        if bigram and name == "lookahead_token_ids":
+            continue  # carried inside the pairs
         if name not in names and getattr(event, name) != default:
             raise CodecError(f"event {index}: this engine version's {tag} has no field {name!r}")
     values = [_wire_value(event, name) for name in names]
@@ -615,9 +680,24 @@ def _encode_event(
 
 def _wire_value(event: BlockStored | BlockRemoved, name: str) -> object:
     value = getattr(event, name)
+    if name == "token_ids" and isinstance(event, BlockStored) and event.bigram:
+        return _pairs(event)
     if name == "group_idx" and value == 0 and event.group_idx_nil:
         return None
     return value
+
+
+def _pairs(event: BlockStored) -> list[tuple[int, int]]:
+    """The bigram pages of a decoded SGLang EAGLE store, as the engine wrote them."""
+    tokens, size = event.token_ids, event.block_size
+    lookahead = event.lookahead_token_ids or ()
+    if size <= 0 or len(lookahead) * size != len(tokens) or any(len(t) != 1 for t in lookahead):
+        raise CodecError("a bigram store needs one lookahead token per page")
+    following = [*tokens[1:], lookahead[-1][0]] if tokens else []
+    for k in range(len(lookahead) - 1):
+        if lookahead[k][0] != tokens[(k + 1) * size]:
+            raise CodecError(f"bigram page {k}'s lookahead token is not the next page's first")
+    return list(zip(tokens, following, strict=True))
 
 
 def _array_header(count: int) -> bytes:
