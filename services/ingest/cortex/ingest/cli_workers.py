@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--topic", default="", help="KV-event topic (default: empty)")
     add.add_argument("--block-size", type=int, metavar="B",
                      help="tokens per KV block, if known (else learned from events)")
+    add.add_argument("--kv-lookahead", type=int, metavar="L",
+                     help="speculative decoding: tokens after a block its reuse needs (vLLM"
+                          " EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1; 0: none)")
     add.add_argument("--dp-size", type=int, default=1, metavar="N",
                      help="data-parallel ranks (default: %(default)s)")
     add.add_argument("--bootstrap-port", type=int, metavar="N",
@@ -138,6 +141,7 @@ def _spec(args: argparse.Namespace) -> WorkerSpec:
         bootstrap_port=args.bootstrap_port,
         block_size=args.block_size,
         labels=_labels(args.label),
+        kv_lookahead=args.kv_lookahead,
     )
 
 

@@ -13,6 +13,14 @@ gateway could not reproduce is counted and never guessed:
 The block size comes from the registry or, if unset, from the first store; a store with
 another block size makes the source MISALIGNED (exact routing off). Sampled chain starts are
 checked against the engine's own hash (:mod:`cortex.ingest.alignment`).
+
+Speculative decoding: a store whose blocks carry lookahead tokens (vLLM EAGLE block hashes,
+SGLang EAGLE bigram pages) is keyed with lookahead keys (:func:`~cortex.hashing.
+lookahead_block_keys`): the engine reuses such a block only for a request that also has its
+next L tokens, so the gateway must find it only then. The worker spec's ``kv_lookahead``
+says what the worker runs; unset, the first store decides. A store of another mode makes
+the source MISALIGNED (``alignment_mismatches{cause="spec_decode"}``): its keys would not
+be the ones the gateway looks for.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-from cortex.hashing import Engine, HashDomain, block_keys
+from cortex.hashing import Engine, HashDomain, lookahead_block_keys
 from cortex.ingest.alignment import AlignmentChecker
 from cortex.ingest.codec import BlockRemoved, BlockStored
 from cortex.ingest.ledger import Ledger
@@ -56,6 +64,7 @@ class KeyMapper:
         stats: SourceStats,
         alignment: AlignmentChecker | None = None,
         align_every: int = 64,
+        lookahead: int | None = None,
     ) -> None:
         self.source = source
         self.engine = Engine(engine)
@@ -66,6 +75,8 @@ class KeyMapper:
         self.ledger = Ledger()
         self.stats = stats
         self.misaligned = False
+        self.configured_lookahead = lookahead
+        self.lookahead = lookahead  # tokens after a block its reuse needs; None: not known yet
         self._align = alignment
         self._align_every = max(1, align_every)
         self._chain_starts = 0
@@ -74,7 +85,7 @@ class KeyMapper:
     def __repr__(self) -> str:
         return (
             f"KeyMapper({self.source}, domain={self.domain}, blocks={len(self.ledger)},"
-            f" misaligned={self.misaligned})"
+            f" lookahead={self.lookahead}, misaligned={self.misaligned})"
         )
 
     def _extra(self) -> dict[str, str]:
@@ -109,6 +120,21 @@ class KeyMapper:
         if len(event.token_ids) != count * size:
             self._ignore("token_count", count)
             return None
+        lookahead = event.lookahead
+        if lookahead != self.lookahead:
+            if lookahead < 0 or len(event.lookahead_token_ids or ()) not in (0, count):
+                self._ignore("lookahead_shape", count)
+                return None
+            misaligned = self._learn_lookahead(lookahead)
+            if misaligned is not None:
+                self._ignore("misaligned", count)
+                return misaligned
+        tail: tuple[int, ...] = ()
+        if lookahead:
+            if not _lookahead_follows(event, lookahead):
+                self._ignore("lookahead_shape", count)
+                return None
+            tail = event.lookahead_token_ids[-1]  # type: ignore[index]  # count >= 1 lists
         domain = self.domain
         assert domain is not None  # the block size is known by now
         parent_hash = event.parent_block_hash
@@ -117,7 +143,7 @@ class KeyMapper:
             if isinstance(extras, str):
                 self._ignore(extras, count)
                 return None
-            parent = domain.root_key(*extras)
+            parent = domain.root_key(*extras, lookahead=lookahead)
             if self._align is not None:
                 self._maybe_check_alignment(event)
         else:
@@ -129,7 +155,7 @@ class KeyMapper:
                 self.stats.unknown_parent_blocks += count
                 return None
             parent = found
-        keys = block_keys(event.token_ids, size, parent)
+        keys = lookahead_block_keys(event.token_ids, size, lookahead, parent, tail)
         self.ledger.store(hashes, keys, parent)
         return StoreBlocks(parent, keys)
 
@@ -165,6 +191,25 @@ class KeyMapper:
         self.ledger.clear()
         return Misaligned(reason)
 
+    def _learn_lookahead(self, lookahead: int) -> Misaligned | None:
+        """Learn the speculative-decoding mode from the first store; any later (or
+        configured) disagreement misaligns."""
+        if self.lookahead is None:
+            self.lookahead = lookahead
+            log.info("learned kv lookahead %d for source=%s", lookahead, self.source,
+                     extra=self._extra())
+            return None
+        configured = ("worker spec kv_lookahead" if self.configured_lookahead is not None
+                      else "first events")
+        reason = (f"speculative decoding: events carry {lookahead} lookahead tokens per block,"
+                  f" {configured} says {self.lookahead}")
+        log.error("MISALIGNED source=%s: %s; exact KV routing off for this worker",
+                  self.source, reason, extra=self._extra())
+        bump(self.stats.alignment_mismatches, "spec_decode")
+        self.misaligned = True
+        self.ledger.clear()
+        return Misaligned(reason)
+
     def _maybe_check_alignment(self, event: BlockStored) -> None:
         assert self._align is not None
         self._chain_starts += 1
@@ -181,6 +226,19 @@ class KeyMapper:
             self._mismatch_logged.add(outcome.cause.value)
             log.warning("alignment mismatch source=%s likely cause=%s: %s", self.source,
                         outcome.cause.value, outcome.detail, extra=self._extra())
+
+
+def _lookahead_follows(event: BlockStored, lookahead: int) -> bool:
+    """Each block's lookahead tokens are the next block's first tokens (what the engine
+    hashed); only the last block's come from outside the store."""
+    lists = event.lookahead_token_ids or ()
+    tokens, size = event.token_ids, event.block_size
+    if lookahead > size:
+        return False  # vLLM refuses MTP lookahead past one block; nothing to key it by
+    return all(
+        lists[k] == tokens[(k + 1) * size : (k + 1) * size + lookahead]
+        for k in range(len(lists) - 1)
+    )
 
 
 def _chain_extras(event: BlockStored, engine: Engine) -> tuple[str | None, str | None] | str:

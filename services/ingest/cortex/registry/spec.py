@@ -29,6 +29,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _MAX_LABEL_VALUE = 256
 _MAX_DP_SIZE = 1024
 _MAX_BLOCK_SIZE = 1 << 20
+_MAX_LOOKAHEAD = 64  # vLLM MTP: num_speculative_tokens, never past one block
 
 
 class WorkerRole(StrEnum):
@@ -44,6 +45,10 @@ class WorkerSpec:
     ``kv_events`` and ``replay`` are endpoint *bases*: DP rank ``r`` uses ``port + r``.
     ``block_size`` (tokens per block) is ``None`` when unknown; ingest then learns it from
     the first ``BlockStored``. ``bootstrap_port`` applies to SGLang prefill workers only.
+    ``kv_lookahead``: tokens after a block that the engine's reuse of it needs (speculative
+    decoding: vLLM EAGLE lookahead block hashes = 1, multi-module MTP = the number of
+    speculative tokens; SGLang EAGLE = 1; 0 = none); ``None`` when unknown: ingest learns it
+    from the events, and the gateway looks for plain keys until it is set.
     """
 
     id: str
@@ -58,6 +63,7 @@ class WorkerSpec:
     bootstrap_port: int | None = None
     block_size: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    kv_lookahead: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or _ID.match(self.id) is None:
@@ -105,6 +111,11 @@ class WorkerSpec:
             raise SpecError(
                 f"block_size: must be an integer in 1..{_MAX_BLOCK_SIZE}, got {self.block_size!r}"
             )
+        if self.kv_lookahead is not None and (
+            not _is_int(self.kv_lookahead) or not 0 <= self.kv_lookahead <= _MAX_LOOKAHEAD
+        ):
+            raise SpecError(f"kv_lookahead: must be an integer in 0..{_MAX_LOOKAHEAD}, got"
+                            f" {self.kv_lookahead!r}")
         if not isinstance(self.labels, Mapping):
             raise SpecError("labels: must be a mapping of strings")
         for key, value in self.labels.items():
@@ -173,6 +184,7 @@ class WorkerSpec:
             "bootstrap_port": self.bootstrap_port,
             "block_size": self.block_size,
             "labels": dict(self.labels),
+            "kv_lookahead": self.kv_lookahead,
         }
 
     def to_json(self) -> str:
@@ -207,7 +219,7 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "labels",
+    "bootstrap_port", "block_size", "labels", "kv_lookahead",
 )
 
 
