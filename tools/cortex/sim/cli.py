@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--chat-template", default=None,
                    help="Jinja chat template file (default: the repo's DeepSeek-V4 template)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page")
+    g.add_argument("--eagle-lookahead", type=int, default=0, metavar="L",
+                   help="speculative decoding with prefix caching: tokens after a block its"
+                        " reuse needs (vLLM EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1)")
     g.add_argument("--kv-capacity-blocks", type=int, default=8192, help="KV pool size (blocks)")
     g.add_argument("--max-running", type=int, default=64, help="requests in service at once")
     g.add_argument("--max-model-len", type=int, default=131072, help="context length (tokens)")
@@ -133,6 +136,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,
         block_size=args.block_size,
+        eagle_lookahead=args.eagle_lookahead,
         kv_capacity_blocks=args.kv_capacity_blocks,
         max_running=args.max_running,
         max_model_len=args.max_model_len,

@@ -291,7 +291,8 @@ class PairDispatcher:
             log.warning("pd handoff failed, running cold on a regular worker reason=%s "
                         "request_id=%s", reason, request_id, extra={"request_id": request_id})
             routed = dataclasses.replace(ctx.routed, decision=plan.fallback, pd=None,
-                                         placement=self.router.placement(ctx.routed.keys))
+                                         placement=self.router.placement(ctx.routed.keys,
+                                                                         ctx.routed.keysets))
             try:
                 opened = await self.single.open_regular(ctx.req, routed, ctx.body, request_id)
             except BaseException:
