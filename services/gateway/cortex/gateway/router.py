@@ -337,10 +337,11 @@ class Router:
         """The prompt's lookahead keys (every block the engine caches once it has the
         prompt), per lookahead the candidates run; none for plain workers only."""
         everyone = workers if pools is None else [*workers, *pools[0], *pools[1]]
-        wanted = {w.spec.kv_lookahead for w in everyone if w.spec.kv_lookahead}
+        wanted = {w.spec.kv_lookahead for w in everyone if w.spec.kv_lookahead is not None
+                  and w.spec.kv_lookahead > 0}
         return {lookahead: model.domain.keys(ids, req.lora_name, req.cache_salt,
                                              lookahead=lookahead)
-                for lookahead in sorted(wanted)}  # type: ignore[type-var]  # None filtered
+                for lookahead in sorted(wanted)}
 
     def keys_for(self, worker_id: str, keys: list[int],
                  keysets: Mapping[int, list[int]] | None) -> list[int]:

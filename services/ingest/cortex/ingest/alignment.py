@@ -24,6 +24,7 @@ from enum import StrEnum
 from cortex.hashing import (
     VLLM_HASH_ALGOS,
     Engine,
+    ExtraKeys,
     engine_event_ints,
     vllm_block_hashes,
     vllm_event_int,
@@ -104,7 +105,9 @@ class AlignmentChecker:
         tokens = event.token_ids[: count * size]
         expected = list(event.block_hashes[:count])
         lookahead = event.lookahead_token_ids
-        extras = None if lookahead is None else [(None, *la) for la in lookahead[:count]]
+        extras: list[ExtraKeys] | None = (
+            None if lookahead is None else [(None, *la) for la in lookahead[:count]]
+        )
         self.checks += 1
         if self.engine is Engine.SGLANG:
             if engine_event_ints(Engine.SGLANG, tokens, size, cache_salt=event.cache_salt) == (
@@ -135,7 +138,7 @@ class AlignmentChecker:
         size: int,
         algo: str,
         expected: list[BlockHash],
-        extras: list[tuple[object, ...]] | None,
+        extras: list[ExtraKeys] | None,
     ) -> list[BlockHash]:
         digests = vllm_block_hashes(tokens, size, algo=algo, seed=self.hash_seed,
                                     extra_keys=extras)

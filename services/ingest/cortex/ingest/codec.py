@@ -334,6 +334,7 @@ def _stored(f: Mapping[object, object]) -> BlockStored:
     window = get("kv_cache_spec_sliding_window")
     lookahead = get("lookahead_token_ids")
     bigram = type(tokens) is tuple and bool(tokens) and type(tokens[0]) is tuple
+    lookahead_ids: tuple[tuple[int, ...], ...] | None
     if bigram:
         if lookahead is not None:
             raise CodecError("bigram token_ids and lookahead_token_ids cannot both be set")
@@ -369,7 +370,7 @@ def _token_lists(value: object) -> tuple[tuple[int, ...], ...]:
         raise CodecError(f"lookahead_token_ids must be an array, got {_kind(value)}")
     for position, item in enumerate(value):
         _tokens(item, f"lookahead_token_ids[{position}]")
-    return value  # type: ignore[return-value]  # checked item by item
+    return value  # checked item by item
 
 
 def _bigrams(

@@ -382,7 +382,7 @@ class SourceTracker:
         if self._announced:
             self._ops.append(RemoveSource(reason))
         self._removed = True
-        self.ledger.clear()
+        self.keymap.clear()
         self._pending.clear()
 
     # ---- sequence handling ------------------------------------------------------------
@@ -532,28 +532,27 @@ class SourceTracker:
                     self._reset("misaligned", LedgerState.MISALIGNED, placed.reason)
                     ops = self._ops
                     continue
-                assert type(placed) is StoreBlocks
                 if not self._announced:
                     self._announce()  # the block size was just learned
-                last = ops[-1] if ops else None
-                if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
-                    last.keys.extend(placed.keys)  # the chain goes on: one update, not two
-                else:
-                    ops.append(placed)
+                if type(placed) is list:  # a hybrid source's credited blocks changed
+                    for op in placed:
+                        if type(op) is StoreBlocks:
+                            _store(ops, op)
+                        else:
+                            _remove(ops, op.keys)
+                    continue
+                assert type(placed) is StoreBlocks
+                _store(ops, placed)
             elif type(event) is BlockRemoved:
                 events["BlockRemoved"] = events.get("BlockRemoved", 0) + 1
                 dead = keymap.removed(event)
                 if dead and self._announced:
-                    last = ops[-1] if ops else None
-                    if type(last) is RemoveBlocks:
-                        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
-                    else:
-                        ops.append(RemoveBlocks(dead))
+                    _remove(ops, dead)
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
                 if len(self.ledger):
-                    self.ledger.clear()
+                    self.keymap.clear()
                     if self._announced:
                         ops.append(ClearBlocks("all_blocks_cleared"))
 
@@ -587,7 +586,7 @@ class SourceTracker:
             keep = (LedgerState.SYNCING, LedgerState.MISALIGNED)
             state = self.state if self.state in keep else LedgerState.READY
         bump(self.stats.clears, why)
-        self.ledger.clear()
+        self.keymap.clear()
         self._applied_since_reset = 0
         if state is not self.state:
             key = (self.state.name, state.name)
@@ -595,3 +594,19 @@ class SourceTracker:
         self.state, self.reason = state, reason or why
         if self._announced:
             self._ops.append(Snapshot([], [], state, self.reason))
+
+
+def _store(ops: list[Op], placed: StoreBlocks) -> None:
+    last = ops[-1] if ops else None
+    if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
+        last.keys.extend(placed.keys)  # the chain goes on: one update, not two
+    else:
+        ops.append(placed)
+
+
+def _remove(ops: list[Op], dead: list[int]) -> None:
+    last = ops[-1] if ops else None
+    if type(last) is RemoveBlocks:
+        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
+    else:
+        ops.append(RemoveBlocks(dead))
