@@ -13,7 +13,8 @@ from cortex.hashing import Engine, HashDomain
 from cortex.ingest.codec import BlockRemoved, BlockStored, EventBatch, encode_batch
 from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
-from cortex.ledger.model import LedgerState, RemoveBlocks, StoreBlocks
+from cortex.index.prefix_index import PrefixIndex
+from cortex.ledger.model import LedgerState, LedgerUpdate, RemoveBlocks, Source, StoreBlocks
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,3 +102,16 @@ def test_a_group_of_another_block_size_caps_the_credit_at_nothing() -> None:
     assert _credited(tracker) == []
     assert tracker.stats.ignored_blocks.get("hybrid_block_size") == 1
     assert tracker.state is LedgerState.READY
+
+
+@pytest.mark.parametrize(("words", "held"), [("sliding-window", 2), ("Mamba", 0)])
+def test_golden_hybrid_batches_through_the_index_match(words: str, held: int) -> None:
+    tracker = SourceTracker(SourceId("w", 0), TrackerConfig(engine=Engine.VLLM, model="m",
+                                                            block_size=16))
+    tracker.start()
+    tracker.on_message(0, _payload(words))
+    index = PrefixIndex()
+    for seq, op in enumerate(tracker.take_ops(), start=1):
+        index.apply(LedgerUpdate(Source("w", 0), DOMAIN, 1, seq, op))
+    answer = index.match("m", block_keys=KEYS, block_size=16, engine=Engine.VLLM)
+    assert answer.blocks_of("w") == held
