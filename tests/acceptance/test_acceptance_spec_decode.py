@@ -119,3 +119,29 @@ async def test_a_prompt_ending_one_token_past_a_block_follows_each_engine(
     reply = await _complete(client, original[:65])
     expected = 64 if cluster.spec.engine is Engine.VLLM else 48
     assert (reply.worker, reply.cached_tokens, reply.hit_tokens) == (holder, expected, expected)
+
+
+@pytest.fixture(scope="module")
+def drop_client_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    spec = acceptance_spec(engine=Engine.VLLM, eagle_drop=True, block_size=BLOCK)
+    with LocalCluster(spec, tmp_path_factory.mktemp("eagle-drop")) as c:
+        yield c
+
+
+async def test_vllm_eagle_on_legacy_hashes_is_credited_one_block_less(
+    drop_client_cluster: LocalCluster, http: aiohttp.ClientSession,
+) -> None:
+    drop_client_cluster.check()
+    client = Client(drop_client_cluster, http)
+    original = list(range(70_000, 70_080))
+    holder = (await _complete(client, original)).worker
+
+    async def indexed() -> bool:
+        explained = await client.explain({"model": "cortex-sim", "prompt": original})
+        return {c["worker"]: c["index_tokens"] for c in explained["candidates"]}.get(
+            holder, 0) == 48  # 4 blocks held, the last of a lookup is recomputed
+
+    await wait_until_async(indexed, timeout=15, interval=0.05, what="the ledger to hold it")
+    replies = [await _complete(client, [*original[:64], t]) for t in range(5)]
+    assert {r.worker for r in replies} == {holder}
+    assert {(r.mode, r.cached_tokens, r.hit_tokens) for r in replies} == {("exact_kv", 48, 48)}

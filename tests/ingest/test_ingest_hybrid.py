@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from cortex.hashing import Engine, HashDomain
+from cortex.index.prefix_index import PrefixIndex
 from cortex.ingest.codec import BlockRemoved, BlockStored, EventBatch, encode_batch
 from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
-from cortex.index.prefix_index import PrefixIndex
 from cortex.ledger.model import LedgerState, LedgerUpdate, RemoveBlocks, Source, StoreBlocks
 
 pytestmark = pytest.mark.timeout(30)

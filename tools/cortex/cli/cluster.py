@@ -98,7 +98,8 @@ class ClusterSpec:
     (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args``: extra
     flags. ``ready_timeout_s``: the whole start-up's deadline. ``eagle_lookahead``: the sims
     run speculative decoding with prefix caching (``cortex sim --eagle-lookahead``) and are
-    registered with that ``kv_lookahead``.
+    registered with that ``kv_lookahead``; ``eagle_drop``: vLLM EAGLE on legacy hashes
+    (``--eagle-drop``, registered with ``kv_eagle_drop``).
     """
 
     workers: int = 2
@@ -121,6 +122,7 @@ class ClusterSpec:
     ingest_args: tuple[str, ...] = ()
     ready_timeout_s: float = 90.0
     eagle_lookahead: int = 0
+    eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -175,13 +177,13 @@ class WorkerInfo:
     replay: str
     bootstrap_port: int | None
 
-    def spec(self, model: str, block_size: int, kv_lookahead: int | None = None
-             ) -> WorkerSpec:
+    def spec(self, model: str, block_size: int, kv_lookahead: int | None = None,
+             kv_eagle_drop: bool = False) -> WorkerSpec:
         """The registry entry of this worker."""
         return WorkerSpec(id=self.id, url=self.url, engine=self.engine, model=model,
                           role=self.role, kv_events=self.kv_events, replay=self.replay,
                           bootstrap_port=self.bootstrap_port, block_size=block_size,
-                          kv_lookahead=kv_lookahead)
+                          kv_lookahead=kv_lookahead, kv_eagle_drop=kv_eagle_drop)
 
 
 class LocalCluster:
@@ -458,7 +460,8 @@ class LocalCluster:
             # first); probe timeouts of a worker busy with a gateway's request never count
             "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5)),
                        "remove_after_s": 0},
-            "workers": [w.spec(spec.model, spec.block_size, spec.eagle_lookahead or None).to_dict()
+            "workers": [w.spec(spec.model, spec.block_size, spec.eagle_lookahead or None,
+                               spec.eagle_drop).to_dict()
                         for w in self.workers.values()],
         }
         return _merge(document, spec.gateway_config)
@@ -490,6 +493,8 @@ class LocalCluster:
             args.append("--zero-cost")
         if spec.eagle_lookahead:
             args += ["--eagle-lookahead", str(spec.eagle_lookahead)]
+        if spec.eagle_drop:
+            args.append("--eagle-drop")
         self._start(worker_id, [*args, *spec.sim_args])
         return offset
 
@@ -533,8 +538,8 @@ class LocalCluster:
             return
         assert self.redis_url is not None
         ttl = self.spec.lease_ttl_s if self.spec.gateways else 0.0
-        specs = [w.spec(self.spec.model, self.spec.block_size, self.spec.eagle_lookahead or None)
-                 for w in self.workers.values()]
+        specs = [w.spec(self.spec.model, self.spec.block_size, self.spec.eagle_lookahead or None,
+                        self.spec.eagle_drop) for w in self.workers.values()]
         try:
             _run_async(_register(self.redis_url, specs, ttl))
         except Exception as exc:

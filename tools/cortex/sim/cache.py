@@ -13,6 +13,8 @@ Speculative decoding (``lookahead`` L > 0): a block's hash also covers the next 
 (the hasher is given them), so a block is cached only once they exist and found only by a
 sequence that has them; its stores carry them. ``match_margin``: prompt tokens at the end
 that a lookup never covers (1: the engines compute the last token; SGLang EAGLE 2).
+``drop_last``: vLLM EAGLE without lookahead hashes drops the last block a lookup matched
+(``single_type_kv_cache_manager.py``: ``drop_eagle_block``).
 """
 
 from __future__ import annotations
@@ -144,11 +146,13 @@ class PrefixCache:
         enabled: bool = True,
         lookahead: int = 0,
         match_margin: int = 1,
+        drop_last: bool = False,
     ) -> None:
         if capacity < 1 or block_size < 1:
             raise ValueError("capacity and block_size must be >= 1")
         self.lookahead = lookahead
         self.match_margin = match_margin
+        self.drop_last = drop_last
         self.capacity = capacity
         self.block_size = block_size
         self.enabled = enabled
@@ -225,7 +229,7 @@ class PrefixCache:
         matched = 0
         while matched < limit and digests[matched] in self._index:
             matched += 1
-        return matched
+        return matched - 1 if self.drop_last and matched else matched
 
     def admit(self, prompt: Sequence[int], total_tokens: int) -> Lease | None:
         """Pin the cached prefix of ``prompt`` and reserve room for ``total_tokens``.

@@ -160,6 +160,9 @@ class SimConfig:
     1 for EAGLE-family drafters, the number of speculative tokens for multi-module MTP; the
     stores carry ``lookahead_token_ids``. SGLang: its EAGLE radix cache keys pages by bigrams
     (1 only), published as token pairs, and matches one token less of the prompt.
+    ``eagle_drop``: vLLM EAGLE with its legacy block hashes (what it runs with a KV
+    connector, or ``disable_lookahead_block_hashes``): plain events, and a lookup drops the
+    last block it matched.
     """
 
     engine: Engine = Engine.SGLANG
@@ -191,6 +194,7 @@ class SimConfig:
     engine_id: str | None = None
     dp_size: int = 1
     eagle_lookahead: int = 0
+    eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))
@@ -235,6 +239,9 @@ class SimConfig:
             raise ValueError("SGLang EAGLE pages are bigrams: eagle_lookahead must be 0 or 1")
         if self.eagle_lookahead and self.engine is Engine.VLLM and self.version_tuple < (0, 33):
             raise ValueError("vLLM publishes lookahead_token_ids from 0.33.0 on")
+        if self.eagle_drop and (self.engine is not Engine.VLLM or self.eagle_lookahead):
+            raise ValueError("eagle_drop is vLLM EAGLE without lookahead hashes"
+                             " (eagle_lookahead 0)")
         if not 1 <= self.dp_size <= _MAX_DP_SIZE:
             raise ValueError(f"dp_size must be in [1, {_MAX_DP_SIZE}], got {self.dp_size}")
         for name in ("kv_events_port", "replay_port"):

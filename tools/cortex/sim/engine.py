@@ -131,6 +131,7 @@ class SimEngine:
             lookahead=config.eagle_lookahead,
             # SGLang matches the prompt minus its last token as bigrams: one token fewer.
             match_margin=2 if config.eagle_lookahead and config.engine is Engine.SGLANG else 1,
+            drop_last=config.eagle_drop,
         )
         self.timing = TimingModel(config.timing)
         self.textgen = textgen or TextGenerator(chat.tokenizer, seed=config.seed,

@@ -13,6 +13,8 @@ L tokens (:func:`cortex.hashing.lookahead_block_keys`): the prompt is keyed once
 candidates run and each worker is matched, predicted and credited with its own key set
 (keys of different sets never collide, so a worker matches nothing under another's). Only
 blocks whose next L tokens are in the prompt are keyed: the engine cannot reuse the others.
+A worker with ``kv_eagle_drop`` (vLLM EAGLE on legacy hashes) is credited one block less
+than it holds: its lookup drops the last block it matched.
 
 A recorded decision takes effect at once, before the request is dispatched: the worker
 that will compute the prompt is credited with its blocks (predicted blocks) and counted as
@@ -426,6 +428,9 @@ class Router:
         elif spec.block_size is not None and spec.block_size != model.block_size:
             blocked = "block_size_mismatch"
         bs = model.block_size
+        ready = match.ready_blocks if match is not None else 0
+        if spec.kv_eagle_drop:  # vLLM EAGLE, legacy hashes: its lookup drops the last block
+            ready, predicted_blocks = max(ready - 1, 0), max(predicted_blocks - 1, 0)
         return Candidate(
             worker_id=worker.id,
             inflight=worker.inflight + worker.pending,
@@ -434,10 +439,10 @@ class Router:
             high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),
             prefilling=worker.prefilling,
             ledger=match.state if match is not None else LedgerState.UNSPECIFIED,
-            index_tokens=match.ready_blocks * bs if match is not None else 0,
+            index_tokens=ready * bs,
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
-            dp_rank=match.dp_rank if match is not None and match.ready_blocks else None,
+            dp_rank=match.dp_rank if match is not None and ready else None,
         )
 
     # ---- the ledger replica ----

@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--kv-lookahead", type=int, metavar="L",
                      help="speculative decoding: tokens after a block its reuse needs (vLLM"
                           " EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1; 0: none)")
+    add.add_argument("--kv-eagle-drop", action="store_true",
+                     help="vLLM EAGLE with legacy block hashes (a KV connector configured):"
+                          " the engine does not reuse the last block it matches")
     add.add_argument("--dp-size", type=int, default=1, metavar="N",
                      help="data-parallel ranks (default: %(default)s)")
     add.add_argument("--bootstrap-port", type=int, metavar="N",
@@ -142,6 +145,7 @@ def _spec(args: argparse.Namespace) -> WorkerSpec:
         block_size=args.block_size,
         labels=_labels(args.label),
         kv_lookahead=args.kv_lookahead,
+        kv_eagle_drop=args.kv_eagle_drop,
     )
 
 

@@ -49,6 +49,9 @@ class WorkerSpec:
     decoding: vLLM EAGLE lookahead block hashes = 1, multi-module MTP = the number of
     speculative tokens; SGLang EAGLE = 1; 0 = none); ``None`` when unknown: ingest learns it
     from the events, and the gateway looks for plain keys until it is set.
+    ``kv_eagle_drop``: vLLM EAGLE with its legacy block hashes (a KV connector is configured,
+    e.g. PD, or ``disable_lookahead_block_hashes``): the events are plain, but the engine
+    does not reuse the last block a lookup matches; the gateway credits one block less.
     """
 
     id: str
@@ -64,6 +67,7 @@ class WorkerSpec:
     block_size: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     kv_lookahead: int | None = None
+    kv_eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or _ID.match(self.id) is None:
@@ -116,6 +120,10 @@ class WorkerSpec:
         ):
             raise SpecError(f"kv_lookahead: must be an integer in 0..{_MAX_LOOKAHEAD}, got"
                             f" {self.kv_lookahead!r}")
+        if not isinstance(self.kv_eagle_drop, bool):
+            raise SpecError("kv_eagle_drop: must be true or false")
+        if self.kv_eagle_drop and (self.engine is not Engine.VLLM or self.kv_lookahead):
+            raise SpecError("kv_eagle_drop: applies to vLLM workers without kv_lookahead")
         if not isinstance(self.labels, Mapping):
             raise SpecError("labels: must be a mapping of strings")
         for key, value in self.labels.items():
@@ -185,6 +193,7 @@ class WorkerSpec:
             "block_size": self.block_size,
             "labels": dict(self.labels),
             "kv_lookahead": self.kv_lookahead,
+            "kv_eagle_drop": self.kv_eagle_drop,
         }
 
     def to_json(self) -> str:
@@ -219,7 +228,7 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "labels", "kv_lookahead",
+    "bootstrap_port", "block_size", "labels", "kv_lookahead", "kv_eagle_drop",
 )
 
 
