@@ -344,13 +344,13 @@ class SimEngine:
             self.cache.commit(lease, prompt)
             self._cache_changed()
             result = self._result(seq, cached, plan, started, kv_source=kv_source)
+            if leg is Leg.VLLM_PREFILL:  # before the answer: a stream's final chunk has them
+                result = replace(result, kv_transfer_params=self._hold(req, lease, prompt))
+                keep_lease = True
             await self._decode(result, emit)
             if len(plan) > 1:
                 self.cache.commit(lease, prompt + plan.token_ids[:-1])
                 self._cache_changed()
-            if leg is Leg.VLLM_PREFILL:
-                result = replace(result, kv_transfer_params=self._hold(req, lease, prompt))
-                keep_lease = True
             return replace(result, e2e_ms=(time.monotonic() - started) * 1000.0)
         finally:
             if not keep_lease:
@@ -415,6 +415,9 @@ class SimEngine:
             if not isinstance(host, str) or not isinstance(port, int) or not isinstance(
                     request_id, str):
                 raise TransferError("kv_transfer_params lack remote_host/port/request_id")
+            if ("remote_registration_generation" in params) != self._nixl_v15:
+                # the connectors' compatibility hashes differ: the handshake fails
+                raise TransferError("the prefill runs another NIXL connector version")
             block_ids = _flat_ids(params.get("remote_block_ids"))
             handoff = await self._transfer_client.read_blocks(
                 host, port, request_id, block_ids, self.config.transfer_timeout_s)
@@ -452,7 +455,14 @@ class SimEngine:
             "remote_host": self.config.public_host,
             "remote_port": self._transfer_port,
             "tp_size": 1,
+            **({"remote_registration_generation": 0} if self._nixl_v15 else {}),
         }
+
+    @property
+    def _nixl_v15(self) -> bool:
+        """vLLM >= 0.33: ``NIXL_CONNECTOR_VERSION`` 15, which adds
+        ``remote_registration_generation`` to ``kv_transfer_params``."""
+        return self.config.engine is Engine.VLLM and self.config.version_tuple >= (0, 33)
 
     def __repr__(self) -> str:
         return (f"SimEngine({self.config.engine.value} {self.config.engine_version} "

@@ -4,6 +4,11 @@ vLLM: ``GET /v1/models`` → the served model's ``max_model_len``. SGLang: ``GET
 /server_info`` (``/get_server_info`` before 0.4.7) → ``context_length``, else its
 ``/v1/models`` ``max_model_len``. A worker that reports nothing leaves the gateway with
 the configured limits only.
+
+vLLM's version (``GET /server_info?config_format=json`` → ``system_env.vllm_version``,
+``entrypoints/serve/dev/server_info``; served when the engine runs with
+``VLLM_SERVER_DEV_MODE=1``) decides which prefill and decode workers can be paired: the
+NIXL connector's compatibility hash covers it (``kv_connector/v1/nixl/metadata.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from cortex.hashing import Engine
 from cortex.registry.spec import WorkerSpec
 
 __all__ = ["context_length_from_models", "context_length_from_server_info",
-           "fetch_context_length"]
+           "fetch_context_length", "fetch_vllm_version", "vllm_version_from_server_info"]
 
 log = logging.getLogger(__name__)
 
@@ -73,5 +78,27 @@ async def fetch_context_length(session: aiohttp.ClientSession, spec: WorkerSpec,
                                               spec.model)
     except (TimeoutError, aiohttp.ClientError) as exc:
         log.debug("engine info of worker=%s unavailable: %r", spec.id, exc,
+                  extra={"worker": spec.id})
+        return None
+
+
+def vllm_version_from_server_info(obj: Any) -> str | None:
+    """vLLM ``/server_info``'s ``system_env.vllm_version``."""
+    env = obj.get("system_env") if isinstance(obj, dict) else None
+    version = env.get("vllm_version") if isinstance(env, dict) else None
+    return version.strip() or None if isinstance(version, str) else None
+
+
+async def fetch_vllm_version(session: aiohttp.ClientSession, spec: WorkerSpec,
+                             timeout_s: float) -> str | None:
+    """A vLLM worker's version, or ``None`` (not served, unreachable, another engine)."""
+    if spec.engine is not Engine.VLLM:
+        return None
+    try:
+        async with asyncio.timeout(timeout_s):
+            return vllm_version_from_server_info(await _get_json(
+                session, spec.url.rstrip("/") + "/server_info?config_format=json"))
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.debug("server info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})
         return None

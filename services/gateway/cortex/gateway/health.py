@@ -27,10 +27,12 @@ from enum import StrEnum
 import aiohttp
 
 from cortex.gateway.config import HealthConfig
-from cortex.gateway.engine_info import fetch_context_length
+from cortex.gateway.engine_info import fetch_context_length, fetch_vllm_version
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import Health, Remembered, WorkerPool, WorkerState
+from cortex.hashing import Engine
 from cortex.registry import Assertion, Registry, RegistryUnavailable, WorkerSpec
+from cortex.registry.spec import WorkerRole
 
 __all__ = ["HealthMonitor", "LeaseAction", "ProbeResult", "lease_action"]
 
@@ -206,8 +208,11 @@ class HealthMonitor:
 
     async def _learn_limits(self, worker: WorkerState, now: float) -> None:
         checked = worker.info_checked
-        if checked is not None and (worker.context_length is not None
-                                    or now - checked < INFO_RETRY_S):
+        spec = worker.spec
+        wants_version = (spec.engine is Engine.VLLM and spec.role is not WorkerRole.REGULAR
+                         and worker.engine_version is None)
+        known = worker.context_length is not None and not wants_version
+        if checked is not None and (known or now - checked < INFO_RETRY_S):
             return
         worker.info_checked = now
         found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s)
@@ -215,6 +220,9 @@ class HealthMonitor:
             log.info("worker=%s context length %s tokens", worker.id, found,
                      extra={"worker": worker.id})
         worker.context_length = found
+        if wants_version:
+            worker.engine_version = await fetch_vllm_version(self.session, worker.spec,
+                                                             self.config.timeout_s)
 
     def publish(self) -> None:
         counts = dict.fromkeys(Health, 0)

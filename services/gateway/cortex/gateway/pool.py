@@ -58,6 +58,7 @@ class WorkerState:
         self.registered = True  # False: its registry entry vanished, its lease is re-asserted
         self.context_length: int | None = None  # tokens, as the engine reports it
         self.info_checked: float | None = None  # monotonic s of the last engine-info fetch
+        self.engine_version: str | None = None  # vLLM /server_info (PD pairing)
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)
         # uncached prompt tokens of this gateway's requests routed or sent here whose first
