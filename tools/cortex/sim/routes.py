@@ -214,13 +214,15 @@ class SimRoutes:
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response(self.server_info())
 
+    @property
+    def _final_params(self) -> bool:
+        """vLLM >= 0.33 sets a stream's ``kv_transfer_params`` on its final chunk."""
+        return self.config.engine is Engine.VLLM and self.config.version_tuple >= (0, 33)
+
     async def _vllm_server_info(self, _: web.Request) -> web.Response:
         """vLLM's dev-mode ``/server_info`` (``config_format=json``), the fields peers read."""
-        return web.json_response({
-            "vllm_config": {"model_config": {"model": self.config.model}},
-            "vllm_env": {},
-            "system_env": {"vllm_version": self.config.engine_version},
-        })
+        return web.json_response(shape.vllm_server_info(self.config.model,
+                                                        self.config.engine_version))
 
     async def _model_info(self, _: web.Request) -> web.Response:
         return web.json_response({
@@ -507,8 +509,9 @@ class SimRoutes:
             logprobs = shape.completion_logprobs(req, result, self.shaping, done - 1, done,
                                                  offset)
             text = (echoed if done == 1 else "") + piece
-            return self._with_transfer_params(
-                [shape.completion_chunk(req, result.index, text, finish, logprobs)], result, last)
+            return shape.with_transfer_params(
+                [shape.completion_chunk(req, result.index, text, finish, logprobs)], result,
+                last and self._final_params)
         logprobs = shape.chat_token_logprobs(req, result, self.shaping, done)
         chunks: list[dict[str, Any]] = []
         if done == 1:
@@ -517,17 +520,8 @@ class SimRoutes:
             chunks.append(shape.chat_chunk(req, result.index, {"content": piece}, finish, logprobs))
         else:
             chunks.append(shape.chat_chunk(req, result.index, {}, finish, logprobs))
-        return self._with_transfer_params(chunks, result, last)
+        return shape.with_transfer_params(chunks, result, last and self._final_params)
 
-    def _with_transfer_params(self, chunks: list[dict[str, Any]], result: SequenceResult,
-                              last: bool) -> list[dict[str, Any]]:
-        """vLLM >= 0.33 sets ``kv_transfer_params`` on a stream's final chunk (the one with
-        the finish reason), ``chat_completion/serving.py``."""
-        params = result.kv_transfer_params
-        if not (last and params and self.config.engine is Engine.VLLM
-                and self.config.version_tuple >= (0, 33)):
-            return chunks
-        return [*chunks[:-1], {**chunks[-1], "kv_transfer_params": dict(params)}]
 
     # -- admin ----------------------------------------------------------------------------
 

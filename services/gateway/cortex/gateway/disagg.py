@@ -63,7 +63,7 @@ from cortex.gateway.handoff import (
     vllm_prefill_result,
     wants_input_logprobs,
 )
-from cortex.gateway.pairing import LocalPrefill, PDMode, PDOutcome, PDPlan, connector_mismatch
+from cortex.gateway.pairing import LocalPrefill, PDMode, PDOutcome, PDPlan, compatible_pair
 from cortex.gateway.payload import InferenceRequest
 from cortex.gateway.pool import WorkerState
 from cortex.gateway.router import Routed
@@ -272,36 +272,27 @@ class PairDispatcher:
 
     def _next_pair(self, plan: PDPlan, failed_prefill: set[str], failed_decode: set[str],
                    refused: list[str]) -> tuple[Scored, Scored] | None:
-        """The best-ranked routable prefill and decode not failed yet whose KV connectors
-        can talk; why a pair was refused is appended to ``refused`` (counted, and logged
-        once per pair)."""
+        """The best-ranked routable pair not failed yet whose KV connectors can talk; why a
+        pair was refused is appended to ``refused`` (counted, logged once per pair)."""
         def usable(ranked: tuple[Scored, ...], failed: set[str]
                    ) -> list[tuple[Scored, WorkerState]]:
-            out = []
-            for scored in ranked:
-                worker = self.pool.get(scored.worker_id)
-                if scored.worker_id not in failed and worker is not None and worker.routable():
-                    out.append((scored, worker))
-            return out
+            workers = ((scored, self.pool.get(scored.worker_id)) for scored in ranked
+                       if scored.worker_id not in failed)
+            return [(scored, w) for scored, w in workers if w is not None and w.routable()]
 
-        decodes = usable(plan.decode.ranked, failed_decode)
-        if not decodes:
-            return None
-        for prefill, p_worker in usable(plan.prefill.ranked, failed_prefill):
-            for decode, d_worker in decodes:
-                why = connector_mismatch(p_worker, d_worker)
-                if why is None:
-                    return prefill, decode
-                if (prefill.worker_id, decode.worker_id) not in self._refused_logged:
-                    if len(self._refused_logged) > 4096:  # workers come and go
-                        self._refused_logged.clear()
-                    self._refused_logged.add((prefill.worker_id, decode.worker_id))
-                    log.warning("pd pair refused: %s (KV connectors cannot talk)", why,
-                                extra={"worker": prefill.worker_id})
-                self.metrics.child(self.metrics.pd_pairs_refused, plan.engine.value,
-                                   "connector_version").inc()
-                refused.append(why)
-        return None
+        pair, refusals = compatible_pair(usable(plan.prefill.ranked, failed_prefill),
+                                         usable(plan.decode.ranked, failed_decode))
+        for prefill_id, decode_id, why in refusals:
+            self.metrics.child(self.metrics.pd_pairs_refused, plan.engine.value,
+                               "connector_version").inc()
+            refused.append(why)
+            if (prefill_id, decode_id) not in self._refused_logged:
+                if len(self._refused_logged) > 4096:  # workers come and go
+                    self._refused_logged.clear()
+                self._refused_logged.add((prefill_id, decode_id))
+                log.warning("pd pair refused: %s (their KV connectors cannot talk)", why,
+                            extra={"worker": prefill_id})
+        return pair
 
     async def _fallback(self, ctx: _Request, failures: list[LegFailure], attempts: int,
                         request_id: str, refused: list[str]) -> Opened:

@@ -21,6 +21,7 @@ compatibility hash differs, and that hash covers the vLLM version and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -31,7 +32,7 @@ from cortex.gateway.scoring import Decision, Scored
 from cortex.hashing import Engine
 
 __all__ = ["CONNECTOR_VERSION_LABEL", "ENGINE_VERSION_LABEL", "LocalPrefill", "PDMode",
-           "PDOutcome", "PDPlan", "connector_mismatch"]
+           "PDOutcome", "PDPlan", "compatible_pair", "connector_mismatch"]
 
 CONNECTOR_VERSION_LABEL = "nixl_connector_version"
 ENGINE_VERSION_LABEL = "engine_version"
@@ -55,6 +56,25 @@ def connector_mismatch(prefill: WorkerState, decode: WorkerState) -> str | None:
     if ours and theirs and ours != theirs:
         return f"vLLM {ours} on prefill {prefill.id} and {theirs} on decode {decode.id}"
     return None
+
+
+Ranked = Sequence[tuple[Scored, WorkerState]]
+
+
+def compatible_pair(prefills: Ranked, decodes: Ranked
+                    ) -> tuple[tuple[Scored, Scored] | None, list[tuple[str, str, str]]]:
+    """The first (prefill, decode) in rank order whose connectors can talk, and the pairs
+    refused on the way as ``(prefill id, decode id, why)``."""
+    refused: list[tuple[str, str, str]] = []
+    if not decodes:
+        return None, refused
+    for prefill, p_worker in prefills:
+        for decode, d_worker in decodes:
+            why = connector_mismatch(p_worker, d_worker)
+            if why is None:
+                return (prefill, decode), refused
+            refused.append((p_worker.id, d_worker.id, why))
+    return None, refused
 
 
 class PDMode(StrEnum):

@@ -50,7 +50,7 @@ from cortex.ingest.codec import (
 )
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
-from cortex.ingest.ops import SnapshotView, SourceId
+from cortex.ingest.ops import SnapshotView, SourceId, append_remove, append_store
 from cortex.ingest.replay import (
     AbortReplay,
     Command,
@@ -64,7 +64,6 @@ from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
     Op,
-    RemoveBlocks,
     RemoveSource,
     SetState,
     Snapshot,
@@ -537,17 +536,17 @@ class SourceTracker:
                 if type(placed) is list:  # a hybrid source's credited blocks changed
                     for op in placed:
                         if type(op) is StoreBlocks:
-                            _store(ops, op)
+                            append_store(ops, op)
                         else:
-                            _remove(ops, op.keys)
+                            append_remove(ops, op.keys)
                     continue
                 assert type(placed) is StoreBlocks
-                _store(ops, placed)
+                append_store(ops, placed)
             elif type(event) is BlockRemoved:
                 events["BlockRemoved"] = events.get("BlockRemoved", 0) + 1
                 dead = keymap.removed(event)
                 if dead and self._announced:
-                    _remove(ops, dead)
+                    append_remove(ops, dead)
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
@@ -595,18 +594,3 @@ class SourceTracker:
         if self._announced:
             self._ops.append(Snapshot([], [], state, self.reason))
 
-
-def _store(ops: list[Op], placed: StoreBlocks) -> None:
-    last = ops[-1] if ops else None
-    if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
-        last.keys.extend(placed.keys)  # the chain goes on: one update, not two
-    else:
-        ops.append(placed)
-
-
-def _remove(ops: list[Op], dead: list[int]) -> None:
-    last = ops[-1] if ops else None
-    if type(last) is RemoveBlocks:
-        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
-    else:
-        ops.append(RemoveBlocks(dead))
