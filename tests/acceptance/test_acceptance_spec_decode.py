@@ -8,6 +8,7 @@ block but not the token after it, which the engine cannot reuse.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,3 +146,28 @@ async def test_vllm_eagle_on_legacy_hashes_is_credited_one_block_less(
     replies = [await _complete(client, [*original[:64], t]) for t in range(5)]
     assert {r.worker for r in replies} == {holder}
     assert {(r.mode, r.cached_tokens, r.hit_tokens) for r in replies} == {("exact_kv", 48, 48)}
+
+
+async def test_random_prefix_workload_never_over_predicts(client: Client,
+                                                          cluster: LocalCluster) -> None:
+    """Prompts sharing random-length prefixes (divergence anywhere, around block edges too):
+    the credit is never above the engine's ``cached_tokens``, and mostly equal to it."""
+    rng = random.Random(f"eagle-{cluster.spec.engine}")
+    bases = [list(range(200_000 + 1000 * i, 200_000 + 1000 * i + 96)) for i in range(4)]
+    over = exact = 0
+    replies = []
+    for i in range(80):
+        base = rng.choice(bases)
+        shared = rng.choice([rng.randrange(0, 97), *(16 * rng.randrange(1, 6) + d
+                                                    for d in (-1, 0, 1))])
+        length = rng.randrange(max(shared, 2), 100)
+        prompt = [*base[:shared], *range(500_000 + 200 * i, 500_000 + 200 * i + length - shared)]
+        reply = await _complete(client, prompt[:length])
+        assert reply.status == 200
+        replies.append((shared, length, reply.hit_tokens, reply.cached_tokens))
+        over += reply.hit_tokens > (reply.cached_tokens or 0)
+        exact += reply.hit_tokens == reply.cached_tokens
+    assert over == 0, [r for r in replies if r[2] > (r[3] or 0)]
+    assert exact >= 40, replies  # predictions (not yet indexed) are exact too, mostly
+    metrics = await client.text(client.cluster.gateway_urls[0] + "/metrics")
+    assert metric_sum(metrics, "cortex_gateway_cache_prediction_total", 'outcome="over"') == 0
