@@ -294,8 +294,11 @@ class KeyMapper:
         configured) disagreement misaligns."""
         if self.lookahead is None:
             self.lookahead = lookahead
-            log.info("learned kv lookahead %d for source=%s", lookahead, self.source,
-                     extra=self._extra())
+            if lookahead:  # keyed, but the gateway only looks for modes the spec announces
+                log.warning("source=%s runs speculative decoding (kv lookahead %d) but its"
+                            " worker spec has no kv_lookahead: its blocks get no credit"
+                            " until the spec says so", self.source, lookahead,
+                            extra=self._extra())
             return None
         configured = ("worker spec kv_lookahead" if self.configured_lookahead is not None
                       else "first events")
