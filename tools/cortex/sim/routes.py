@@ -208,6 +208,7 @@ class SimRoutes:
             "enable_cache_report": True, "skip_tokenizer_init": False,
             "chat_template": cfg.chat_template, "kv_events_config": json.dumps(events_cfg),
             "kv_events": self._kv_events_info(), "random_seed": cfg.seed,
+            "speculative_algorithm": "EAGLE" if cfg.eagle_lookahead else None,
             "status": "ready", "internal_states": states,
         }
 

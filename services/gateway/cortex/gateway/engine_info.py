@@ -9,6 +9,12 @@ vLLM's version (``GET /server_info?config_format=json`` → ``system_env.vllm_ve
 ``entrypoints/serve/dev/server_info``; served when the engine runs with
 ``VLLM_SERVER_DEV_MODE=1``) decides which prefill and decode workers can be paired: the
 NIXL connector's compatibility hash covers it (``kv_connector/v1/nixl/metadata.py``).
+
+SGLang's ``/server_info`` carries its server args: ``speculative_algorithm`` EAGLE, EAGLE3,
+FROZEN_KV_MTP or the alias NEXTN (``srt/speculative/spec_info.py::is_eagle``) with the radix
+cache on means bigram radix keys — lookahead 1 (``docs/ingest.md``). vLLM's speculative
+config decides its lookahead through rules this gateway does not replicate: its workers
+announce it in their spec.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from cortex.hashing import Engine
 from cortex.registry.spec import WorkerSpec
 
 __all__ = ["context_length_from_models", "context_length_from_server_info",
-           "fetch_context_length", "fetch_vllm_version", "vllm_version_from_server_info"]
+           "fetch_context_length", "fetch_sglang_lookahead", "fetch_vllm_version",
+           "sglang_lookahead_from_server_info", "vllm_version_from_server_info"]
+
+_SGLANG_EAGLE: frozenset[str] = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +107,40 @@ async def fetch_vllm_version(session: aiohttp.ClientSession, spec: WorkerSpec,
         async with asyncio.timeout(timeout_s):
             return vllm_version_from_server_info(await _get_json(
                 session, spec.url.rstrip("/") + "/server_info?config_format=json"))
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.debug("server info of worker=%s unavailable: %r", spec.id, exc,
+                  extra={"worker": spec.id})
+        return None
+
+
+def sglang_lookahead_from_server_info(obj: Any) -> int | None:
+    """Lookahead tokens of an SGLang worker's cache keys: 1 with an EAGLE radix cache, 0
+    without speculative decoding or radix cache, ``None`` when its answer does not say
+    (no server info, an algorithm registered by a plugin)."""
+    if not isinstance(obj, dict) or "speculative_algorithm" not in obj:
+        return None
+    if obj.get("disable_radix_cache") is True:
+        return 0
+    algorithm = obj.get("speculative_algorithm")
+    if algorithm is None or (isinstance(algorithm, str) and algorithm.upper() == "NONE"):
+        return 0
+    if not isinstance(algorithm, str):
+        return None
+    name = algorithm.upper()
+    if name in _SGLANG_EAGLE:
+        return 1
+    return 0 if name in {"STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK"} else None
+
+
+async def fetch_sglang_lookahead(session: aiohttp.ClientSession, spec: WorkerSpec,
+                                 timeout_s: float) -> int | None:
+    """An SGLang worker's lookahead from its ``/server_info``, or ``None``."""
+    if spec.engine is not Engine.SGLANG:
+        return None
+    try:
+        async with asyncio.timeout(timeout_s):
+            return sglang_lookahead_from_server_info(
+                await _get_json(session, spec.url.rstrip("/") + "/server_info"))
     except (TimeoutError, aiohttp.ClientError) as exc:
         log.debug("server info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})

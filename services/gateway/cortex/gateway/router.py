@@ -8,7 +8,8 @@ query sent to the index is cut there, while predictions credit every full block 
 engine caches them all once the prompt is processed).
 
 Speculative decoding: a worker whose spec has ``kv_lookahead`` L > 0 (vLLM EAGLE lookahead
-block hashes, SGLang EAGLE bigram pages) holds lookahead keys, which cover each block's next
+block hashes, SGLang EAGLE bigram pages; for SGLang also learned from ``/server_info``) holds
+lookahead keys, which cover each block's next
 L tokens (:func:`cortex.hashing.lookahead_block_keys`): the prompt is keyed once per L its
 candidates run and each worker is matched, predicted and credited with its own key set
 (keys of different sets never collide, so a worker matches nothing under another's). Only
@@ -339,8 +340,7 @@ class Router:
         """The prompt's lookahead keys (every block the engine caches once it has the
         prompt), per lookahead the candidates run; none for plain workers only."""
         everyone = workers if pools is None else [*workers, *pools[0], *pools[1]]
-        wanted = {w.spec.kv_lookahead for w in everyone if w.spec.kv_lookahead is not None
-                  and w.spec.kv_lookahead > 0}
+        wanted = {w.kv_lookahead for w in everyone if w.kv_lookahead > 0}
         return {lookahead: model.domain.keys(ids, req.lora_name, req.cache_salt,
                                              lookahead=lookahead)
                 for lookahead in sorted(wanted)}
@@ -350,7 +350,7 @@ class Router:
         """The prompt's keys in ``worker_id``'s key set: plain ``keys``, or its lookahead
         keys (none when they were not computed: crediting plain ones would over-predict)."""
         worker = self.pool.get(worker_id)
-        lookahead = worker.spec.kv_lookahead if worker is not None else None
+        lookahead = worker.kv_lookahead if worker is not None else 0
         if not lookahead:
             return keys
         return (keysets or {}).get(lookahead, [])

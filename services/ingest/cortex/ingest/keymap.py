@@ -296,8 +296,8 @@ class KeyMapper:
             self.lookahead = lookahead
             if lookahead:  # keyed, but the gateway only looks for modes the spec announces
                 log.warning("source=%s runs speculative decoding (kv lookahead %d) but its"
-                            " worker spec has no kv_lookahead: its blocks get no credit"
-                            " until the spec says so", self.source, lookahead,
+                            " worker spec has no kv_lookahead: a vLLM worker's blocks get no"
+                            " credit until the spec says so", self.source, lookahead,
                             extra=self._extra())
             return None
         configured = ("worker spec kv_lookahead" if self.configured_lookahead is not None
