@@ -99,6 +99,9 @@ class ClusterSpec:
     ``gateway_config``: sections merged into every gateway's generated config
     (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args`` /
     ``gateway_args``: extra flags. ``ready_timeout_s``: the whole start-up's deadline.
+    ``eagle_lookahead``: the sims run speculative decoding with prefix caching (``cortex sim
+    --eagle-lookahead``) and are registered with that ``kv_lookahead``; ``eagle_drop``: vLLM
+    EAGLE on legacy hashes (``--eagle-drop``, registered with ``kv_eagle_drop``).
     """
 
     workers: int = 2
@@ -122,6 +125,8 @@ class ClusterSpec:
     ingest_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     ready_timeout_s: float = 90.0
+    eagle_lookahead: int = 0
+    eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -183,11 +188,13 @@ class WorkerInfo:
     replay: str
     bootstrap_port: int | None
 
-    def spec(self, model: str, block_size: int) -> WorkerSpec:
+    def spec(self, model: str, block_size: int, kv_lookahead: int | None = None,
+             kv_eagle_drop: bool = False) -> WorkerSpec:
         """The registry entry of this worker."""
         return WorkerSpec(id=self.id, url=self.url, engine=self.engine, model=model,
                           role=self.role, kv_events=self.kv_events, replay=self.replay,
-                          bootstrap_port=self.bootstrap_port, block_size=block_size)
+                          bootstrap_port=self.bootstrap_port, block_size=block_size,
+                          kv_lookahead=kv_lookahead, kv_eagle_drop=kv_eagle_drop)
 
 
 class LocalCluster:
@@ -477,8 +484,8 @@ class LocalCluster:
             # first); probe timeouts of a worker busy with a gateway's request never count
             "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5)),
                        "remove_after_s": 0},
-            "workers": [w.spec(spec.model, spec.block_size).to_dict()
-                        for w in self.workers.values()] + [w.to_dict() for w in spec.external],
+            "workers": [w.to_dict() for w in self._sim_specs()]
+                       + [w.to_dict() for w in spec.external],
         }
         return _merge(document, spec.gateway_config)
 
@@ -507,6 +514,10 @@ class LocalCluster:
             args += ["--bootstrap-port", "0"]
         if spec.zero_cost:
             args.append("--zero-cost")
+        if spec.eagle_lookahead:
+            args += ["--eagle-lookahead", str(spec.eagle_lookahead)]
+        if spec.eagle_drop:
+            args.append("--eagle-drop")
         self._start(worker_id, [*args, *spec.sim_args])
         return offset
 
@@ -545,9 +556,13 @@ class LocalCluster:
             self._wait(f"gateway-{i}", functools.partial(self._gateway_ready, url), deadline,
                        self._children[f"gateway-{i}"])
 
+    def _sim_specs(self) -> list[WorkerSpec]:
+        spec = self.spec
+        return [w.spec(spec.model, spec.block_size, spec.eagle_lookahead or None,
+                       spec.eagle_drop) for w in self.workers.values()]
+
     def _register_workers(self) -> None:
-        specs = [w.spec(self.spec.model, self.spec.block_size) for w in self.workers.values()]
-        specs += self.spec.external
+        specs = [*self._sim_specs(), *self.spec.external]
         if not specs:
             return
         assert self.redis_url is not None

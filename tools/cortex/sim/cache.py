@@ -8,6 +8,13 @@ parent block, so the cache is a tree whose paths are prompt prefixes. A request 
 blocks into cached ones as their KV is computed; :meth:`PrefixCache.release` unpins.
 Eviction takes least-recently-used *leaf* blocks that nobody pins, only when space is
 needed. Every change to the set of cached blocks is recorded as a :data:`CacheEvent`.
+
+Speculative decoding (``lookahead`` L > 0): a block's hash also covers the next L tokens
+(the hasher is given them), so a block is cached only once they exist and found only by a
+sequence that has them; its stores carry them. ``match_margin``: prompt tokens at the end
+that a lookup never covers (1: the engines compute the last token; SGLang EAGLE 2).
+``drop_last``: vLLM EAGLE without lookahead hashes drops the last block a lookup matched
+(``single_type_kv_cache_manager.py``: ``drop_eagle_block``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class BlocksStored:
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,7 @@ class CachedBlock:
     refs: int = 0
     last_access: int = 0
     alive: bool = True
+    lookahead: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return (
@@ -135,9 +144,15 @@ class PrefixCache:
         *,
         coalesce_removals: bool = False,
         enabled: bool = True,
+        lookahead: int = 0,
+        match_margin: int = 1,
+        drop_last: bool = False,
     ) -> None:
         if capacity < 1 or block_size < 1:
             raise ValueError("capacity and block_size must be >= 1")
+        self.lookahead = lookahead
+        self.match_margin = match_margin
+        self.drop_last = drop_last
         self.capacity = capacity
         self.block_size = block_size
         self.enabled = enabled
@@ -210,11 +225,11 @@ class PrefixCache:
         if not self.enabled:
             return 0
         # The engines always compute the last prompt token (they need its logits).
-        limit = min(len(digests), max(prompt_len - 1, 0) // self.block_size)
+        limit = min(len(digests), max(prompt_len - self.match_margin, 0) // self.block_size)
         matched = 0
         while matched < limit and digests[matched] in self._index:
             matched += 1
-        return matched
+        return matched - 1 if self.drop_last and matched else matched
 
     def admit(self, prompt: Sequence[int], total_tokens: int) -> Lease | None:
         """Pin the cached prefix of ``prompt`` and reserve room for ``total_tokens``.
@@ -257,12 +272,13 @@ class PrefixCache:
         """
         if lease.released or not self.enabled:
             return 0
-        full = len(tokens) // self.block_size
+        ahead = self.lookahead
+        full = max(len(tokens) - ahead, 0) // self.block_size
         if full > len(lease.digests):
             start = len(lease.digests)
             parent = lease.digests[-1] if lease.digests else None
             lease.digests.extend(self._hasher.digests(
-                tokens[start * self.block_size : full * self.block_size], parent))
+                tokens[start * self.block_size : full * self.block_size + ahead], parent))
         now = next(self._clock)
         new: list[CachedBlock] = []
         for i in range(len(lease.blocks), full):
@@ -294,6 +310,7 @@ class PrefixCache:
                     tokens=tuple(tokens[i * self.block_size : (i + 1) * self.block_size]),
                     refs=1,
                     last_access=now,
+                    lookahead=tuple(tokens[(i + 1) * self.block_size :][:ahead]),
                 )
                 if parent_block is not None:
                     parent_block.children += 1
@@ -354,6 +371,7 @@ class PrefixCache:
             parent_block_hash=parent.event_id if parent is not None else None,
             token_ids=tuple(token for block in run for token in block.tokens),
             block_size=self.block_size,
+            lookahead_token_ids=tuple(b.lookahead for b in run) if self.lookahead else None,
         ))
 
     def _unpin(self, block: CachedBlock) -> None:

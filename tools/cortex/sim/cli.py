@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--chat-template", default=None,
                    help="Jinja chat template file (default: the repo's DeepSeek-V4 template)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page")
+    g.add_argument("--eagle-lookahead", type=int, default=0, metavar="L",
+                   help="speculative decoding with prefix caching: tokens after a block its"
+                        " reuse needs (vLLM EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1)")
+    g.add_argument("--eagle-drop", action="store_true",
+                   help="vLLM EAGLE with legacy block hashes (a KV connector is configured):"
+                        " a lookup drops the last block it matched")
     g.add_argument("--kv-capacity-blocks", type=int, default=8192, help="KV pool size (blocks)")
     g.add_argument("--max-running", type=int, default=64, help="requests in service at once")
     g.add_argument("--max-model-len", type=int, default=131072, help="context length (tokens)")
@@ -136,6 +142,8 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,
         block_size=args.block_size,
+        eagle_lookahead=args.eagle_lookahead,
+        eagle_drop=args.eagle_drop,
         kv_capacity_blocks=args.kv_capacity_blocks,
         max_running=args.max_running,
         max_model_len=args.max_model_len,

@@ -57,6 +57,8 @@ class EventEncoder:
 
     def convert(self, event: CacheEvent) -> codec.Event:
         if isinstance(event, BlocksStored):
+            # EAGLE: vLLM sends lookahead_token_ids; SGLang sends its pages as bigram pairs,
+            # which the codec writes from the same per-block next tokens.
             return codec.BlockStored(
                 block_hashes=event.block_hashes,
                 parent_block_hash=event.parent_block_hash,
@@ -65,6 +67,8 @@ class EventEncoder:
                 medium=self._medium,
                 extra_keys=(None,) * len(event.block_hashes) if self._rich else None,
                 kv_cache_spec_kind="full_attention" if self._rich else None,
+                lookahead_token_ids=event.lookahead_token_ids,
+                bigram=event.lookahead_token_ids is not None and self.engine is Engine.SGLANG,
                 group_idx_nil=self._group_nil,
             )
         if isinstance(event, BlocksRemoved):

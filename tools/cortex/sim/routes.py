@@ -123,6 +123,7 @@ class SimRoutes:
         else:
             r.add_get("/load", self._load)
             r.add_get("/ping", self._health)
+            r.add_get("/server_info", self._vllm_server_info)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             add_vllm_discovery_routes(r, self.config, self.ports)
         AuxiliaryRoutes(self.config.model, lambda: {
@@ -215,11 +216,22 @@ class SimRoutes:
             "enable_cache_report": True, "skip_tokenizer_init": False,
             "chat_template": cfg.chat_template, "kv_events_config": json.dumps(events_cfg),
             "kv_events": self._kv_events_info(), "random_seed": cfg.seed,
+            "speculative_algorithm": "EAGLE" if cfg.eagle_lookahead else None,
             "status": "ready", "internal_states": states,
         }
 
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response(self.server_info())
+
+    @property
+    def _final_params(self) -> bool:
+        """vLLM >= 0.33 sets a stream's ``kv_transfer_params`` on its final chunk."""
+        return self.config.engine is Engine.VLLM and self.config.version_tuple >= (0, 33)
+
+    async def _vllm_server_info(self, _: web.Request) -> web.Response:
+        """vLLM's dev-mode ``/server_info`` (``config_format=json``), the fields peers read."""
+        return web.json_response(shape.vllm_server_info(self.config.model,
+                                                        self.config.engine_version))
 
     async def _model_info(self, _: web.Request) -> web.Response:
         return web.json_response({
@@ -508,7 +520,9 @@ class SimRoutes:
             logprobs = shape.completion_logprobs(req, result, self.shaping, done - 1, done,
                                                  offset)
             text = (echoed if done == 1 else "") + piece
-            return [shape.completion_chunk(req, result.index, text, finish, logprobs)]
+            return shape.with_transfer_params(
+                [shape.completion_chunk(req, result.index, text, finish, logprobs)], result,
+                last and self._final_params)
         logprobs = shape.chat_token_logprobs(req, result, self.shaping, done)
         chunks: list[dict[str, Any]] = []
         if done == 1:
@@ -517,7 +531,8 @@ class SimRoutes:
             chunks.append(shape.chat_chunk(req, result.index, {"content": piece}, finish, logprobs))
         else:
             chunks.append(shape.chat_chunk(req, result.index, {}, finish, logprobs))
-        return chunks
+        return shape.with_transfer_params(chunks, result, last and self._final_params)
+
 
     # -- admin ----------------------------------------------------------------------------
 

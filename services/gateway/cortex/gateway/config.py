@@ -467,6 +467,8 @@ class PDConfig:
     ``local_prefill_max_tokens``: conditional disaggregation (vLLM): the decode worker
     prefills itself when the part of the prompt it does not hold cached is below this many
     tokens *and* at most ``local_prefill_max_ratio`` of the prompt; 0 = always disaggregate.
+    ``vllm_stream_prefill``: the vLLM prefill leg is streamed (vLLM >= 0.33 puts the
+    ``kv_transfer_params`` in the final chunk); off: one JSON answer.
     """
 
     enabled: bool = True
@@ -476,6 +478,7 @@ class PDConfig:
     fallback_to_regular: bool = True
     local_prefill_max_tokens: int = 0
     local_prefill_max_ratio: float = 1.0
+    vllm_stream_prefill: bool = False
 
     def __post_init__(self) -> None:
         _positive("pd", prefill_timeout_s=self.prefill_timeout_s,

@@ -4,6 +4,17 @@ vLLM: ``GET /v1/models`` → the served model's ``max_model_len``. SGLang: ``GET
 /server_info`` (``/get_server_info`` before 0.4.7) → ``context_length``, else its
 ``/v1/models`` ``max_model_len``. A worker that reports nothing leaves the gateway with
 the configured limits only.
+
+vLLM's version (``GET /server_info?config_format=json`` → ``system_env.vllm_version``,
+``entrypoints/serve/dev/server_info``; served when the engine runs with
+``VLLM_SERVER_DEV_MODE=1``) decides which prefill and decode workers can be paired: the
+NIXL connector's compatibility hash covers it (``kv_connector/v1/nixl/metadata.py``).
+
+SGLang's ``/server_info`` carries its server args: ``speculative_algorithm`` EAGLE, EAGLE3,
+FROZEN_KV_MTP or the alias NEXTN (``srt/speculative/spec_info.py::is_eagle``) with the radix
+cache on means bigram radix keys — lookahead 1 (``docs/ingest.md``). vLLM's speculative
+config decides its lookahead through rules this gateway does not replicate: its workers
+announce it in their spec.
 """
 
 from __future__ import annotations
@@ -20,7 +31,10 @@ from cortex.hashing import Engine
 from cortex.registry.spec import WorkerSpec
 
 __all__ = ["context_length_from_models", "context_length_from_server_info",
-           "fetch_context_length"]
+           "fetch_context_length", "fetch_sglang_lookahead", "fetch_vllm_version",
+           "sglang_lookahead_from_server_info", "vllm_version_from_server_info"]
+
+_SGLANG_EAGLE: frozenset[str] = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 
 log = logging.getLogger(__name__)
 
@@ -78,5 +92,65 @@ async def fetch_context_length(session: aiohttp.ClientSession, spec: WorkerSpec,
                 await _get_json(session, base + "/v1/models", headers), spec.model)
     except (TimeoutError, aiohttp.ClientError) as exc:
         log.debug("engine info of worker=%s unavailable: %r", spec.id, exc,
+                  extra={"worker": spec.id})
+        return None
+
+
+def vllm_version_from_server_info(obj: Any) -> str | None:
+    """vLLM ``/server_info``'s ``system_env.vllm_version``."""
+    env = obj.get("system_env") if isinstance(obj, dict) else None
+    version = env.get("vllm_version") if isinstance(env, dict) else None
+    return version.strip() or None if isinstance(version, str) else None
+
+
+async def fetch_vllm_version(session: aiohttp.ClientSession, spec: WorkerSpec,
+                             timeout_s: float, headers: Mapping[str, str] | None = None
+                             ) -> str | None:
+    """A vLLM worker's version, or ``None`` (not served, unreachable, another engine);
+    ``headers``: the worker's credential."""
+    if spec.engine is not Engine.VLLM:
+        return None
+    try:
+        async with asyncio.timeout(timeout_s):
+            return vllm_version_from_server_info(await _get_json(
+                session, spec.url.rstrip("/") + "/server_info?config_format=json", headers or {}))
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.debug("server info of worker=%s unavailable: %r", spec.id, exc,
+                  extra={"worker": spec.id})
+        return None
+
+
+def sglang_lookahead_from_server_info(obj: Any) -> int | None:
+    """Lookahead tokens of an SGLang worker's cache keys: 1 with an EAGLE radix cache, 0
+    without speculative decoding or radix cache, ``None`` when its answer does not say
+    (no server info, an algorithm registered by a plugin)."""
+    if not isinstance(obj, dict) or "speculative_algorithm" not in obj:
+        return None
+    if obj.get("disable_radix_cache") is True:
+        return 0
+    algorithm = obj.get("speculative_algorithm")
+    if algorithm is None or (isinstance(algorithm, str) and algorithm.upper() == "NONE"):
+        return 0
+    if not isinstance(algorithm, str):
+        return None
+    name = algorithm.upper()
+    if name in _SGLANG_EAGLE:
+        return 1
+    return 0 if name in {"STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK"} else None
+
+
+async def fetch_sglang_lookahead(session: aiohttp.ClientSession, spec: WorkerSpec,
+                                 timeout_s: float, headers: Mapping[str, str] | None = None
+                                 ) -> int | None:
+    """An SGLang worker's lookahead from its ``/server_info``, or ``None``; ``headers``: the
+    worker's credential."""
+    if spec.engine is not Engine.SGLANG:
+        return None
+    try:
+        async with asyncio.timeout(timeout_s):
+            return sglang_lookahead_from_server_info(
+                await _get_json(session, spec.url.rstrip("/") + "/server_info", headers or {}))
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.debug("server info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})
         return None

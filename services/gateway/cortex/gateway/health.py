@@ -27,10 +27,16 @@ from enum import StrEnum
 import aiohttp
 
 from cortex.gateway.config import HealthConfig
-from cortex.gateway.engine_info import fetch_context_length
+from cortex.gateway.engine_info import (
+    fetch_context_length,
+    fetch_sglang_lookahead,
+    fetch_vllm_version,
+)
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import Health, Remembered, WorkerPool, WorkerState
+from cortex.hashing import Engine
 from cortex.registry import Assertion, Registry, RegistryUnavailable, WorkerSpec
+from cortex.registry.spec import WorkerRole
 
 __all__ = ["HealthMonitor", "LeaseAction", "ProbeResult", "lease_action"]
 
@@ -208,8 +214,13 @@ class HealthMonitor:
 
     async def _learn_limits(self, worker: WorkerState, now: float) -> None:
         checked = worker.info_checked
-        if checked is not None and (worker.context_length is not None
-                                    or now - checked < INFO_RETRY_S):
+        spec = worker.spec
+        wants_version = (spec.engine is Engine.VLLM and spec.role is not WorkerRole.REGULAR
+                         and worker.engine_version is None)
+        wants_lookahead = (spec.engine is Engine.SGLANG and spec.kv_lookahead is None
+                           and worker.learned_lookahead is None)
+        known = worker.context_length is not None and not (wants_version or wants_lookahead)
+        if checked is not None and (known or now - checked < INFO_RETRY_S):
             return
         worker.info_checked = now
         found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s,
@@ -218,6 +229,18 @@ class HealthMonitor:
             log.info("worker=%s context length %s tokens", worker.id, found,
                      extra={"worker": worker.id})
         worker.context_length = found
+        if wants_lookahead:
+            found_lookahead = await fetch_sglang_lookahead(self.session, spec,
+                                                           self.config.timeout_s,
+                                                           self._auth(spec))
+            if found_lookahead:
+                log.info("worker=%s runs EAGLE (kv lookahead %d, from /server_info)", worker.id,
+                         found_lookahead, extra={"worker": worker.id})
+            worker.learned_lookahead = found_lookahead
+        if wants_version:
+            worker.engine_version = await fetch_vllm_version(self.session, worker.spec,
+                                                             self.config.timeout_s,
+                                                             self._auth(worker.spec))
 
     def publish(self) -> None:
         counts = dict.fromkeys(Health, 0)

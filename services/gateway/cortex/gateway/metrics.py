@@ -169,6 +169,10 @@ class GatewayMetrics:
         self.pd_handoff_failures = Counter(p + "pd_handoff_failures_total",
                                            "Failed PD legs, by side (prefill|decode) and kind",
                                            ["engine", "side", "kind"], registry=r)
+        self.pd_pairs_refused = Counter(p + "pd_pairs_refused_total",
+                                        "Prefill/decode pairs not tried, by reason"
+                                        " (connector_version: their KV connectors cannot talk)",
+                                        ["engine", "reason"], registry=r)
         self.pd_fallbacks = Counter(p + "pd_fallbacks_total",
                                     "PD requests run cold on a regular worker, by failed side",
                                     ["engine", "reason"], registry=r)

@@ -58,6 +58,8 @@ class WorkerState:
         self.registered = True  # False: its registry entry vanished, its lease is re-asserted
         self.context_length: int | None = None  # tokens, as the engine reports it
         self.info_checked: float | None = None  # monotonic s of the last engine-info fetch
+        self.engine_version: str | None = None  # vLLM /server_info (PD pairing)
+        self.learned_lookahead: int | None = None  # SGLang /server_info (speculative decoding)
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)
         # uncached prompt tokens of this gateway's requests routed or sent here whose first
@@ -75,6 +77,15 @@ class WorkerState:
     @property
     def id(self) -> str:
         return self.spec.id
+
+    @property
+    def kv_lookahead(self) -> int:
+        """Tokens after a block its reuse needs: the spec's ``kv_lookahead``, else what the
+        engine reported (0: none, or unknown)."""
+        configured = self.spec.kv_lookahead
+        if configured is not None:
+            return configured
+        return self.learned_lookahead or 0
 
     def routable(self) -> bool:
         """May a request go here now: healthy and its breaker admits it. Any role: routing

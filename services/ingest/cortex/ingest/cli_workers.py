@@ -76,6 +76,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--topic", help="KV-event topic (default: the engine's, else empty)")
     add.add_argument("--block-size", type=int, metavar="B",
                      help="tokens per KV block (default: the engine's, else learned from events)")
+    add.add_argument("--kv-lookahead", type=int, metavar="L",
+                     help="speculative decoding: tokens after a block its reuse needs (vLLM"
+                          " EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1; 0: none)")
+    add.add_argument("--kv-eagle-drop", action="store_true",
+                     help="vLLM EAGLE with legacy block hashes (a KV connector configured):"
+                          " the engine does not reuse the last block it matches")
     add.add_argument("--dp-size", type=int, metavar="N",
                      help="data-parallel ranks (default: the engine's, else 1)")
     add.add_argument("--bootstrap-port", type=int, metavar="N",
@@ -147,6 +153,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "kv_events": args.kv_events, "topic": args.topic, "replay": args.replay,
         "bootstrap_port": args.bootstrap_port, "block_size": args.block_size,
         "context_length": args.context_length, "labels": _labels(args.label) or None,
+        "kv_lookahead": args.kv_lookahead, "kv_eagle_drop": args.kv_eagle_drop or None,
     }
 
 

@@ -50,7 +50,7 @@ from cortex.ingest.codec import (
 )
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
-from cortex.ingest.ops import SnapshotView, SourceId
+from cortex.ingest.ops import SnapshotView, SourceId, append_remove, append_store
 from cortex.ingest.replay import (
     AbortReplay,
     Command,
@@ -64,7 +64,6 @@ from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
     Op,
-    RemoveBlocks,
     RemoveSource,
     SetState,
     Snapshot,
@@ -97,7 +96,8 @@ class TrackerConfig:
     batches applied right when a replay ends (``None``: all; the shell calls
     :meth:`SourceTracker.drain` for the rest). ``dup_window``: recent batches remembered to
     tell duplicates from restarts. ``align_every``: check one in N chain-start stores
-    against the engine's own hash (0 = never).
+    against the engine's own hash (0 = never). ``kv_lookahead``: the worker spec's
+    speculative-decoding lookahead (tokens), ``None`` to learn it from the first store.
     """
 
     engine: Engine
@@ -111,6 +111,7 @@ class TrackerConfig:
     align_every: int = 64
     hash_algo: str = AUTO
     hash_seed: str | None = None
+    kv_lookahead: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))
@@ -156,6 +157,7 @@ class SourceTracker:
                 else None
             ),
             align_every=config.align_every,
+            lookahead=config.kv_lookahead,
         )
         self.ledger = self.keymap.ledger
         self.expected: int | None = None  # next seq needed; None: no history to continue
@@ -379,7 +381,7 @@ class SourceTracker:
         if self._announced:
             self._ops.append(RemoveSource(reason))
         self._removed = True
-        self.ledger.clear()
+        self.keymap.clear()
         self._pending.clear()
 
     # ---- sequence handling ------------------------------------------------------------
@@ -529,28 +531,27 @@ class SourceTracker:
                     self._reset("misaligned", LedgerState.MISALIGNED, placed.reason)
                     ops = self._ops
                     continue
-                assert type(placed) is StoreBlocks
                 if not self._announced:
                     self._announce()  # the block size was just learned
-                last = ops[-1] if ops else None
-                if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
-                    last.keys.extend(placed.keys)  # the chain goes on: one update, not two
-                else:
-                    ops.append(placed)
+                if type(placed) is list:  # a hybrid source's credited blocks changed
+                    for op in placed:
+                        if type(op) is StoreBlocks:
+                            append_store(ops, op)
+                        else:
+                            append_remove(ops, op.keys)
+                    continue
+                assert type(placed) is StoreBlocks
+                append_store(ops, placed)
             elif type(event) is BlockRemoved:
                 events["BlockRemoved"] = events.get("BlockRemoved", 0) + 1
                 dead = keymap.removed(event)
                 if dead and self._announced:
-                    last = ops[-1] if ops else None
-                    if type(last) is RemoveBlocks:
-                        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
-                    else:
-                        ops.append(RemoveBlocks(dead))
+                    append_remove(ops, dead)
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
                 if len(self.ledger):
-                    self.ledger.clear()
+                    self.keymap.clear()
                     if self._announced:
                         ops.append(ClearBlocks("all_blocks_cleared"))
 
@@ -584,7 +585,7 @@ class SourceTracker:
             keep = (LedgerState.SYNCING, LedgerState.MISALIGNED)
             state = self.state if self.state in keep else LedgerState.READY
         bump(self.stats.clears, why)
-        self.ledger.clear()
+        self.keymap.clear()
         self._applied_since_reset = 0
         if state is not self.state:
             key = (self.state.name, state.name)
@@ -592,3 +593,4 @@ class SourceTracker:
         self.state, self.reason = state, reason or why
         if self._announced:
             self._ops.append(Snapshot([], [], state, self.reason))
+

@@ -31,6 +31,7 @@ _MAX_DP_SIZE = 1024
 _MAX_BLOCK_SIZE = 1 << 20
 _MAX_CONTEXT = 1 << 30
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_MAX_LOOKAHEAD = 64  # vLLM MTP: num_speculative_tokens, never past one block
 
 
 class WorkerRole(StrEnum):
@@ -47,6 +48,13 @@ class WorkerSpec:
     ``block_size`` (tokens per block) is ``None`` when unknown; ingest then learns it from
     the first ``BlockStored``. ``bootstrap_port`` applies to SGLang prefill workers only.
     ``context_length``: the engine's context (tokens) when known (discovery fills it).
+    ``kv_lookahead``: tokens after a block that the engine's reuse of it needs (speculative
+    decoding: vLLM EAGLE lookahead block hashes = 1, multi-module MTP = the number of
+    speculative tokens; SGLang EAGLE = 1; 0 = none); ``None`` when unknown: ingest learns it
+    from the events, and the gateway looks for plain keys until it is set.
+    ``kv_eagle_drop``: vLLM EAGLE with its legacy block hashes (a KV connector is configured,
+    e.g. PD, or ``disable_lookahead_block_hashes``): the events are plain, but the engine
+    does not reuse the last block a lookup matches; the gateway credits one block less.
     """
 
     id: str
@@ -63,6 +71,8 @@ class WorkerSpec:
     context_length: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     credential: str | None = None
+    kv_lookahead: int | None = None
+    kv_eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or _ID.match(self.id) is None:
@@ -115,6 +125,15 @@ class WorkerSpec:
         ):
             raise SpecError(f"context_length: must be an integer in 1..{_MAX_CONTEXT}, got "
                             f"{self.context_length!r}")
+        if self.kv_lookahead is not None and (
+            not _is_int(self.kv_lookahead) or not 0 <= self.kv_lookahead <= _MAX_LOOKAHEAD
+        ):
+            raise SpecError(f"kv_lookahead: must be an integer in 0..{_MAX_LOOKAHEAD}, got"
+                            f" {self.kv_lookahead!r}")
+        if not isinstance(self.kv_eagle_drop, bool):
+            raise SpecError("kv_eagle_drop: must be true or false")
+        if self.kv_eagle_drop and (self.engine is not Engine.VLLM or self.kv_lookahead):
+            raise SpecError("kv_eagle_drop: applies to vLLM workers without kv_lookahead")
         if not isinstance(self.labels, Mapping):
             raise SpecError("labels: must be a mapping of strings")
         for key, value in self.labels.items():
@@ -186,6 +205,8 @@ class WorkerSpec:
             "context_length": self.context_length,
             "labels": dict(self.labels),
             **({"credential": self.credential} if self.credential is not None else {}),
+            "kv_lookahead": self.kv_lookahead,
+            "kv_eagle_drop": self.kv_eagle_drop,
         }
 
     def to_json(self) -> str:
@@ -220,7 +241,8 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "context_length", "labels", "credential",
+    "bootstrap_port", "block_size", "context_length", "labels", "credential", "kv_lookahead",
+    "kv_eagle_drop",
 )
 
 
