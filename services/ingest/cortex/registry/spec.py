@@ -204,9 +204,10 @@ class WorkerSpec:
             "block_size": self.block_size,
             "context_length": self.context_length,
             "labels": dict(self.labels),
+            # fields that are off by default stay out: older readers see no change
             **({"credential": self.credential} if self.credential is not None else {}),
-            "kv_lookahead": self.kv_lookahead,
-            "kv_eagle_drop": self.kv_eagle_drop,
+            **({"kv_lookahead": self.kv_lookahead} if self.kv_lookahead is not None else {}),
+            **({"kv_eagle_drop": True} if self.kv_eagle_drop else {}),
         }
 
     def to_json(self) -> str:
