@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	# xds-protos (Envoy's messages, the endpoint picker) ships an older copy of the files of
+	# opentelemetry-proto (tracing); whichever installs last wins: put the latter's back
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	# compat mode puts only the repo root on sys.path: add every source root so the
 	# cortex.* namespace spans them and new packages need no reinstall.
 	printf '%s\n' $(addprefix $(CURDIR)/,$(SOURCE_ROOTS)) > $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/cortex-source-roots.pth

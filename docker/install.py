@@ -2,7 +2,9 @@
 
     python docker/install.py SRC [--target DIR] [--no-deps]
 
-1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra);
+1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra), then
+   ``opentelemetry-proto`` again: ``xds-protos`` ships an older copy of its files, and
+   whichever installs last wins;
 2. imports every service's modules from the result alone, so a broken install fails the
    image build.
 
@@ -30,6 +32,8 @@ SERVICE_MODULES = (
     "cortex.ingest.cli_workers",
     "cortex.gateway.cli",
     "cortex.gateway.server",
+    "cortex.gateway.epp_server",
+    "cortex.telemetry.tracing",
     "cortex.sim.cli",
     "cortex.sim.server",
 )
@@ -41,6 +45,13 @@ def pip_install(src: Path, target: Path | None, no_deps: bool) -> None:
     if target is not None:
         command += ["--target", str(target)]
     subprocess.run(command, check=True, cwd=src)
+    if not no_deps:
+        from importlib.metadata import version
+
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir",
+                        "--force-reinstall", "--no-deps",
+                        f"opentelemetry-proto=={version('opentelemetry-proto')}"],
+                       check=True, cwd=src)
 
 
 def check_imports(site: Path) -> None:
