@@ -196,16 +196,25 @@ class RoutingWeights:
     the score ranks workers by the prefill work standing between the request and its first
     token. Off (0) by default: it trades cache hits for time to first token (a burst of a
     new prefix spreads instead of following its first request; see docs/gateway.md).
+
+    ``host_hit`` / ``disk_hit``: what a cached token in the worker's host / disk tier is
+    worth, as a fraction of a device hit (the prefill time it saves: ``1 - load / recompute``
+    per token, docs/gateway.md "Memory tiers"); 0 credits device hits only.
     """
 
     alpha: float = 1.0
     beta: float = 64.0
     gamma: float = 128.0
     delta: float = 0.0
+    host_hit: float = 0.75
+    disk_hit: float = 0.25
 
     def __post_init__(self) -> None:
         _non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
                       delta=self.delta)
+        for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"routing.weights.{name}: must be within [0, 1], got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,7 +636,8 @@ def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         if section not in _SECTIONS or not name:
             raise ConfigError(f"{var}: unknown setting")
         table = raw.setdefault(section, {})
-        if section == "routing" and name in ("alpha", "beta", "gamma", "delta"):
+        if section == "routing" and name in ("alpha", "beta", "gamma", "delta", "host_hit",
+                                             "disk_hit"):
             table = table.setdefault("weights", {})
         table[name] = text
 

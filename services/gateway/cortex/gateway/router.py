@@ -343,7 +343,7 @@ class Router:
         replica = self.replica
         if replica is not None and replica.usable:
             ledger = replica.replica
-            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state)
+            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state, s.tier)
                             for s, blocks, state in ledger.match(model.domain, query))
             m.child(m.match_source, "replica").inc()
             return MatchAnswer(sources, ledger.version, len(query)), "replica"
@@ -375,9 +375,11 @@ class Router:
             prefilling=worker.prefilling,
             ledger=match.state if match is not None else LedgerState.UNSPECIFIED,
             index_tokens=match.ready_blocks * bs if match is not None else 0,
+            host_tokens=match.host_blocks * bs if match is not None else 0,
+            disk_tokens=match.disk_blocks * bs if match is not None else 0,
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
-            dp_rank=match.dp_rank if match is not None and match.ready_blocks else None,
+            dp_rank=match.dp_rank if match is not None and match.held_blocks else None,
         )
 
     # ---- the ledger replica ----

@@ -6,9 +6,19 @@ domain's root key with the request's LoRA name / cache salt (spec kv-events.md Â
 gateway could not reproduce is counted and never guessed:
 
 - a parent the ledger does not hold (``unknown_parent_blocks``);
-- tiers other than device memory, KV-cache groups > 0, placeholder stores (``token_ids=[]``),
-  a token count that is not blocks x block size, extra keys other than the LoRA name and a
-  vLLM cache salt (multimodal ids), a LoRA known only by id (``ignored_blocks`` by reason).
+- media Cortex does not know, KV-cache groups > 0, device placeholder stores
+  (``token_ids=[]``), a token count that is not blocks x block size, extra keys other than
+  the LoRA name and a vLLM cache salt (multimodal ids), a LoRA known only by id
+  (``ignored_blocks`` by reason).
+
+Every tier (:mod:`cortex.ingest.media`) has its own :class:`Ledger`; engine hashes are the
+same across a worker's tiers, so parents and placeholders resolve through all of them. An
+offload store without tokens (vLLM's offloading connector publishes ``token_ids=[]``,
+``parent_block_hash=None``: ``v1/kv_connector/v1/offloading_connector.py::take_events``)
+names blocks the worker already computed: each hash resolves to the key and parent some
+tier holds it under, or is ignored (``unresolved_offload``). An offload store whose block
+size differs from the domain's (vLLM ``offloaded_block_size``) is ignored
+(``offload_block_size``), never a misalignment: the device ledger stays exact.
 
 The block size comes from the registry or, if unset, from the first store; a store with
 another block size makes the source MISALIGNED (exact routing off). Sampled chain starts are
@@ -19,21 +29,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Final
 
 from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ingest.alignment import AlignmentChecker
-from cortex.ingest.codec import BlockRemoved, BlockStored
+from cortex.ingest.codec import BlockHash, BlockRemoved, BlockStored
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
 from cortex.ingest.stats import SourceStats, bump
-from cortex.ledger.model import StoreBlocks
+from cortex.ledger.model import StoreBlocks, Tier
 
 __all__ = ["KeyMapper", "Misaligned"]
 
 log = logging.getLogger(__name__)
-
-_DEVICE_MEDIA: Final = frozenset({None, "GPU", "gpu", "cuda", "CUDA"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,7 @@ class KeyMapper:
         self.block_size = block_size
         self.domain = HashDomain(model, block_size, engine) if block_size is not None else None
         self.ledger = Ledger()
+        self.ledgers: dict[Tier, Ledger] = {Tier.DEVICE: self.ledger}
         self.stats = stats
         self.misaligned = False
         self._align = alignment
@@ -74,8 +82,33 @@ class KeyMapper:
     def __repr__(self) -> str:
         return (
             f"KeyMapper({self.source}, domain={self.domain}, blocks={len(self.ledger)},"
-            f" misaligned={self.misaligned})"
+            f" tiers={len(self.ledgers)}, misaligned={self.misaligned})"
         )
+
+    @property
+    def blocks(self) -> int:
+        """Keys held over every tier."""
+        return sum(len(ledger) for ledger in self.ledgers.values())
+
+    def clear(self) -> None:
+        for ledger in self.ledgers.values():
+            ledger.clear()
+
+    def tier_ledger(self, tier: Tier) -> Ledger:
+        ledger = self.ledgers.get(tier)
+        if ledger is None:
+            ledger = self.ledgers[tier] = Ledger()
+        return ledger
+
+    def _resolve(self, engine_hash: BlockHash) -> tuple[int, int] | None:
+        """``(key, parent_key)`` some tier holds ``engine_hash`` under (device first)."""
+        for ledger in self.ledgers.values():
+            key = ledger.key_of(engine_hash)
+            if key is not None:
+                parent = ledger.parent_of(key)
+                assert parent is not None
+                return key, parent
+        return None
 
     def _extra(self) -> dict[str, str]:
         return {"worker": self.source.worker_id, "source": str(self.source)}
@@ -83,23 +116,32 @@ class KeyMapper:
     def _ignore(self, reason: str, blocks: int) -> None:
         bump(self.stats.ignored_blocks, reason, blocks)
 
-    def stored(self, event: BlockStored) -> StoreBlocks | Misaligned | None:
-        """Place a store: the ``StoreBlocks`` op to emit, ``Misaligned``, or ``None`` (counted)."""
+    def stored(self, event: BlockStored, tier: Tier | None = Tier.DEVICE
+               ) -> StoreBlocks | list[StoreBlocks] | Misaligned | None:
+        """Place a store in ``tier`` (``None``: an unknown medium): the op(s) to emit,
+        ``Misaligned``, or ``None`` (counted). Placeholder offload stores give a
+        ``StoreBlocks`` per run of resolved blocks."""
         hashes = event.block_hashes
         count = len(hashes)
         bump(self.stats.blocks, "stored", count)
-        if event.medium not in _DEVICE_MEDIA:
+        if tier is None:
             self._ignore("medium", count)
             return None
         if event.group_idx:
             self._ignore("group", count)
             return None
-        size = event.block_size
-        if size <= 0 or not event.token_ids:
-            self._ignore("placeholder", count)
-            return None
         if self.misaligned:
             self._ignore("misaligned", count)
+            return None
+        size = event.block_size
+        if tier is not Tier.DEVICE:
+            if not event.token_ids:
+                return self._offloaded(event, tier)
+            if size != self.block_size:
+                self._ignore("offload_block_size", count)
+                return None
+        if size <= 0 or not event.token_ids:
+            self._ignore("placeholder", count)
             return None
         if size != self.block_size:
             misaligned = self._learn_block_size(size)
@@ -124,26 +166,53 @@ class KeyMapper:
             if event.extra_keys is not None and _has_foreign_extras(event):
                 self._ignore("extra_keys", count)
                 return None
-            found = self.ledger.key_of(parent_hash)
+            found = self._resolve(parent_hash)
             if found is None:
                 self.stats.unknown_parent_blocks += count
                 return None
-            parent = found
+            parent = found[0]
         keys = block_keys(event.token_ids, size, parent)
-        self.ledger.store(hashes, keys, parent)
+        self.tier_ledger(tier).store(hashes, keys, parent)
         return StoreBlocks(parent, keys)
 
-    def removed(self, event: BlockRemoved) -> list[int]:
-        """Apply a removal; the keys no longer held."""
+    def _offloaded(self, event: BlockStored, tier: Tier) -> list[StoreBlocks] | None:
+        """A store without tokens in an offload tier: blocks the worker computed before,
+        named by hash only."""
+        hashes = event.block_hashes
+        if event.block_size not in (0, self.block_size):
+            self._ignore("offload_block_size", len(hashes))
+            return None
+        ledger = self.tier_ledger(tier)
+        ops: list[StoreBlocks] = []
+        for engine_hash in hashes:
+            found = self._resolve(engine_hash)
+            if found is None:
+                self._ignore("unresolved_offload", 1)
+                continue
+            key, parent = found
+            ledger.store((engine_hash,), (key,), parent)
+            if ops and ops[-1].keys[-1] == parent:
+                ops[-1].keys.append(key)
+            else:
+                ops.append(StoreBlocks(parent, [key]))
+        return ops or None
+
+    def removed(self, event: BlockRemoved, tier: Tier | None = Tier.DEVICE) -> list[int]:
+        """Apply a removal from ``tier`` (that tier only; ``None``: an unknown medium); the
+        keys it no longer holds."""
         count = len(event.block_hashes)
         bump(self.stats.blocks, "removed", count)
-        if event.medium not in _DEVICE_MEDIA:
+        if tier is None:
             self._ignore("medium", count)
             return []
         if event.group_idx:
             self._ignore("group", count)
             return []
-        dead, unknown = self.ledger.remove(event.block_hashes)
+        ledger = self.ledgers.get(tier)
+        if ledger is None:
+            self.stats.unknown_removed_blocks += count
+            return []
+        dead, unknown = ledger.remove(event.block_hashes)
         if unknown:
             self.stats.unknown_removed_blocks += unknown
         return dead
@@ -162,7 +231,7 @@ class KeyMapper:
                   self.source, reason, extra=self._extra())
         bump(self.stats.alignment_mismatches, "block_size")
         self.misaligned = True
-        self.ledger.clear()
+        self.clear()
         return Misaligned(reason)
 
     def _maybe_check_alignment(self, event: BlockStored) -> None:

@@ -38,6 +38,10 @@ class Ledger:
     def key_of(self, engine_hash: BlockHash) -> int | None:
         return self._key_of.get(engine_hash)
 
+    def parent_of(self, key: int) -> int | None:
+        """The parent key of a held key."""
+        return self._parent_of.get(key)
+
     def __contains__(self, key: object) -> bool:
         return key in self._parent_of
 
