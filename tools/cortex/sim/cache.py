@@ -8,6 +8,12 @@ parent block, so the cache is a tree whose paths are prompt prefixes. A request 
 blocks into cached ones as their KV is computed; :meth:`PrefixCache.release` unpins.
 Eviction takes least-recently-used *leaf* blocks that nobody pins, only when space is
 needed. Every change to the set of cached blocks is recorded as a :data:`CacheEvent`.
+
+With a host tier (:class:`cortex.sim.host.HostPool`), an evicted block is offloaded there
+(a ``tier="host"`` store recorded before the GPU removal, so a consumer can resolve it while
+the GPU copy is still known), and admission continues the GPU prefix with the blocks the
+host holds right after it: they count as cached (both engines report loaded-back blocks in
+``cached_tokens``) and the lease's ``loaded_tokens`` says how many the prefill loads.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+from cortex.sim.host import HostBlock, HostPool
 
 __all__ = [
     "BlockHasher",
@@ -43,6 +51,10 @@ class BlockHasher(Protocol):
         ...
 
 
+CacheTier = Literal["device", "host"]
+"""Where a block is cached: GPU memory, or the host pool it was offloaded to."""
+
+
 @dataclass(frozen=True, slots=True)
 class BlocksStored:
     """Newly cached consecutive blocks (engine event ids), their parent and tokens."""
@@ -51,6 +63,7 @@ class BlocksStored:
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    tier: CacheTier = "device"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,7 @@ class BlocksRemoved:
     """Evicted blocks (engine event ids)."""
 
     block_hashes: tuple[int, ...]
+    tier: CacheTier = "device"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +119,7 @@ class Lease:
     blocks: list[CachedBlock] = field(default_factory=list)
     reserved: int = 0
     cached_tokens: int = 0
+    loaded_tokens: int = 0
     released: bool = False
 
     @property
@@ -135,6 +150,7 @@ class PrefixCache:
         *,
         coalesce_removals: bool = False,
         enabled: bool = True,
+        host: HostPool | None = None,
     ) -> None:
         if capacity < 1 or block_size < 1:
             raise ValueError("capacity and block_size must be >= 1")
@@ -143,6 +159,7 @@ class PrefixCache:
         self.enabled = enabled
         self._hasher = hasher
         self._coalesce = coalesce_removals
+        self.host = host
         self._index: dict[bytes, CachedBlock] = {}
         self._heap: list[tuple[int, int, CachedBlock]] = []
         self._clock = itertools.count(1)
@@ -225,6 +242,10 @@ class PrefixCache:
         """
         digests = self.digests(prompt)
         matched = self._match(digests, len(prompt))
+        loaded = 0
+        if self.host is not None and self.enabled:
+            limit = min(len(digests), max(len(prompt) - 1, 0) // self.block_size)
+            loaded = self.host.run(digests, matched, limit)
         path: list[CachedBlock] = []
         for digest in digests[:matched]:
             block = self._index[digest]
@@ -242,7 +263,8 @@ class PrefixCache:
         for block in path:
             block.last_access = now
         lease = Lease(digests=digests, blocks=path, reserved=need,
-                      cached_tokens=matched * self.block_size)
+                      cached_tokens=(matched + loaded) * self.block_size,
+                      loaded_tokens=loaded * self.block_size)
         self._leases.add(lease)
         self.query_tokens += len(prompt)
         self.hit_tokens += lease.cached_tokens
@@ -344,6 +366,8 @@ class PrefixCache:
             block.alive = False
         self._index.clear()
         self._heap.clear()
+        if self.host is not None:
+            self.host.clear()  # SGLang's HiRadixCache.reset drops the host pool too
         if self.enabled:
             self._events.append(CacheCleared())
 
@@ -382,6 +406,8 @@ class PrefixCache:
             block.alive = False
             del self._index[block.digest]
             evicted += 1
+            if self.host is not None:
+                self._offload(block)
             if self._coalesce and group and group[-1].parent is block:
                 group.append(block)
             else:
@@ -397,6 +423,19 @@ class PrefixCache:
             self._events.append(BlocksRemoved(tuple(b.event_id for b in group)))
         self.evicted_blocks += evicted
         return evicted
+
+    def _offload(self, block: CachedBlock) -> None:
+        """Keep an evicted block in the host pool (recorded before its GPU removal)."""
+        assert self.host is not None
+        parent = block.parent
+        new, dropped = self.host.offload(block.digest, HostBlock(
+            block.event_id, parent.event_id if parent is not None else None, block.tokens))
+        if dropped:
+            self._events.append(BlocksRemoved(tuple(b.event_id for b in dropped), "host"))
+        if new:
+            self._events.append(BlocksStored((block.event_id,), parent.event_id
+                                             if parent is not None else None, block.tokens,
+                                             self.block_size, "host"))
 
     def __repr__(self) -> str:
         return (

@@ -60,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="Jinja chat template file (default: the repo's DeepSeek-V4 template)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page")
     g.add_argument("--kv-capacity-blocks", type=int, default=8192, help="KV pool size (blocks)")
+    g.add_argument("--host-capacity-blocks", type=int, default=0,
+                   help="host tier for blocks evicted from the GPU (blocks; 0 = none)")
     g.add_argument("--max-running", type=int, default=64, help="requests in service at once")
     g.add_argument("--max-model-len", type=int, default=131072, help="context length (tokens)")
     g.add_argument("--seed", type=int, default=0, help="seed of the generated text")
@@ -83,6 +85,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="fixed cost of every prefill (ms)")
     t.add_argument("--decode-ms-per-token", type=float, default=5.0,
                    help="cost of each further output token (ms)")
+    t.add_argument("--host-load-ms-per-token", type=float, default=0.005,
+                   help="cost of loading one cached token back from the host tier (ms)")
     t.add_argument("--zero-cost", action="store_true", help="no simulated time at all")
     d = p.add_argument_group("prefill/decode")
     d.add_argument("--bootstrap-port", type=int, default=None,
@@ -134,6 +138,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         chat_template=args.chat_template,
         block_size=args.block_size,
         kv_capacity_blocks=args.kv_capacity_blocks,
+        host_capacity_blocks=args.host_capacity_blocks,
         max_running=args.max_running,
         max_model_len=args.max_model_len,
         buffer_steps=args.buffer_steps,
@@ -141,6 +146,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
             prefill_ms_per_uncached_token=args.prefill_ms_per_token,
             prefill_overhead_ms=args.prefill_overhead_ms,
             decode_ms_per_token=args.decode_ms_per_token,
+            host_load_ms_per_token=args.host_load_ms_per_token,
             zero_cost=args.zero_cost,
         ),
         faults=FaultConfig(

@@ -26,6 +26,7 @@ from cortex.hashing.engines import (
 )
 from cortex.sim.cache import Lease, PrefixCache, blocks_for
 from cortex.sim.config import Role, SimConfig, default_bootstrap_port
+from cortex.sim.host import HostPool
 from cortex.sim.pd import KvHandoff, KvTransferClient, KvTransferServer, TransferError
 from cortex.sim.protocol import GenRequest, RequestError, SequenceResult, SequenceSpec
 from cortex.sim.publisher import EventPublisher
@@ -108,6 +109,7 @@ class SimEngine:
             EngineHasher(config.engine, config.block_size),
             coalesce_removals=config.engine is Engine.SGLANG,
             enabled=config.caches_prefixes,
+            host=HostPool(config.host_capacity_blocks) if config.host_capacity_blocks else None,
         )
         self.timing = TimingModel(config.timing)
         self.textgen = textgen or TextGenerator(chat.tokenizer, seed=config.seed,
@@ -285,7 +287,8 @@ class SimEngine:
             await ticket.wait_handshake(self.config.bootstrap_timeout_s)
             lease = await self.admission.acquire(seq.prompt_ids, len(seq.prompt_ids) + 1)
             try:
-                await self._prefill(len(seq.prompt_ids) - lease.cached_tokens)
+                await self._prefill(len(seq.prompt_ids) - lease.cached_tokens,
+                                    lease.loaded_tokens)
                 self.cache.commit(lease, seq.prompt_ids)
                 self._cache_changed()
                 await ticket.send(KvHandoff(seq.prompt_ids, lease.cached_tokens))
@@ -316,7 +319,7 @@ class SimEngine:
                     cached = max(cached, pulled)
                 await self._prefill(len(prompt) - cached)
             else:
-                await self._prefill(len(prompt) - cached)
+                await self._prefill(len(prompt) - cached, lease.loaded_tokens)
             self.cache.commit(lease, prompt)
             self._cache_changed()
             result = self._result(seq, cached, plan, started, kv_source=kv_source)
@@ -341,11 +344,11 @@ class SimEngine:
                               e2e_ms=(time.monotonic() - started) * 1000.0,
                               prompt_index=seq.prompt_index, kv_source=kv_source)
 
-    async def _prefill(self, uncached_tokens: int) -> None:
+    async def _prefill(self, uncached_tokens: int, loaded_tokens: int = 0) -> None:
         if self.timing.zero_cost:
             return
         async with self._prefill_lane:  # one prefill at a time, FIFO
-            await asyncio.sleep(self.timing.prefill_ms(uncached_tokens) / 1000.0)
+            await asyncio.sleep(self.timing.prefill_ms(uncached_tokens, loaded_tokens) / 1000.0)
 
     async def _decode(self, result: SequenceResult, emit: Emit | None) -> None:
         """Emit the first token now (TTFT), then one per ``decode_ms_per_token``."""

@@ -52,10 +52,13 @@ class EventEncoder:
             self._rich = False
             self._group_nil = False
             self._dp_rank = dp_rank
+        self._host_medium = "CPU" if engine is Engine.VLLM else "CPU_PINNED"
         # Fail at start-up, not on the first batch, when the version has no encoder.
         codec.encode_batch(codec.EventBatch(ts=0.0, events=()), engine, version)
 
     def convert(self, event: CacheEvent) -> codec.Event:
+        if isinstance(event, BlocksStored) and event.tier == "host":
+            return self._host_store(event)
         if isinstance(event, BlocksStored):
             return codec.BlockStored(
                 block_hashes=event.block_hashes,
@@ -68,9 +71,24 @@ class EventEncoder:
                 group_idx_nil=self._group_nil,
             )
         if isinstance(event, BlocksRemoved):
-            return codec.BlockRemoved(block_hashes=event.block_hashes, medium=self._medium,
+            medium = self._host_medium if event.tier == "host" else self._medium
+            return codec.BlockRemoved(block_hashes=event.block_hashes, medium=medium,
                                       group_idx_nil=self._group_nil)
         return codec.AllBlocksCleared()
+
+    def _host_store(self, event: BlocksStored) -> codec.BlockStored:
+        """A block offloaded to host memory, as each engine publishes it: vLLM's offloading
+        connector a placeholder (``token_ids=[]``, no parent; ``offloading_connector.py::
+        take_events``) with medium ``CPU``, SGLang HiCache the block with its tokens and
+        medium ``CPU_PINNED``."""
+        if self.engine is Engine.VLLM:
+            return codec.BlockStored(block_hashes=event.block_hashes, parent_block_hash=None,
+                                     token_ids=(), block_size=event.block_size,
+                                     medium=self._host_medium, group_idx_nil=self._group_nil)
+        return codec.BlockStored(block_hashes=event.block_hashes,
+                                 parent_block_hash=event.parent_block_hash,
+                                 token_ids=event.token_ids, block_size=event.block_size,
+                                 medium=self._host_medium)
 
     def encode(self, events: Sequence[CacheEvent], ts: float | None = None) -> bytes:
         batch = codec.EventBatch(
