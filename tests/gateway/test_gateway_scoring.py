@@ -245,3 +245,11 @@ def test_match_answer_folds_tiers_behind_a_ready_device_ledger() -> None:
     assert a.held_blocks == 6
     assert (folded["b"].held_blocks, folded["b"].state) == (0, LedgerState.STALE)
     assert folded["c"].held_blocks == 0 and folded["c"].state is LedgerState.UNSPECIFIED
+
+
+def test_gpu_only_crediting_names_no_watermark_for_host_tokens() -> None:
+    """With tier weights 0 a host-only holder has nothing creditable: no hit, and the reason
+    does not blame a watermark."""
+    gpu_only = RoutingWeights(host_hit=0.0, disk_hit=0.0)
+    d = decide([cand("a", host_tokens=512), cand("b")], gpu_only, prefix_key=7)
+    assert d.mode is MatchMode.LOAD_AWARE and d.reason is Reason.PREFIX_HASH

@@ -52,7 +52,7 @@ PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
 """The plain workloads, then the deployment variants (:mod:`cortex.bench.routing_scenarios`)."""
 QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
-QUICK_VARIANT_CONTENDERS = ("cortex", "sglang_cache_aware")
+QUICK_VARIANT_CONTENDERS = ("cortex", "cortex_gpu_only", "sglang_cache_aware")
 """Who runs the variants in ``--quick`` (CI's smoke run stays under 2 minutes)."""
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
                "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",

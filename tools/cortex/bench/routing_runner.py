@@ -365,7 +365,11 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
         fraction = variant.capacity_fraction
     capacity = (worker_capacity(fraction, pages, largest_pages)
                 if workload.kv_blocks is None else max(workload.kv_blocks, 2 * largest_pages))
-    sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity)
+    host = 0
+    if variant is not None and variant.host_fraction:
+        host = max(int(variant.host_fraction * pages), largest_pages)
+    sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity,
+                               host_capacity_blocks=host)
     prompt_tokens = sum(s.tokens for s in shapes)
     nominal: dict[int, float] = {}
     for r in workload.requests:

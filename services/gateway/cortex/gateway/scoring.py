@@ -182,14 +182,20 @@ def _credit(c: Candidate, cache_off: Reason | None, weights: RoutingWeights
         return 0, 0.0, c.credit_blocked
     if c.ledger is not LedgerState.READY:
         return 0, 0.0, f"ledger_{c.ledger.label}"
-    host = c.host_tokens if weights.host_hit else 0
-    disk = c.disk_tokens if weights.disk_hit else 0
-    tiered = c.index_tokens + host + disk
-    raw = max(tiered, c.predicted_tokens)
+    raw = _creditable(c, weights)
     if raw and c.active >= c.high_watermark:
         return 0, 0.0, Reason.OVER_WATERMARK.value
-    value = c.index_tokens + weights.host_hit * host + weights.disk_hit * disk
+    value = (c.index_tokens + weights.host_hit * c.host_tokens
+             + weights.disk_hit * c.disk_tokens)
     return raw, max(value, float(c.predicted_tokens)), ""
+
+
+def _creditable(c: Candidate, weights: RoutingWeights) -> int:
+    """Leading tokens a candidate could be credited with: its device prefix continued by
+    the tiers whose weight is not 0, or its predicted blocks."""
+    host = c.host_tokens if weights.host_hit else 0
+    disk = c.disk_tokens if weights.disk_hit else 0
+    return max(c.index_tokens + host + disk, c.predicted_tokens)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -253,7 +259,7 @@ def decide(
             ranked, _ = _break_tie(ranked, prefix_key, band)
         return Decision(MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, ranked)
 
-    reason = cache_off or _no_credit_reason(candidates)
+    reason = cache_off or _no_credit_reason(candidates, weights)
     if all(c.load_known for c in candidates):
         ranked = tuple(s for s, _ in sorted(scored, key=by_score))
         if prefix_key is not None:
@@ -291,11 +297,11 @@ def _under_watermark(c: Candidate) -> bool:
     return c.active < c.high_watermark
 
 
-def _no_credit_reason(candidates: Sequence[Candidate]) -> Reason:
+def _no_credit_reason(candidates: Sequence[Candidate], weights: RoutingWeights) -> Reason:
     ready = [c for c in candidates if c.ledger is LedgerState.READY and c.credit_blocked is None]
     if not ready:
         return Reason.NO_READY_LEDGER
-    if any(c.held_tokens for c in ready):
+    if any(_creditable(c, weights) for c in ready):
         return Reason.OVER_WATERMARK
     return Reason.NO_HIT
 
