@@ -9,6 +9,11 @@ blocks into cached ones as their KV is computed; :meth:`PrefixCache.release` unp
 Eviction takes least-recently-used *leaf* blocks that nobody pins, only when space is
 needed. Every change to the set of cached blocks is recorded as a :data:`CacheEvent`.
 
+LoRA: a request of an adapter lives in its own namespace (both engines key an adapter's
+blocks apart from the base model's: vLLM puts the adapter name in every block's extra keys,
+SGLang its radix key's ``extra_key``): its chain is hashed from a seed of the adapter's name,
+so base and adapter prompts never share blocks, and its events name the adapter.
+
 With a host tier (:class:`cortex.sim.host.HostPool`), an evicted block is offloaded there
 (a ``tier="host"`` store recorded before the GPU removal, so a consumer can resolve it while
 the GPU copy is still known), and admission continues the GPU prefix with the blocks the
@@ -18,6 +23,7 @@ host holds right after it: they count as cached (both engines report loaded-back
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
@@ -64,6 +70,7 @@ class BlocksStored:
     token_ids: tuple[int, ...]
     block_size: int
     tier: CacheTier = "device"
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,11 @@ class CacheCleared:
 
 
 CacheEvent = BlocksStored | BlocksRemoved | CacheCleared
+
+
+def _lora_seed(lora: str | None) -> bytes | None:
+    """The chain seed of a LoRA adapter's namespace (``None``: the base model's root)."""
+    return None if lora is None else hashlib.sha256(b"cortex-sim-lora\0" + lora.encode()).digest()
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -100,6 +112,7 @@ class CachedBlock:
     refs: int = 0
     last_access: int = 0
     alive: bool = True
+    lora: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -121,6 +134,7 @@ class Lease:
     cached_tokens: int = 0
     loaded_tokens: int = 0
     released: bool = False
+    lora: str | None = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -197,13 +211,14 @@ class PrefixCache:
     def active_leases(self) -> int:
         return len(self._leases)
 
-    def digests(self, tokens: Sequence[int]) -> list[bytes]:
-        """Engine digests of the full blocks of a sequence that starts at the root."""
-        return self._hasher.digests(tokens, None)
+    def digests(self, tokens: Sequence[int], lora: str | None = None) -> list[bytes]:
+        """Engine digests of the full blocks of a sequence that starts at the root (of
+        ``lora``'s namespace)."""
+        return self._hasher.digests(tokens, _lora_seed(lora))
 
-    def lookup(self, tokens: Sequence[int]) -> int:
+    def lookup(self, tokens: Sequence[int], lora: str | None = None) -> int:
         """Cached prefix of ``tokens`` in tokens (block-aligned), without pinning."""
-        return self._match(self.digests(tokens), len(tokens)) * self.block_size
+        return self._match(self.digests(tokens, lora), len(tokens)) * self.block_size
 
     def blocks(self) -> Iterator[CachedBlock]:
         """Every cached block (snapshot order: insertion)."""
@@ -233,14 +248,15 @@ class PrefixCache:
             matched += 1
         return matched
 
-    def admit(self, prompt: Sequence[int], total_tokens: int) -> Lease | None:
+    def admit(self, prompt: Sequence[int], total_tokens: int, lora: str | None = None
+              ) -> Lease | None:
         """Pin the cached prefix of ``prompt`` and reserve room for ``total_tokens``.
 
         ``total_tokens`` = prompt + output tokens the request will hold. Evicts LRU leaves
         when space is short. Returns ``None`` (nothing changed) when even eviction cannot
         make room: the caller waits for running requests to finish.
         """
-        digests = self.digests(prompt)
+        digests = self.digests(prompt, lora)
         matched = self._match(digests, len(prompt))
         loaded = 0
         if self.host is not None and self.enabled:
@@ -264,7 +280,7 @@ class PrefixCache:
             block.last_access = now
         lease = Lease(digests=digests, blocks=path, reserved=need,
                       cached_tokens=(matched + loaded) * self.block_size,
-                      loaded_tokens=loaded * self.block_size)
+                      loaded_tokens=loaded * self.block_size, lora=lora)
         self._leases.add(lease)
         self.query_tokens += len(prompt)
         self.hit_tokens += lease.cached_tokens
@@ -282,7 +298,7 @@ class PrefixCache:
         full = len(tokens) // self.block_size
         if full > len(lease.digests):
             start = len(lease.digests)
-            parent = lease.digests[-1] if lease.digests else None
+            parent = lease.digests[-1] if lease.digests else _lora_seed(lease.lora)
             lease.digests.extend(self._hasher.digests(
                 tokens[start * self.block_size : full * self.block_size], parent))
         now = next(self._clock)
@@ -316,6 +332,7 @@ class PrefixCache:
                     tokens=tuple(tokens[i * self.block_size : (i + 1) * self.block_size]),
                     refs=1,
                     last_access=now,
+                    lora=lease.lora,
                 )
                 if parent_block is not None:
                     parent_block.children += 1
@@ -378,6 +395,7 @@ class PrefixCache:
             parent_block_hash=parent.event_id if parent is not None else None,
             token_ids=tuple(token for block in run for token in block.tokens),
             block_size=self.block_size,
+            lora_name=run[0].lora,
         ))
 
     def _unpin(self, block: CachedBlock) -> None:
@@ -429,13 +447,14 @@ class PrefixCache:
         assert self.host is not None
         parent = block.parent
         new, dropped = self.host.offload(block.digest, HostBlock(
-            block.event_id, parent.event_id if parent is not None else None, block.tokens))
+            block.event_id, parent.event_id if parent is not None else None, block.tokens,
+            block.lora))
         if dropped:
             self._events.append(BlocksRemoved(tuple(b.event_id for b in dropped), "host"))
         if new:
             self._events.append(BlocksStored((block.event_id,), parent.event_id
                                              if parent is not None else None, block.tokens,
-                                             self.block_size, "host"))
+                                             self.block_size, "host", block.lora))
 
     def __repr__(self) -> str:
         return (

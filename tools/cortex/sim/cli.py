@@ -62,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--kv-capacity-blocks", type=int, default=8192, help="KV pool size (blocks)")
     g.add_argument("--host-capacity-blocks", type=int, default=0,
                    help="host tier for blocks evicted from the GPU (blocks; 0 = none)")
+    g.add_argument("--lora-adapters", default="",
+                   help="comma list of LoRA adapter names served on top of the model")
     g.add_argument("--max-running", type=int, default=64, help="requests in service at once")
     g.add_argument("--max-model-len", type=int, default=131072, help="context length (tokens)")
     g.add_argument("--seed", type=int, default=0, help="seed of the generated text")
@@ -139,6 +141,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         block_size=args.block_size,
         kv_capacity_blocks=args.kv_capacity_blocks,
         host_capacity_blocks=args.host_capacity_blocks,
+        lora_adapters=tuple(a for a in args.lora_adapters.split(",") if a),
         max_running=args.max_running,
         max_model_len=args.max_model_len,
         buffer_steps=args.buffer_steps,

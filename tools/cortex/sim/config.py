@@ -162,6 +162,8 @@ class SimConfig:
     own prefix cache and its own KV-event PUB / replay on ``kv_events_port + rank`` /
     ``replay_port + rank``. ``host_capacity_blocks``: the host tier per rank, where blocks
     evicted from the GPU are offloaded (0 = none; :mod:`cortex.sim.host`).
+    ``lora_adapters``: LoRA adapter names served on top of ``model`` (listed in
+    ``/v1/models`` with ``parent``; vLLM takes one as ``model``, SGLang as ``lora_path``).
     """
 
     engine: Engine = Engine.SGLANG
@@ -193,6 +195,7 @@ class SimConfig:
     engine_id: str | None = None
     dp_size: int = 1
     host_capacity_blocks: int = 0
+    lora_adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))
@@ -216,6 +219,9 @@ class SimConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_capacity_blocks < 1:
             raise ValueError(f"kv_capacity_blocks must be >= 1, got {self.kv_capacity_blocks}")
+        object.__setattr__(self, "lora_adapters", tuple(self.lora_adapters))
+        if any(not a or a == self.model for a in self.lora_adapters):
+            raise ValueError("lora_adapters must be non-empty names other than the model's")
         if self.host_capacity_blocks < 0:
             raise ValueError(f"host_capacity_blocks must be >= 0, got {self.host_capacity_blocks}")
         if self.host_capacity_blocks and self.version_tuple < (

@@ -23,6 +23,7 @@ class HostBlock:
     event_id: int
     parent_event_id: int | None
     tokens: tuple[int, ...]
+    lora: str | None = None
 
 
 class HostPool:

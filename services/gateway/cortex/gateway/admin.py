@@ -165,7 +165,8 @@ class AdminHandler:
         else:
             endpoint = (Endpoint.CHAT if "messages" in body
                         else Endpoint.COMPLETIONS if "prompt" in body else Endpoint.GENERATE)
-        req = parse_request(endpoint, body, self.gw.config, self.gw.limits)
+        req = parse_request(endpoint, body, self.gw.config, self.gw.limits,
+                            self.gw.pool.adapter_base)
         router = self.gw.router
         assert router is not None
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s

@@ -120,6 +120,9 @@ class ModelConfig:
 
     ``first_byte_timeout_s`` / ``response_timeout_s`` / ``stream_idle_timeout_s``: this
     model's upstream timeouts (``None`` = the ``upstream`` section's; :class:`Timeouts`).
+
+    ``adapters``: LoRA adapters every worker of this model serves, addressable as ``model``
+    (besides those the workers list in ``/v1/models`` with this model as ``parent``).
     """
 
     name: str
@@ -139,6 +142,7 @@ class ModelConfig:
     first_byte_timeout_s: float | None = None
     response_timeout_s: float | None = None
     stream_idle_timeout_s: float | None = None
+    adapters: tuple[str, ...] = ()
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -170,6 +174,9 @@ class ModelConfig:
                 if not path.exists():
                     raise ConfigError(f"{where}.{name}: {path} does not exist")
                 object.__setattr__(self, name, path)
+        object.__setattr__(self, "adapters", tuple(self.adapters))
+        if not all(isinstance(a, str) and a for a in self.adapters):
+            raise ConfigError(f"{where}.adapters: must be non-empty strings")
         try:  # once: routing asks for it per request (its seed is a hash)
             domain = HashDomain(self.hash_model or self.name, self.block_size, self.engine)
         except ValueError as exc:
@@ -519,6 +526,10 @@ class GatewayConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ConfigError(f"models: duplicate model names in {names}")
+        adapters = [a for m in self.models for a in m.adapters]
+        if len(set(adapters)) != len(adapters) or set(adapters) & set(names):
+            raise ConfigError("models[].adapters: an adapter name is given twice or names a "
+                              "model")
         ids = [w.id for w in self.workers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"workers: duplicate worker ids in {ids}")
@@ -528,6 +539,10 @@ class GatewayConfig:
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def adapter_base(self, name: str) -> ModelConfig | None:
+        """The model a configured LoRA adapter ``name`` belongs to."""
+        return next((m for m in self.models if name in m.adapters), None)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> GatewayConfig:

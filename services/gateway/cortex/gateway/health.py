@@ -27,7 +27,7 @@ from enum import StrEnum
 import aiohttp
 
 from cortex.gateway.config import HealthConfig
-from cortex.gateway.engine_info import fetch_context_length
+from cortex.gateway.engine_info import fetch_engine_info
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import Health, Remembered, WorkerPool, WorkerState
 from cortex.registry import Assertion, Registry, RegistryUnavailable, WorkerSpec
@@ -205,16 +205,23 @@ class HealthMonitor:
         self.metrics.lease_renewals.labels(result="renewed" if renewed else "gone").inc()
 
     async def _learn_limits(self, worker: WorkerState, now: float) -> None:
+        """The engine's context length (until known) and LoRA adapters (every
+        ``INFO_RETRY_S``: engines load and unload adapters at run time)."""
         checked = worker.info_checked
-        if checked is not None and (worker.context_length is not None
-                                    or now - checked < INFO_RETRY_S):
+        if checked is not None and now - checked < INFO_RETRY_S:
             return
         worker.info_checked = now
-        found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s)
-        if found != worker.context_length:
-            log.info("worker=%s context length %s tokens", worker.id, found,
+        info = await fetch_engine_info(self.session, worker.spec, self.config.timeout_s)
+        found = info.context_length
+        if worker.context_length is None or found is not None:
+            if found != worker.context_length:
+                log.info("worker=%s context length %s tokens", worker.id, found,
+                         extra={"worker": worker.id})
+            worker.context_length = found
+        if info.adapters is not None and info.adapters != worker.adapters:
+            log.info("worker=%s serves LoRA adapters %s", worker.id, sorted(info.adapters),
                      extra={"worker": worker.id})
-        worker.context_length = found
+            worker.adapters = info.adapters
 
     def publish(self) -> None:
         counts = dict.fromkeys(Health, 0)

@@ -135,7 +135,8 @@ class InferenceHandler:
         router = self.gw.router
         assert router is not None
         raw = await request.body(self.config.server.max_body_bytes)
-        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
+        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits,
+                            self.gw.pool.adapter_base)
         try:
             return req, raw, await router.route(req, deadline)
         except RecursionError:

@@ -233,9 +233,12 @@ class Router:
         query_blocks = max(len(ids) - 1, 0) // model.block_size
         query = keys[:query_blocks]
         t2 = time.perf_counter()
-        workers = self.pool.candidates(model.name)
-        pools = self._pd_pools(model)
+        workers = self._serving(self.pool.candidates(model.name), model, req.adapter)
+        pools = self._pd_pools(model, req.adapter)
         if not workers and pools is None:
+            if req.adapter is not None:
+                raise ServiceUnavailable(f"no available worker serves the adapter "
+                                         f"'{req.adapter}' of model '{model.name}'")
             raise ServiceUnavailable(f"no available worker for model '{model.name}'")
         answer, source = await self._match(model, query, deadline)
         t3 = time.perf_counter()
@@ -306,16 +309,28 @@ class Router:
         """An empty placement for ``keys`` (a fallback that places the request anew)."""
         return Placement(self, keys)
 
-    def _pd_pools(self, model: ModelConfig) -> tuple[list[WorkerState], list[WorkerState]] | None:
-        """Routable (prefill, decode) workers of ``model`` speaking its engine's handoff, or
-        ``None`` when the model is not served disaggregated now."""
+    @staticmethod
+    def _serving(workers: list[WorkerState], model: ModelConfig, adapter: str | None
+                 ) -> list[WorkerState]:
+        """The workers that can run ``adapter`` (all of them without one): it is configured
+        for the model, or the worker lists it in ``/v1/models``."""
+        if adapter is None or adapter in model.adapters:
+            return workers
+        return [w for w in workers if adapter in w.adapters]
+
+    def _pd_pools(self, model: ModelConfig, adapter: str | None = None
+                  ) -> tuple[list[WorkerState], list[WorkerState]] | None:
+        """Routable (prefill, decode) workers of ``model`` (serving ``adapter``) speaking its
+        engine's handoff, or ``None`` when the model is not served disaggregated now."""
         pool = self.pool
         if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
                 and pool.has_role(model.name, WorkerRole.DECODE)):
             return None
-        prefill = [w for w in self.pool.candidates(model.name, WorkerRole.PREFILL)
+        prefill = [w for w in self._serving(self.pool.candidates(model.name, WorkerRole.PREFILL),
+                                            model, adapter)
                    if w.spec.engine is model.engine]
-        decode = [w for w in self.pool.candidates(model.name, WorkerRole.DECODE)
+        decode = [w for w in self._serving(self.pool.candidates(model.name, WorkerRole.DECODE),
+                                           model, adapter)
                   if w.spec.engine is model.engine]
         return (prefill, decode) if prefill and decode else None
 
