@@ -55,6 +55,9 @@ async def test_an_adapter_routes_to_its_workers_and_keys_apart(
         await wait_until_async(learned, timeout=10, what="the adapters learned")
         explained = await c.explain(body)
         assert {x["worker"] for x in explained["candidates"]} == {"w0", "w2"}
+        async with http.get(c.gateway.url + "/v1/models") as resp:
+            listed = {(m["id"], m.get("parent")) for m in (await resp.json())["data"]}
+        assert listed == {(MODEL, None), ("sql", MODEL), ("poem", MODEL)}
 
         headers, cached = await c.send(body)
         holder = headers["x-cortex-assigned-worker"]

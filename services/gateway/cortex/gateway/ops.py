@@ -48,12 +48,19 @@ class OpsHandler:
         await send_bytes(send, 200, self.gw.metrics.render(), CONTENT_TYPE.encode())
 
     async def models(self, send: Send) -> None:
-        """Models with registered workers that this gateway is configured to serve."""
-        served = {m.name for m in self.gw.config.models}
-        await send_json(send, 200, {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": self._created, "owned_by": "cortex"}
-                for name in self.gw.pool.models() if name in served
-            ],
-        })
+        """Models with registered workers that this gateway is configured to serve, then
+        their LoRA adapters (configured, or listed by a worker) with the model as
+        ``parent``, as the engines list them."""
+        config = self.gw.config
+        served = [name for name in self.gw.pool.models() if config.model(name) is not None]
+        cards: list[dict[str, object]] = [
+            {"id": name, "object": "model", "created": self._created, "owned_by": "cortex"}
+            for name in served]
+        for name in served:
+            model = config.model(name)
+            assert model is not None
+            learned = {a for w in self.gw.pool.candidates(name) for a in w.adapters}
+            cards.extend({"id": adapter, "object": "model", "created": self._created,
+                          "owned_by": "cortex", "parent": name}
+                         for adapter in sorted(set(model.adapters) | learned))
+        await send_json(send, 200, {"object": "list", "data": cards})
