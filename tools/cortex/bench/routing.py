@@ -36,7 +36,7 @@ from typing import Any
 
 from cortex.bench.routing_balancer import HAPROXY_INSTALL, haproxy_binary
 from cortex.bench.routing_bounds import shape_prompts
-from cortex.bench.routing_contenders import CONTENDERS, SimSetup, cpu_split
+from cortex.bench.routing_contenders import CONTENDERS, VARIANT_ONLY, SimSetup, cpu_split
 from cortex.bench.routing_report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing_runner import RunPlan, run_workload
 from cortex.bench.routing_scenarios import VARIANTS, Variant
@@ -52,7 +52,7 @@ PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
 """The plain workloads, then the deployment variants (:mod:`cortex.bench.routing_scenarios`)."""
 QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
-QUICK_VARIANT_CONTENDERS = ("cortex", "cortex_gpu_only", "sglang_cache_aware")
+QUICK_VARIANT_CONTENDERS = ("cortex", "sglang_cache_aware")
 """Who runs the variants in ``--quick`` (CI's smoke run stays under 2 minutes)."""
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
                "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",
@@ -305,7 +305,8 @@ def _sized(variant: Variant | None, profile: Profile, quick: bool) -> Variant | 
         return None
     if quick:
         variant = dataclasses.replace(variant, contenders=tuple(
-            c for c in variant.contenders if c in QUICK_VARIANT_CONTENDERS))
+            c for c in variant.contenders
+            if c in QUICK_VARIANT_CONTENDERS or c in VARIANT_ONLY))
     return dataclasses.replace(variant, window_s=profile.churn_window_s)
 
 

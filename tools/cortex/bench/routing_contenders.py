@@ -50,6 +50,7 @@ from cortex.testing import (
 
 __all__ = [
     "CONTENDERS",
+    "VARIANT_ONLY",
     "CpuMeter",
     "Deployment",
     "SimSetup",
@@ -63,6 +64,9 @@ __all__ = [
 
 CONTENDERS = ("cortex", "cortex_load_only", "cortex_gpu_only", "sglang_cache_aware",
               "sglang_round_robin", "vllm_cache_aware")
+VARIANT_ONLY = ("cortex_gpu_only",)
+"""Contenders that run only in the variants naming them (GPU-only crediting differs from
+``cortex`` only where the workers have host tiers)."""
 PEER_PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
