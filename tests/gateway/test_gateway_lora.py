@@ -78,3 +78,4 @@ def test_sglang_is_told_the_adapter_in_lora_path() -> None:
     vllm = parse(chat("poem"))
     raw = json.dumps(vllm.body).encode()
     assert upstream_body(vllm, raw) == raw
+
