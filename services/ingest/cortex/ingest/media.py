@@ -4,9 +4,9 @@ Names as the engines publish them (``medium`` of ``BlockStored`` / ``BlockRemove
 
 - vLLM: ``"GPU"`` (``v1/core/block_pool.py``), ``"CPU"`` (``v1/kv_offload/mediums.py``,
   the CPU offloading connector), ``"STORAGE"`` (storage offload backends);
-- SGLang: ``"GPU"``, ``"CPU_PINNED"`` (HiCache host pool), ``"DISK"`` (HiCache file
-  storage), ``"EXTERNAL"`` (a remote pool every instance reads: Mooncake, 3FS, ...),
-  the names of ``mem_cache/events.py::StorageMedium``.
+- SGLang: ``"GPU"``, ``"CPU_PINNED"`` (HiCache host pool; some builds name it ``"CPU"``),
+  ``"DISK"`` (HiCache file storage), ``"EXTERNAL"`` (a remote pool every instance reads:
+  Mooncake, 3FS, ...), the names of ``disaggregation/kv_events.py::StorageMedium``.
 
 A missing medium (engines before they had one) is device memory. Any other name is not
 guessed: its blocks are counted as ignored (reason ``medium``). Matching ignores case, as
