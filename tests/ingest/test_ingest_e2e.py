@@ -245,6 +245,7 @@ async def test_metrics_and_health_endpoints(fleet: Fleet) -> None:
             ready = await resp.json()
     assert 'cortex_ingest_blocks_total{dp_rank="0",op="stored",worker="w"}' in text
     assert 'cortex_ingest_source_state{dp_rank="0",state="READY",worker="w"} 1.0' in text
+    assert 'cortex_ingest_tier_blocks{dp_rank="0",tier="device",worker="w"}' in text
     assert "cortex_ingest_lag_seconds_bucket" in text
     assert 'cortex_ingest_index_up{index="127.0.0.1:' in text
     assert ready["status"] == "ok" and ready["sources"] == {"w#0": "READY"}
