@@ -51,7 +51,7 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}state_transitions": "Ledger state transitions, by from / to.",
     f"{P}source_state": "Ledger state of each source (1 for the current state).",
     f"{P}ledger_blocks": "Blocks in each source's ledger (device memory).",
-    f"{P}tier_blocks": "Blocks in each source's ledger per memory tier (device, host, disk, shared).",
+    f"{P}tier_blocks": "Blocks in each source's ledger per tier (device, host, disk, shared).",
     f"{P}source_lag_seconds": "Now minus the timestamp of the source's last applied batch.",
     f"{P}pending_batches": "Live batches held (while a replay runs, or waiting for a turn).",
     f"{P}held_bytes": "Payload bytes of the live batches the source holds.",
