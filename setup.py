@@ -13,6 +13,7 @@ ROOTS = (
     "libs/hashing",
     "libs/chat",
     "libs/ledger",
+    "libs/telemetry",
     "services/ingest",
     "services/index",
     "services/gateway",

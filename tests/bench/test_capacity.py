@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cortex.bench.capacity import SizeResult, _prompts, fit_line, report_json, report_markdown
-from cortex.bench.routing import load_chat_tokenizer
-from cortex.bench.routing_text import BlockText, WordVocabulary
+from cortex.bench.routing.command import load_chat_tokenizer
+from cortex.bench.routing.text import BlockText, WordVocabulary
 
 
 def test_fit_line_recovers_a_line() -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from cortex.bench import routing
-from cortex.bench.routing_contenders import Deployment, cpu_split, pinned
-from cortex.bench.routing_runner import worker_capacity
-from cortex.bench.routing_text import BlockText, WordVocabulary
+from cortex.bench.routing import command as routing
+from cortex.bench.routing.contenders import Deployment, cpu_split, pinned
+from cortex.bench.routing.runner import worker_capacity
+from cortex.bench.routing.text import BlockText, WordVocabulary
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cortex.bench.routing_bounds import (
+from cortex.bench.routing.bounds import (
     PromptShape,
     cacheable_tokens,
     infinite_cache_hit_rate,
@@ -17,9 +17,9 @@ from cortex.bench.routing_bounds import (
     pooled_lru_hit_rate,
     unique_pages,
 )
-from cortex.bench.routing_metrics import EngineTotals, Outcome, percentile, summarize
-from cortex.bench.routing_report import WorkloadResult, evaluate_targets, report_json
-from cortex.bench.routing_workloads import Endpoint, Request, Workload
+from cortex.bench.routing.metrics import EngineTotals, Outcome, percentile, summarize
+from cortex.bench.routing.report import WorkloadResult, evaluate_targets, report_json
+from cortex.bench.routing.workloads import Endpoint, Request, Workload
 
 
 def test_percentile_matches_numpy() -> None:

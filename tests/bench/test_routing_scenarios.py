@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from cortex.bench.routing_bounds import PromptShape
-from cortex.bench.routing_metrics import Outcome
-from cortex.bench.routing_scenarios import (
+from cortex.bench.routing.bounds import PromptShape
+from cortex.bench.routing.metrics import Outcome
+from cortex.bench.routing.scenarios import (
     VARIANTS,
     ChurnAction,
     stale_sends,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_metrics import Outcome, RunSummary, summarize
-from cortex.bench.routing_report import report_json, report_markdown, write_plots
-from cortex.bench.routing_results import WorkloadResult
-from cortex.bench.routing_workloads import Endpoint, Request, Workload
+from cortex.bench.routing.metrics import Outcome, RunSummary, summarize
+from cortex.bench.routing.report import report_json, report_markdown, write_plots
+from cortex.bench.routing.results import WorkloadResult
+from cortex.bench.routing.workloads import Endpoint, Request, Workload
 
 N = 4
 

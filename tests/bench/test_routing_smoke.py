@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cortex.bench.routing import QUICK_VARIANT_CONTENDERS, QUICK_WORKLOADS
-from cortex.bench.routing_balancer import haproxy_binary
-from cortex.bench.routing_contenders import CONTENDERS, VARIANT_ONLY
-from cortex.bench.routing_scenarios import VARIANTS
+from cortex.bench.routing.balancer import haproxy_binary
+from cortex.bench.routing.command import QUICK_VARIANT_CONTENDERS, QUICK_WORKLOADS
+from cortex.bench.routing.contenders import CONTENDERS, VARIANT_ONLY
+from cortex.bench.routing.scenarios import VARIANTS
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from cortex.bench.routing import load_chat_tokenizer
-from cortex.bench.routing_text import BlockText, Segment, WordVocabulary
-from cortex.bench.routing_workloads import (
+from cortex.bench.routing.command import load_chat_tokenizer
+from cortex.bench.routing.text import BlockText, Segment, WordVocabulary
+from cortex.bench.routing.workloads import (
     Endpoint,
     Request,
     TraceRow,

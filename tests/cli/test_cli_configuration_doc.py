@@ -47,7 +47,8 @@ def test_every_gateway_setting_and_variable_is_documented() -> None:
     assert missing == []
 
 
-@pytest.mark.parametrize("command", [("index",), ("ingest", "run"), ("up",)])
+@pytest.mark.parametrize("command", [("index",), ("ingest", "run"), ("up",), ("serve",),
+                                     ("workers", "add"), ("discover-pods",), ("gateway",)])
 def test_every_flag_is_documented(command: tuple[str, ...]) -> None:
     options = flags(*command)
     assert options

@@ -11,7 +11,6 @@ containers start; see docs/operations.md.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,11 +20,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from cortex.cli.main import build_parser
 from cortex.gateway.config import GatewayConfig, load_config
-from cortex.index.cli import config_from_args
 from cortex.index.config import IndexConfig
-from cortex.ingest.cli import build_config as ingest_config
 from cortex.ingest.config import IngestConfig
 from cortex.registry import WorkerSpec
 from cortex.sim.cli import build_config as sim_config
@@ -36,6 +32,7 @@ COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text
 SERVICES: dict[str, Any] = COMPOSE["services"]
 CORTEX = sorted(name for name, svc in SERVICES.items() if "build" in svc)
 SIMS = sorted(name for name in CORTEX if SERVICES[name]["command"][0] == "sim")
+ParseCortex = Any  # tests/deploy/conftest.py's ParseCortex (a fixture)
 
 
 def env_of(name: str) -> dict[str, str]:
@@ -45,18 +42,9 @@ def env_of(name: str) -> dict[str, str]:
     return {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
 
 
-def parse(name: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
-    """The service's command through the real ``cortex`` parser, with its environment set
-    (some parsers take defaults from the environment when they are built)."""
-    for key in [k for k in os.environ if k.startswith("CORTEX_")]:
-        monkeypatch.delenv(key)
-    for key, value in env_of(name).items():
-        monkeypatch.setenv(key, value)
-    command = [str(part) for part in SERVICES[name]["command"]]
-    try:
-        return build_parser(command).parse_args(command)
-    except SystemExit as exc:  # argparse's way to reject a command line
-        raise AssertionError(f"{name}: `cortex {' '.join(command)}` does not parse") from exc
+def parse(name: str, parse_cortex: ParseCortex) -> argparse.Namespace:
+    """The service's command through the real ``cortex`` parser, with its environment set."""
+    return parse_cortex(name, SERVICES[name]["command"], env_of(name))
 
 
 def exposed(name: str) -> set[int]:
@@ -70,24 +58,28 @@ def health_url(name: str) -> str:
 
 
 @pytest.fixture
-def index(monkeypatch: pytest.MonkeyPatch) -> IndexConfig:
-    return config_from_args(parse("index", monkeypatch), env_of("index"))
+def index(parse_cortex: ParseCortex) -> IndexConfig:
+    config: IndexConfig = parse_cortex.start(parse("index", parse_cortex))
+    assert parse_cortex.unread(env_of("index")) == [], "variables the index never reads"
+    return config
 
 
 @pytest.fixture
-def ingest(monkeypatch: pytest.MonkeyPatch) -> IngestConfig:
-    return ingest_config(parse("ingest", monkeypatch))
+def ingest(parse_cortex: ParseCortex) -> IngestConfig:
+    config: IngestConfig = parse_cortex.start(parse("ingest", parse_cortex))
+    assert parse_cortex.unread(env_of("ingest")) == [], "variables the ingest never reads"
+    return config
 
 
 @pytest.fixture
-def gateway(monkeypatch: pytest.MonkeyPatch) -> GatewayConfig:
-    parse("gateway", monkeypatch)
+def gateway(parse_cortex: ParseCortex) -> GatewayConfig:
+    parse("gateway", parse_cortex)
     return load_config(None, env_of("gateway"))
 
 
 @pytest.fixture
-def sims(monkeypatch: pytest.MonkeyPatch) -> dict[str, SimConfig]:
-    return {name: sim_config(parse(name, monkeypatch)) for name in SIMS}
+def sims(parse_cortex: ParseCortex) -> dict[str, SimConfig]:
+    return {name: sim_config(parse(name, parse_cortex)) for name in SIMS}
 
 
 def test_the_stack_has_every_part_with_one_image_and_health_checks() -> None:
@@ -107,9 +99,9 @@ def test_the_stack_has_every_part_with_one_image_and_health_checks() -> None:
     assert "ports" not in SERVICES["gateway"] and SERVICES["proxy"]["ports"]
 
 
-def test_every_cortex_command_is_a_real_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_cortex_command_is_a_real_subcommand(parse_cortex: ParseCortex) -> None:
     for name in CORTEX:
-        args = parse(name, monkeypatch)
+        args = parse(name, parse_cortex)
         assert callable(args.func), name
 
 

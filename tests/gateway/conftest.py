@@ -85,12 +85,14 @@ async def index_server() -> AsyncIterator[IndexServer]:
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
-    """``await start_gateway(workers, **GatewayConfig sections)``: a running gateway."""
+    """``await start_gateway(workers, environ=None, **GatewayConfig sections)``: a running
+    gateway (``environ``: the environment it resolves worker credentials in)."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def start(workers: Sequence[WorkerSpec] = (), **sections: Any) -> GatewayServer:
+        async def start(workers: Sequence[WorkerSpec] = (), environ: dict[str, str] | None = None,
+                        **sections: Any) -> GatewayServer:
             config = gateway_config(workers, **sections)
-            return await stack.enter_async_context(GatewayServer(config))
+            return await stack.enter_async_context(GatewayServer(config, environ=environ))
 
         yield start
 

@@ -61,8 +61,8 @@ async def test_a_full_queue_is_a_429_and_a_long_wait_a_503_both_with_retry_after
         text = await resp.text()
     assert 'cortex_gateway_admission_rejected_total{code="queue_full"} 1.0' in text
     assert 'cortex_gateway_admission_rejected_total{code="queue_timeout"} 1.0' in text
-    assert 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",status="429"} 1.0' \
-        in text
+    assert ('cortex_gateway_requests_total{endpoint="/v1/chat/completions",model="unknown",'
+            'status="429"} 1.0') in text
     assert "cortex_gateway_admission_active 0.0" in text
 
 
@@ -156,8 +156,9 @@ def test_the_gateway_cli_sets_admission_like_sglang_router(
 
     seen: dict[str, Any] = {}
 
-    async def serve(config: GatewayConfig) -> None:
-        seen["config"] = config
+    async def serve(config: GatewayConfig, env: dict[str, str],
+                    epp: tuple[str, int] | None = None) -> None:
+        seen["config"], seen["epp"] = config, epp
 
     monkeypatch.setattr(cli, "_serve", serve)
     parser = argparse.ArgumentParser()
@@ -169,3 +170,9 @@ def test_the_gateway_cli_sets_admission_like_sglang_router(
     assert cli.run(args) == 0
     assert seen["config"].admission == AdmissionConfig(max_concurrent_requests=64,
                                                        queue_size=8, queue_timeout_s=5)
+    assert seen["epp"] is None
+    # the endpoint picker beside it (docs/kubernetes.md)
+    args = parser.parse_args(["gateway", "--config", str(path), "--epp-port", "9002"])
+    assert cli.run(args) == 0 and seen["epp"] == ("0.0.0.0", 9002)
+    args = parser.parse_args(["gateway", "--config", str(path), "--epp-port", "70000"])
+    assert cli.run(args) == 2

@@ -102,3 +102,36 @@ def test_context_length_parsers() -> None:
     assert context_length_from_server_info({"context_length": 131072}) == 131072
     assert context_length_from_server_info({"context_length": -1}) is None
     assert context_length_from_server_info("nope") is None
+
+
+def test_engine_load_is_discounted_by_our_requests_that_finished_since_the_poll() -> None:
+    pool = WorkerPool(BreakerConfig())
+    pool.sync({"w": spec("w")})
+    worker = pool.get("w")
+    assert worker is not None
+    before = worker.open_request()  # open while the poll is taken: the engine counts it
+    poll = worker.load_poll_begun()
+    after = worker.open_request()  # opened after the poll was sent: maybe not counted
+    worker.load_polled(poll, running=5, waiting=2, at=100.0)
+    assert worker.fresh_engine_load(100.5, 2.0).running == 5  # type: ignore[union-attr]
+    worker.close_request(after)
+    assert worker.fresh_engine_load(100.5, 2.0).running == 5  # type: ignore[union-attr]
+    worker.close_request(before)
+    load = worker.fresh_engine_load(100.5, 2.0)
+    assert load is not None and (load.running, load.waiting) == (4, 2)
+    assert worker.inflight == 0
+    # opened after the stored poll, closed while the next is in flight: counts against
+    # the next one only
+    again = worker.open_request()
+    poll = worker.load_poll_begun()
+    worker.close_request(again)
+    assert worker.fresh_engine_load(100.6, 2.0).running == 4  # type: ignore[union-attr]
+    worker.load_polled(poll, running=1, waiting=0, at=101.0)
+    assert worker.fresh_engine_load(101.1, 2.0).running == 0  # type: ignore[union-attr]
+    # an overtaken poll's late answer is dropped
+    old, new = worker.load_poll_begun(), worker.load_poll_begun()
+    worker.load_polled(old, running=9, waiting=9, at=102.0)
+    assert worker.fresh_engine_load(102.1, 2.0).running == 0  # type: ignore[union-attr]
+    worker.load_polled(new, running=2, waiting=0, at=102.0)
+    assert worker.fresh_engine_load(102.1, 2.0).running == 2  # type: ignore[union-attr]
+    assert worker.fresh_engine_load(105.0, 2.0) is None  # stale

@@ -14,10 +14,10 @@ from grpclib.exceptions import StreamTerminatedError
 from grpclib.health.service import Health
 
 from cortex.index.config import IndexConfig
-from cortex.index.grpc_server import GrpcServer
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub
 from cortex.ledger.codec import pb
+from cortex.ledger.grpc_server import GrpcServer
 from cortex.testing import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)

@@ -82,7 +82,7 @@ def test_array_era_positions_past_medium_depend_on_the_engine() -> None:
 def test_vllm_array_era_reads_every_positional_field() -> None:
     event = [
         "BlockStored", [1], 9, [5, 6], 2, 3, "CPU", "lora", [["mm", 4]], 2, "sliding_window",
-        128, "local", "owner", "sess", [7, 8], "a field from the future",
+        128, "local", "owner", "sess", [[7, 8]], "a field from the future",
     ]  # fmt: skip
     got = decode_batch(batch_of(event), Engine.VLLM).events[0]
     assert got == BlockStored(
@@ -100,7 +100,7 @@ def test_vllm_array_era_reads_every_positional_field() -> None:
         locality="local",
         ownership="owner",
         session_id="sess",
-        lookahead_token_ids=(7, 8),
+        lookahead_token_ids=((7, 8),),
     )
 
 
@@ -219,7 +219,17 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "medium is an int": (batch_of(stored_map(medium=1)), "medium"),
     "lora_id is a str": (batch_of(stored_map(lora_id="x")), "lora_id"),
     "negative group_idx": (batch_of(stored_map(group_idx=-1)), "group_idx"),
-    "lookahead out of range": (batch_of(stored_map(lookahead_token_ids=[-3])), "lookahead"),
+    "lookahead out of range": (batch_of(stored_map(lookahead_token_ids=[[-3]])), "lookahead"),
+    "lookahead is flat": (batch_of(stored_map(lookahead_token_ids=[3])), "lookahead"),
+    "bigram is not a pair": (batch_of(stored_map(token_ids=[[1, 2, 3]])), "pair"),
+    "bigrams do not chain": (
+        batch_of(stored_map(block_hashes=[1], token_ids=[[1, 2], [3, 4]], block_size=2)),
+        "share a token",
+    ),
+    "bigrams miss a page": (
+        batch_of(stored_map(block_hashes=[1, 2], token_ids=[[1, 2], [2, 3]], block_size=2)),
+        "pairs for 2 pages",
+    ),
     "extra_keys is a str": (batch_of(stored_map(extra_keys="k")), "extra_keys"),
     "negative dp_rank": (batch_of(rank=-1), "dp_rank"),
     "dp_rank is a str": (batch_of(rank="0"), "dp_rank"),
@@ -311,7 +321,7 @@ optional_values: dict[str, st.SearchStrategy[Any]] = {
     "kv_cache_spec_sliding_window": st.none() | st.integers(0, 2**20),
     "locality": st.none() | short_text,
     "ownership": st.none() | short_text,
-    "lookahead_token_ids": st.none() | tokens,
+    "lookahead_token_ids": st.none() | st.lists(tokens, max_size=3).map(tuple),
 }
 
 

@@ -207,7 +207,8 @@ valid_fields: dict[str, st.SearchStrategy[Any]] = {
     "locality": st.none() | st.text(max_size=5),
     "ownership": st.none() | st.text(max_size=5),
     "session_id": st.none() | st.text(max_size=5),
-    "lookahead_token_ids": st.none() | st.lists(st.integers(0, 2**32 - 1), max_size=4),
+    "lookahead_token_ids": st.none()
+    | st.lists(st.lists(st.integers(0, 2**32 - 1), max_size=4), max_size=3),
 }
 
 

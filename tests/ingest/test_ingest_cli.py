@@ -13,12 +13,13 @@ from cortex.cli.main import main
 from cortex.ingest.cli import build_config, register
 from cortex.ingest.errors import ConfigError
 from cortex.ingest.shard import ShardSpec, shard_of
+from cortex.sim.process import SimProcess
 from cortex.testing import RedisServer, free_port
 
 ADD = ["workers", "add", "--id", "w1", "--url", "http://10.0.0.5:30000", "--engine", "sglang",
        "--model", "qwen", "--kv-events", "tcp://10.0.0.5:5557", "--replay", "tcp://*:5558",
        "--role", "prefill", "--bootstrap-port", "8998", "--dp-size", "2", "--block-size", "16",
-       "--label", "zone=b", "--topic", "kv"]
+       "--label", "zone=b", "--topic", "kv", "--no-discover"]
 
 
 def listed(redis: RedisServer, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
@@ -74,6 +75,56 @@ def test_invalid_specs_write_nothing(
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert listed(redis_server, capsys)["workers"] == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_add_by_url_learns_the_spec_from_the_engine(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str], engine: str,
+) -> None:
+    with SimProcess("--engine", engine, "--port", "0", "--kv-events-port", "0",
+                    "--replay-port", "0", "--dp-size", "2", "--block-size", "32",
+                    "--model", "org/m", "--max-model-len", "8192", "--topic", "kv",
+                    "--zero-cost") as sim:
+        assert main(["workers", "add", "--redis", redis_server.url, "--url", sim.url,
+                     "--label", "zone=a", "--ttl", "0"]) == 0
+        err = capsys.readouterr().err
+        assert "discovered: block_size = 32" in err
+        worker = listed(redis_server, capsys)["workers"][0]  # type: ignore[index]
+        port = sim.url.rsplit(":", 1)[1]
+        assert worker == {
+            "v": 1, "id": f"127.0.0.1-{port}", "url": sim.url, "engine": engine,
+            "role": "regular", "model": "org/m", "dp_size": 2, "block_size": 32,
+            "context_length": 8192, "topic": "kv",
+            "kv_events": f"tcp://127.0.0.1:{sim.info['kv_events_port']}",
+            "replay": f"tcp://127.0.0.1:{sim.info['replay_port']}",
+            "bootstrap_port": None, "labels": {"zone": "a"}, "ttl_s": None,
+        }
+        # explicit flags win over what the engine says
+        assert main(["workers", "add", "--redis", redis_server.url, "--url", sim.url,
+                     "--id", "w2", "--model", "alias", "--block-size", "64"]) == 0
+        by_id = {w["id"]: w for w in listed(redis_server, capsys)["workers"]}  # type: ignore[attr-defined]
+        assert (by_id["w2"]["model"], by_id["w2"]["block_size"]) == ("alias", 64)
+        assert by_id["w2"]["dp_size"] == 2
+
+
+@pytest.mark.timeout(30)
+def test_add_by_url_of_an_unreachable_worker_names_what_is_missing(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["workers", "add", "--redis", redis_server.url, "--url", url,
+                 "--discovery-timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"could not learn engine, model from {url}" in err
+    assert "cannot connect" in err and "(--engine, --model)" in err
+    assert listed(redis_server, capsys)["workers"] == []
+    # supplied explicitly, the worker registers without its engine's help (it may start later)
+    assert main(["workers", "add", "--redis", redis_server.url, "--url", url, "--engine",
+                 "vllm", "--model", "m", "--discovery-timeout", "2"]) == 0
+    assert "not learned: engine, model, role, dp_size, kv_events" in capsys.readouterr().err
+    worker = listed(redis_server, capsys)["workers"][0]  # type: ignore[index]
+    assert (worker["engine"], worker["kv_events"], worker["block_size"]) == ("vllm", None, None)
 
 
 def test_unreachable_redis_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,6 @@ from grpclib.server import Stream
 
 from cortex.hashing import Engine, HashDomain, unpack_keys
 from cortex.index.config import IndexConfig
-from cortex.index.grpc_server import GrpcServer
 from cortex.index.server import IndexServer
 from cortex.ingest.forwarder import (
     EpochClock,
@@ -26,6 +25,7 @@ from cortex.ingest.forwarder import (
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ledger.codec import pb
 from cortex.ledger.grpc import method
+from cortex.ledger.grpc_server import GrpcServer
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,

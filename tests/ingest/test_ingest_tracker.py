@@ -340,7 +340,6 @@ def test_registry_block_size_disagreeing_with_events_is_misaligned() -> None:
     ("event", "reason"),
     [
         (stored([11], TOKENS[:4], medium="TAPE"), "medium"),
-        (stored([11], TOKENS[:4], group_idx=1), "group"),
         (BlockStored((11,), None, (), 0, medium="GPU"), "placeholder"),
         (stored([11], TOKENS[:4], extra_keys=(("mm-hash", 0),)), "extra_keys"),
         (stored([11], TOKENS[:4], lora_id=3), "lora_without_name"),

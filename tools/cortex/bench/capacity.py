@@ -34,8 +34,9 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.routing_contenders import CpuMeter
-from cortex.bench.routing_text import BlockText, Segment, WordVocabulary
+from cortex.bench.report import table
+from cortex.bench.routing.contenders import CpuMeter
+from cortex.bench.routing.text import BlockText, Segment, WordVocabulary
 from cortex.cli.cluster import ClusterSpec, LocalCluster
 
 __all__ = ["SizeResult", "fit_line", "register", "run"]
@@ -298,16 +299,16 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
         " one gRPC Match per request, so the index's CPU per request is the Match path. Every"
         " CPU figure is above the process's own idle baseline (health probes, lease renewal,"
         " polling). Updates = blocks stored + blocks evicted.", "",
-        "| mode | prompt tokens | requests | gateway request path ms CPU / request |"
-        " index ms / request | updates / request | µs per update: gateway replica · index ·"
-        " ingest · Redis |", "|---|---|---|---|---|---|---|"]
-    for s in doc["sizes"]:
-        u = s["us_per_update"]
-        lines.append(f"| {s['mode']} | {s['prompt_tokens']:,} | {s['requests']} |"
-                     f" {s['gateway_request_path_ms']:.2f} | {s['index_ms_per_request']:.2f} |"
-                     f" {s['updates_per_request']:,.0f} | {u['gateway-1']:.2f} ·"
-                     f" {u['index']:.2f} · {u['ingest']:.2f} · {u['redis']:.2f} |")
-    lines.append("")
+        *table(("mode", "prompt tokens", "requests", "gateway request path ms CPU / request",
+                "index ms / request", "updates / request",
+                "µs per update: gateway replica · index · ingest · Redis"),
+               [(s["mode"], f"{s['prompt_tokens']:,}", s["requests"],
+                 f"{s['gateway_request_path_ms']:.2f}", f"{s['index_ms_per_request']:.2f}",
+                 f"{s['updates_per_request']:,.0f}",
+                 " · ".join(f"{s['us_per_update'][p]:.2f}"
+                            for p in ("gateway-1", "index", "ingest", "redis")))
+                for s in doc["sizes"]]),
+        ""]
     for mode, m in doc["modes"].items():
         fit, upd, idx = m["request_path_fit_ms"], m["us_per_update"], m["index_fit_ms"]
         lines.append(

@@ -19,13 +19,14 @@ BENCHMARKS: dict[str, str] = {
     "ingest": "cortex.bench.ingest",
     "sim": "cortex.bench.sim",
     "overhead": "cortex.bench.overhead",
-    "routing": "cortex.bench.routing",
+    "routing": "cortex.bench.routing.command",
     "fleet": "cortex.bench.fleet",
     "tokenize": "cortex.bench.tokenize",
     "replica": "cortex.bench.replica",
     "faults": "cortex.bench.faults",
     "soak": "cortex.bench.soak",
     "capacity": "cortex.bench.capacity",
+    "epp": "cortex.bench.epp",
 }
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.faults_catalogue import FAULTS, QUICK, Bench, Fault, wait_for
-from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record, provenance
+from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
+from cortex.bench.report import provenance, table
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["Plan", "register", "run"]
@@ -243,16 +244,14 @@ def render(report: dict[str, Any]) -> str:
         "— after the measurement, never during it.", "",
         f"Baseline before the first fault: {report['baseline']['requests']} requests, "
         f"{report['baseline']['failed']} failed, {report['baseline']['exact']} exact hits.", "",
-        "| fault | requests | failed | hung | slowest | exact hits back | fault's own numbers |",
-        "|---|---|---|---|---|---|---|",
+        *table(("fault", "requests", "failed", "hung", "slowest", "exact hits back",
+                "fault's own numbers"),
+               [(f["title"], f["requests"], f"**{f['failed']}**" if f["failed"] else "0",
+                 f"**{f['hung']}**" if f["hung"] else "0", f"{f['slowest_s']:.1f} s",
+                 _seconds(f["exact_back_s"], f["exact_lost_s"]),
+                 "; ".join(f"{k}: {v}" for k, v in f["notes"].items()) or "—")
+                for f in report["faults"]]),
     ]
-    for f in report["faults"]:
-        notes = "; ".join(f"{k}: {v}" for k, v in f["notes"].items()) or "—"
-        failed = f"**{f['failed']}**" if f["failed"] else "0"
-        hung = f"**{f['hung']}**" if f["hung"] else "0"
-        lines.append(
-            f"| {f['title']} | {f['requests']} | {failed} | {hung} | {f['slowest_s']:.1f} s "
-            f"| {_seconds(f['exact_back_s'], f['exact_lost_s'])} | {notes} |")
     lines += ["", "## Details", ""]
     for f in report["faults"]:
         reasons = ", ".join(f"{k or 'ok'} x {v}" for k, v in f["failures"].items()) or "none"

@@ -21,22 +21,11 @@ import aiohttp
 
 from cortex.bench.faults_agents import GarbageSource, SlowBodyClients, StallProxy
 from cortex.bench.faults_load import MODEL, Canary, LoadGenerator, LoopThread
+from cortex.bench.procstat import rss_mb
 from cortex.cli.cluster import LocalCluster
 from cortex.registry import RedisRegistry, WorkerSpec
 
-__all__ = ["FAULTS", "Bench", "Fault", "rss_mb"]
-
-
-def rss_mb(pid: int) -> float | None:
-    """Resident set size of ``pid`` in MB (``None`` if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+__all__ = ["FAULTS", "Bench", "Fault"]
 
 
 def _http(url: str, method: str = "GET", body: Any = None, token: str | None = None,

@@ -24,20 +24,16 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import os
-import platform
 import random
-import subprocess
 import threading
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import aiohttp
 
-__all__ = ["Canary", "LoadGenerator", "LoopThread", "Prompts", "Record", "provenance"]
+__all__ = ["Canary", "LoadGenerator", "LoopThread", "Prompts", "Record"]
 
 T = TypeVar("T")
 
@@ -289,17 +285,3 @@ class LoopThread:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"{coro!r} did not finish in {timeout_s} s") from None
-
-
-
-def provenance() -> dict[str, str]:
-    """When, at which commit and on what a report was made."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5, check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    return {"generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": commit or "unknown",
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-                       f"Python {platform.python_version()}"}

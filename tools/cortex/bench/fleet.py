@@ -44,6 +44,7 @@ from typing import Any
 
 import aiohttp
 
+from cortex.bench.report import table
 from cortex.gateway.config import (
     BreakerConfig,
     GatewayConfig,
@@ -193,8 +194,7 @@ async def _oversize(http: aiohttp.ClientSession) -> list[str]:
                                                                        models=(off,))))
         for g in (gw, gw_off):
             await _until(functools.partial(_knows_context, g), 10)
-        rows = ["| prompt | body | refused by | round trip p50 (ms) | parse + pre-check p50 "
-                "(ms) | answer |", "|---|---|---|---|---|---|"]
+        rows: list[tuple[str, ...]] = []
         trip_of: dict[int, float] = {}
         for mib in (1, 4, 15):
             trips, works, answer, by = [], [], "", "the exact count (tokenized)"
@@ -214,9 +214,9 @@ async def _oversize(http: aiohttp.ClientSession) -> list[str]:
                     by = "the pre-check"
                 works.append(time.perf_counter() - start)
             trip_of[mib] = statistics.median(trips)
-            rows.append(f"| {mib} MiB of random words (~{len(text) // 2000}k tokens) | "
-                        f"{len(raw) / MIB:.1f} MiB | {by} | {_ms(trip_of[mib])} | "
-                        f"{_ms(statistics.median(works))} | {answer} |")
+            rows.append((f"{mib} MiB of random words (~{len(text) // 2000}k tokens)",
+                         f"{len(raw) / MIB:.1f} MiB", by, _ms(trip_of[mib]),
+                         _ms(statistics.median(works)), answer))
         baseline, base_answer = float("inf"), 0
         for seed in range(2):
             raw = json.dumps({"model": MODEL, "prompt": _prose(4 * MIB, 100 + seed),
@@ -239,7 +239,8 @@ async def _oversize(http: aiohttp.ClientSession) -> list[str]:
         "(JSON parse, validation, the pre-check), timed in process on the same bytes. "
         "5 requests each.",
         "",
-        *rows,
+        *table(("prompt", "body", "refused by", "round trip p50 (ms)",
+                "parse + pre-check p50 (ms)", "answer"), rows),
         "",
         f"Baseline, same run, the 4 MiB body with the pre-check off (tokenized, then refused "
         f"on the exact count, as before this change): best of 2 {_ms(baseline)} ms (HTTP "
@@ -305,13 +306,12 @@ async def _restarts(http: aiohttp.ClientSession, repeats: int) -> list[str]:
             " s), 4 closed-loop clients. Target: every reachable worker registered again "
             "within one lease; 0 failed requests.",
             "",
-            "| | value |",
-            "|---|---|",
-            f"| time until all 4 are registered again (s), each of {repeats} restarts | "
-            f"{', '.join(f'{r:.2f}' for r in recovery)} |",
-            f"| … in leases | max {max(recovery) / lease:.2f} |",
-            f"| requests from 1 s before each restart to 1 s after recovery | {served} |",
-            f"| … failed | {failed} |",
+            *table(("", "value"), [
+                (f"time until all 4 are registered again (s), each of {repeats} restarts",
+                 ", ".join(f"{r:.2f}" for r in recovery)),
+                ("… in leases", f"max {max(recovery) / lease:.2f}"),
+                ("requests from 1 s before each restart to 1 s after recovery", served),
+                ("… failed", failed)]),
             "",
         ]
         interval = config.health.interval_s
@@ -330,11 +330,10 @@ async def _restarts(http: aiohttp.ClientSession, repeats: int) -> list[str]:
             f"started again on the same ports. Target: routable within 2 probe intervals "
             f"({2 * interval:g} s).",
             "",
-            "| | value |",
-            "|---|---|",
-            f"| time from its restart to routable (s), {repeats} restarts | "
-            f"{', '.join(f'{b:.2f}' for b in back)} |",
-            f"| … in probe intervals | max {max(back) / interval:.2f} |",
+            *table(("", "value"), [
+                (f"time from its restart to routable (s), {repeats} restarts",
+                 ", ".join(f"{b:.2f}" for b in back)),
+                ("… in probe intervals", f"max {max(back) / interval:.2f}")]),
             "",
         ]
     return lines
@@ -395,14 +394,13 @@ async def _hung(http: aiohttp.ClientSession) -> list[str]:
         "before the worker hung. Target: no client waits longer than the first-byte timeout "
         "plus one retry.",
         "",
-        "| | baseline | one worker hung |",
-        "|---|---|---|",
-        f"| longest client wait (ms) | {_ms(max(w for w, _, _ in baseline))} | "
-        f"{_ms(max(w for w, _, _ in faulted))} |",
-        f"| median client wait (ms) | {_ms(statistics.median(w for w, _, _ in baseline))} | "
-        f"{_ms(statistics.median(w for w, _, _ in faulted))} |",
-        f"| requests that met the hung worker and were retried | 0 | {len(retried)} |",
-        f"| statuses | {sorted({s for _, s, _ in baseline})} | {statuses} |",
+        *table(("", "baseline", "one worker hung"), [
+            ("longest client wait (ms)", _ms(max(w for w, _, _ in baseline)),
+             _ms(max(w for w, _, _ in faulted))),
+            ("median client wait (ms)", _ms(statistics.median(w for w, _, _ in baseline)),
+             _ms(statistics.median(w for w, _, _ in faulted))),
+            ("requests that met the hung worker and were retried", 0, len(retried)),
+            ("statuses", sorted({s for _, s, _ in baseline}), statuses)]),
         "",
         f"Each retried request waited one timeout plus its retry; {len(retried)} timeouts "
         f"against a breaker that opens at {BreakerConfig().failures}"
@@ -450,13 +448,12 @@ async def _busy(http: aiohttp.ClientSession) -> list[str]:
         "15 MiB prompt): its 2 s probes time out. Default lease (10 s), "
         "`health.remove_after_s = 0` (a lease may lapse at the first counted failure).",
         "",
-        "| | value |",
-        "|---|---|",
-        f"| lease present at every check while the gateway's request was in flight "
-        f"({samples} checks, {busy_s:g} s) | {'yes' if kept else 'no'} |",
-        f"| that request | HTTP {served} |",
-        f"| baseline: the same probe timeouts with nothing in flight — lease gone after (s) | "
-        f"{idle_gone:.1f} |",
+        *table(("", "value"), [
+            (f"lease present at every check while the gateway's request was in flight "
+             f"({samples} checks, {busy_s:g} s)", "yes" if kept else "no"),
+            ("that request", f"HTTP {served}"),
+            ("baseline: the same probe timeouts with nothing in flight — lease gone after (s)",
+             f"{idle_gone:.1f}")]),
         "",
     ]
 
@@ -469,8 +466,7 @@ async def _not(predicate: Callable[[], Any]) -> bool:
 
 
 async def _parsing() -> list[str]:
-    rows = ["| body | messages | parse inline (ms) | longest loop stall, parse on a thread (ms) |",
-            "|---|---|---|---|"]
+    rows: list[tuple[str, ...]] = []
     message = b'{"role": "user", "content": "message number 1234567"}, '
     for mib in (1, 4, 16):
         count = (mib * MIB - 64) // len(message)
@@ -487,8 +483,8 @@ async def _parsing() -> list[str]:
         await asyncio.to_thread(json.loads, raw)
         await asyncio.sleep(0.005)  # let the ticker record the gap that spans the parse
         ticker.cancel()
-        rows.append(f"| {len(raw) / MIB:.1f} MiB | {count:,} | {_ms(inline)} | "
-                    f"{_ms(max(gaps, default=0.0))} |")
+        rows.append((f"{len(raw) / MIB:.1f} MiB", f"{count:,}", _ms(inline),
+                     _ms(max(gaps, default=0.0))))
     return [
         "## 6. Parsing large bodies",
         "",
@@ -497,7 +493,8 @@ async def _parsing() -> list[str]:
         "the stall (chat messages of 54 bytes each; `max_messages` then refuses such bodies "
         "before rendering).",
         "",
-        *rows,
+        *table(("body", "messages", "parse inline (ms)",
+                "longest loop stall, parse on a thread (ms)"), rows),
         "",
     ]
 

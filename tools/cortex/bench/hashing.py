@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cortex.bench.report import cpu_model, package_version, table
 from cortex.bench.timed import add_timed_parser, timed_main
 from cortex.hashing import (
     HASH_VERSION,
@@ -141,28 +141,10 @@ def measure(fn: Callable[[], object], seconds: float) -> tuple[int, float, float
     return calls, statistics.median(samples), min(samples)
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _load() -> str:
     try:
         return f"{os.getloadavg()[0]:.2f}"
     except OSError:  # pragma: no cover - platforms without getloadavg
-        return "?"
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
         return "?"
 
 
@@ -182,24 +164,22 @@ def render(results: Sequence[Result], seconds: float) -> str:
         "ratios use the best batch (the least disturbed by other processes); the median "
         "shows how much the machine's load moved it.",
         "",
-        f"- machine: {_cpu_model()}, {os.cpu_count()} cores, load average {_load()}; "
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores, load average {_load()}; "
         f"Python {platform.python_version()}",
-        f"- xxhash {_version('xxhash')}, cbor2 {_version('cbor2')}, numpy {_version('numpy')}; "
+        f"- xxhash {package_version('xxhash')}, cbor2 {package_version('cbor2')}, "
+        f"numpy {package_version('numpy')}; "
         f"Cortex HASH_VERSION {HASH_VERSION}",
         "",
-        "| what | block size | µs / prompt (best) | µs (median) | M tokens/s | "
-        "x slower than Cortex keys from a list |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for result in results:
         case = result.case
         base = baseline.get(case.block_size)
-        ratio = f"{result.best_s / base:.1f}" if base and case.group == "engine" else ""
-        block = str(case.block_size) if case.block_size else "-"
-        lines.append(
-            f"| {case.name} | {block} | {result.best_s * 1e6:,.1f} | "
-            f"{result.median_s * 1e6:,.1f} | {result.tokens_per_s / 1e6:,.1f} | {ratio} |"
-        )
+        rows.append((case.name, case.block_size or "-", f"{result.best_s * 1e6:,.1f}",
+                     f"{result.median_s * 1e6:,.1f}", f"{result.tokens_per_s / 1e6:,.1f}",
+                     f"{result.best_s / base:.1f}" if base and case.group == "engine" else ""))
+    lines += table(("what", "block size", "µs / prompt (best)", "µs (median)", "M tokens/s",
+                    "x slower than Cortex keys from a list"), rows, "lrrrrr")
     lines += [
         "",
         "Reading it:",

@@ -29,8 +29,8 @@ import platform
 import random
 import statistics
 import struct
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +41,8 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
+from cortex.bench.report import table
+from cortex.cli.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
@@ -327,20 +329,19 @@ async def gap_repair(
 async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
     """``cortex ingest run`` as a child process; yields its metrics URL."""
     metrics_port = free_port()
-    cmd = [
-        sys.executable, "-m", "cortex.cli.main", "ingest", "run", "--redis", redis_url,
-        "--index", f"127.0.0.1:{index_port}", "--metrics-host", "127.0.0.1",
-        "--metrics-port", str(metrics_port), "--poll-interval", "0.2", "--log-level",
-        "WARNING", "--align-every", "0",
-    ]
-    proc = await asyncio.create_subprocess_exec(*cmd, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{metrics_port}"
-    try:
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-ingest-") as logs, \
+            Supervisor(Path(logs)) as sup:
+        child = sup.start_cortex("ingest", [
+            "ingest", "run", "--redis", redis_url, "--index", f"127.0.0.1:{index_port}",
+            "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--poll-interval", "0.2", "--log-level", "WARNING", "--align-every", "0"])
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as session:
             while True:
-                if proc.returncode is not None:
-                    raise RuntimeError(f"cortex ingest exited with {proc.returncode}")
+                if not child.alive():
+                    raise RuntimeError(f"cortex ingest exited with {child.returncode}:\n"
+                                       f"{child.log_tail()}")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with session.get(f"{url}/health/ready") as resp:
                         if resp.status == 200:
@@ -349,14 +350,6 @@ async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
                     raise TimeoutError("cortex ingest did not become ready")
                 await asyncio.sleep(0.05)
         yield f"{url}/metrics"
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 async def run(args: argparse.Namespace) -> str:
@@ -414,48 +407,43 @@ def render(
         "benchmark process, so its contents are compared exactly). Block events = stored + "
         "removed blocks.",
         "",
-        "| measurement | result | target | |",
-        "|---|---|---|---|",
     ]
+    rows: list[tuple[str, str, str, str]] = []
     if burst is not None:
         met = "met" if burst.applied_rate >= 100_000 else "**missed**"
-        lines.append(f"| sustained block events/s into one ingest, zero loss (draining a "
-                     f"{burst.blocks:,}-event burst) | {burst.applied_rate:,.0f}/s | "
-                     f"≥ 100,000/s | {met} |")
+        rows.append((f"sustained block events/s into one ingest, zero loss (draining a "
+                     f"{burst.blocks:,}-event burst)", f"{burst.applied_rate:,.0f}/s",
+                     "≥ 100,000/s", met))
     if steady:
         top = max(steady, key=lambda r: r.blocks / r.send_s)
-        lines.append(f"| steady offered rate: ingest applied = sent, zero loss | up to "
-                     f"{top.blocks / top.send_s:,.0f}/s sent, {top.applied_rate:,.0f}/s applied,"
-                     f" lag ≤ {max(r.max_lag_s for r in steady) * 1000:.0f} ms | | |")
+        rows.append(("steady offered rate: ingest applied = sent, zero loss",
+                     f"up to {top.blocks / top.send_s:,.0f}/s sent, {top.applied_rate:,.0f}/s"
+                     f" applied, lag ≤ {max(r.max_lag_s for r in steady) * 1000:.0f} ms",
+                     "", ""))
     if restarts:
-        lines.append(f"| worker restart (seq reset) → index holds the new cache, READY | "
+        rows.append(("worker restart (seq reset) → index holds the new cache, READY",
                      f"p50 {statistics.median(restarts) * 1000:.0f} ms, max "
-                     f"{max(restarts) * 1000:.0f} ms ({len(restarts)} restarts) | | |")
-    lines.append(f"| worker joins with 1,000 batches in its replay buffer → READY, complete | "
-                 f"{join[0] * 1000:.0f} ms ({join[1]:,} blocks) | | |")
+                     f"{max(restarts) * 1000:.0f} ms ({len(restarts)} restarts)", "", ""))
+    rows.append(("worker joins with 1,000 batches in its replay buffer → READY, complete",
+                 f"{join[0] * 1000:.0f} ms ({join[1]:,} blocks)", "", ""))
     gap_s, counts = gap
-    lines.append(f"| 50 dropped batches → repaired by replay, index exact | "
+    rows.append(("50 dropped batches → repaired by replay, index exact",
                  f"{gap_s * 1000:.0f} ms (gaps {counts['cortex_ingest_gaps_total']:.0f}, "
                  f"replays ok {counts['cortex_ingest_replays_total:gap:ok']:.0f}, "
                  f"incomplete {counts['cortex_ingest_replays_total:gap:incomplete']:.0f}, "
-                 f"clears {counts['clears']:.0f}) | repaired, no clear | "
-                 f"{'met' if counts['clears'] == 0 else '**missed**'} |")
-    lines += [
-        "",
-        "Throughput by offered rate:",
-        "",
-        "| offered (block events/s) | block events | sent in (rate) | ingest applied | end to end "
-        "(index exact) | index == caches | gaps | gap replays ok | clears | max lag |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        offered = "max" if r.offered == 0 else f"{r.offered:,}"
-        lines.append(
-            f"| {offered} | {r.blocks:,} | {r.send_s:.2f} s ({r.blocks / r.send_s:,.0f}/s) | "
-            f"{r.applied_rate:,.0f}/s | "
-            f"{r.e2e_s:.2f} s ({r.blocks / r.e2e_s:,.0f}/s) | {'yes' if r.exact else 'NO'} | "
-            f"{r.gaps:.0f} | {r.replays_ok:.0f} | {r.clears:.0f} | {r.max_lag_s * 1000:.0f} ms |"
-        )
+                 f"clears {counts['clears']:.0f})", "repaired, no clear",
+                 "met" if counts["clears"] == 0 else "**missed**"))
+    lines += table(("measurement", "result", "target", ""), rows)
+    lines += ["", "Throughput by offered rate:", ""]
+    lines += table(
+        ("offered (block events/s)", "block events", "sent in (rate)", "ingest applied",
+         "end to end (index exact)", "index == caches", "gaps", "gap replays ok", "clears",
+         "max lag"),
+        [("max" if r.offered == 0 else f"{r.offered:,}", f"{r.blocks:,}",
+          f"{r.send_s:.2f} s ({r.blocks / r.send_s:,.0f}/s)", f"{r.applied_rate:,.0f}/s",
+          f"{r.e2e_s:.2f} s ({r.blocks / r.e2e_s:,.0f}/s)", "yes" if r.exact else "NO",
+          f"{r.gaps:.0f}", f"{r.replays_ok:.0f}", f"{r.clears:.0f}",
+          f"{r.max_lag_s * 1000:.0f} ms") for r in results])
     lines += [
         "",
         f"- Workload per rate: {args.workers} workers, block size {args.block_size}, cache "

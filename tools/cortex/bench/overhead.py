@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import platform
 import random
-import shutil
+import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,16 +45,17 @@ from typing import Any
 
 import aiohttp
 
-from cortex.sim.process import SimProcess
-from cortex.testing import RedisServer, free_port, sglang_router_argv, wait_until
+from cortex.bench.procstat import cpu_s
+from cortex.bench.report import table
+from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
+from cortex.cli.supervisor import Child, Supervisor
+from cortex.testing import free_port, sglang_router_argv, wait_until
 
 __all__ = ["register", "run"]
 
 MODEL = "cortex-sim"
-ADMIN_TOKEN = "bench-admin-token-0123456789"
 WORDS = ("the quick brown fox jumps over lazy dogs while seven wizards quietly judge "
          "boxing matches near old harbors under bright northern lights each evening").split()
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -89,132 +88,72 @@ def run(args: argparse.Namespace) -> int:
 # ---- processes ------------------------------------------------------------------------
 
 
-class Proc:
-    """A child process with its log in a temp file; terminated (then killed) on close."""
-
-    def __init__(self, name: str, argv: list[str]) -> None:
-        self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"cortex-bench-{name}-", suffix=".log",
-                                               delete=False)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=self.log, start_new_session=True)
-
-    def alive(self) -> bool:
-        """``True`` while running; raises with the log tail once it exited."""
-        if self.proc.poll() is not None:
-            tail = Path(self.log.name).read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
-        return True
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of the process so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
-
-
-def _cortex(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cortex.cli.main", *args]
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status) == 200
-    except OSError:
-        return False
-
-
-def _port_open(port: int) -> bool:
-    import socket
-
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-        return True
-    return False
-
-
 @dataclass
 class Cluster:
-    sims: list[SimProcess]
+    """The deployment under test: ``cortex up``'s cluster, plus sglang-router and the
+    breakdown servers started beside it; ``pids`` are the processes whose CPU is counted."""
+
+    local: LocalCluster
+    extra: Supervisor
     gateway_url: str
     router_url: str | None
-    procs: dict[str, Proc] = field(default_factory=dict)
-    gateway_config: dict[str, Any] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [w.url for w in self.local.workers.values()]
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [self.local.process(wid).pid for wid in self.local.workers]
+
+    def gateway_config(self) -> dict[str, Any]:
+        """The generated config of the cluster's gateway (a fresh copy to vary)."""
+        path = self.local.state()["gateways"][0]["config"]
+        config: dict[str, Any] = json.loads(Path(path).read_text())
+        return config
 
 
 @contextlib.contextmanager
 def cluster(with_router: bool) -> Iterator[Cluster]:
+    spec = ClusterSpec(workers=2, gateways=1, port=0, model=MODEL, block_size=16,
+                       kv_capacity_blocks=65536, max_running=1024, zero_cost=True,
+                       sim_args=("--output-tokens", "16:16", "--log-level", "warning"),
+                       index_args=("--log-level", "WARNING"),
+                       ingest_args=("--log-level", "WARNING"),
+                       gateway_args=("--log-level", "warning"))
     with contextlib.ExitStack() as stack:
-        redis = stack.enter_context(RedisServer())
-        procs: dict[str, Proc] = {}
-
-        def start(name: str, argv: list[str]) -> Proc:
-            proc = Proc(name, argv)
-            stack.callback(proc.close)
-            procs[name] = proc
-            return proc
-
-        sims = [SimProcess("--engine", "sglang", "--port", "0", "--kv-events-port", "0",
-                           "--replay-port", "0", "--block-size", "16", "--zero-cost",
-                           "--output-tokens", "16:16", "--max-running", "1024",
-                           "--kv-capacity-blocks", "65536", "--log-level", "warning")
-                for _ in range(2)]
-        for sim in sims:
-            stack.callback(sim.close)
-            sim.launch()
-        for sim in sims:
-            sim.wait_ready()
-        index_port = free_port()
-        index = start("index", _cortex("index", "--host", "127.0.0.1", "--port",
-                                       str(index_port), "--metrics-port", "-1",
-                                       "--log-level", "WARNING"))
-        wait_until(lambda: index.alive() and _port_open(index_port), 30, 0.05, "index")
-        ingest = start("ingest", _cortex("ingest", "run", "--redis", redis.url, "--index",
-                                         f"127.0.0.1:{index_port}", "--metrics-port", "-1",
-                                         "--poll-interval", "0.5", "--log-level", "WARNING"))
-        gw_port = free_port()
-        config = {
-            "models": [{"name": MODEL, "engine": "sglang", "block_size": 16}],
-            "server": {"host": "127.0.0.1", "port": gw_port, "admin_token": ADMIN_TOKEN},
-            "registry": {"redis_url": redis.url},
-            "index": {"targets": [f"127.0.0.1:{index_port}"]},
-            "workers": [
-                {"id": f"sim{i}", "url": sim.url, "engine": "sglang", "model": MODEL,
-                 "block_size": 16, "kv_events": sim.kv_events_endpoint,
-                 "replay": f"tcp://127.0.0.1:{sim.info['replay_port']}"}
-                for i, sim in enumerate(sims)
-            ],
-        }
-        config_file = Path(tempfile.mkdtemp(prefix="cortex-bench-")) / "gateway.json"
-        config_file.write_text(json.dumps(config))
-        stack.callback(shutil.rmtree, config_file.parent, True)
-        gateway = start("gateway", _cortex("gateway", "--config", str(config_file),
-                                           "--log-level", "warning"))
-        gw_url = f"http://127.0.0.1:{gw_port}"
-        wait_until(lambda: gateway.alive() and _http_ok(gw_url + "/health/ready"), 60, 0.1,
-                   "gateway ready")
-        ingest.alive()
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cortex-bench-")))
+        local = stack.enter_context(LocalCluster(spec, logs))
+        extra = Supervisor(logs / "extra")
+        stack.callback(extra.stop_all)
+        pids = {name: local.process(name).pid for name in ("index", "ingest")}
+        pids["gateway"] = local.process("gateway-0").pid
         router_url = None
         if with_router:
-            router_port = free_port()
-            router = start("sglang-router", sglang_router_argv(
-                router_port, "cache_aware", [s.url for s in sims]))
-            router_url = f"http://127.0.0.1:{router_port}"
-            wait_until(lambda: router.alive() and _http_ok(router_url + "/v1/models"), 60, 0.1,
-                       "sglang-router")
-        yield Cluster(sims, gw_url, router_url, procs, config)
+            port = free_port()
+            router = extra.start("sglang-router", sglang_router_argv(
+                port, "cache_aware", [w.url for w in local.workers.values()]))
+            router_url = f"http://127.0.0.1:{port}"
+            _wait_serving(router, router_url + "/v1/models", "sglang-router")
+            pids["sglang-router"] = router.pid
+        yield Cluster(local, extra, local.gateway_urls[0], router_url, pids)
+
+
+def _wait_serving(child: Child, url: str, what: str, port: int | None = None) -> None:
+    """Until ``url`` answers 200 (or, with ``port``, the port accepts connections)."""
+    def serving() -> bool:
+        if not child.alive():
+            raise RuntimeError(f"{what} exited with {child.returncode}:\n{child.log_tail()}")
+        return _port_open(port) if port is not None else probe_http(url)
+
+    wait_until(serving, 60, 0.1, what)
+
+
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
 
 
 # ---- requests ---------------------------------------------------------------------------
@@ -235,10 +174,10 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _explain(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+async def _explain(session: aiohttp.ClientSession, c: Cluster, body: dict[str, Any]
                    ) -> dict[str, Any]:
-    async with session.post(url + "/admin/explain", json=body,
-                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+    async with session.post(c.gateway_url + "/admin/explain", json=body, headers={
+            "Authorization": f"Bearer {c.local.admin_token}"}) as resp:
         resp.raise_for_status()
         result: dict[str, Any] = await resp.json()
         return result
@@ -255,7 +194,7 @@ async def decisions(session: aiohttp.ClientSession, c: Cluster, n: int
         resp.raise_for_status()
         await resp.read()
     for _ in range(200):
-        explained = await _explain(session, c.gateway_url, _chat(system, "probe"))
+        explained = await _explain(session, c, _chat(system, "probe"))
         if explained["decision"]["mode"] == "exact_kv" and any(
                 x["index_tokens"] for x in explained["candidates"]):
             break
@@ -272,7 +211,7 @@ async def decisions(session: aiohttp.ClientSession, c: Cluster, n: int
                 body = repeat
             else:
                 body = _chat(_words(rng, 3900), f"question {i}")
-            timings = (await _explain(session, c.gateway_url, body))["timings_ms"]
+            timings = (await _explain(session, c, body))["timings_ms"]
             for stage, ms in timings.items():
                 stages.setdefault(stage, []).append(float(ms))
         scenarios[name] = stages
@@ -286,7 +225,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
 
 
 def _targets(c: Cluster) -> dict[str, list[str]]:
-    targets = {"direct": [s.url for s in c.sims], "cortex": [c.gateway_url]}
+    targets = {"direct": c.worker_urls, "cortex": [c.gateway_url]}
     if c.router_url:
         targets["sglang-router"] = [c.router_url]
     return targets
@@ -332,8 +271,7 @@ async def throughput(c: Cluster, urls: list[str], concurrency: int, duration: fl
                                      timeout=aiohttp.ClientTimeout(total=60)) as session:
         for i in range(concurrency):  # warm the connections
             await _stream(session, urls[i % len(urls)], bodies[i])
-        cpu_before = {name: p.cpu_s() for name, p in c.procs.items()}
-        sims_before = [_sim_cpu(s) for s in c.sims]
+        cpu_before = _cpu(c)
         self_before = time.process_time()
         stop = time.perf_counter() + duration
 
@@ -352,16 +290,22 @@ async def throughput(c: Cluster, urls: list[str], concurrency: int, duration: fl
         started = time.perf_counter()
         await asyncio.gather(*(client(k) for k in range(concurrency)))
         elapsed = time.perf_counter() - started
-    cpu = {name: p.cpu_s() - cpu_before[name] for name, p in c.procs.items()}
-    cpu["sims"] = sum(_sim_cpu(s) - b for s, b in zip(c.sims, sims_before, strict=True))
+    cpu = {name: spent - cpu_before[name] for name, spent in _cpu(c).items()}
     cpu["load generator"] = time.process_time() - self_before
     return Throughput(done, errors, elapsed, cpu)
 
 
-def _sim_cpu(sim: SimProcess) -> float:
-    assert sim.proc is not None
-    fields = Path(f"/proc/{sim.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+def _cpu(c: Cluster) -> dict[str, float]:
+    """CPU seconds so far of each counted process, and of the sims together."""
+    def spent(pid: int) -> float:
+        value = cpu_s(pid)
+        if value is None:
+            raise RuntimeError(f"process {pid} exited during the benchmark")
+        return value
+
+    out = {name: spent(pid) for name, pid in c.pids.items()}
+    out["sims"] = sum(spent(pid) for pid in c.worker_pids)
+    return out
 
 
 # ---- the CPU breakdown: the gateway's HTTP stack alone, then without the index ----------
@@ -376,7 +320,6 @@ def floor_main() -> None:
     [UPSTREAM]``: hypercorn, configured like ``GatewayServer``, with an app that answers
     every request with a canned 16-event stream (``canned``) or relays it to ``UPSTREAM``
     with aiohttp like the gateway's upstream client, without any routing (``proxy``)."""
-    import socket
 
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HypercornConfig
@@ -445,44 +388,39 @@ class Floor:
 REPLICA_OFF = "cortex gateway, gRPC Match (replica off)"
 
 
-def _serving(proc: Proc, port: int, ready_url: str | None) -> bool:
-    return proc.alive() and (_http_ok(ready_url) if ready_url else _port_open(port))
-
-
 async def floors(c: Cluster, concurrency: int, duration: float) -> dict[str, Floor]:
     """The same closed loop against each breakdown server, started one at a time."""
-    no_index = {**c.gateway_config, "index": {"targets": []}}
-    match_rpc = {**c.gateway_config, "index": {**c.gateway_config["index"], "replica": False}}
+    base = {**c.gateway_config(), "gateway_id": "gateway-floor"}
+    no_index = {**base, "index": {"targets": []}}
+    match_rpc = {**base, "index": {**base["index"], "replica": False}}
     out: dict[str, Floor] = {}
     for name in ("hypercorn, canned stream", "hypercorn + aiohttp relay",
                  "cortex gateway, no index", REPLICA_OFF):
         port = free_port()
+        url = f"http://127.0.0.1:{port}"
         if name.startswith("cortex"):
             config = no_index if name.endswith("no index") else match_rpc
             config["server"] = {**config["server"], "port": port}
-            path = Path(tempfile.mkdtemp(prefix="cortex-bench-")) / "gateway.json"
+            path = c.extra.log_dir / "floor-gateway.json"
             path.write_text(json.dumps(config))
-            argv = _cortex("gateway", "--config", str(path), "--log-level", "warning")
+            floor = c.extra.start_cortex("floor", ["gateway", "--config", str(path),
+                                                   "--log-level", "warning"])
+            _wait_serving(floor, url + "/health/ready", name)
         else:
-            path = None
-            argv = [sys.executable, "-c", "from cortex.bench.overhead import floor_main;"
-                    " floor_main()", "canned" if "canned" in name else "proxy", str(port),
-                    c.sims[0].url]
-        proc = Proc("floor", argv)
+            floor = c.extra.start("floor", [
+                sys.executable, "-c", "from cortex.bench.overhead import floor_main;"
+                " floor_main()", "canned" if "canned" in name else "proxy", str(port),
+                c.worker_urls[0]])
+            _wait_serving(floor, "", name, port)
         try:
-            url = f"http://127.0.0.1:{port}"
-            ready = url + "/health/ready" if path else None
-            wait_until(functools.partial(_serving, proc, port, ready), 60, 0.1, name)
-            c.procs["floor"] = proc
+            c.pids["floor"] = floor.pid
             r = await throughput(c, [url], concurrency, duration)
             per_request = 1000 / max(r.requests, 1)
             out[name] = Floor(r.rate, r.cpu_s["floor"] * per_request, r.errors,
                               r.cpu_s.get("index", 0.0) * per_request)
         finally:
-            c.procs.pop("floor", None)
-            proc.close()
-            if path is not None:
-                shutil.rmtree(path.parent, ignore_errors=True)
+            c.pids.pop("floor", None)
+            c.extra.stop(floor)
     return out
 
 
@@ -541,15 +479,14 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         "Server-side timings of `/admin/explain` (the same code path as real requests),"
         f" {args.decisions} decisions per scenario, milliseconds.",
         "",
-        "| scenario | p50 total | p99 total | tokenize p50 | hash p50 | match p50 | score p50 |",
-        "|---|---|---|---|---|---|---|",
+        *table(("scenario", "p50 total", "p99 total", "tokenize p50", "hash p50", "match p50",
+                "score p50"),
+               [(name, _fmt(statistics.median(stages["total"])),
+                 _fmt(_pct(stages["total"], 0.99)),
+                 *(_fmt(statistics.median(stages[s])) for s in ("tokenize", "hash", "match",
+                                                                 "score")))
+                for name, stages in routing.items()]),
     ]
-    for name, stages in routing.items():
-        p50 = {s: statistics.median(v) for s, v in stages.items()}
-        lines.append(
-            f"| {name} | {_fmt(p50['total'])} | {_fmt(_pct(stages['total'], 0.99))} |"
-            f" {_fmt(p50['tokenize'])} | {_fmt(p50['hash'])} | {_fmt(p50['match'])} |"
-            f" {_fmt(p50['score'])} |")
     warm = statistics.median(routing["warm"]["total"])
     cold = statistics.median(routing["never seen"]["total"])
     lines += [
@@ -562,15 +499,15 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f"{args.latency_requests} sequential streamed chat requests per target (16 output"
         " tokens, ~330 prompt tokens), interleaved; full stream time in ms.",
         "",
-        "| target | p50 | p99 | added p50 | added p99 |",
-        "|---|---|---|---|---|",
     ]
     base50, base99 = statistics.median(lat["direct"]), _pct(lat["direct"], 0.99)
+    rows = []
     for name, values in lat.items():
         t50, t99 = statistics.median(values), _pct(values, 0.99)
-        added = "—" if name == "direct" else f"{t50 - base50:+.2f}"
-        added99 = "—" if name == "direct" else f"{t99 - base99:+.2f}"
-        lines.append(f"| {name} | {t50:.2f} | {t99:.2f} | {added} | {added99} |")
+        direct = name == "direct"
+        rows.append((name, f"{t50:.2f}", f"{t99:.2f}", "—" if direct else f"{t50 - base50:+.2f}",
+                     "—" if direct else f"{t99 - base99:+.2f}"))
+    lines += table(("target", "p50", "p99", "added p50", "added p99"), rows)
     lines += [
         "",
         "## 3. Streamed requests per second",
@@ -578,13 +515,12 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f"Closed loop, {args.concurrency} clients, {args.duration:g} s per target. CPU is"
         " seconds of CPU per 1,000 requests, per process.",
         "",
-        "| target | req/s | errors | " + " | ".join(
-            f"CPU {n}" for n in next(iter(rates.values())).cpu_s) + " |",
-        "|---|---|---|" + "---|" * len(next(iter(rates.values())).cpu_s),
+        *table(("target", "req/s", "errors",
+                *(f"CPU {n}" for n in next(iter(rates.values())).cpu_s)),
+               [(name, f"{r.rate:.0f}", r.errors,
+                 *(f"{v / max(r.requests, 1) * 1000:.2f}" for v in r.cpu_s.values()))
+                for name, r in rates.items()]),
     ]
-    for name, r in rates.items():
-        cpu = " | ".join(f"{v / max(r.requests, 1) * 1000:.2f}" for v in r.cpu_s.values())
-        lines.append(f"| {name} | {r.rate:.0f} | {r.errors} | {cpu} |")
     cortex = rates["cortex"]
     gw_cpu_ms = cortex.cpu_s["gateway"] / max(cortex.requests, 1) * 1000
     lines += [""]
@@ -617,10 +553,10 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
             " (one gRPC Match per request), and the gateway of section 3. CPU is that"
             " process's, per request, and the index's.",
             "",
-            "| server | req/s | errors | CPU per request (ms) | index CPU per request (ms) |",
-            "|---|---|---|---|---|",
-            *(f"| {name} | {f.rate:.0f} | {f.errors} | {f.cpu_ms:.3f} | {f.index_cpu_ms:.3f} |"
-              for name, f in breakdown.items()),
+            *table(("server", "req/s", "errors", "CPU per request (ms)",
+                    "index CPU per request (ms)"),
+                   [(name, f"{f.rate:.0f}", f.errors, f"{f.cpu_ms:.3f}", f"{f.index_cpu_ms:.3f}")
+                    for name, f in breakdown.items()]),
             "",
         ]
     lines += [

@@ -30,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.routing_contenders import _proc_cpu_s
+from cortex.bench.procstat import cpu_s, rss_bytes
+from cortex.bench.report import table
+from cortex.cli.supervisor import Child, Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.testing import free_port, wait_until
 
@@ -45,11 +48,6 @@ __all__ = ["main", "register", "run_rate"]
 
 DOMAIN = HashDomain("bench-model", 16, Engine.SGLANG)
 SOURCES = 8
-
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 # ---- the child processes ------------------------------------------------------------------
@@ -114,12 +112,12 @@ async def _replica(target: str, seconds: float) -> None:
 
     client = Measured(IndexConfig(targets=(target,)), (DOMAIN.model,), GatewayMetrics(),
                       lambda changes: None, replica_id=f"bench-{os.getpid()}")
-    rss0 = _rss_bytes(os.getpid())
+    rss0 = rss_bytes(os.getpid()) or 0
     async with client:
         await asyncio.sleep(seconds)
         replica = client.replica
         blocks = replica.view.blocks
-        rss = _rss_bytes(os.getpid())
+        rss = rss_bytes(os.getpid()) or 0
         tree = replica.view.trees.get(DOMAIN)
         queries: list[list[int]] = []
         if tree is not None and tree.sources:
@@ -169,16 +167,19 @@ class RateResult:
     index_bytes_per_block: float
 
 
-def _child(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cortex.bench.replica", "--child", *args],
-                            stdout=subprocess.PIPE, text=True)
+def _child(sup: Supervisor, name: str, *args: str) -> Child:
+    return sup.start(name, [sys.executable, "-m", "cortex.bench.replica", "--child", *args])
 
 
-def _result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"child failed ({proc.returncode})")
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+def _result(child: Child, timeout: float) -> dict[str, Any]:
+    """The JSON line a child prints last, once it exited."""
+    try:
+        child.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{child.name} did not finish in {timeout:g} s") from None
+    if child.returncode != 0:
+        raise RuntimeError(f"{child.name} failed ({child.returncode}):\n{child.log_tail()}")
+    result: dict[str, Any] = json.loads(child.log_path.read_text().strip().splitlines()[-1])
     return result
 
 
@@ -186,26 +187,25 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
              seed: int) -> RateResult:
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
-    index = subprocess.Popen([sys.executable, "-m", "cortex.cli.main", "index", "--host",
-                              "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
-                              "--metrics-port", str(metrics_port), "--log-level", "WARNING",
-                              "--memory-budget-bytes", "0"])
-    try:
+    with tempfile.TemporaryDirectory(prefix="cortex-bench-replica-") as logs, \
+            Supervisor(Path(logs)) as sup:
+        index = sup.start_cortex("index", [
+            "index", "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(metrics_port), "--log-level", "WARNING",
+            "--memory-budget-bytes", "0"])
         wait_until(lambda: _port_open(port), 30, 0.05, "index")
-        children = [_child("replica", target, str(seconds + 2)) for _ in range(replicas)]
+        children = [_child(sup, f"replica-{i}", "replica", target, str(seconds + 2))
+                    for i in range(replicas)]
         wait_until(lambda: _subscribers(metrics_port) == replicas, 30, 0.05,
                    "the replicas to subscribe")
-        procs: list[subprocess.Popen[Any]] = [index, *children]
-        cpu0 = {p.pid: _proc_cpu_s(p.pid) for p in procs}
-        feeder = _child("feeder", target, str(rate), str(seconds), str(blocks), str(per_batch),
-                        str(seed))
+        procs = [index, *children]
+        cpu0 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
+        feeder = _child(sup, "feeder", "feeder", target, str(rate), str(seconds), str(blocks),
+                        str(per_batch), str(seed))
         fed = _result(feeder, seconds + 60)
-        cpu1 = {p.pid: _proc_cpu_s(p.pid) for p in procs}
-        index_rss = _rss_bytes(index.pid)
+        cpu1 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
+        index_rss = rss_bytes(index.pid) or 0
         outs = [_result(c, seconds + 120) for c in children]
-    finally:
-        index.terminate()
-        index.wait(10)
     sent = max(1, fed["blocks"])
     lags = sorted(x for o in outs for x in o["lags"])
     q = statistics.quantiles(lags, n=100) if len(lags) > 1 else [0.0] * 99
@@ -257,16 +257,15 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         f"updates a batch), {replicas} replica processes (a gateway's `ReplicaClient` each), "
         "all on 127.0.0.1 and one machine: the replicas compete with the index for the cores.",
         "",
-        "| offered blocks/s | sent | lag p50 | p99 | max | index CPU / block | replica CPU / "
-        "block | replica RSS / block | match (256 keys) | answers ≠ index |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *table(("offered blocks/s", "sent", "lag p50", "p99", "max", "index CPU / block",
+                "replica CPU / block", "replica RSS / block", "match (256 keys)",
+                "answers ≠ index"),
+               [(f"{r.rate:,.0f}", f"{r.blocks:,}", f"{r.lag_p50_ms:.1f} ms",
+                 f"{r.lag_p99_ms:.1f} ms", f"{r.lag_max_ms:.0f} ms",
+                 f"{r.index_cpu_us_per_block:.2f} µs", f"{r.replica_cpu_us_per_block:.2f} µs",
+                 f"{r.replica_bytes_per_block:.0f} B", f"{r.match_us:.0f} µs",
+                 f"{r.mismatches} of {r.queries}") for r in results], "r" * 10),
     ]
-    for r in results:
-        lines.append(
-            f"| {r.rate:,.0f} | {r.blocks:,} | {r.lag_p50_ms:.1f} ms | {r.lag_p99_ms:.1f} ms | "
-            f"{r.lag_max_ms:.0f} ms | {r.index_cpu_us_per_block:.2f} µs | "
-            f"{r.replica_cpu_us_per_block:.2f} µs | {r.replica_bytes_per_block:.0f} B | "
-            f"{r.match_us:.0f} µs | {r.mismatches} of {r.queries} |")
     lines += [
         "",
         "- **lag**: a replica applying a live batch, minus the index's `applied_unix_s` for",
@@ -335,7 +334,7 @@ def _main(args: argparse.Namespace) -> int:
                                     encoding="utf-8")
     if plot(results, out / "replica.png"):
         with (out / "replica.md").open("a", encoding="utf-8") as f:
-            f.write("![replica lag](replica.png)\n")
+            f.write("\n![replica lag](replica.png)\n")
     print(out / "replica.md")
     return 0
 

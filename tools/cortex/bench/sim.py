@@ -31,6 +31,7 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
+from cortex.bench.report import table
 from cortex.hashing import Engine
 from cortex.ingest.codec import decode_batch
 from cortex.ingest.frames import parse_pub
@@ -237,29 +238,23 @@ def _report(results: list[LoadResult], ceilings: dict[str, tuple[float, float]],
         "",
         "## Requests",
         "",
-        "| phase | requests | errors | req/s | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        *table(("phase", "requests", "errors", "req/s", "p50 ms", "p99 ms"),
+               [(r.name, r.requests, r.errors, f"{r.rps:,.0f}", f"{r.p50_ms:.1f}",
+                 f"{r.p99_ms:.1f}") for r in results if r.requests], "lrrrrr"),
     ]
-    for r in results:
-        if r.requests:
-            lines.append(f"| {r.name} | {r.requests} | {r.errors} | {r.rps:,.0f} | "
-                         f"{r.p50_ms:.1f} | {r.p99_ms:.1f} |")
     lines += ["", "## KV events", "",
               "Unique 256-token prompts (16 blocks of 16) into a 4,096-block pool: each request "
               "stores 16 blocks and, once the pool is full, evicts 16 (SGLang: one BlockRemoved "
               "per evicted chain; vLLM: one per block).", "",
-              "| phase | batches | events | events/s | block hashes/s |",
-              "|---|---:|---:|---:|---:|"]
-    for r in results:
-        if r.events:
-            per_block = f"{r.blocks / r.seconds:,.0f}" if r.blocks else "-"
-            lines.append(f"| {r.name} | {r.batches} | {r.events} | "
-                         f"{r.events / r.seconds:,.0f} | {per_block} |")
-    lines += ["", "## Publisher ceiling (in process: encode + ZMQ PUB send, no HTTP)", "",
-              "| engine | batches/s | blocks stored/s |", "|---|---:|---:|"]
-    for name, (batches, blocks) in ceilings.items():
-        lines.append(f"| {name} | {batches:,.0f} | {blocks:,.0f} |")
-    lines.append("")
+              *table(("phase", "batches", "events", "events/s", "block hashes/s"),
+                     [(r.name, r.batches, r.events, f"{r.events / r.seconds:,.0f}",
+                       f"{r.blocks / r.seconds:,.0f}" if r.blocks else "-")
+                      for r in results if r.events], "lrrrr"),
+              "", "## Publisher ceiling (in process: encode + ZMQ PUB send, no HTTP)", "",
+              *table(("engine", "batches/s", "blocks stored/s"),
+                     [(name, f"{batches:,.0f}", f"{blocks:,.0f}")
+                      for name, (batches, blocks) in ceilings.items()], "lrr"),
+              ""]
     return "\n".join(lines)
 
 

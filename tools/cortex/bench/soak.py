@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.faults_catalogue import rss_mb
-from cortex.bench.faults_load import LoadGenerator, LoopThread, provenance
+from cortex.bench.faults_load import LoadGenerator, LoopThread
+from cortex.bench.procstat import rss_mb
+from cortex.bench.report import provenance, table
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["register", "slope_mb_per_10min"]
@@ -105,10 +106,8 @@ def render(report: dict[str, Any]) -> str:
         f"Target: ≤ {TARGET_MB_PER_10MIN:g} MB per 10 minutes per service.", "",
         f"Requests: {report['requests']}, failed {report['failed']}, exact-KV hits "
         f"{report['exact']}.", "",
-        "| process | RSS at start | after warm-up | at the end | max | slope (MB / 10 min) "
-        "| target |",
-        "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for name, s in report["services"].items():
         slope = s["slope_mb_per_10min"]
         if not s["service"]:
@@ -118,9 +117,11 @@ def render(report: dict[str, Any]) -> str:
         else:
             verdict = "met" if slope <= TARGET_MB_PER_10MIN else "**missed**"
         after = "—" if s["after_warmup_mb"] is None else f"{s['after_warmup_mb']:.1f} MB"
-        lines.append(f"| {name} | {s['start_mb']:.1f} MB | {after} | {s['end_mb']:.1f} MB | "
-                     f"{s['max_mb']:.1f} MB | {'—' if slope is None else f'{slope:+.2f}'} | "
-                     f"{verdict} |")
+        rows.append((name, f"{s['start_mb']:.1f} MB", after, f"{s['end_mb']:.1f} MB",
+                     f"{s['max_mb']:.1f} MB", "—" if slope is None else f"{slope:+.2f}",
+                     verdict))
+    lines += table(("process", "RSS at start", "after warm-up", "at the end", "max",
+                    "slope (MB / 10 min)", "target"), rows)
     lines += ["", "![RSS over time](soak.png)", "", "## Reproduce", "", "```sh",
               ".venv/bin/cortex bench soak                 # 30 minutes",
               ".venv/bin/cortex bench soak --minutes 8     # a shorter run", "```", "",

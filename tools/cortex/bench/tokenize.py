@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.report import table
 from cortex.chat import ChatTokenizer, RenderArgs, default_tokenizer_dir, render_args
 from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.metrics import GatewayMetrics
@@ -294,45 +295,44 @@ def _report(conv: list[ConversationResult], never: list[NeverSeenResult],
              "## 20-turn agent conversation", "",
              "System prompt 4k tokens, then per turn ~300 new user tokens and a ~300-token "
              "answer (fed to the cache after the turn, as the gateway does after a response). "
-             "Median over the conversations; target: turn 20 ≤ 0.05x a whole-prompt encode.", "",
-             "| tokenizer | turn-20 prompt | whole render + encode | gateway | ratio | "
-             "without answer feeding | ratio | token hit rate (fed / not fed) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Median over the conversations; target: turn 20 ≤ 0.05x a whole-prompt encode.", ""]
+    rows: list[tuple[str, ...]] = []
     for r in conv:
         whole = _median([c[-1] for c in r.whole_ms])
         cached = _median([c[-1] for c in r.per_turn_ms])
         unfed = _median(r.unfed_turn20_ms)
-        lines.append(f"| {r.tokenizer} | {r.prompt_tokens:,} tokens | {whole:.2f} ms | "
-                     f"{cached:.2f} ms | **{cached / whole:.3f}** | {unfed:.2f} ms | "
-                     f"{unfed / whole:.3f} | {100 * r.hit_rate:.1f} % / "
-                     f"{100 * r.unfed_hit_rate:.1f} % |")
+        rows.append((r.tokenizer, f"{r.prompt_tokens:,} tokens", f"{whole:.2f} ms",
+                     f"{cached:.2f} ms", f"**{cached / whole:.3f}**", f"{unfed:.2f} ms",
+                     f"{unfed / whole:.3f}",
+                     f"{100 * r.hit_rate:.1f} % / {100 * r.unfed_hit_rate:.1f} %"))
+    lines += table(("tokenizer", "turn-20 prompt", "whole render + encode", "gateway", "ratio",
+                    "without answer feeding", "ratio", "token hit rate (fed / not fed)"), rows)
     lines += ["", f"![per-turn tokenization time]({png})", "",
               "## Never-seen 8k-token prompt", "",
               "Wall time of one prompt nobody sent before (median of the repeats), then each "
               "request's wall time under bursts of 16 such prompts at once. Targets: 2 workers "
-              "≤ 0.6x 1 worker; burst p99 ≤ 2x p50.", "",
-              "| tokenizer | prompt | 1 thread | 2 threads | ratio | 2 processes | ratio | "
-              "burst p50 / p99 (2 threads) | p99/p50 | burst p50 / p99 (2 processes) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "≤ 0.6x 1 worker; burst p99 ≤ 2x p50.", ""]
+    rows = []
     for n in never:
         one = _median(n.wall_ms["1 thread"])
         two = _median(n.wall_ms["2 threads"])
         proc = _median(n.wall_ms["2 processes"])
         bt, bp = n.burst_ms["2 threads"], n.burst_ms["2 processes"]
-        lines.append(f"| {n.tokenizer} | {n.prompt_tokens:,} tokens | {one:.1f} ms | "
-                     f"{two:.1f} ms | **{two / one:.2f}** | {proc:.1f} ms | {proc / one:.2f} | "
-                     f"{_p(bt, .5):.0f} / {_p(bt, .99):.0f} ms | "
-                     f"**{_p(bt, .99) / _p(bt, .5):.2f}** | "
-                     f"{_p(bp, .5):.0f} / {_p(bp, .99):.0f} ms |")
+        rows.append((n.tokenizer, f"{n.prompt_tokens:,} tokens", f"{one:.1f} ms",
+                     f"{two:.1f} ms", f"**{two / one:.2f}**", f"{proc:.1f} ms",
+                     f"{proc / one:.2f}", f"{_p(bt, .5):.0f} / {_p(bt, .99):.0f} ms",
+                     f"**{_p(bt, .99) / _p(bt, .5):.2f}**",
+                     f"{_p(bp, .5):.0f} / {_p(bp, .99):.0f} ms"))
+    lines += table(("tokenizer", "prompt", "1 thread", "2 threads", "ratio", "2 processes",
+                    "ratio", "burst p50 / p99 (2 threads)", "p99/p50",
+                    "burst p50 / p99 (2 processes)"), rows)
     lines += ["", "Cache hit rate on this workload: 0 % by construction (every prompt is new).",
               "", "## A huge request next to small ones", "",
               "A 20,001-message chat request tokenized while small one-message requests keep "
               "coming (each after a 1 ms I/O wait); extra latency of the small requests.", "",
-              "| where the huge request runs | small requests | p50 | p99 | max |",
-              "|---|---|---|---|---|"]
-    for label, lat in huge.items():
-        lines.append(f"| {label} | {len(lat)} | {_p(lat, .5):.2f} ms | {_p(lat, .99):.2f} ms | "
-                     f"{max(lat):.2f} ms |")
+              *table(("where the huge request runs", "small requests", "p50", "p99", "max"),
+                     [(label, len(lat), f"{_p(lat, .5):.2f} ms", f"{_p(lat, .99):.2f} ms",
+                       f"{max(lat):.2f} ms") for label, lat in huge.items()])]
     return "\n".join(lines) + "\n"
 
 

@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cortex.bench.report import cpu_model, package_version, table
 from cortex.bench.timed import add_timed_parser, timed_main
 from cortex.hashing import Engine, HashDomain, pack_keys, pack_tokens
 from cortex.index.convert import match_args, match_reply
@@ -169,24 +169,6 @@ def measure(fn: Callable[[], object], seconds: float) -> float:
     return statistics.median(samples)
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def render(rows: Sequence[Row], timings: dict[tuple[str, str, str], float], seconds: float) -> str:
     """The markdown report: µs per message, medians."""
 
@@ -201,14 +183,14 @@ def render(rows: Sequence[Row], timings: dict[tuple[str, str, str], float], seco
         f"µs per message, median of ~5 ms batches over {seconds:g} s per cell, GC off, "
         "one process.",
         "",
-        f"- machine: {_cpu_model()}, {os.cpu_count()} cores; Python {platform.python_version()}",
-        f"- protobuf {_version('protobuf')} (upb), numpy {_version('numpy')}",
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores; "
+        f"Python {platform.python_version()}",
+        f"- protobuf {package_version('protobuf')} (upb), numpy {package_version('numpy')}",
         "",
-        "| message | lists as | encode | decode + validate |",
-        "|---|---|---:|---:|",
+        *table(("message", "lists as", "encode", "decode + validate"),
+               [(row.message, row.form, cell(row, "enc"), cell(row, "dec")) for row in rows],
+               "llrr"),
     ]
-    for row in rows:
-        lines.append(f"| {row.message} | {row.form} | {cell(row, 'enc')} | {cell(row, 'dec')} |")
     lines += [
         "",
         "Reading it: decodes end with the values the receiver uses (lists of ints, validated",

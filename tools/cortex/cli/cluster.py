@@ -94,9 +94,14 @@ class ClusterSpec:
     ``lease_ttl_s``: registry lease (s); gateways probe and the services poll the registry
     every ``min(1, ttl/4)`` s so renewals stay well inside it. With no gateway nobody renews
     leases, so workers are registered without expiry.
+    ``external``: workers that already run elsewhere (``cortex serve``): registered and
+    waited for like the sims, never started or stopped.
     ``gateway_config``: sections merged into every gateway's generated config
-    (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args``: extra
-    flags. ``ready_timeout_s``: the whole start-up's deadline.
+    (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args`` /
+    ``gateway_args``: extra flags. ``ready_timeout_s``: the whole start-up's deadline.
+    ``eagle_lookahead``: the sims run speculative decoding with prefix caching (``cortex sim
+    --eagle-lookahead``) and are registered with that ``kv_lookahead``; ``eagle_drop``: vLLM
+    EAGLE on legacy hashes (``--eagle-drop``, registered with ``kv_eagle_drop``).
     """
 
     workers: int = 2
@@ -115,9 +120,13 @@ class ClusterSpec:
     sim_args: tuple[str, ...] = ()
     lease_ttl_s: float = 10.0
     gateway_config: Mapping[str, Any] = field(default_factory=dict)
+    external: tuple[WorkerSpec, ...] = ()
     index_args: tuple[str, ...] = ()
     ingest_args: tuple[str, ...] = ()
+    gateway_args: tuple[str, ...] = ()
     ready_timeout_s: float = 90.0
+    eagle_lookahead: int = 0
+    eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -144,7 +153,14 @@ class ClusterSpec:
         object.__setattr__(self, "sim_args", tuple(self.sim_args))
         object.__setattr__(self, "index_args", tuple(self.index_args))
         object.__setattr__(self, "ingest_args", tuple(self.ingest_args))
+        object.__setattr__(self, "gateway_args", tuple(self.gateway_args))
         object.__setattr__(self, "gateway_config", MappingProxyType(dict(self.gateway_config)))
+        object.__setattr__(self, "external", tuple(self.external))
+        ids = [wid for wid, _ in self.worker_roles()] + [w.id for w in self.external]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"external: worker ids must be unique, got {ids}")
+        if self.external and not self.services:
+            raise ValueError("external: registering workers needs the services")
 
     @property
     def poll_interval_s(self) -> float:
@@ -172,11 +188,13 @@ class WorkerInfo:
     replay: str
     bootstrap_port: int | None
 
-    def spec(self, model: str, block_size: int) -> WorkerSpec:
+    def spec(self, model: str, block_size: int, kv_lookahead: int | None = None,
+             kv_eagle_drop: bool = False) -> WorkerSpec:
         """The registry entry of this worker."""
         return WorkerSpec(id=self.id, url=self.url, engine=self.engine, model=model,
                           role=self.role, kv_events=self.kv_events, replay=self.replay,
-                          bootstrap_port=self.bootstrap_port, block_size=block_size)
+                          bootstrap_port=self.bootstrap_port, block_size=block_size,
+                          kv_lookahead=kv_lookahead, kv_eagle_drop=kv_eagle_drop)
 
 
 class LocalCluster:
@@ -203,6 +221,8 @@ class LocalCluster:
         self._index_metrics_port: int | None = None
         self._ingest_port: int | None = None
         self._gateway_configs: list[Path] = []
+        self._waiting_for: list[str] = []  # what the last readiness check still waited for
+        self._last_seen: dict[str, str] = {}  # worker id -> its last state at a gateway
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -249,9 +269,14 @@ class LocalCluster:
         if supervisor is None:
             return
         try:
-            if self.spec.redis_url and self.workers and self.spec.services:
+            ids = [*self.workers, *(w.id for w in self.spec.external)]
+            if self.spec.redis_url and ids and self.spec.services:
+                # a gateway re-asserts every worker it still reaches: stop them first
+                for name, child in self._children.items():
+                    if name.startswith("gateway-"):
+                        supervisor.stop(child, grace_s)
                 with contextlib.suppress(Exception):
-                    _run_async(_deregister(self.spec.redis_url, list(self.workers)))
+                    _run_async(_deregister(self.spec.redis_url, ids))
         finally:
             supervisor.stop_all(grace_s)
 
@@ -359,6 +384,12 @@ class LocalCluster:
                  "bootstrap_port": w.bootstrap_port, "metrics_url": w.url + "/metrics",
                  "pid": pids[w.id], "log": logs[w.id]}
                 for w in self.workers.values()
+            ] + [
+                {"id": w.id, "url": w.url, "engine": w.engine.value, "role": w.role.value,
+                 "model": w.model, "kv_events": w.kv_events, "replay": w.replay,
+                 "bootstrap_port": w.bootstrap_port, "metrics_url": w.url + "/metrics",
+                 "block_size": w.block_size, "dp_size": w.dp_size, "pid": None, "log": None}
+                for w in spec.external
             ],
         }
 
@@ -453,8 +484,8 @@ class LocalCluster:
             # first); probe timeouts of a worker busy with a gateway's request never count
             "health": {"interval_s": interval, "timeout_s": min(2.0, max(interval, 0.5)),
                        "remove_after_s": 0},
-            "workers": [w.spec(spec.model, spec.block_size).to_dict()
-                        for w in self.workers.values()],
+            "workers": [w.to_dict() for w in self._sim_specs()]
+                       + [w.to_dict() for w in spec.external],
         }
         return _merge(document, spec.gateway_config)
 
@@ -464,7 +495,7 @@ class LocalCluster:
         path.chmod(0o600)  # holds the admin token
         self._gateway_configs.append(path)
         self._start(f"gateway-{index}", ["gateway", "--config", str(path),
-                                         "--log-format", "text"])
+                                         "--log-format", "text", *self.spec.gateway_args])
         connect = LOOPBACK if self.spec.host in ("0.0.0.0", "::", "") else self.spec.host
         self.gateway_urls.append(f"http://{connect}:{port}")
 
@@ -483,6 +514,10 @@ class LocalCluster:
             args += ["--bootstrap-port", "0"]
         if spec.zero_cost:
             args.append("--zero-cost")
+        if spec.eagle_lookahead:
+            args += ["--eagle-lookahead", str(spec.eagle_lookahead)]
+        if spec.eagle_drop:
+            args.append("--eagle-drop")
         self._start(worker_id, [*args, *spec.sim_args])
         return offset
 
@@ -521,12 +556,17 @@ class LocalCluster:
             self._wait(f"gateway-{i}", functools.partial(self._gateway_ready, url), deadline,
                        self._children[f"gateway-{i}"])
 
+    def _sim_specs(self) -> list[WorkerSpec]:
+        spec = self.spec
+        return [w.spec(spec.model, spec.block_size, spec.eagle_lookahead or None,
+                       spec.eagle_drop) for w in self.workers.values()]
+
     def _register_workers(self) -> None:
-        if not self.workers:
+        specs = [*self._sim_specs(), *self.spec.external]
+        if not specs:
             return
         assert self.redis_url is not None
         ttl = self.spec.lease_ttl_s if self.spec.gateways else 0.0
-        specs = [w.spec(self.spec.model, self.spec.block_size) for w in self.workers.values()]
         try:
             _run_async(_register(self.redis_url, specs, ttl))
         except Exception as exc:
@@ -537,40 +577,63 @@ class LocalCluster:
         if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
             return False
         sources = body.get("sources", {})
-        return all(sources.get(f"{wid}#0") == "READY" for wid in self._live_workers())
+        self._waiting_for = [
+            f"{w.id} ({w.url}) rank {rank}: ledger {sources.get(f'{w.id}#{rank}', 'unknown')}"
+            for w in self._expected() if w.kv_events is not None for rank in range(w.dp_size)
+            if sources.get(f"{w.id}#{rank}") != "READY"]
+        return not self._waiting_for
 
     def _gateway_ready(self, url: str) -> bool:
         status, body = _http(url + "/health/ready")
         if not isinstance(body, dict):
             return False
-        live = self._live_workers()
+        live = self._expected()
         if not live:  # nothing to route to: the dependencies must be there
             return body.get("index") == "available" and body.get("registry") == "ok"
-        if status != 200 or body.get("status") != "ready":
-            return False
+        ready = status == 200 and body.get("status") == "ready"
         status, listing = _http(url + "/admin/workers",
                                 headers={"Authorization": f"Bearer {self.admin_token}"})
         if status != 200 or not isinstance(listing, dict):
             return False
         seen = {w["id"]: w for w in listing.get("workers", [])}
-        return all(wid in seen and seen[wid]["routable"] and seen[wid]["ledger"] == "ready"
-                   for wid in live)
+        waiting = []
+        for w in live:
+            entry = seen.get(w.id)
+            if entry is not None and entry["routable"] and (
+                    w.kv_events is None or entry["ledger"] == "ready"):
+                continue
+            if entry is not None:
+                error = entry.get("last_probe_error")
+                self._last_seen[w.id] = (f"health {entry['health']}, ledger {entry['ledger']}"
+                                         + (f", last probe error: {error}" if error else ""))
+                waiting.append(f"{w.id} ({w.url}): {self._last_seen[w.id]}")
+            else:
+                last = self._last_seen.get(w.id)
+                waiting.append(f"{w.id} ({w.url}): not in the pool"
+                               + (f" (left it with {last})" if last else ""))
+        self._waiting_for = waiting
+        return ready and not waiting
 
-    def _live_workers(self) -> list[str]:
-        return [wid for wid in self.workers if self._children[wid].alive()]
+    def _expected(self) -> list[WorkerSpec]:
+        """The workers start-up waits for: the live sims and the external workers."""
+        sims = [info.spec(self.spec.model, self.spec.block_size)
+                for wid, info in self.workers.items() if self._children[wid].alive()]
+        return sims + list(self.spec.external)
 
     def _wait(self, what: str, predicate: Callable[[], bool], deadline: float,
               child: Child) -> None:
         """Poll ``predicate`` until true; :class:`ClusterError` with ``child``'s log tail when
         any process crashes or the deadline passes."""
+        self._waiting_for = []
         while True:
             self.check()
             if predicate():
                 return
             if time.monotonic() >= deadline:
+                waiting = "".join(f"\n  waiting for {w}" for w in self._waiting_for)
                 raise ClusterError(
-                    f"{what} not ready after {self.spec.ready_timeout_s:g} s; last log lines "
-                    f"({child.log_path}):\n{child.log_tail()}")
+                    f"{what} not ready after {self.spec.ready_timeout_s:g} s;{waiting}\nlast "
+                    f"log lines ({child.log_path}):\n{child.log_tail()}")
             time.sleep(_POLL_S)
 
 

@@ -22,8 +22,10 @@ SUBCOMMANDS: dict[str, str] = {
     "index": "cortex.index.cli",
     "ingest": "cortex.ingest.cli",
     "workers": "cortex.ingest.cli_workers",
+    "discover-pods": "cortex.registry.kubernetes.cli",
     "gateway": "cortex.gateway.cli",
     "up": "cortex.cli.up",
+    "serve": "cortex.cli.serve",
     "bench": "cortex.bench.cli",
 }
 

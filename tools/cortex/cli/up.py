@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["register", "run", "spec_from_args", "summary"]
+__all__ = ["launch", "register", "run", "spec_from_args", "summary"]
 
 # long enough to fill a few KV blocks, so a repeated request shows a cache hit
 QUICKSTART_SYSTEM_PROMPT = (
@@ -111,36 +111,43 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cortex.cli.cluster import ClusterError, LocalCluster
-
     try:
         spec = spec_from_args(args)
     except ValueError as exc:
         print(f"cortex up: invalid arguments: {exc}", file=sys.stderr)
         return 2
+    return launch(spec, args)
+
+
+def launch(spec: Any, args: argparse.Namespace, command: str = "cortex up") -> int:
+    """Run the cluster of ``spec`` until a signal (``args``: ``state_file``, ``log_dir``):
+    the whole life of ``cortex up`` and ``cortex serve`` once their spec is built."""
+    from cortex.cli.cluster import ClusterError, LocalCluster
+
     state_file = Path(args.state_file) if args.state_file else None
     if state_file is not None:
-        owner = _claim_state_file(state_file)
+        owner = _claim_state_file(state_file, command)
         if owner is not None:
-            print(f"cortex up: {state_file} belongs to a running cortex up (pid {owner}): stop "
+            print(f"{command}: {state_file} belongs to a running {command} (pid {owner}): stop "
                   "it first, or pass another --state-file", file=sys.stderr)
             return 1
-    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="cortex-up-"))
+    prefix = command.replace(" ", "-") + "-"
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=prefix))
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    print(f"cortex up: starting (logs in {log_dir}) ...", flush=True)
+    print(f"{command}: starting (logs in {log_dir}) ...", flush=True)
     started = time.monotonic()
     try:
         with LocalCluster(spec, log_dir) as cluster:
             state = cluster.state()
             if state_file is not None:
                 _write_json(state_file, state)
-            print(summary(state, time.monotonic() - started), flush=True)
-            _watch(cluster)
+            print(summary(state, time.monotonic() - started, command), flush=True)
+            _watch(cluster, command)
     except _Stop as stop:
-        print(f"cortex up: {stop} received, everything stopped", flush=True)
+        print(f"{command}: {stop} received, everything stopped", flush=True)
         return 0
     except ClusterError as exc:
-        print(f"cortex up: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 1
     finally:
         for sig, handler in previous.items():
@@ -150,20 +157,20 @@ def run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - _watch only returns by a signal
 
 
-def _watch(cluster: Any) -> None:
+def _watch(cluster: Any, command: str) -> None:
     """Report every process that crashes (once, with its log tail) until a signal stops us."""
     reported: set[str] = set()
     while True:
         for child in cluster.crashed():
             if child.name not in reported:
                 reported.add(child.name)
-                print(f"cortex up: {child.name} exited with code {child.returncode}; the rest "
+                print(f"{command}: {child.name} exited with code {child.returncode}; the rest "
                       f"keeps running. Last log lines ({child.log_path}):\n{child.log_tail(2000)}",
                       file=sys.stderr, flush=True)
         time.sleep(0.5)
 
 
-def _claim_state_file(path: Path) -> int | None:
+def _claim_state_file(path: Path, command: str) -> int | None:
     """Make ``path`` ours: ``None`` once it is absent — a file left by a launcher that died
     (SIGKILL, a crash) is removed, so nobody mistakes it for a running cluster — or the pid
     of the live ``cortex up`` that owns it."""
@@ -176,7 +183,7 @@ def _claim_state_file(path: Path) -> int | None:
     if isinstance(owner, int) and owner != os.getpid() and _is_launcher(owner):
         return owner
     path.unlink(missing_ok=True)
-    print(f"cortex up: removed the stale state file {path} (launcher pid {owner} is gone)",
+    print(f"{command}: removed the stale state file {path} (launcher pid {owner} is gone)",
           flush=True)
     return None
 
@@ -205,13 +212,15 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def summary(state: dict[str, Any], seconds: float) -> str:
+def summary(state: dict[str, Any], seconds: float, command: str = "cortex up") -> str:
     """The human-readable what-runs-where of a cluster ``state()``."""
     workers = state["workers"]
     gateways = state["gateways"]
-    lines = [f"cortex up: ready in {seconds:.1f} s: {len(workers)} {state['engine']} worker(s)"
+    engines = "/".join(sorted({w["engine"] for w in workers})) or state["engine"]
+    models = ", ".join(repr(m) for m in sorted({w["model"] for w in workers} or {state["model"]}))
+    lines = [f"{command}: ready in {seconds:.1f} s: {len(workers)} {engines} worker(s)"
              f"{' (prefill/decode pool)' if state['pd'] else ''}, {len(gateways)} gateway(s), "
-             f"model {state['model']!r}. Logs: {state['log_dir']}", ""]
+             f"model {models}. Logs: {state['log_dir']}", ""]
     rows: list[tuple[str, str, str]] = []
     for gw in gateways:
         rows.append((gw["id"], gw["url"], f"metrics {gw['metrics_url']}"))
@@ -233,10 +242,9 @@ def summary(state: dict[str, Any], seconds: float) -> str:
     if not workers and state["redis"]:
         lines += ["", "No workers yet: register each one (its lease is renewed while it answers",
                   "the gateways' health probes):",
-                  f"  cortex workers add --redis {state['redis']['url']} --id ID --url URL "
-                  f"--engine {state['engine']} --model {state['model']} \\",
-                  "    --kv-events tcp://HOST:PORT --replay tcp://HOST:PORT "
-                  f"--block-size {state['block_size']}"]
+                  f"  cortex workers add --redis {state['redis']['url']} --url URL",
+                  "(engine, model, block size and event endpoints are read from the worker's",
+                  "own endpoints; flags such as --model or --kv-events tcp://HOST:PORT win)"]
     if gateways:
         url = gateways[0]["url"]
         body = json.dumps({"model": state["model"], "max_tokens": 16, "messages": [

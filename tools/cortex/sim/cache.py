@@ -19,6 +19,12 @@ With a host tier (:class:`cortex.sim.host.HostPool`), an evicted block is offloa
 the GPU copy is still known), and admission continues the GPU prefix with the blocks the
 host holds right after it: they count as cached (both engines report loaded-back blocks in
 ``cached_tokens``) and the lease's ``loaded_tokens`` says how many the prefill loads.
+Speculative decoding (``lookahead`` L > 0): a block's hash also covers the next L tokens
+(the hasher is given them), so a block is cached only once they exist and found only by a
+sequence that has them; its stores carry them. ``match_margin``: prompt tokens at the end
+that a lookup never covers (1: the engines compute the last token; SGLang EAGLE 2).
+``drop_last``: vLLM EAGLE without lookahead hashes drops the last block a lookup matched
+(``single_type_kv_cache_manager.py``: ``drop_eagle_block``).
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ class BlocksStored:
     block_size: int
     tier: CacheTier = "device"
     lora_name: str | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +120,7 @@ class CachedBlock:
     last_access: int = 0
     alive: bool = True
     lora: str | None = None
+    lookahead: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return (
@@ -165,9 +173,15 @@ class PrefixCache:
         coalesce_removals: bool = False,
         enabled: bool = True,
         host: HostPool | None = None,
+        lookahead: int = 0,
+        match_margin: int = 1,
+        drop_last: bool = False,
     ) -> None:
         if capacity < 1 or block_size < 1:
             raise ValueError("capacity and block_size must be >= 1")
+        self.lookahead = lookahead
+        self.match_margin = match_margin
+        self.drop_last = drop_last
         self.capacity = capacity
         self.block_size = block_size
         self.enabled = enabled
@@ -242,11 +256,11 @@ class PrefixCache:
         if not self.enabled:
             return 0
         # The engines always compute the last prompt token (they need its logits).
-        limit = min(len(digests), max(prompt_len - 1, 0) // self.block_size)
+        limit = min(len(digests), max(prompt_len - self.match_margin, 0) // self.block_size)
         matched = 0
         while matched < limit and digests[matched] in self._index:
             matched += 1
-        return matched
+        return matched - 1 if self.drop_last and matched else matched
 
     def admit(self, prompt: Sequence[int], total_tokens: int, lora: str | None = None
               ) -> Lease | None:
@@ -260,7 +274,7 @@ class PrefixCache:
         matched = self._match(digests, len(prompt))
         loaded = 0
         if self.host is not None and self.enabled:
-            limit = min(len(digests), max(len(prompt) - 1, 0) // self.block_size)
+            limit = min(len(digests), max(len(prompt) - self.match_margin, 0) // self.block_size)
             loaded = self.host.run(digests, matched, limit)
         path: list[CachedBlock] = []
         for digest in digests[:matched]:
@@ -295,12 +309,13 @@ class PrefixCache:
         """
         if lease.released or not self.enabled:
             return 0
-        full = len(tokens) // self.block_size
+        ahead = self.lookahead
+        full = max(len(tokens) - ahead, 0) // self.block_size
         if full > len(lease.digests):
             start = len(lease.digests)
             parent = lease.digests[-1] if lease.digests else _lora_seed(lease.lora)
             lease.digests.extend(self._hasher.digests(
-                tokens[start * self.block_size : full * self.block_size], parent))
+                tokens[start * self.block_size : full * self.block_size + ahead], parent))
         now = next(self._clock)
         new: list[CachedBlock] = []
         for i in range(len(lease.blocks), full):
@@ -333,6 +348,7 @@ class PrefixCache:
                     refs=1,
                     last_access=now,
                     lora=lease.lora,
+                    lookahead=tuple(tokens[(i + 1) * self.block_size :][:ahead]),
                 )
                 if parent_block is not None:
                     parent_block.children += 1
@@ -396,6 +412,7 @@ class PrefixCache:
             token_ids=tuple(token for block in run for token in block.tokens),
             block_size=self.block_size,
             lora_name=run[0].lora,
+            lookahead_token_ids=tuple(b.lookahead for b in run) if self.lookahead else None,
         ))
 
     def _unpin(self, block: CachedBlock) -> None:
@@ -452,9 +469,10 @@ class PrefixCache:
         if dropped:
             self._events.append(BlocksRemoved(tuple(b.event_id for b in dropped), "host"))
         if new:
-            self._events.append(BlocksStored((block.event_id,), parent.event_id
-                                             if parent is not None else None, block.tokens,
-                                             self.block_size, "host", block.lora))
+            self._events.append(BlocksStored(
+                (block.event_id,), parent.event_id if parent is not None else None,
+                block.tokens, self.block_size, "host", block.lora,
+                (block.lookahead,) if self.lookahead else None))
 
     def __repr__(self) -> str:
         return (

@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--chat-template", default=None,
                    help="Jinja chat template file (default: the repo's DeepSeek-V4 template)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block / page")
+    g.add_argument("--eagle-lookahead", type=int, default=0, metavar="L",
+                   help="speculative decoding with prefix caching: tokens after a block its"
+                        " reuse needs (vLLM EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1)")
+    g.add_argument("--eagle-drop", action="store_true",
+                   help="vLLM EAGLE with legacy block hashes (a KV connector is configured):"
+                        " a lookup drops the last block it matched")
     g.add_argument("--kv-capacity-blocks", type=int, default=8192, help="KV pool size (blocks)")
     g.add_argument("--host-capacity-blocks", type=int, default=0,
                    help="host tier for blocks evicted from the GPU (blocks; 0 = none)")
@@ -70,6 +76,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--output-tokens", type=_output_range, default=(16, 64),
                    help="natural answer length range MIN:MAX (tokens)")
     g.add_argument("--engine-id", default=None, help="vLLM remote_engine_id to advertise")
+    g.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer <key> (like the engines' --api-key)")
     g.add_argument("--dp-size", type=int, default=1,
                    help="data-parallel ranks, each with its own KV pool, prefix cache and "
                    "KV-event PUB / replay on the base port + rank")
@@ -136,9 +144,12 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         replay_port=args.replay_port,
         topic=args.topic,
         model=args.model,
+        api_key=args.api_key,
         tokenizer=args.tokenizer,
         chat_template=args.chat_template,
         block_size=args.block_size,
+        eagle_lookahead=args.eagle_lookahead,
+        eagle_drop=args.eagle_drop,
         kv_capacity_blocks=args.kv_capacity_blocks,
         host_capacity_blocks=args.host_capacity_blocks,
         lora_adapters=tuple(a for a in args.lora_adapters.split(",") if a),

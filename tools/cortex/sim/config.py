@@ -160,7 +160,17 @@ class SimConfig:
     length in tokens (where the seeded text generator emits EOS). ``dp_size``:
     data-parallel ranks, each with its own KV pool of ``kv_capacity_blocks`` blocks, its
     own prefix cache and its own KV-event PUB / replay on ``kv_events_port + rank`` /
-    ``replay_port + rank``. ``host_capacity_blocks``: the host tier per rank, where blocks
+    ``replay_port + rank``. ``api_key``: like ``--api-key`` of the engines: every path but
+    the probes (``/health``, ``/health_generate``, ``/ping``, ``/metrics``, ``/version``)
+    and ``/sim/*`` needs ``Authorization: Bearer <api_key>`` (401 otherwise).
+    ``eagle_lookahead``: speculative decoding with prefix caching, in
+    tokens after each block that its reuse needs (0: off). vLLM (0.33): EAGLE block hashes,
+    1 for EAGLE-family drafters, the number of speculative tokens for multi-module MTP; the
+    stores carry ``lookahead_token_ids``. SGLang: its EAGLE radix cache keys pages by bigrams
+    (1 only), published as token pairs, and matches one token less of the prompt.
+    ``eagle_drop``: vLLM EAGLE with its legacy block hashes (what it runs with a KV
+    connector, or ``disable_lookahead_block_hashes``): plain events, and a lookup drops the
+    last block it matched. ``host_capacity_blocks``: the host tier per rank, where blocks
     evicted from the GPU are offloaded (0 = none; :mod:`cortex.sim.host`).
     ``lora_adapters``: LoRA adapter names served on top of ``model`` (listed in
     ``/v1/models`` with ``parent``; vLLM takes one as ``model``, SGLang as ``lora_path``).
@@ -196,6 +206,9 @@ class SimConfig:
     dp_size: int = 1
     host_capacity_blocks: int = 0
     lora_adapters: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)
+    eagle_lookahead: int = 0
+    eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))
@@ -242,6 +255,16 @@ class SimConfig:
             raise ValueError(f"output_tokens must be 1 <= min <= max, got {self.output_tokens}")
         if self.bootstrap_port is not None and self.engine is not Engine.SGLANG:
             raise ValueError("bootstrap_port is an SGLang option (vLLM PD uses kv_transfer_params)")
+        if not 0 <= self.eagle_lookahead <= self.block_size:
+            raise ValueError("eagle_lookahead must be in [0, block_size] (vLLM refuses MTP"
+                             f" lookahead past one block), got {self.eagle_lookahead}")
+        if self.eagle_lookahead > 1 and self.engine is Engine.SGLANG:
+            raise ValueError("SGLang EAGLE pages are bigrams: eagle_lookahead must be 0 or 1")
+        if self.eagle_lookahead and self.engine is Engine.VLLM and self.version_tuple < (0, 33):
+            raise ValueError("vLLM publishes lookahead_token_ids from 0.33.0 on")
+        if self.eagle_drop and (self.engine is not Engine.VLLM or self.eagle_lookahead):
+            raise ValueError("eagle_drop is vLLM EAGLE without lookahead hashes"
+                             " (eagle_lookahead 0)")
         if not 1 <= self.dp_size <= _MAX_DP_SIZE:
             raise ValueError(f"dp_size must be in [1, {_MAX_DP_SIZE}], got {self.dp_size}")
         for name in ("kv_events_port", "replay_port"):

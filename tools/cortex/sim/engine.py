@@ -43,16 +43,36 @@ Emit = Callable[[SequenceResult, int], Awaitable[None]]
 
 
 class EngineHasher:
-    """The engine's real block hashes (``cortex.hashing.engines`` replicas)."""
+    """The engine's real block hashes (``cortex.hashing.engines`` replicas).
 
-    def __init__(self, engine: Engine, block_size: int) -> None:
+    ``lookahead`` L > 0 (EAGLE): ``tokens`` also holds the L tokens after the last block, and
+    each block's hash covers its next L tokens. vLLM: its real lookahead hash (extra keys
+    ``(None, *next tokens)``). SGLang: its bigram pages hash with a native page hash this
+    replica does not have; the sim chains its page hash over the page's tokens and the next
+    one (opaque ids, as the events' consumers treat them)."""
+
+    def __init__(self, engine: Engine, block_size: int, lookahead: int = 0) -> None:
         self.engine = engine
         self.block_size = block_size
+        self.lookahead = lookahead
 
     def digests(self, tokens: Sequence[int], parent: bytes | None) -> list[bytes]:
-        if self.engine is Engine.SGLANG:
-            return sglang_page_hashes(list(tokens), self.block_size, parent=parent)
-        return vllm_block_hashes(list(tokens), self.block_size, parent=parent)
+        size, ahead = self.block_size, self.lookahead
+        if not ahead:
+            if self.engine is Engine.SGLANG:
+                return sglang_page_hashes(list(tokens), size, parent=parent)
+            return vllm_block_hashes(list(tokens), size, parent=parent)
+        blocks = max(len(tokens) - ahead, 0) // size
+        nexts = [tuple(tokens[(i + 1) * size : (i + 1) * size + ahead]) for i in range(blocks)]
+        if self.engine is Engine.VLLM:
+            return vllm_block_hashes(list(tokens[: blocks * size]), size, parent=parent,
+                                     extra_keys=[(None, *n) for n in nexts])
+        out: list[bytes] = []
+        for i, following in enumerate(nexts):
+            page = [*tokens[i * size : (i + 1) * size], *following]
+            parent = sglang_page_hashes(page, size + ahead, parent=parent)[0]
+            out.append(parent)
+        return out
 
     def event_id(self, digest: bytes) -> int:
         if self.engine is Engine.SGLANG:
@@ -106,10 +126,14 @@ class SimEngine:
         self.cache = PrefixCache(
             config.kv_capacity_blocks,
             config.block_size,
-            EngineHasher(config.engine, config.block_size),
+            EngineHasher(config.engine, config.block_size, config.eagle_lookahead),
             coalesce_removals=config.engine is Engine.SGLANG,
             enabled=config.caches_prefixes,
             host=HostPool(config.host_capacity_blocks) if config.host_capacity_blocks else None,
+            lookahead=config.eagle_lookahead,
+            # SGLang matches the prompt minus its last token as bigrams: one token fewer.
+            match_margin=2 if config.eagle_lookahead and config.engine is Engine.SGLANG else 1,
+            drop_last=config.eagle_drop,
         )
         self.timing = TimingModel(config.timing)
         self.textgen = textgen or TextGenerator(chat.tokenizer, seed=config.seed,
@@ -324,13 +348,13 @@ class SimEngine:
             self.cache.commit(lease, prompt)
             self._cache_changed()
             result = self._result(seq, cached, plan, started, kv_source=kv_source)
+            if leg is Leg.VLLM_PREFILL:  # before the answer: a stream's final chunk has them
+                result = replace(result, kv_transfer_params=self._hold(req, lease, prompt))
+                keep_lease = True
             await self._decode(result, emit)
             if len(plan) > 1:
                 self.cache.commit(lease, prompt + plan.token_ids[:-1])
                 self._cache_changed()
-            if leg is Leg.VLLM_PREFILL:
-                result = replace(result, kv_transfer_params=self._hold(req, lease, prompt))
-                keep_lease = True
             return replace(result, e2e_ms=(time.monotonic() - started) * 1000.0)
         finally:
             if not keep_lease:
@@ -395,6 +419,9 @@ class SimEngine:
             if not isinstance(host, str) or not isinstance(port, int) or not isinstance(
                     request_id, str):
                 raise TransferError("kv_transfer_params lack remote_host/port/request_id")
+            if ("remote_registration_generation" in params) != self._nixl_v15:
+                # the connectors' compatibility hashes differ: the handshake fails
+                raise TransferError("the prefill runs another NIXL connector version")
             block_ids = _flat_ids(params.get("remote_block_ids"))
             handoff = await self._transfer_client.read_blocks(
                 host, port, request_id, block_ids, self.config.transfer_timeout_s)
@@ -432,7 +459,14 @@ class SimEngine:
             "remote_host": self.config.public_host,
             "remote_port": self._transfer_port,
             "tp_size": 1,
+            **({"remote_registration_generation": 0} if self._nixl_v15 else {}),
         }
+
+    @property
+    def _nixl_v15(self) -> bool:
+        """vLLM >= 0.33: ``NIXL_CONNECTOR_VERSION`` 15, which adds
+        ``remote_registration_generation`` to ``kv_transfer_params``."""
+        return self.config.engine is Engine.VLLM and self.config.version_tuple >= (0, 33)
 
     def __repr__(self) -> str:
         return (f"SimEngine({self.config.engine.value} {self.config.engine_version} "

@@ -64,6 +64,8 @@ class EventEncoder:
             return self._host_store(event)
         if isinstance(event, BlocksStored):
             lora = event.lora_name if self._names_lora else None
+            # EAGLE: vLLM sends lookahead_token_ids; SGLang sends its pages as bigram pairs,
+            # which the codec writes from the same per-block next tokens.
             return codec.BlockStored(
                 block_hashes=event.block_hashes,
                 parent_block_hash=event.parent_block_hash,
@@ -73,6 +75,8 @@ class EventEncoder:
                 lora_name=lora,
                 extra_keys=self._extra_keys(len(event.block_hashes), lora),
                 kv_cache_spec_kind="full_attention" if self._rich else None,
+                lookahead_token_ids=event.lookahead_token_ids,
+                bigram=event.lookahead_token_ids is not None and self.engine is Engine.SGLANG,
                 group_idx_nil=self._group_nil,
             )
         if isinstance(event, BlocksRemoved):
@@ -101,7 +105,9 @@ class EventEncoder:
                                  parent_block_hash=event.parent_block_hash,
                                  token_ids=event.token_ids, block_size=event.block_size,
                                  medium=self._host_medium,
-                                 lora_name=event.lora_name if self._names_lora else None)
+                                 lora_name=event.lora_name if self._names_lora else None,
+                                 lookahead_token_ids=event.lookahead_token_ids,
+                                 bigram=event.lookahead_token_ids is not None)
 
     def encode(self, events: Sequence[CacheEvent], ts: float | None = None) -> bytes:
         batch = codec.EventBatch(

@@ -251,3 +251,20 @@ def usage_chunk(req: GenRequest, results: Sequence[SequenceResult]) -> dict[str,
     obj = "chat.completion.chunk" if req.endpoint is Endpoint.CHAT else "text_completion"
     return {"id": req.request_id, "object": obj, "created": req.created, "model": req.model,
             "choices": [], "usage": usage(results)}
+
+
+def vllm_server_info(model: str, version: str) -> dict[str, Any]:
+    """vLLM's dev-mode ``/server_info?config_format=json``: the fields peers read (its
+    version decides which prefill and decode instances can pair)."""
+    return {"vllm_config": {"model_config": {"model": model}}, "vllm_env": {},
+            "system_env": {"vllm_version": version}}
+
+
+def with_transfer_params(chunks: list[dict[str, Any]], result: SequenceResult, final: bool
+                         ) -> list[dict[str, Any]]:
+    """The stream ``chunks``, the last one carrying the sequence's ``kv_transfer_params``
+    when this is the final chunk (vLLM >= 0.33, ``chat_completion/serving.py``)."""
+    params = result.kv_transfer_params
+    if not (final and params):
+        return chunks
+    return [*chunks[:-1], {**chunks[-1], "kv_transfer_params": dict(params)}]

@@ -30,7 +30,9 @@ from cortex.chat import (
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
+from cortex.sim.auxiliary import AuxiliaryRoutes, auth_middleware
 from cortex.sim.config import Role, SimConfig
+from cortex.sim.discovery import add_vllm_discovery_routes, cache_config_info
 from cortex.sim.dp import RankPicker
 from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState
@@ -91,11 +93,14 @@ class SimRoutes:
         self._on_restart = on_restart
         self._faults_changed = asyncio.Event()
         self.shutting_down = False
+        self.seen: dict[str, str] = {}  # the last request's trace context (``traceparent``)
 
     # -- wiring ---------------------------------------------------------------------------
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[self._fault_middleware], client_max_size=64 * 2**20)
+        app = web.Application(middlewares=[auth_middleware(self.config.api_key, self.seen),
+                                                       self._fault_middleware],
+                              client_max_size=64 * 2**20)
         r = app.router
         r.add_get("/health", self._health)
         r.add_get("/health_generate", self._health)
@@ -118,7 +123,11 @@ class SimRoutes:
         else:
             r.add_get("/load", self._load)
             r.add_get("/ping", self._health)
+            r.add_get("/server_info", self._vllm_server_info)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+            add_vllm_discovery_routes(r, self.config, self.ports)
+        AuxiliaryRoutes(self.config.model, lambda: {
+            SERVED_BY_HEADER: str(self.ports.get("http"))}).add_to(app)
         r.add_get("/sim/state", self._sim_state)
         r.add_get("/sim/cache", self._sim_cache)
         r.add_route("*", "/sim/faults", self._sim_faults)
@@ -211,11 +220,22 @@ class SimRoutes:
             "enable_cache_report": True, "skip_tokenizer_init": False,
             "chat_template": cfg.chat_template, "kv_events_config": json.dumps(events_cfg),
             "kv_events": self._kv_events_info(), "random_seed": cfg.seed,
+            "speculative_algorithm": "EAGLE" if cfg.eagle_lookahead else None,
             "status": "ready", "internal_states": states,
         }
 
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response(self.server_info())
+
+    @property
+    def _final_params(self) -> bool:
+        """vLLM >= 0.33 sets a stream's ``kv_transfer_params`` on its final chunk."""
+        return self.config.engine is Engine.VLLM and self.config.version_tuple >= (0, 33)
+
+    async def _vllm_server_info(self, _: web.Request) -> web.Response:
+        """vLLM's dev-mode ``/server_info`` (``config_format=json``), the fields peers read."""
+        return web.json_response(shape.vllm_server_info(self.config.model,
+                                                        self.config.engine_version))
 
     async def _model_info(self, _: web.Request) -> web.Response:
         return web.json_response({
@@ -273,6 +293,8 @@ class SimRoutes:
     async def _metrics(self, _: web.Request) -> web.Response:
         text = render_metrics(self.config.engine, self.config.version_tuple, self.config.model,
                               self.loads())
+        if self.config.engine is Engine.VLLM:
+            text += cache_config_info(self.config)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- cache control --------------------------------------------------------------------
@@ -506,7 +528,9 @@ class SimRoutes:
             logprobs = shape.completion_logprobs(req, result, self.shaping, done - 1, done,
                                                  offset)
             text = (echoed if done == 1 else "") + piece
-            return [shape.completion_chunk(req, result.index, text, finish, logprobs)]
+            return shape.with_transfer_params(
+                [shape.completion_chunk(req, result.index, text, finish, logprobs)], result,
+                last and self._final_params)
         logprobs = shape.chat_token_logprobs(req, result, self.shaping, done)
         chunks: list[dict[str, Any]] = []
         if done == 1:
@@ -515,7 +539,8 @@ class SimRoutes:
             chunks.append(shape.chat_chunk(req, result.index, {"content": piece}, finish, logprobs))
         else:
             chunks.append(shape.chat_chunk(req, result.index, {}, finish, logprobs))
-        return chunks
+        return shape.with_transfer_params(chunks, result, last and self._final_params)
+
 
     # -- admin ----------------------------------------------------------------------------
 
@@ -551,6 +576,7 @@ class SimRoutes:
             "ports": dict(self.ports), "running": whole["running"],
             "waiting": whole["waiting"], "cache": whole["cache"], "events": whole["events"],
             "stats": whole["stats"], "faults": self.faults.snapshot(),
+            "traceparent": self.seen.get("traceparent"),
         }
         if len(ranks) > 1:
             state["ranks"] = ranks

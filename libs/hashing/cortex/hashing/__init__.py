@@ -19,7 +19,16 @@ from cortex.hashing.engines import (
     vllm_extra_keys,
     vllm_none_hash,
 )
-from cortex.hashing.keys import HASH_VERSION, Engine, HashDomain, block_keys, domain_seed, root_key
+from cortex.hashing.keys import (
+    HASH_VERSION,
+    Engine,
+    HashDomain,
+    block_keys,
+    domain_seed,
+    lookahead_block_keys,
+    lookahead_root,
+    root_key,
+)
 from cortex.hashing.packing import (
     MAX_TOKEN,
     TokenInput,
@@ -42,6 +51,8 @@ __all__ = [
     "block_keys",
     "domain_seed",
     "engine_event_ints",
+    "lookahead_block_keys",
+    "lookahead_root",
     "pack_keys",
     "pack_tokens",
     "root_key",

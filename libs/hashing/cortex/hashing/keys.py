@@ -11,6 +11,15 @@ Byte by byte (``u32``/``u64`` little-endian, ``str`` as UTF-8, and
     key_i   = xxh3_64(u32(t) for the block_size tokens t of block i, seed=key_{i-1})
     key_-1  = root
 
+Lookahead keys (speculative decoding, ``lookahead`` = L >= 1 tokens): the engine reuses a
+block only when the request also has the block's next L tokens (vLLM EAGLE block hashes,
+``v1/core/kv_cache_utils.py::get_request_block_hasher``; SGLang's bigram radix keys, L = 1),
+so those tokens are part of the block's key and a block is keyed only once they exist::
+
+    root_L  = xxh3_64(b"cortex-lookahead" || u32(L), seed=root)
+    key_i   = xxh3_64(u32(t) for the block_size + L tokens from block i's start,
+                      seed=key_{i-1})                key_-1 = root_L
+
 Only full blocks are keyed. The length prefixes make every field boundary
 unambiguous, so no LoRA name / cache salt pair (salts are client-controlled)
 can forge another pair's root. Anything that could change a key value must
@@ -27,7 +36,8 @@ import xxhash
 
 from cortex.hashing.packing import TokenInput, pack_tokens
 
-__all__ = ["HASH_VERSION", "Engine", "HashDomain", "block_keys", "domain_seed", "root_key"]
+__all__ = ["HASH_VERSION", "Engine", "HashDomain", "block_keys", "domain_seed",
+           "lookahead_block_keys", "lookahead_root", "root_key"]
 
 HASH_VERSION = 1
 """Version of the key function, seed derivation and byte layout."""
@@ -110,6 +120,41 @@ def block_keys(tokens: TokenInput, block_size: int, parent: int) -> list[int]:
     return [key := xxh3(data[offset : offset + step], key) for offset in range(0, end, step)]
 
 
+def lookahead_root(root: int, lookahead: int) -> int:
+    """The chain root of lookahead keys (``lookahead`` >= 1 tokens; 0 returns ``root``)."""
+    if lookahead == 0:
+        return root
+    if not 1 <= lookahead <= _MAX_BLOCK_SIZE:
+        raise ValueError(f"lookahead must be in [0, {_MAX_BLOCK_SIZE}] tokens, got {lookahead}")
+    return _xxh3(b"cortex-lookahead" + _u32(lookahead), root)
+
+
+def lookahead_block_keys(
+    tokens: TokenInput, block_size: int, lookahead: int, parent: int, tail: TokenInput = ()
+) -> list[int]:
+    """Lookahead keys of the full blocks of ``tokens`` whose next ``lookahead`` tokens are
+    known: from ``tokens`` itself, then ``tail`` (tokens known to follow ``tokens``; the
+    ingest passes a store's last lookahead list). ``parent``: :func:`lookahead_root` of the
+    chain's root, or the previous block's lookahead key. ``lookahead`` 0 is
+    :func:`block_keys`. Raises ``ValueError`` like :func:`block_keys`.
+    """
+    if lookahead == 0:
+        return block_keys(tokens, block_size, parent)
+    _check_block_size(block_size)
+    if not 0 <= parent <= _MAX_KEY:
+        raise ValueError(f"parent key must be in [0, {_MAX_KEY}], got {parent}")
+    data = pack_tokens(tokens)
+    if len(tail):
+        data += pack_tokens(tail)
+    step = block_size * 4
+    window = step + lookahead * 4
+    end = len(data) - window  # last start offset whose window fits
+    key = parent
+    xxh3 = _xxh3
+    return [key := xxh3(data[offset : offset + window], key)
+            for offset in range(0, end + 1, step)] if end >= 0 else []
+
+
 @dataclass(frozen=True, slots=True)
 class HashDomain:
     """Model + block size (tokens) + engine kind: the unit that owns one radix tree."""
@@ -126,12 +171,21 @@ class HashDomain:
         object.__setattr__(self, "engine", Engine(self.engine))
         object.__setattr__(self, "seed", domain_seed(self.model, self.block_size, self.engine))
 
-    def root_key(self, lora_name: str | None = None, cache_salt: str | None = None) -> int:
-        """The chain root of a request with these extras (see :func:`root_key`)."""
-        return root_key(self.seed, lora_name, cache_salt)
+    def root_key(
+        self, lora_name: str | None = None, cache_salt: str | None = None, lookahead: int = 0
+    ) -> int:
+        """The chain root of a request with these extras (see :func:`root_key`), for keys
+        with ``lookahead`` tokens (:func:`lookahead_root`)."""
+        return lookahead_root(root_key(self.seed, lora_name, cache_salt), lookahead)
 
     def keys(
-        self, tokens: TokenInput, lora_name: str | None = None, cache_salt: str | None = None
+        self,
+        tokens: TokenInput,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        lookahead: int = 0,
     ) -> list[int]:
-        """Keys of the full blocks of a whole prompt."""
-        return block_keys(tokens, self.block_size, self.root_key(lora_name, cache_salt))
+        """Keys of the full blocks of a whole prompt (with ``lookahead``: of the blocks
+        whose next ``lookahead`` tokens are in the prompt)."""
+        root = self.root_key(lora_name, cache_salt, lookahead)
+        return lookahead_block_keys(tokens, self.block_size, lookahead, root)

@@ -2,7 +2,9 @@
 
 * ``GET /admin/workers`` — every worker in the pool with health, breaker, load and ledger;
 * ``POST /admin/workers`` — register a worker (a registry spec object), ``201``; clears
-  its tombstone if it had one;
+  its tombstone if it had one. A body without ``engine`` or ``model`` (``{"url": ...}``
+  alone, or with some fields) is completed from the worker's own endpoints (discovery;
+  given fields win), and a field neither supplied is a 400 naming it;
 * ``DELETE /admin/workers/{id}[?for_s=S][&tombstone=false]`` — remove it for good: its lease
   goes and a tombstone (permanent, or for ``S`` seconds) stops every gateway from bringing
   it back; ``tombstone=false`` only drops the lease (a reachable worker then returns);
@@ -22,7 +24,7 @@ from cortex.gateway.payload import Endpoint, parse_body, parse_request
 from cortex.gateway.pool import WorkerState
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.types import Send
-from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec
+from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
 
 __all__ = ["AdminHandler"]
 
@@ -114,8 +116,13 @@ class AdminHandler:
     async def add_worker(self, request: Request, send: Send) -> None:
         body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
         try:
-            spec = WorkerSpec.from_dict(body)
-        except SpecError as exc:
+            if ("engine" in body and "model" in body) or not isinstance(body.get("url"), str):
+                spec = WorkerSpec.from_dict(body)
+            else:
+                found = await discover(body["url"], timeout_s=self.gw.config.discovery.timeout_s)
+                spec = found.spec({k: v for k, v in body.items() if k != "url"},
+                                  worker_id=body.get("id"))
+        except SpecError as exc:  # DiscoveryError too: it names the missing fields
             raise ClientError(f"invalid worker spec: {exc}") from None
         try:
             await self.gw.registry.register(spec, self.gw.config.registry.lease_ttl_s)

@@ -8,21 +8,25 @@ to the log with the request id; tracebacks rate-limited, :mod:`cortex.gateway.tr
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from cortex.gateway.admin import AdminHandler
 from cortex.gateway.config import GatewayConfig
+from cortex.gateway.edge import PUBLIC_PATHS, Edge
 from cortex.gateway.errors import ErrorCode, GatewayError
-from cortex.gateway.http import Request, send_error
+from cortex.gateway.http import ClientDisconnected, Request, send_bytes, send_error
 from cortex.gateway.inference import InferenceHandler, request_id_of
 from cortex.gateway.ops import OpsHandler
 from cortex.gateway.payload import Endpoint
+from cortex.gateway.relay import RELAYED_PATHS, RelayHandler
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.tokenize_endpoints import AlignmentCheck, TokenizeHandler
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
+from cortex.telemetry.tracing import SpanKind
 
 __all__ = ["GatewayApp"]
 
@@ -34,9 +38,12 @@ Handler = Callable[[Request, Send], Awaitable[None]]
 class GatewayApp:
     """``GatewayApp(config)`` is the ASGI callable hypercorn serves."""
 
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._registry = registry
+        self._environ = environ
+        self._edge: Edge | None = None
         self.gateway: Gateway | None = None
         self.started = asyncio.Event()  # set once startup completed
         self._routes: dict[str, dict[str, Handler]] = {}
@@ -44,13 +51,21 @@ class GatewayApp:
 
     def _build_routes(self, gw: Gateway) -> None:
         inference = InferenceHandler(gw, self._tracebacks)
-        ops = OpsHandler(gw)
+        ops = self._ops = OpsHandler(gw)
         admin = AdminHandler(gw)
         tokens = TokenizeHandler(gw)
+        self._edge = Edge(gw.api_keys, self.config.cors, self.config.access_log, gw.metrics,
+                          lambda: gw.draining)
+
+        relay = self._relay = RelayHandler(gw)
+        passthrough = frozenset(m.name for m in self.config.models if m.passthrough)
 
         def infer(endpoint: Endpoint) -> Handler:
             async def handle(request: Request, send: Send) -> None:
-                await inference(request, send, endpoint)
+                if passthrough and await _model_of(request, self.config) in passthrough:
+                    await relay.passthrough(request, send)
+                else:
+                    await inference(request, send, endpoint)
             return handle
 
         self._routes = {
@@ -58,8 +73,10 @@ class GatewayApp:
             Endpoint.COMPLETIONS.value: {"POST": infer(Endpoint.COMPLETIONS)},
             Endpoint.GENERATE.value: {"POST": infer(Endpoint.GENERATE)},
             "/v1/models": {"GET": lambda r, s: ops.models(s)},
+            **{path: {"POST": relay.post} for path in RELAYED_PATHS},
             "/tokenize": {"POST": tokens.tokenize},
             "/detokenize": {"POST": tokens.detokenize},
+            "/health": {"GET": lambda r, s: ops.health(s)},
             "/health/live": {"GET": lambda r, s: ops.live(s)},
             "/health/ready": {"GET": lambda r, s: ops.ready(s)},
             "/metrics": {"GET": lambda r, s: ops.metrics(s)},
@@ -76,8 +93,8 @@ class GatewayApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"
-        gateway = Gateway(self.config, registry=self._registry)
         try:
+            gateway = Gateway(self.config, registry=self._registry, environ=self._environ)
             await gateway.__aenter__()
         except Exception as exc:
             log.exception("gateway startup failed")
@@ -99,14 +116,37 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, self.config.server.body_timeout_s)
+        edge = self._edge
+        if self.gateway is None or edge is None:
+            await send_error(send, GatewayError("the gateway is not running",
+                                                code=ErrorCode.SHUTTING_DOWN, status=503))
+            return
+        tracing = self.gateway.tracing
+        if tracing is not None and request.path not in PUBLIC_PATHS:
+            request.span = tracing.start(f"{request.method} {request.path}",
+                                         headers=request.headers, kind=SpanKind.SERVER,
+                                         attributes={"http.request.method": request.method,
+                                                     "url.path": request.path})
+        exchange = edge.exchange(request, send)
         try:
-            if self.gateway is None:
-                raise GatewayError("the gateway is not running", code=ErrorCode.SHUTTING_DOWN,
-                                   status=503)
+            await self._route(request, exchange, edge)
+        finally:
+            exchange.finish(request_id_of(request))
+            if request.span is not None:
+                exchange.annotate(request.span)
+                request.span.end()
+
+    async def _route(self, request: Request, send: Send, edge: Edge) -> None:
+        try:
+            preflight = edge.preflight(request)
+            if preflight is not None:
+                await send_bytes(send, 204, b"", b"text/plain", preflight)
+                return
+            edge.authenticate(request)
             if request.path.startswith("/admin/"):
                 await self._admin(request, send)
                 return
-            methods = self._routes.get(request.path)
+            methods = self._routes.get(request.path) or self._prefixed(request.path)
             if methods is None:
                 raise GatewayError(f"no route for {request.path}", code=ErrorCode.NOT_FOUND,
                                    status=404)
@@ -124,5 +164,29 @@ class GatewayApp:
             await send_error(send, GatewayError("internal error"),
                              [(b"x-request-id", request_id.encode())])
 
+    def _prefixed(self, path: str) -> dict[str, Handler] | None:
+        """The routes with an id in the path."""
+        if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
+            model_id = path.removeprefix("/v1/models/")
+            return {"GET": lambda r, s: self._ops.model(s, model_id)}
+        if path.startswith("/v1/responses/") and path.count("/") in (3, 4):
+            if path.endswith("/cancel"):
+                return {"POST": self._relay.responses_by_id}
+            if path.count("/") == 3:
+                return {"GET": self._relay.responses_by_id}
+        return None
+
     def __repr__(self) -> str:
         return f"GatewayApp(running={self.gateway is not None})"
+
+
+async def _model_of(request: Request, config: GatewayConfig) -> str | None:
+    """The ``model`` of a JSON body (read now, remembered for the handler); ``None`` when
+    it has none or is not JSON (the inference handler then says what is wrong)."""
+    try:
+        raw = await request.body(config.server.max_body_bytes)
+        name = json.loads(raw).get("model")
+    except (ClientDisconnected, ValueError, UnicodeDecodeError, AttributeError,
+            RecursionError):
+        return None
+    return name if isinstance(name, str) else None

@@ -12,40 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
 import os
 import signal
 import sys
 from typing import Any
 
-__all__ = ["register"]
+from cortex.telemetry import add_logging_flags, configure_logging
 
-_FIELDS = ("worker", "request_id", "mode")
+__all__ = ["register"]
 
 GC_THRESHOLDS = (10_000, 10, 10)
 """Cyclic GC generations' thresholds in the gateway process (CPython's are 700, 10, 10):
 requests allocate many short-lived containers, and the default made collections ~5 % of
 the CPU under load."""
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the structured fields (worker, request id, mode)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for name in _FIELDS:
-            value = getattr(record, name, None)
-            if value is not None:
-                entry[name] = value
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -60,20 +40,32 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="requests waiting for a slot (overrides admission.queue_size)")
     parser.add_argument("--queue-timeout-secs", type=float, metavar="S",
                         help="longest wait for a slot (overrides admission.queue_timeout_s)")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    parser.add_argument("--epp-port", type=int, metavar="PORT",
+                        help="also serve Envoy's ext_proc as a Gateway API Inference Extension "
+                             "endpoint picker on this gRPC port (docs/kubernetes.md)")
+    parser.add_argument("--epp-host", default="0.0.0.0",
+                        help="address of the endpoint picker (default: 0.0.0.0)")
+    add_logging_flags(parser, log_format="json")
+    parser.add_argument("--hash-key", action="store_true",
+                        help="print the sha256:<hex> digest of the API key read from stdin "
+                             "(for auth.keys) and exit")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from cortex.gateway.auth import hash_key
     from cortex.gateway.config import load_config
     from cortex.gateway.errors import ConfigError
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    if args.hash_key:
+        key = sys.stdin.readline().strip()
+        if not key:
+            print("cortex gateway: no key on stdin", file=sys.stderr)
+            return 2
+        print(hash_key(key))
+        return 0
+
+    configure_logging(args.log_level, args.log_format)
     env = dict(os.environ)
     if args.host:
         env["CORTEX_GATEWAY_SERVER_HOST"] = args.host
@@ -88,8 +80,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if args.epp_port is not None and not 0 <= args.epp_port <= 65535:
+        print(f"cortex gateway: --epp-port must be in 0..65535, got {args.epp_port}",
+              file=sys.stderr)
+        return 2
+    epp = None if args.epp_port is None else (args.epp_host, args.epp_port)
     try:
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, env, epp))
     except ConfigError as exc:  # what only start-up can check (a token file, say)
         print(f"cortex gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -99,14 +96,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: Any) -> None:
+async def _serve(config: Any, env: dict[str, str], epp: tuple[str, int] | None = None
+                 ) -> None:
+    import contextlib
+
     from cortex.gateway.server import GatewayServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with GatewayServer(config) as server:
+    async with GatewayServer(config, environ=env) as server, \
+            contextlib.AsyncExitStack() as stack:
+        if epp is not None:
+            from cortex.gateway.epp_server import EppServer
+
+            await stack.enter_async_context(EppServer(server.gateway, *epp))
         # what start-up built (tokenizers, templates, modules) lives as long as the process:
         # out of the collector's sight, old-generation passes no longer walk it
         gc.collect()
@@ -114,3 +119,11 @@ async def _serve(config: Any) -> None:
         gc.set_threshold(*GC_THRESHOLDS)
         logging.getLogger("cortex.gateway").info("gateway listening on %s", server.url)
         await stop.wait()
+        stop.clear()  # a second signal cuts the drain delay short
+        drain = asyncio.create_task(server.drain())
+        again = asyncio.create_task(stop.wait())
+        await asyncio.wait((drain, again), return_when=asyncio.FIRST_COMPLETED)
+        drain.cancel()
+        again.cancel()
+        logging.getLogger("cortex.gateway").info("closing the listener; in-flight requests "
+                                                 "finish")

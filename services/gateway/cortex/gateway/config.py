@@ -21,15 +21,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
+from cortex.gateway.auth import KeyDigest
+from cortex.gateway.edgeconfig import AccessLogConfig, AuthConfig, CorsConfig, TracingConfig
 from cortex.gateway.errors import ConfigError
 from cortex.hashing import Engine, HashDomain
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
 __all__ = [
+    "AccessLogConfig",
     "AdmissionConfig",
+    "AuthConfig",
     "BreakerConfig",
+    "CorsConfig",
+    "DiscoveryConfig",
     "GatewayConfig",
     "HealthConfig",
     "IndexConfig",
@@ -42,6 +49,7 @@ __all__ = [
     "ServerConfig",
     "Timeouts",
     "TokenizeConfig",
+    "TracingConfig",
     "UpstreamConfig",
     "load_config",
 ]
@@ -71,6 +79,10 @@ class ServerConfig:
     that long — a client reading a stream sends nothing, so it must exceed the longest
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.
+
+    Shutdown (SIGTERM): readiness turns 503 at once, requests are still served for
+    ``drain_delay_s`` (load balancers and Kubernetes endpoints notice the probe), then the
+    listener closes and in-flight requests get ``graceful_timeout_s`` to finish.
     """
 
     host: str = "0.0.0.0"
@@ -78,6 +90,7 @@ class ServerConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     admin_token: str | None = field(default=None, repr=False)
     graceful_timeout_s: float = 10.0
+    drain_delay_s: float = 0.0
     keep_alive_timeout_s: float = 75.0
     backlog: int = 1024
     body_timeout_s: float = 30.0
@@ -91,7 +104,8 @@ class ServerConfig:
                   keep_alive_timeout_s=self.keep_alive_timeout_s,
                   body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
         _non_negative("server", max_connections=self.max_connections)
-        _non_negative("server", graceful_timeout_s=self.graceful_timeout_s)
+        _non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
+                      drain_delay_s=self.drain_delay_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("server.admin_token: must be at least 16 characters")
 
@@ -123,6 +137,9 @@ class ModelConfig:
 
     ``adapters``: LoRA adapters every worker of this model serves, addressable as ``model``
     (besides those the workers list in ``/v1/models`` with this model as ``parent``).
+    ``passthrough``: the gateway only proxies this model — no tokenizing, no KV or PD
+    decisions; each request goes to the least loaded routable worker of the model, or to
+    ``upstream_url`` when set (an upstream scheduler that places requests itself).
     """
 
     name: str
@@ -143,6 +160,8 @@ class ModelConfig:
     response_timeout_s: float | None = None
     stream_idle_timeout_s: float | None = None
     adapters: tuple[str, ...] = ()
+    passthrough: bool = False
+    upstream_url: str | None = None
     _domain: HashDomain = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -177,6 +196,13 @@ class ModelConfig:
         object.__setattr__(self, "adapters", tuple(self.adapters))
         if not all(isinstance(a, str) and a for a in self.adapters):
             raise ConfigError(f"{where}.adapters: must be non-empty strings")
+        if self.upstream_url is not None:
+            if not self.passthrough:
+                raise ConfigError(f"{where}.upstream_url: only for a passthrough model")
+            parts = urlsplit(self.upstream_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+                raise ConfigError(f"{where}.upstream_url: {self.upstream_url!r} must be an "
+                                  "http(s) base URL without credentials")
         try:  # once: routing asks for it per request (its seed is a hash)
             domain = HashDomain(self.hash_model or self.name, self.block_size, self.engine)
         except ValueError as exc:
@@ -303,6 +329,29 @@ class RegistryConfig:
     def __post_init__(self) -> None:
         _positive("registry", lease_ttl_s=self.lease_ttl_s, poll_interval_s=self.poll_interval_s)
         _non_negative("registry", forget_after_s=self.forget_after_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """Workers known by URL alone (a static seed): at start each worker's engine is asked
+    for its spec (:func:`cortex.registry.discover`) and the spec is seeded into the
+    registry like ``workers`` (the start waits for them at most ``timeout_s``); a worker that
+    does not answer, or does not say its engine, model and block size, is asked again every
+    ``retry_interval_s``. ``timeout_s`` bounds each request of a discovery (also of
+    ``POST /admin/workers`` with a bare URL)."""
+
+    worker_urls: tuple[str, ...] = ()
+    timeout_s: float = 5.0
+    retry_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive("discovery", timeout_s=self.timeout_s,
+                  retry_interval_s=self.retry_interval_s)
+        for url in self.worker_urls:
+            try:
+                WorkerSpec(id="seed", url=url, engine=Engine.SGLANG, model="seed")
+            except SpecError as exc:
+                raise ConfigError(f"discovery.worker_urls: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +482,8 @@ class PDConfig:
     ``local_prefill_max_tokens``: conditional disaggregation (vLLM): the decode worker
     prefills itself when the part of the prompt it does not hold cached is below this many
     tokens *and* at most ``local_prefill_max_ratio`` of the prompt; 0 = always disaggregate.
+    ``vllm_stream_prefill``: the vLLM prefill leg is streamed (vLLM >= 0.33 puts the
+    ``kv_transfer_params`` in the final chunk); off: one JSON answer.
     """
 
     enabled: bool = True
@@ -442,6 +493,7 @@ class PDConfig:
     fallback_to_regular: bool = True
     local_prefill_max_tokens: int = 0
     local_prefill_max_ratio: float = 1.0
+    vllm_stream_prefill: bool = False
 
     def __post_init__(self) -> None:
         _positive("pd", prefill_timeout_s=self.prefill_timeout_s,
@@ -518,7 +570,12 @@ class GatewayConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     workers: tuple[WorkerSpec, ...] = ()
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     gateway_id: str = "gateway"
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    cors: CorsConfig = field(default_factory=CorsConfig)
+    access_log: AccessLogConfig = field(default_factory=AccessLogConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -566,6 +623,9 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             return value if isinstance(value, WorkerSpec) else WorkerSpec.from_dict(value)
         except SpecError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+    if hint is KeyDigest and isinstance(value, str):  # id=sha256:<hex>, from the environment
+        key_id, _, digest = value.partition("=")
+        return KeyDigest(key_id.strip(), digest.strip())
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: must be a table/object")
@@ -630,7 +690,8 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
 
 
 _SECTIONS = ("server", "routing", "index", "registry", "health", "breaker", "load", "upstream",
-             "pd", "tokenize", "admission")
+             "pd", "tokenize", "admission", "discovery", "auth", "cors", "access_log",
+             "tracing")
 
 
 def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -647,8 +708,9 @@ def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         if rest == "gateway_id":
             raw["gateway_id"] = text
             continue
-        section, _, name = rest.partition("_")
-        if section not in _SECTIONS or not name:
+        section = next((s for s in _SECTIONS if rest.startswith(s + "_")), "")
+        name = rest[len(section) + 1:]
+        if not section or not name:
             raise ConfigError(f"{var}: unknown setting")
         table = raw.setdefault(section, {})
         if section == "routing" and name in ("alpha", "beta", "gamma", "delta", "host_hit",

@@ -39,7 +39,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from cortex.gateway.config import PDConfig
 from cortex.gateway.dispatch import (
@@ -61,9 +60,10 @@ from cortex.gateway.handoff import (
     usage_rewrite,
     vllm_decode_body,
     vllm_prefill_body,
+    vllm_prefill_result,
     wants_input_logprobs,
 )
-from cortex.gateway.pairing import LocalPrefill, PDMode, PDOutcome, PDPlan
+from cortex.gateway.pairing import LocalPrefill, PDMode, PDOutcome, PDPlan, compatible_pair
 from cortex.gateway.payload import InferenceRequest
 from cortex.gateway.pool import WorkerState
 from cortex.gateway.router import Routed
@@ -127,7 +127,7 @@ class _Leg:
         self._metrics = owner.metrics
         self._settled = False
         worker.breaker.on_attempt()
-        acquire_slot(worker, self._metrics)
+        self.slot = acquire_slot(worker, self._metrics)
 
     def settle(self, verdict: _Verdict) -> None:
         if self._settled:
@@ -142,7 +142,7 @@ class _Leg:
             breaker.on_abandon()
         if self.response is not None:
             self.response.close()
-        release_slot(self.worker, self._metrics)
+        release_slot(self.worker, self._metrics, self.slot)
 
     def hand_over(self) -> UpstreamResponse:
         assert self.response is not None and not self._settled
@@ -204,11 +204,12 @@ class PairDispatcher:
         self.metrics = single.metrics
         self.retry_statuses = frozenset(single.config.retry_statuses)
         self._rng = rng or random.SystemRandom()
+        self._refused_logged: set[tuple[str, str]] = set()  # pairs warned about
 
     # ---- the attempt loop ----
 
-    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
-                   ) -> Opened:
+    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
+                   trace: Mapping[str, str] | None = None) -> Opened:
         """Open the decode leg of a working pair (or the fallback) up to its first byte.
 
         Raises :class:`UpstreamError` with code ``prefill_server_error`` /
@@ -219,7 +220,8 @@ class PairDispatcher:
         plan = routed.pd
         assert plan is not None
         ctx = _Request(req, routed, plan, body,
-                       {"Content-Type": "application/json", "X-Request-Id": request_id},
+                       {"Content-Type": "application/json", "X-Request-Id": request_id,
+                        **(trace or {})},
                        req.endpoint.value)
         engine = plan.engine.value
         placement = routed.placement
@@ -227,9 +229,10 @@ class PairDispatcher:
         failed_decode: set[str] = set()
         last: LegFailure | None = None
         failures: list[LegFailure] = []
+        refused: list[str] = []
         attempts = 0
         while attempts < self.config.max_attempts:
-            pair = self._next_pair(plan, failed_prefill, failed_decode)
+            pair = self._next_pair(plan, failed_prefill, failed_decode, refused)
             if pair is None:
                 break
             if last is not None:
@@ -266,23 +269,34 @@ class PairDispatcher:
                 outcome.worker)
             if outcome.side is Side.DECODE and outcome.prefill_ok:
                 break  # the KV was handed over and lost: no second pair, fall back
-        return await self._fallback(ctx, failures, attempts, request_id)
+        return await self._fallback(ctx, failures, attempts, request_id, refused)
 
-    def _next_pair(self, plan: PDPlan, failed_prefill: set[str], failed_decode: set[str]
-                   ) -> tuple[Scored, Scored] | None:
-        def first(ranked: tuple[Scored, ...], failed: set[str]) -> Scored | None:
-            for scored in ranked:
-                worker = self.pool.get(scored.worker_id)
-                if scored.worker_id not in failed and worker is not None and worker.routable():
-                    return scored
-            return None
+    def _next_pair(self, plan: PDPlan, failed_prefill: set[str], failed_decode: set[str],
+                   refused: list[str]) -> tuple[Scored, Scored] | None:
+        """The best-ranked routable pair not failed yet whose KV connectors can talk; why a
+        pair was refused is appended to ``refused`` (counted, logged once per pair)."""
+        def usable(ranked: tuple[Scored, ...], failed: set[str]
+                   ) -> list[tuple[Scored, WorkerState]]:
+            workers = ((scored, self.pool.get(scored.worker_id)) for scored in ranked
+                       if scored.worker_id not in failed)
+            return [(scored, w) for scored, w in workers if w is not None and w.routable()]
 
-        prefill = first(plan.prefill.ranked, failed_prefill)
-        decode = first(plan.decode.ranked, failed_decode)
-        return None if prefill is None or decode is None else (prefill, decode)
+        pair, refusals = compatible_pair(usable(plan.prefill.ranked, failed_prefill),
+                                         usable(plan.decode.ranked, failed_decode))
+        for prefill_id, decode_id, why in refusals:
+            self.metrics.child(self.metrics.pd_pairs_refused, plan.engine.value,
+                               "connector_version").inc()
+            refused.append(why)
+            if (prefill_id, decode_id) not in self._refused_logged:
+                if len(self._refused_logged) > 4096:  # workers come and go
+                    self._refused_logged.clear()
+                self._refused_logged.add((prefill_id, decode_id))
+                log.warning("pd pair refused: %s (their KV connectors cannot talk)", why,
+                            extra={"worker": prefill_id})
+        return pair
 
     async def _fallback(self, ctx: _Request, failures: list[LegFailure], attempts: int,
-                        request_id: str) -> Opened:
+                        request_id: str, refused: list[str]) -> Opened:
         plan, engine = ctx.plan, ctx.engine.value
         last = failures[-1] if failures else None
         if plan.fallback is not None and self.config.fallback_to_regular:
@@ -291,7 +305,8 @@ class PairDispatcher:
             log.warning("pd handoff failed, running cold on a regular worker reason=%s "
                         "request_id=%s", reason, request_id, extra={"request_id": request_id})
             routed = dataclasses.replace(ctx.routed, decision=plan.fallback, pd=None,
-                                         placement=self.router.placement(ctx.routed.keys))
+                                         placement=self.router.placement(ctx.routed.keys,
+                                                                         ctx.routed.keysets))
             try:
                 opened = await self.single.open_regular(ctx.req, routed, ctx.body, request_id)
             except BaseException:
@@ -304,6 +319,9 @@ class PairDispatcher:
             return opened
         self.metrics.child(self.metrics.pd_requests, engine, "failed").inc()
         if last is None:
+            if refused:
+                raise ServiceUnavailable("no prefill/decode pair with compatible KV connectors:"
+                                         f" {refused[-1]}")
             raise ServiceUnavailable("no available prefill/decode pair for this request")
         if all(f.status in BUSY_STATUSES for f in failures):
             raise all_busy([(f.status, f.retry_after_s) for f in failures])
@@ -401,18 +419,20 @@ class PairDispatcher:
         p_worker, d_worker = self._worker(prefill), self._worker(decode)
         p_leg = _Leg(Side.PREFILL, p_worker, self)
         try:
-            p_answer = await self._call(p_leg, ctx, vllm_prefill_body(ctx.req.body), False,
-                                        whole=True)
+            streamed = self.config.vllm_stream_prefill
+            p_answer = await self._call(p_leg, ctx, vllm_prefill_body(ctx.req.body, streamed),
+                                        streamed, whole=True)
         except BaseException:
             p_leg.settle(_Verdict.ABANDONED)
             raise
         if not p_answer.ok:
             return self._failed_or_passed(p_answer, ctx, prefill)
-        params, usage = _prefill_result(p_answer.data)
+        params, usage = vllm_prefill_result(p_answer.data)
         if params is None:
             p_leg.settle(_Verdict.FAILED)
             return LegFailure(Side.PREFILL, p_worker.id, FailureKind.PROTOCOL.value,
-                              detail="the prefill answered without kv_transfer_params")
+                              detail="the prefill answered without kv_transfer_params (a"
+                                     " stream: in its final chunk)")
         self._prefill_done(p_answer, ctx)
         body = vllm_decode_body(ctx.body, ctx.req.body, params)
         d_leg = _Leg(Side.DECODE, d_worker, self)
@@ -466,7 +486,8 @@ class PairDispatcher:
         answer = _Answer(leg)
         try:
             async with asyncio.timeout(timeout_s):
-                response = leg.response = await self.upstream.post(url, body, ctx.headers)
+                response = leg.response = await self.upstream.post(url, body, ctx.headers,
+                                                                   leg.worker.spec)
                 answer.status = response.status
                 if whole or response.status != 200 or not stream:
                     answer.data = await response.read()
@@ -523,7 +544,8 @@ class PairDispatcher:
     def _opened(self, ctx: _Request, leg: _Leg, head: bytes, hit_tokens: int,
                 outcome: PDOutcome, rewrite: EventRewrite | None) -> Opened:
         response = leg.hand_over()
-        return Opened(leg.worker, response, head, 1, self.metrics, hit_tokens=hit_tokens,
+        return Opened(leg.worker, response, head, 1, self.metrics, leg.slot,
+                      hit_tokens=hit_tokens,
                       pd=outcome, rewrite=rewrite)
 
     def _prefill_done(self, answer: _Answer, ctx: _Request) -> None:
@@ -594,16 +616,3 @@ def _error_in(data: bytes, stream: bool) -> bool:
         return False
     return isinstance(obj, dict) and (isinstance(obj.get("error"), dict)
                                       or obj.get("object") == "error")
-
-
-def _prefill_result(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A vLLM prefill answer's ``kv_transfer_params`` and ``usage`` (``None`` if absent)."""
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return None, None
-    if not isinstance(obj, dict):
-        return None, None
-    params, usage = obj.get("kv_transfer_params"), obj.get("usage")
-    return (params if isinstance(params, dict) else None,
-            usage if isinstance(usage, dict) else None)

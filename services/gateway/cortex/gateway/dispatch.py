@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cortex.gateway.config import PDConfig, Timeouts, UpstreamConfig
@@ -91,6 +91,7 @@ class Opened:
     head: bytes
     attempts: int
     _metrics: GatewayMetrics = field(repr=False)
+    _slot: int = field(repr=False)
     hit_tokens: int = 0
     decision: Decision | None = None
     pd: PDOutcome | None = None
@@ -104,20 +105,21 @@ class Opened:
             return
         self._closed = True
         self.response.close()
-        release_slot(self.worker, self._metrics)
+        release_slot(self.worker, self._metrics, self._slot)
         if self.on_close is not None:
             self.on_close()
 
 
-def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
-    """Count one more request open on ``worker``."""
-    worker.inflight += 1
+def acquire_slot(worker: WorkerState, metrics: GatewayMetrics) -> int:
+    """Count one more request open on ``worker``; returns the slot for :func:`release_slot`."""
+    slot = worker.open_request()
     metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
+    return slot
 
 
-def release_slot(worker: WorkerState, metrics: GatewayMetrics) -> None:
-    """A request open on ``worker`` ended."""
-    worker.inflight -= 1
+def release_slot(worker: WorkerState, metrics: GatewayMetrics, slot: int) -> None:
+    """A request open on ``worker`` (``slot``: what :func:`acquire_slot` returned) ended."""
+    worker.close_request(slot)
     metrics.worker(metrics.worker_inflight, worker.id).set(worker.inflight)
 
 
@@ -143,9 +145,10 @@ class Dispatcher:
         self.metrics = metrics
         self.pairs = PairDispatcher(self, pd or PDConfig())
 
-    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str
-                   ) -> Opened:
-        """Open the request on a worker (or a prefill/decode pair) up to its first byte.
+    async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
+                   trace: Mapping[str, str] | None = None) -> Opened:
+        """Open the request on a worker (or a prefill/decode pair) up to its first byte;
+        ``trace``: the W3C trace-context headers to send along.
 
         Raises :class:`UpstreamError` (502/504) when every attempt failed, and
         :class:`ServiceUnavailable` when no ranked worker is routable any more. The caller's
@@ -153,14 +156,15 @@ class Dispatcher:
         """
         routed.placement.dispatched()  # the attempts' in-flight slots count it from here
         if routed.pd is not None:
-            return await self.pairs.open(req, routed, body, request_id)
-        return await self.open_regular(req, routed, body, request_id)
+            return await self.pairs.open(req, routed, body, request_id, trace)
+        return await self.open_regular(req, routed, body, request_id, trace)
 
     async def open_regular(self, req: InferenceRequest, routed: Routed, body: bytes,
-                           request_id: str) -> Opened:
+                           request_id: str, trace: Mapping[str, str] | None = None) -> Opened:
         """Send to ``routed.decision``'s workers in order until one answers; the placement
         (predicted blocks) follows the attempts."""
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id,
+                   **(trace or {})}
         path = req.endpoint.value
         placement = routed.placement
         mode = routed.decision.mode.value
@@ -219,7 +223,7 @@ class Dispatcher:
         (:attr:`WorkerState.prefilling`) until then."""
         breaker = worker.breaker
         breaker.on_attempt()
-        acquire_slot(worker, self.metrics)
+        slot = acquire_slot(worker, self.metrics)
         worker.prefilling += prefill_tokens
         response: UpstreamResponse | None = None
         sent = time.perf_counter()
@@ -228,7 +232,7 @@ class Dispatcher:
             try:
                 async with timer:
                     response = await self.upstream.post(worker.spec.url.rstrip("/") + path,
-                                                        body, headers)
+                                                        body, headers, worker.spec)
                     head = await self._first_bytes(response, stream)
             except TimeoutError:
                 if not timer.expired():
@@ -238,7 +242,7 @@ class Dispatcher:
         except UpstreamFailure as failure:
             if response is not None:
                 response.close()
-            release_slot(worker, self.metrics)
+            release_slot(worker, self.metrics, slot)
             self.metrics.worker(self.metrics.upstream_errors, worker.id, failure.kind.value).inc()
             if failure.status == 429:
                 breaker.on_abandon()  # busy, not broken
@@ -249,7 +253,7 @@ class Dispatcher:
             # cancelled (client gone, deadline) or a bug: no verdict on the worker
             if response is not None:
                 response.close()
-            release_slot(worker, self.metrics)
+            release_slot(worker, self.metrics, slot)
             breaker.on_abandon()
             raise
         finally:
@@ -258,7 +262,7 @@ class Dispatcher:
         if response.status == 200:
             self.metrics.worker(self.metrics.upstream_ttfb, worker.id, mode).observe(
                 time.perf_counter() - sent)
-        return Opened(worker, response, head, attempts, self.metrics)
+        return Opened(worker, response, head, attempts, self.metrics, slot)
 
     async def _first_bytes(self, response: UpstreamResponse, stream: bool) -> bytes:
         """The whole body, or a stream's first chunk; :class:`UpstreamFailure` for a

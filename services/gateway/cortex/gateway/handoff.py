@@ -8,9 +8,11 @@ residue modulo the prefill's ``dp_size`` selects the DP rank that holds the pref
 ``return_logprob`` the prefill's input logprobs are put in front of the decode's.
 
 vLLM (one leg after the other): :func:`vllm_prefill_body` asks the prefill for one token and
-``kv_transfer_params``; :func:`vllm_decode_body` hands them on unchanged; the decode counts
-the pulled KV as cached, so :func:`usage_from_prefill` takes the prompt side of the usage
-from the prefill's answer.
+``kv_transfer_params`` — in the answer, or (streamed, vLLM >= 0.33) in the stream's final
+chunk (``entrypoints/openai/chat_completion/serving.py`` sets them on the chunk that carries
+the finish reason), which :func:`vllm_prefill_result` reads either way;
+:func:`vllm_decode_body` hands them on unchanged; the decode counts the pulled KV as cached,
+so :func:`usage_from_prefill` takes the prompt side of the usage from the prefill's answer.
 """
 
 from __future__ import annotations
@@ -123,17 +125,57 @@ def sglang_leg_body(raw: bytes, body: Mapping[str, Any], host: str, port: int | 
     return _with_fields(raw, body, fields)
 
 
-def vllm_prefill_body(body: Mapping[str, Any]) -> bytes:
-    """The vLLM prefill leg: one token, not streamed, holding its KV for a remote decode."""
+def vllm_prefill_body(body: Mapping[str, Any], stream: bool = False) -> bytes:
+    """The vLLM prefill leg: one token, holding its KV for a remote decode; ``stream``: as
+    a stream whose final chunk carries the ``kv_transfer_params`` (and usage)."""
     out = dict(body)
-    out["stream"] = False
+    out["stream"] = stream
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     out.pop("stream_options", None)  # vLLM rejects it without streaming
+    if stream:
+        out["stream_options"] = {"include_usage": True}
     out.pop("min_tokens", None)
     out["kv_transfer_params"] = dict(VLLM_PREFILL_PARAMS)
     return _dumps(out)
+
+
+def vllm_prefill_result(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A vLLM prefill answer's ``kv_transfer_params`` and ``usage`` (``None`` if absent),
+    from a JSON body or an SSE stream (the last chunk that carries each)."""
+    params: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    for obj in _answer_objects(data):
+        found, counted = obj.get("kv_transfer_params"), obj.get("usage")
+        if isinstance(found, dict):
+            params = found
+        if isinstance(counted, dict):
+            usage = counted
+    return params, usage
+
+
+def _answer_objects(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of an answer: the body, or each ``data:`` event of a stream."""
+    text = data.lstrip()
+    if not text.startswith(b"data:"):
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return []
+        return [obj] if isinstance(obj, dict) else []
+    out: list[dict[str, Any]] = []
+    for event in text.replace(b"\r\n", b"\n").split(b"\n\n"):
+        line = event.strip()
+        if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
+            continue
+        try:
+            obj = json.loads(line[5:])
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def vllm_decode_body(raw: bytes, body: Mapping[str, Any], params: Mapping[str, Any]) -> bytes:

@@ -21,16 +21,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 
 import aiohttp
 
 from cortex.gateway.config import HealthConfig
-from cortex.gateway.engine_info import fetch_engine_info
+from cortex.gateway.engine_info import (
+    fetch_engine_info,
+    fetch_sglang_lookahead,
+    fetch_vllm_version,
+)
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import Health, Remembered, WorkerPool, WorkerState
+from cortex.hashing import Engine
 from cortex.registry import Assertion, Registry, RegistryUnavailable, WorkerSpec
+from cortex.registry.spec import WorkerRole
 
 __all__ = ["HealthMonitor", "LeaseAction", "ProbeResult", "lease_action"]
 
@@ -80,9 +86,11 @@ class HealthMonitor:
         metrics: GatewayMetrics,
         on_round: Callable[[], object] = lambda: None,
         on_return: Callable[[], object] = lambda: None,
+        auth: Callable[[WorkerSpec], Mapping[str, str]] = lambda spec: {},
     ) -> None:
         self.pool = pool
         self.session = session
+        self._auth = auth  # a worker's credential headers
         self.registry = registry
         self.config = config
         self.lease_ttl_s = lease_ttl_s
@@ -165,7 +173,7 @@ class HealthMonitor:
         url = spec.url.rstrip("/") + "/health"
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                async with self.session.get(url) as resp:
+                async with self.session.get(url, headers=self._auth(spec)) as resp:
                     await resp.read()
                     if resp.status == 200:
                         return ProbeResult.OK, None
@@ -208,10 +216,16 @@ class HealthMonitor:
         """The engine's context length (until known) and LoRA adapters (every
         ``INFO_RETRY_S``: engines load and unload adapters at run time)."""
         checked = worker.info_checked
+        spec = worker.spec
+        wants_version = (spec.engine is Engine.VLLM and spec.role is not WorkerRole.REGULAR
+                         and worker.engine_version is None)
+        wants_lookahead = (spec.engine is Engine.SGLANG and spec.kv_lookahead is None
+                           and worker.learned_lookahead is None)
         if checked is not None and now - checked < INFO_RETRY_S:
             return
         worker.info_checked = now
-        info = await fetch_engine_info(self.session, worker.spec, self.config.timeout_s)
+        info = await fetch_engine_info(self.session, spec, self.config.timeout_s,
+                                       self._auth(spec))
         found = info.context_length
         if worker.context_length is None or found is not None:
             if found != worker.context_length:
@@ -222,6 +236,18 @@ class HealthMonitor:
             log.info("worker=%s serves LoRA adapters %s", worker.id, sorted(info.adapters),
                      extra={"worker": worker.id})
             worker.adapters = info.adapters
+        if wants_lookahead:
+            found_lookahead = await fetch_sglang_lookahead(self.session, spec,
+                                                           self.config.timeout_s,
+                                                           self._auth(spec))
+            if found_lookahead:
+                log.info("worker=%s runs EAGLE (kv lookahead %d, from /server_info)", worker.id,
+                         found_lookahead, extra={"worker": worker.id})
+            worker.learned_lookahead = found_lookahead
+        if wants_version:
+            worker.engine_version = await fetch_vllm_version(self.session, spec,
+                                                             self.config.timeout_s,
+                                                             self._auth(spec))
 
     def publish(self) -> None:
         counts = dict.fromkeys(Health, 0)

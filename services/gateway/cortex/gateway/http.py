@@ -10,6 +10,7 @@ from urllib.parse import unquote_plus
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.types import Receive, Scope, Send
+from cortex.telemetry.tracing import Span
 
 __all__ = ["Headers", "Request", "send_bytes", "send_error", "send_json"]
 
@@ -20,7 +21,8 @@ class Request:
     """An HTTP request: method, path, lower-cased headers and the body, read once;
     ``body_timeout_s``: how long the whole body may take to arrive (``None``: no bound)."""
 
-    __slots__ = ("_receive", "body_timeout_s", "headers", "method", "path", "query", "scope")
+    __slots__ = ("_body", "_receive", "body_timeout_s", "headers", "key_id", "method", "model",
+                 "path", "query", "request_id", "scope", "span")
 
     def __init__(self, scope: Scope, receive: Receive, body_timeout_s: float | None = None
                  ) -> None:
@@ -33,10 +35,24 @@ class Request:
         self.headers: dict[str, str] = {
             k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
         }
+        # learned while it is served, for the access log: the accepted API key's id, the
+        # model asked for, the request id answered with
+        self.key_id: str | None = None
+        self.model: str | None = None
+        self.request_id: str | None = None
+        self._body: bytes | None = None
+        self.span: Span | None = None  # this request's trace span, when traced
 
     async def body(self, limit: int) -> bytes:
-        """The whole body; :class:`ClientError` past ``limit`` bytes (413) or when it has not
-        arrived within :attr:`body_timeout_s` (408, and the connection is closed)."""
+        """The whole body (read once, then remembered); :class:`ClientError` past ``limit``
+        bytes (413) or when it has not arrived within :attr:`body_timeout_s` (408, and the
+        connection is closed)."""
+        if self._body is not None:
+            return self._body
+        self._body = await self._read_within(limit)
+        return self._body
+
+    async def _read_within(self, limit: int) -> bytes:
         timeout_s = self.body_timeout_s
         declared = self.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:

@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from cortex.gateway.config import Timeouts
-from cortex.gateway.dispatch import Opened, upstream_body
+from cortex.gateway.dispatch import Dispatcher, Opened, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
 from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
@@ -35,8 +35,9 @@ from cortex.gateway.tokenizing import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.types import Message, Receive, Send
 from cortex.gateway.upstream import FailureKind, UpstreamFailure
+from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 
-__all__ = ["InferenceHandler", "request_id_of"]
+__all__ = ["InferenceHandler", "race_disconnect", "request_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,15 @@ _SSE_HEADERS: Headers = [
 
 
 def request_id_of(request: Request) -> str:
-    """The client's ``x-request-id`` when sane, else a fresh one."""
+    """The client's ``x-request-id`` when sane, else a fresh one (the same for the whole
+    request)."""
+    if request.request_id is not None:
+        return request.request_id
     given = request.headers.get("x-request-id", "")
-    if 0 < len(given) <= 128 and given.isprintable():
-        return given
-    return f"{_ids.getrandbits(128):032x}"
+    if not (0 < len(given) <= 128 and given.isprintable()):
+        given = f"{_ids.getrandbits(128):032x}"
+    request.request_id = given
+    return given
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -111,8 +116,10 @@ class InferenceHandler:
                 self.gw.admission.release()
         finally:
             status = sent.status if sent.status is not None else unanswered
-            m.child(m.requests, endpoint.value, str(status)).inc()
-            m.child(m.request_seconds, endpoint.value).observe(time.perf_counter() - started)
+            model = request.model or "unknown"
+            m.child(m.requests, endpoint.value, str(status), model).inc()
+            m.child(m.request_seconds, endpoint.value, model).observe(
+                time.perf_counter() - started)
 
     async def _admitted(self, send: Send, base: Headers) -> bool:
         """Wait for a slot (admission control); ``False`` when refused (answered)."""
@@ -135,10 +142,16 @@ class InferenceHandler:
         router = self.gw.router
         assert router is not None
         raw = await request.body(self.config.server.max_body_bytes)
+        parse_ns = time.time_ns()
         req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits,
                             self.gw.pool.adapter_base)
+        request.model = req.model.name
         try:
-            return req, raw, await router.route(req, deadline)
+            route_ns = time.time_ns()
+            routed = await router.route(req, deadline)
+            if request.span is not None:
+                self._trace_routing(request.span, parse_ns, route_ns, routed)
+            return req, raw, routed
         except RecursionError:
             raise ClientError("the request is nested too deeply") from None
         except (TypeError, UnicodeError):
@@ -147,6 +160,26 @@ class InferenceHandler:
             self._tracebacks.log(log, "prompt not tokenizable request_id=%s",
                                  request_id_of(request))
             raise ClientError("the prompt cannot be tokenized") from None
+
+    def _trace_routing(self, span: Span, parse_ns: int, route_ns: int, routed: Routed) -> None:
+        """The parse and routing stages as child spans (timed while they ran)."""
+        tracing = self.gw.tracing
+        assert tracing is not None
+        tracing.record("parse", span, parse_ns, route_ns)
+        at = route_ns
+        timings = routed.timings
+        decision = routed.decision
+        for stage, seconds, attributes in (
+                ("tokenize", timings.tokenize, {"cortex.prompt_tokens": routed.prompt_tokens}),
+                ("hash", timings.hash, {"cortex.blocks": len(routed.keys)}),
+                ("match", timings.match, {"cortex.match_source": routed.match_source}),
+                ("score", timings.score, {"cortex.worker": decision.chosen.worker_id,
+                                          "cortex.match_mode": decision.mode.value,
+                                          "cortex.match_reason": decision.reason.value,
+                                          "cortex.hit_tokens": decision.hit_tokens})):
+            end = at + int(seconds * 1e9)
+            tracing.record(stage, span, at, end, attributes)
+            at = end
 
     async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
                       base: Headers, started: float) -> int:
@@ -172,8 +205,8 @@ class InferenceHandler:
         try:
             body = upstream_body(req, raw)
             exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline,
-                                 started)
-            if await _race_disconnect(request.receive, exchange.run()):
+                                 started, request)
+            if await race_disconnect(request.receive, exchange.run()):
                 self.metrics.client_disconnects.inc()
                 log.info("client disconnected request_id=%s worker=%s", request_id,
                          exchange.worker_id, extra={"request_id": request_id,
@@ -184,7 +217,7 @@ class InferenceHandler:
             routed.placement.dispatched()  # if it never was: the routed load ends here
 
 
-async def _race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
+async def race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
     """Run ``work`` in this task until done or the client disconnects (then cancel it);
     ``True`` if the client went away first.
 
@@ -222,8 +255,9 @@ class _Exchange:
 
     def __init__(self, gw: Gateway, req: InferenceRequest, routed: Routed, body: bytes,
                  request_id: str, base: Headers, send: Send, deadline: float,
-                 started: float) -> None:
+                 started: float, request: Request) -> None:
         self.gw = gw
+        self.request = request
         self.req = req
         self.routed = routed
         self.body = body
@@ -266,7 +300,7 @@ class _Exchange:
         loop_deadline = asyncio.get_running_loop().time() + (self.deadline - time.monotonic())
         try:
             async with asyncio.timeout_at(loop_deadline):
-                opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id)
+                opened = await self._open(dispatcher)
                 self.worker_id = opened.worker.id
                 response = opened.response
                 if response.status != 200:  # refused: in the gateway's error shape
@@ -314,6 +348,27 @@ class _Exchange:
         finally:
             if opened is not None:
                 opened.close()
+
+    async def _open(self, dispatcher: Dispatcher) -> Opened:
+        """Dispatch up to the first byte, under an ``upstream`` client span when traced
+        (its context goes upstream), else passing the client's trace context on."""
+        tracing, parent = self.gw.tracing, self.request.span
+        if tracing is None or parent is None:
+            return await dispatcher.open(self.req, self.routed, self.body, self.request_id,
+                                         trace_headers(self.request.headers))
+        span = tracing.start("upstream", parent=parent, kind=SpanKind.CLIENT)
+        try:
+            opened = await dispatcher.open(self.req, self.routed, self.body, self.request_id,
+                                           tracing.headers(span))
+            span.set_attributes({"cortex.worker": opened.worker.id,
+                                 "cortex.attempts": opened.attempts,
+                                 "http.response.status_code": opened.response.status})
+            return opened
+        except BaseException as exc:
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+            raise
+        finally:
+            span.end()  # the first byte (or the failure): what the span times
 
     def _not_sent(self) -> Headers:
         decision = self.routed.decision
@@ -372,7 +427,7 @@ class _Exchange:
         """The client has the answer's first bytes (a stream's first event): TTFT."""
         decision = opened.decision or self.routed.decision
         metrics = self.gw.metrics
-        metrics.child(metrics.ttft, stream, decision.mode.value).observe(
+        metrics.child(metrics.ttft, self.req.model.name, stream, decision.mode.value).observe(
             time.perf_counter() - self.started)
 
     async def _end_stream(self, data: bytes) -> None:

@@ -13,14 +13,16 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
 from cortex.gateway.config import LoadConfig
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pool import EngineLoad, Health, WorkerPool, WorkerState
+from cortex.gateway.pool import Health, WorkerPool, WorkerState
 from cortex.hashing import Engine
+from cortex.registry.spec import WorkerSpec
 
 __all__ = ["LoadPoller", "parse_sglang_get_load", "parse_sglang_loads", "parse_vllm_metrics"]
 
@@ -92,9 +94,11 @@ class LoadPoller:
         session: aiohttp.ClientSession,
         config: LoadConfig,
         metrics: GatewayMetrics,
+        auth: Callable[[WorkerSpec], Mapping[str, str]] = lambda spec: {},
     ) -> None:
         self.pool = pool
         self.session = session
+        self._auth = auth  # a worker's credential headers
         self.config = config
         self.metrics = metrics
         self._legacy: set[str] = set()  # SGLang workers without /v1/loads
@@ -107,6 +111,8 @@ class LoadPoller:
             await asyncio.sleep(self.config.poll_interval_s)
 
     async def poll(self, worker: WorkerState) -> None:
+        sent = time.monotonic()
+        number = worker.load_poll_begun()
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 running, waiting = await self._fetch(worker)
@@ -114,24 +120,25 @@ class LoadPoller:
             self.metrics.load_polls.labels(result="error").inc()
             log.debug("load poll failed worker=%s: %r", worker.id, exc, extra={"worker": worker.id})
             return
-        worker.engine = EngineLoad(running, waiting, time.monotonic())
+        worker.load_polled(number, running, waiting, sent)
         self.metrics.load_polls.labels(result="ok").inc()
         self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
         self.metrics.worker(self.metrics.worker_engine_waiting, worker.id).set(waiting)
 
     async def _fetch(self, worker: WorkerState) -> tuple[int, int]:
         base = worker.spec.url.rstrip("/")
+        headers = self._auth(worker.spec)
         if worker.spec.engine is Engine.VLLM:
-            async with self.session.get(base + "/metrics") as resp:
+            async with self.session.get(base + "/metrics", headers=headers) as resp:
                 resp.raise_for_status()
                 return parse_vllm_metrics(await resp.text())
         if worker.id not in self._legacy:
-            async with self.session.get(base + "/v1/loads") as resp:
+            async with self.session.get(base + "/v1/loads", headers=headers) as resp:
                 if resp.status == 404:
                     self._legacy.add(worker.id)
                 else:
                     resp.raise_for_status()
                     return parse_sglang_loads(json.loads(await resp.read()))
-        async with self.session.get(base + "/get_load") as resp:
+        async with self.session.get(base + "/get_load", headers=headers) as resp:
             resp.raise_for_status()
             return parse_sglang_get_load(json.loads(await resp.read()))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from cortex.ledger.model import LedgerState, Tier
 
-__all__ = ["LedgerState", "MatchAnswer", "SourceMatch", "Tier", "WorkerMatch"]
+__all__ = ["LedgerState", "MatchAnswer", "SourceMatch", "Tier", "WorkerMatch", "merge_answers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +109,18 @@ def fold_sources(sources: Iterable[SourceMatch]) -> dict[str, WorkerMatch]:
             out[worker_id] = WorkerMatch(worker_id, best.ready_blocks, best.dp_rank, state,
                                          best.host_blocks, best.disk_blocks)
     return out
+
+
+def merge_answers(first: MatchAnswer | None, other: MatchAnswer | None) -> MatchAnswer | None:
+    """Two answers for key sets of one prompt (plain and lookahead keys): per source, the
+    longer match. Exact, because a source holds keys of one set only: under the other set it
+    matches nothing."""
+    if first is None or other is None:
+        return first or other
+    best = {(s.worker_id, s.dp_rank): s for s in first.sources}
+    for src in other.sources:
+        seen = best.get((src.worker_id, src.dp_rank))
+        if seen is None or src.matched_blocks > seen.matched_blocks:
+            best[(src.worker_id, src.dp_rank)] = src
+    return MatchAnswer(tuple(best.values()), max(first.index_version, other.index_version),
+                       max(first.query_blocks, other.query_blocks))

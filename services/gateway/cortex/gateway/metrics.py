@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.process_collector import ProcessCollector
 
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
@@ -37,13 +38,21 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)  # the standard process_* series
         p = "cortex_gateway_"
         # requests
-        self.requests = Counter(p + "requests_total", "HTTP requests answered",
-                                ["endpoint", "status"], registry=r)
+        self.requests = Counter(p + "requests_total", "Inference requests answered, by "
+                                "endpoint, status and model (a served one, else 'unknown')",
+                                ["endpoint", "status", "model"], registry=r)
         self.request_seconds = Histogram(p + "request_duration_seconds",
                                          "Time from request to end of response",
-                                         ["endpoint"], buckets=_SLOW, registry=r)
+                                         ["endpoint", "model"], buckets=_SLOW, registry=r)
+        self.auth_failures = Counter(p + "auth_failures_total",
+                                     "Requests refused 401, by reason (missing|invalid key)",
+                                     ["reason"], registry=r)
+        self.key_requests = Counter(p + "key_requests_total",
+                                    "Requests authenticated with each API key (by key id)",
+                                    ["key"], registry=r)
         self.rejected = Counter(p + "rejected_total", "Requests rejected before routing",
                                 ["code"], registry=r)
         self.client_disconnects = Counter(p + "client_disconnects_total",
@@ -64,8 +73,8 @@ class GatewayMetrics:
         self.ttft = Histogram(p + "ttft_seconds",
                               "Request arrival to the first byte of a 200 answer sent to the "
                               "client (streams: the first event, i.e. time to first token), by "
-                              "stream (true|false) and match mode",
-                              ["stream", "mode"], buckets=_TTFT, registry=r)
+                              "model, stream (true|false) and match mode",
+                              ["model", "stream", "mode"], buckets=_TTFT, registry=r)
         # routing
         self.routing_seconds = Histogram(p + "routing_seconds",
                                          "Routing decision time by stage",
@@ -160,6 +169,10 @@ class GatewayMetrics:
         self.pd_handoff_failures = Counter(p + "pd_handoff_failures_total",
                                            "Failed PD legs, by side (prefill|decode) and kind",
                                            ["engine", "side", "kind"], registry=r)
+        self.pd_pairs_refused = Counter(p + "pd_pairs_refused_total",
+                                        "Prefill/decode pairs not tried, by reason"
+                                        " (connector_version: their KV connectors cannot talk)",
+                                        ["engine", "reason"], registry=r)
         self.pd_fallbacks = Counter(p + "pd_fallbacks_total",
                                     "PD requests run cold on a regular worker, by failed side",
                                     ["engine", "reason"], registry=r)
@@ -204,7 +217,13 @@ class GatewayMetrics:
                                      registry=r)
         self.index_errors = Counter(p + "index_errors_total", "Failed index calls", ["kind"],
                                     registry=r)
-        self.ready = Gauge(p + "ready", "1 while the gateway can route", registry=r)
+        self.ready = Gauge(p + "ready", "1 while the gateway can route (some model has a "
+                           "routable worker)", registry=r)
+        self.draining = Gauge(p + "draining", "1 once the process drains (SIGTERM): readiness "
+                              "is 503, requests are still served", registry=r)
+        self.routable_workers = Gauge(p + "routable_workers",
+                                      "Workers healthy with their breaker admitting requests",
+                                      registry=r)
         self.degraded = Gauge(p + "degraded", "1 per active degradation reason", ["reason"],
                               registry=r)
         self.exact_routing = Gauge(p + "exact_routing_enabled",
@@ -213,6 +232,15 @@ class GatewayMetrics:
         self.credit_blocked = Gauge(p + "credit_blocked_workers",
                                     "Workers denied cache credit, by model and reason",
                                     ["model", "reason"], registry=r)
+        # the endpoint picker (cortex gateway --epp-port: Envoy's ext_proc)
+        self.epp_picks = Counter(p + "epp_picks_total",
+                                 "Endpoint picker answers, by outcome (picked|refused_<status>)",
+                                 ["outcome"], registry=r)
+        self.epp_served = Counter(p + "epp_served_total",
+                                  "Responses whose served endpoint Envoy reported, by whether it "
+                                  "was the picked one (chosen|fallback|unknown)", ["endpoint"],
+                                  registry=r)
+        self.epp_streams = Gauge(p + "epp_streams", "Open ext_proc streams", registry=r)
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._per_worker: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}

@@ -10,19 +10,71 @@ Conditional disaggregation (vLLM only: an SGLang decode server refuses requests 
 bootstrap room) lets the decode worker prefill itself when the part of the prompt it does
 not hold is small; a vLLM request with several sequences (``n > 1``, prompt arrays) always
 prefills on the decode worker, since one ``kv_transfer_params`` carries one sequence.
+
+vLLM pairs must run compatible KV connectors: the NIXL handshake refuses a peer whose
+compatibility hash differs, and that hash covers the vLLM version and
+``NIXL_CONNECTOR_VERSION`` (``kv_connector/v1/nixl/metadata.py``; 15 in 0.33.0, so 0.32 and
+0.33 instances cannot be paired). :func:`connector_mismatch` compares the workers' labels
+``nixl_connector_version`` and ``engine_version`` (else the version the engine's
+``/server_info`` reports); what neither side says is not held against a pair.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from cortex.gateway.config import PDConfig
 from cortex.gateway.matching import LedgerState
+from cortex.gateway.pool import WorkerState
 from cortex.gateway.scoring import Decision, Scored
 from cortex.hashing import Engine
 
-__all__ = ["LocalPrefill", "PDMode", "PDOutcome", "PDPlan"]
+__all__ = ["CONNECTOR_VERSION_LABEL", "ENGINE_VERSION_LABEL", "LocalPrefill", "PDMode",
+           "PDOutcome", "PDPlan", "compatible_pair", "connector_mismatch"]
+
+CONNECTOR_VERSION_LABEL = "nixl_connector_version"
+ENGINE_VERSION_LABEL = "engine_version"
+
+
+def _engine_version(worker: WorkerState) -> str | None:
+    return worker.spec.labels.get(ENGINE_VERSION_LABEL) or worker.engine_version
+
+
+def connector_mismatch(prefill: WorkerState, decode: WorkerState) -> str | None:
+    """Why a vLLM prefill and decode worker cannot hand KV over (``None``: they can, as far
+    as both say)."""
+    if prefill.spec.engine is not Engine.VLLM:
+        return None
+    ours = prefill.spec.labels.get(CONNECTOR_VERSION_LABEL)
+    theirs = decode.spec.labels.get(CONNECTOR_VERSION_LABEL)
+    if ours and theirs and ours != theirs:
+        return (f"NIXL connector version {ours} on prefill {prefill.id} and {theirs} on"
+                f" decode {decode.id}")
+    ours, theirs = _engine_version(prefill), _engine_version(decode)
+    if ours and theirs and ours != theirs:
+        return f"vLLM {ours} on prefill {prefill.id} and {theirs} on decode {decode.id}"
+    return None
+
+
+Ranked = Sequence[tuple[Scored, WorkerState]]
+
+
+def compatible_pair(prefills: Ranked, decodes: Ranked
+                    ) -> tuple[tuple[Scored, Scored] | None, list[tuple[str, str, str]]]:
+    """The first (prefill, decode) in rank order whose connectors can talk, and the pairs
+    refused on the way as ``(prefill id, decode id, why)``."""
+    refused: list[tuple[str, str, str]] = []
+    if not decodes:
+        return None, refused
+    for prefill, p_worker in prefills:
+        for decode, d_worker in decodes:
+            why = connector_mismatch(p_worker, d_worker)
+            if why is None:
+                return (prefill, decode), refused
+            refused.append((p_worker.id, d_worker.id, why))
+    return None, refused
 
 
 class PDMode(StrEnum):

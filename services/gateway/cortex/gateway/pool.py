@@ -59,6 +59,8 @@ class WorkerState:
         self.context_length: int | None = None  # tokens, as the engine reports it
         self.info_checked: float | None = None  # monotonic s of the last engine-info fetch
         self.adapters: frozenset[str] = frozenset()  # LoRA adapters its /v1/models lists
+        self.engine_version: str | None = None  # vLLM /server_info (PD pairing)
+        self.learned_lookahead: int | None = None  # SGLang /server_info (speculative decoding)
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)
         # uncached prompt tokens of this gateway's requests routed or sent here whose first
@@ -66,19 +68,71 @@ class WorkerState:
         self.prefilling = 0
         self.engine: EngineLoad | None = None
         self.ledger = LedgerState.UNSPECIFIED
+        # reconciling the engine's polled counts with what this gateway saw finish since:
+        # requests are stamped with the number of load polls begun when they opened
+        self._polls_begun = 0
+        self._stored_poll = 0  # the poll ``engine`` came from
+        self._done_since_stored = 0  # our requests open at that poll's start, finished since
+        self._done_since_begun = 0  # the same for the poll in flight
 
     @property
     def id(self) -> str:
         return self.spec.id
+
+    @property
+    def kv_lookahead(self) -> int:
+        """Tokens after a block its reuse needs: the spec's ``kv_lookahead``, else what the
+        engine reported (0: none, or unknown)."""
+        configured = self.spec.kv_lookahead
+        if configured is not None:
+            return configured
+        return self.learned_lookahead or 0
 
     def routable(self) -> bool:
         """May a request go here now: healthy and its breaker admits it. Any role: routing
         picks regular workers, or a prefill and a decode worker for a PD pair."""
         return self.health is Health.HEALTHY and self.breaker.allows()
 
+    def open_request(self) -> int:
+        """One more request of ours open here; returns its stamp for :meth:`close_request`."""
+        self.inflight += 1
+        return self._polls_begun
+
+    def close_request(self, stamp: int) -> None:
+        """A request opened with ``stamp`` ended (its response was read to the end, or
+        dropped): the engine no longer runs it, whatever its last report said."""
+        self.inflight -= 1
+        if stamp < self._stored_poll:
+            self._done_since_stored += 1
+        if stamp < self._polls_begun:
+            self._done_since_begun += 1
+
+    def load_poll_begun(self) -> int:
+        """A load poll is being sent; returns its number for :meth:`load_polled`."""
+        self._polls_begun += 1
+        self._done_since_begun = 0
+        return self._polls_begun
+
+    def load_polled(self, poll: int, running: int, waiting: int, at: float) -> None:
+        """Poll ``poll`` (sent at monotonic ``at``) answered; a late answer of an older poll
+        overtaken by a newer one is dropped."""
+        if poll != self._polls_begun:
+            return
+        self.engine = EngineLoad(running, waiting, at)
+        self._stored_poll = poll
+        self._done_since_stored = self._done_since_begun
+
     def fresh_engine_load(self, now: float, stale_after_s: float) -> EngineLoad | None:
+        """The engine's last report unless stale, its running count less the requests of
+        ours it was running that finished since the poll was sent (so a sequential
+        client's next request does not see its previous one as still running)."""
         load = self.engine
-        return load if load is not None and now - load.at <= stale_after_s else None
+        if load is None or now - load.at > stale_after_s:
+            return None
+        if self._done_since_stored:
+            return EngineLoad(max(0, load.running - self._done_since_stored), load.waiting,
+                              load.at)
+        return load
 
     def watermark(self, default: int, overrides: Mapping[str, int]) -> int:
         if self.id in overrides:

@@ -7,6 +7,16 @@ its last token, so at most ``(prompt_tokens - 1) // block_size`` blocks can be h
 query sent to the index is cut there, while predictions credit every full block (the
 engine caches them all once the prompt is processed).
 
+Speculative decoding: a worker whose spec has ``kv_lookahead`` L > 0 (vLLM EAGLE lookahead
+block hashes, SGLang EAGLE bigram pages; for SGLang also learned from ``/server_info``) holds
+lookahead keys, which cover each block's next
+L tokens (:func:`cortex.hashing.lookahead_block_keys`): the prompt is keyed once per L its
+candidates run and each worker is matched, predicted and credited with its own key set
+(keys of different sets never collide, so a worker matches nothing under another's). Only
+blocks whose next L tokens are in the prompt are keyed: the engine cannot reuse the others.
+A worker with ``kv_eagle_drop`` (vLLM EAGLE on legacy hashes) is credited one block less
+than it holds: its lookup drops the last block it matched.
+
 A recorded decision takes effect at once, before the request is dispatched: the worker
 that will compute the prompt is credited with its blocks (predicted blocks) and counted as
 one more active request (``WorkerState.pending``), so requests routed a moment later —
@@ -20,14 +30,20 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.errors import ServiceUnavailable
 from cortex.gateway.handoff import sequence_count
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch, WorkerMatch
+from cortex.gateway.matching import (
+    LedgerState,
+    MatchAnswer,
+    SourceMatch,
+    WorkerMatch,
+    merge_answers,
+)
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pairing import PDPlan
 from cortex.gateway.payload import InferenceRequest
@@ -36,12 +52,12 @@ from cortex.gateway.predicted import Credit, PredictedBlocks
 from cortex.gateway.scoring import Candidate, Decision, Reason, Scored, decide
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.tokenizing import Tokenization
-from cortex.hashing import HashDomain
+from cortex.hashing import Engine, HashDomain
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 from cortex.registry.spec import WorkerRole
 
 __all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
-           "Router", "StageTimings", "uncached"]
+           "Router", "StageTimings", "lookahead_blocks", "uncached"]
 
 OFFLOAD_CHARS = TokenizeConfig().offload_chars
 """The default ``tokenize.offload_chars``: uncached prompt text (characters, ~1k tokens,
@@ -105,11 +121,13 @@ class Placement:
     (explain) starts empty.
     """
 
-    __slots__ = ("_credit", "_pending", "_router", "keys")
+    __slots__ = ("_credit", "_pending", "_router", "keys", "keysets")
 
-    def __init__(self, router: Router, keys: list[int]) -> None:
+    def __init__(self, router: Router, keys: list[int],
+                 keysets: Mapping[int, list[int]] | None = None) -> None:
         self._router = router
         self.keys = keys
+        self.keysets = keysets
         self._credit: Credit | None = None
         self._pending: list[tuple[WorkerState, int]] = []
 
@@ -124,7 +142,8 @@ class Placement:
         if self.worker_id == worker_id:
             return
         self.withdraw()
-        self._credit = self._router.predicted.credit(worker_id, self.keys)
+        keys = self._router.keys_for(worker_id, self.keys, self.keysets)
+        self._credit = self._router.predicted.credit(worker_id, keys)
         self._router.metrics.predicted_keys.set(len(self._router.predicted))
 
     def withdraw(self) -> None:
@@ -159,13 +178,14 @@ class Routed:
     decision: Decision
     model: ModelConfig
     prompt_tokens: int
-    keys: list[int]  # every full block of the prompt
+    keys: list[int]  # every full block of the prompt (plain keys)
     query_blocks: int  # blocks that could be hits (matched against the ledger)
     match_source: str  # "replica" | "index" | "none"
     index_version: int
     timings: StageTimings
     placement: Placement
     pd: PDPlan | None = None
+    keysets: Mapping[int, list[int]] | None = None  # lookahead L > 0 -> the prompt's keys
 
     def credited_tokens(self, worker_id: str) -> int:
         """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
@@ -175,10 +195,25 @@ class Routed:
         return 0
 
 
+def lookahead_blocks(model: ModelConfig, prompt_tokens: int, lookahead: int) -> int:
+    """Leading lookahead blocks of a prompt the engine can reuse. vLLM: every block whose
+    next ``lookahead`` tokens are in the prompt (``get_request_block_hasher`` hashes no other;
+    the ``prompt - 1`` cap is then implied). SGLang EAGLE: the match key is the prompt minus
+    its last token (``Req._compute_max_prefix_len``) seen as bigrams, one fewer than its
+    tokens (``RadixKey.__len__``): pages ending at least two tokens before the prompt's end.
+    """
+    margin = lookahead + (1 if model.engine is Engine.SGLANG else 0)
+    return max(prompt_tokens - margin, 0) // model.block_size
+
+
 def uncached(prompt_tokens: int, scored: Scored) -> int:
     """Prompt tokens ``scored``'s worker will compute (what it holds is not computed, even
     when the decision gave it no credit for it)."""
     return max(prompt_tokens - PDPlan.held_tokens(scored), 0)
+
+
+def _only(workers: list[WorkerState], allowed: Collection[str] | None) -> list[WorkerState]:
+    return workers if allowed is None else [w for w in workers if w.id in allowed]
 
 
 class Router:
@@ -218,12 +253,13 @@ class Router:
 
     # ---- routing ----
 
-    async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True
-                    ) -> Routed:
+    async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True,
+                    allowed: Collection[str] | None = None) -> Routed:
         """Tokenize, hash, match and score. ``deadline``: ``time.monotonic()`` seconds.
 
         Raises :class:`ClientError` (bad prompt) or :class:`ServiceUnavailable` (no
         routable worker). ``record=False`` (explain) leaves metrics and counters alone.
+        ``allowed``: only these worker ids may be chosen (an endpoint picker's subset).
         """
         model = req.model
         t0 = time.perf_counter()
@@ -233,17 +269,26 @@ class Router:
         query_blocks = max(len(ids) - 1, 0) // model.block_size
         query = keys[:query_blocks]
         t2 = time.perf_counter()
-        workers = self._serving(self.pool.candidates(model.name), model, req.adapter)
-        pools = self._pd_pools(model, req.adapter)
+        workers = _only(self._serving(self.pool.candidates(model.name), model, req.adapter),
+                        allowed)
+        pools = self._pd_pools(model, req.adapter, allowed)
         if not workers and pools is None:
             if req.adapter is not None:
                 raise ServiceUnavailable(f"no available worker serves the adapter "
                                          f"'{req.adapter}' of model '{model.name}'")
             raise ServiceUnavailable(f"no available worker for model '{model.name}'")
+        keysets = self._lookahead_keys(model, ids, req, workers, pools)
         answer, source = await self._match(model, query, deadline)
+        predicted = self.predicted.match(query) if answer is not None else {}
+        for lookahead, lookahead_keys in keysets.items():
+            lookahead_query = lookahead_keys[:lookahead_blocks(model, len(ids), lookahead)]
+            extra, _ = await self._match(model, lookahead_query, deadline)
+            answer = merge_answers(answer, extra)
+            if answer is not None:
+                for worker_id, blocks in self.predicted.match(lookahead_query).items():
+                    predicted[worker_id] = max(blocks, predicted.get(worker_id, 0))
         t3 = time.perf_counter()
         cache_off = self._cache_off(ids, query, answer)
-        predicted = self.predicted.match(query) if answer is not None else {}
         folded = answer.per_worker() if answer is not None else {}
 
         def candidates(pool: list[WorkerState]) -> list[Candidate]:
@@ -259,7 +304,7 @@ class Router:
                           rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
                    if workers else None)
         plan: PDPlan | None = None
-        placement = Placement(self, keys)
+        placement = Placement(self, keys, keysets)
         if pools is not None:
             prefill = decide(candidates(pools[0]), weights, cache_off=cache_off, turn=turn,
                              rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
@@ -295,7 +340,29 @@ class Router:
             m.prompt_tokens.observe(len(ids))
         return Routed(decision, model, len(ids), keys, query_blocks, source,
                       answer.index_version if answer is not None else 0, timings, placement,
-                      plan)
+                      plan, keysets)
+
+    def _lookahead_keys(self, model: ModelConfig, ids: list[int], req: InferenceRequest,
+                        workers: list[WorkerState],
+                        pools: tuple[list[WorkerState], list[WorkerState]] | None
+                        ) -> dict[int, list[int]]:
+        """The prompt's lookahead keys (every block the engine caches once it has the
+        prompt), per lookahead the candidates run; none for plain workers only."""
+        everyone = workers if pools is None else [*workers, *pools[0], *pools[1]]
+        wanted = {w.kv_lookahead for w in everyone if w.kv_lookahead > 0}
+        return {lookahead: model.domain.keys(ids, req.lora_name, req.cache_salt,
+                                             lookahead=lookahead)
+                for lookahead in sorted(wanted)}
+
+    def keys_for(self, worker_id: str, keys: list[int],
+                 keysets: Mapping[int, list[int]] | None) -> list[int]:
+        """The prompt's keys in ``worker_id``'s key set: plain ``keys``, or its lookahead
+        keys (none when they were not computed: crediting plain ones would over-predict)."""
+        worker = self.pool.get(worker_id)
+        lookahead = worker.kv_lookahead if worker is not None else 0
+        if not lookahead:
+            return keys
+        return (keysets or {}).get(lookahead, [])
 
     def _place(self, placement: Placement, worker_id: str, prefill_tokens: int) -> None:
         """The decision takes effect now: credit ``worker_id`` and count the request (and
@@ -305,9 +372,10 @@ class Router:
         if worker is not None:
             placement.hold(worker, prefill_tokens)
 
-    def placement(self, keys: list[int]) -> Placement:
+    def placement(self, keys: list[int], keysets: Mapping[int, list[int]] | None = None
+                  ) -> Placement:
         """An empty placement for ``keys`` (a fallback that places the request anew)."""
-        return Placement(self, keys)
+        return Placement(self, keys, keysets)
 
     @staticmethod
     def _serving(workers: list[WorkerState], model: ModelConfig, adapter: str | None
@@ -318,26 +386,30 @@ class Router:
             return workers
         return [w for w in workers if adapter in w.adapters]
 
-    def _pd_pools(self, model: ModelConfig, adapter: str | None = None
+    def _pd_pools(self, model: ModelConfig, adapter: str | None = None,
+                  allowed: Collection[str] | None = None
                   ) -> tuple[list[WorkerState], list[WorkerState]] | None:
-        """Routable (prefill, decode) workers of ``model`` (serving ``adapter``) speaking its
-        engine's handoff, or ``None`` when the model is not served disaggregated now."""
+        """Routable (prefill, decode) workers of ``model`` (serving ``adapter``, among
+        ``allowed``) speaking its engine's handoff, or ``None`` when the model is not served
+        disaggregated now."""
         pool = self.pool
         if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
                 and pool.has_role(model.name, WorkerRole.DECODE)):
             return None
-        prefill = [w for w in self._serving(self.pool.candidates(model.name, WorkerRole.PREFILL),
-                                            model, adapter)
+        prefill = [w for w in _only(self._serving(
+                       self.pool.candidates(model.name, WorkerRole.PREFILL), model, adapter),
+                       allowed)
                    if w.spec.engine is model.engine]
-        decode = [w for w in self._serving(self.pool.candidates(model.name, WorkerRole.DECODE),
-                                           model, adapter)
+        decode = [w for w in _only(self._serving(
+                      self.pool.candidates(model.name, WorkerRole.DECODE), model, adapter),
+                      allowed)
                   if w.spec.engine is model.engine]
         return (prefill, decode) if prefill and decode else None
 
     def commit(self, routed: Routed, worker_id: str) -> None:
         """``worker_id`` caches the prompt's blocks too (a vLLM decode pulled them): predict
         them there, besides the request's placement."""
-        self.predicted.credit(worker_id, routed.keys)
+        self.predicted.credit(worker_id, self.keys_for(worker_id, routed.keys, routed.keysets))
         self.metrics.predicted_keys.set(len(self.predicted))
 
     def _cache_off(self, ids: list[int], query: list[int], answer: MatchAnswer | None
@@ -381,6 +453,17 @@ class Router:
         elif spec.block_size is not None and spec.block_size != model.block_size:
             blocked = "block_size_mismatch"
         bs = model.block_size
+        ready = match.ready_blocks if match is not None else 0
+        host = match.host_blocks if match is not None else 0
+        disk = match.disk_blocks if match is not None else 0
+        if spec.kv_eagle_drop:  # vLLM EAGLE, legacy hashes: its lookup drops the last block
+            if disk:  # the last matched block is the deepest tier's
+                disk -= 1
+            elif host:
+                host -= 1
+            else:
+                ready = max(ready - 1, 0)
+            predicted_blocks = max(predicted_blocks - 1, 0)
         return Candidate(
             worker_id=worker.id,
             inflight=worker.inflight + worker.pending,
@@ -389,9 +472,9 @@ class Router:
             high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),
             prefilling=worker.prefilling,
             ledger=match.state if match is not None else LedgerState.UNSPECIFIED,
-            index_tokens=match.ready_blocks * bs if match is not None else 0,
-            host_tokens=match.host_blocks * bs if match is not None else 0,
-            disk_tokens=match.disk_blocks * bs if match is not None else 0,
+            index_tokens=ready * bs,
+            host_tokens=host * bs,
+            disk_tokens=disk * bs,
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
             dp_rank=match.dp_rank if match is not None and match.held_blocks else None,

@@ -18,6 +18,7 @@ from enum import StrEnum
 from types import TracebackType
 
 from cortex.gateway.admission import Admission
+from cortex.gateway.auth import WorkerCredentials
 from cortex.gateway.config import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch import Dispatcher
 from cortex.gateway.errors import ConfigError
@@ -30,6 +31,7 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.pool import WorkerPool
 from cortex.gateway.replica_client import ReplicaClient
 from cortex.gateway.router import Router
+from cortex.gateway.seeding import UrlSeeder
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
 from cortex.ledger.grpc import read_token
@@ -43,6 +45,7 @@ from cortex.registry import (
     RegistryWatcher,
     WorkerSpec,
 )
+from cortex.telemetry.tracing import Tracing
 
 __all__ = ["Degradation", "Gateway", "Readiness"]
 
@@ -81,8 +84,13 @@ class Gateway:
     when ``registry.redis_url`` is set, else an in-process registry.
     """
 
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.config = config
+        self.api_keys = config.auth.load()  # ConfigError: a bad keys file
+        # the workers' API keys come from this process's environment (a snapshot taken at
+        # the edge) or files it can read; never from the registry
+        self.credentials = WorkerCredentials(environ or {})
         self.metrics = GatewayMetrics()
         self.pool = WorkerPool(config.breaker, forget_after_s=config.registry.forget_after_s)
         self.admission = admission = Admission(config.admission)
@@ -91,7 +99,7 @@ class Gateway:
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
         self.tokenizers: dict[str, PromptTokenizer] = {}
-        self.upstream = UpstreamClient(config.upstream)
+        self.upstream = UpstreamClient(config.upstream, self.credentials)
         self.index: IndexClient | None = None
         self.replica: ReplicaClient | None = None
         self.router: Router | None = None
@@ -101,6 +109,22 @@ class Gateway:
         self.loads: LoadPoller | None = None
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
+        self.draining = False  # SIGTERM: readiness says 503, requests are still served
+        tracing = config.tracing
+        self.tracing: Tracing | None = Tracing(
+            tracing.endpoint, tracing.service_name, sample_ratio=tracing.sample_ratio,
+            export_interval_s=tracing.export_interval_s,
+            export_timeout_s=tracing.export_timeout_s, batch_size=tracing.batch_size,
+            max_queue=tracing.max_queue,
+            attributes={"service.instance.id": config.gateway_id}) if tracing.enabled else None
+
+    def drain(self) -> None:
+        """Start draining: readiness turns 503 and answers close their connections, so
+        load balancers and keep-alive clients move to other replicas."""
+        if not self.draining:
+            self.draining = True
+            self.metrics.draining.set(1)
+            log.info("draining: readiness is now 503")
 
     def _make_registry(self) -> Registry:
         cfg = self.config.registry
@@ -150,17 +174,23 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
         await self._seed()
+        seeds = asyncio.create_task(UrlSeeder(config.discovery, self._seed_one).run(),
+                                    name="gateway-seeds")
+        self._tasks.append(seeds)
+        # the seeds that answer at once are in the pool at start; a slow one does not hold it
+        await asyncio.wait([seeds], timeout=config.discovery.timeout_s)
         self.watcher = await self._stack.enter_async_context(
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
         self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
                                     config.health, config.registry.lease_ttl_s, self.metrics,
-                                    on_round=self.sync_pool, on_return=self.watcher.poke)
+                                    on_round=self.sync_pool, on_return=self.watcher.poke,
+                                    auth=self.upstream.auth)
         loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
-                                        self.metrics)
+                                        self.metrics, self.upstream.auth)
         added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
         await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self._pool_loop(), name="gateway-pool"),
             asyncio.create_task(self.health.run(), name="gateway-health"),
             asyncio.create_task(loads.run(), name="gateway-load"),
@@ -177,6 +207,8 @@ class Gateway:
         await self._stack.aclose()
         if self.router is not None:
             self.router.close()
+        if self.tracing is not None:  # what is queued goes out (bounded by its timeout)
+            await asyncio.to_thread(self.tracing.shutdown)
 
     # ---- registry → pool ----
 
@@ -184,16 +216,21 @@ class Gateway:
         """Write the static workers (``config.workers``) into the registry, over what is
         there, unless an operator removed them (their tombstone wins)."""
         for spec in self.config.workers:
-            try:
-                outcome = await self.registry.reassert(spec, self.config.registry.lease_ttl_s,
-                                                       replace=True)
-            except RegistryUnavailable as exc:
-                log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
-                            extra={"worker": spec.id})
-                continue
-            if outcome is Assertion.TOMBSTONED:
-                log.warning("not seeding worker=%s: an operator removed it (tombstone)",
-                            spec.id, extra={"worker": spec.id})
+            await self._seed_one(spec)
+
+    async def _seed_one(self, spec: WorkerSpec) -> None:
+        try:
+            outcome = await self.registry.reassert(spec, self.config.registry.lease_ttl_s,
+                                                   replace=True)
+        except RegistryUnavailable as exc:
+            log.warning("cannot seed worker=%s into the registry: %s", spec.id, exc,
+                        extra={"worker": spec.id})
+            return
+        if outcome is Assertion.TOMBSTONED:
+            log.warning("not seeding worker=%s: an operator removed it (tombstone)",
+                        spec.id, extra={"worker": spec.id})
+        elif self.watcher is not None:
+            self.watcher.poke()
 
     def _registry_view(self) -> tuple[Mapping[str, WorkerSpec], Collection[str], float | None]:
         """The registry's workers and tombstones as last seen, and when that view was
@@ -325,6 +362,7 @@ class Gateway:
         state = (Readiness.UNAVAILABLE if not routable
                  else Readiness.DEGRADED if reasons else Readiness.READY)
         self.metrics.ready.set(1 if routable else 0)
+        self.metrics.routable_workers.set(sum(1 for w in self.pool if w.routable()))
         for reason in Degradation:
             self.metrics.degraded.labels(reason=reason.value).set(reason in reasons)
         return state, reasons

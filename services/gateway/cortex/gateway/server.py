@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Mapping
 from types import TracebackType
 
 from hypercorn.asyncio.run import worker_serve
@@ -30,9 +31,10 @@ __all__ = ["GatewayServer"]
 
 
 class GatewayServer:
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.config = config
-        self.app = GatewayApp(config, registry=registry)
+        self.app = GatewayApp(config, registry=registry, environ=environ)
         self.host = config.server.host
         self.port = 0
         self._shutdown = asyncio.Event()
@@ -92,6 +94,16 @@ class GatewayServer:
             error = self._task.exception()
             raise RuntimeError("the gateway failed to start") from error
         return self
+
+    async def drain(self) -> None:
+        """The not-ready-then-drain phase of a shutdown: readiness turns 503 at once,
+        requests are still served for ``server.drain_delay_s``; leaving the ``async with``
+        then stops accepting and lets in-flight requests finish (``graceful_timeout_s``)."""
+        gateway = self.app.gateway
+        if gateway is None:
+            return
+        gateway.drain()
+        await asyncio.sleep(self.config.server.drain_delay_s)
 
     async def _wait_started(self) -> None:
         await self.app.started.wait()

@@ -38,6 +38,7 @@ from cortex.gateway.payload import parse_body
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.tokenizing import Tokenization
 from cortex.gateway.types import Send
+from cortex.registry.spec import WorkerSpec
 
 __all__ = ["AlignmentCheck", "TokenizeHandler", "first_difference"]
 
@@ -170,11 +171,12 @@ class AlignmentCheck:
             if model is None or body is None or not workers:
                 continue
             worker = workers[next(self._turn) % len(workers)]
-            outcomes[name] = await self._compare(model, worker.id, worker.spec.url, body)
+            outcomes[name] = await self._compare(model, worker.spec, body)
         return outcomes
 
-    async def _compare(self, model: ModelConfig, worker: str, url: str, body: dict[str, Any]
+    async def _compare(self, model: ModelConfig, spec: WorkerSpec, body: dict[str, Any]
                        ) -> str:
+        worker, url = spec.id, spec.url
         m = self.gw.metrics
         router = self.gw.router
         assert router is not None
@@ -182,7 +184,9 @@ class AlignmentCheck:
             ours = (await tokenize(router.tokenization, self.gw.config, body))["tokens"]
             timeout = aiohttp.ClientTimeout(total=self.gw.config.tokenize.self_check_timeout_s)
             async with self.gw.upstream.session.post(url.rstrip("/") + "/tokenize", json=body,
-                                                     timeout=timeout) as response:
+                                                     timeout=timeout,
+                                                     headers=self.gw.upstream.auth(spec)
+                                                     ) as response:
                 answer = await response.json(content_type=None)
             theirs = answer.get("tokens") if response.status == 200 and isinstance(
                 answer, dict) else None

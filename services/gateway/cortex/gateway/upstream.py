@@ -14,7 +14,9 @@ from types import TracebackType
 
 import aiohttp
 
+from cortex.gateway.auth import WorkerCredentials
 from cortex.gateway.config import UpstreamConfig
+from cortex.registry.spec import WorkerSpec
 
 __all__ = ["FailureKind", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
 
@@ -154,11 +156,19 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
-    """``async with UpstreamClient(config) as upstream``: the process's aiohttp session."""
+    """``async with UpstreamClient(config) as upstream``: the process's aiohttp session.
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    ``credentials``: the workers' API keys; :meth:`auth` gives the headers for one."""
+
+    def __init__(self, config: UpstreamConfig,
+                 credentials: WorkerCredentials | None = None) -> None:
         self.config = config
+        self.credentials = credentials or WorkerCredentials({})
         self._session: aiohttp.ClientSession | None = None
+
+    def auth(self, spec: WorkerSpec) -> dict[str, str]:
+        """``Authorization`` for ``spec``'s worker (``{}`` when it needs none)."""
+        return self.credentials.headers(spec)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -192,12 +202,22 @@ class UpstreamClient:
         if session is not None:
             await session.close()
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
-        """Send a POST and wait for the response headers (the caller's deadline applies).
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str],
+                   worker: WorkerSpec | None = None) -> UpstreamResponse:
+        """Send a POST (to ``worker``: with its credential) and wait for the response
+        headers (the caller's deadline applies).
 
         Raises :class:`UpstreamFailure` (connect, timeout, disconnect)."""
+        return await self.request("POST", url, body, headers, worker)
+
+    async def request(self, method: str, url: str, body: bytes | None,
+                      headers: Mapping[str, str], worker: WorkerSpec | None = None
+                      ) -> UpstreamResponse:
+        """:meth:`post` for any method (``body`` ``None``: none)."""
+        if worker is not None and worker.credential is not None:
+            headers = {**headers, **self.auth(worker)}
         try:
-            response = await self.session.post(url, data=body, headers=headers)
+            response = await self.session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise _translate(exc) from exc
         return UpstreamResponse(response)

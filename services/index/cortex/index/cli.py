@@ -17,6 +17,7 @@ from typing import Any
 
 from cortex.index.config import IndexConfig
 from cortex.index.errors import ConfigError
+from cortex.telemetry import add_logging_flags, configure_logging
 
 __all__ = ["config_from_args", "register", "run"]
 
@@ -67,8 +68,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             default=None,
             help=f"{text} [env CORTEX_INDEX_{dest.upper()}, default {default}]",
         )
-    parser.add_argument("--log-level", default=None,
-                        help="logging level [env CORTEX_INDEX_LOG_LEVEL, default INFO]")
+    add_logging_flags(parser, level=None)  # default: $CORTEX_INDEX_LOG_LEVEL, else info
     parser.set_defaults(func=run)
 
 
@@ -111,9 +111,8 @@ async def _serve(config: IndexConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry of ``cortex index``: 0 after a clean stop, 2 on a configuration error."""
-    level = args.log_level or os.environ.get("CORTEX_INDEX_LOG_LEVEL") or "INFO"
-    logging.basicConfig(level=level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    level = args.log_level or os.environ.get("CORTEX_INDEX_LOG_LEVEL") or "info"
+    configure_logging(level, args.log_format)
     try:
         config = config_from_args(args, os.environ)
     except (ConfigError, TypeError) as exc:

@@ -38,7 +38,6 @@ from cortex.index.convert import (
     stats_response,
     workers_response,
 )
-from cortex.index.grpc_server import GrpcServer
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
 from cortex.index.replicas import ReplicaHub, numbered
@@ -46,6 +45,7 @@ from cortex.index.sequencing import Verdict
 from cortex.ledger.codec import domain_from_pb, keys_from_le, pb, source_from_pb, update_from_pb
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.grpc import LedgerCodec, TokenCheck, read_token
+from cortex.ledger.grpc_server import GrpcServer
 from cortex.ledger.model import INGEST_LOST, Source
 
 __all__ = ["IndexServer", "IndexService"]

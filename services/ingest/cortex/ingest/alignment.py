@@ -8,6 +8,11 @@ parent's 64-bit int, not the digest the engines chain from.
 vLLM: ``hash_algo`` (``--prefix-caching-hash-algo``) and ``hash_seed`` (``PYTHONHASHSEED``)
 come from configuration; with ``hash_algo="auto"`` every replicated algorithm is tried and the
 first that matches is kept (learned). SGLang (>= 0.5.6) needs nothing.
+
+vLLM EAGLE lookahead blocks hash ``(extra, *next L tokens)`` as their extra keys
+(``v1/core/kv_cache_utils.py::get_request_block_hasher``), which the check reproduces from
+the store's ``lookahead_token_ids``. SGLang bigram pages hash with its native page hash over
+pairs, which is not replicated: those stores are not judged.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from enum import StrEnum
 from cortex.hashing import (
     VLLM_HASH_ALGOS,
     Engine,
+    ExtraKeys,
     engine_event_ints,
     vllm_block_hashes,
+    vllm_event_int,
 )
 from cortex.ingest.codec import BlockHash, BlockStored
 
@@ -84,6 +91,7 @@ class AlignmentChecker:
             or event.lora_name is not None
             or event.lora_id is not None
             or (event.extra_keys is not None and any(event.extra_keys))
+            or event.bigram
         ):
             return None  # not a plain chain start: the engine hash depends on more inputs
         size = event.block_size
@@ -96,6 +104,10 @@ class AlignmentChecker:
             )
         tokens = event.token_ids[: count * size]
         expected = list(event.block_hashes[:count])
+        lookahead = event.lookahead_token_ids
+        extras: list[ExtraKeys] | None = (
+            None if lookahead is None else [(None, *la) for la in lookahead[:count]]
+        )
         self.checks += 1
         if self.engine is Engine.SGLANG:
             if engine_event_ints(Engine.SGLANG, tokens, size, cache_salt=event.cache_salt) == (
@@ -109,7 +121,7 @@ class AlignmentChecker:
             )
         algos = (self.learned_algo,) if self.learned_algo else self._algos
         for algo in algos:
-            if self._vllm(tokens, size, algo, expected) == expected:
+            if self._vllm(tokens, size, algo, expected, extras) == expected:
                 self.learned_algo = algo
                 self.matches += 1
                 return AlignmentOutcome(None)
@@ -121,10 +133,15 @@ class AlignmentChecker:
         )
 
     def _vllm(
-        self, tokens: Sequence[int], size: int, algo: str, expected: list[BlockHash]
+        self,
+        tokens: Sequence[int],
+        size: int,
+        algo: str,
+        expected: list[BlockHash],
+        extras: list[ExtraKeys] | None,
     ) -> list[BlockHash]:
+        digests = vllm_block_hashes(tokens, size, algo=algo, seed=self.hash_seed,
+                                    extra_keys=extras)
         if expected and isinstance(expected[0], bytes):  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0
-            return list(vllm_block_hashes(tokens, size, algo=algo, seed=self.hash_seed))
-        return list(
-            engine_event_ints(Engine.VLLM, tokens, size, algo=algo, seed=self.hash_seed)
-        )
+            return list(digests)
+        return [vllm_event_int(digest) for digest in digests]

@@ -27,6 +27,7 @@ from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
 from cortex.ingest.service import IngestService
 from cortex.ingest.shard import ShardSpec, shard_of
 from cortex.ledger.grpc import read_token
+from cortex.telemetry import add_logging_flags, configure_logging
 
 __all__ = ["build_config", "register"]
 
@@ -96,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                           "(default: auto = learn)")
     run.add_argument("--hash-seed", default=None,
                      help="vLLM workers' PYTHONHASHSEED for the alignment check")
-    run.add_argument("--log-level", default="INFO")
+    add_logging_flags(run)
     run.set_defaults(func=_cmd_run)
 
     owner = sub.add_parser("shard-of", help="print which shard owns each worker id")
@@ -169,10 +170,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         asyncio.run(_serve(config))
     except OSError as exc:  # e.g. the metrics port is taken

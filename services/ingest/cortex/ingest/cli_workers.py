@@ -1,8 +1,10 @@
 """``cortex workers``: add, list and remove worker registrations (Redis leases).
 
-``add`` validates the whole spec before touching Redis: a bad URL, engine or port is a clear
-error and nothing is written. Exit codes: 0 done, 1 registry unavailable or worker not found,
-2 invalid input.
+``add --url URL`` asks the worker's engine about itself first (:func:`cortex.registry.discover`:
+engine, model, block size, event and replay endpoints, DP size, context length); flags given
+explicitly win. It validates the whole spec before touching Redis: a bad URL, engine or port,
+or a field neither the engine nor a flag supplied, is a clear error and nothing is written.
+Exit codes: 0 done, 1 registry unavailable or worker not found, 2 invalid input.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from cortex.hashing import Engine
 from cortex.registry import (
     DEFAULT_NAMESPACE,
     DEFAULT_TTL_S,
+    DiscoveryError,
     LeaseKeeper,
     RedisRegistry,
     RegistryUnavailable,
     SpecError,
-    WorkerRole,
     WorkerSpec,
+    default_worker_id,
+    discover,
 )
 
 __all__ = ["register"]
@@ -48,24 +52,42 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         p.add_argument("--timeout", type=float, default=2.0, metavar="S",
                        help="Redis operation timeout in seconds (default: %(default)s)")
 
-    add = sub.add_parser("add", help="register a worker (or replace its entry)")
+    add = sub.add_parser(
+        "add", help="register a worker (or replace its entry), learning its spec from its URL",
+        description="Register a worker. Its engine, model, block size, KV-event and replay "
+                    "endpoints, DP size and context length are read from the engine's own "
+                    "endpoints (SGLang /server_info; vLLM /v1/models, /kv_event_sources, "
+                    "/metrics); a flag given here wins over what the engine says.")
     common(add)
-    add.add_argument("--id", required=True, help="worker id (unique in the fleet)")
     add.add_argument("--url", required=True, help="worker base URL, e.g. http://10.0.0.5:30000")
-    add.add_argument("--engine", required=True, help="sglang | vllm")
-    add.add_argument("--role", default=WorkerRole.REGULAR.value,
-                     help="regular | prefill | decode (default: %(default)s)")
-    add.add_argument("--model", required=True, help="served model name")
+    add.add_argument("--id", help="worker id, unique in the fleet (default: HOST-PORT of --url)")
+    add.add_argument("--no-discover", action="store_true",
+                     help="do not ask the worker: take the spec from the flags alone "
+                          "(--engine and --model are then required)")
+    add.add_argument("--discovery-timeout", type=float, default=5.0, metavar="S",
+                     help="per-request timeout of discovery (default: %(default)s)")
+    add.add_argument("--engine", help="sglang | vllm")
+    add.add_argument("--role", help="regular | prefill | decode (default: what the engine says,"
+                                    " else regular)")
+    add.add_argument("--model", help="served model name")
     add.add_argument("--kv-events", metavar="tcp://HOST:PORT",
                      help="KV-event PUB endpoint base (DP rank r uses PORT+r)")
     add.add_argument("--replay", metavar="tcp://HOST:PORT", help="replay ROUTER endpoint base")
-    add.add_argument("--topic", default="", help="KV-event topic (default: empty)")
+    add.add_argument("--topic", help="KV-event topic (default: the engine's, else empty)")
     add.add_argument("--block-size", type=int, metavar="B",
-                     help="tokens per KV block, if known (else learned from events)")
-    add.add_argument("--dp-size", type=int, default=1, metavar="N",
-                     help="data-parallel ranks (default: %(default)s)")
+                     help="tokens per KV block (default: the engine's, else learned from events)")
+    add.add_argument("--kv-lookahead", type=int, metavar="L",
+                     help="speculative decoding: tokens after a block its reuse needs (vLLM"
+                          " EAGLE 1, MTP: speculative tokens; SGLang EAGLE 1; 0: none)")
+    add.add_argument("--kv-eagle-drop", action="store_true",
+                     help="vLLM EAGLE with legacy block hashes (a KV connector configured):"
+                          " the engine does not reuse the last block it matches")
+    add.add_argument("--dp-size", type=int, metavar="N",
+                     help="data-parallel ranks (default: the engine's, else 1)")
     add.add_argument("--bootstrap-port", type=int, metavar="N",
                      help="SGLang prefill bootstrap port")
+    add.add_argument("--context-length", type=int, metavar="T",
+                     help="the engine's context length in tokens")
     add.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                      help="a label (repeatable)")
     add.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, metavar="S",
@@ -121,24 +143,42 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
     return labels
 
 
-def _spec(args: argparse.Namespace) -> WorkerSpec:
-    engine = args.engine.lower()
-    if engine not in {e.value for e in Engine}:
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec fields given as flags (``None``: not given)."""
+    engine = args.engine.lower() if args.engine else None
+    if engine is not None and engine not in {e.value for e in Engine}:
         raise SpecError(f"engine: unknown engine {args.engine!r} (expected sglang or vllm)")
-    return WorkerSpec(
-        id=args.id,
-        url=args.url,
-        engine=Engine(engine),
-        role=WorkerRole(args.role) if args.role in {r.value for r in WorkerRole} else args.role,
-        model=args.model,
-        dp_size=args.dp_size,
-        kv_events=args.kv_events,
-        topic=args.topic,
-        replay=args.replay,
-        bootstrap_port=args.bootstrap_port,
-        block_size=args.block_size,
-        labels=_labels(args.label),
-    )
+    return {
+        "engine": engine, "role": args.role, "model": args.model, "dp_size": args.dp_size,
+        "kv_events": args.kv_events, "topic": args.topic, "replay": args.replay,
+        "bootstrap_port": args.bootstrap_port, "block_size": args.block_size,
+        "context_length": args.context_length, "labels": _labels(args.label) or None,
+        "kv_lookahead": args.kv_lookahead, "kv_eagle_drop": args.kv_eagle_drop or None,
+    }
+
+
+_FLAGS = {"engine": "--engine", "model": "--model", "block_size": "--block-size",
+          "kv_events": "--kv-events"}
+
+
+def _spec(args: argparse.Namespace) -> WorkerSpec:
+    overrides = _overrides(args)
+    if args.no_discover:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        missing = [_FLAGS[name] for name in ("engine", "model") if name not in given]
+        if missing:
+            raise SpecError(f"--no-discover needs {' and '.join(missing)}")
+        return WorkerSpec.from_dict({"id": args.id or default_worker_id(args.url),
+                                     "url": args.url, **given})
+    found = asyncio.run(discover(args.url, timeout_s=args.discovery_timeout))
+    for line in found.report():
+        print(f"discovered: {line}", file=sys.stderr)
+    try:
+        return found.spec(overrides, worker_id=args.id)
+    except DiscoveryError as exc:
+        flags = ", ".join(_FLAGS.get(name, "--" + name.replace("_", "-"))
+                          for name in exc.missing)
+        raise SpecError(f"{exc} ({flags})") from None
 
 
 def _cmd_add(args: argparse.Namespace) -> int:

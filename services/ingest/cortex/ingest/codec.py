@@ -14,16 +14,30 @@ payload comes from the network and must never take the ingest down.
 from __future__ import annotations
 
 import math
-import struct
 from array import array
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Final, Literal, TypeAlias
+from typing import Final
 
 import msgpack
 
 from cortex.hashing import Engine
+from cortex.ingest.encoding import ENCODER_VERSIONS, encode_batch
+from cortex.ingest.events import (
+    CLEARED_TAG,
+    REMOVED_ORDER,
+    REMOVED_TAG,
+    STORED_ORDER,
+    STORED_TAG,
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    CodecError,
+    Event,
+    EventBatch,
+    describe_error,
+)
 
 __all__ = [
     "ENCODER_VERSIONS",
@@ -49,111 +63,6 @@ _MAX_NESTING: Final = 16
 _MAX_HASH_BYTES: Final = 64
 _MAX_UINT32: Final = 2**32 - 1
 _MAX_UINT64: Final = 2**64 - 1
-
-
-class CodecError(ValueError):
-    """The payload is not a KV-event batch of the named engine, or cannot be encoded.
-
-    The only exception :func:`decode_batch` raises. The ingest reacts by counting the batch as
-    malformed and dropping it (its ``seq`` still counts, so no replay is triggered for it).
-    """
-
-
-BlockHash: TypeAlias = int | bytes
-"""An engine block hash: a signed/unsigned 64-bit int, or a raw digest (vLLM's 32-byte bin).
-Opaque per-worker id; never compare hashes of different workers or engines."""
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    """Full blocks newly cached by the engine, in order.
-
-    ``token_ids`` concatenates the tokens of all blocks (``len == len(block_hashes) *
-    block_size`` for plain models; placeholder stores carry ``()`` and ``block_size == 0``).
-    ``parent_block_hash`` is the hash of the block just before the first one, ``None`` at the
-    start of a sequence. ``medium`` names the tier (``"GPU"``, ``"CPU"``, ``"CPU_PINNED"``,
-    ``"DISK"``, ...); ``None`` from engines that predate the field (GPU). ``group_idx`` is the
-    KV-cache group (hybrid models have several); the engine sends nil for single-group models,
-    which reads as 0 and sets ``group_idx_nil`` (a wire detail kept only so
-    :func:`encode_batch` can reproduce the bytes; it takes no part in equality).
-    """
-
-    block_hashes: tuple[BlockHash, ...]
-    parent_block_hash: BlockHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    cache_salt: str | None = None
-    extra_keys: tuple[object, ...] | None = None
-    group_idx: int = 0
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: tuple[int, ...] | None = None
-    group_idx_nil: bool = field(default=False, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    """Blocks evicted from ``medium`` (vLLM: one hash per event; SGLang: one radix node)."""
-
-    block_hashes: tuple[BlockHash, ...]
-    medium: str | None = None
-    group_idx: int = 0
-    locality: str | None = None
-    ownership: str | None = None
-    group_idx_nil: bool = field(default=False, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
-    """The engine dropped its whole prefix cache (flush, weight update, SGLang start-up)."""
-
-
-Event: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-@dataclass(frozen=True, slots=True)
-class EventBatch:
-    """One scheduler step's events.
-
-    ``ts``: the engine's wall clock when the batch was built (seconds since the epoch).
-    ``dp_rank``: the data-parallel rank that published it, ``None`` when not sent (vLLM 0.9).
-    ``skipped_unknown``: events with a tag this codec does not know, dropped from ``events``.
-    """
-
-    ts: float
-    events: tuple[Event, ...]
-    dp_rank: int | None = None
-    skipped_unknown: int = 0
-
-
-# --------------------------------------------------------------------------------------------
-# Wire field order (spec kv-events.md §2). Array-era events are positional in exactly this
-# order; fields were only ever appended, so a shorter array is an older engine.
-
-_VLLM_STORED: Final = (
-    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
-    "locality", "ownership", "session_id", "lookahead_token_ids",
-)  # fmt: skip
-_SGLANG_STORED: Final = (
-    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-    "cache_salt", "session_id", "lora_name",
-)  # fmt: skip
-_VLLM_REMOVED: Final = ("block_hashes", "medium", "group_idx", "locality", "ownership")
-_SGLANG_REMOVED: Final = ("block_hashes", "medium")
-
-_STORED_ORDER: Final = {Engine.VLLM: _VLLM_STORED, Engine.SGLANG: _SGLANG_STORED}
-_REMOVED_ORDER: Final = {Engine.VLLM: _VLLM_REMOVED, Engine.SGLANG: _SGLANG_REMOVED}
-
-_STORED: Final = "BlockStored"
-_REMOVED: Final = "BlockRemoved"
-_CLEARED: Final = "AllBlocksCleared"
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,18 +104,13 @@ def decode_batch(payload: bytes, engine: Engine | str) -> EventBatch:
             max_ext_len=size,
         )
     except Exception as exc:  # msgpack raises a zoo of types (ValueError, StackError, ...)
-        raise CodecError(f"payload is not valid msgpack: {_describe(exc)}") from exc
+        raise CodecError(f"payload is not valid msgpack: {describe_error(exc)}") from exc
     try:
         return _batch(obj, kind)
     except CodecError:
         raise
     except Exception as exc:  # a boundary guarantee; the fuzz tests prove it is never reached
-        raise CodecError(f"internal: malformed batch ({_describe(exc)})") from exc
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+        raise CodecError(f"internal: malformed batch ({describe_error(exc)})") from exc
 
 
 def _kind(value: object) -> str:
@@ -247,8 +151,8 @@ def _batch(obj: object, engine: Engine) -> EventBatch:
     if type(events) is not tuple:
         raise CodecError(f"batch events must be an array, got {_kind(events)}")
 
-    stored_order = _STORED_ORDER[engine]
-    removed_order = _REMOVED_ORDER[engine]
+    stored_order = STORED_ORDER[engine]
+    removed_order = REMOVED_ORDER[engine]
     out: list[Event] = []
     skipped = 0
     for index, raw in enumerate(events):
@@ -257,21 +161,21 @@ def _batch(obj: object, engine: Engine) -> EventBatch:
                 if not raw or type(raw[0]) is not str:
                     raise CodecError("array event must start with its type tag (str)")
                 tag = raw[0]
-                if tag == _STORED:
+                if tag == STORED_TAG:
                     out.append(_stored(dict(zip(stored_order, raw[1:], strict=False))))
-                elif tag == _REMOVED:
+                elif tag == REMOVED_TAG:
                     out.append(_removed(dict(zip(removed_order, raw[1:], strict=False))))
-                elif tag == _CLEARED:
+                elif tag == CLEARED_TAG:
                     out.append(_ALL_CLEARED)
                 else:
                     skipped += 1
             elif type(raw) is dict:
                 type_tag = raw.get("type")
-                if type_tag == _STORED:
+                if type_tag == STORED_TAG:
                     out.append(_stored(raw))
-                elif type_tag == _REMOVED:
+                elif type_tag == REMOVED_TAG:
                     out.append(_removed(raw))
-                elif type_tag == _CLEARED:
+                elif type_tag == CLEARED_TAG:
                     out.append(_ALL_CLEARED)
                 elif type(type_tag) is str:
                     skipped += 1
@@ -316,10 +220,19 @@ def _stored(f: Mapping[object, object]) -> BlockStored:
     extra = get("extra_keys")
     window = get("kv_cache_spec_sliding_window")
     lookahead = get("lookahead_token_ids")
+    bigram = type(tokens) is tuple and bool(tokens) and type(tokens[0]) is tuple
+    lookahead_ids: tuple[tuple[int, ...], ...] | None
+    if bigram:
+        if lookahead is not None:
+            raise CodecError("bigram token_ids and lookahead_token_ids cannot both be set")
+        token_ids, lookahead_ids = _bigrams(tokens, len(hashes), block_size)  # type: ignore[arg-type]
+    else:
+        token_ids = _tokens(tokens, "token_ids")
+        lookahead_ids = None if lookahead is None else _token_lists(lookahead)
     return BlockStored(
         _hashes(hashes),
         parent,  # type: ignore[arg-type]  # checked above
-        _tokens(tokens, "token_ids"),
+        token_ids,
         block_size,
         lora_id,
         medium,  # type: ignore[arg-type]  # checked in bulk above
@@ -332,9 +245,43 @@ def _stored(f: Mapping[object, object]) -> BlockStored:
         locality,  # type: ignore[arg-type]
         ownership,  # type: ignore[arg-type]
         None if session is None else _opt_str(session, "session_id"),
-        None if lookahead is None else _tokens(lookahead, "lookahead_token_ids"),
+        lookahead_ids,
+        bigram,
         group is None,
     )
+
+
+def _token_lists(value: object) -> tuple[tuple[int, ...], ...]:
+    """vLLM's ``lookahead_token_ids``: one token list per block."""
+    if type(value) is not tuple:
+        raise CodecError(f"lookahead_token_ids must be an array, got {_kind(value)}")
+    for position, item in enumerate(value):
+        _tokens(item, f"lookahead_token_ids[{position}]")
+    return value  # checked item by item
+
+
+def _bigrams(
+    pairs: tuple[object, ...], blocks: int, block_size: int
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """SGLang EAGLE pages (``mem_cache/events.py::record_store``): pair ``j`` is
+    ``(raw[j], raw[j + 1])``, so consecutive pairs share a token. Returns the raw tokens of
+    the positions and, per page, the token after it."""
+    for position, pair in enumerate(pairs):
+        if type(pair) is not tuple or len(pair) != 2:
+            raise CodecError(f"token_ids[{position}] must be a [token, next token] pair")
+    firsts = tuple(pair[0] for pair in pairs)  # type: ignore[index]
+    seconds = tuple(pair[1] for pair in pairs)  # type: ignore[index]
+    _tokens(firsts, "token_ids")
+    _tokens(seconds, "token_ids")
+    if firsts[1:] != seconds[:-1]:
+        bad = next(j for j in range(len(pairs) - 1) if seconds[j] != firsts[j + 1])
+        raise CodecError(f"bigram token_ids[{bad}] and [{bad + 1}] do not share a token")
+    if block_size <= 0 or len(pairs) != blocks * block_size:
+        raise CodecError(
+            f"bigram token_ids hold {len(pairs)} pairs for {blocks} pages of {block_size}"
+        )
+    lookahead = tuple((seconds[(k + 1) * block_size - 1],) for k in range(blocks))
+    return firsts, lookahead
 
 
 def _removed(f: Mapping[object, object]) -> BlockRemoved:
@@ -451,186 +398,3 @@ def _extra_keys(value: object) -> tuple[object, ...] | None:
         elif type(item) is dict:
             stack.extend((child, depth + 1) for pair in item.items() for child in pair)
     return value
-
-
-# --------------------------------------------------------------------------------------------
-# Encoding: each engine version's publisher is msgspec encoding msgspec Structs. Rules derived
-# from the engines' structs and checked against every golden payload:
-# - the batch is array_like: every field written, nil included (vLLM 0.9.0 had no dp field);
-# - array-era events write the tag then every field of that version, trailing nils included;
-# - map-era events are {"type": tag, ...} with omit_defaults: fields without a default (the
-#   leading "required" ones) are always written, defaulted (None) ones only when not nil;
-# - msgspec sizes a struct's map header for its largest possible entry count (fields + tag):
-#   16 or more means a map16 header even when fewer entries are written (vLLM 0.33);
-# - scalars use the smallest msgpack encoding (non-negative ints unsigned), floats are
-#   float64, str is str (never bin), bytes are bin.
-
-_Era: TypeAlias = Literal["array", "map"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Schema:
-    era: _Era
-    batch_has_rank: bool
-    stored: tuple[str, ...]
-    stored_required: int  # map era: leading fields written even when nil
-    removed: tuple[str, ...]
-    removed_required: int
-
-
-def _vllm(era: _Era, rank: bool, stored: int, removed: int) -> _Schema:
-    return _Schema(era, rank, _VLLM_STORED[:stored], 7, _VLLM_REMOVED[:removed], 2)
-
-
-def _sglang(era: _Era, stored: int, removed: int) -> _Schema:
-    # SGLang declares medium (and everything after it) with a None default.
-    return _Schema(era, True, _SGLANG_STORED[:stored], 5, _SGLANG_REMOVED[:removed], 1)
-
-
-# Field counts are the largest proven by the golden payloads; a map-era version is never
-# credited with a field it may not have had (0.24/0.26 keep 0.23's set), so encode_batch
-# refuses content the engine could not have sent instead of guessing.
-_SCHEMAS: Final[dict[Engine, dict[str, _Schema]]] = {
-    Engine.VLLM: {
-        "0.9.0": _vllm("array", False, 5, 1),
-        "0.11.0": _vllm("array", True, 6, 2),
-        "0.23.0": _vllm("array", True, 11, 3),
-        "0.24.0": _vllm("map", True, 11, 3),
-        "0.26.0": _vllm("map", True, 11, 3),
-        "0.33.0": _vllm("map", True, 15, 5),
-    },
-    Engine.SGLANG: {
-        "0.4.7": _sglang("array", 5, 1),
-        "0.5.9": _sglang("array", 6, 2),
-        "0.5.18": _sglang("array", 6, 2),
-        "0.5.20": _sglang("map", 6, 2),
-        "0.5.21": _sglang("map", 6, 2),
-        "0.5.22": _sglang("map", 6, 2),
-        "0.5.23": _sglang("map", 9, 2),
-    },
-}
-
-ENCODER_VERSIONS: Final[Mapping[Engine, tuple[str, ...]]] = {
-    engine: tuple(versions) for engine, versions in _SCHEMAS.items()
-}
-"""Engine versions :func:`encode_batch` reproduces byte for byte (``"v"`` prefixes and
-missing ``.0`` components are accepted, e.g. ``"v0.33"``)."""
-
-# Fields some version lacks, with the value that version implies by not having them.
-_STORED_DEFAULTS: Final[dict[str, object]] = {
-    name: (0 if name == "group_idx" else None)
-    for name in dict.fromkeys(_VLLM_STORED[5:] + _SGLANG_STORED[5:])
-}
-_REMOVED_DEFAULTS: Final[dict[str, object]] = {
-    name: (0 if name == "group_idx" else None) for name in _VLLM_REMOVED[1:]
-}
-
-
-def encode_batch(batch: EventBatch, engine: Engine | str, version: str) -> bytes:
-    """Encode ``batch`` exactly as ``engine`` at ``version`` publishes it (payload frame only).
-
-    ``version`` must be one of :data:`ENCODER_VERSIONS`. Raises :class:`CodecError` for an
-    unsupported version, or for content that version could not carry (a field it lacks set
-    to a non-default value, a dp_rank for vLLM 0.9.0, a value msgpack cannot hold).
-    ``skipped_unknown`` is not encoded: unknown events are gone after decoding.
-    """
-    schema = _schema(engine, version)
-    if not schema.batch_has_rank and batch.dp_rank is not None:
-        raise CodecError(f"{engine} {version} batches carry no dp_rank (got {batch.dp_rank})")
-    packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-    pack: Callable[[object], bytes] = packer.pack
-    parts = [
-        _array_header(3 if schema.batch_has_rank else 2),
-        b"\xcb" + _F64.pack(float(batch.ts)),  # msgspec writes every float as float64
-        _array_header(len(batch.events)),
-    ]
-    try:
-        for index, event in enumerate(batch.events):
-            parts.append(_encode_event(event, schema, pack, index))
-        if schema.batch_has_rank:
-            parts.append(pack(batch.dp_rank))
-    except CodecError:
-        raise
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise CodecError(f"cannot encode batch: {_describe(exc)}") from exc
-    return b"".join(parts)
-
-
-def _schema(engine: Engine | str, version: str) -> _Schema:
-    try:
-        kind = Engine(engine)
-    except ValueError:
-        raise CodecError(f"unknown engine {engine!r}") from None
-    wanted = _version_key(version)
-    for known, schema in _SCHEMAS[kind].items():
-        if _version_key(known) == wanted:
-            return schema
-    supported = ", ".join(_SCHEMAS[kind])
-    raise CodecError(f"no encoder for {kind} {version!r} (supported: {supported})")
-
-
-def _version_key(version: str) -> tuple[str, ...]:
-    parts = version.strip().removeprefix("v").split(".")
-    while len(parts) < 3:
-        parts.append("0")
-    return tuple(parts)
-
-
-_F64: Final = struct.Struct(">d")
-
-
-def _encode_event(
-    event: Event, schema: _Schema, pack: Callable[[object], bytes], index: int
-) -> bytes:
-    names: tuple[str, ...]
-    defaults: dict[str, object]
-    if isinstance(event, BlockStored):
-        tag, names, required = _STORED, schema.stored, schema.stored_required
-        defaults = _STORED_DEFAULTS
-    elif isinstance(event, BlockRemoved):
-        tag, names, required = _REMOVED, schema.removed, schema.removed_required
-        defaults = _REMOVED_DEFAULTS
-    elif isinstance(event, AllBlocksCleared):
-        if schema.era == "array":
-            return b"\x91" + pack(_CLEARED)
-        return b"\x81" + pack("type") + pack(_CLEARED)
-    else:
-        raise CodecError(f"event {index}: cannot encode {type(event).__name__}")
-
-    for name, default in defaults.items():
-        if name not in names and getattr(event, name) != default:
-            raise CodecError(f"event {index}: this engine version's {tag} has no field {name!r}")
-    values = [_wire_value(event, name) for name in names]
-    if schema.era == "array":
-        return b"".join([_array_header(len(values) + 1), pack(tag), *map(pack, values)])
-    entries = [
-        pack(name) + pack(value)
-        for position, (name, value) in enumerate(zip(names, values, strict=True))
-        if position < required or value is not None
-    ]
-    # msgspec picks the header width from the struct's largest possible size (fields + tag).
-    header = _map_header(len(entries) + 1, widest=len(names) + 1)
-    return b"".join([header, pack("type"), pack(tag), *entries])
-
-
-def _wire_value(event: BlockStored | BlockRemoved, name: str) -> object:
-    value = getattr(event, name)
-    if name == "group_idx" and value == 0 and event.group_idx_nil:
-        return None
-    return value
-
-
-def _array_header(count: int) -> bytes:
-    if count < 16:
-        return bytes([0x90 | count])
-    if count < 2**16:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
-
-
-def _map_header(count: int, widest: int) -> bytes:
-    if widest < 16:
-        return bytes([0x80 | count])
-    if widest < 2**16:
-        return b"\xde" + count.to_bytes(2, "big")
-    return b"\xdf" + count.to_bytes(4, "big")

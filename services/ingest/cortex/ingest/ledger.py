@@ -38,9 +38,22 @@ class Ledger:
     def key_of(self, engine_hash: BlockHash) -> int | None:
         return self._key_of.get(engine_hash)
 
+    def hashes(self) -> list[BlockHash]:
+        """Every engine hash held."""
+        return list(self._key_of)
+
     def parent_of(self, key: int) -> int | None:
         """The parent key of a held key."""
         return self._parent_of.get(key)
+
+    def copy(self) -> Ledger:
+        """An independent ledger holding the same blocks."""
+        other = Ledger()
+        other._key_of = dict(self._key_of)
+        other._parent_of = dict(self._parent_of)
+        other._dup_hash = dict(self._dup_hash)
+        other._dup_key = dict(self._dup_key)
+        return other
 
     def __contains__(self, key: object) -> bool:
         return key in self._parent_of

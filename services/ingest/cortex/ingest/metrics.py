@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from cortex.ledger.model import LedgerState
@@ -251,6 +252,7 @@ class IngestMetrics:
     def __init__(self, service: IngestService) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(IngestCollector(service))
+        ProcessCollector(registry=self.registry)  # the standard process_* series
         self.lag = Histogram(
             f"{P}lag_seconds",
             _help(f"{P}lag_seconds"),

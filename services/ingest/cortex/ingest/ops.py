@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cortex.hashing import HashDomain
-from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.model import LedgerState, Op, RemoveBlocks, Source, StoreBlocks
 
-__all__ = ["SnapshotView", "SourceId"]
+__all__ = ["SnapshotView", "SourceId", "append_remove", "append_store"]
 
 SourceId = Source
 """One ledger source: a worker's data-parallel rank (the ledger library's :class:`Source`)."""
@@ -27,3 +27,21 @@ class SnapshotView:
     keys: list[int]
     state: LedgerState
     reason: str
+
+
+def append_store(ops: list[Op], placed: StoreBlocks) -> None:
+    """Append a store to ``ops``, extending the last one when the chain goes on."""
+    last = ops[-1] if ops else None
+    if type(last) is StoreBlocks and last.keys[-1] == placed.parent_key:
+        last.keys.extend(placed.keys)  # the chain goes on: one update, not two
+    else:
+        ops.append(placed)
+
+
+def append_remove(ops: list[Op], dead: list[int]) -> None:
+    """Append a removal to ``ops``, merged into a removal just before it."""
+    last = ops[-1] if ops else None
+    if type(last) is RemoveBlocks:
+        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
+    else:
+        ops.append(RemoveBlocks(dead))

@@ -311,6 +311,7 @@ class IngestService:
             align_every=cfg.align_every,
             hash_algo=hash_algo,
             hash_seed=spec.labels.get(_LABEL_HASH_SEED, cfg.hash_seed),
+            kv_lookahead=spec.kv_lookahead,
         )
         for rank in range(spec.dp_size):
             source = SourceId(spec.id, rank)

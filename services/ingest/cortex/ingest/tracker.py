@@ -57,7 +57,7 @@ from cortex.ingest.codec import (
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
 from cortex.ingest.media import tier_of
-from cortex.ingest.ops import SnapshotView, SourceId
+from cortex.ingest.ops import SnapshotView, SourceId, append_remove, append_store
 from cortex.ingest.replay import (
     AbortReplay,
     Command,
@@ -120,6 +120,7 @@ class SourceTracker:
             model=config.model,
             block_size=config.block_size,
             stats=self.stats,
+            lookahead=config.kv_lookahead,
             alignment=(
                 AlignmentChecker(config.engine, hash_algo=config.hash_algo,
                                  hash_seed=config.hash_seed)
@@ -520,24 +521,19 @@ class SourceTracker:
                 if not self._announced:
                     self._announce()  # the block size was just learned
                 target = ops if tier is Tier.DEVICE else self._tier(tier)
-                for store in placed if type(placed) is list else (placed,):
-                    assert type(store) is StoreBlocks
-                    last = target[-1] if target else None
-                    if type(last) is StoreBlocks and last.keys[-1] == store.parent_key:
-                        last.keys.extend(store.keys)  # the chain goes on: one update
+                # a list: an offload store's resolved runs, or a hybrid source's credit moves
+                for op in placed if type(placed) is list else (placed,):
+                    if type(op) is StoreBlocks:
+                        append_store(target, op)
                     else:
-                        target.append(store)
+                        assert type(op) is RemoveBlocks
+                        append_remove(target, op.keys)
             elif type(event) is BlockRemoved:
                 events["BlockRemoved"] = events.get("BlockRemoved", 0) + 1
                 tier = tier_of(event.medium)
                 dead = keymap.removed(event, tier)
                 if dead and self._announced and tier is not None:
-                    target = ops if tier is Tier.DEVICE else self._tier(tier)
-                    last = target[-1] if target else None
-                    if type(last) is RemoveBlocks:
-                        last.keys.extend(dead)  # vLLM sends one event per block: coalesce
-                    else:
-                        target.append(RemoveBlocks(dead))
+                    append_remove(ops if tier is Tier.DEVICE else self._tier(tier), dead)
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
@@ -549,7 +545,7 @@ class SourceTracker:
             if len(ledger) and self._announced and (tier is Tier.DEVICE or tier in self._tier_ops):
                 (self._ops if tier is Tier.DEVICE else self._tier(tier)).append(
                     ClearBlocks("all_blocks_cleared"))
-            ledger.clear()
+        self.keymap.clear()  # every tier, and a hybrid source's group state
 
     def _tier(self, tier: Tier) -> list[Op]:
         return self._tier_ops.of(tier, self.state, self.reason)

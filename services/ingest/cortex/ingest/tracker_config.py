@@ -20,7 +20,8 @@ class TrackerConfig:
     batches applied right when a replay ends (``None``: all; the shell calls
     :meth:`SourceTracker.drain` for the rest). ``dup_window``: recent batches remembered to
     tell duplicates from restarts. ``align_every``: check one in N chain-start stores
-    against the engine's own hash (0 = never).
+    against the engine's own hash (0 = never). ``kv_lookahead``: the worker spec's
+    speculative-decoding lookahead (tokens), ``None`` to learn it from the first store.
     """
 
     engine: Engine
@@ -34,6 +35,7 @@ class TrackerConfig:
     align_every: int = 64
     hash_algo: str = AUTO
     hash_seed: str | None = None
+    kv_lookahead: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))

@@ -5,12 +5,17 @@
   get / list / changes, implemented by :class:`RedisRegistry` and :class:`MemoryRegistry`;
 - :class:`RegistryWatcher` — the last known registry, polled (≤ 1 s) and woken by the
   channel, ``degraded`` while the store is unreachable;
-- :class:`LeaseKeeper` — hold a lease while a context is open.
+- :class:`LeaseKeeper` — hold a lease while a context is open;
+- :func:`discover` — what a worker's engine says about itself (:class:`Discovery`: engine,
+  model, block size, KV-event / replay endpoints, DP size, context length), turned into a
+  spec with :meth:`Discovery.spec` (:class:`DiscoveryError` names what it could not learn).
 """
 
 from cortex.registry.base import DEFAULT_TTL_S, Assertion, Listing, Registry, Tombstone
+from cortex.registry.discoverer import discover
+from cortex.registry.discovery import Discovery, default_worker_id
 from cortex.registry.endpoint import Endpoint, parse_endpoint
-from cortex.registry.errors import RegistryError, RegistryUnavailable, SpecError
+from cortex.registry.errors import DiscoveryError, RegistryError, RegistryUnavailable, SpecError
 from cortex.registry.lease import LeaseKeeper
 from cortex.registry.memory import MemoryRegistry
 from cortex.registry.redis_registry import DEFAULT_NAMESPACE, RedisRegistry
@@ -22,6 +27,8 @@ __all__ = [
     "DEFAULT_TTL_S",
     "SPEC_VERSION",
     "Assertion",
+    "Discovery",
+    "DiscoveryError",
     "Endpoint",
     "LeaseKeeper",
     "Listing",
@@ -37,6 +44,8 @@ __all__ = [
     "Tombstone",
     "WorkerRole",
     "WorkerSpec",
+    "default_worker_id",
     "diff_specs",
+    "discover",
     "parse_endpoint",
 ]

@@ -29,6 +29,9 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _MAX_LABEL_VALUE = 256
 _MAX_DP_SIZE = 1024
 _MAX_BLOCK_SIZE = 1 << 20
+_MAX_CONTEXT = 1 << 30
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_MAX_LOOKAHEAD = 64  # vLLM MTP: num_speculative_tokens, never past one block
 
 
 class WorkerRole(StrEnum):
@@ -44,6 +47,14 @@ class WorkerSpec:
     ``kv_events`` and ``replay`` are endpoint *bases*: DP rank ``r`` uses ``port + r``.
     ``block_size`` (tokens per block) is ``None`` when unknown; ingest then learns it from
     the first ``BlockStored``. ``bootstrap_port`` applies to SGLang prefill workers only.
+    ``context_length``: the engine's context (tokens) when known (discovery fills it).
+    ``kv_lookahead``: tokens after a block that the engine's reuse of it needs (speculative
+    decoding: vLLM EAGLE lookahead block hashes = 1, multi-module MTP = the number of
+    speculative tokens; SGLang EAGLE = 1; 0 = none); ``None`` when unknown: ingest learns it
+    from the events, and the gateway looks for plain keys until it is set.
+    ``kv_eagle_drop``: vLLM EAGLE with its legacy block hashes (a KV connector is configured,
+    e.g. PD, or ``disable_lookahead_block_hashes``): the events are plain, but the engine
+    does not reuse the last block a lookup matches; the gateway credits one block less.
     """
 
     id: str
@@ -57,7 +68,11 @@ class WorkerSpec:
     replay: str | None = None
     bootstrap_port: int | None = None
     block_size: int | None = None
+    context_length: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    credential: str | None = None
+    kv_lookahead: int | None = None
+    kv_eagle_drop: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or _ID.match(self.id) is None:
@@ -105,6 +120,20 @@ class WorkerSpec:
             raise SpecError(
                 f"block_size: must be an integer in 1..{_MAX_BLOCK_SIZE}, got {self.block_size!r}"
             )
+        if self.context_length is not None and (
+            not _is_int(self.context_length) or not 1 <= self.context_length <= _MAX_CONTEXT
+        ):
+            raise SpecError(f"context_length: must be an integer in 1..{_MAX_CONTEXT}, got "
+                            f"{self.context_length!r}")
+        if self.kv_lookahead is not None and (
+            not _is_int(self.kv_lookahead) or not 0 <= self.kv_lookahead <= _MAX_LOOKAHEAD
+        ):
+            raise SpecError(f"kv_lookahead: must be an integer in 0..{_MAX_LOOKAHEAD}, got"
+                            f" {self.kv_lookahead!r}")
+        if not isinstance(self.kv_eagle_drop, bool):
+            raise SpecError("kv_eagle_drop: must be true or false")
+        if self.kv_eagle_drop and (self.engine is not Engine.VLLM or self.kv_lookahead):
+            raise SpecError("kv_eagle_drop: applies to vLLM workers without kv_lookahead")
         if not isinstance(self.labels, Mapping):
             raise SpecError("labels: must be a mapping of strings")
         for key, value in self.labels.items():
@@ -113,6 +142,7 @@ class WorkerSpec:
             if not isinstance(value, str) or len(value) > _MAX_LABEL_VALUE:
                 raise SpecError(f"labels: value of {key!r} must be a string of <= 256 chars")
         object.__setattr__(self, "labels", MappingProxyType(dict(sorted(self.labels.items()))))
+        _check_credential(self.credential)
 
     def _endpoint(self, text: str | None, what: str) -> Endpoint | None:
         if text is None:
@@ -172,7 +202,12 @@ class WorkerSpec:
             "replay": self.replay,
             "bootstrap_port": self.bootstrap_port,
             "block_size": self.block_size,
+            "context_length": self.context_length,
             "labels": dict(self.labels),
+            # fields that are off by default stay out: older readers see no change
+            **({"credential": self.credential} if self.credential is not None else {}),
+            **({"kv_lookahead": self.kv_lookahead} if self.kv_lookahead is not None else {}),
+            **({"kv_eagle_drop": True} if self.kv_eagle_drop else {}),
         }
 
     def to_json(self) -> str:
@@ -207,12 +242,28 @@ class WorkerSpec:
 
 _FIELDS = (
     "id", "url", "engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
-    "bootstrap_port", "block_size", "labels",
+    "bootstrap_port", "block_size", "context_length", "labels", "credential", "kv_lookahead",
+    "kv_eagle_drop",
 )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_credential(ref: object) -> None:
+    """``env:NAME`` or ``file:/absolute/path``: a reference, so a key pasted in is refused."""
+    if ref is None:
+        return
+    if not isinstance(ref, str):
+        raise SpecError("credential: must be env:NAME or file:/path")
+    kind, _, where = ref.partition(":")
+    if kind == "env" and _ENV_NAME.match(where):
+        return
+    if kind == "file" and where.startswith("/") and "\0" not in where and len(where) < 4096:
+        return
+    raise SpecError("credential: must reference the key (env:NAME or file:/absolute/path), "
+                    "not be the key")
 
 
 def _check_url(url: object) -> None:

@@ -1,0 +1,48 @@
+"""What a process (or the machine) has spent, read from ``/proc``: the benchmarks' one meter.
+
+CPU is user + system time in seconds; memory is the resident set size. A process that is gone
+reads as ``None`` so a benchmark can tell a crash from an idle process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["cpu_s", "machine_busy_s", "rss_bytes", "rss_mb"]
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has spent so far (``None`` once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of ``pid`` in bytes (``None`` once it is gone)."""
+    try:
+        statm = Path(f"/proc/{pid}/statm").read_text()
+    except OSError:
+        return None
+    return int(statm.split()[1]) * _PAGE
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident set size of ``pid`` in MB (2**20 bytes; ``None`` once it is gone)."""
+    rss = rss_bytes(pid)
+    return None if rss is None else rss / 2**20
+
+
+def machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, over all cores."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already inside user
+    return (total - idle) / _CLK_TCK, total / _CLK_TCK

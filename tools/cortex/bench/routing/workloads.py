@@ -1,0 +1,299 @@
+"""The routing benchmark's workloads: fixed request lists, deterministic given a seed (pure).
+
+Three families, each described by where it comes from and how it was scaled to one machine:
+
+* :func:`mooncake` — a Mooncake FAST'25 trace: real arrival times and 512-token prefix-block
+  ids. Each block id becomes ``tokens_per_block`` tokens (:mod:`cortex.bench.routing.text`),
+  input and output lengths shrink by ``tokens_per_block / 512``, the first ``minutes`` of
+  the trace are replayed ``speedup`` times faster.
+* :func:`shared_prefix` — llm-d's published shared-prefix profile (``inference-perf``
+  ``shared_prefix``: G groups x U users, one long system prompt per group plus a unique
+  question, the prompt list shuffled and cycled, Poisson arrivals at a ladder of rates).
+* :func:`multi_turn` — the agent pattern of SGLang's ``bench_multiturn``: clients whose
+  history grows round by round (a shared system prompt, then user turn, answer, user turn…).
+
+A :class:`Request` is sent at ``at_s`` after the run starts, or — when ``after`` names an
+earlier request — ``at_s`` after that request completed (a client's think time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from cortex.bench.routing.text import BlockText, Segment
+
+__all__ = [
+    "TRACE_BLOCK_TOKENS",
+    "Endpoint",
+    "Request",
+    "TraceRow",
+    "Workload",
+    "load_trace",
+    "mooncake",
+    "multi_turn",
+    "poisson_ladder",
+    "shared_prefix",
+]
+
+TRACE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` block in the Mooncake traces."""
+
+
+class Endpoint(StrEnum):
+    """Which OpenAI endpoint a request goes to."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+    @property
+    def path(self) -> str:
+        return "/v1/completions" if self is Endpoint.COMPLETIONS else "/v1/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a workload.
+
+    ``prompt`` (completions) or ``messages`` (chat); ``max_tokens`` output tokens, always
+    generated in full (``ignore_eos``). ``at_s``: seconds after the run started, or after
+    request ``after`` completed. ``stage``: the rate-ladder step (0 when there is none);
+    ``conversation`` / ``turn`` for multi-turn clients.
+    """
+
+    id: int
+    endpoint: Endpoint
+    max_tokens: int
+    at_s: float
+    prompt: str | None = None
+    messages: tuple[tuple[str, str], ...] = ()
+    after: int | None = None
+    stage: int = 0
+    conversation: int | None = None
+    turn: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (not self.messages):
+            raise ValueError("a request has either a prompt or messages")
+        if (self.prompt is None) != (self.endpoint is Endpoint.CHAT):
+            raise ValueError("completions take a prompt, chat takes messages")
+        if self.max_tokens < 1 or self.at_s < 0:
+            raise ValueError("max_tokens must be >= 1 and at_s >= 0")
+
+    def body(self, model: str) -> dict[str, Any]:
+        """The JSON body: streamed, with the usage chunk, exactly ``max_tokens`` tokens."""
+        body: dict[str, Any] = {
+            "model": model, "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": self.max_tokens, "ignore_eos": True, "temperature": 0,
+        }
+        if self.prompt is not None:
+            body["prompt"] = self.prompt
+        else:
+            body["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        return body
+
+    def digest(self) -> str:
+        """A fingerprint of what is sent and when (checks every contender got the same)."""
+        payload = json.dumps([self.id, self.endpoint.value, self.max_tokens, self.at_s,
+                              self.after, self.prompt, self.messages], separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named, fixed list of requests plus how it was derived (for the report)."""
+
+    name: str
+    title: str
+    source: str
+    requests: tuple[Request, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    stages: tuple[float, ...] = ()
+    """Offered rate (req/s) of each ladder step, when the workload has a ladder."""
+    kv_blocks: int | None = None
+    """The per-worker KV pool (blocks) this workload prescribes; ``None``: the runner's rule."""
+
+    def __post_init__(self) -> None:
+        ids = [r.id for r in self.requests]
+        if ids != list(range(len(ids))):
+            raise ValueError("request ids must be 0..n-1 in order")
+        for r in self.requests:
+            if r.after is not None and not 0 <= r.after < r.id:
+                raise ValueError(f"request {r.id} follows {r.after}, which is not before it")
+
+    def digest(self) -> str:
+        """One fingerprint of the whole request list."""
+        h = hashlib.sha256()
+        for r in self.requests:
+            h.update(r.digest().encode())
+        return h.hexdigest()
+
+    @property
+    def open_loop_span_s(self) -> float:
+        """Latest scheduled send time among requests that follow no other (s)."""
+        return max((r.at_s for r in self.requests if r.after is None), default=0.0)
+
+    def __repr__(self) -> str:
+        return f"Workload({self.name!r}, {len(self.requests)} requests)"
+
+
+# ---- Mooncake traces ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One line of a Mooncake trace: ``timestamp`` (ms), lengths in tokens, block ids."""
+
+    timestamp_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def load_trace(path: Path, minutes: float | None = None) -> list[TraceRow]:
+    """The trace's rows (in file order) whose timestamp falls in the first ``minutes``."""
+    rows: list[TraceRow] = []
+    first: int | None = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            row = TraceRow(int(item["timestamp"]), int(item["input_length"]),
+                           int(item["output_length"]), tuple(int(i) for i in item["hash_ids"]))
+            first = row.timestamp_ms if first is None else first
+            if minutes is not None and row.timestamp_ms - first >= minutes * 60_000:
+                break
+            rows.append(row)
+    return rows
+
+
+def _scaled(tokens: int, tokens_per_block: int) -> int:
+    return max(1, round(tokens * tokens_per_block / TRACE_BLOCK_TOKENS))
+
+
+def mooncake(rows: Sequence[TraceRow], text: BlockText, *, name: str, title: str, source: str,
+             speedup: float, max_requests: int | None = None) -> Workload:
+    """Replay trace rows as completions: every full 512-token block becomes
+    ``text.tokens_per_block`` tokens of its id, the last (partial) block its scaled share,
+    the output the scaled output length; arrival times divided by ``speedup``."""
+    if speedup <= 0:
+        raise ValueError("speedup must be > 0")
+    b = text.tokens_per_block
+    chosen = list(rows[:max_requests] if max_requests is not None else rows)
+    t0 = chosen[0].timestamp_ms if chosen else 0
+    requests = []
+    for i, row in enumerate(chosen):
+        ids = row.hash_ids
+        last = row.input_length - (len(ids) - 1) * TRACE_BLOCK_TOKENS
+        tokens = (len(ids) - 1) * b + min(b, _scaled(last, b))
+        prompt = text.text(Segment(ids, tokens))
+        requests.append(Request(i, Endpoint.COMPLETIONS, _scaled(row.output_length, b),
+                                (row.timestamp_ms - t0) / 1000 / speedup, prompt=prompt))
+    span_min = (chosen[-1].timestamp_ms - t0) / 60_000 if chosen else 0.0
+    return Workload(name, title, source, tuple(requests), {
+        "trace_requests": len(chosen), "trace_minutes": round(span_min, 2),
+        "tokens_per_block": b, "token_scale": f"{b}/{TRACE_BLOCK_TOKENS}",
+        "speedup": speedup, "max_requests": max_requests})
+
+
+# ---- llm-d shared prefix ----------------------------------------------------------------------
+
+
+def poisson_ladder(rates: Sequence[float], stage_s: float, rng: random.Random
+                   ) -> list[tuple[float, int]]:
+    """Poisson arrival times (s) and their stage: ``rates[k]`` req/s for ``stage_s`` seconds
+    each, back to back."""
+    out: list[tuple[float, int]] = []
+    for k, rate in enumerate(rates):
+        start, t = k * stage_s, k * stage_s
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= start + stage_s:
+                break
+            out.append((t, k))
+    return out
+
+
+class _BlockIds:
+    """Fresh block ids, each segment of ``tokens`` tokens getting its own blocks."""
+
+    def __init__(self, tokens_per_block: int) -> None:
+        self._next = itertools.count()
+        self._b = tokens_per_block
+
+    def segment(self, tokens: int) -> Segment:
+        n = -(-tokens // self._b)
+        return Segment(tuple(next(self._next) for _ in range(n)), tokens)
+
+
+def shared_prefix(text: BlockText, *, groups: int, users: int, system_tokens: int,
+                  question_tokens: int, output_tokens: int, rates: Sequence[float],
+                  stage_s: float, seed: int) -> Workload:
+    """GxU completion prompts ``system(g) + question(g, u)``, shuffled, cycled in that order
+    over Poisson arrivals at each rate of the ladder (like ``inference-perf``)."""
+    ids = _BlockIds(text.tokens_per_block)
+    prompts: list[str] = []
+    for _ in range(groups):
+        system = text.text(ids.segment(system_tokens))
+        prompts.extend(system + text.text(ids.segment(question_tokens)) for _ in range(users))
+    rng = random.Random(seed)
+    rng.shuffle(prompts)
+    arrivals = poisson_ladder(rates, stage_s, rng)
+    cycle: Iterator[str] = itertools.cycle(prompts)
+    requests = tuple(Request(i, Endpoint.COMPLETIONS, output_tokens, round(t, 6),
+                             prompt=next(cycle), stage=k)
+                     for i, (t, k) in enumerate(arrivals))
+    return Workload(
+        "shared_prefix", "Shared-prefix profile (llm-d)",
+        "llm-d inference-scheduling guide benchmark: inference-perf `shared_prefix`, 150 groups"
+        " x 5 users, 6,000-token system prompt, 1,200-token question, 1,000 output tokens,"
+        " Poisson rate ladder", requests,
+        {"groups": groups, "users": users, "system_tokens": system_tokens,
+         "question_tokens": question_tokens, "output_tokens": output_tokens,
+         "rates": list(rates), "stage_s": stage_s, "seed": seed,
+         "passes": round(len(requests) / max(len(prompts), 1), 2)},
+        stages=tuple(float(r) for r in rates))
+
+
+# ---- multi-turn (agent) -------------------------------------------------------------------------
+
+
+def multi_turn(text: BlockText, *, clients: int, rounds: int, system_tokens: int,
+               user_tokens: int, output_tokens: int, client_rate: float, think_s: float,
+               seed: int) -> Workload:
+    """Chat clients starting as a Poisson process at ``client_rate``/s; each runs ``rounds``
+    requests in sequence, ``Exp(think_s)`` seconds apart. Round k sends the shared system
+    prompt, the client's k+1 user turns and its k previous answers (``output_tokens`` each,
+    fixed text so that every contender receives the same requests)."""
+    ids = _BlockIds(text.tokens_per_block)
+    rng = random.Random(seed)
+    system = ("system", text.text(ids.segment(system_tokens)))
+    starts = list(itertools.accumulate(rng.expovariate(client_rate) for _ in range(clients)))
+    requests: list[Request] = []
+    for c, start in enumerate(starts):
+        history: list[tuple[str, str]] = [system]
+        previous: int | None = None
+        for k in range(rounds):
+            history.append(("user", text.text(ids.segment(user_tokens))))
+            at_s = round(start, 6) if previous is None else round(rng.expovariate(1 / think_s), 6)
+            rid = len(requests)
+            requests.append(Request(rid, Endpoint.CHAT, output_tokens, at_s,
+                                    messages=tuple(history), after=previous, conversation=c,
+                                    turn=k))
+            history.append(("assistant", text.text(ids.segment(output_tokens))))
+            previous = rid
+    return Workload(
+        "multi_turn", "Multi-turn agent sessions",
+        "SGLang `benchmark/hicache/bench_multiturn.py` pattern: clients x rounds, each round"
+        " appends a request and the answer to the history", tuple(requests),
+        {"clients": clients, "rounds": rounds, "system_tokens": system_tokens,
+         "user_tokens": user_tokens, "output_tokens": output_tokens,
+         "client_rate": client_rate, "think_s": think_s, "seed": seed})
