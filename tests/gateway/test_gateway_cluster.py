@@ -81,13 +81,14 @@ class Cluster:
 async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimServer],
                   start_gateway: StartGateway, http: aiohttp.ClientSession,
                   routing: RoutingConfig | None = None, replicas: int = 1,
-                  load: LoadConfig | None = None) -> AsyncIterator[Cluster]:
+                  load: LoadConfig | None = None, **sections: Any) -> AsyncIterator[Cluster]:
     ingest_config = IngestConfig(index=(IndexTarget("127.0.0.1", index.port),),
                                  redis_url=redis.url, metrics_port=None, poll_interval_s=0.2,
                                  ingest_id="test-ingest")
-    sections: dict[str, Any] = {
+    sections = {
         "registry": RegistryConfig(redis_url=redis.url, poll_interval_s=0.2),
         "index": IndexConfig(targets=(index.target,), retry_after_ms=200),
+        **sections,
     }
     if routing is not None:
         sections["routing"] = routing

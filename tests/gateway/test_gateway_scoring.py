@@ -7,7 +7,7 @@ import random
 import pytest
 
 from cortex.gateway.config import RoutingWeights
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch, Tier
 from cortex.gateway.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
 
 W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0)
@@ -199,3 +199,57 @@ def test_uncredited_ties_go_to_the_shortest_prefill_queue_then_the_hash() -> Non
     # without a prefix key, equal scores go to the shorter queue too
     short = decide([cand("a", prefilling=50), cand("b")], W)
     assert short.chosen.worker_id == "b"
+
+
+def test_host_and_disk_hits_are_credited_at_their_weights() -> None:
+    """A prefix evicted to host memory still beats recomputing it, by its weight: worker a
+    holds 256 device + 512 host tokens (256 + 0.75 * 512 = 640 device-hit units) against
+    b's 600 device tokens."""
+    a = cand("a", index_tokens=256, host_tokens=512)
+    b = cand("b", index_tokens=600)
+    d = decide([a, b], W)
+    assert (d.mode, d.reason, d.chosen.worker_id, d.hit_tokens) == (
+        MatchMode.EXACT_KV, Reason.OFFLOAD_HIT, "a", 768)
+    assert d.chosen.credit == 256 + 0.75 * 512
+    # disk is worth less: 256 + 0.25 * 512 = 384 < 600
+    d = decide([cand("a", index_tokens=256, disk_tokens=512), b], W)
+    assert (d.chosen.worker_id, d.reason) == ("b", Reason.HIT)
+    # GPU-only crediting (weights 0): tier tokens count for nothing, not even the hit
+    gpu_only = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, host_hit=0.0, disk_hit=0.0)
+    d = decide([a, b], gpu_only)
+    assert (d.chosen.worker_id, d.hit_tokens) == ("b", 600)
+    assert d.ranked[1].credited_tokens == 256
+
+
+def test_tier_weights_are_validated() -> None:
+    from cortex.gateway.config import ConfigError
+    with pytest.raises(ConfigError, match="host_hit"):
+        RoutingWeights(host_hit=1.5)
+    with pytest.raises(ConfigError, match="disk_hit"):
+        RoutingWeights(disk_hit=-0.1)
+
+
+def test_match_answer_folds_tiers_behind_a_ready_device_ledger() -> None:
+    answer = MatchAnswer((
+        SourceMatch("a", 0, 2, READY),
+        SourceMatch("a", 0, 3, READY, Tier.HOST),
+        SourceMatch("a", 0, 1, READY, Tier.DISK),
+        SourceMatch("a", 1, 5, READY),  # a rank with a longer device prefix but less in all
+        SourceMatch("b", 0, 0, LedgerState.STALE),
+        SourceMatch("b", 0, 9, READY, Tier.HOST),  # no credit behind a STALE device ledger
+        SourceMatch("c", 0, 9, READY, Tier.SHARED),  # cluster-level: nobody's affinity
+    ), index_version=5, query_blocks=10)
+    folded = answer.per_worker()
+    a = folded["a"]
+    assert (a.ready_blocks, a.host_blocks, a.disk_blocks, a.dp_rank) == (2, 3, 1, 0)
+    assert a.held_blocks == 6
+    assert (folded["b"].held_blocks, folded["b"].state) == (0, LedgerState.STALE)
+    assert folded["c"].held_blocks == 0 and folded["c"].state is LedgerState.UNSPECIFIED
+
+
+def test_gpu_only_crediting_names_no_watermark_for_host_tokens() -> None:
+    """With tier weights 0 a host-only holder has nothing creditable: no hit, and the reason
+    does not blame a watermark."""
+    gpu_only = RoutingWeights(host_hit=0.0, disk_hit=0.0)
+    d = decide([cand("a", host_tokens=512), cand("b")], gpu_only, prefix_key=7)
+    assert d.mode is MatchMode.LOAD_AWARE and d.reason is Reason.PREFIX_HASH

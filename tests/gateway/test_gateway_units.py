@@ -189,3 +189,12 @@ def test_engine_load_parsers() -> None:
         parse_vllm_metrics("# nothing\n")
     with pytest.raises(LoadFormatError):
         parse_sglang_loads({"loads": [{"num_running_reqs": "x"}]})
+
+
+def test_tier_weights_come_from_the_environment_too() -> None:
+    config = load_config(None, {"CORTEX_GATEWAY_MODELS": '[{"name": "m", "adapters": ["a"]}]',
+                                "CORTEX_GATEWAY_ROUTING_HOST_HIT": "0.5",
+                                "CORTEX_GATEWAY_ROUTING_DISK_HIT": "0"})
+    weights = config.routing.weights
+    assert (weights.host_hit, weights.disk_hit) == (0.5, 0.0)
+    assert config.adapter_base("a") is config.models[0]

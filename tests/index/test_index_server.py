@@ -359,3 +359,43 @@ async def test_restarted_index_reports_syncing_until_snapshots_arrive(
             await wait_until_async(ready, timeout=5, what="all workers READY")
         finally:
             channel.close()
+
+
+async def test_match_reports_offload_tiers_and_the_shared_tier(
+    channel: Channel, stub: IndexStub
+) -> None:
+    """A rank's device prefix stays `matched_blocks`; host and disk add the blocks that follow
+    (cheapest tier first), a device block after a gap adds nothing, and the shared tier is
+    one cluster-level count."""
+    keys = DOMAIN.keys(prompt(8))
+    w0 = LedgerUpdates("w0", DOMAIN)
+    host = LedgerUpdates("w0", DOMAIN, tier=pb.TIER_HOST)
+    disk = LedgerUpdates("w0", DOMAIN, tier=pb.TIER_DISK)
+    w1_host = LedgerUpdates("w1", DOMAIN, tier=pb.TIER_HOST)
+    shared = LedgerUpdates("w2", DOMAIN, tier=pb.TIER_SHARED)
+    async with SyncSession(channel) as session:
+        await session.send([
+            w0.snapshot([], []), w0.store(ROOT, keys[:2]), w0.store(keys[5], keys[6:7]),
+            host.snapshot([], []), host.store(ROOT, keys[:4]),
+            disk.snapshot([], []), disk.store(keys[2], keys[3:6]),
+            w1_host.snapshot([], []), w1_host.store(ROOT, keys[:3]),
+            shared.snapshot([], []), shared.store(ROOT, keys[:5]),
+        ])
+    reply = await stub.match(match_request(DOMAIN.model, block_keys=keys))
+    ranks = {m.worker_id: m for m in reply.matches}
+    assert set(ranks) == {"w0", "w1"}  # the shared tier's source is no worker's match
+    w0_match = ranks["w0"]
+    assert (w0_match.matched_blocks, w0_match.state) == (2, READY)
+    assert [(t.tier, t.blocks, t.tokens) for t in w0_match.tiers] == [
+        (pb.TIER_HOST, 2, 32), (pb.TIER_DISK, 2, 32)]
+    w1_match = ranks["w1"]  # host only: no device prefix, no device state
+    assert (w1_match.matched_blocks, w1_match.state) == (0, pb.LEDGER_STATE_UNSPECIFIED)
+    assert [(t.tier, t.blocks) for t in w1_match.tiers] == [(pb.TIER_HOST, 3)]
+    assert reply.shared_blocks == 5
+    # a removal of one medium removes from that tier only
+    async with SyncSession(channel) as session:
+        await session.send([host.remove(keys[2:3])])
+    reply = await stub.match(match_request(DOMAIN.model, block_keys=keys))
+    w0_match = {m.worker_id: m for m in reply.matches}["w0"]
+    assert w0_match.matched_blocks == 2
+    assert list(w0_match.tiers) == []  # block 2 is nowhere now: the run stops there

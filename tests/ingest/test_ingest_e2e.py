@@ -8,6 +8,7 @@ import aiohttp
 
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine
+from cortex.ingest.ops import SourceId
 from cortex.ingest.service import IngestService
 from cortex.ingest.shard import ShardSpec
 from cortex.ledger.model import LedgerState
@@ -19,7 +20,7 @@ from .conftest import Fleet, Rank, Worker, consecutive_ports
 
 
 def stat(ingest: IngestService, worker_id: str, rank: int = 0) -> object:
-    return ingest.trackers[(worker_id, rank)].stats  # type: ignore[index]
+    return ingest.trackers[(worker_id, rank)].stats
 
 
 async def test_mixed_workload_ledger_equals_the_caches(fleet: Fleet) -> None:
@@ -55,7 +56,7 @@ async def test_gaps_are_repaired_by_replay(fleet: Fleet) -> None:
         rank.pub.duplicate_next(2)
         fleet.traffic(worker, 10)
     await fleet.wait_converged(worker, ingest)
-    stats = ingest.trackers[("w", 0)].stats  # type: ignore[index]
+    stats = ingest.trackers[SourceId("w", 0)].stats
     assert stats.gaps >= 1
     assert stats.replays.get(("gap", "ok"), 0) >= 1
     assert stats.replays.get(("gap", "incomplete"), 0) == 0
@@ -73,7 +74,7 @@ async def test_unrecoverable_gap_clears_then_reconverges(fleet: Fleet) -> None:
     fleet.traffic(worker, 3)
     rank.pub.forget_buffer()  # the engine's buffer no longer holds the gap
     fleet.traffic(worker, 5)
-    stats = ingest.trackers[("w", 0)].stats  # type: ignore[index]
+    stats = ingest.trackers[SourceId("w", 0)].stats
     await wait_until_async(lambda: stats.clears.get("gap_unrepaired", 0) >= 1, timeout=10)
     assert stats.replays.get(("gap", "incomplete"), 0) >= 1
     srv = fleet.index[0]
@@ -96,7 +97,7 @@ async def test_publisher_restart_clears_the_ledger(fleet: Fleet) -> None:
     rank.cache.clear()
     rank.publish([])  # seq 0 carries nothing...
     fleet.traffic(worker, 5)  # ...then new stores
-    stats = ingest.trackers[("w", 0)].stats  # type: ignore[index]
+    stats = ingest.trackers[SourceId("w", 0)].stats
     await wait_until_async(lambda: stats.seq_resets >= 1, timeout=10)
     await fleet.wait_converged(worker, ingest)
     assert stats.clears.get("seq_reset", 0) >= 1
@@ -112,7 +113,7 @@ async def test_engine_flush_clears_the_ledger(fleet: Fleet) -> None:
     rank.publish(rank.cache.clear())
     await fleet.wait_converged(worker, ingest)
     assert fleet.keys_in(fleet.index[0], worker) == set()
-    assert ingest.trackers[("w", 0)].stats.clears == {  # type: ignore[index]
+    assert ingest.trackers[SourceId("w", 0)].stats.clears == {
         "all_blocks_cleared": 1
     }
 
@@ -129,7 +130,7 @@ async def test_lease_expiry_prunes_the_worker_from_the_index(fleet: Fleet) -> No
     await wait_until_async(lambda: fleet.index_state(srv, "gone") is IndexState.REMOVED,
                            timeout=10, what="gone pruned")
     assert fleet.keys_in(srv, gone) == set()
-    assert ("gone", 0) not in ingest.trackers
+    assert SourceId("gone", 0) not in ingest.trackers
     await fleet.wait_converged(keep, ingest)
 
 
@@ -145,7 +146,7 @@ async def test_hostile_payloads_are_counted_and_the_stream_keeps_working(fleet: 
     rank.pub.publish_payload(b"\x93\x01\x02\x03")  # msgpack, not a batch
     fleet.traffic(worker, 30)
     await fleet.wait_converged(worker, ingest)
-    runner = ingest.runners[("w", 0)]  # type: ignore[index]
+    runner = ingest.runners[SourceId("w", 0)]
     assert runner.bad_frames == 3
     assert runner.tracker.stats.decode_errors == 2
 
@@ -244,6 +245,7 @@ async def test_metrics_and_health_endpoints(fleet: Fleet) -> None:
             ready = await resp.json()
     assert 'cortex_ingest_blocks_total{dp_rank="0",op="stored",worker="w"}' in text
     assert 'cortex_ingest_source_state{dp_rank="0",state="READY",worker="w"} 1.0' in text
+    assert 'cortex_ingest_tier_blocks{dp_rank="0",tier="device",worker="w"}' in text
     assert "cortex_ingest_lag_seconds_bucket" in text
     assert 'cortex_ingest_index_up{index="127.0.0.1:' in text
     assert ready["status"] == "ok" and ready["sources"] == {"w#0": "READY"}
@@ -257,8 +259,8 @@ async def test_engine_hashes_pass_the_alignment_check(fleet: Fleet) -> None:
         fleet.traffic(worker, 20)
     await fleet.wait_converged(vllm, ingest)
     await fleet.wait_converged(sglang, ingest)
-    for source in (("v", 0), ("s", 0)):
-        stats = ingest.trackers[source].stats  # type: ignore[index]
+    for source in (SourceId("v", 0), SourceId("s", 0)):
+        stats = ingest.trackers[source].stats
         assert stats.alignment_checks > 0
         assert stats.alignment_mismatches == {}
     await asyncio.sleep(0)
@@ -272,7 +274,7 @@ async def test_engine_process_restart_on_the_same_ports(fleet: Fleet) -> None:
     rank = worker.ranks[0]
     old = rank.pub
     await old.__aexit__(None, None, None)  # the engine process dies: sockets close
-    runner = ingest.runners[("w", 0)]  # type: ignore[index]
+    runner = ingest.runners[SourceId("w", 0)]
     await wait_until_async(lambda: not runner.connected, timeout=10, what="disconnect seen")
     rank.pub = await fleet.stack.enter_async_context(SyntheticPublisher(PublisherConfig(
         engine=Engine.SGLANG, version="0.5.23", pub_port=old.pub_port,

@@ -95,7 +95,7 @@ class Recorder:
         """(epoch, seq, op name, op) of one source, in arrival order."""
         out = []
         for u in self.updates:
-            if (u.source.worker_id, u.source.dp_rank) == source:
+            if (u.source.worker_id, u.source.dp_rank, u.source.tier) == source:
                 name = u.WhichOneof("op")
                 out.append((u.epoch, u.seq, name, getattr(u, name)))
         return out

@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine, HashDomain
+from cortex.ingest.ops import SourceId
 from cortex.ingest.service import IngestService
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.model import LedgerState as IndexState
@@ -77,7 +78,7 @@ async def test_a_replay_held_open_under_1mib_batches_stays_within_the_byte_bound
         ingest = await fleet.ingest(replay_timeout_s=60.0, max_pending_bytes=4 * MiB,
                                     max_held_bytes=8 * MiB)
         await pub.wait_subscribed()
-        tracker = ingest.trackers[("big", 0)]  # type: ignore[index]
+        tracker = ingest.trackers[SourceId("big", 0)]
         await wait_until_async(lambda: tracker.replaying, timeout=10, what="replay open")
         peak = 0
         for _ in range(12):  # 12 MiB offered while the replay stays open
@@ -113,7 +114,7 @@ async def test_the_largest_holder_gives_up_when_all_sources_hold_too_much(
         await small.wait_subscribed()
         trackers = ingest.trackers
         await wait_until_async(lambda: all(t.replaying for t in trackers.values()), timeout=10)
-        hb, hs = trackers[("big", 0)], trackers[("small", 0)]  # type: ignore[index]
+        hb, hs = trackers[SourceId("big", 0)], trackers[SourceId("small", 0)]
         for _ in range(5):
             big.publish_payload(batch)
         await wait_until_async(lambda: hb.pending == 5, timeout=10)
@@ -132,7 +133,7 @@ async def test_a_message_over_the_size_limit_is_refused_by_libzmq(fleet: Fleet) 
     ingest = await fleet.ingest(max_message_bytes=64 << 10)
     fleet.traffic(worker, 10)
     await fleet.wait_converged(worker, ingest)
-    runner = ingest.runners[("w", 0)]  # type: ignore[index]
+    runner = ingest.runners[SourceId("w", 0)]
     received = runner.tracker.stats.messages
     rank = worker.ranks[0]
     rank.pub.publish_payload(b"\x93" + b"\x00" * (256 << 10))  # 256 KiB: never received
@@ -166,12 +167,12 @@ async def test_a_quiet_source_stays_fresh_while_another_floods(fleet: Fleet) -> 
             id="flood", url="http://127.0.0.1:8001", engine=Engine.VLLM, model=MODEL,
             kv_events=f"tcp://127.0.0.1:{port}", block_size=16), 60.0)
         ingest = await fleet.ingest()
-        await wait_until_async(lambda: ("flood", 0) in ingest.trackers, timeout=10)
-        flooder = ingest.trackers[("flood", 0)]  # type: ignore[index]
+        await wait_until_async(lambda: SourceId("flood", 0) in ingest.trackers, timeout=10)
+        flooder = ingest.trackers[SourceId("flood", 0)]
         await wait_until_async(lambda: flooder.stats.batches > 100, timeout=20,
                                what="the flood arriving")
         rank, domain = quiet.ranks[0], HashDomain(MODEL, 4, Engine.VLLM)
-        quiet_tracker = ingest.trackers[("quiet", 0)]  # type: ignore[index]
+        quiet_tracker = ingest.trackers[SourceId("quiet", 0)]
         held = fleet.index[0].core.trees[domain].keys_of
         applied: list[float] = []  # batch timestamp -> applied by the ingest
         arrived: list[float] = []  # published -> held by the index

@@ -17,6 +17,7 @@ import pytest
 from cortex.hashing import Engine
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import ForwarderConfig, ForwarderState, IndexTarget
+from cortex.ingest.ops import SourceId
 from cortex.ingest.service import IngestService
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.testing import RedisServer, free_port, wait_until_async
@@ -85,7 +86,7 @@ async def test_stop_is_prompt_and_complete_when_nothing_answers(
         forwarder = service.forwarders[0]
         await wait_until_async(lambda: "w" in service.sessions, timeout=10, what="session")
         await wait_until_async(lambda: forwarder.failures >= 2, timeout=10, what="retries")
-        runner = service.runners[("w", 0)]  # type: ignore[index]
+        runner = service.runners[SourceId("w", 0)]
         if peers == "silent":  # TCP connects, ZMTP never starts: a replay is tried, times out
             stats = runner.tracker.stats
             await wait_until_async(lambda: sum(stats.replays.values()) >= 1, timeout=10,

@@ -339,7 +339,7 @@ def test_registry_block_size_disagreeing_with_events_is_misaligned() -> None:
 @pytest.mark.parametrize(
     ("event", "reason"),
     [
-        (stored([11], TOKENS[:4], medium="CPU"), "medium"),
+        (stored([11], TOKENS[:4], medium="TAPE"), "medium"),
         (BlockStored((11,), None, (), 0, medium="GPU"), "placeholder"),
         (stored([11], TOKENS[:4], extra_keys=(("mm-hash", 0),)), "extra_keys"),
         (stored([11], TOKENS[:4], lora_id=3), "lora_without_name"),
@@ -358,7 +358,7 @@ def test_removal_from_another_tier_keeps_the_device_block() -> None:
     t = tracker()
     t.on_message(0, payload(stored([11], TOKENS[:4]), removed(11, medium="CPU")))
     assert t.ledger.key_of(11) is not None
-    assert t.stats.ignored_blocks == {"medium": 1}
+    assert t.stats.unknown_removed_blocks == 1  # the host tier never held it
 
 
 def test_lora_and_cache_salt_root_the_chain() -> None:

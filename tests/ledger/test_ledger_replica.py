@@ -30,6 +30,7 @@ from cortex.ledger.model import (
     Snapshot,
     Source,
     StoreBlocks,
+    Tier,
 )
 from cortex.ledger.replica import (
     LedgerReplica,
@@ -41,7 +42,9 @@ from cortex.ledger.replica import (
 from cortex.ledger.tree import RadixHashTree, node_bytes
 
 DOMAINS = (HashDomain("alpha", 16, Engine.SGLANG), HashDomain("beta", 4, Engine.VLLM))
-SOURCES = (Source("w0"), Source("w1"), Source("w1", 1), Source("w2"))
+# tier sources too: a replica's tiered matches must agree with the index's
+SOURCES = (Source("w0"), Source("w1"), Source("w1", 1), Source("w2"),
+           Source("w1", 0, Tier.HOST), Source("w1", 0, Tier.DISK), Source("w2", 0, Tier.SHARED))
 CHAINS = 6
 LENGTH = 12
 
@@ -233,7 +236,8 @@ def test_snapshot_larger_than_one_batch_is_assembled() -> None:
     core = PrefixIndex(start_version=1)
     domain = DOMAINS[0]
     keys = list(range(1, 20_001))
-    for i, source in enumerate(SOURCES):
+    devices = SOURCES[:4]  # each its own prefix (a tier's count depends on its device's)
+    for i, source in enumerate(devices):
         core.apply(LedgerUpdate(source, domain, 1, 0,
                                 Snapshot([domain.root_key(), *keys[:-1]][: 5000 * (i + 1)],
                                          keys[: 5000 * (i + 1)])))
@@ -244,7 +248,7 @@ def test_snapshot_larger_than_one_batch_is_assembled() -> None:
     for seq, batch in enumerate(batches, 1):
         replica.apply(wire(batch, seq))
     got = sorted((s, b) for s, b, _ in replica.match(domain, keys))
-    assert got == [(s, 5000 * (i + 1)) for i, s in enumerate(SOURCES)]
+    assert got == [(s, 5000 * (i + 1)) for i, s in enumerate(devices)]
 
 
 def test_out_of_order_batches_are_refused_and_leave_the_view() -> None:

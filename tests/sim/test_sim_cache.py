@@ -144,3 +144,45 @@ def test_lru_heap_stays_bounded_when_the_cache_never_fills() -> None:
     # Eviction order is unaffected by the rebuilds.
     cache.admit([7] * (4 * 9_999), 4 * 9_999)
     assert cache.cached_blocks == 1
+
+
+def test_an_evicted_block_goes_to_the_host_tier_and_is_loaded_back() -> None:
+    """GPU eviction offloads to the host pool (the host store recorded before the GPU
+    removal); a later request's prefix continues there: cached, but loaded, not free."""
+    from cortex.sim.host import HostPool
+
+    cache = make(capacity=3, engine=Engine.VLLM, host=HostPool(2))  # type: ignore[arg-type]
+    a = [1] * 4 + [2] * 4 + [3]  # blocks a0 a1
+    run(cache, a)
+    cache.drain_events()
+    run(cache, [7] * 9)  # needs 3 blocks: a1 and a0 leave the GPU, into the host pool
+    events = cache.drain_events()
+    offloaded = {h: i for i, e in enumerate(events)
+                 if isinstance(e, BlocksStored) and e.tier == "host" for h in e.block_hashes}
+    evicted = {h: i for i, e in enumerate(events)
+               if isinstance(e, BlocksRemoved) and e.tier == "device" for h in e.block_hashes}
+    assert len(offloaded) == 2 and set(offloaded) == set(evicted)
+    assert all(offloaded[h] < evicted[h] for h in offloaded)  # resolvable when it arrives
+    assert cache.lookup(a) == 0 and cache.host is not None and len(cache.host) == 2
+    lease = cache.admit(a, len(a))
+    assert lease is not None
+    assert (lease.cached_tokens, lease.loaded_tokens) == (8, 8)
+    cache.commit(lease, a)  # the loaded blocks are GPU blocks again
+    cache.release(lease)
+    assert cache.lookup(a) == 8
+    # a third block overflows the host pool (2 blocks): its LRU block is dropped
+    run(cache, [9] * 9)
+    removed_host = [e for e in cache.drain_events()
+                    if isinstance(e, BlocksRemoved) and e.tier == "host"]
+    assert removed_host and len(cache.host) == 2
+
+
+def test_clearing_the_cache_drops_the_host_tier_too() -> None:
+    from cortex.sim.host import HostPool
+
+    cache = make(capacity=2, host=HostPool(4))  # type: ignore[arg-type]
+    run(cache, [1] * 5)
+    run(cache, [2] * 5)  # evicts the first request's block into the host pool
+    assert cache.host is not None and len(cache.host) == 1
+    assert cache.clear()
+    assert len(cache.host) == 0 and isinstance(cache.drain_events()[-1], CacheCleared)

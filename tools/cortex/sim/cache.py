@@ -9,6 +9,16 @@ blocks into cached ones as their KV is computed; :meth:`PrefixCache.release` unp
 Eviction takes least-recently-used *leaf* blocks that nobody pins, only when space is
 needed. Every change to the set of cached blocks is recorded as a :data:`CacheEvent`.
 
+LoRA: a request of an adapter lives in its own namespace (both engines key an adapter's
+blocks apart from the base model's: vLLM puts the adapter name in every block's extra keys,
+SGLang its radix key's ``extra_key``): its chain is hashed from a seed of the adapter's name,
+so base and adapter prompts never share blocks, and its events name the adapter.
+
+With a host tier (:class:`cortex.sim.host.HostPool`), an evicted block is offloaded there
+(a ``tier="host"`` store recorded before the GPU removal, so a consumer can resolve it while
+the GPU copy is still known), and admission continues the GPU prefix with the blocks the
+host holds right after it: they count as cached (both engines report loaded-back blocks in
+``cached_tokens``) and the lease's ``loaded_tokens`` says how many the prefill loads.
 Speculative decoding (``lookahead`` L > 0): a block's hash also covers the next L tokens
 (the hasher is given them), so a block is cached only once they exist and found only by a
 sequence that has them; its stores carry them. ``match_margin``: prompt tokens at the end
@@ -19,11 +29,14 @@ that a lookup never covers (1: the engines compute the last token; SGLang EAGLE 
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+from cortex.sim.host import HostBlock, HostPool
 
 __all__ = [
     "BlockHasher",
@@ -50,6 +63,10 @@ class BlockHasher(Protocol):
         ...
 
 
+CacheTier = Literal["device", "host"]
+"""Where a block is cached: GPU memory, or the host pool it was offloaded to."""
+
+
 @dataclass(frozen=True, slots=True)
 class BlocksStored:
     """Newly cached consecutive blocks (engine event ids), their parent and tokens."""
@@ -58,6 +75,8 @@ class BlocksStored:
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    tier: CacheTier = "device"
+    lora_name: str | None = None
     lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
@@ -66,6 +85,7 @@ class BlocksRemoved:
     """Evicted blocks (engine event ids)."""
 
     block_hashes: tuple[int, ...]
+    tier: CacheTier = "device"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +94,11 @@ class CacheCleared:
 
 
 CacheEvent = BlocksStored | BlocksRemoved | CacheCleared
+
+
+def _lora_seed(lora: str | None) -> bytes | None:
+    """The chain seed of a LoRA adapter's namespace (``None``: the base model's root)."""
+    return None if lora is None else hashlib.sha256(b"cortex-sim-lora\0" + lora.encode()).digest()
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -94,6 +119,7 @@ class CachedBlock:
     refs: int = 0
     last_access: int = 0
     alive: bool = True
+    lora: str | None = None
     lookahead: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
@@ -114,7 +140,9 @@ class Lease:
     blocks: list[CachedBlock] = field(default_factory=list)
     reserved: int = 0
     cached_tokens: int = 0
+    loaded_tokens: int = 0
     released: bool = False
+    lora: str | None = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -144,6 +172,7 @@ class PrefixCache:
         *,
         coalesce_removals: bool = False,
         enabled: bool = True,
+        host: HostPool | None = None,
         lookahead: int = 0,
         match_margin: int = 1,
         drop_last: bool = False,
@@ -158,6 +187,7 @@ class PrefixCache:
         self.enabled = enabled
         self._hasher = hasher
         self._coalesce = coalesce_removals
+        self.host = host
         self._index: dict[bytes, CachedBlock] = {}
         self._heap: list[tuple[int, int, CachedBlock]] = []
         self._clock = itertools.count(1)
@@ -195,13 +225,14 @@ class PrefixCache:
     def active_leases(self) -> int:
         return len(self._leases)
 
-    def digests(self, tokens: Sequence[int]) -> list[bytes]:
-        """Engine digests of the full blocks of a sequence that starts at the root."""
-        return self._hasher.digests(tokens, None)
+    def digests(self, tokens: Sequence[int], lora: str | None = None) -> list[bytes]:
+        """Engine digests of the full blocks of a sequence that starts at the root (of
+        ``lora``'s namespace)."""
+        return self._hasher.digests(tokens, _lora_seed(lora))
 
-    def lookup(self, tokens: Sequence[int]) -> int:
+    def lookup(self, tokens: Sequence[int], lora: str | None = None) -> int:
         """Cached prefix of ``tokens`` in tokens (block-aligned), without pinning."""
-        return self._match(self.digests(tokens), len(tokens)) * self.block_size
+        return self._match(self.digests(tokens, lora), len(tokens)) * self.block_size
 
     def blocks(self) -> Iterator[CachedBlock]:
         """Every cached block (snapshot order: insertion)."""
@@ -231,15 +262,20 @@ class PrefixCache:
             matched += 1
         return matched - 1 if self.drop_last and matched else matched
 
-    def admit(self, prompt: Sequence[int], total_tokens: int) -> Lease | None:
+    def admit(self, prompt: Sequence[int], total_tokens: int, lora: str | None = None
+              ) -> Lease | None:
         """Pin the cached prefix of ``prompt`` and reserve room for ``total_tokens``.
 
         ``total_tokens`` = prompt + output tokens the request will hold. Evicts LRU leaves
         when space is short. Returns ``None`` (nothing changed) when even eviction cannot
         make room: the caller waits for running requests to finish.
         """
-        digests = self.digests(prompt)
+        digests = self.digests(prompt, lora)
         matched = self._match(digests, len(prompt))
+        loaded = 0
+        if self.host is not None and self.enabled:
+            limit = min(len(digests), max(len(prompt) - self.match_margin, 0) // self.block_size)
+            loaded = self.host.run(digests, matched, limit)
         path: list[CachedBlock] = []
         for digest in digests[:matched]:
             block = self._index[digest]
@@ -257,7 +293,8 @@ class PrefixCache:
         for block in path:
             block.last_access = now
         lease = Lease(digests=digests, blocks=path, reserved=need,
-                      cached_tokens=matched * self.block_size)
+                      cached_tokens=(matched + loaded) * self.block_size,
+                      loaded_tokens=loaded * self.block_size, lora=lora)
         self._leases.add(lease)
         self.query_tokens += len(prompt)
         self.hit_tokens += lease.cached_tokens
@@ -276,7 +313,7 @@ class PrefixCache:
         full = max(len(tokens) - ahead, 0) // self.block_size
         if full > len(lease.digests):
             start = len(lease.digests)
-            parent = lease.digests[-1] if lease.digests else None
+            parent = lease.digests[-1] if lease.digests else _lora_seed(lease.lora)
             lease.digests.extend(self._hasher.digests(
                 tokens[start * self.block_size : full * self.block_size + ahead], parent))
         now = next(self._clock)
@@ -310,6 +347,7 @@ class PrefixCache:
                     tokens=tuple(tokens[i * self.block_size : (i + 1) * self.block_size]),
                     refs=1,
                     last_access=now,
+                    lora=lease.lora,
                     lookahead=tuple(tokens[(i + 1) * self.block_size :][:ahead]),
                 )
                 if parent_block is not None:
@@ -361,6 +399,8 @@ class PrefixCache:
             block.alive = False
         self._index.clear()
         self._heap.clear()
+        if self.host is not None:
+            self.host.clear()  # SGLang's HiRadixCache.reset drops the host pool too
         if self.enabled:
             self._events.append(CacheCleared())
 
@@ -371,6 +411,7 @@ class PrefixCache:
             parent_block_hash=parent.event_id if parent is not None else None,
             token_ids=tuple(token for block in run for token in block.tokens),
             block_size=self.block_size,
+            lora_name=run[0].lora,
             lookahead_token_ids=tuple(b.lookahead for b in run) if self.lookahead else None,
         ))
 
@@ -400,6 +441,8 @@ class PrefixCache:
             block.alive = False
             del self._index[block.digest]
             evicted += 1
+            if self.host is not None:
+                self._offload(block)
             if self._coalesce and group and group[-1].parent is block:
                 group.append(block)
             else:
@@ -415,6 +458,21 @@ class PrefixCache:
             self._events.append(BlocksRemoved(tuple(b.event_id for b in group)))
         self.evicted_blocks += evicted
         return evicted
+
+    def _offload(self, block: CachedBlock) -> None:
+        """Keep an evicted block in the host pool (recorded before its GPU removal)."""
+        assert self.host is not None
+        parent = block.parent
+        new, dropped = self.host.offload(block.digest, HostBlock(
+            block.event_id, parent.event_id if parent is not None else None, block.tokens,
+            block.lora))
+        if dropped:
+            self._events.append(BlocksRemoved(tuple(b.event_id for b in dropped), "host"))
+        if new:
+            self._events.append(BlocksStored(
+                (block.event_id,), parent.event_id if parent is not None else None,
+                block.tokens, self.block_size, "host", block.lora,
+                (block.lookahead,) if self.lookahead else None))
 
     def __repr__(self) -> str:
         return (

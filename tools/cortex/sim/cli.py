@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="vLLM EAGLE with legacy block hashes (a KV connector is configured):"
                         " a lookup drops the last block it matched")
     g.add_argument("--kv-capacity-blocks", type=int, default=8192, help="KV pool size (blocks)")
+    g.add_argument("--host-capacity-blocks", type=int, default=0,
+                   help="host tier for blocks evicted from the GPU (blocks; 0 = none)")
+    g.add_argument("--lora-adapters", default="",
+                   help="comma list of LoRA adapter names served on top of the model")
     g.add_argument("--max-running", type=int, default=64, help="requests in service at once")
     g.add_argument("--max-model-len", type=int, default=131072, help="context length (tokens)")
     g.add_argument("--seed", type=int, default=0, help="seed of the generated text")
@@ -91,6 +95,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="fixed cost of every prefill (ms)")
     t.add_argument("--decode-ms-per-token", type=float, default=5.0,
                    help="cost of each further output token (ms)")
+    t.add_argument("--host-load-ms-per-token", type=float, default=0.005,
+                   help="cost of loading one cached token back from the host tier (ms)")
     t.add_argument("--zero-cost", action="store_true", help="no simulated time at all")
     d = p.add_argument_group("prefill/decode")
     d.add_argument("--bootstrap-port", type=int, default=None,
@@ -145,6 +151,8 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         eagle_lookahead=args.eagle_lookahead,
         eagle_drop=args.eagle_drop,
         kv_capacity_blocks=args.kv_capacity_blocks,
+        host_capacity_blocks=args.host_capacity_blocks,
+        lora_adapters=tuple(a for a in args.lora_adapters.split(",") if a),
         max_running=args.max_running,
         max_model_len=args.max_model_len,
         buffer_steps=args.buffer_steps,
@@ -152,6 +160,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
             prefill_ms_per_uncached_token=args.prefill_ms_per_token,
             prefill_overhead_ms=args.prefill_overhead_ms,
             decode_ms_per_token=args.decode_ms_per_token,
+            host_load_ms_per_token=args.host_load_ms_per_token,
             zero_cost=args.zero_cost,
         ),
         faults=FaultConfig(

@@ -80,7 +80,10 @@ class TimingConfig:
 
     TTFT = admission queueing + prefill-lane queueing + ``prefill_overhead_ms``
     + ``prefill_ms_per_uncached_token`` * uncached prompt tokens; then
-    ``decode_ms_per_token`` per further output token. Prefills run one at a time
+    ``decode_ms_per_token`` per further output token. Tokens loaded back from the host tier
+    cost ``host_load_ms_per_token`` each inside the prefill: a quarter of a recompute by
+    default, the ratio of the gateway's default ``host_hit`` weight (docs/gateway.md
+    "Memory tiers": ``1 - load/recompute = 0.75``). Prefills run one at a time
     (a GPU runs one prefill batch at a time); decodes of running requests overlap.
     ``zero_cost`` skips every sleep (overhead benchmarks).
     """
@@ -88,10 +91,12 @@ class TimingConfig:
     prefill_ms_per_uncached_token: float = 0.02
     prefill_overhead_ms: float = 2.0
     decode_ms_per_token: float = 5.0
+    host_load_ms_per_token: float = 0.005
     zero_cost: bool = False
 
     def __post_init__(self) -> None:
         _non_negative("prefill_ms_per_uncached_token", self.prefill_ms_per_uncached_token)
+        _non_negative("host_load_ms_per_token", self.host_load_ms_per_token)
         _non_negative("prefill_overhead_ms", self.prefill_overhead_ms)
         _non_negative("decode_ms_per_token", self.decode_ms_per_token)
 
@@ -158,14 +163,17 @@ class SimConfig:
     ``replay_port + rank``. ``api_key``: like ``--api-key`` of the engines: every path but
     the probes (``/health``, ``/health_generate``, ``/ping``, ``/metrics``, ``/version``)
     and ``/sim/*`` needs ``Authorization: Bearer <api_key>`` (401 otherwise).
-    ``replay_port + rank``. ``eagle_lookahead``: speculative decoding with prefix caching, in
+    ``eagle_lookahead``: speculative decoding with prefix caching, in
     tokens after each block that its reuse needs (0: off). vLLM (0.33): EAGLE block hashes,
     1 for EAGLE-family drafters, the number of speculative tokens for multi-module MTP; the
     stores carry ``lookahead_token_ids``. SGLang: its EAGLE radix cache keys pages by bigrams
     (1 only), published as token pairs, and matches one token less of the prompt.
     ``eagle_drop``: vLLM EAGLE with its legacy block hashes (what it runs with a KV
     connector, or ``disable_lookahead_block_hashes``): plain events, and a lookup drops the
-    last block it matched.
+    last block it matched. ``host_capacity_blocks``: the host tier per rank, where blocks
+    evicted from the GPU are offloaded (0 = none; :mod:`cortex.sim.host`).
+    ``lora_adapters``: LoRA adapter names served on top of ``model`` (listed in
+    ``/v1/models`` with ``parent``; vLLM takes one as ``model``, SGLang as ``lora_path``).
     """
 
     engine: Engine = Engine.SGLANG
@@ -196,6 +204,8 @@ class SimConfig:
     advertise_host: str | None = None
     engine_id: str | None = None
     dp_size: int = 1
+    host_capacity_blocks: int = 0
+    lora_adapters: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)
     eagle_lookahead: int = 0
     eagle_drop: bool = False
@@ -222,6 +232,15 @@ class SimConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_capacity_blocks < 1:
             raise ValueError(f"kv_capacity_blocks must be >= 1, got {self.kv_capacity_blocks}")
+        object.__setattr__(self, "lora_adapters", tuple(self.lora_adapters))
+        if any(not a or a == self.model for a in self.lora_adapters):
+            raise ValueError("lora_adapters must be non-empty names other than the model's")
+        if self.host_capacity_blocks < 0:
+            raise ValueError(f"host_capacity_blocks must be >= 0, got {self.host_capacity_blocks}")
+        if self.host_capacity_blocks and self.version_tuple < (
+                (0, 11) if self.engine is Engine.VLLM else (0, 5, 9)):
+            raise ValueError("a host tier needs an engine version that names media "
+                             "(vLLM >= 0.11, SGLang >= 0.5.9)")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
         if self.max_model_len < 1:

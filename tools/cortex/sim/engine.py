@@ -26,6 +26,7 @@ from cortex.hashing.engines import (
 )
 from cortex.sim.cache import Lease, PrefixCache, blocks_for
 from cortex.sim.config import Role, SimConfig, default_bootstrap_port
+from cortex.sim.host import HostPool
 from cortex.sim.pd import KvHandoff, KvTransferClient, KvTransferServer, TransferError
 from cortex.sim.protocol import GenRequest, RequestError, SequenceResult, SequenceSpec
 from cortex.sim.publisher import EventPublisher
@@ -128,6 +129,7 @@ class SimEngine:
             EngineHasher(config.engine, config.block_size, config.eagle_lookahead),
             coalesce_removals=config.engine is Engine.SGLANG,
             enabled=config.caches_prefixes,
+            host=HostPool(config.host_capacity_blocks) if config.host_capacity_blocks else None,
             lookahead=config.eagle_lookahead,
             # SGLang matches the prompt minus its last token as bigrams: one token fewer.
             match_margin=2 if config.eagle_lookahead and config.engine is Engine.SGLANG else 1,
@@ -307,9 +309,11 @@ class SimEngine:
             raise TransferError("this worker has no KV side channel")
         async with self._transfer_server.room(seq.bootstrap_room) as ticket:
             await ticket.wait_handshake(self.config.bootstrap_timeout_s)
-            lease = await self.admission.acquire(seq.prompt_ids, len(seq.prompt_ids) + 1)
+            lease = await self.admission.acquire(seq.prompt_ids, len(seq.prompt_ids) + 1,
+                                                 req.lora)
             try:
-                await self._prefill(len(seq.prompt_ids) - lease.cached_tokens)
+                await self._prefill(len(seq.prompt_ids) - lease.cached_tokens,
+                                    lease.loaded_tokens)
                 self.cache.commit(lease, seq.prompt_ids)
                 self._cache_changed()
                 await ticket.send(KvHandoff(seq.prompt_ids, lease.cached_tokens))
@@ -325,7 +329,7 @@ class SimEngine:
     async def _run_local(self, req: GenRequest, seq: SequenceSpec, plan: GenerationPlan,
                          leg: Leg, started: float, emit: Emit | None) -> SequenceResult:
         prompt = seq.prompt_ids
-        lease = await self.admission.acquire(prompt, len(prompt) + len(plan))
+        lease = await self.admission.acquire(prompt, len(prompt) + len(plan), req.lora)
         keep_lease = False
         try:
             cached = lease.cached_tokens
@@ -340,7 +344,7 @@ class SimEngine:
                     cached = max(cached, pulled)
                 await self._prefill(len(prompt) - cached)
             else:
-                await self._prefill(len(prompt) - cached)
+                await self._prefill(len(prompt) - cached, lease.loaded_tokens)
             self.cache.commit(lease, prompt)
             self._cache_changed()
             result = self._result(seq, cached, plan, started, kv_source=kv_source)
@@ -365,11 +369,11 @@ class SimEngine:
                               e2e_ms=(time.monotonic() - started) * 1000.0,
                               prompt_index=seq.prompt_index, kv_source=kv_source)
 
-    async def _prefill(self, uncached_tokens: int) -> None:
+    async def _prefill(self, uncached_tokens: int, loaded_tokens: int = 0) -> None:
         if self.timing.zero_cost:
             return
         async with self._prefill_lane:  # one prefill at a time, FIFO
-            await asyncio.sleep(self.timing.prefill_ms(uncached_tokens) / 1000.0)
+            await asyncio.sleep(self.timing.prefill_ms(uncached_tokens, loaded_tokens) / 1000.0)
 
     async def _decode(self, result: SequenceResult, emit: Emit | None) -> None:
         """Emit the first token now (TTFT), then one per ``decode_ms_per_token``."""

@@ -29,6 +29,7 @@ __all__ = [
     "SequenceResult",
     "SequenceSpec",
     "error_body",
+    "lora_of",
     "parse_chat",
     "parse_completion",
     "parse_generate",
@@ -105,6 +106,8 @@ class GenRequest:
     prefill_dp_rank: int | None = None
     """SGLang decode: the prefill DP rank holding the KV (``disagg_prefill_dp_rank``)."""
     created: int = field(default_factory=lambda: int(time.time()))
+    lora: str | None = None
+    """The LoRA adapter serving the request (its blocks live in the adapter's namespace)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,3 +384,21 @@ def parse_generate(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_mod
         logprobs=_generate_logprobs(body, prompts),
         **common,
     )
+
+
+def lora_of(req: GenRequest, body: Mapping[str, Any], engine: Engine, model: str,
+            adapters: Sequence[str]) -> str | None:
+    """The LoRA adapter a request asks for: vLLM names it as ``model``; SGLang takes
+    ``lora_path`` (or ``model`` as ``base:adapter``). An adapter SGLang has not loaded is a
+    400, as there."""
+    if engine is Engine.VLLM:
+        return req.model if req.model in adapters else None
+    named = body.get("lora_path")
+    if not isinstance(named, str) or not named:
+        base, _, suffix = req.model.partition(":")
+        named = suffix if base == model and suffix else None
+    if named is None:
+        return None
+    if named not in adapters:
+        raise RequestError(f"LoRA adapter '{named}' is not loaded", param="lora_path")
+    return named

@@ -47,16 +47,23 @@ class EventEncoder:
             self._rich = v >= (0, 33)  # per-block extra_keys, explicit group_idx, spec kind
             self._group_nil = (0, 23) <= v < (0, 33)
             self._dp_rank: int | None = dp_rank if v >= (0, 11) else None
+            self._names_lora = True
         else:
             self._medium = "GPU" if v >= (0, 5, 9) else None
             self._rich = False
             self._group_nil = False
             self._dp_rank = dp_rank
+            # 0.5.23 names the adapter (and namespaces its hashes); 0.5.22 sent neither
+            self._names_lora = v >= (0, 5, 23)
+        self._host_medium = "CPU" if engine is Engine.VLLM else "CPU_PINNED"
         # Fail at start-up, not on the first batch, when the version has no encoder.
         codec.encode_batch(codec.EventBatch(ts=0.0, events=()), engine, version)
 
     def convert(self, event: CacheEvent) -> codec.Event:
+        if isinstance(event, BlocksStored) and event.tier == "host":
+            return self._host_store(event)
         if isinstance(event, BlocksStored):
+            lora = event.lora_name if self._names_lora else None
             # EAGLE: vLLM sends lookahead_token_ids; SGLang sends its pages as bigram pairs,
             # which the codec writes from the same per-block next tokens.
             return codec.BlockStored(
@@ -65,16 +72,42 @@ class EventEncoder:
                 token_ids=event.token_ids,
                 block_size=event.block_size,
                 medium=self._medium,
-                extra_keys=(None,) * len(event.block_hashes) if self._rich else None,
+                lora_name=lora,
+                extra_keys=self._extra_keys(len(event.block_hashes), lora),
                 kv_cache_spec_kind="full_attention" if self._rich else None,
                 lookahead_token_ids=event.lookahead_token_ids,
                 bigram=event.lookahead_token_ids is not None and self.engine is Engine.SGLANG,
                 group_idx_nil=self._group_nil,
             )
         if isinstance(event, BlocksRemoved):
-            return codec.BlockRemoved(block_hashes=event.block_hashes, medium=self._medium,
+            medium = self._host_medium if event.tier == "host" else self._medium
+            return codec.BlockRemoved(block_hashes=event.block_hashes, medium=medium,
                                       group_idx_nil=self._group_nil)
         return codec.AllBlocksCleared()
+
+    def _extra_keys(self, blocks: int, lora: str | None) -> tuple[object, ...] | None:
+        """vLLM 0.33's per-block extra keys: the adapter's name in each (its block hashes
+        cover it: ``v1/core/kv_cache_utils.py::generate_block_hash_extra_keys``)."""
+        if self.engine is not Engine.VLLM or not self._rich:
+            return None
+        return ((lora,),) * blocks if lora is not None else (None,) * blocks
+
+    def _host_store(self, event: BlocksStored) -> codec.BlockStored:
+        """A block offloaded to host memory, as each engine publishes it: vLLM's offloading
+        connector a placeholder (``token_ids=[]``, no parent; ``offloading_connector.py::
+        take_events``) with medium ``CPU``, SGLang HiCache the block with its tokens and
+        medium ``CPU_PINNED``."""
+        if self.engine is Engine.VLLM:
+            return codec.BlockStored(block_hashes=event.block_hashes, parent_block_hash=None,
+                                     token_ids=(), block_size=event.block_size,
+                                     medium=self._host_medium, group_idx_nil=self._group_nil)
+        return codec.BlockStored(block_hashes=event.block_hashes,
+                                 parent_block_hash=event.parent_block_hash,
+                                 token_ids=event.token_ids, block_size=event.block_size,
+                                 medium=self._host_medium,
+                                 lora_name=event.lora_name if self._names_lora else None,
+                                 lookahead_token_ids=event.lookahead_token_ids,
+                                 bigram=event.lookahead_token_ids is not None)
 
     def encode(self, events: Sequence[CacheEvent], ts: float | None = None) -> bytes:
         batch = codec.EventBatch(

@@ -171,11 +171,15 @@ class SimRoutes:
     async def _models(self, _: web.Request) -> web.Response:
         cfg = self.config
         owner = "sglang" if cfg.engine is Engine.SGLANG else "vllm"
+        created = int(self.engine.started_at)
+        adapters = [{"id": name, "object": "model", "created": created, "owned_by": owner,
+                     "root": f"/adapters/{name}", "parent": cfg.model, "max_model_len": None}
+                    for name in cfg.lora_adapters]
         return web.json_response({"object": "list", "data": [{
-            "id": cfg.model, "object": "model", "created": int(self.engine.started_at),
+            "id": cfg.model, "object": "model", "created": created,
             "owned_by": owner, "root": cfg.model, "parent": None,
             "max_model_len": cfg.max_model_len,
-        }]})
+        }, *adapters]})
 
     def _kv_events_info(self) -> dict[str, Any]:
         cfg = self.config
@@ -365,7 +369,11 @@ class SimRoutes:
             try:
                 req = parse(body, self.engine.chat, self.config.model, None,
                             engine=self.config.engine)
-                if (self.config.engine is Engine.VLLM and req.endpoint is not Endpoint.GENERATE
+                lora = proto.lora_of(req, body, self.config.engine, self.config.model,
+                                     self.config.lora_adapters)
+                if lora is not None:
+                    req = dataclasses.replace(req, lora=lora)
+                elif (self.config.engine is Engine.VLLM and req.endpoint is not Endpoint.GENERATE
                         and req.model != self.config.model):
                     return self._error(f"The model `{req.model}` does not exist.", 404,
                                        "NotFoundError", "model")

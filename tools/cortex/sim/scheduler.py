@@ -22,6 +22,7 @@ class _Waiter:
     prompt: Sequence[int]
     total_tokens: int
     future: asyncio.Future[Lease]
+    lora: str | None = None
 
 
 class AdmissionQueue:
@@ -40,11 +41,12 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self, prompt: Sequence[int], total_tokens: int) -> Lease:
-        """Wait for a running slot and a cache lease (FIFO). Pair with :meth:`release_slot`
-        and ``cache.release(lease)``."""
+    async def acquire(self, prompt: Sequence[int], total_tokens: int,
+                      lora: str | None = None) -> Lease:
+        """Wait for a running slot and a cache lease (FIFO) in ``lora``'s namespace. Pair
+        with :meth:`release_slot` and ``cache.release(lease)``."""
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(prompt, total_tokens, future)
+        waiter = _Waiter(prompt, total_tokens, future, lora)
         self._waiters.append(waiter)
         self.waiting_tokens += len(prompt)
         self._pump()
@@ -78,7 +80,7 @@ class AdmissionQueue:
                 self._waiters.popleft()
                 self.waiting_tokens -= len(head.prompt)
                 continue
-            lease = self._cache.admit(head.prompt, head.total_tokens)
+            lease = self._cache.admit(head.prompt, head.total_tokens, head.lora)
             changed = True
             if lease is None:
                 break

@@ -19,12 +19,15 @@ class TimingModel:
     def zero_cost(self) -> bool:
         return self.config.zero_cost
 
-    def prefill_ms(self, uncached_tokens: int) -> float:
-        """Compute time of a prefill with ``uncached_tokens`` tokens not in the cache (ms)."""
+    def prefill_ms(self, uncached_tokens: int, loaded_tokens: int = 0) -> float:
+        """Time of a prefill with ``uncached_tokens`` tokens not in the cache and
+        ``loaded_tokens`` loaded back from the host tier (ms)."""
         if self.config.zero_cost:
             return 0.0
         cfg = self.config
-        return cfg.prefill_overhead_ms + cfg.prefill_ms_per_uncached_token * max(uncached_tokens, 0)
+        return (cfg.prefill_overhead_ms
+                + cfg.prefill_ms_per_uncached_token * max(uncached_tokens, 0)
+                + cfg.host_load_ms_per_token * max(loaded_tokens, 0))
 
     def decode_ms(self, tokens: int = 1) -> float:
         """Time to generate ``tokens`` further output tokens (ms)."""

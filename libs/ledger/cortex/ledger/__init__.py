@@ -21,6 +21,7 @@ from cortex.ledger.model import (
     Snapshot,
     Source,
     StoreBlocks,
+    Tier,
     domain_label,
 )
 from cortex.ledger.replica import LedgerReplica, OutOfSync, ReplicaChanges, ReplicaState
@@ -48,6 +49,7 @@ __all__ = [
     "Source",
     "SourceMatch",
     "StoreBlocks",
+    "Tier",
     "ViewOp",
     "domain_label",
     "node_bytes",

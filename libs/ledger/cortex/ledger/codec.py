@@ -29,6 +29,7 @@ from cortex.ledger.model import (
     Snapshot,
     Source,
     StoreBlocks,
+    Tier,
 )
 from cortex.ledger.view import (
     Attach,
@@ -55,6 +56,7 @@ __all__ = [
     "source_from_pb",
     "source_to_pb",
     "state_from_pb",
+    "tier_from_pb",
     "update_from_pb",
     "update_to_pb",
 ]
@@ -108,15 +110,26 @@ def state_from_pb(value: int, field: str) -> LedgerState:
         raise InvalidArgument(f"{field} has an unknown ledger state {value}") from None
 
 
+def tier_from_pb(value: int, field: str) -> Tier:
+    try:
+        return Tier(value)
+    except ValueError:
+        raise InvalidArgument(f"{field} has an unknown tier {value}") from None
+
+
 def source_from_pb(msg: pb.Source, field: str = "source") -> Source:
     if not msg.worker_id:
         raise InvalidArgument(f"{field}.worker_id is required")
-    return Source(msg.worker_id, msg.dp_rank)
+    if not msg.tier:
+        return Source(msg.worker_id, msg.dp_rank)
+    return Source(msg.worker_id, msg.dp_rank, tier_from_pb(msg.tier, f"{field}.tier"))
 
 
 def source_to_pb(source: Source, out: pb.Source) -> None:
     out.worker_id = source.worker_id
     out.dp_rank = source.dp_rank
+    if source.tier:
+        out.tier = int(source.tier)  # type: ignore[assignment]
 
 
 @functools.lru_cache(maxsize=1024)

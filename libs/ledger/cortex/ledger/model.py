@@ -26,6 +26,7 @@ __all__ = [
     "Snapshot",
     "Source",
     "StoreBlocks",
+    "Tier",
     "domain_label",
 ]
 
@@ -53,14 +54,43 @@ INGEST_LOST = "ingest_lost"
 """The reason a source reports ``SYNCING`` after its ingest went silent for the grace."""
 
 
+class Tier(IntEnum):
+    """The memory tier of a source's blocks; values equal ``cortex.index.v1.Tier``.
+
+    Ordered by the cost of a hit: a device block is used in place, a host block is copied
+    back over PCIe, a disk block is read first. ``SHARED`` is an external pool every worker
+    of the cluster reads (SGLang's ``EXTERNAL``): it favours no worker.
+    """
+
+    DEVICE = 0
+    HOST = 1
+    DISK = 2
+    SHARED = 3
+
+    @property
+    def label(self) -> str:
+        """Lower-case name for JSON, logs and metric labels."""
+        return self.name.lower()
+
+
 class Source(NamedTuple):
-    """One ledger source: a worker's data-parallel rank."""
+    """One ledger source: a worker's data-parallel rank, in one memory tier.
+
+    Each tier is its own source (its own holder bit, its own ``(epoch, seq)``), so a
+    ``BlockRemoved`` of one medium removes from that tier only.
+    """
 
     worker_id: str
     dp_rank: int = 0
+    tier: Tier = Tier.DEVICE
 
     def __str__(self) -> str:
-        return f"{self.worker_id}#{self.dp_rank}"
+        base = f"{self.worker_id}#{self.dp_rank}"
+        return base if self.tier is Tier.DEVICE else f"{base}@{self.tier.label}"
+
+    def in_tier(self, tier: Tier) -> Source:
+        """The same worker rank's source in ``tier``."""
+        return Source(self.worker_id, self.dp_rank, tier)
 
 
 def domain_label(domain: HashDomain) -> str:

@@ -500,17 +500,10 @@ class RadixHashTree:
         The list is indexed by source bit (see :meth:`bits`); found nodes get recency ``now``.
         """
         counts = [0] * (64 * self.words)
-        if not keys:
-            return counts
-        get = self._slot_of.get
-        slots = [get(k, -1) for k in keys]
-        try:
-            n = slots.index(-1)
-        except ValueError:
-            n = len(slots)
+        idx = self._leading_slots(keys)
+        n = len(idx)
         if n == 0:
             return counts
-        idx = np.array(slots[:n] if n < len(slots) else slots, np.int64)
         cum = np.bitwise_and.accumulate(self._holders[idx], axis=0)
         self._recency[idx] = now
         # cumulative AND only loses bits: a source's count is the row where its bit drops
@@ -519,6 +512,29 @@ class RadixHashTree:
             _count_bits(counts, cum[row - 1].tolist(), cum[row].tolist(), row)
         _count_bits(counts, cum[-1].tolist(), [0] * cum.shape[1], n)
         return counts
+
+    def _leading_slots(self, keys: Sequence[int]) -> npt.NDArray[np.int64]:
+        """Slots of the leading ``keys`` the tree has (up to the first absent one)."""
+        if not keys:
+            return np.zeros(0, np.int64)
+        get = self._slot_of.get
+        slots = [get(k, -1) for k in keys]
+        try:
+            n = slots.index(-1)
+        except ValueError:
+            n = len(slots)
+        return np.array(slots[:n] if n < len(slots) else slots, np.int64)
+
+    def held_columns(self, keys: Sequence[int], bits: Sequence[int]) -> npt.NDArray[np.bool_]:
+        """``out[i, j]``: whether source bit ``bits[j]`` holds ``keys[i]``, for the leading
+        keys the tree has (rows stop at the first absent key: nobody holds it)."""
+        idx = self._leading_slots(keys)
+        out = np.zeros((len(idx), len(bits)), np.bool_)
+        if len(idx):
+            rows = self._holders[idx]
+            for j, bit in enumerate(bits):
+                out[:, j] = (rows[:, bit >> 6] >> _U64(bit & 63)) & _U64(1) != 0
+        return out
 
     def bits(self) -> Iterator[tuple[int, Source]]:
         """``(bit, source)`` of every registered source."""

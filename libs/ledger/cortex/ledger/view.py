@@ -22,7 +22,8 @@ import numpy.typing as npt
 
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.model import LedgerState, Source, Tier
+from cortex.ledger.tiers import OFFLOAD_TIERS, continuation
 from cortex.ledger.tree import Eviction, RadixHashTree, no_eviction
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Store",
     "StorePairs",
     "ViewOp",
+    "shared_blocks",
 ]
 
 Keys = Sequence[int] | npt.NDArray[np.uint64]
@@ -199,16 +201,23 @@ class LedgerView:
         candidate_workers: Collection[str] = (),
     ) -> list[SourceMatch]:
         """Per attached source of ``domain`` (those of ``candidate_workers`` when given), the
-        count of consecutive leading ``keys`` it holds, and its state."""
+        count of consecutive leading ``keys`` it holds, and its state.
+
+        Device and shared sources count their own prefix. A host or disk source counts the
+        blocks it adds after its worker rank's device prefix (:mod:`cortex.ledger.tiers`);
+        one that is not READY counts 0 and adds nothing."""
         tree = self.trees.get(domain)
         if tree is None:
             return []
-        counts = tree.match(_seq(keys), now)
+        seq = _seq(keys)
+        counts = tree.match(seq, now)
         roster = self._roster(domain, tree)
         if candidate_workers:
-            return [(s, counts[bit], p.state) for bit, s, p in roster
-                    if s.worker_id in candidate_workers]
-        return [(s, counts[bit], p.state) for bit, s, p in roster]
+            roster = [r for r in roster if r[1].worker_id in candidate_workers]
+        out = [(s, counts[bit], p.state) for bit, s, p in roster]
+        if any(s.tier in OFFLOAD_TIERS for _, s, _ in roster):
+            _extend_by_tiers(tree, seq, roster, counts, out)
+        return out
 
     def _roster(self, domain: HashDomain, tree: RadixHashTree) -> list[tuple[int, Source, Place]]:
         roster = self._rosters.get(domain)
@@ -348,6 +357,41 @@ class LedgerView:
             self.clear(op.source)
             return ReplayEffect(cleared=(op.source,))
         return ReplayEffect(removed=tuple(self.evict_keys(op.domain, op.keys).dropped))
+
+
+def _extend_by_tiers(tree: RadixHashTree, keys: Sequence[int],
+                     roster: list[tuple[int, Source, Place]], counts: list[int],
+                     out: list[SourceMatch]) -> None:
+    """Replace each offload source's own count in ``out`` (parallel to ``roster``) by the
+    blocks it adds after its rank's device prefix."""
+    device: dict[tuple[str, int], int] = {}
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, (bit, source, place) in enumerate(roster):
+        rank = (source.worker_id, source.dp_rank)
+        if source.tier is Tier.DEVICE:
+            device[rank] = counts[bit]
+        elif source.tier in OFFLOAD_TIERS:
+            if place.state is LedgerState.READY:
+                groups.setdefault(rank, []).append(i)
+            else:
+                out[i] = (source, 0, place.state)
+    members = [i for group in groups.values() for i in group]
+    if not members:
+        return
+    held = tree.held_columns(keys, [roster[i][0] for i in members])
+    column = {i: j for j, i in enumerate(members)}
+    for rank, group in groups.items():
+        cols = held[:, [column[i] for i in group]]
+        added = continuation(device.get(rank, 0), cols, [roster[i][1].tier for i in group])
+        for i, blocks in zip(group, added, strict=True):
+            out[i] = (roster[i][1], blocks, roster[i][2].state)
+
+
+def shared_blocks(matches: Sequence[SourceMatch]) -> int:
+    """Leading blocks the shared tier holds for the cluster: the longest prefix any READY
+    shared source reports (every worker can load them, so they favour none)."""
+    return max((blocks for source, blocks, state in matches
+                if source.tier is Tier.SHARED and state is LedgerState.READY), default=0)
 
 
 @dataclass(frozen=True, slots=True)

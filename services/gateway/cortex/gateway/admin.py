@@ -172,7 +172,8 @@ class AdminHandler:
         else:
             endpoint = (Endpoint.CHAT if "messages" in body
                         else Endpoint.COMPLETIONS if "prompt" in body else Endpoint.GENERATE)
-        req = parse_request(endpoint, body, self.gw.config, self.gw.limits)
+        req = parse_request(endpoint, body, self.gw.config, self.gw.limits,
+                            self.gw.pool.adapter_base)
         router = self.gw.router
         assert router is not None
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s
@@ -202,7 +203,10 @@ class AdminHandler:
                     "ledger": s.candidate.ledger.label,
                     "index_tokens": s.candidate.index_tokens,
                     "predicted_tokens": s.candidate.predicted_tokens,
+                    "host_tokens": s.candidate.host_tokens,
+                    "disk_tokens": s.candidate.disk_tokens,
                     "matched_tokens": s.credited_tokens,
+                    "credit": s.credit,
                     "credit_note": s.note or None,
                     "active": s.candidate.active,
                     "inflight": s.candidate.inflight,

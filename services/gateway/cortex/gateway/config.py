@@ -135,6 +135,8 @@ class ModelConfig:
     ``first_byte_timeout_s`` / ``response_timeout_s`` / ``stream_idle_timeout_s``: this
     model's upstream timeouts (``None`` = the ``upstream`` section's; :class:`Timeouts`).
 
+    ``adapters``: LoRA adapters every worker of this model serves, addressable as ``model``
+    (besides those the workers list in ``/v1/models`` with this model as ``parent``).
     ``passthrough``: the gateway only proxies this model — no tokenizing, no KV or PD
     decisions; each request goes to the least loaded routable worker of the model, or to
     ``upstream_url`` when set (an upstream scheduler that places requests itself).
@@ -157,6 +159,7 @@ class ModelConfig:
     first_byte_timeout_s: float | None = None
     response_timeout_s: float | None = None
     stream_idle_timeout_s: float | None = None
+    adapters: tuple[str, ...] = ()
     passthrough: bool = False
     upstream_url: str | None = None
     _domain: HashDomain = field(init=False, repr=False, compare=False)
@@ -190,6 +193,9 @@ class ModelConfig:
                 if not path.exists():
                     raise ConfigError(f"{where}.{name}: {path} does not exist")
                 object.__setattr__(self, name, path)
+        object.__setattr__(self, "adapters", tuple(self.adapters))
+        if not all(isinstance(a, str) and a for a in self.adapters):
+            raise ConfigError(f"{where}.adapters: must be non-empty strings")
         if self.upstream_url is not None:
             if not self.passthrough:
                 raise ConfigError(f"{where}.upstream_url: only for a passthrough model")
@@ -223,16 +229,25 @@ class RoutingWeights:
     the score ranks workers by the prefill work standing between the request and its first
     token. Off (0) by default: it trades cache hits for time to first token (a burst of a
     new prefix spreads instead of following its first request; see docs/gateway.md).
+
+    ``host_hit`` / ``disk_hit``: what a cached token in the worker's host / disk tier is
+    worth, as a fraction of a device hit (the prefill time it saves: ``1 - load / recompute``
+    per token, docs/gateway.md "Memory tiers"); 0 credits device hits only.
     """
 
     alpha: float = 1.0
     beta: float = 64.0
     gamma: float = 128.0
     delta: float = 0.0
+    host_hit: float = 0.75
+    disk_hit: float = 0.25
 
     def __post_init__(self) -> None:
         _non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
                       delta=self.delta)
+        for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"routing.weights.{name}: must be within [0, 1], got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,6 +583,10 @@ class GatewayConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ConfigError(f"models: duplicate model names in {names}")
+        adapters = [a for m in self.models for a in m.adapters]
+        if len(set(adapters)) != len(adapters) or set(adapters) & set(names):
+            raise ConfigError("models[].adapters: an adapter name is given twice or names a "
+                              "model")
         ids = [w.id for w in self.workers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"workers: duplicate worker ids in {ids}")
@@ -577,6 +596,10 @@ class GatewayConfig:
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def adapter_base(self, name: str) -> ModelConfig | None:
+        """The model a configured LoRA adapter ``name`` belongs to."""
+        return next((m for m in self.models if name in m.adapters), None)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> GatewayConfig:
@@ -690,7 +713,8 @@ def _env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         if not section or not name:
             raise ConfigError(f"{var}: unknown setting")
         table = raw.setdefault(section, {})
-        if section == "routing" and name in ("alpha", "beta", "gamma", "delta"):
+        if section == "routing" and name in ("alpha", "beta", "gamma", "delta", "host_hit",
+                                             "disk_hit"):
             table = table.setdefault("weights", {})
         table[name] = text
 

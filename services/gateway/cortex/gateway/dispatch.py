@@ -36,6 +36,7 @@ from cortex.gateway.router import Routed, Router, uncached
 from cortex.gateway.scoring import Decision
 from cortex.gateway.sse import EventRewrite
 from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
+from cortex.hashing import Engine
 
 __all__ = ["BUSY_STATUSES", "Dispatcher", "Opened", "acquire_slot", "all_busy", "release_slot",
            "upstream_body"]
@@ -49,7 +50,16 @@ log = logging.getLogger(__name__)
 
 def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     """The body to send: the client's bytes, or with ``stream_options.include_usage`` set
-    when the gateway needs the usage chunk the client did not ask for."""
+    when the gateway needs the usage chunk the client did not ask for, and, for an SGLang
+    model addressed by a LoRA adapter's name, ``lora_path`` naming it (SGLang's OpenAI
+    server takes the adapter from ``lora_path``; ``model`` it only echoes)."""
+    if (req.adapter is not None and req.model.engine is Engine.SGLANG
+            and "lora_path" not in req.body):
+        body = {**req.body, "lora_path": req.adapter}
+        if req.stream and not req.wants_usage and req.endpoint is not Endpoint.GENERATE:
+            body["stream_options"] = {**(body.get("stream_options") or {}),
+                                      "include_usage": True}
+        return json.dumps(body, separators=(",", ":")).encode()
     if not req.stream or req.wants_usage or req.endpoint is Endpoint.GENERATE:
         return raw
     if "stream_options" not in req.body:

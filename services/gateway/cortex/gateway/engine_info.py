@@ -3,7 +3,8 @@
 vLLM: ``GET /v1/models`` → the served model's ``max_model_len``. SGLang: ``GET
 /server_info`` (``/get_server_info`` before 0.4.7) → ``context_length``, else its
 ``/v1/models`` ``max_model_len``. A worker that reports nothing leaves the gateway with
-the configured limits only.
+the configured limits only. Both engines list their loaded LoRA adapters in ``/v1/models``
+with the base model as ``parent``.
 
 vLLM's version (``GET /server_info?config_format=json`` → ``system_env.vllm_version``,
 ``entrypoints/serve/dev/server_info``; served when the engine runs with
@@ -23,6 +24,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -30,9 +32,10 @@ import aiohttp
 from cortex.hashing import Engine
 from cortex.registry.spec import WorkerSpec
 
-__all__ = ["context_length_from_models", "context_length_from_server_info",
-           "fetch_context_length", "fetch_sglang_lookahead", "fetch_vllm_version",
-           "sglang_lookahead_from_server_info", "vllm_version_from_server_info"]
+__all__ = ["EngineInfo", "adapters_from_models", "context_length_from_models",
+           "context_length_from_server_info", "fetch_engine_info", "fetch_sglang_lookahead",
+           "fetch_vllm_version", "sglang_lookahead_from_server_info",
+           "vllm_version_from_server_info"]
 
 _SGLANG_EAGLE: frozenset[str] = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 
@@ -57,6 +60,17 @@ def context_length_from_models(obj: Any, model: str) -> int | None:
     return _positive_int(named[0].get("max_model_len")) if named else None
 
 
+def adapters_from_models(obj: Any, model: str) -> frozenset[str] | None:
+    """LoRA adapters of ``model`` in a ``/v1/models`` answer: the entries whose ``parent`` is
+    ``model`` (vLLM ``serving_models.py::show_available_models``, SGLang
+    ``http_server.py::available_models`` list each loaded adapter so). ``None``: no list."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    return frozenset(e["id"] for e in data if isinstance(e, dict) and e.get("parent") == model
+                     and isinstance(e.get("id"), str) and e["id"])
+
+
 def context_length_from_server_info(obj: Any) -> int | None:
     """SGLang ``/server_info``'s ``context_length``."""
     return _positive_int(obj.get("context_length")) if isinstance(obj, dict) else None
@@ -73,27 +87,39 @@ async def _get_json(session: aiohttp.ClientSession, url: str,
             return None
 
 
-async def fetch_context_length(session: aiohttp.ClientSession, spec: WorkerSpec,
-                               timeout_s: float, headers: Mapping[str, str] | None = None
-                               ) -> int | None:
-    """The worker's context length in tokens, or ``None`` (not reported, unreachable);
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What a worker said: its context length (tokens) and its LoRA adapters (``None``:
+    not reported or unreachable)."""
+
+    context_length: int | None = None
+    adapters: frozenset[str] | None = None
+
+
+async def fetch_engine_info(session: aiohttp.ClientSession, spec: WorkerSpec,
+                            timeout_s: float, headers: Mapping[str, str] | None = None
+                            ) -> EngineInfo:
+    """The worker's context length and adapters (each ``None`` when not reported);
     ``headers``: the worker's credential."""
     headers = headers or {}
     base = spec.url.rstrip("/")
     try:
         async with asyncio.timeout(timeout_s):
+            found = None
             if spec.engine is Engine.SGLANG:
                 for path in ("/server_info", "/get_server_info"):
                     found = context_length_from_server_info(await _get_json(
                         session, base + path, headers))
                     if found is not None:
-                        return found
-            return context_length_from_models(
-                await _get_json(session, base + "/v1/models", headers), spec.model)
+                        break
+            models = await _get_json(session, base + "/v1/models", headers)
+            if found is None:
+                found = context_length_from_models(models, spec.model)
+            return EngineInfo(found, adapters_from_models(models, spec.model))
     except (TimeoutError, aiohttp.ClientError) as exc:
         log.debug("engine info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})
-        return None
+        return EngineInfo()
 
 
 def vllm_version_from_server_info(obj: Any) -> str | None:

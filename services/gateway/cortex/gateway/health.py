@@ -28,7 +28,7 @@ import aiohttp
 
 from cortex.gateway.config import HealthConfig
 from cortex.gateway.engine_info import (
-    fetch_context_length,
+    fetch_engine_info,
     fetch_sglang_lookahead,
     fetch_vllm_version,
 )
@@ -213,22 +213,29 @@ class HealthMonitor:
         self.metrics.lease_renewals.labels(result="renewed" if renewed else "gone").inc()
 
     async def _learn_limits(self, worker: WorkerState, now: float) -> None:
+        """The engine's context length (until known) and LoRA adapters (every
+        ``INFO_RETRY_S``: engines load and unload adapters at run time)."""
         checked = worker.info_checked
         spec = worker.spec
         wants_version = (spec.engine is Engine.VLLM and spec.role is not WorkerRole.REGULAR
                          and worker.engine_version is None)
         wants_lookahead = (spec.engine is Engine.SGLANG and spec.kv_lookahead is None
                            and worker.learned_lookahead is None)
-        known = worker.context_length is not None and not (wants_version or wants_lookahead)
-        if checked is not None and (known or now - checked < INFO_RETRY_S):
+        if checked is not None and now - checked < INFO_RETRY_S:
             return
         worker.info_checked = now
-        found = await fetch_context_length(self.session, worker.spec, self.config.timeout_s,
-                                           self._auth(worker.spec))
-        if found != worker.context_length:
-            log.info("worker=%s context length %s tokens", worker.id, found,
+        info = await fetch_engine_info(self.session, spec, self.config.timeout_s,
+                                       self._auth(spec))
+        found = info.context_length
+        if worker.context_length is None or found is not None:
+            if found != worker.context_length:
+                log.info("worker=%s context length %s tokens", worker.id, found,
+                         extra={"worker": worker.id})
+            worker.context_length = found
+        if info.adapters is not None and info.adapters != worker.adapters:
+            log.info("worker=%s serves LoRA adapters %s", worker.id, sorted(info.adapters),
                      extra={"worker": worker.id})
-        worker.context_length = found
+            worker.adapters = info.adapters
         if wants_lookahead:
             found_lookahead = await fetch_sglang_lookahead(self.session, spec,
                                                            self.config.timeout_s,
@@ -238,9 +245,9 @@ class HealthMonitor:
                          found_lookahead, extra={"worker": worker.id})
             worker.learned_lookahead = found_lookahead
         if wants_version:
-            worker.engine_version = await fetch_vllm_version(self.session, worker.spec,
+            worker.engine_version = await fetch_vllm_version(self.session, spec,
                                                              self.config.timeout_s,
-                                                             self._auth(worker.spec))
+                                                             self._auth(spec))
 
     def publish(self) -> None:
         counts = dict.fromkeys(Health, 0)

@@ -26,7 +26,8 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import HashDomain
 from cortex.ledger.client import IndexStub, index_channel, match_request
 from cortex.ledger.codec import pb
-from cortex.ledger.model import LedgerState
+from cortex.ledger.model import LedgerState, Tier
+from cortex.ledger.tiers import OFFLOAD_TIERS
 
 __all__ = ["IndexClient", "ledger_state"]
 
@@ -147,11 +148,7 @@ class IndexClient:
             return None
         if self._down_until:
             self._recovered()
-        sources = tuple(
-            SourceMatch(hit.worker_id, hit.dp_rank, hit.matched_blocks, ledger_state(hit.state))
-            for hit in reply.matches
-        )
-        return MatchAnswer(sources, reply.index_version, reply.query_blocks)
+        return MatchAnswer(tuple(_sources(reply)), reply.index_version, reply.query_blocks)
 
     async def _workers_loop(self) -> None:
         while True:
@@ -160,6 +157,8 @@ class IndexClient:
                     reply = await self._stub().workers(pb.WorkersRequest(), timeout=2.0)
                     states: dict[str, LedgerState] = {}
                     for info in reply.workers:
+                        if info.source.tier:  # offload tiers only extend a device prefix
+                            continue
                         worker = info.source.worker_id
                         if states.get(worker) is not LedgerState.READY:
                             states[worker] = ledger_state(info.state)
@@ -168,3 +167,20 @@ class IndexClient:
 
     def __repr__(self) -> str:
         return f"IndexClient(targets={self.config.targets}, available={self.available})"
+
+
+def _sources(reply: pb.MatchResponse) -> list[SourceMatch]:
+    """Every source of a MatchResponse: each rank's device match, then its offload tiers
+    (an unknown tier value from a newer index is skipped: it cannot be credited)."""
+    out: list[SourceMatch] = []
+    for hit in reply.matches:
+        out.append(SourceMatch(hit.worker_id, hit.dp_rank, hit.matched_blocks,
+                               ledger_state(hit.state)))
+        for tier in hit.tiers:
+            if tier.tier in _OFFLOAD:
+                out.append(SourceMatch(hit.worker_id, hit.dp_rank, tier.blocks,
+                                       ledger_state(tier.state), Tier(tier.tier)))
+    return out
+
+
+_OFFLOAD = frozenset(int(t) for t in OFFLOAD_TIERS)

@@ -143,7 +143,8 @@ class InferenceHandler:
         assert router is not None
         raw = await request.body(self.config.server.max_body_bytes)
         parse_ns = time.time_ns()
-        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits)
+        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits,
+                            self.gw.pool.adapter_base)
         request.model = req.model.name
         try:
             route_ns = time.time_ns()

@@ -66,23 +66,42 @@ class OpsHandler:
         return sorted(m.name for m in self.gw.config.models
                       if m.name in registered or m.upstream_url is not None)
 
-    def _entry(self, name: str) -> dict[str, Any]:
-        """One model as vLLM describes it (``max_model_len``: the context length in tokens,
-        configured or learned from the engines; ``None`` while unknown)."""
+    def _adapters(self, name: str) -> list[str]:
+        """The LoRA adapters of a served model: configured, or listed by one of its workers."""
         model = self.gw.config.model(name)
         assert model is not None
-        return {"id": name, "object": "model", "created": self._created, "owned_by": "cortex",
-                "root": model.hash_model or name, "parent": None,
+        learned = {a for w in self.gw.pool.candidates(name) for a in w.adapters}
+        return sorted(set(model.adapters) | learned)
+
+    def _cards(self) -> dict[str, dict[str, Any]]:
+        """Every listed model, then its adapters (with the model as ``parent``), by id."""
+        cards: dict[str, dict[str, Any]] = {}
+        for name in self._listed():
+            cards[name] = self._entry(name)
+            for adapter in self._adapters(name):
+                cards.setdefault(adapter, self._entry(name, adapter))
+        return cards
+
+    def _entry(self, name: str, adapter: str | None = None) -> dict[str, Any]:
+        """One model (or one of its adapters) as vLLM describes it (``max_model_len``: the
+        context length in tokens, configured or learned from the engines; ``None`` while
+        unknown)."""
+        model = self.gw.config.model(name)
+        assert model is not None
+        return {"id": adapter or name, "object": "model", "created": self._created,
+                "owned_by": "cortex", "root": adapter or model.hash_model or name,
+                "parent": name if adapter else None,
                 "max_model_len": self.gw.limits(model).context_tokens}
 
     async def models(self, send: Send) -> None:
-        """Models with registered workers that this gateway is configured to serve."""
-        await send_json(send, 200, {"object": "list",
-                                    "data": [self._entry(name) for name in self._listed()]})
+        """Models with registered workers (or a fixed upstream) that this gateway is
+        configured to serve, each followed by its LoRA adapters, as the engines list them."""
+        await send_json(send, 200, {"object": "list", "data": list(self._cards().values())})
 
     async def model(self, send: Send, model_id: str) -> None:
-        """``GET /v1/models/{id}``: that model, or 404 ``model_not_found``."""
-        if model_id not in self._listed():
+        """``GET /v1/models/{id}``: that model or adapter, or 404 ``model_not_found``."""
+        card = self._cards().get(model_id)
+        if card is None:
             raise ClientError(f"the model {model_id!r} does not exist",
                               code=ErrorCode.MODEL_NOT_FOUND, status=404)
-        await send_json(send, 200, self._entry(model_id))
+        await send_json(send, 200, card)

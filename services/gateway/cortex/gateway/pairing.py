@@ -121,7 +121,7 @@ class PDPlan:
         c = scored.candidate
         if c.ledger is not LedgerState.READY or c.credit_blocked is not None:
             return 0
-        return max(c.index_tokens, c.predicted_tokens)
+        return c.held_tokens
 
     def local_prefill(self, decode: Scored, config: PDConfig) -> LocalPrefill | None:
         """Whether ``decode`` should prefill itself instead of a remote prefill."""

@@ -66,7 +66,8 @@ class Prompt:
 class InferenceRequest:
     """A validated inference request. ``body`` is the client's JSON object (forwarded, with
     ``stream_options`` adjusted upstream); ``wants_usage``: the client asked for the usage
-    chunk itself; ``lora_name`` / ``cache_salt`` extend the hash chain's root; ``limits``:
+    chunk itself; ``lora_name`` / ``cache_salt`` extend the hash chain's root (an ``adapter``
+    named as ``model`` is the ``lora_name``); ``limits``:
     the model's bounds the request was checked against (again once it is tokenized)."""
 
     endpoint: Endpoint
@@ -78,6 +79,8 @@ class InferenceRequest:
     lora_name: str | None = None
     cache_salt: str | None = None
     limits: Limits = field(default_factory=Limits)
+    adapter: str | None = None
+    """The LoRA adapter named as ``model`` (``model`` is then its base model's config)."""
 
     @property
     def prompt_param(self) -> str:
@@ -156,17 +159,36 @@ def _optional_str(body: Mapping[str, Any], name: str) -> str | None:
     return value or None
 
 
-def _model(body: Mapping[str, Any], config: GatewayConfig, required: bool) -> ModelConfig:
+def _model(body: Mapping[str, Any], config: GatewayConfig, required: bool,
+           adapters: Callable[[str], str | None] | None) -> tuple[ModelConfig, str | None]:
+    """The served model and, when ``model`` names a LoRA adapter (configured, or listed by
+    a worker: ``adapters(name)`` gives its base model), the adapter."""
     name = body.get("model")
     if name is None and not required:
-        return config.models[0]
+        return config.models[0], None
     if not isinstance(name, str) or not name:
         raise _invalid("'model' is required and must be a string", "model")
     model = config.model(name)
+    if model is not None:
+        return model, None
+    model = config.adapter_base(name)
+    if model is None and adapters is not None:
+        base = adapters(name)
+        model = config.model(base) if base is not None else None
     if model is None:
         raise ClientError(f"model '{name}' is not served here", code=ErrorCode.MODEL_NOT_FOUND,
                           status=404, param="model")
-    return model
+    return model, name
+
+
+def _lora(body: Mapping[str, Any], adapter: str | None) -> str | None:
+    """The LoRA name the engine roots the request's blocks at: the adapter named as
+    ``model``, else SGLang's ``lora_path`` / ``lora_name``."""
+    named = _optional_str(body, "lora_path") or _optional_str(body, "lora_name")
+    if adapter is not None and named is not None and named != adapter:
+        raise _invalid(f"'model' names the adapter '{adapter}' and 'lora_path' another",
+                       "lora_path")
+    return adapter or named
 
 
 def _token_ids(value: Any, name: str) -> tuple[int, ...]:
@@ -215,10 +237,12 @@ def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
 
 
 def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfig,
-                  limits: Callable[[ModelConfig], Limits] | None = None) -> InferenceRequest:
+                  limits: Callable[[ModelConfig], Limits] | None = None,
+                  adapters: Callable[[str], str | None] | None = None) -> InferenceRequest:
     """Validate a decoded body for ``endpoint``, and against the model's bounds
-    (``limits(model)``; none by default); raises :class:`ClientError`."""
-    model = _model(body, config, required=endpoint is not Endpoint.GENERATE)
+    (``limits(model)``; none by default); ``adapters(name)``: the base model of a LoRA
+    adapter the workers list. Raises :class:`ClientError`."""
+    model, adapter = _model(body, config, endpoint is not Endpoint.GENERATE, adapters)
     if endpoint is Endpoint.CHAT:
         prompt = _chat(body, model)
         _count(body, "max_completion_tokens", 0)
@@ -252,9 +276,10 @@ def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfi
         prompt=prompt,
         stream=stream,
         wants_usage=wants_usage,
-        lora_name=_optional_str(body, "lora_path") or _optional_str(body, "lora_name"),
+        lora_name=_lora(body, adapter),
         cache_salt=_optional_str(body, "cache_salt"),
         limits=bounds,
+        adapter=adapter,
     )
     tokens = len(prompt.token_ids) if prompt.kind is PromptKind.TOKENS else None
     precheck(model, bounds, body, tokens, req.prompt_param)

@@ -58,6 +58,7 @@ class WorkerState:
         self.registered = True  # False: its registry entry vanished, its lease is re-asserted
         self.context_length: int | None = None  # tokens, as the engine reports it
         self.info_checked: float | None = None  # monotonic s of the last engine-info fetch
+        self.adapters: frozenset[str] = frozenset()  # LoRA adapters its /v1/models lists
         self.engine_version: str | None = None  # vLLM /server_info (PD pairing)
         self.learned_lookahead: int | None = None  # SGLang /server_info (speculative decoding)
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
@@ -255,6 +256,11 @@ class WorkerPool:
         """Routable workers of ``role`` serving ``model``."""
         return [w for w in self._workers.values()
                 if w.spec.model == model and w.spec.role is role and w.routable()]
+
+    def adapter_base(self, name: str) -> str | None:
+        """The base model of a LoRA adapter some worker lists (``None``: nobody does)."""
+        return next((w.spec.model for w in self._workers.values() if name in w.adapters),
+                    None)
 
     def models(self) -> list[str]:
         """Models with a registered regular worker, or a prefill and a decode worker, sorted."""

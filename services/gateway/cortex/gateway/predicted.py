@@ -11,6 +11,11 @@ Each credit covers a whole chain from the first block, so a worker's predicted k
 prefix-closed (if block *i* is predicted, so is every block before it, by a credit at least
 as late). A lookup therefore walks the query's keys from the start and stops at the first
 key nobody holds.
+
+Memory tiers: a prediction stands for device blocks. When the worker's device ledger drops
+a predicted key (evicted, maybe to its host tier), the prediction goes with it; a host copy
+is then credited through the ledger's host tier, at its weight (the engine reports blocks
+loaded back as cached, so the hit stays predicted, and never above what some tier holds).
 """
 
 from __future__ import annotations

@@ -269,9 +269,13 @@ class Router:
         query_blocks = max(len(ids) - 1, 0) // model.block_size
         query = keys[:query_blocks]
         t2 = time.perf_counter()
-        workers = _only(self.pool.candidates(model.name), allowed)
-        pools = self._pd_pools(model, allowed)
+        workers = _only(self._serving(self.pool.candidates(model.name), model, req.adapter),
+                        allowed)
+        pools = self._pd_pools(model, req.adapter, allowed)
         if not workers and pools is None:
+            if req.adapter is not None:
+                raise ServiceUnavailable(f"no available worker serves the adapter "
+                                         f"'{req.adapter}' of model '{model.name}'")
             raise ServiceUnavailable(f"no available worker for model '{model.name}'")
         keysets = self._lookahead_keys(model, ids, req, workers, pools)
         answer, source = await self._match(model, query, deadline)
@@ -373,17 +377,32 @@ class Router:
         """An empty placement for ``keys`` (a fallback that places the request anew)."""
         return Placement(self, keys, keysets)
 
-    def _pd_pools(self, model: ModelConfig, allowed: Collection[str] | None = None
+    @staticmethod
+    def _serving(workers: list[WorkerState], model: ModelConfig, adapter: str | None
+                 ) -> list[WorkerState]:
+        """The workers that can run ``adapter`` (all of them without one): it is configured
+        for the model, or the worker lists it in ``/v1/models``."""
+        if adapter is None or adapter in model.adapters:
+            return workers
+        return [w for w in workers if adapter in w.adapters]
+
+    def _pd_pools(self, model: ModelConfig, adapter: str | None = None,
+                  allowed: Collection[str] | None = None
                   ) -> tuple[list[WorkerState], list[WorkerState]] | None:
-        """Routable (prefill, decode) workers of ``model`` speaking its engine's handoff, or
-        ``None`` when the model is not served disaggregated now."""
+        """Routable (prefill, decode) workers of ``model`` (serving ``adapter``, among
+        ``allowed``) speaking its engine's handoff, or ``None`` when the model is not served
+        disaggregated now."""
         pool = self.pool
         if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
                 and pool.has_role(model.name, WorkerRole.DECODE)):
             return None
-        prefill = [w for w in _only(self.pool.candidates(model.name, WorkerRole.PREFILL), allowed)
+        prefill = [w for w in _only(self._serving(
+                       self.pool.candidates(model.name, WorkerRole.PREFILL), model, adapter),
+                       allowed)
                    if w.spec.engine is model.engine]
-        decode = [w for w in _only(self.pool.candidates(model.name, WorkerRole.DECODE), allowed)
+        decode = [w for w in _only(self._serving(
+                      self.pool.candidates(model.name, WorkerRole.DECODE), model, adapter),
+                      allowed)
                   if w.spec.engine is model.engine]
         return (prefill, decode) if prefill and decode else None
 
@@ -411,7 +430,7 @@ class Router:
         replica = self.replica
         if replica is not None and replica.usable:
             ledger = replica.replica
-            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state)
+            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state, s.tier)
                             for s, blocks, state in ledger.match(model.domain, query))
             m.child(m.match_source, "replica").inc()
             return MatchAnswer(sources, ledger.version, len(query)), "replica"
@@ -435,8 +454,16 @@ class Router:
             blocked = "block_size_mismatch"
         bs = model.block_size
         ready = match.ready_blocks if match is not None else 0
+        host = match.host_blocks if match is not None else 0
+        disk = match.disk_blocks if match is not None else 0
         if spec.kv_eagle_drop:  # vLLM EAGLE, legacy hashes: its lookup drops the last block
-            ready, predicted_blocks = max(ready - 1, 0), max(predicted_blocks - 1, 0)
+            if disk:  # the last matched block is the deepest tier's
+                disk -= 1
+            elif host:
+                host -= 1
+            else:
+                ready = max(ready - 1, 0)
+            predicted_blocks = max(predicted_blocks - 1, 0)
         return Candidate(
             worker_id=worker.id,
             inflight=worker.inflight + worker.pending,
@@ -446,9 +473,11 @@ class Router:
             prefilling=worker.prefilling,
             ledger=match.state if match is not None else LedgerState.UNSPECIFIED,
             index_tokens=ready * bs,
+            host_tokens=host * bs,
+            disk_tokens=disk * bs,
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
-            dp_rank=match.dp_rank if match is not None and ready else None,
+            dp_rank=match.dp_rank if match is not None and match.held_blocks else None,
         )
 
     # ---- the ledger replica ----

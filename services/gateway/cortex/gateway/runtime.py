@@ -310,10 +310,13 @@ class Gateway:
         return self.replica is None or not self.replica.usable
 
     def _replica_states(self) -> dict[str, LedgerState]:
-        """Each worker's best ledger state in the replica (READY if any rank is)."""
+        """Each worker's best device ledger state in the replica (READY if any rank's is;
+        offload tiers only extend a device prefix)."""
         assert self.replica is not None
         states: dict[str, LedgerState] = {}
         for source, state in self.replica.replica.states().items():
+            if source.tier:
+                continue
             if states.get(source.worker_id) is not LedgerState.READY:
                 states[source.worker_id] = state
         return states

@@ -1,10 +1,12 @@
 """Scoring and the degrade chain: candidates with their matches and loads → one decision.
 
-``score(w) = alpha*credited_tokens(w) - beta*active(w) - gamma*queued(w)
+``score(w) = alpha*credit(w) - beta*active(w) - gamma*queued(w)
 - delta*prefilling(w)`` where a worker's cache credit is its longest READY prefix (index
-ledger or predicted blocks), withheld when the worker is at or over its high-watermark —
-affinity yields to load for that worker only — and ``prefilling`` the uncached prompt tokens
-this gateway sent it that have not started answering (the prefill queue ahead).
+ledger or predicted blocks; a prefix continued in the worker's host / disk tier counts those
+tokens times ``host_hit`` / ``disk_hit``, the shared tier not at all), withheld when the
+worker is at or over its high-watermark — affinity yields to load for that worker only —
+and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
+answering (the prefill queue ahead).
 
 The degrade chain, in fixed order, reports what the decision could rest on:
 
@@ -64,6 +66,7 @@ class Reason(StrEnum):
 
     HIT = "hit"
     PREDICTED_HIT = "predicted_hit"
+    OFFLOAD_HIT = "offload_hit"  # the credited prefix continues in a host / disk tier
     LOAD_OUTWEIGHS_HIT = "load_outweighs_hit"
     NO_HIT = "no_hit"
     PREFIX_HASH = "prefix_hash"  # no credit anywhere: the prefix's hash broke a load tie
@@ -85,7 +88,9 @@ class Candidate:
     ``prefilling``: uncached prompt tokens of this gateway's requests on it that have not
     produced a first byte yet.
     ``index_tokens`` / ``predicted_tokens``: leading prompt tokens held per the index (READY
-    sources only) and per predicted blocks. ``credit_blocked``: why this worker may not get
+    sources only, device memory) and per predicted blocks. ``host_tokens`` /
+    ``disk_tokens``: tokens the worker's host / disk tiers hold right after its device
+    prefix. ``credit_blocked``: why this worker may not get
     cache credit at all (e.g. ``block_size_mismatch``), or ``None``. ``dp_rank``: the DP
     rank holding the credited prefix (``None`` when nothing is held).
     """
@@ -101,6 +106,16 @@ class Candidate:
     predicted_tokens: int = 0
     credit_blocked: str | None = None
     dp_rank: int | None = None
+    host_tokens: int = 0
+    disk_tokens: int = 0
+
+    @property
+    def held_tokens(self) -> int:
+        """Leading prompt tokens the engine will not compute: its device prefix, then what
+        its host and disk tiers hold after it (it loads those back), or the predicted
+        blocks when longer."""
+        return max(self.index_tokens + self.host_tokens + self.disk_tokens,
+                   self.predicted_tokens)
 
     @property
     def active(self) -> int:
@@ -118,12 +133,15 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """A candidate with its credited tokens, score and, when credit was withheld, why."""
+    """A candidate with its credited tokens (the hit predicted: device prefix, then the
+    host / disk tokens of tiers with a weight), score and, when credit was withheld, why.
+    ``credit``: the credited tokens in device-hit units (tier tokens times their weight)."""
 
     candidate: Candidate
     credited_tokens: int
     score: float
     note: str = ""
+    credit: float = 0.0
 
     @property
     def worker_id(self) -> str:
@@ -155,17 +173,29 @@ class Decision:
         )
 
 
-def _credit(c: Candidate, cache_off: Reason | None) -> tuple[int, str]:
-    raw = max(c.index_tokens, c.predicted_tokens)
+def _credit(c: Candidate, cache_off: Reason | None, weights: RoutingWeights
+            ) -> tuple[int, float, str]:
+    """``(tokens, device-hit units, note)`` of a candidate's cache credit."""
     if cache_off is not None:
-        return 0, cache_off.value
+        return 0, 0.0, cache_off.value
     if c.credit_blocked is not None:
-        return 0, c.credit_blocked
+        return 0, 0.0, c.credit_blocked
     if c.ledger is not LedgerState.READY:
-        return 0, f"ledger_{c.ledger.label}"
+        return 0, 0.0, f"ledger_{c.ledger.label}"
+    raw = _creditable(c, weights)
     if raw and c.active >= c.high_watermark:
-        return 0, Reason.OVER_WATERMARK.value
-    return raw, ""
+        return 0, 0.0, Reason.OVER_WATERMARK.value
+    value = (c.index_tokens + weights.host_hit * c.host_tokens
+             + weights.disk_hit * c.disk_tokens)
+    return raw, max(value, float(c.predicted_tokens)), ""
+
+
+def _creditable(c: Candidate, weights: RoutingWeights) -> int:
+    """Leading tokens a candidate could be credited with: its device prefix continued by
+    the tiers whose weight is not 0, or its predicted blocks."""
+    host = c.host_tokens if weights.host_hit else 0
+    disk = c.disk_tokens if weights.disk_hit else 0
+    return max(c.index_tokens + host + disk, c.predicted_tokens)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -203,10 +233,10 @@ def decide(
     n = len(candidates)
     scored: list[tuple[Scored, int]] = []
     for i, c in enumerate(candidates):
-        credit, note = _credit(c, cache_off)
+        tokens, credit, note = _credit(c, cache_off, weights)
         score = (weights.alpha * credit - weights.beta * c.active - weights.gamma * c.queued
                  - weights.delta * c.prefilling)
-        scored.append((Scored(c, credit, score, note), (i - turn) % n))
+        scored.append((Scored(c, tokens, score, note, credit), (i - turn) % n))
 
     def by_score(item: tuple[Scored, int]) -> tuple[float, int, int, int]:
         s, rotation = item
@@ -218,13 +248,18 @@ def decide(
         best = ranked[0]
         if best.credited_tokens:
             c = best.candidate
-            reason = Reason.PREDICTED_HIT if c.predicted_tokens > c.index_tokens else Reason.HIT
+            if c.predicted_tokens >= best.credited_tokens > c.index_tokens:
+                reason = Reason.PREDICTED_HIT
+            elif best.credited_tokens > c.index_tokens:
+                reason = Reason.OFFLOAD_HIT
+            else:
+                reason = Reason.HIT
             return Decision(MatchMode.EXACT_KV, reason, ranked)
         if prefix_key is not None:
             ranked, _ = _break_tie(ranked, prefix_key, band)
         return Decision(MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, ranked)
 
-    reason = cache_off or _no_credit_reason(candidates)
+    reason = cache_off or _no_credit_reason(candidates, weights)
     if all(c.load_known for c in candidates):
         ranked = tuple(s for s, _ in sorted(scored, key=by_score))
         if prefix_key is not None:
@@ -262,11 +297,11 @@ def _under_watermark(c: Candidate) -> bool:
     return c.active < c.high_watermark
 
 
-def _no_credit_reason(candidates: Sequence[Candidate]) -> Reason:
+def _no_credit_reason(candidates: Sequence[Candidate], weights: RoutingWeights) -> Reason:
     ready = [c for c in candidates if c.ledger is LedgerState.READY and c.credit_blocked is None]
     if not ready:
         return Reason.NO_READY_LEDGER
-    if any(max(c.index_tokens, c.predicted_tokens) for c in ready):
+    if any(_creditable(c, weights) for c in ready):
         return Reason.OVER_WATERMARK
     return Reason.NO_HIT
 

@@ -33,9 +33,10 @@ class LedgerUpdates:
 
     def __init__(
         self, worker_id: str, domain: HashDomain, *, dp_rank: int = 0, epoch: int = 1,
-        seq: int = 0,
+        seq: int = 0, tier: int = 0,
     ) -> None:
-        self.source = pb.Source(worker_id=worker_id, dp_rank=dp_rank)
+        self.source = pb.Source(worker_id=worker_id, dp_rank=dp_rank,
+                                tier=tier)  # type: ignore[arg-type]
         self.domain = pb.Domain()
         domain_to_pb(domain, self.domain)
         self.epoch = epoch

@@ -24,6 +24,9 @@ from cortex.ledger.codec import (
     source_to_pb,
 )
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.model import Tier
+from cortex.ledger.tiers import OFFLOAD_TIERS
+from cortex.ledger.view import SourceMatch, shared_blocks
 
 __all__ = [
     "MatchArgs",
@@ -109,9 +112,26 @@ def match_reply(result: MatchResult, requested: MatchArgs) -> pb.MatchResponse:
     size = domain.block_size
     domain_to_pb(domain, reply.domain)
     add = reply.matches.add
-    for source, blocks, state in result.matches:
-        add(worker_id=source.worker_id, dp_rank=source.dp_rank, matched_blocks=blocks,
-            matched_tokens=blocks * size, state=int(state))
+    ranks: dict[tuple[str, int], pb.WorkerMatch] = {}
+    offload: list[SourceMatch] = []
+    for match in result.matches:
+        source, blocks, state = match
+        if source.tier is Tier.DEVICE:
+            ranks[source.worker_id, source.dp_rank] = add(
+                worker_id=source.worker_id, dp_rank=source.dp_rank, matched_blocks=blocks,
+                matched_tokens=blocks * size, state=int(state))
+        elif source.tier in OFFLOAD_TIERS:
+            offload.append(match)
+    for source, blocks, state in offload:
+        if not blocks:
+            continue
+        rank = ranks.get((source.worker_id, source.dp_rank))
+        if rank is None:  # offload sources only: the device prefix is 0
+            rank = ranks[source.worker_id, source.dp_rank] = add(
+                worker_id=source.worker_id, dp_rank=source.dp_rank)
+        rank.tiers.add(tier=int(source.tier), blocks=blocks, tokens=blocks * size,
+                       state=int(state))
+    reply.shared_blocks = shared_blocks(result.matches)
     return reply
 
 

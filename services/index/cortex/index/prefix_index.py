@@ -27,6 +27,7 @@ from cortex.ledger.model import (
     Snapshot,
     Source,
     StoreBlocks,
+    Tier,
 )
 from cortex.ledger.tree import RadixHashTree, node_bytes
 from cortex.ledger.view import Journaled, LedgerView, SourceMatch
@@ -67,10 +68,12 @@ class MatchResult:
     query_blocks: int
     matches: list[SourceMatch]
 
-    def blocks_of(self, worker_id: str, dp_rank: int = 0) -> int:
-        """Matched blocks of one source (0 when absent)."""
+    def blocks_of(self, worker_id: str, dp_rank: int = 0, tier: Tier = Tier.DEVICE) -> int:
+        """Matched blocks of one source (0 when absent; see :meth:`LedgerView.match` for
+        what an offload tier's count means)."""
+        wanted = Source(worker_id, dp_rank, tier)
         for source, blocks, _ in self.matches:
-            if source == (worker_id, dp_rank):
+            if source == wanted:
                 return blocks
         return 0
 

@@ -6,9 +6,19 @@ domain's root key with the request's LoRA name / cache salt (spec kv-events.md Â
 gateway could not reproduce is counted and never guessed:
 
 - a parent the ledger does not hold (``unknown_parent_blocks``);
-- tiers other than device memory, placeholder stores (``token_ids=[]``),
-  a token count that is not blocks x block size, extra keys other than the LoRA name and a
-  vLLM cache salt (multimodal ids), a LoRA known only by id (``ignored_blocks`` by reason).
+- media Cortex does not know, device placeholder stores (``token_ids=[]``), a token count
+  that is not blocks x block size, extra keys other than the LoRA name and a vLLM cache salt
+  (multimodal ids), a LoRA known only by id (``ignored_blocks`` by reason).
+
+Every tier (:mod:`cortex.ingest.media`) has its own :class:`Ledger`; engine hashes are the
+same across a worker's tiers, so parents and placeholders resolve through all of them. An
+offload store without tokens (vLLM's offloading connector publishes ``token_ids=[]``,
+``parent_block_hash=None``: ``v1/kv_connector/v1/offloading_connector.py::take_events``)
+names blocks the worker already computed: each hash resolves to the key and parent some
+tier holds it under, or is ignored (``unresolved_offload``). An offload store whose block
+size differs from the domain's (vLLM ``offloaded_block_size``) is ignored
+(``offload_block_size``), never a misalignment: the device ledger stays exact. Offload
+tiers of a hybrid model's other KV-cache groups are not modelled (``group``).
 
 The block size comes from the registry or, if unset, from the first store; a store with
 another block size makes the source MISALIGNED (exact routing off). Sampled chain starts are
@@ -30,7 +40,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Final
 
 from cortex.hashing import Engine, HashDomain, lookahead_block_keys
 from cortex.ingest.alignment import AlignmentChecker
@@ -39,14 +48,11 @@ from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
 from cortex.ingest.stats import SourceStats, bump
-from cortex.ledger.model import RemoveBlocks, StoreBlocks
+from cortex.ledger.model import RemoveBlocks, StoreBlocks, Tier
 
 __all__ = ["KeyMapper", "Misaligned", "Placed"]
 
 log = logging.getLogger(__name__)
-
-_DEVICE_MEDIA: Final = frozenset({None, "GPU", "gpu", "cuda", "CUDA"})
-
 
 @dataclass(frozen=True, slots=True)
 class Misaligned:
@@ -82,6 +88,7 @@ class KeyMapper:
         self.block_size = block_size
         self.domain = HashDomain(model, block_size, engine) if block_size is not None else None
         self.ledger = Ledger()
+        self.ledgers: dict[Tier, Ledger] = {Tier.DEVICE: self.ledger}
         self.stats = stats
         self.misaligned = False
         self.configured_lookahead = lookahead
@@ -95,7 +102,8 @@ class KeyMapper:
     def __repr__(self) -> str:
         return (
             f"KeyMapper({self.source}, domain={self.domain}, blocks={len(self.ledger)},"
-            f" lookahead={self.lookahead}, misaligned={self.misaligned})"
+            f" tiers={len(self.ledgers)}, lookahead={self.lookahead},"
+            f" misaligned={self.misaligned})"
         )
 
     def _extra(self) -> dict[str, str]:
@@ -104,20 +112,49 @@ class KeyMapper:
     def _ignore(self, reason: str, blocks: int) -> None:
         bump(self.stats.ignored_blocks, reason, blocks)
 
+    @property
+    def blocks(self) -> int:
+        """Keys held over every tier."""
+        return sum(len(ledger) for ledger in self.ledgers.values())
+
     def clear(self) -> None:
-        """Forget every block (the ledger and a hybrid source's group state)."""
-        self.ledger.clear()
+        """Forget every block (every tier, and a hybrid source's group state)."""
+        for ledger in self.ledgers.values():
+            ledger.clear()
         if self.hybrid is not None:
             self.hybrid.clear()
 
-    def stored(self, event: BlockStored) -> Placed:
-        """Place a store (see :data:`Placed`)."""
+    def tier_ledger(self, tier: Tier) -> Ledger:
+        ledger = self.ledgers.get(tier)
+        if ledger is None:
+            ledger = self.ledgers[tier] = Ledger()
+        return ledger
+
+    def _resolve(self, engine_hash: BlockHash) -> tuple[int, int] | None:
+        """``(key, parent_key)`` some tier holds ``engine_hash`` under (device first; a
+        hybrid source's full-attention record last)."""
+        ledgers = list(self.ledgers.values())
+        if self.hybrid is not None:
+            ledgers.append(self.hybrid.full)
+        for ledger in ledgers:
+            key = ledger.key_of(engine_hash)
+            if key is not None:
+                parent = ledger.parent_of(key)
+                assert parent is not None
+                return key, parent
+        return None
+
+    def stored(self, event: BlockStored, tier: Tier | None = Tier.DEVICE) -> Placed:
+        """Place a store in ``tier`` (``None``: an unknown medium; see :data:`Placed`).
+        Placeholder offload stores give a ``StoreBlocks`` per run of resolved blocks."""
         hashes = event.block_hashes
         count = len(hashes)
         bump(self.stats.blocks, "stored", count)
-        if event.medium not in _DEVICE_MEDIA:
+        if tier is None:
             self._ignore("medium", count)
             return None
+        if tier is not Tier.DEVICE:
+            return self._stored_offload(event, tier)
         hybrid = self.hybrid
         ops: list[StoreBlocks | RemoveBlocks] = []
         if hybrid is None and is_hybrid_store(event.group_idx, event.kv_cache_spec_kind):
@@ -139,6 +176,46 @@ class KeyMapper:
         ops.extend(self._credit(hybrid, [h for h in hashes if hybrid.full.key_of(h) is not None],
                                 count_unconfirmed=False))
         return ops
+
+    def _stored_offload(self, event: BlockStored, tier: Tier) -> Placed:
+        """A store in a host / disk / shared tier: keyed like a device store (parents
+        resolve through every tier), or, without tokens, resolved by hash."""
+        count = len(event.block_hashes)
+        if event.group_idx:
+            self._ignore("group", count)
+            return None
+        if self.misaligned:
+            self._ignore("misaligned", count)
+            return None
+        if not event.token_ids:
+            return self._offloaded(event, tier)
+        if event.block_size != self.block_size:
+            self._ignore("offload_block_size", count)
+            return None
+        return self._place(event, self.tier_ledger(tier))
+
+    def _offloaded(self, event: BlockStored, tier: Tier) -> Placed:
+        """A store without tokens in an offload tier: blocks the worker computed before,
+        named by hash only."""
+        hashes = event.block_hashes
+        if event.block_size not in (0, self.block_size):
+            self._ignore("offload_block_size", len(hashes))
+            return None
+        ledger = self.tier_ledger(tier)
+        ops: list[StoreBlocks | RemoveBlocks] = []
+        for engine_hash in hashes:
+            found = self._resolve(engine_hash)
+            if found is None:
+                self._ignore("unresolved_offload", 1)
+                continue
+            key, parent = found
+            ledger.store((engine_hash,), (key,), parent)
+            last = ops[-1] if ops else None
+            if isinstance(last, StoreBlocks) and last.keys[-1] == parent:
+                last.keys.append(key)
+            else:
+                ops.append(StoreBlocks(parent, [key]))
+        return ops or None
 
     def _place(self, event: BlockStored, ledger: Ledger) -> StoreBlocks | Misaligned | None:
         """Key a store's chain into ``ledger`` (the source's, or a hybrid source's
@@ -191,6 +268,9 @@ class KeyMapper:
                 self._ignore("extra_keys", count)
                 return None
             found = ledger.key_of(parent_hash)
+            if found is None and ledger is not (self.hybrid.full if self.hybrid else None):
+                resolved = self._resolve(parent_hash)  # the parent may be in another tier
+                found = resolved[0] if resolved is not None else None
             if found is None:
                 self.stats.unknown_parent_blocks += count
                 return None
@@ -246,13 +326,26 @@ class KeyMapper:
                 dead.extend(self.ledger.remove((engine_hash,))[0])
         return [RemoveBlocks(dead)] if dead else []
 
-    def removed(self, event: BlockRemoved) -> list[int]:
-        """Apply a removal; the keys no longer held."""
+    def removed(self, event: BlockRemoved, tier: Tier | None = Tier.DEVICE) -> list[int]:
+        """Apply a removal from ``tier`` (that tier only; ``None``: an unknown medium); the
+        keys it no longer holds."""
         count = len(event.block_hashes)
         bump(self.stats.blocks, "removed", count)
-        if event.medium not in _DEVICE_MEDIA:
+        if tier is None:
             self._ignore("medium", count)
             return []
+        if tier is not Tier.DEVICE:
+            if event.group_idx:
+                self._ignore("group", count)
+                return []
+            ledger = self.ledgers.get(tier)
+            if ledger is None:
+                self.stats.unknown_removed_blocks += count
+                return []
+            dead, unknown = ledger.remove(event.block_hashes)
+            if unknown:
+                self.stats.unknown_removed_blocks += unknown
+            return dead
         hybrid = self.hybrid
         if hybrid is None and event.group_idx:
             self._ignore("group", count)  # a group that never stored: nothing to remove

@@ -43,6 +43,7 @@ class Ledger:
         return list(self._key_of)
 
     def parent_of(self, key: int) -> int | None:
+        """The parent key of a held key."""
         return self._parent_of.get(key)
 
     def copy(self) -> Ledger:

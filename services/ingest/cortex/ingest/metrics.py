@@ -43,7 +43,7 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}clears": "Ledger clears, by reason.",
     f"{P}unknown_parent_blocks": "Stored blocks not placed: their parent is unknown.",
     f"{P}unknown_removed_blocks": "Removed blocks that were not in the ledger.",
-    f"{P}ignored_blocks": "Stored/removed blocks ignored for device-cache routing, by reason.",
+    f"{P}ignored_blocks": "Stored/removed blocks not placed in any tier's ledger, by reason.",
     f"{P}decode_errors": "Payloads that failed to decode.",
     f"{P}bad_frames": "Malformed ZMQ messages (not [topic, seq, payload] / replay replies).",
     f"{P}unknown_events": "Events with a tag the codec does not know (skipped).",
@@ -51,7 +51,8 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}alignment_mismatches": "Alignment mismatches, by likely cause.",
     f"{P}state_transitions": "Ledger state transitions, by from / to.",
     f"{P}source_state": "Ledger state of each source (1 for the current state).",
-    f"{P}ledger_blocks": "Blocks in each source's ledger.",
+    f"{P}ledger_blocks": "Blocks in each source's ledger (device memory).",
+    f"{P}tier_blocks": "Blocks in each source's ledger per tier (device, host, disk, shared).",
     f"{P}source_lag_seconds": "Now minus the timestamp of the source's last applied batch.",
     f"{P}pending_batches": "Live batches held (while a replay runs, or waiting for a turn).",
     f"{P}held_bytes": "Payload bytes of the live batches the source holds.",
@@ -129,6 +130,7 @@ class IngestCollector(Collector):
         transitions = _counter(f"{P}state_transitions", [*src, "from", "to"])
         state = _gauge(f"{P}source_state", [*src, "state"])
         ledger_blocks = _gauge(f"{P}ledger_blocks", src)
+        tier_blocks = _gauge(f"{P}tier_blocks", [*src, "tier"])
         lag = _gauge(f"{P}source_lag_seconds", src)
         pending = _gauge(f"{P}pending_batches", src)
         held = _gauge(f"{P}held_bytes", src)
@@ -172,6 +174,8 @@ class IngestCollector(Collector):
                 if candidate is not LedgerState.UNSPECIFIED:
                     state.add_metric([*lv, candidate.name], 1.0 if t.state is candidate else 0.0)
             ledger_blocks.add_metric(lv, len(t.ledger))
+            for tier, tier_ledger in t.keymap.ledgers.items():
+                tier_blocks.add_metric([*lv, tier.label], len(tier_ledger))
             if s.last_lag_s is not None:
                 lag.add_metric(lv, s.last_lag_s)
             pending.add_metric(lv, t.pending)
@@ -187,8 +191,8 @@ class IngestCollector(Collector):
         yield from (
             messages, batches, events, blocks, duplicates, gaps, resets, replays, clears,
             unknown_parent, unknown_removed, ignored, decode_errors, bad_frames,
-            unknown_events, checks, mismatches, transitions, state, ledger_blocks, lag,
-            pending, held, backlog, dropped, disconnects, applied_at, connected,
+            unknown_events, checks, mismatches, transitions, state, ledger_blocks, tier_blocks,
+            lag, pending, held, backlog, dropped, disconnects, applied_at, connected,
         )
 
         idx = ["index"]

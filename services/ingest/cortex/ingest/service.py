@@ -35,7 +35,7 @@ from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
-from cortex.ledger.model import LedgerState, Op
+from cortex.ledger.model import LedgerState, Op, Tier
 from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
 from cortex.registry.tasks import stop_tasks
 
@@ -172,11 +172,13 @@ class IngestService:
     # ---- LedgerSource (what forwarders read) ----------------------------------------------
 
     def live_sources(self) -> Iterable[SourceId]:
-        return list(self._trackers)
+        """Every device source, and the offload tier sources announced to the index."""
+        return [s for source, tracker in self._trackers.items()
+                for s in (source, *(source.in_tier(t) for t in tracker.tiers))]
 
     def snapshot(self, source: SourceId) -> SnapshotView | None:
-        tracker = self._trackers.get(source)
-        return None if tracker is None else tracker.snapshot()
+        tracker = self._trackers.get(source.in_tier(Tier.DEVICE))
+        return None if tracker is None else tracker.snapshot(source.tier)
 
     def tombstones(self) -> Iterable[tuple[SourceId, HashDomain, str]]:
         now = time.monotonic()
@@ -351,14 +353,17 @@ class IngestService:
             tracker = runner.tracker
             domain = tracker.domain
             announced = tracker.snapshot() is not None
+            tiers = tracker.tiers
             tracker.remove(reason)
             ops = tracker.take_ops()
             if ops:
                 self._publish(tracker, ops)
+            for tier, tier_ops in tracker.take_tier_ops().items():
+                self._publish(tracker, tier_ops, tier)
             if announced and domain is not None:
-                self._tombstones[tracker.source] = (
-                    domain, reason, time.monotonic() + self.config.tombstone_ttl_s
-                )
+                until = time.monotonic() + self.config.tombstone_ttl_s
+                for tier in (Tier.DEVICE, *tiers):
+                    self._tombstones[tracker.source.in_tier(tier)] = (domain, reason, until)
             self._trackers.pop(tracker.source, None)
             self._runners.pop(tracker.source, None)
         log.info("worker=%s dropped: %s", worker_id, reason, extra={"worker": worker_id})
@@ -374,12 +379,14 @@ class IngestService:
                 return
             runner.flush()
 
-    def _publish(self, tracker: SourceTracker, ops: list[Op]) -> None:
+    def _publish(self, tracker: SourceTracker, ops: list[Op], tier: Tier = Tier.DEVICE
+                 ) -> None:
         domain = tracker.domain
         if domain is None:
             return
+        source = tracker.source.in_tier(tier)
         for forwarder in self.forwarders:
-            forwarder.publish(tracker.source, domain, ops)
+            forwarder.publish(source, domain, ops)
 
     # ---- HTTP: metrics and health ---------------------------------------------------------
 

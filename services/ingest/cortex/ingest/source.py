@@ -35,7 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 from cortex.ingest.codec import CodecError
 from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
-from cortex.ledger.model import Op
+from cortex.ledger.model import Op, Tier
 from cortex.registry.tasks import stop_tasks
 
 __all__ = ["SourceRunner"]
@@ -56,7 +56,7 @@ class SourceRunner:
         events_endpoint: str,
         replay_endpoint: str | None,
         topic: bytes,
-        on_ops: Callable[[SourceTracker, list[Op]], None],
+        on_ops: Callable[[SourceTracker, list[Op], Tier], None],
         replay_timeout_s: float = 2.0,
         sub_hwm: int = 100_000,
         read_burst: int = 512,
@@ -137,7 +137,9 @@ class SourceRunner:
         tracker = self.tracker
         ops = tracker.take_ops()
         if ops:
-            self._on_ops(tracker, ops)
+            self._on_ops(tracker, ops, Tier.DEVICE)
+        for tier, tier_ops in tracker.take_tier_ops().items():
+            self._on_ops(tracker, tier_ops, tier)
         if tracker.backlog:
             self._backlog.set()
         for command in tracker.take_commands():

@@ -26,6 +26,13 @@ Sequence rules (spec kv-events.md §1, architecture §4):
 A cleared or partial ledger only under-estimates what the worker holds; it never invents a
 hit. Epochs: every empty ``Snapshot`` starts one; ``AllBlocksCleared`` is a ``ClearBlocks`` in
 the same epoch (the stream stayed continuous).
+
+Tiers (:mod:`cortex.ingest.media`): each offload tier is a source of its own
+(``source.in_tier(tier)``, ops from :meth:`SourceTracker.take_tier_ops`), announced by an
+empty ``Snapshot`` with its first block; states, resets and the removal apply to all (one
+stream feeds them). ``AllBlocksCleared`` clears every tier: SGLang's ``HiRadixCache.reset``
+drops the host pool too; for vLLM (``reset_prefix_cache`` clears the GPU pool) it only
+under-estimates.
 """
 
 from __future__ import annotations
@@ -33,13 +40,12 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import xxhash
 
-from cortex.hashing import Engine, HashDomain
-from cortex.ingest.alignment import AUTO, AlignmentChecker
+from cortex.hashing import HashDomain
+from cortex.ingest.alignment import AlignmentChecker
 from cortex.ingest.codec import (
     AllBlocksCleared,
     BlockRemoved,
@@ -50,6 +56,7 @@ from cortex.ingest.codec import (
 )
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
+from cortex.ingest.media import tier_of
 from cortex.ingest.ops import SnapshotView, SourceId, append_remove, append_store
 from cortex.ingest.replay import (
     AbortReplay,
@@ -60,14 +67,18 @@ from cortex.ingest.replay import (
     StartReplay,
 )
 from cortex.ingest.stats import SourceStats, bump
+from cortex.ingest.tier_ops import TierOps
+from cortex.ingest.tracker_config import TrackerConfig
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
     Op,
+    RemoveBlocks,
     RemoveSource,
     SetState,
     Snapshot,
     StoreBlocks,
+    Tier,
 )
 
 __all__ = [
@@ -84,47 +95,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _digest: Final = xxhash.xxh3_64_intdigest
-
-
-@dataclass(frozen=True, slots=True)
-class TrackerConfig:
-    """Per-source settings (validated on creation).
-
-    ``block_size``: tokens per block from the registry, ``None`` to learn it from the first
-    ``BlockStored``. ``max_pending`` / ``max_pending_bytes``: live batches / payload bytes
-    held at most (during a replay, or deferred). ``drain_bytes``: payload bytes of held
-    batches applied right when a replay ends (``None``: all; the shell calls
-    :meth:`SourceTracker.drain` for the rest). ``dup_window``: recent batches remembered to
-    tell duplicates from restarts. ``align_every``: check one in N chain-start stores
-    against the engine's own hash (0 = never). ``kv_lookahead``: the worker spec's
-    speculative-decoding lookahead (tokens), ``None`` to learn it from the first store.
-    """
-
-    engine: Engine
-    model: str
-    block_size: int | None = None
-    replay: bool = False
-    max_pending: int = 10_000
-    max_pending_bytes: int = 64 << 20
-    drain_bytes: int | None = None
-    dup_window: int = 256
-    align_every: int = 64
-    hash_algo: str = AUTO
-    hash_seed: str | None = None
-    kv_lookahead: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "engine", Engine(self.engine))
-        if not self.model:
-            raise ValueError("model must be non-empty")
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if min(self.max_pending, self.max_pending_bytes, self.dup_window) < 1:
-            raise ValueError("max_pending, max_pending_bytes and dup_window must be >= 1")
-        if self.align_every < 0:
-            raise ValueError("align_every must be >= 0")
-        if self.drain_bytes is not None and self.drain_bytes < 1:
-            raise ValueError("drain_bytes must be >= 1 or None")
 
 
 class SourceTracker:
@@ -150,6 +120,7 @@ class SourceTracker:
             model=config.model,
             block_size=config.block_size,
             stats=self.stats,
+            lookahead=config.kv_lookahead,
             alignment=(
                 AlignmentChecker(config.engine, hash_algo=config.hash_algo,
                                  hash_seed=config.hash_seed)
@@ -157,7 +128,6 @@ class SourceTracker:
                 else None
             ),
             align_every=config.align_every,
-            lookahead=config.kv_lookahead,
         )
         self.ledger = self.keymap.ledger
         self.expected: int | None = None  # next seq needed; None: no history to continue
@@ -168,6 +138,7 @@ class SourceTracker:
         self._pending = HeldBatches(held_total)
         self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> payload digest
         self._ops: list[Op] = []
+        self._tier_ops = TierOps()
         self._commands: list[Command] = []
         self._decode_error_logged = False
         self._connected_before = False
@@ -187,9 +158,23 @@ class SourceTracker:
     # ---- outputs ----------------------------------------------------------------------
 
     def take_ops(self) -> list[Op]:
-        """Ledger operations produced since the last call, in order."""
+        """Ledger operations of the device source produced since the last call, in order."""
         ops, self._ops = self._ops, []
         return ops
+
+    def take_tier_ops(self) -> dict[Tier, list[Op]]:
+        """Per announced offload tier, its operations since the last call, in order."""
+        return self._tier_ops.take()
+
+    @property
+    def tiers(self) -> list[Tier]:
+        """The offload tiers announced to the index."""
+        return self._tier_ops.tiers
+
+    def _emit(self, op: Op) -> None:
+        """An op for the device source and every announced tier."""
+        self._ops.append(op)
+        self._tier_ops.emit(op)
 
     def take_commands(self) -> list[Command]:
         commands, self._commands = self._commands, []
@@ -224,12 +209,13 @@ class SourceTracker:
         """Arrival time (the injected clock, s) of the batch held longest."""
         return self._pending.oldest_arrival
 
-    def snapshot(self) -> SnapshotView | None:
-        """The whole ledger now, or ``None`` while the index must not hear of the source (no
-        domain yet, or removed)."""
-        if not self._announced or self._removed or self.domain is None:
+    def snapshot(self, tier: Tier = Tier.DEVICE) -> SnapshotView | None:
+        """The whole ledger of ``tier`` now, or ``None`` while the index must not hear of
+        that source (no domain yet, tier not announced, or removed)."""
+        if not self._announced or self._removed or self.domain is None or (
+                tier is not Tier.DEVICE and tier not in self._tier_ops):
             return None
-        parents, keys = self.ledger.pairs()
+        parents, keys = self.keymap.ledgers[tier].pairs()
         return SnapshotView(self.domain, parents, keys, self.state, self.reason)
 
     # ---- inputs -----------------------------------------------------------------------
@@ -379,7 +365,7 @@ class SourceTracker:
             self._abort_replay()
         self._set_state(LedgerState.REMOVED, reason)
         if self._announced:
-            self._ops.append(RemoveSource(reason))
+            self._emit(RemoveSource(reason))
         self._removed = True
         self.keymap.clear()
         self._pending.clear()
@@ -500,7 +486,7 @@ class SourceTracker:
                     extra=self._log_fields,
                 )
             # The batch may have removed blocks: only a reset keeps the ledger a subset.
-            if len(self.ledger):
+            if self.keymap.blocks:
                 self._reset("undecodable_batch")
             return
         self._applied_since_reset += 1
@@ -524,8 +510,9 @@ class SourceTracker:
         for event in batch.events:
             if type(event) is BlockStored:
                 events["BlockStored"] = events.get("BlockStored", 0) + 1
-                placed = keymap.stored(event)
-                if placed is None:
+                tier = tier_of(event.medium)
+                placed = keymap.stored(event, tier)
+                if placed is None or tier is None:
                     continue
                 if type(placed) is Misaligned:
                     self._reset("misaligned", LedgerState.MISALIGNED, placed.reason)
@@ -533,27 +520,35 @@ class SourceTracker:
                     continue
                 if not self._announced:
                     self._announce()  # the block size was just learned
-                if type(placed) is list:  # a hybrid source's credited blocks changed
-                    for op in placed:
-                        if type(op) is StoreBlocks:
-                            append_store(ops, op)
-                        else:
-                            append_remove(ops, op.keys)
-                    continue
-                assert type(placed) is StoreBlocks
-                append_store(ops, placed)
+                target = ops if tier is Tier.DEVICE else self._tier(tier)
+                # a list: an offload store's resolved runs, or a hybrid source's credit moves
+                for op in placed if type(placed) is list else (placed,):
+                    if type(op) is StoreBlocks:
+                        append_store(target, op)
+                    else:
+                        assert type(op) is RemoveBlocks
+                        append_remove(target, op.keys)
             elif type(event) is BlockRemoved:
                 events["BlockRemoved"] = events.get("BlockRemoved", 0) + 1
-                dead = keymap.removed(event)
-                if dead and self._announced:
-                    append_remove(ops, dead)
+                tier = tier_of(event.medium)
+                dead = keymap.removed(event, tier)
+                if dead and self._announced and tier is not None:
+                    append_remove(ops if tier is Tier.DEVICE else self._tier(tier), dead)
             elif type(event) is AllBlocksCleared:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
-                if len(self.ledger):
-                    self.keymap.clear()
-                    if self._announced:
-                        ops.append(ClearBlocks("all_blocks_cleared"))
+                self._clear_all()
+
+    def _clear_all(self) -> None:
+        """``AllBlocksCleared``: every tier holding blocks is cleared (same epoch)."""
+        for tier, ledger in self.keymap.ledgers.items():
+            if len(ledger) and self._announced and (tier is Tier.DEVICE or tier in self._tier_ops):
+                (self._ops if tier is Tier.DEVICE else self._tier(tier)).append(
+                    ClearBlocks("all_blocks_cleared"))
+        self.keymap.clear()  # every tier, and a hybrid source's group state
+
+    def _tier(self, tier: Tier) -> list[Op]:
+        return self._tier_ops.of(tier, self.state, self.reason)
 
     # ---- state ------------------------------------------------------------------------
 
@@ -576,7 +571,7 @@ class SourceTracker:
             )
         self.state, self.reason = state, reason
         if self._announced:
-            self._ops.append(SetState(state, reason))
+            self._emit(SetState(state, reason))
 
     def _reset(self, why: str, state: LedgerState | None = None, reason: str = "") -> None:
         """Empty the ledger and start a new epoch. An empty ledger fed in order is a subset
@@ -592,5 +587,4 @@ class SourceTracker:
             self.stats.transitions[key] = self.stats.transitions.get(key, 0) + 1
         self.state, self.reason = state, reason or why
         if self._announced:
-            self._ops.append(Snapshot([], [], state, self.reason))
-
+            self._emit(Snapshot([], [], state, self.reason))

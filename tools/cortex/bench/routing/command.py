@@ -37,7 +37,7 @@ from typing import Any
 from cortex.bench.report import package_version
 from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary
 from cortex.bench.routing.bounds import shape_prompts
-from cortex.bench.routing.contenders import CONTENDERS, SimSetup, cpu_split
+from cortex.bench.routing.contenders import CONTENDERS, VARIANT_ONLY, SimSetup, cpu_split
 from cortex.bench.routing.report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing.runner import RunPlan, run_workload
 from cortex.bench.routing.scenarios import VARIANTS, Variant
@@ -306,7 +306,8 @@ def _sized(variant: Variant | None, profile: Profile, quick: bool) -> Variant | 
         return None
     if quick:
         variant = dataclasses.replace(variant, contenders=tuple(
-            c for c in variant.contenders if c in QUICK_VARIANT_CONTENDERS))
+            c for c in variant.contenders
+            if c in QUICK_VARIANT_CONTENDERS or c in VARIANT_ONLY))
     return dataclasses.replace(variant, window_s=profile.churn_window_s)
 
 

@@ -7,6 +7,8 @@
   never enters the score, so workers are ranked by load alone (the gateway has no switch that
   turns exact-KV routing off and still reports READY ledgers; alpha = 0 is the documented
   weight that does it, and keeps every other cost — tokenizing, matching — identical).
+* ``cortex_gpu_only`` — the same deployment with ``host_hit = disk_hit = 0``: blocks the
+  workers hold in host memory get no credit (GPU-only crediting, as before tiers existed).
 * ``sglang_cache_aware`` / ``sglang_round_robin`` — ``sglang-router launch --policy …`` from
   PyPI with its defaults, in front of bare sims (no Redis, index or ingest running).
 * ``vllm_cache_aware`` — ``vllm-router --policy cache_aware`` (the vLLM project's Rust router,
@@ -49,6 +51,7 @@ from cortex.testing import (
 
 __all__ = [
     "CONTENDERS",
+    "VARIANT_ONLY",
     "CpuMeter",
     "Deployment",
     "SimSetup",
@@ -60,8 +63,11 @@ __all__ = [
     "pinned",
 ]
 
-CONTENDERS = ("cortex", "cortex_load_only", "sglang_cache_aware", "sglang_round_robin",
-              "vllm_cache_aware")
+CONTENDERS = ("cortex", "cortex_load_only", "cortex_gpu_only", "sglang_cache_aware",
+              "sglang_round_robin", "vllm_cache_aware")
+VARIANT_ONLY = ("cortex_gpu_only",)
+"""Contenders that run only in the variants naming them (GPU-only crediting differs from
+``cortex`` only where the workers have host tiers)."""
 PEER_PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}
 
 
@@ -78,12 +84,15 @@ class SimSetup:
     prefill_overhead_ms: float = 2.0
     decode_ms_per_token: float = 5.0
     model: str = "cortex-sim"
+    host_capacity_blocks: int = 0
 
     def sim_args(self) -> tuple[str, ...]:
+        host = (("--host-capacity-blocks", str(self.host_capacity_blocks))
+                if self.host_capacity_blocks else ())
         return ("--prefill-ms-per-token", f"{self.prefill_ms_per_token:g}",
                 "--prefill-overhead-ms", f"{self.prefill_overhead_ms:g}",
                 "--decode-ms-per-token", f"{self.decode_ms_per_token:g}",
-                "--log-level", "warning")
+                *host, "--log-level", "warning")
 
     def spec(self, *, services: bool, gateway_config: Mapping[str, Any] | None = None,
              gateways: int = 1, pd: bool = False) -> ClusterSpec:
@@ -307,6 +316,8 @@ def deploy(contender: str, sims: SimSetup, log_dir: Path,
         weights = dict(cortex_weights or {})
         if contender == "cortex_load_only":
             weights["alpha"] = 0.0
+        elif contender == "cortex_gpu_only":  # host / disk hits get no credit
+            weights.update(host_hit=0.0, disk_hit=0.0)
         config = {"routing": {"weights": weights}} if weights else {}
         cluster = _started(sims.spec(services=True, gateway_config=config,
                                      gateways=topology.routers, pd=topology.pd), log_dir)

@@ -33,6 +33,7 @@ from cortex.bench.routing.bounds import (
 from cortex.bench.routing.churn import ChurnRecord, churn_driver
 from cortex.bench.routing.client import drive, idle_ttft
 from cortex.bench.routing.contenders import (
+    VARIANT_ONLY,
     CpuMeter,
     Deployment,
     SimSetup,
@@ -365,7 +366,11 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
         fraction = variant.capacity_fraction
     capacity = (worker_capacity(fraction, pages, largest_pages)
                 if workload.kv_blocks is None else max(workload.kv_blocks, 2 * largest_pages))
-    sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity)
+    host = 0
+    if variant is not None and variant.host_fraction:
+        host = max(int(variant.host_fraction * pages), largest_pages)
+    sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity,
+                               host_capacity_blocks=host)
     prompt_tokens = sum(s.tokens for s in shapes)
     nominal: dict[int, float] = {}
     for r in workload.requests:
@@ -383,7 +388,9 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
     expected = _Expected([r.digest() for r in reqs], [s.tokens for s in shapes],
                          [r.max_tokens for r in reqs], [r.stage for r in reqs], shapes)
     contenders = tuple(c for c in plan.contenders
-                       if variant is None or not variant.contenders or c in variant.contenders)
+                       if c in variant.contenders or (not variant.contenders and
+                       c not in VARIANT_ONLY)) if variant is not None else tuple(
+        c for c in plan.contenders if c not in VARIANT_ONLY)
     topology = Topology() if variant is None else Topology(variant.replicas, variant.pd)
     missing = {c: why for c in contenders if (why := missing_program(c, topology))}
     for c, why in missing.items():

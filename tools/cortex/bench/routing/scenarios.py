@@ -61,6 +61,8 @@ class Variant:
     ``replicas``: router replicas behind HAProxy (0: clients talk to the one router
     directly). ``pd``: half the workers prefill, half decode. ``capacity_fraction``: each
     worker's KV pool as this fraction of the working set (``None``: the run's default).
+    ``host_fraction``: each worker's host tier (blocks evicted from its GPU) as a fraction of
+    the working set (0: none).
     ``real_tokens``: prompts at real token counts (a Mooncake block is 512 tokens).
     ``contenders``: who takes part (the rest have nothing to show here); ``churn``: events
     during the run, measured over ``window_s`` seconds after each (0: the rest of the run).
@@ -72,6 +74,7 @@ class Variant:
     replicas: int = 0
     pd: bool = False
     capacity_fraction: float | None = None
+    host_fraction: float = 0.0
     real_tokens: bool = False
     contenders: tuple[str, ...] = ()
     churn: tuple[ChurnEvent, ...] = ()
@@ -100,6 +103,10 @@ VARIANTS: Mapping[str, Variant] = {v.name: v for v in (
     Variant("kv_pressure", "shared_prefix", "KV pools of 10% of the working set per worker",
             capacity_fraction=0.1,
             contenders=(*_CACHE_PEERS, "sglang_round_robin", "cortex_load_only")),
+    Variant("kv_pressure_host", "shared_prefix",
+            "KV pools of 10% of the working set, host tiers of 100%: host-hit credit on "
+            "(cortex) and off (cortex_gpu_only)", capacity_fraction=0.1, host_fraction=1.0,
+            contenders=("cortex", "cortex_gpu_only")),
     Variant("mooncake_real_scale", "mooncake_conversation",
             "real prompt sizes (512 tokens per Mooncake block)", real_tokens=True,
             contenders=("cortex", "sglang_cache_aware", "vllm_cache_aware")),

@@ -21,6 +21,13 @@ class LedgerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEDGER_STATE_STALE: _ClassVar[LedgerState]
     LEDGER_STATE_REMOVED: _ClassVar[LedgerState]
     LEDGER_STATE_MISALIGNED: _ClassVar[LedgerState]
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_DEVICE: _ClassVar[Tier]
+    TIER_HOST: _ClassVar[Tier]
+    TIER_DISK: _ClassVar[Tier]
+    TIER_SHARED: _ClassVar[Tier]
 ENGINE_KIND_UNSPECIFIED: EngineKind
 ENGINE_KIND_SGLANG: EngineKind
 ENGINE_KIND_VLLM: EngineKind
@@ -30,6 +37,10 @@ LEDGER_STATE_READY: LedgerState
 LEDGER_STATE_STALE: LedgerState
 LEDGER_STATE_REMOVED: LedgerState
 LEDGER_STATE_MISALIGNED: LedgerState
+TIER_DEVICE: Tier
+TIER_HOST: Tier
+TIER_DISK: Tier
+TIER_SHARED: Tier
 
 class Domain(_message.Message):
     __slots__ = ("model", "block_size", "engine")
@@ -42,12 +53,14 @@ class Domain(_message.Message):
     def __init__(self, model: _Optional[str] = ..., block_size: _Optional[int] = ..., engine: _Optional[_Union[EngineKind, str]] = ...) -> None: ...
 
 class Source(_message.Message):
-    __slots__ = ("worker_id", "dp_rank")
+    __slots__ = ("worker_id", "dp_rank", "tier")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     dp_rank: int
-    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ...) -> None: ...
+    tier: Tier
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
     __slots__ = ("model", "token_ids", "block_keys", "candidate_workers", "max_blocks", "block_size", "engine", "lora_name", "cache_salt", "token_ids_le", "block_keys_le")
@@ -75,31 +88,47 @@ class MatchRequest(_message.Message):
     block_keys_le: bytes
     def __init__(self, model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_keys: _Optional[_Iterable[int]] = ..., candidate_workers: _Optional[_Iterable[str]] = ..., max_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., engine: _Optional[_Union[EngineKind, str]] = ..., lora_name: _Optional[str] = ..., cache_salt: _Optional[str] = ..., token_ids_le: _Optional[bytes] = ..., block_keys_le: _Optional[bytes] = ...) -> None: ...
 
+class TierMatch(_message.Message):
+    __slots__ = ("tier", "blocks", "tokens", "state")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    blocks: int
+    tokens: int
+    state: LedgerState
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., blocks: _Optional[int] = ..., tokens: _Optional[int] = ..., state: _Optional[_Union[LedgerState, str]] = ...) -> None: ...
+
 class WorkerMatch(_message.Message):
-    __slots__ = ("worker_id", "matched_blocks", "matched_tokens", "state", "dp_rank")
+    __slots__ = ("worker_id", "matched_blocks", "matched_tokens", "state", "dp_rank", "tiers")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MATCHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     matched_blocks: int
     matched_tokens: int
     state: LedgerState
     dp_rank: int
-    def __init__(self, worker_id: _Optional[str] = ..., matched_blocks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., state: _Optional[_Union[LedgerState, str]] = ..., dp_rank: _Optional[int] = ...) -> None: ...
+    tiers: _containers.RepeatedCompositeFieldContainer[TierMatch]
+    def __init__(self, worker_id: _Optional[str] = ..., matched_blocks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., state: _Optional[_Union[LedgerState, str]] = ..., dp_rank: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierMatch, _Mapping]]] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
-    __slots__ = ("matches", "index_version", "query_blocks", "domain")
+    __slots__ = ("matches", "index_version", "query_blocks", "domain", "shared_blocks")
     MATCHES_FIELD_NUMBER: _ClassVar[int]
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     QUERY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    SHARED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     matches: _containers.RepeatedCompositeFieldContainer[WorkerMatch]
     index_version: int
     query_blocks: int
     domain: Domain
-    def __init__(self, matches: _Optional[_Iterable[_Union[WorkerMatch, _Mapping]]] = ..., index_version: _Optional[int] = ..., query_blocks: _Optional[int] = ..., domain: _Optional[_Union[Domain, _Mapping]] = ...) -> None: ...
+    shared_blocks: int
+    def __init__(self, matches: _Optional[_Iterable[_Union[WorkerMatch, _Mapping]]] = ..., index_version: _Optional[int] = ..., query_blocks: _Optional[int] = ..., domain: _Optional[_Union[Domain, _Mapping]] = ..., shared_blocks: _Optional[int] = ...) -> None: ...
 
 class StoreBlocks(_message.Message):
     __slots__ = ("parent_key", "keys", "keys_le")
