@@ -33,8 +33,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Protocol
 
@@ -43,7 +42,9 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from cortex.hashing import HashDomain
-from cortex.ingest.errors import ConfigError, IndexUnavailable
+from cortex.ingest.epochs import EpochClock
+from cortex.ingest.errors import IndexUnavailable
+from cortex.ingest.forwarder_config import ForwarderConfig, IndexTarget
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.queues import SourceQueues
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
@@ -72,76 +73,6 @@ log = logging.getLogger(__name__)
 
 SYNC_METHOD = method("Sync")
 WORKERS_METHOD = method("Workers")
-MAX_EPOCH = 2**64 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class IndexTarget:
-    """Where an index replica listens for gRPC."""
-
-    host: str
-    port: int
-
-    def __post_init__(self) -> None:
-        if not self.host:
-            raise ConfigError("index host must be non-empty")
-        if not 1 <= self.port <= 65535:
-            raise ConfigError(f"index port {self.port} out of range 1..65535")
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    @classmethod
-    def parse(cls, text: str) -> IndexTarget:
-        """``HOST:PORT`` (``[v6]:PORT`` for IPv6)."""
-        host, sep, port = text.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"index address {text!r} must be HOST:PORT")
-        return cls(host.strip("[]"), int(port))
-
-
-@dataclass(frozen=True, slots=True)
-class ForwarderConfig:
-    """Limits of one forwarder. Counts are updates, sizes bytes, times seconds."""
-
-    queue_max_updates: int = 100_000
-    queue_max_bytes: int = 64 << 20
-    source_queue_max_bytes: int = 8 << 20
-    source_turn_bytes: int = 4 << 10
-    """Bytes of updates one source contributes to a batch before the next source's turn
-    (small against a batch, so that every batch is shared by the sources with updates)."""
-    max_inflight_batches: int = 2
-    """Batches sent and not yet acknowledged. The next batch is collected only when one is
-    acknowledged, so an update waits behind at most this many batches, not behind whatever
-    HTTP/2 flow control would let pile up at a busy replica."""
-    batch_max_updates: int = 512
-    batch_max_bytes: int = 1 << 20
-    snapshot_chunk_keys: int = 65_536
-    backoff_min_s: float = 0.1
-    backoff_max_s: float = 5.0
-    connect_timeout_s: float = 5.0
-    heartbeat_s: float = 1.0
-    """An idle stream sends an empty batch this often (keep it well under the index's
-    ``ingest_grace_s``)."""
-    reply_timeout_s: float = 15.0
-    """A stream that got no reply for this long is dropped and reconnected."""
-
-    def __post_init__(self) -> None:
-        if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys,
-               self.max_inflight_batches) < 1:
-            raise ConfigError("queue, batch, snapshot chunk and in-flight sizes must be >= 1")
-        if min(self.batch_max_bytes, self.queue_max_bytes, self.source_queue_max_bytes,
-               self.source_turn_bytes) < 1024:
-            raise ConfigError("batch, queue and turn sizes must be >= 1024 bytes")
-        if self.source_queue_max_bytes > self.queue_max_bytes:
-            raise ConfigError("source_queue_max_bytes must be <= queue_max_bytes")
-        if not 0 < self.backoff_min_s <= self.backoff_max_s:
-            raise ConfigError("backoff must satisfy 0 < min <= max")
-        if self.connect_timeout_s <= 0:
-            raise ConfigError("connect_timeout_s must be > 0")
-        if not 0 < self.heartbeat_s < self.reply_timeout_s:
-            raise ConfigError("heartbeat_s and reply_timeout_s must satisfy 0 < heartbeat < reply")
 
 
 class ForwarderState(StrEnum):
@@ -167,31 +98,6 @@ class LedgerSource(Protocol):
         reason)."""
         ...
 
-
-class EpochClock:
-    """Epochs for one replica: strictly increasing, wall-clock microseconds when the wall
-    clock is ahead, and never at or below a floor learned from the replica (what it holds
-    from an earlier ingest process: a wall clock that stepped back must not make the
-    replica reject our epochs as stale). ``wall_us`` is injectable for tests."""
-
-    def __init__(self, wall_us: Callable[[], int] | None = None) -> None:
-        self._wall_us = wall_us or (lambda: time.time_ns() // 1000)
-        self._last = 0
-
-    def __repr__(self) -> str:
-        return f"EpochClock(last={self._last})"
-
-    @property
-    def last(self) -> int:
-        return self._last
-
-    def raise_floor(self, epoch: int) -> None:
-        """Every later epoch is above ``epoch``."""
-        self._last = max(self._last, min(epoch, MAX_EPOCH - 1))
-
-    def next(self) -> int:
-        self._last = min(max(self._last + 1, self._wall_us()), MAX_EPOCH)
-        return self._last
 
 
 class _Stream:
