@@ -28,19 +28,18 @@ import json
 import logging
 from collections.abc import Mapping
 
-from cortex.gateway.attempt import Opened, acquire_slot, attempt, release_slot
+from cortex.gateway.attempt import Opened, attempt
 from cortex.gateway.config import PDConfig, Timeouts, UpstreamConfig
 from cortex.gateway.disagg import PairDispatcher
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.payload import Endpoint, InferenceRequest
-from cortex.gateway.plan import BUSY_STATUSES, AttemptPlan, all_busy
+from cortex.gateway.plan import AttemptPlan
 from cortex.gateway.pool import WorkerPool
 from cortex.gateway.router import Routed, Router, uncached
 from cortex.gateway.upstream import Upstream, UpstreamFailure
 from cortex.hashing import Engine
 
-__all__ = ["BUSY_STATUSES", "Dispatcher", "Opened", "acquire_slot", "all_busy", "release_slot",
-           "upstream_body"]
+__all__ = ["Dispatcher", "upstream_body"]
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,10 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from cortex.gateway.attempt import Opened
 from cortex.gateway.config import Timeouts
 from cortex.gateway.decision_headers import NOT_ROUTED, decision_headers
-from cortex.gateway.dispatch import Dispatcher, Opened, upstream_body
+from cortex.gateway.dispatch import Dispatcher, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
 from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
