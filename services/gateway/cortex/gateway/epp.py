@@ -33,6 +33,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
+from cortex.gateway.decision_headers import decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.payload import Endpoint, parse_body, parse_request
 from cortex.gateway.router import Routed
@@ -270,6 +271,7 @@ class PickerStream:
     def _on_response_headers(self, req: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
         served = _struct_value(req.metadata_context, LB_NAMESPACE, SERVED)
         extra: list[tuple[str, str]] = []
+        hit: int | None = None
         picked = self.picked
         if isinstance(served, str) and served and picked is not None:
             self.served = served
@@ -284,10 +286,10 @@ class PickerStream:
                     placement.withdraw()  # an endpoint Cortex does not know served it
                 else:
                     placement.move(worker.id)  # a fallback served: its blocks are there now
-                    extra.append(("x-cortex-cache-hit-tokens",
-                                  str(picked.routed.credited_tokens(worker.id))))
+                    hit = picked.routed.credited_tokens(worker.id)
             if worker is not None:
-                extra.append(("x-cortex-assigned-worker", worker.id))
+                extra = [(name.decode(), value.decode()) for name, value in
+                         decision_headers(hit_tokens=hit, worker=worker.id)]
         common = ext.CommonResponse(header_mutation=_set_headers(extra)) if extra else None
         reply = ext.ProcessingResponse(response_headers=ext.HeadersResponse(response=common))
         if req.response_headers.end_of_stream:

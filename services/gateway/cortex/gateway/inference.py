@@ -23,8 +23,10 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from cortex.gateway.attempt import Opened
 from cortex.gateway.config import Timeouts
-from cortex.gateway.dispatch import Dispatcher, Opened, upstream_body
+from cortex.gateway.decision_headers import NOT_ROUTED, decision_headers
+from cortex.gateway.dispatch import Dispatcher, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
 from cortex.gateway.http import ClientDisconnected, Headers, Request, send_bytes, send_error
 from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
@@ -41,11 +43,6 @@ __all__ = ["InferenceHandler", "race_disconnect", "request_id_of"]
 
 log = logging.getLogger(__name__)
 
-_NOT_ROUTED: Headers = [
-    (b"x-cortex-cache-hit-tokens", b"0"),
-    (b"x-cortex-assigned-worker", b"none"),
-    (b"x-cortex-match-mode", b"none"),
-]
 _ids = random.Random()  # request ids need to be unique, not unpredictable: no syscall each
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream"),
@@ -130,7 +127,7 @@ class InferenceHandler:
             m = self.metrics
             m.rejected.labels(code=exc.code.value).inc()
             m.child(m.admission_rejected, exc.code.value).inc()
-            await send_error(send, exc, [*base, *_NOT_ROUTED])
+            await send_error(send, exc, [*base, *NOT_ROUTED])
             return False
         self.metrics.admission_wait_seconds.observe(time.perf_counter() - waited)
         return True
@@ -193,7 +190,7 @@ class InferenceHandler:
             return 499
         except GatewayError as exc:
             self.metrics.rejected.labels(code=exc.code.value).inc()
-            await send_error(send, exc, [*base, *_NOT_ROUTED])
+            await send_error(send, exc, [*base, *NOT_ROUTED])
             return exc.status
         if log.isEnabledFor(logging.DEBUG):
             decision = routed.decision
@@ -277,20 +274,10 @@ class _Exchange:
         else:
             worker = decision.chosen.worker_id
             hit = self.routed.credited_tokens(worker)
-        headers = [
-            *self.base,
-            (b"x-cortex-cache-hit-tokens", str(hit).encode()),
-            (b"x-cortex-assigned-worker", worker.encode()),
-            (b"x-cortex-match-mode", decision.mode.value.encode()),
-            (b"x-cortex-match-reason", decision.reason.value.encode()),
-            (b"x-cortex-attempts", str(opened.attempts if opened else 0).encode()),
-        ]
-        if opened is not None and opened.pd is not None:
-            pd = opened.pd
-            headers += [(b"x-cortex-pd", pd.mode.value.encode()),
-                        (b"x-cortex-prefill-worker", (pd.prefill or "none").encode()),
-                        (b"x-cortex-decode-worker", (pd.decode or "none").encode())]
-        return headers
+        return [*self.base, *decision_headers(
+            hit_tokens=hit, worker=worker, mode=decision.mode.value,
+            reason=decision.reason.value, attempts=opened.attempts if opened else 0,
+            pd=opened.pd if opened is not None else None)]
 
     async def run(self) -> None:
         dispatcher = self.gw.dispatcher
@@ -371,16 +358,9 @@ class _Exchange:
             span.end()  # the first byte (or the failure): what the span times
 
     def _not_sent(self) -> Headers:
-        decision = self.routed.decision
-        headers = [
-            (b"x-cortex-cache-hit-tokens", b"0"),
-            (b"x-cortex-assigned-worker", b"none"),
-            (b"x-cortex-match-mode", decision.mode.value.encode()),
-        ]
-        if self.routed.pd is not None:
-            headers += [(b"x-cortex-pd", b"failed"), (b"x-cortex-prefill-worker", b"none"),
-                        (b"x-cortex-decode-worker", b"none")]
-        return headers
+        return decision_headers(hit_tokens=0, worker="none",
+                                mode=self.routed.decision.mode.value,
+                                pd_failed=self.routed.pd is not None)
 
     async def _stream(self, opened: Opened) -> None:
         send = self.send

@@ -137,6 +137,13 @@ class PDPlan:
             return LocalPrefill.SHORT_UNCACHED
         return None
 
+    def computes(self, prefill: Scored, decode: Scored, config: PDConfig
+                 ) -> tuple[Scored, LocalPrefill | None]:
+        """Which worker of the pair computes the prompt (where its predicted blocks go), and
+        why it is the decode worker itself when it is (a local prefill: no prefill leg)."""
+        local = self.local_prefill(decode, config)
+        return (decode if local is not None else prefill), local
+
     def __repr__(self) -> str:
         fallback = self.fallback.chosen.worker_id if self.fallback else None
         return (f"PDPlan({self.engine.value}, prefill={self.prefill.chosen.worker_id},"

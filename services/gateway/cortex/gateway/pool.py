@@ -61,6 +61,7 @@ class WorkerState:
         self.adapters: frozenset[str] = frozenset()  # LoRA adapters its /v1/models lists
         self.engine_version: str | None = None  # vLLM /server_info (PD pairing)
         self.learned_lookahead: int | None = None  # SGLang /server_info (speculative decoding)
+        # the load counters below are written only by this class's methods
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)
         # uncached prompt tokens of this gateway's requests routed or sent here whose first
@@ -97,6 +98,25 @@ class WorkerState:
         """One more request of ours open here; returns its stamp for :meth:`close_request`."""
         self.inflight += 1
         return self._polls_begun
+
+    def hold(self, prefill_tokens: int = 0) -> None:
+        """A request routed here and not dispatched yet, with the ``prefill_tokens`` it will
+        compute (undone by :meth:`unhold`)."""
+        self.pending += 1
+        self.prefilling += prefill_tokens
+
+    def unhold(self, prefill_tokens: int = 0) -> None:
+        """The request :meth:`hold` counted was dispatched (or ended without a dispatch)."""
+        self.pending -= 1
+        self.prefilling -= prefill_tokens
+
+    def queue_prefill(self, tokens: int) -> None:
+        """``tokens`` of a prompt sent here wait to be computed until its first byte."""
+        self.prefilling += tokens
+
+    def prefill_started(self, tokens: int) -> None:
+        """The prompt :meth:`queue_prefill` counted got its first byte (or failed)."""
+        self.prefilling -= tokens
 
     def close_request(self, stamp: int) -> None:
         """A request opened with ``stamp`` ended (its response was read to the end, or

@@ -25,8 +25,8 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cortex.gateway.attempt import acquire_slot, release_slot
 from cortex.gateway.config import ModelConfig, Timeouts
-from cortex.gateway.dispatch import acquire_slot, release_slot
 from cortex.gateway.errors import (
     ClientError,
     ErrorCode,

@@ -155,15 +155,13 @@ class Placement:
     def hold(self, worker: WorkerState, prefill_tokens: int = 0) -> None:
         """Count the request, and the ``prefill_tokens`` it will compute, on ``worker``
         until :meth:`dispatched` (from there dispatch counts them per attempt)."""
-        worker.pending += 1
-        worker.prefilling += prefill_tokens
+        worker.hold(prefill_tokens)
         self._pending.append((worker, prefill_tokens))
 
     def dispatched(self) -> None:
         pending, self._pending = self._pending, []
         for worker, prefill_tokens in pending:
-            worker.pending -= 1
-            worker.prefilling -= prefill_tokens
+            worker.unhold(prefill_tokens)
 
     def __repr__(self) -> str:
         return f"Placement(worker={self.worker_id}, pending={len(self._pending)})"
@@ -315,8 +313,8 @@ class Router:
             decision = prefill
             if record:
                 d_worker = self.pool.get(decode.chosen.worker_id)
-                local = plan.local_prefill(decode.chosen, self.config.pd) is not None
-                computes = decode.chosen if local else prefill.chosen
+                computes, why = plan.computes(prefill.chosen, decode.chosen, self.config.pd)
+                local = why is not None
                 self._place(placement, computes.worker_id, uncached(len(ids), computes))
                 if d_worker is not None and not local:
                     placement.hold(d_worker)

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from enum import StrEnum
 from types import TracebackType
+from typing import Protocol
 
 import aiohttp
 
@@ -18,7 +19,8 @@ from cortex.gateway.auth import WorkerCredentials
 from cortex.gateway.config import UpstreamConfig
 from cortex.registry.spec import WorkerSpec
 
-__all__ = ["FailureKind", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
+__all__ = ["FailureKind", "Response", "Upstream", "UpstreamClient", "UpstreamFailure",
+           "UpstreamResponse"]
 
 
 class FailureKind(StrEnum):
@@ -98,6 +100,29 @@ class _IdleGuard:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+class Response(Protocol):
+    """What dispatch needs of a worker's response (:class:`UpstreamResponse`, or an
+    in-memory one in unit tests)."""
+
+    status: int
+    content_type: str
+    retry_after_s: float | None
+
+    def chunks(self, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]: ...
+
+    async def read(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """What dispatch needs of the worker client (:class:`UpstreamClient`, or an in-memory
+    one in unit tests)."""
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str],
+                   worker: WorkerSpec | None = None) -> Response: ...
 
 
 class UpstreamResponse:
