@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
@@ -25,6 +24,8 @@ from cortex.ingest.service import IngestService
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.ledger.model import Source
 from cortex.registry import RedisRegistry, Registry, WorkerSpec
+from cortex.sim.cache import CacheEvent
+from cortex.sim.feed import EngineCache, Hashes, PublisherConfig, SyntheticPublisher
 from cortex.testing import RedisServer, wait_until_async
 
 MODEL = "test-model"
@@ -63,8 +64,8 @@ class Rank:
     pub: SyntheticPublisher
     cache: EngineCache
 
-    def publish(self, events: Sequence[object]) -> int:
-        return self.pub.publish(events)  # type: ignore[arg-type]
+    def publish(self, events: Sequence[CacheEvent]) -> int:
+        return self.pub.publish(events)
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Fleet:
         version: str | None = None,
         buffer_steps: int = 10_000,
         ttl_s: float | None = 60.0,
-        hashes: str = "fast",
+        hashes: Hashes = "fast",
     ) -> Worker:
         """Start publishers for every rank and register the worker."""
         version = version or ("0.33.0" if engine is Engine.VLLM else "0.5.23")

@@ -6,7 +6,6 @@ import asyncio
 
 import aiohttp
 
-from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine
 from cortex.ingest.ops import SourceId
 from cortex.ingest.service import IngestService
@@ -14,6 +13,7 @@ from cortex.ingest.shard import ShardSpec
 from cortex.ledger.model import LedgerState
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.registry import WorkerSpec
+from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.testing import wait_until_async
 
 from .conftest import Fleet, Rank, Worker, consecutive_ports

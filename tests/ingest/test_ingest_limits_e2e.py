@@ -22,13 +22,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.hashing import Engine, HashDomain
 from cortex.ingest.ops import SourceId
 from cortex.ingest.service import IngestService
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.registry import WorkerSpec
+from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.testing import free_port, wait_until_async
 
 from .conftest import MODEL, Fleet

@@ -8,8 +8,9 @@ unavailable instead of breaking the others.
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
+
+from cortex.cli.main import register_subcommands
 
 # benchmark name -> module that registers it
 BENCHMARKS: dict[str, str] = {
@@ -33,13 +34,4 @@ BENCHMARKS: dict[str, str] = {
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark and write its report")
     bench_sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for name, module_name in BENCHMARKS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            bench_sub.add_parser(name, help="(not available in this build)")
-            continue
-        module.register(bench_sub)
-
+    register_subcommands(bench_sub, BENCHMARKS)

@@ -2,9 +2,9 @@
 
 Setup: a private ``redis-server`` (registry), an in-process index (so the end state can be
 compared exactly), and ``cortex ingest run`` in its own process. Workers are
-:class:`~cortex.bench.publisher.SyntheticPublisher` instances (real XPUB + replay ROUTER on
+:class:`~cortex.sim.feed.SyntheticPublisher` instances (real XPUB + replay ROUTER on
 loopback) publishing vLLM 0.33 payloads pre-encoded with the codec from an
-:class:`~cortex.bench.publisher.EngineCache` workload (shared prefixes, LRU evictions), so
+:class:`~cortex.sim.feed.EngineCache` workload (shared prefixes, LRU evictions), so
 the benchmark process spends its time sending, not generating.
 
 Measurements:
@@ -40,16 +40,17 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.publisher import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.bench.report import table
 from cortex.cli.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
-from cortex.ingest.codec import Event, EventBatch, encode_batch
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.ledger.model import Source
 from cortex.registry import RedisRegistry, WorkerSpec
+from cortex.sim.cache import CacheEvent
+from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
+from cortex.sim.publisher import EventEncoder
 from cortex.testing import RedisServer, free_port
 
 __all__ = ["register", "run"]
@@ -79,6 +80,7 @@ def make_workload(
 ) -> Workload:
     """Prompts over 64 shared prefixes (Zipf-like popularity) with unique tails."""
     cache = EngineCache(Engine.VLLM, block_size, capacity)
+    encoder = EventEncoder(Engine.VLLM, VERSION)
     payloads: list[bytes] = []
     blocks: list[int] = []
     total = 0
@@ -86,13 +88,13 @@ def make_workload(
                 for _ in range(64)]
     weights = [1 / (i + 1) ** 0.8 for i in range(len(prefixes))]
     while total < target_blocks:
-        events: list[Event] = []
+        events: list[CacheEvent] = []
         for _ in range(requests_per_batch):
             prefix = rng.choices(prefixes, weights)[0]
             tail = [rng.randrange(150_000) for _ in range(block_size * rng.randrange(1, 16))]
             events.extend(cache.store(prefix + tail))
         count = sum(len(e.block_hashes) for e in events if hasattr(e, "block_hashes"))
-        payloads.append(encode_batch(EventBatch(0.0, tuple(events), 0), Engine.VLLM, VERSION))
+        payloads.append(encoder.encode(events, ts=0.0))
         blocks.append(count)
         total += count
     return Workload(payloads, blocks, cache.expected_keys(MODEL), cache)

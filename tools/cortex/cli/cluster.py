@@ -29,24 +29,33 @@ Ports: the first gateway listens on ``spec.port`` (default 8080), the next on ``
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import json
 import os
 import secrets
 import shutil
-import socket
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType, TracebackType
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any
 
+from cortex.cli.cluster_spec import (
+    DEFAULT_GATEWAY_PORT,
+    LOOPBACK,
+    ClusterError,
+    ClusterSpec,
+    WorkerInfo,
+)
+from cortex.cli.probes import (
+    bindable,
+    http_call,
+    probe_grpc_health,
+    probe_http,
+    redis_ping,
+    run_async,
+)
 from cortex.cli.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import WorkerRole, WorkerSpec
@@ -55,6 +64,7 @@ from cortex.testing import free_port
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",
+    "LOOPBACK",
     "ClusterError",
     "ClusterSpec",
     "LocalCluster",
@@ -63,138 +73,9 @@ __all__ = [
     "probe_http",
 ]
 
-DEFAULT_GATEWAY_PORT = 8080
-LOOPBACK = "127.0.0.1"
 STATE_VERSION = 1
 _POLL_S = 0.05
 
-T = TypeVar("T")
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not start or a step failed; the message says what and how to fix it
-    (with the log tail of the process at fault). The launcher prints it and exits 1."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterSpec:
-    """What to start. Validated on creation (``ValueError`` naming the field).
-
-    ``workers``: simulated workers (0 = the services alone, for workers registered by hand).
-    ``pd``: the workers form a prefill/decode pool, ``ceil(workers/2)`` prefill and the rest
-    decode (needs ``workers >= 2``). ``gateways``: replicas (0 = none). ``port``: the first
-    gateway's port (0 = free ports). ``host``: the gateways' bind address.
-    ``services``: start Redis, index and ingest and register the workers; ``False`` starts
-    bare sims only (e.g. behind another router; then ``gateways`` must be 0).
-    ``redis_url``: use this Redis instead of a private ``redis-server``.
-    ``model``, ``block_size``: the served model name and tokens per KV block (one domain).
-    ``kv_capacity_blocks``, ``max_running``, ``zero_cost``: the sims' KV pool (blocks),
-    concurrency and timing (``zero_cost``: no simulated time); ``sim_args``: more
-    ``cortex sim`` flags for every worker (``--prefill-ms-per-token 0.05``, ...).
-    ``lease_ttl_s``: registry lease (s); gateways probe and the services poll the registry
-    every ``min(1, ttl/4)`` s so renewals stay well inside it. With no gateway nobody renews
-    leases, so workers are registered without expiry.
-    ``external``: workers that already run elsewhere (``cortex serve``): registered and
-    waited for like the sims, never started or stopped.
-    ``gateway_config``: sections merged into every gateway's generated config
-    (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args`` /
-    ``gateway_args``: extra flags. ``ready_timeout_s``: the whole start-up's deadline.
-    ``eagle_lookahead``: the sims run speculative decoding with prefix caching (``cortex sim
-    --eagle-lookahead``) and are registered with that ``kv_lookahead``; ``eagle_drop``: vLLM
-    EAGLE on legacy hashes (``--eagle-drop``, registered with ``kv_eagle_drop``).
-    """
-
-    workers: int = 2
-    engine: Engine = Engine.SGLANG
-    pd: bool = False
-    gateways: int = 1
-    port: int = DEFAULT_GATEWAY_PORT
-    host: str = LOOPBACK
-    services: bool = True
-    redis_url: str | None = None
-    model: str = "cortex-sim"
-    block_size: int = 16
-    kv_capacity_blocks: int = 8192
-    max_running: int = 64
-    zero_cost: bool = False
-    sim_args: tuple[str, ...] = ()
-    lease_ttl_s: float = 10.0
-    gateway_config: Mapping[str, Any] = field(default_factory=dict)
-    external: tuple[WorkerSpec, ...] = ()
-    index_args: tuple[str, ...] = ()
-    ingest_args: tuple[str, ...] = ()
-    gateway_args: tuple[str, ...] = ()
-    ready_timeout_s: float = 90.0
-    eagle_lookahead: int = 0
-    eagle_drop: bool = False
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "engine", Engine(self.engine))
-        except ValueError:
-            raise ValueError(f"engine: {self.engine!r} is not one of sglang, vllm") from None
-        for name in ("workers", "gateways"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        if self.pd and self.workers < 2:
-            raise ValueError("pd: a prefill/decode pool needs workers >= 2")
-        if not 0 <= self.port <= 65535 or self.port + max(self.gateways - 1, 0) > 65535:
-            raise ValueError(f"port: {self.port} (+{self.gateways} gateways) is out of range")
-        if not self.services and self.gateways:
-            raise ValueError("gateways: gateways need the services (services=False: gateways=0)")
-        for name in ("block_size", "kv_capacity_blocks", "max_running"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("lease_ttl_s", "ready_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if not self.model.strip():
-            raise ValueError("model: must be a non-empty name")
-        object.__setattr__(self, "sim_args", tuple(self.sim_args))
-        object.__setattr__(self, "index_args", tuple(self.index_args))
-        object.__setattr__(self, "ingest_args", tuple(self.ingest_args))
-        object.__setattr__(self, "gateway_args", tuple(self.gateway_args))
-        object.__setattr__(self, "gateway_config", MappingProxyType(dict(self.gateway_config)))
-        object.__setattr__(self, "external", tuple(self.external))
-        ids = [wid for wid, _ in self.worker_roles()] + [w.id for w in self.external]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"external: worker ids must be unique, got {ids}")
-        if self.external and not self.services:
-            raise ValueError("external: registering workers needs the services")
-
-    @property
-    def poll_interval_s(self) -> float:
-        """Registry polling and gateway health-probe interval (s)."""
-        return min(1.0, self.lease_ttl_s / 4)
-
-    def worker_roles(self) -> list[tuple[str, WorkerRole]]:
-        """Worker ids and roles, in start order."""
-        if not self.pd:
-            return [(f"worker-{i}", WorkerRole.REGULAR) for i in range(self.workers)]
-        prefill = (self.workers + 1) // 2
-        return ([(f"prefill-{i}", WorkerRole.PREFILL) for i in range(prefill)]
-                + [(f"decode-{i}", WorkerRole.DECODE) for i in range(self.workers - prefill)])
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """A started sim: its registry identity and the addresses it bound."""
-
-    id: str
-    role: WorkerRole
-    engine: Engine
-    url: str
-    kv_events: str
-    replay: str
-    bootstrap_port: int | None
-
-    def spec(self, model: str, block_size: int, kv_lookahead: int | None = None,
-             kv_eagle_drop: bool = False) -> WorkerSpec:
-        """The registry entry of this worker."""
-        return WorkerSpec(id=self.id, url=self.url, engine=self.engine, model=model,
-                          role=self.role, kv_events=self.kv_events, replay=self.replay,
-                          bootstrap_port=self.bootstrap_port, block_size=block_size,
-                          kv_lookahead=kv_lookahead, kv_eagle_drop=kv_eagle_drop)
 
 
 class LocalCluster:
@@ -276,7 +157,7 @@ class LocalCluster:
                     if name.startswith("gateway-"):
                         supervisor.stop(child, grace_s)
                 with contextlib.suppress(Exception):
-                    _run_async(_deregister(self.spec.redis_url, ids))
+                    run_async(_deregister(self.spec.redis_url, ids))
         finally:
             supervisor.stop_all(grace_s)
 
@@ -312,7 +193,7 @@ class LocalCluster:
         ``/reset_prefix_cache``); it publishes ``AllBlocksCleared``."""
         info = self.workers[worker_id]
         path = "/flush_cache" if info.engine is Engine.SGLANG else "/reset_prefix_cache"
-        status, body = _http(info.url + path, method="POST", timeout=10.0)
+        status, body = http_call(info.url + path, method="POST", timeout=10.0)
         if status != 200:
             raise ClusterError(f"flushing {worker_id} failed: HTTP {status} {body!r}")
 
@@ -416,7 +297,7 @@ class LocalCluster:
             return [free_port() for _ in range(spec.gateways)]
         ports = [spec.port + i for i in range(spec.gateways)]
         for port in ports:
-            if not _bindable(spec.host, port):
+            if not bindable(spec.host, port):
                 raise ClusterError(
                     f"port {port} on {spec.host} is already in use (another `cortex up`?): "
                     "pass --port N for another first gateway port, or --port 0 for free ports")
@@ -441,7 +322,7 @@ class LocalCluster:
             binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
             "--dir", str(data), "--logfile", ""])
         self.redis_url = f"redis://{LOOPBACK}:{port}/0"
-        self._wait("redis", lambda: _redis_ping(LOOPBACK, port),
+        self._wait("redis", lambda: redis_ping(LOOPBACK, port),
                    time.monotonic() + 15.0, child)
 
     def _start_index(self) -> None:
@@ -568,12 +449,12 @@ class LocalCluster:
         assert self.redis_url is not None
         ttl = self.spec.lease_ttl_s if self.spec.gateways else 0.0
         try:
-            _run_async(_register(self.redis_url, specs, ttl))
+            run_async(_register(self.redis_url, specs, ttl))
         except Exception as exc:
             raise ClusterError(f"cannot register the workers in {self.redis_url}: {exc}") from exc
 
     def _ingest_ready(self) -> bool:
-        status, body = _http(f"{self.ingest_url}/health/ready")
+        status, body = http_call(f"{self.ingest_url}/health/ready")
         if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
             return False
         sources = body.get("sources", {})
@@ -584,14 +465,14 @@ class LocalCluster:
         return not self._waiting_for
 
     def _gateway_ready(self, url: str) -> bool:
-        status, body = _http(url + "/health/ready")
+        status, body = http_call(url + "/health/ready")
         if not isinstance(body, dict):
             return False
         live = self._expected()
         if not live:  # nothing to route to: the dependencies must be there
             return body.get("index") == "available" and body.get("registry") == "ok"
         ready = status == 200 and body.get("status") == "ready"
-        status, listing = _http(url + "/admin/workers",
+        status, listing = http_call(url + "/admin/workers",
                                 headers={"Authorization": f"Bearer {self.admin_token}"})
         if status != 200 or not isinstance(listing, dict):
             return False
@@ -637,48 +518,6 @@ class LocalCluster:
             time.sleep(_POLL_S)
 
 
-# ---- probes (also used by the container health checks) -------------------------------------
-
-
-def probe_http(url: str, timeout: float = 2.0) -> bool:
-    """True when ``GET url`` answers 2xx."""
-    status, _ = _http(url, timeout=timeout)
-    return status is not None and 200 <= status < 300
-
-
-def probe_grpc_health(host: str, port: int, service: str = "", timeout: float = 2.0) -> bool:
-    """True when the ``grpc.health.v1`` check of ``service`` answers ``SERVING``."""
-    return _run_async(_grpc_health(host, port, service, timeout))
-
-
-async def _grpc_health(host: str, port: int, service: str, timeout: float) -> bool:
-    from grpclib.client import Channel
-    from grpclib.exceptions import GRPCError, StreamTerminatedError
-    from grpclib.health.v1.health_grpc import HealthStub
-    from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
-
-    channel = Channel(host, port)
-    try:
-        reply = await asyncio.wait_for(
-            HealthStub(channel).Check(HealthCheckRequest(service=service)), timeout)
-    except (OSError, GRPCError, StreamTerminatedError, TimeoutError):
-        return False
-    finally:
-        channel.close()
-    serving: bool = reply.status == HealthCheckResponse.SERVING
-    return serving
-
-
-# ---- helpers ---------------------------------------------------------------------------------
-
-
-def _run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion on a private loop in a helper thread (works whether or not
-    the caller runs an event loop)."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cortex-up") as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 async def _register(redis_url: str, specs: Sequence[WorkerSpec], ttl_s: float) -> None:
     from cortex.registry import RedisRegistry
 
@@ -693,43 +532,6 @@ async def _deregister(redis_url: str, worker_ids: Sequence[str]) -> None:
     async with RedisRegistry(redis_url) as registry:
         for worker_id in worker_ids:
             await registry.deregister(worker_id)
-
-
-def _http(url: str, method: str = "GET", headers: Mapping[str, str] | None = None,
-          timeout: float = 2.0) -> tuple[int | None, Any]:
-    """``(status, decoded JSON body or text)``; ``(None, reason)`` when nothing answered."""
-    request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-        exc.close()
-    except (OSError, urllib.error.URLError) as exc:
-        return None, str(exc)
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
-def _redis_ping(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _ready_line(log_path: Path, offset: int) -> dict[str, Any] | None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # subcommand name -> module that registers it
 SUBCOMMANDS: dict[str, str] = {
@@ -30,11 +31,12 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cortex", description="KV-cache-aware inference gateway")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, module_name in SUBCOMMANDS.items():
+def register_subcommands(sub: argparse._SubParsersAction[Any], modules: Mapping[str, str],
+                         wanted: str | None = None) -> None:
+    """Call each module's ``register(sub)``; a module absent from this build becomes a stub
+    parser saying so instead of breaking the others. With ``wanted``, only that subcommand's
+    module is imported (the others get stubs pointing at their own ``--help``)."""
+    for name, module_name in modules.items():
         if wanted is not None and name != wanted:
             sub.add_parser(name, help=f"(see cortex {name} --help)")
             continue
@@ -46,6 +48,12 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             sub.add_parser(name, help="(not available in this build)")
             continue
         module.register(sub)
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cortex", description="KV-cache-aware inference gateway")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register_subcommands(sub, SUBCOMMANDS, next((a for a in argv if not a.startswith("-")), None))
     return parser
 
 

@@ -373,6 +373,11 @@ class PrefixCache:
         for block in reversed(lease.blocks):
             self._unpin(block)
 
+    def evict(self, count: int) -> int:
+        """Evict up to ``count`` unpinned LRU leaves now (memory pressure from outside the
+        cache); returns how many went."""
+        return self._evict(count)
+
     def clear(self) -> bool:
         """Drop the whole cache if no request holds any part of it; ``False`` otherwise."""
         if self._leases:

@@ -18,14 +18,9 @@ from typing import Any
 
 from cortex.chat import ChatTokenizer
 from cortex.hashing import Engine
-from cortex.hashing.engines import (
-    sglang_event_int,
-    sglang_page_hashes,
-    vllm_block_hashes,
-    vllm_event_int,
-)
 from cortex.sim.cache import Lease, PrefixCache, blocks_for
 from cortex.sim.config import Role, SimConfig, default_bootstrap_port
+from cortex.sim.hashers import EngineHasher
 from cortex.sim.host import HostPool
 from cortex.sim.pd import KvHandoff, KvTransferClient, KvTransferServer, TransferError
 from cortex.sim.protocol import GenRequest, RequestError, SequenceResult, SequenceSpec
@@ -40,44 +35,6 @@ log = logging.getLogger(__name__)
 
 Emit = Callable[[SequenceResult, int], Awaitable[None]]
 """Streaming callback: the sequence so far and how many of its tokens are out."""
-
-
-class EngineHasher:
-    """The engine's real block hashes (``cortex.hashing.engines`` replicas).
-
-    ``lookahead`` L > 0 (EAGLE): ``tokens`` also holds the L tokens after the last block, and
-    each block's hash covers its next L tokens. vLLM: its real lookahead hash (extra keys
-    ``(None, *next tokens)``). SGLang: its bigram pages hash with a native page hash this
-    replica does not have; the sim chains its page hash over the page's tokens and the next
-    one (opaque ids, as the events' consumers treat them)."""
-
-    def __init__(self, engine: Engine, block_size: int, lookahead: int = 0) -> None:
-        self.engine = engine
-        self.block_size = block_size
-        self.lookahead = lookahead
-
-    def digests(self, tokens: Sequence[int], parent: bytes | None) -> list[bytes]:
-        size, ahead = self.block_size, self.lookahead
-        if not ahead:
-            if self.engine is Engine.SGLANG:
-                return sglang_page_hashes(list(tokens), size, parent=parent)
-            return vllm_block_hashes(list(tokens), size, parent=parent)
-        blocks = max(len(tokens) - ahead, 0) // size
-        nexts = [tuple(tokens[(i + 1) * size : (i + 1) * size + ahead]) for i in range(blocks)]
-        if self.engine is Engine.VLLM:
-            return vllm_block_hashes(list(tokens[: blocks * size]), size, parent=parent,
-                                     extra_keys=[(None, *n) for n in nexts])
-        out: list[bytes] = []
-        for i, following in enumerate(nexts):
-            page = [*tokens[i * size : (i + 1) * size], *following]
-            parent = sglang_page_hashes(page, size + ahead, parent=parent)[0]
-            out.append(parent)
-        return out
-
-    def event_id(self, digest: bytes) -> int:
-        if self.engine is Engine.SGLANG:
-            return sglang_event_int(digest)
-        return vllm_event_int(digest)
 
 
 class Leg(StrEnum):

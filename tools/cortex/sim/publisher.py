@@ -3,7 +3,9 @@
 The sync half (:class:`EventEncoder`) turns cache events into the engine version's payload
 bytes. The async half (:class:`EventPublisher`) numbers batches (seq from 0), keeps the last
 ``buffer_steps`` of them for replay, applies the armed faults (drop / duplicate / reorder)
-and answers DEALER replay requests exactly as the engine does.
+and answers DEALER replay requests exactly as the engine does. ``track_subscribers`` binds
+an XPUB instead of a PUB, so a test can wait until its subscriber joined before it sends
+(ZMQ's slow joiner); the engines' PUB sockets behave the same on the wire.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import Self
 
 import zmq
 import zmq.asyncio
@@ -139,6 +142,7 @@ class EventPublisher:
         replay_port: int | None,
         topic: str = "",
         buffer_steps: int = 10_000,
+        track_subscribers: bool = False,
     ) -> None:
         self._ctx = ctx
         self._encoder = encoder
@@ -153,6 +157,11 @@ class EventPublisher:
         self._pub: zmq.asyncio.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        self._track_subscribers = track_subscribers
+        self._subscriptions_task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+        self.subscribers = 0
+        """Joined subscribers (``track_subscribers`` only)."""
         self._held: tuple[int, bytes] | None = None
         self.next_seq = 0
         self.pub_port = 0
@@ -162,12 +171,17 @@ class EventPublisher:
         self.dropped_batches = 0
         self.replay_requests = 0
 
-    async def __aenter__(self) -> EventPublisher:
+    async def __aenter__(self) -> Self:
         try:
-            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub = self._ctx.socket(zmq.XPUB if self._track_subscribers else zmq.PUB)
             self._pub.setsockopt(zmq.SNDHWM, _HWM)
             self._pub.setsockopt(zmq.LINGER, 0)
+            if self._track_subscribers:
+                self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
             self.pub_port = bind_tcp(self._pub, self._host, self._want_pub)
+            if self._track_subscribers:
+                self._subscriptions_task = asyncio.create_task(self._count_subscriptions(),
+                                                               name="sim-subscriptions")
             if self._want_replay is not None:
                 self._router = self._ctx.socket(zmq.ROUTER)
                 self._router.setsockopt(zmq.LINGER, 0)
@@ -183,8 +197,9 @@ class EventPublisher:
         await self.aclose()
 
     async def aclose(self) -> None:
-        task, self._replay_task = self._replay_task, None
-        if task is not None:
+        tasks = [t for t in (self._replay_task, self._subscriptions_task) if t is not None]
+        self._replay_task = self._subscriptions_task = None
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -201,11 +216,14 @@ class EventPublisher:
         """Send one batch; returns its seq (``None`` when ``events`` is empty)."""
         if not events:
             return None
-        payload = self._encoder.encode(events)
+        self.sent_events += len(events)
+        return self.publish_payload(self._encoder.encode(events))
+
+    def publish_payload(self, payload: bytes) -> int:
+        """Number, buffer and send (faults applied) one encoded batch; returns its seq."""
         seq = self.next_seq
         self.next_seq += 1
         self._buffer.append((seq, payload))
-        self.sent_events += len(events)
         fate = self._faults.next_batch_fate()
         if fate is BatchFate.DROP:
             self.dropped_batches += 1
@@ -222,6 +240,37 @@ class EventPublisher:
             held, self._held = self._held, None
             self._send(*held)
         return seq
+
+    def send_raw(self, raw: Sequence[bytes]) -> None:
+        """Put arbitrary frames on the PUB socket, unnumbered and unbuffered (hostile input)."""
+        if self._pub is not None:
+            self._pub.send_multipart(list(raw), flags=zmq.NOBLOCK)
+
+    def forget_buffer(self) -> None:
+        """Lose the replay buffer, as when ``buffer_steps`` overran a gap."""
+        self._buffer.clear()
+
+    async def wait_subscribed(self, count: int = 1, timeout: float = 10.0) -> None:
+        """Until ``count`` subscribers joined (``track_subscribers`` only): what is sent
+        after this reaches them."""
+        if not self._track_subscribers:
+            raise RuntimeError("wait_subscribed needs track_subscribers=True")
+        async with asyncio.timeout(timeout):
+            while self.subscribers < count:
+                self._subscribed.clear()
+                await self._subscribed.wait()
+
+    async def _count_subscriptions(self) -> None:
+        assert self._pub is not None
+        pub = self._pub
+        while True:
+            msg = await pub.recv_multipart()
+            kind = msg[0][:1] if msg else b""
+            if kind == b"\x01":
+                self.subscribers += 1
+            elif kind == b"\x00":
+                self.subscribers -= 1
+            self._subscribed.set()
 
     def restart(self) -> None:
         """Behave like a freshly started engine: seq from 0, empty replay buffer."""

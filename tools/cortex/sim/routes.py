@@ -4,7 +4,7 @@ Thin: parse with :mod:`protocol`, pick a data-parallel rank (:mod:`dp`), serve w
 rank's :class:`~cortex.sim.engine.SimEngine`, shape with :mod:`responses`. HTTP faults hit
 the paths of their scope (generation endpoints by default); admin paths under ``/sim/``
 never: ``GET /sim/state``, ``GET /sim/cache``, ``GET|POST|DELETE /sim/faults``,
-``POST /sim/restart``.
+``POST /sim/restart`` (their documents are built by :mod:`cortex.sim.admin`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cortex.chat import (
 from cortex.hashing import Engine
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
+from cortex.sim.admin import cache_listing, sim_state
 from cortex.sim.auxiliary import AuxiliaryRoutes, auth_middleware
 from cortex.sim.config import Role, SimConfig
 from cortex.sim.discovery import add_vllm_discovery_routes, cache_config_info
@@ -544,61 +545,18 @@ class SimRoutes:
 
     # -- admin ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _rank_state(engine: SimEngine) -> dict[str, Any]:
-        cache = engine.cache
-        return {
-            "running": engine.running, "waiting": engine.waiting,
-            "cache": {"capacity_blocks": cache.capacity, "block_size": cache.block_size,
-                      "cached_blocks": cache.cached_blocks, "used_blocks": cache.used_blocks,
-                      "pinned_blocks": cache.pinned_blocks, "evicted_blocks":
-                          cache.evicted_blocks, "enabled": cache.enabled},
-            "events": engine.event_state(),
-            "stats": engine.stats_dict(),
-        }
-
     def state(self) -> dict[str, Any]:
-        """Ports, load, cache, event counters, stats and faults; with ``dp_size`` > 1 the
-        top-level numbers are sums over ``ranks`` (rank 0's event counters)."""
-        ranks = [self._rank_state(engine) for engine in self.engines]
-        whole = ranks[0]
-        if len(ranks) > 1:
-            whole = {**whole, "running": sum(r["running"] for r in ranks),
-                     "waiting": sum(r["waiting"] for r in ranks),
-                     "cache": {key: (value if isinstance(value, bool) or key == "block_size"
-                                     else sum(r["cache"][key] for r in ranks))
-                               for key, value in whole["cache"].items()},
-                     "stats": {key: sum(r["stats"][key] for r in ranks)
-                               for key in whole["stats"]}}
-        state = {
-            "engine": self.config.engine.value, "version": self.config.engine_version,
-            "role": self.config.role.value, "model": self.config.model,
-            "ports": dict(self.ports), "running": whole["running"],
-            "waiting": whole["waiting"], "cache": whole["cache"], "events": whole["events"],
-            "stats": whole["stats"], "faults": self.faults.snapshot(),
-            "traceparent": self.seen.get("traceparent"),
-        }
-        if len(ranks) > 1:
-            state["ranks"] = ranks
-        return state
+        """The ``/sim/state`` document (:func:`cortex.sim.admin.sim_state`)."""
+        return sim_state(self.config, self.engines, self.faults, self.ports,
+                         self.seen.get("traceparent"))
 
     async def _sim_state(self, _: web.Request) -> web.Response:
         return web.json_response(self.state())
 
     async def _sim_cache(self, request: web.Request) -> web.Response:
         with_tokens = request.query.get("tokens") in ("1", "true")
-        blocks = []
-        for engine in self.engines:
-            for block in engine.cache.blocks():
-                item: dict[str, Any] = {"hash": block.event_id, "block_id": block.block_id,
-                                        "parent": block.parent.event_id if block.parent
-                                        else None, "refs": block.refs}
-                if len(self.engines) > 1:
-                    item["dp_rank"] = engine.dp_rank
-                if with_tokens:
-                    item["tokens"] = list(block.tokens)
-                blocks.append(item)
-        return web.json_response({"block_size": self.config.block_size, "blocks": blocks})
+        return web.json_response(cache_listing(self.engines, self.config.block_size,
+                                               with_tokens))
 
     async def _sim_faults(self, request: web.Request) -> web.Response:
         if request.method == "DELETE":
