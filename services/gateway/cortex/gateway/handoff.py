@@ -157,24 +157,26 @@ def vllm_prefill_result(data: bytes) -> tuple[dict[str, Any] | None, dict[str, A
 
 def _answer_objects(data: bytes) -> list[dict[str, Any]]:
     """The JSON objects of an answer: the body, or each ``data:`` event of a stream."""
-    text = data.lstrip()
-    if not text.startswith(b"data:"):
+    if not data.lstrip().startswith(b"data:"):
         try:
             obj = json.loads(data)
         except ValueError:
             return []
         return [obj] if isinstance(obj, dict) else []
-    out: list[dict[str, Any]] = []
-    for event in text.replace(b"\r\n", b"\n").split(b"\n\n"):
+    return [obj for obj in _stream_objects(data) if isinstance(obj, dict)]
+
+
+def _stream_objects(data: bytes) -> list[Any]:
+    """The decoded ``data:`` events of an SSE stream (``[DONE]`` and bad JSON skipped)."""
+    out: list[Any] = []
+    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
         line = event.strip()
         if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
             continue
         try:
-            obj = json.loads(line[5:])
+            out.append(json.loads(line[5:]))
         except ValueError:
             continue
-        if isinstance(obj, dict):
-            out.append(obj)
     return out
 
 
@@ -235,14 +237,7 @@ def prefill_input_logprobs(data: bytes, stream: bool) -> dict[int, list[Any]]:
     the first event of each index; a batch body: list position)."""
     out: dict[int, list[Any]] = {}
     if stream:
-        for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-            line = event.strip()
-            if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
-                continue
-            try:
-                obj = json.loads(line[5:])
-            except ValueError:
-                continue
+        for obj in _stream_objects(data):
             found = _logprobs_of(obj)
             index = obj.get("index", 0) if isinstance(obj, dict) else 0
             if found is not None and isinstance(index, int):

@@ -23,6 +23,7 @@ from typing import Any
 from cortex.registry.kubernetes.config import DiscoveryConfig
 from cortex.registry.kubernetes.service import DiscoveryService
 from cortex.registry.redis_registry import DEFAULT_NAMESPACE
+from cortex.telemetry import add_logging_flags, configure_logging
 
 __all__ = ["SERVICE_ACCOUNT", "build_config", "register"]
 
@@ -65,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--metrics-port", type=int,
                         default=int(env("CORTEX_DISCOVERY_METRICS_PORT", "9466")),
                         help="HTTP port of /metrics and /health (-1 = off; default: 9466)")
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_flags(parser)
     parser.set_defaults(func=_cmd_run)
 
 
@@ -109,8 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     try:
         asyncio.run(_serve(config))
     except OSError as exc:  # e.g. the metrics port is taken
