@@ -288,11 +288,12 @@ def test_gateway_probes_drain_autoscaling_and_disruption_budget(gateway: Gateway
                         ("startupProbe", "/health/live")):
         get = spec[probe]["httpGet"]
         assert (get["path"], probe_port(deployment, get)) == (path, gateway.server.port)
-    # no drain phase in the gateway (yet): a preStop sleep, then SIGTERM's graceful stop
-    command = spec["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[0] == "sleep"
+    # the gateway drains itself (not ready, still serving), then stops gracefully: the pod's
+    # grace period covers both, and no preStop hook delays the SIGTERM that starts the drain
+    assert "lifecycle" not in spec
+    assert gateway.server.drain_delay_s >= 5
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace >= int(command[1]) + gateway.server.graceful_timeout_s + 5
+    assert grace >= gateway.server.drain_delay_s + gateway.server.graceful_timeout_s + 5
     hpa = the("HorizontalPodAutoscaler", "cortex-gateway")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": "cortex-gateway"}
