@@ -1,5 +1,5 @@
-"""What every Cortex service shares for observability: one logging setup (JSON lines or
-text, the same fields everywhere) and OpenTelemetry tracing over OTLP/HTTP."""
+"""What every Cortex service shares at its edge: one logging setup (JSON lines or text, the
+same fields everywhere), OpenTelemetry tracing over OTLP/HTTP, and how it is told to stop."""
 
 from cortex.telemetry.logs import (
     LOG_FORMATS,
@@ -8,6 +8,7 @@ from cortex.telemetry.logs import (
     add_logging_flags,
     configure_logging,
 )
+from cortex.telemetry.signals import stop_signals
 
 __all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "add_logging_flags",
-           "configure_logging"]
+           "configure_logging", "stop_signals"]

@@ -14,11 +14,10 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
-from cortex.telemetry import add_logging_flags, configure_logging
+from cortex.telemetry import add_logging_flags, configure_logging, stop_signals
 
 __all__ = ["register"]
 
@@ -98,14 +97,16 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: Any, env: dict[str, str], epp: tuple[str, int] | None = None
                  ) -> None:
+    with stop_signals() as stop:
+        await _run(config, env, epp, stop)
+
+
+async def _run(config: Any, env: dict[str, str], epp: tuple[str, int] | None,
+               stop: asyncio.Event) -> None:
     import contextlib
 
     from cortex.gateway.server import GatewayServer
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     async with GatewayServer(config, environ=env) as server, \
             contextlib.AsyncExitStack() as stack:
         if epp is not None:

@@ -10,14 +10,13 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from cortex.index.config import IndexConfig
 from cortex.index.errors import ConfigError
-from cortex.telemetry import add_logging_flags, configure_logging
+from cortex.telemetry import add_logging_flags, configure_logging, stop_signals
 
 __all__ = ["config_from_args", "register", "run"]
 
@@ -94,19 +93,12 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> In
 async def _serve(config: IndexConfig) -> None:
     from cortex.index.server import IndexServer
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with stop_signals() as stop:
         async with IndexServer(config) as server:
             print(f"cortex index: serving on {server.target} (index_id {server.index_id})",
                   flush=True)
             await stop.wait()
             log.info("signal received: draining")
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import re
-import signal
 import socket
 import sys
 from typing import Any
@@ -27,7 +25,7 @@ from cortex.ingest.forwarder import ForwarderConfig, IndexTarget
 from cortex.ingest.service import IngestService
 from cortex.ingest.shard import ShardSpec, shard_of
 from cortex.ledger.grpc import read_token
-from cortex.telemetry import add_logging_flags, configure_logging
+from cortex.telemetry import add_logging_flags, configure_logging, stop_signals
 
 __all__ = ["build_config", "register"]
 
@@ -180,15 +178,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: IngestConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    async with IngestService(config) as service:
-        log.info("ingest %s running; metrics on port %s", config.ingest_id, service.metrics_port)
-        await stop.wait()
-        log.info("ingest %s stopping", config.ingest_id)
+    with stop_signals() as stop:
+        async with IngestService(config) as service:
+            log.info("ingest %s running; metrics on port %s", config.ingest_id,
+                     service.metrics_port)
+            await stop.wait()
+            log.info("ingest %s stopping", config.ingest_id)
 
 
 def _cmd_shard_of(args: argparse.Namespace) -> int:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Any
 from cortex.registry.kubernetes.config import DiscoveryConfig
 from cortex.registry.kubernetes.service import DiscoveryService
 from cortex.registry.redis_registry import DEFAULT_NAMESPACE
-from cortex.telemetry import add_logging_flags, configure_logging
+from cortex.telemetry import add_logging_flags, configure_logging, stop_signals
 
 __all__ = ["SERVICE_ACCOUNT", "build_config", "register"]
 
@@ -120,12 +118,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: DiscoveryConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    async with DiscoveryService(config) as service:
-        log.info("discovering pods namespace=%s selector=%r at %s; metrics on port %s",
-                 config.namespace, config.selector, config.api_url, service.metrics_port)
-        await stop.wait()
+    with stop_signals() as stop:
+        async with DiscoveryService(config) as service:
+            log.info("discovering pods namespace=%s selector=%r at %s; metrics on port %s",
+                     config.namespace, config.selector, config.api_url, service.metrics_port)
+            await stop.wait()
