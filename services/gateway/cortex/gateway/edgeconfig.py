@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from cortex.gateway.auth import ApiKeys, KeyDigest, parse_key_lines
 from cortex.gateway.errors import ConfigError
+from cortex.gateway.servingconfig import non_negative, positive
 
 __all__ = ["AccessLogConfig", "AuthConfig", "CorsConfig", "TracingConfig"]
 
@@ -81,8 +82,7 @@ class CorsConfig:
                                   "(scheme://host[:port]) or *")
         if self.allow_credentials and "*" in self.allow_origins:
             raise ConfigError("cors.allow_credentials: browsers refuse credentials with *")
-        if self.max_age_s < 0:
-            raise ConfigError(f"cors.max_age_s: must be >= 0, got {self.max_age_s}")
+        non_negative("cors", max_age_s=self.max_age_s)
 
     @property
     def enabled(self) -> bool:
@@ -138,6 +138,6 @@ class TracingConfig:
         if not 0.0 <= self.sample_ratio <= 1.0:
             raise ConfigError(f"tracing.sample_ratio: must be in [0, 1], got "
                               f"{self.sample_ratio!r}")
-        for name in ("export_interval_s", "export_timeout_s", "batch_size", "max_queue"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"tracing.{name}: must be > 0, got {getattr(self, name)!r}")
+        positive("tracing", export_interval_s=self.export_interval_s,
+                 export_timeout_s=self.export_timeout_s, batch_size=self.batch_size,
+                 max_queue=self.max_queue)

@@ -36,16 +36,20 @@ __all__ = [
     "Timeouts",
     "TokenizeConfig",
     "UpstreamConfig",
+    "non_negative",
+    "positive",
 ]
 
 
-def _positive(section: str, **values: float) -> None:
+def positive(section: str, **values: float) -> None:
+    """``ConfigError`` naming the first of ``values`` that is not > 0."""
     for name, value in values.items():
         if not value > 0:
             raise ConfigError(f"{section}.{name}: must be > 0, got {value!r}")
 
 
-def _non_negative(section: str, **values: float) -> None:
+def non_negative(section: str, **values: float) -> None:
+    """``ConfigError`` naming the first of ``values`` that is < 0."""
     for name, value in values.items():
         if value < 0:
             raise ConfigError(f"{section}.{name}: must be >= 0, got {value!r}")
@@ -82,11 +86,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
-        _positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
+        positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
                   keep_alive_timeout_s=self.keep_alive_timeout_s,
                   body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
-        _non_negative("server", max_connections=self.max_connections)
-        _non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
+        non_negative("server", max_connections=self.max_connections)
+        non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
                       drain_delay_s=self.drain_delay_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("server.admin_token: must be at least 16 characters")
@@ -154,20 +158,20 @@ class ModelConfig:
             object.__setattr__(self, "engine", Engine(self.engine))
         except ValueError:
             raise ConfigError(f"{where}.engine: must be one of sglang, vllm") from None
-        _positive(where, block_size=self.block_size)
-        _non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens,
+        positive(where, block_size=self.block_size)
+        non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens,
                       tokenize_cache_bytes=self.tokenize_cache_bytes)
         if self.max_model_len is not None:
-            _positive(where, max_model_len=self.max_model_len)
+            positive(where, max_model_len=self.max_model_len)
         if self.max_prompt_tokens is not None:
-            _positive(where, max_prompt_tokens=self.max_prompt_tokens)
+            positive(where, max_prompt_tokens=self.max_prompt_tokens)
         if self.max_tokens is not None:
-            _positive(where, max_tokens=self.max_tokens)
-        _positive(where, max_messages=self.max_messages,
+            positive(where, max_tokens=self.max_tokens)
+        positive(where, max_messages=self.max_messages,
                   precheck_chars_per_token=self.precheck_chars_per_token)
         for name in ("first_byte_timeout_s", "response_timeout_s", "stream_idle_timeout_s"):
             if getattr(self, name) is not None:
-                _positive(where, **{name: getattr(self, name)})
+                positive(where, **{name: getattr(self, name)})
         for name in ("tokenizer", "chat_template"):
             value = getattr(self, name)
             if value is not None:
@@ -225,7 +229,7 @@ class RoutingWeights:
     disk_hit: float = 0.25
 
     def __post_init__(self) -> None:
-        _non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
+        non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
                       delta=self.delta)
         for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
             if not 0.0 <= value <= 1.0:
@@ -251,10 +255,10 @@ class RoutingConfig:
     load_stale_after_s: float = 2.0
 
     def __post_init__(self) -> None:
-        _positive("routing", high_watermark=self.high_watermark,
+        positive("routing", high_watermark=self.high_watermark,
                   predicted_max_keys=self.predicted_max_keys,
                   load_stale_after_s=self.load_stale_after_s)
-        _non_negative("routing", predicted_ttl_s=self.predicted_ttl_s)
+        non_negative("routing", predicted_ttl_s=self.predicted_ttl_s)
         for worker, mark in self.watermarks.items():
             if not isinstance(mark, int) or mark < 1:
                 raise ConfigError(f"routing.watermarks.{worker}: must be an integer >= 1")
@@ -286,7 +290,7 @@ class IndexConfig:
     workers_poll_s: float = 2.0
 
     def __post_init__(self) -> None:
-        _positive("index", match_timeout_ms=self.match_timeout_ms,
+        positive("index", match_timeout_ms=self.match_timeout_ms,
                   retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s,
                   replica_grace_s=self.replica_grace_s,
                   replica_touch_interval_s=self.replica_touch_interval_s)
@@ -309,8 +313,8 @@ class RegistryConfig:
     forget_after_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        _positive("registry", lease_ttl_s=self.lease_ttl_s, poll_interval_s=self.poll_interval_s)
-        _non_negative("registry", forget_after_s=self.forget_after_s)
+        positive("registry", lease_ttl_s=self.lease_ttl_s, poll_interval_s=self.poll_interval_s)
+        non_negative("registry", forget_after_s=self.forget_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +331,7 @@ class DiscoveryConfig:
     retry_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
-        _positive("discovery", timeout_s=self.timeout_s,
+        positive("discovery", timeout_s=self.timeout_s,
                   retry_interval_s=self.retry_interval_s)
         for url in self.worker_urls:
             try:
@@ -351,9 +355,9 @@ class HealthConfig:
     remove_after_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _positive("health", interval_s=self.interval_s, timeout_s=self.timeout_s,
+        positive("health", interval_s=self.interval_s, timeout_s=self.timeout_s,
                   unhealthy_after=self.unhealthy_after, healthy_after=self.healthy_after)
-        _non_negative("health", remove_after_s=self.remove_after_s)
+        non_negative("health", remove_after_s=self.remove_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +371,7 @@ class BreakerConfig:
     half_open_successes: int = 2
 
     def __post_init__(self) -> None:
-        _positive("breaker", failures=self.failures, window_s=self.window_s, open_s=self.open_s,
+        positive("breaker", failures=self.failures, window_s=self.window_s, open_s=self.open_s,
                   half_open_successes=self.half_open_successes)
 
 
@@ -379,7 +383,7 @@ class LoadConfig:
     timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
-        _positive("load", poll_interval_s=self.poll_interval_s, timeout_s=self.timeout_s)
+        positive("load", poll_interval_s=self.poll_interval_s, timeout_s=self.timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,12 +425,12 @@ class UpstreamConfig:
     stream_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _positive("upstream", connect_timeout_s=self.connect_timeout_s,
+        positive("upstream", connect_timeout_s=self.connect_timeout_s,
                   request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
                   first_byte_timeout_s=self.first_byte_timeout_s,
                   response_timeout_s=self.response_timeout_s,
                   stream_idle_timeout_s=self.stream_idle_timeout_s)
-        _non_negative("upstream", max_connections=self.max_connections)
+        non_negative("upstream", max_connections=self.max_connections)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,9 +445,9 @@ class AdmissionConfig:
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:
-        _non_negative("admission", max_concurrent_requests=self.max_concurrent_requests,
+        non_negative("admission", max_concurrent_requests=self.max_concurrent_requests,
                       queue_size=self.queue_size)
-        _positive("admission", queue_timeout_s=self.queue_timeout_s,
+        positive("admission", queue_timeout_s=self.queue_timeout_s,
                   retry_after_s=self.retry_after_s)
 
 
@@ -478,9 +482,9 @@ class PDConfig:
     vllm_stream_prefill: bool = False
 
     def __post_init__(self) -> None:
-        _positive("pd", prefill_timeout_s=self.prefill_timeout_s,
+        positive("pd", prefill_timeout_s=self.prefill_timeout_s,
                   decode_timeout_s=self.decode_timeout_s, max_attempts=self.max_attempts)
-        _non_negative("pd", local_prefill_max_tokens=self.local_prefill_max_tokens)
+        non_negative("pd", local_prefill_max_tokens=self.local_prefill_max_tokens)
         if not 0.0 <= self.local_prefill_max_ratio <= 1.0:
             raise ConfigError("pd.local_prefill_max_ratio: must be in [0, 1], got "
                               f"{self.local_prefill_max_ratio!r}")
@@ -521,11 +525,11 @@ class TokenizeConfig:
     self_check_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        _non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
+        non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
                       feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
                       feed_min_tokens=self.feed_min_tokens,
                       self_check_interval_s=self.self_check_interval_s)
-        _positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
+        positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
                   self_check_timeout_s=self.self_check_timeout_s)
         if self.encoder not in ("threads", "processes"):
             raise ConfigError(f"tokenize.encoder: must be threads or processes, got "
