@@ -44,13 +44,7 @@ def serve(tmp_path: Path) -> Iterator[Any]:
 
     yield start
     for launcher in launched:  # a failed test must not leave a cluster behind
-        if launcher.proc.poll() is None:
-            launcher.proc.send_signal(signal.SIGTERM)
-            try:
-                launcher.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                launcher.proc.kill()
-                launcher.proc.wait()
+        launcher.stop()
 
 
 @pytest.fixture

@@ -74,6 +74,16 @@ class Launcher:
     def wait_exit(self, timeout: float = 30.0) -> int:
         return self.proc.wait(timeout=timeout)
 
+    def stop(self) -> None:
+        """SIGTERM if still running; SIGKILL after 30 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Any]:
@@ -96,13 +106,7 @@ def launch(tmp_path: Path) -> Iterator[Any]:
 
     yield start
     for launcher in launched:  # a failed test must not leave a cluster behind
-        if launcher.proc.poll() is None:
-            launcher.proc.send_signal(signal.SIGTERM)
-            try:
-                launcher.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                launcher.proc.kill()
-                launcher.proc.wait()
+        launcher.stop()
 
 
 def printed_commands(stdout: str) -> list[str]:
