@@ -16,7 +16,7 @@ from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
 from .conftest import BLOCK, MODEL, StartGateway, StartSim
-from .test_gateway_cluster import SYSTEM, chat, cluster, wait_index_holds
+from .test_gateway_cluster import SYSTEM, Cluster, chat, cluster, wait_index_holds
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,6 +34,21 @@ def other(tag: str) -> dict[str, Any]:
                                          {"role": "user", "content": "something else"}]}
 
 
+async def evict_tail_to_host(c: Cluster, http: aiohttp.ClientSession, holder_url: str,
+                             first: dict[str, Any], holder: str) -> None:
+    """Straight to the holder, not through the gateway: its GPU evicts the first prompt's
+    tail into host memory; wait until the gateway sees it there."""
+    async with http.post(holder_url + "/v1/chat/completions",
+                         json={**other("evict"), "max_tokens": 4}) as resp:
+        assert resp.status == 200, await resp.text()
+
+    async def tail_in_host() -> bool:
+        cand = await c.candidate(first, holder)
+        return bool(cand["host_tokens"] > 0 and cand["predicted_tokens"] == 0)
+
+    await wait_until_async(tail_in_host, timeout=10, what="the tail in the host tier")
+
+
 @pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
 async def test_a_prefix_in_host_memory_is_routed_back_to_its_holder(
     engine: Engine, redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
@@ -48,17 +63,7 @@ async def test_a_prefix_in_host_memory_is_routed_back_to_its_holder(
         headers, _ = await c.send(first)
         holder = headers["x-cortex-assigned-worker"]
         await wait_index_holds(c, first, holder)
-        # Straight to the holder, not through the gateway: its GPU evicts the first
-        # prompt's tail into host memory.
-        async with http.post(sims[holder].url + "/v1/chat/completions",
-                             json={**other("evict"), "max_tokens": 4}) as resp:
-            assert resp.status == 200, await resp.text()
-
-        async def tail_in_host() -> bool:
-            cand = await c.candidate(first, holder)
-            return bool(cand["host_tokens"] > 0 and cand["predicted_tokens"] == 0)
-
-        await wait_until_async(tail_in_host, timeout=10, what="the tail in the host tier")
+        await evict_tail_to_host(c, http, sims[holder].url, first, holder)
         cand = await c.candidate(first, holder)
         device, host = cand["index_tokens"], cand["host_tokens"]
         assert cand["matched_tokens"] == device + host
@@ -89,14 +94,6 @@ async def test_gpu_only_crediting_ignores_the_host_tier(
         first = chat("which rules apply here?")
         headers, _ = await c.send(first)
         holder = headers["x-cortex-assigned-worker"]
-        async with http.post(sims[holder].url + "/v1/chat/completions",
-                             json={**other("evict"), "max_tokens": 4}) as resp:
-            assert resp.status == 200, await resp.text()
-
-        async def tail_in_host() -> bool:
-            cand = await c.candidate(first, holder)
-            return bool(cand["host_tokens"] > 0 and cand["predicted_tokens"] == 0)
-
-        await wait_until_async(tail_in_host, timeout=10, what="the tail in the host tier")
+        await evict_tail_to_host(c, http, sims[holder].url, first, holder)
         cand = await c.candidate(first, holder)
         assert cand["matched_tokens"] == cand["index_tokens"] == cand["credit"]
