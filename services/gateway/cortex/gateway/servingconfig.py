@@ -87,11 +87,11 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
         positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
-                  keep_alive_timeout_s=self.keep_alive_timeout_s,
-                  body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
+                 keep_alive_timeout_s=self.keep_alive_timeout_s,
+                 body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
         non_negative("server", max_connections=self.max_connections)
         non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
-                      drain_delay_s=self.drain_delay_s)
+                     drain_delay_s=self.drain_delay_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("server.admin_token: must be at least 16 characters")
 
@@ -160,7 +160,7 @@ class ModelConfig:
             raise ConfigError(f"{where}.engine: must be one of sglang, vllm") from None
         positive(where, block_size=self.block_size)
         non_negative(where, tokenize_cache_tokens=self.tokenize_cache_tokens,
-                      tokenize_cache_bytes=self.tokenize_cache_bytes)
+                     tokenize_cache_bytes=self.tokenize_cache_bytes)
         if self.max_model_len is not None:
             positive(where, max_model_len=self.max_model_len)
         if self.max_prompt_tokens is not None:
@@ -168,7 +168,7 @@ class ModelConfig:
         if self.max_tokens is not None:
             positive(where, max_tokens=self.max_tokens)
         positive(where, max_messages=self.max_messages,
-                  precheck_chars_per_token=self.precheck_chars_per_token)
+                 precheck_chars_per_token=self.precheck_chars_per_token)
         for name in ("first_byte_timeout_s", "response_timeout_s", "stream_idle_timeout_s"):
             if getattr(self, name) is not None:
                 positive(where, **{name: getattr(self, name)})
@@ -230,7 +230,7 @@ class RoutingWeights:
 
     def __post_init__(self) -> None:
         non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
-                      delta=self.delta)
+                     delta=self.delta)
         for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"routing.weights.{name}: must be within [0, 1], got {value}")
@@ -256,8 +256,8 @@ class RoutingConfig:
 
     def __post_init__(self) -> None:
         positive("routing", high_watermark=self.high_watermark,
-                  predicted_max_keys=self.predicted_max_keys,
-                  load_stale_after_s=self.load_stale_after_s)
+                 predicted_max_keys=self.predicted_max_keys,
+                 load_stale_after_s=self.load_stale_after_s)
         non_negative("routing", predicted_ttl_s=self.predicted_ttl_s)
         for worker, mark in self.watermarks.items():
             if not isinstance(mark, int) or mark < 1:
@@ -291,9 +291,9 @@ class IndexConfig:
 
     def __post_init__(self) -> None:
         positive("index", match_timeout_ms=self.match_timeout_ms,
-                  retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s,
-                  replica_grace_s=self.replica_grace_s,
-                  replica_touch_interval_s=self.replica_touch_interval_s)
+                 retry_after_ms=self.retry_after_ms, workers_poll_s=self.workers_poll_s,
+                 replica_grace_s=self.replica_grace_s,
+                 replica_touch_interval_s=self.replica_touch_interval_s)
         for target in self.targets:
             host, _, port = target.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -332,7 +332,7 @@ class DiscoveryConfig:
 
     def __post_init__(self) -> None:
         positive("discovery", timeout_s=self.timeout_s,
-                  retry_interval_s=self.retry_interval_s)
+                 retry_interval_s=self.retry_interval_s)
         for url in self.worker_urls:
             try:
                 WorkerSpec(id="seed", url=url, engine=Engine.SGLANG, model="seed")
@@ -356,7 +356,7 @@ class HealthConfig:
 
     def __post_init__(self) -> None:
         positive("health", interval_s=self.interval_s, timeout_s=self.timeout_s,
-                  unhealthy_after=self.unhealthy_after, healthy_after=self.healthy_after)
+                 unhealthy_after=self.unhealthy_after, healthy_after=self.healthy_after)
         non_negative("health", remove_after_s=self.remove_after_s)
 
 
@@ -372,7 +372,7 @@ class BreakerConfig:
 
     def __post_init__(self) -> None:
         positive("breaker", failures=self.failures, window_s=self.window_s, open_s=self.open_s,
-                  half_open_successes=self.half_open_successes)
+                 half_open_successes=self.half_open_successes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,10 +426,10 @@ class UpstreamConfig:
 
     def __post_init__(self) -> None:
         positive("upstream", connect_timeout_s=self.connect_timeout_s,
-                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
-                  first_byte_timeout_s=self.first_byte_timeout_s,
-                  response_timeout_s=self.response_timeout_s,
-                  stream_idle_timeout_s=self.stream_idle_timeout_s)
+                 request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
+                 first_byte_timeout_s=self.first_byte_timeout_s,
+                 response_timeout_s=self.response_timeout_s,
+                 stream_idle_timeout_s=self.stream_idle_timeout_s)
         non_negative("upstream", max_connections=self.max_connections)
 
 
@@ -446,9 +446,9 @@ class AdmissionConfig:
 
     def __post_init__(self) -> None:
         non_negative("admission", max_concurrent_requests=self.max_concurrent_requests,
-                      queue_size=self.queue_size)
+                     queue_size=self.queue_size)
         positive("admission", queue_timeout_s=self.queue_timeout_s,
-                  retry_after_s=self.retry_after_s)
+                 retry_after_s=self.retry_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +483,7 @@ class PDConfig:
 
     def __post_init__(self) -> None:
         positive("pd", prefill_timeout_s=self.prefill_timeout_s,
-                  decode_timeout_s=self.decode_timeout_s, max_attempts=self.max_attempts)
+                 decode_timeout_s=self.decode_timeout_s, max_attempts=self.max_attempts)
         non_negative("pd", local_prefill_max_tokens=self.local_prefill_max_tokens)
         if not 0.0 <= self.local_prefill_max_ratio <= 1.0:
             raise ConfigError("pd.local_prefill_max_ratio: must be in [0, 1], got "
@@ -526,11 +526,11 @@ class TokenizeConfig:
 
     def __post_init__(self) -> None:
         non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
-                      feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
-                      feed_min_tokens=self.feed_min_tokens,
-                      self_check_interval_s=self.self_check_interval_s)
+                     feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
+                     feed_min_tokens=self.feed_min_tokens,
+                     self_check_interval_s=self.self_check_interval_s)
         positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
-                  self_check_timeout_s=self.self_check_timeout_s)
+                 self_check_timeout_s=self.self_check_timeout_s)
         if self.encoder not in ("threads", "processes"):
             raise ConfigError(f"tokenize.encoder: must be threads or processes, got "
                               f"{self.encoder!r}")
