@@ -210,11 +210,7 @@ class KeyMapper:
                 continue
             key, parent = found
             ledger.store((engine_hash,), (key,), parent)
-            last = ops[-1] if ops else None
-            if isinstance(last, StoreBlocks) and last.keys[-1] == parent:
-                last.keys.append(key)
-            else:
-                ops.append(StoreBlocks(parent, [key]))
+            _store_one(ops, parent, key)
         return ops or None
 
     def _place(self, event: BlockStored, ledger: Ledger) -> StoreBlocks | Misaligned | None:
@@ -309,11 +305,7 @@ class KeyMapper:
             if key is None or parent is None:
                 continue
             ledger.store((engine_hash,), (key,), parent)
-            last = ops[-1] if ops else None
-            if isinstance(last, StoreBlocks) and last.keys[-1] == parent:
-                last.keys.append(key)
-            else:
-                ops.append(StoreBlocks(parent, [key]))
+            _store_one(ops, parent, key)
         if held_back and count_unconfirmed:
             self._ignore("hybrid_unconfirmed", held_back)
         return ops
@@ -420,6 +412,15 @@ class KeyMapper:
             self._mismatch_logged.add(outcome.cause.value)
             log.warning("alignment mismatch source=%s likely cause=%s: %s", self.source,
                         outcome.cause.value, outcome.detail, extra=self._extra())
+
+
+def _store_one(ops: list[StoreBlocks | RemoveBlocks], parent: int, key: int) -> None:
+    """One block stored under ``parent``: extends the last chain when it ends there."""
+    last = ops[-1] if ops else None
+    if isinstance(last, StoreBlocks) and last.keys[-1] == parent:
+        last.keys.append(key)
+    else:
+        ops.append(StoreBlocks(parent, [key]))
 
 
 def _lookahead_follows(event: BlockStored, lookahead: int) -> bool:
