@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCE_ROOTS := libs/hashing libs/chat libs/ledger libs/telemetry services/ingest services/index services/gateway tools proto/gen
+SOURCE_ROOTS := libs/hashing libs/chat libs/ledger libs/telemetry libs/edge services/ingest services/index services/gateway tools proto/gen
 
 .PHONY: venv test lint typecheck unit up proto proto-check bench clean
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml setup.py
 lint: venv
 	$(BIN)/ruff check .
 
-TYPED_PACKAGES := cortex.hashing cortex.chat cortex.ledger cortex.telemetry cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.cli cortex.bench cortex.testing
+TYPED_PACKAGES := cortex.hashing cortex.chat cortex.ledger cortex.telemetry cortex.edge cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.cli cortex.bench cortex.testing
 
 typecheck: venv
 	$(BIN)/mypy $(addprefix -p ,$(TYPED_PACKAGES))

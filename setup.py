@@ -14,6 +14,7 @@ ROOTS = (
     "libs/chat",
     "libs/ledger",
     "libs/telemetry",
+    "libs/edge",
     "services/ingest",
     "services/index",
     "services/gateway",

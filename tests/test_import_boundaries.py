@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVICES = {"gateway": "services/gateway/cortex/gateway", "index": "services/index/cortex/index",
             "ingest": "services/ingest/cortex/ingest"}
 LIBRARIES = ("cortex.hashing", "cortex.chat", "cortex.ledger", "cortex.registry", "cortex.api",
-             "cortex.telemetry")
+             "cortex.telemetry", "cortex.edge")
 
 
 def cortex_imports(path: Path) -> set[str]:
