@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCE_ROOTS := libs/hashing libs/chat libs/ledger libs/telemetry libs/edge services/ingest services/index services/gateway tools proto/gen
+SOURCE_ROOTS := libs/hashing libs/chat libs/ledger libs/telemetry libs/edge libs/registry services/ingest services/index services/gateway tools proto/gen
 
 .PHONY: venv test lint typecheck unit up proto proto-check bench clean
 

@@ -15,6 +15,7 @@ ROOTS = (
     "libs/ledger",
     "libs/telemetry",
     "libs/edge",
+    "libs/registry",
     "services/ingest",
     "services/index",
     "services/gateway",
