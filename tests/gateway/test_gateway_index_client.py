@@ -13,7 +13,7 @@ from cortex.gateway.index_client import IndexClient
 from cortex.gateway.matching import SourceMatch, Tier
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.codec import pb

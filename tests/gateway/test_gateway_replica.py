@@ -21,7 +21,7 @@ from grpclib.client import Channel
 from cortex.gateway.config import IndexConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.grpc import LedgerCodec

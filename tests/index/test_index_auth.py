@@ -15,7 +15,7 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request

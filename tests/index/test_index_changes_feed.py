@@ -13,9 +13,9 @@ import pytest
 from grpclib.client import Channel
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
-from cortex.index.grpcio_stubs import load_grpcio_stubs
+from cortex.testing.grpcio_stubs import load_grpcio_stubs
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb

@@ -13,7 +13,7 @@ import aiohttp
 from grpclib.client import Channel
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import LedgerUpdates, SyncSession
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request

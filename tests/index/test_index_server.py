@@ -17,7 +17,7 @@ from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
 from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.client import SYNC_METHOD, LedgerUpdates, SyncSession
+from cortex.testing.index_sync import SYNC_METHOD, LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request

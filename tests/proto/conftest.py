@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cortex.index.config import IndexConfig
-from cortex.index.grpcio_stubs import GrpcioStubs, load_grpcio_stubs
+from cortex.testing.grpcio_stubs import GrpcioStubs, load_grpcio_stubs
 from cortex.index.server import IndexServer
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cortex.hashing import Engine, HashDomain
-from cortex.index.grpcio_stubs import GrpcioStubs
+from cortex.testing.grpcio_stubs import GrpcioStubs
 
 pytestmark = pytest.mark.timeout(30)
 MASK64 = 2**64 - 1

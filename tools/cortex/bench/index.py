@@ -36,7 +36,7 @@ from cortex.bench.procstat import rss_bytes
 from cortex.bench.report import table
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
-from cortex.index.grpcio_stubs import load_grpcio_stubs
+from cortex.testing.grpcio_stubs import load_grpcio_stubs
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.server import IndexServer
 from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks

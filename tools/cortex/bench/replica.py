@@ -58,7 +58,7 @@ async def _feeder(target: str, rate: float, seconds: float, blocks: int, per_bat
     """Stores at ``rate`` blocks/s for ``seconds``; prints how many blocks it sent."""
     from grpclib.client import Channel
 
-    from cortex.index.client import LedgerUpdates, SyncSession
+    from cortex.testing.index_sync import LedgerUpdates, SyncSession
     from cortex.ledger.grpc import LedgerCodec
 
     host, _, port = target.rpartition(":")

@@ -16,7 +16,7 @@ from types import ModuleType
 
 __all__ = ["PROTO_PATH", "GrpcioStubs", "load_grpcio_stubs"]
 
-PROTO_PATH = Path(__file__).resolve().parents[4].joinpath("proto/cortex/index/v1/index.proto")
+PROTO_PATH = Path(__file__).resolve().parents[3].joinpath("proto/cortex/index/v1/index.proto")
 _PB2 = "index_pb2"
 _GRPC = "index_pb2_grpc"
 
