@@ -3,22 +3,24 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCE_ROOTS := libs/hashing libs/chat libs/ledger libs/telemetry libs/edge libs/registry services/ingest services/index services/gateway tools proto/gen
+# one distribution per library and service, each with its own pyproject.toml (docs/layout.md)
+DISTRIBUTIONS := proto libs/hashing libs/chat libs/ledger libs/telemetry libs/edge libs/registry \
+	services/ingest services/index services/gateway tools
 
 .PHONY: venv test lint typecheck unit up proto proto-check bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): $(addsuffix /pyproject.toml,$(DISTRIBUTIONS))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	# compat mode: each distribution's source root goes on sys.path, so the cortex.* namespace
+	# spans them all and a new module needs no reinstall (a new entry point does)
+	$(BIN)/python -m pip install -q $(addprefix -e ,$(filter-out tools,$(DISTRIBUTIONS))) -e 'tools[dev]' \
+		--config-settings editable_mode=compat
 	# xds-protos (Envoy's messages, the endpoint picker) ships an older copy of the files of
 	# opentelemetry-proto (tracing); whichever installs last wins: put the latter's back
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
-	# compat mode puts only the repo root on sys.path: add every source root so the
-	# cortex.* namespace spans them and new packages need no reinstall.
-	printf '%s\n' $(addprefix $(CURDIR)/,$(SOURCE_ROOTS)) > $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/cortex-source-roots.pth
 	touch $(STAMP)
 
 lint: venv

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from cortex.cli.cluster import probe_grpc_health, probe_http
+from cortex.edge.probes import probe_grpc_health, probe_http
 
 
 def main(argv: list[str]) -> int:

@@ -1,15 +1,20 @@
-"""Install Cortex the way the container image does, and check the result.
+"""Install one Cortex image's distribution the way its container does, and check the result.
 
-    python docker/install.py SRC [--target DIR] [--no-deps]
+    python docker/install.py SRC IMAGE [--target DIR] [--no-deps]
 
-1. ``pip install SRC`` (the project with its runtime dependencies, no dev extra), then
-   ``opentelemetry-proto`` again: ``xds-protos`` ships an older copy of its files, and
-   whichever installs last wins;
-2. imports every service's modules from the result alone, so a broken install fails the
-   image build.
+IMAGE is ``gateway``, ``index``, ``ingest`` or ``tools`` (docs/layout.md).
+
+1. ``pip install`` the image's distribution together with the local distributions it requires
+   (``cortex-*`` names are resolved from SRC's ``pyproject.toml`` files, never from an index),
+   with their runtime dependencies and no dev extra; then ``opentelemetry-proto`` again where
+   ``xds-protos`` came along (it ships an older copy of its files, and whichever installs
+   last wins);
+2. imports every command module of the installed distributions and the servers they start,
+   from the result alone, and checks that no other service came with it, so a broken or
+   bloated install fails the image build.
 
 ``--target DIR --no-deps`` installs into a plain directory without dependencies (the test
-suite uses it to check the image's install without a network or a Docker engine).
+suite uses it to check the images' installs without a network or a Docker engine).
 """
 
 from __future__ import annotations
@@ -19,65 +24,136 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
-# what each service command runs (cortex.cli.main dispatches lazily to these)
-SERVICE_MODULES = (
-    "cortex.cli.main",
-    "cortex.cli.up",
-    "cortex.index.cli",
-    "cortex.index.server",
-    "cortex.ingest.cli",
-    "cortex.ingest.service",
-    "cortex.ingest.cli_workers",
-    "cortex.gateway.cli",
-    "cortex.gateway.server",
-    "cortex.gateway.epp_server",
-    "cortex.telemetry.tracing",
-    "cortex.sim.cli",
-    "cortex.sim.server",
-)
+IMAGES = {"gateway": "services/gateway", "index": "services/index",
+          "ingest": "services/ingest", "tools": "tools"}
+SERVICES = ("gateway", "index", "ingest")
 
-def pip_install(src: Path, target: Path | None, no_deps: bool) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-cache-dir", str(src)]
+# what a command starts beyond its command module (imported lazily by the command)
+SERVERS = {
+    "cortex-gateway": ("cortex.gateway.server", "cortex.gateway.epp_server",
+                       "cortex.telemetry.tracing"),
+    "cortex-index": ("cortex.index.server",),
+    "cortex-ingest": ("cortex.ingest.service",),
+    "cortex-registry": ("cortex.registry.kubernetes.service",),
+    "cortex-tools": ("cortex.sim.server",),
+}
+
+
+def distributions(src: Path) -> dict[str, tuple[Path, dict[str, object]]]:
+    """Every distribution under ``src``: name -> (its directory, its ``[project]`` table)."""
+    found = {}
+    for pyproject in sorted([*src.glob("*/pyproject.toml"), *src.glob("*/*/pyproject.toml")]):
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project")
+        if project is not None:
+            found[project["name"]] = (pyproject.parent, project)
+    return found
+
+
+def requirement_name(requirement: str) -> str:
+    name = requirement.split(";")[0].split("[")[0]
+    for stop in "<>=!~ ":
+        name = name.split(stop)[0]
+    return name.strip()
+
+
+def closure(src: Path, image: str) -> list[str]:
+    """The image's distribution and every local distribution it requires, by name."""
+    local = distributions(src)
+    root = next(name for name, (path, _) in local.items() if path == src / IMAGES[image])
+    wanted, pending = [], [root]
+    while pending:
+        name = pending.pop()
+        if name in wanted:
+            continue
+        wanted.append(name)
+        requires = local[name][1].get("dependencies", [])
+        assert isinstance(requires, list)
+        pending += [n for n in map(requirement_name, requires) if n in local]
+    return sorted(wanted)
+
+
+def image_commands(src: Path, image: str) -> dict[str, str]:
+    """The ``cortex`` subcommands the image offers: name -> module."""
+    local = distributions(src)
+    commands: dict[str, str] = {}
+    for name in closure(src, image):
+        entry_points = local[name][1].get("entry-points", {})
+        assert isinstance(entry_points, dict)
+        commands.update(entry_points.get("cortex.commands", {}))
+    return commands
+
+
+def command_modules(src: Path, names: list[str]) -> list[str]:
+    """``cortex.edge.main``, each distribution's ``cortex.commands`` modules and their servers."""
+    local = distributions(src)
+    modules = ["cortex.edge.main"]
+    for name in names:
+        entry_points = local[name][1].get("entry-points", {})
+        assert isinstance(entry_points, dict)
+        modules += list(entry_points.get("cortex.commands", {}).values())
+        modules += list(SERVERS.get(name, ()))
+    return modules
+
+
+def pip_install(src: Path, names: list[str], target: Path | None, no_deps: bool) -> None:
+    local = distributions(src)
+    command = [sys.executable, "-m", "pip", "install", "--no-cache-dir",
+               *(str(local[name][0]) for name in names)]
     if no_deps:
         command += ["--no-deps", "--no-build-isolation"]
     if target is not None:
         command += ["--target", str(target)]
     subprocess.run(command, check=True, cwd=src)
     if not no_deps:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
+        try:
+            version("xds-protos")
+        except PackageNotFoundError:
+            return
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir",
                         "--force-reinstall", "--no-deps",
                         f"opentelemetry-proto=={version('opentelemetry-proto')}"],
                        check=True, cwd=src)
 
 
-def check_imports(site: Path) -> None:
-    """Import every service module from ``site`` in a fresh interpreter without the
-    source tree (``-S``: no .pth files, so an editable install cannot mask a gap)."""
+def check_imports(site: Path, modules: list[str], absent: list[str]) -> None:
+    """Import ``modules`` from ``site`` in a fresh interpreter without the source tree
+    (``-S``: no .pth files, so an editable install cannot mask a gap), and fail if any of
+    ``absent`` can be found there."""
     paths = [str(site)]
     if site != Path(sysconfig.get_path("purelib")):
         paths.append(sysconfig.get_path("purelib"))
-    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
-    subprocess.run([sys.executable, "-S", "-c", code, *SERVICE_MODULES], check=True,
-                   cwd="/", env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    code = (
+        "import importlib, importlib.util, sys\n"
+        "wanted, absent = sys.argv[1].split(), sys.argv[2].split()\n"
+        "for m in wanted: importlib.import_module(m)\n"
+        "extra = [m for m in absent if importlib.util.find_spec(m) is not None]\n"
+        "sys.exit(f'other services in this image: {extra}' if extra else 0)\n"
+    )
+    subprocess.run([sys.executable, "-S", "-c", code, " ".join(modules), " ".join(absent)],
+                   check=True, cwd="/", env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", type=Path, help="the repository (a copy of the build context)")
+    parser.add_argument("image", choices=sorted(IMAGES), help="which image's distribution")
     parser.add_argument("--target", type=Path, default=None,
                         help="install into this directory (pip --target)")
     parser.add_argument("--no-deps", action="store_true",
-                        help="install the project only, none of its dependencies")
+                        help="install the distributions only, none of their dependencies")
     args = parser.parse_args(argv)
     src = args.src.resolve()
-    pip_install(src, args.target, args.no_deps)
+    names = closure(src, args.image)
+    pip_install(src, names, args.target, args.no_deps)
     site = args.target.resolve() if args.target else Path(sysconfig.get_path("purelib"))
-    check_imports(site)
-    print(f"install.py: cortex installed in {site}; every service module imports")
+    others = [] if args.image == "tools" else [f"cortex.{s}" for s in SERVICES if s != args.image]
+    check_imports(site, command_modules(src, names), others)
+    print(f"install.py: {', '.join(names)} installed in {site}; every command imports")
     return 0
 
 

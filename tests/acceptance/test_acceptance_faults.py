@@ -131,9 +131,9 @@ async def test_the_dev_cluster_index_takes_ledger_writes_only_from_its_peers(
     from grpclib.exceptions import GRPCError
 
     from cortex.hashing import Engine, HashDomain
-    from cortex.testing.index_sync import LedgerUpdates, SyncSession
     from cortex.ledger.client import index_channel
     from cortex.ledger.grpc import read_token
+    from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
     client = Client(cluster, http)
     body = chat(long_prompt("peers"), "who holds this?")

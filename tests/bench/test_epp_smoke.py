@@ -14,7 +14,7 @@ import pytest
 def test_a_few_picks_are_timed_and_reported(tmp_path: Path) -> None:
     out = tmp_path / "epp.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "cortex.cli.main", "bench", "epp", "--picks", "10",
+        [sys.executable, "-m", "cortex.edge.main", "bench", "epp", "--picks", "10",
          "--prompt-tokens", "300", "--workers", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

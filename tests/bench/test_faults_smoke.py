@@ -22,7 +22,7 @@ from cortex.bench.faults_load import Record
 @pytest.mark.timeout(150)
 def test_quick_mode_injects_every_quick_fault_and_reports_it(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "cortex.cli.main", "bench", "faults", "--quick", "--out",
+        [sys.executable, "-m", "cortex.edge.main", "bench", "faults", "--quick", "--out",
          str(tmp_path)], capture_output=True, text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads((tmp_path / "faults.json").read_text())

@@ -29,7 +29,7 @@ TRACES = Path(__file__).parent / "data" / "traces"
 def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> None:
     out = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "cortex.cli.main", "bench", "routing", "--quick", "--out",
+        [sys.executable, "-m", "cortex.edge.main", "bench", "routing", "--quick", "--out",
          str(out), "--traces", str(TRACES)],
         capture_output=True, text=True, timeout=170, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

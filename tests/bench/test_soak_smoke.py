@@ -16,7 +16,7 @@ from cortex.bench.soak import SERVICES, slope_mb_per_10min
 @pytest.mark.timeout(150)
 def test_a_short_soak_samples_every_service_and_reports(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "cortex.cli.main", "bench", "soak", "--minutes", "0.2",
+        [sys.executable, "-m", "cortex.edge.main", "bench", "soak", "--minutes", "0.2",
          "--warmup", "0.05", "--sample", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=140, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.cli.main import build_parser
+from cortex.edge.main import build_parser
 from cortex.gateway.config import ENV_PREFIX, GatewayConfig
 
 DOC = (Path(__file__).resolve().parents[2] / "docs/configuration.md").read_text()

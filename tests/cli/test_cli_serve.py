@@ -31,7 +31,7 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     launched: list[Launcher] = []
 
     def start(*args: str) -> Launcher:
-        argv = [sys.executable, "-m", "cortex.cli.main", "serve", "--port", "0",
+        argv = [sys.executable, "-m", "cortex.edge.main", "serve", "--port", "0",
                 "--lease-ttl", "3", "--log-dir", str(tmp_path / "logs"),
                 "--state-file", str(tmp_path / "state.json"), *args]
         out, err = tmp_path / "serve.out", tmp_path / "serve.err"

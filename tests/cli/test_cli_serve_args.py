@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from cortex.cli.main import build_parser
 from cortex.cli.serve import (
     WORKER_KEY_ENV,
     WorkerArg,
@@ -17,6 +16,7 @@ from cortex.cli.serve import (
     with_worker_key,
     worker_args,
 )
+from cortex.edge.main import build_parser
 from cortex.gateway.auth import hash_key
 from cortex.gateway.config import GatewayConfig
 from cortex.hashing import Engine

@@ -92,7 +92,7 @@ def launch(tmp_path: Path) -> Iterator[Any]:
     def start(*args: str, env: dict[str, str] | None = None, **defaults: str) -> Launcher:
         flags = {"--port": "0", "--lease-ttl": "3", "--workers": "1",
                  **{f"--{name.replace('_', '-')}": value for name, value in defaults.items()}}
-        argv = [sys.executable, "-m", "cortex.cli.main", "up", "--zero-cost",
+        argv = [sys.executable, "-m", "cortex.edge.main", "up", "--zero-cost",
                 "--log-dir", str(tmp_path / "logs"), "--state-file", str(tmp_path / "state.json")]
         for flag, value in flags.items():
             argv += [flag, value]
@@ -219,7 +219,7 @@ def test_workers_0_runs_the_services_for_workers_registered_by_hand(
     with SimProcess("--engine", "sglang", "--port", "0", "--kv-events-port", "0",
                     "--replay-port", "0", "--zero-cost") as sim:
         added = subprocess.run(
-            [sys.executable, "-m", "cortex.cli.main", "workers", "add", "--redis",
+            [sys.executable, "-m", "cortex.edge.main", "workers", "add", "--redis",
              state["redis"]["url"], "--id", "by-hand", "--url", sim.url, "--engine", "sglang",
              "--model", state["model"], "--kv-events", sim.kv_events_endpoint,
              "--replay", str(sim.replay_endpoint), "--block-size", "16", "--ttl", "3"],
@@ -249,7 +249,7 @@ def test_an_external_redis_gets_the_workers_and_loses_them_at_exit(
 ) -> None:
     def listed() -> list[dict[str, Any]]:
         result = subprocess.run(
-            [sys.executable, "-m", "cortex.cli.main", "workers", "list", "--redis",
+            [sys.executable, "-m", "cortex.edge.main", "workers", "list", "--redis",
              redis_server.url, "--json"], capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr
         found: list[dict[str, Any]] = json.loads(result.stdout)["workers"]

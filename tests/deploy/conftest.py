@@ -4,14 +4,42 @@ the container would run it, with a record of the environment variables the servi
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from cortex.cli.main import build_parser
+from cortex.edge.main import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_install_script() -> ModuleType:
+    """``docker/install.py``, the script every image's build runs."""
+    spec = importlib.util.spec_from_file_location("cortex_image_install",
+                                                  REPO / "docker/install.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def install_script() -> ModuleType:
+    return load_install_script()
+
+
+@pytest.fixture(scope="session")
+def image_commands(install_script: ModuleType) -> Callable[[str], frozenset[str]]:
+    """``image_commands(image)``: the ``cortex`` subcommands a docker/Dockerfile target
+    offers (its distribution's and its libraries' ``cortex.commands`` entry points)."""
+    return functools.cache(lambda image: frozenset(install_script.image_commands(REPO, image)))
 
 
 class RecordingEnviron(dict[str, str]):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +28,7 @@ from cortex.sim.cli import build_config as sim_config
 from cortex.sim.config import SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = (REPO / "docker/Dockerfile").read_text()
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 CORTEX = sorted(name for name, svc in SERVICES.items() if "build" in svc)
@@ -82,15 +83,18 @@ def sims(parse_cortex: ParseCortex) -> dict[str, SimConfig]:
     return {name: sim_config(parse(name, parse_cortex)) for name in SIMS}
 
 
-def test_the_stack_has_every_part_with_one_image_and_health_checks() -> None:
+def test_the_stack_has_every_part_with_its_own_image_and_health_checks() -> None:
     assert {"redis", "index", "ingest", "gateway", "proxy", "prometheus", "grafana"} <= set(
         SERVICES)
     assert {"index", "ingest", "gateway"} <= set(CORTEX) and len(SIMS) >= 2
-    images = {SERVICES[name]["image"] for name in CORTEX}
     builds = {(SERVICES[name]["build"]["context"], SERVICES[name]["build"]["dockerfile"])
               for name in CORTEX}
-    assert len(images) == 1 and builds == {(".", "docker/Dockerfile")}
-    assert (REPO / "docker/Dockerfile").is_file()
+    assert builds == {(".", "docker/Dockerfile")}
+    for name in CORTEX:
+        target = SERVICES[name]["build"]["target"]
+        assert target == ("tools" if name in SIMS else name), name
+        assert SERVICES[name]["image"].startswith(f"cortex-{target}:"), name
+        assert f"AS {target}" in DOCKERFILE, f"{name}: docker/Dockerfile has no {target} target"
     for name, svc in SERVICES.items():
         if "ops" not in svc.get("profiles", []):
             assert "healthcheck" in svc, f"{name} has no health check"
@@ -99,10 +103,14 @@ def test_the_stack_has_every_part_with_one_image_and_health_checks() -> None:
     assert "ports" not in SERVICES["gateway"] and SERVICES["proxy"]["ports"]
 
 
-def test_every_cortex_command_is_a_real_subcommand(parse_cortex: ParseCortex) -> None:
+def test_every_cortex_command_is_a_real_subcommand_of_its_image(
+    parse_cortex: ParseCortex, image_commands: Callable[[str], frozenset[str]],
+) -> None:
     for name in CORTEX:
         args = parse(name, parse_cortex)
         assert callable(args.func), name
+        command, image = SERVICES[name]["command"][0], SERVICES[name]["build"]["target"]
+        assert command in image_commands(image), f"{name}: the {image} image has no {command}"
 
 
 def test_index_and_ingest_settings_agree(index: IndexConfig, ingest: IngestConfig) -> None:

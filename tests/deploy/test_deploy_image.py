@@ -11,7 +11,6 @@ processes, so a service that needs one fails here as it would in the container.
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import importlib.util
 import os
@@ -21,10 +20,11 @@ import signal
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -37,31 +37,19 @@ DOCKERFILE = (REPO / "docker/Dockerfile").read_text()
 COMPOSE_HEALTHCHECK = "/opt/cortex/healthcheck.py"
 
 
-def load_install_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cortex_image_install",
-                                                  REPO / "docker/install.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-INSTALL = load_install_script()
+def package_root(path: Path) -> Path:
+    """The directory holding a distribution's ``cortex/<part>`` tree (``proto`` keeps it in
+    ``gen``)."""
+    return path / "gen" if (path / "gen" / "cortex").is_dir() else path
 
 
-def source_roots() -> list[Path]:
-    """The ``ROOTS`` tuple of ``setup.py``: directories holding a ``cortex/<part>`` tree."""
-    for node in ast.walk(ast.parse((REPO / "setup.py").read_text())):
-        if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "ROOTS" for t in node.targets):
-            return [REPO / root for root in ast.literal_eval(node.value)]
-    raise AssertionError("setup.py has no ROOTS tuple")
-
-
-def data_files() -> list[Path]:
-    """Non-Python files of the ``cortex`` trees (templates, golden vectors, py.typed),
-    relative to their source root: the install must have each."""
-    return [path.relative_to(root) for root in source_roots()
+def data_files(distributions: Mapping[str, tuple[Path, Any]], names: list[str]) -> list[Path]:
+    """Non-Python files of the named distributions' ``cortex`` trees (templates, golden
+    vectors, py.typed), relative to their package root: the install must have each."""
+    roots = [package_root(distributions[name][0]) for name in names]
+    return [path.relative_to(root) for root in roots
             for path in sorted((root / "cortex").rglob("*"))
             if path.is_file() and path.suffix not in (".py", ".pyc")
             and "__pycache__" not in path.parts]
@@ -99,9 +87,17 @@ def ignored() -> list[str]:
             if line.strip() and not line.startswith("#")]
 
 
+def install(image: str, context: Path, into: Path) -> Path:
+    result = subprocess.run(
+        [sys.executable, str(context / "docker/install.py"), str(context), image, "--target",
+         str(into), "--no-deps"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return into
+
+
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The image's install: context from the COPY lines, then ``docker/install.py``."""
+def sites(install_script: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every image's install: context from the COPY lines, then ``docker/install.py``."""
     context = tmp_path_factory.mktemp("context")
     for source, dest in context_copies():
         target = context / dest.rstrip("/") if dest not in ("./", ".") else context
@@ -113,40 +109,65 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             target = target / origin.name if dest.endswith("/") else target
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(origin, target)
-    installed = tmp_path_factory.mktemp("site")
-    result = subprocess.run(
-        [sys.executable, str(context / "docker/install.py"), str(context), "--target",
-         str(installed), "--no-deps"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return installed
+    return {image: install(image, context, tmp_path_factory.mktemp(f"site-{image}"))
+            for image in install_script.IMAGES}
 
 
-def test_the_dockerfile_copies_every_source_root_and_runs_as_a_user() -> None:
+def test_the_dockerfile_builds_one_image_per_service_from_its_distribution(
+    install_script: ModuleType,
+) -> None:
     copied = {source.rstrip("/") for source, _ in context_copies()}
-    for root in source_roots():
-        relative = root.relative_to(REPO).as_posix()
+    for path, _ in install_script.distributions(REPO).values():
+        relative = path.relative_to(REPO).as_posix()
         assert any(relative == c or relative.startswith(c + "/") for c in copied), relative
-    assert {"pyproject.toml", "setup.py", "docker/install.py"} <= copied
-    final = stages()[-1]
-    user = next(line.split()[1] for line in final if line.startswith("USER "))
+    assert "docker/install.py" in copied
+    named = {line.split()[-1]: stage for stage in stages() for line in stage[:1]
+             if " AS " in line}
+    for image in install_script.IMAGES:
+        build = named[f"build-{image}"]
+        assert f"RUN /opt/venv/bin/python docker/install.py /src {image}" in build
+        assert f"COPY --from=build-{image} /opt/venv /opt/venv" in named[image]
+        assert named[image][0].startswith("FROM runtime ")
+    runtime = named["runtime"]
+    user = next(line.split()[1] for line in runtime if line.startswith("USER "))
     assert user.split(":")[0] not in ("root", "0")
-    assert 'ENTRYPOINT ["cortex"]' in final
-    assert f"COPY docker/healthcheck.py {COMPOSE_HEALTHCHECK}" in final
-    assert any("/opt/venv/bin/python docker/install.py /src" in line for line in stages()[0])
+    assert 'ENTRYPOINT ["cortex"]' in runtime
+    assert f"COPY docker/healthcheck.py {COMPOSE_HEALTHCHECK}" in runtime
 
 
-def test_the_install_has_the_console_script_and_every_data_file(site: Path) -> None:
-    dist = next(site.glob("cortex_gateway-*.dist-info"))
-    entry_points = (dist / "entry_points.txt").read_text()
-    assert re.search(r"^cortex = cortex\.cli\.main:main$", entry_points, re.MULTILINE)
-    missing = [str(relative) for relative in data_files() if not (site / relative).is_file()]
-    assert missing == [], f"package data the wheel lacks (pyproject package-data): {missing}"
+def installed(site: Path) -> list[str]:
+    return sorted(canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info"))
 
 
-def runtime_distributions(site: Path) -> set[str]:
-    """The built distribution's requirements (no extras), with everything they require
+def test_each_install_has_the_console_script_and_every_data_file(
+    sites: dict[str, Path], install_script: ModuleType,
+) -> None:
+    distributions = install_script.distributions(REPO)
+    for image, site in sites.items():
+        edge = next(site.glob("cortex_edge-*.dist-info"))
+        entry_points = (edge / "entry_points.txt").read_text()
+        assert re.search(r"^cortex = cortex\.edge\.main:main$", entry_points, re.MULTILINE)
+        names = installed(site)
+        missing = [str(relative) for relative in data_files(distributions, names)
+                   if not (site / relative).is_file()]
+        assert missing == [], f"{image}: package data the wheel lacks: {missing}"
+
+
+def test_a_service_image_holds_its_service_and_libraries_only(sites: dict[str, Path]) -> None:
+    services = {"gateway", "index", "ingest"}
+    for image in services:
+        others = {f"cortex-{s}" for s in services - {image}} | {"cortex-tools"}
+        assert f"cortex-{image}" in installed(sites[image])
+        assert not others & set(installed(sites[image])), image
+        assert not {s for s in services - {image}
+                    if (sites[image] / "cortex" / s).exists()}, image
+
+
+def runtime_distributions(site: Path, image: str) -> set[str]:
+    """The image's distribution's requirements (no extras), with everything they require
     in turn."""
-    dist = importlib.metadata.Distribution.at(next(site.glob("cortex_gateway-*.dist-info")))
+    name = canonicalize_name(f"cortex-{image}").replace("-", "_")
+    dist = importlib.metadata.Distribution.at(next(site.glob(f"{name}-*.dist-info")))
     pending = [Requirement(r) for r in dist.requires or []]
     found: set[str] = set()
     while pending:
@@ -161,18 +182,19 @@ def runtime_distributions(site: Path) -> set[str]:
     return found
 
 
-def image_site_packages(site: Path, dest: Path) -> Path:
+def image_site_packages(site: Path, image: str, dest: Path) -> Path:
     """``dest`` filled with links to this virtualenv's site-packages entries that belong to
     the image's runtime distributions: what the image's pip install would have put there.
     Modules only other distributions own (dev extras, tools) are left out, so importing
     them fails as it would in the container."""
-    allowed = runtime_distributions(site)
+    allowed = runtime_distributions(site, image)
     absent = {module for module, owners in importlib.metadata.packages_distributions().items()
               if not {canonicalize_name(o) for o in owners} & allowed}
     for entry in Path(sysconfig.get_path("purelib")).iterdir():
         name = entry.name
         if name.endswith((".dist-info", ".egg-info")):
-            if canonicalize_name(name.split("-")[0]) not in allowed:
+            dist = canonicalize_name(name.split("-")[0])
+            if dist not in allowed or dist.startswith("cortex-"):  # those are the install's
                 continue
         elif name.endswith(".pth") or name == "__pycache__" or name.split(".")[0] in absent:
             continue
@@ -204,7 +226,7 @@ class FromImage:
         log = self.logs / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-S", "-m", "cortex.cli.main", *args],
+                [sys.executable, "-S", "-m", "cortex.edge.main", *args],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**self.env, **(env or {})}, cwd=self.logs)
         service = Service(name, proc, log)
@@ -237,58 +259,83 @@ class FromImage:
 
 
 @pytest.fixture(scope="module")
-def image(site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FromImage]:
-    dependencies = image_site_packages(site, tmp_path_factory.mktemp("dependencies"))
-    runner = FromImage(site, dependencies, tmp_path_factory.mktemp("logs"))
+def images(sites: dict[str, Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, FromImage]]:
+    logs = tmp_path_factory.mktemp("logs")
+    runners = {
+        image: FromImage(site, image_site_packages(
+            site, image, tmp_path_factory.mktemp(f"dependencies-{image}")), logs)
+        for image, site in sites.items()}
     try:
-        yield runner
+        yield runners
     finally:
-        runner.stop_all()
+        for runner in runners.values():
+            runner.stop_all()
 
 
 @pytest.fixture(scope="module")
-def ran(image: FromImage) -> Iterator[list[Service]]:
-    """Every service started from the install and found healthy by the image's probe."""
+def ran(images: dict[str, FromImage]) -> Iterator[list[tuple[FromImage, Service]]]:
+    """Every service started from its own image's install and found healthy by the image's
+    probe (the simulated worker from the tools image)."""
     with RedisServer() as redis:
         index_port = free_port()
-        index = image.start("index", "index", "--host", "127.0.0.1", "--port", str(index_port),
-                            "--metrics-port", "-1")
+        index = images["index"].start(
+            "index", "index", "--host", "127.0.0.1", "--port", str(index_port),
+            "--metrics-port", "-1")
         sim_port = free_port()
-        sim = image.start("sim", "sim", "--engine", "sglang", "--host", "127.0.0.1",
-                          "--port", str(sim_port), "--kv-events-port", "0",
-                          "--replay-port", "0", "--zero-cost")
+        sim = images["tools"].start(
+            "sim", "sim", "--engine", "sglang", "--host", "127.0.0.1", "--port", str(sim_port),
+            "--kv-events-port", "0", "--replay-port", "0", "--zero-cost")
         gateway_port = free_port()
-        gateway = image.start("gateway", "gateway", "--host", "127.0.0.1",
-                              "--port", str(gateway_port),
-                              env={"CORTEX_GATEWAY_MODELS": '[{"name": "cortex-sim"}]'})
+        gateway = images["gateway"].start(
+            "gateway", "gateway", "--host", "127.0.0.1", "--port", str(gateway_port),
+            env={"CORTEX_GATEWAY_MODELS": '[{"name": "cortex-sim"}]'})
         ingest_port = free_port()
-        ingest = image.start("ingest", "ingest", "run", "--redis", redis.url, "--index",
-                             f"127.0.0.1:{index_port}", "--metrics-host", "127.0.0.1",
-                             "--metrics-port", str(ingest_port))
-        image.wait_healthy(index, "grpc", f"127.0.0.1:{index_port}")
-        image.wait_healthy(sim, "http", f"http://127.0.0.1:{sim_port}/health")
-        image.wait_healthy(gateway, "http", f"http://127.0.0.1:{gateway_port}/health/live")
-        image.wait_healthy(ingest, "http", f"http://127.0.0.1:{ingest_port}/health/ready")
-        image.stop_all()
-        yield [index, sim, gateway, ingest]
+        ingest = images["ingest"].start(
+            "ingest", "ingest", "run", "--redis", redis.url, "--index",
+            f"127.0.0.1:{index_port}", "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(ingest_port))
+        started = [(images["index"], index, ("grpc", f"127.0.0.1:{index_port}")),
+                   (images["tools"], sim, ("http", f"http://127.0.0.1:{sim_port}/health")),
+                   (images["gateway"], gateway,
+                    ("http", f"http://127.0.0.1:{gateway_port}/health/live")),
+                   (images["ingest"], ingest,
+                    ("http", f"http://127.0.0.1:{ingest_port}/health/ready"))]
+        for image, service, probe in started:
+            image.wait_healthy(service, *probe)
+        for image in images.values():
+            image.stop_all()
+        yield [(image, service) for image, service, _ in started]
 
 
-def test_every_service_runs_from_the_install_and_passes_its_health_check(
-    ran: list[Service],
+def test_every_service_runs_from_its_image_and_passes_its_health_check(
+    ran: list[tuple[FromImage, Service]],
 ) -> None:
-    for service in ran:
+    for _, service in ran:
         assert service.proc.returncode == 0, f"{service.name}:\n{service.text()[-3000:]}"
 
 
-def test_dev_only_packages_are_really_absent_there(image: FromImage) -> None:
-    def imports(module: str) -> bool:
+def test_what_an_image_does_not_need_is_really_absent_there(
+    images: dict[str, FromImage],
+) -> None:
+    def imports(image: str, module: str) -> bool:
+        runner = images[image]
         probe = subprocess.run([sys.executable, "-S", "-c", f"import {module}"],
-                               env=image.env, capture_output=True, timeout=30, cwd=image.logs)
+                               env=runner.env, capture_output=True, timeout=30, cwd=runner.logs)
         return probe.returncode == 0
 
-    assert not any(imports(m) for m in ("pytest", "mypy", "matplotlib"))  # dev extra
-    # grpcio comes with xds-protos (Envoy's messages, for the endpoint picker): installed,
-    # never imported by a service (they speak grpclib)
-    assert all(imports(m) for m in ("grpclib", "zmq", "aiohttp", "google.protobuf",
-                                    "envoy.service.ext_proc.v3.external_processor_pb2"))
-    assert imports("cortex.sim.server") and not imports("cortex.cli.nonexistent")
+    for image in images:
+        assert not any(imports(image, m) for m in ("pytest", "mypy", "matplotlib")), image
+    # each service image has what it speaks, not what the others do
+    assert all(imports("gateway", m) for m in (
+        "grpclib", "aiohttp", "hypercorn", "tokenizers", "google.protobuf",
+        "envoy.service.ext_proc.v3.external_processor_pb2"))
+    assert not any(imports("gateway", m) for m in ("zmq", "msgpack", "cortex.index",
+                                                    "cortex.ingest", "cortex.sim"))
+    assert all(imports("ingest", m) for m in ("zmq", "msgpack", "redis", "cortex.registry"))
+    assert not any(imports("ingest", m) for m in ("hypercorn", "tokenizers", "envoy",
+                                                   "cortex.gateway", "cortex.index"))
+    assert all(imports("index", m) for m in ("grpclib", "numpy", "cortex.ledger"))
+    assert not any(imports("index", m) for m in ("zmq", "redis", "hypercorn", "tokenizers",
+                                                  "cortex.gateway", "cortex.registry"))
+    assert imports("tools", "cortex.sim.server") and not imports("tools", "cortex.cli.nonexistent")

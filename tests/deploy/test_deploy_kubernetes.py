@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -182,6 +182,14 @@ def ingest_of(parse_cortex: ParseCortex, root: Path, ordinal: int) -> IngestConf
     return config
 
 
+@pytest.mark.parametrize("directory", ["", "gie"])
+def test_a_kustomization_names_every_cortex_image_its_workloads_run(directory: str) -> None:
+    listed = yaml.safe_load((KUBE / directory / "kustomization.yaml").read_text())["images"]
+    used = {container(w)["image"] for w in workloads(kustomized(KUBE / directory))}
+    cortex = {image for image in used if image.startswith("cortex-")}
+    assert cortex and cortex == {entry["name"] for entry in listed}
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("directory", ["", "monitoring", "gie"])
 def test_every_manifest_validates_against_the_official_schemas(directory: str,
@@ -202,8 +210,8 @@ def test_every_manifest_validates_against_the_official_schemas(directory: str,
                                  f"{'/'.join(map(str, exc.path))}") from None
 
 
-def test_every_cortex_container_runs_a_real_command_with_requests_and_limits(
-    parse_cortex: ParseCortex, tmp_path: Path,
+def test_every_cortex_container_runs_a_real_command_of_its_image_with_requests_and_limits(
+    parse_cortex: ParseCortex, tmp_path: Path, image_commands: Callable[[str], frozenset[str]],
 ) -> None:
     every = DOCS + EXAMPLES + GIE
     cortex = [w for w in workloads(every) if container(w)["image"].startswith("cortex")]
@@ -213,6 +221,9 @@ def test_every_cortex_container_runs_a_real_command_with_requests_and_limits(
     for workload in cortex:
         args, _ = parse(workload, parse_cortex, tmp_path)
         assert callable(args.func), workload["metadata"]["name"]
+        image = container(workload)["image"].split(":")[0].removeprefix("cortex-")
+        command = container(workload)["args"][0]
+        assert command in image_commands(image), f"the {image} image has no {command}"
     for workload in workloads(every):
         resources = container(workload)["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]), workload["metadata"]["name"]

@@ -30,7 +30,7 @@ DRAIN_DELAY_S = 2.0
 def gateway_process(config: dict[str, Any], tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     path = tmp_path / "gateway.json"
     path.write_text(json.dumps(config))
-    proc = subprocess.Popen([sys.executable, "-m", "cortex.cli.main", "gateway", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "cortex.edge.main", "gateway", "--config",
                              str(path), "--log-format", "json"],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:

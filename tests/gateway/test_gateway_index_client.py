@@ -13,11 +13,11 @@ from cortex.gateway.index_client import IndexClient
 from cortex.gateway.matching import SourceMatch, Tier
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine, HashDomain
-from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.codec import pb
 from cortex.ledger.model import LedgerState
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,12 +21,12 @@ from grpclib.client import Channel
 from cortex.gateway.config import IndexConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine, HashDomain
-from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.grpc import LedgerCodec
 from cortex.ledger.tree import node_bytes
 from cortex.testing import free_port, wait_until_async
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
 from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cortex.bench import hashing
-from cortex.cli.main import main
+from cortex.edge.main import main
 
 
 def test_every_case_computes_what_it_names() -> None:

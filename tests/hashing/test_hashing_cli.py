@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cortex.cli.main import main
+from cortex.edge.main import main
 from cortex.hashing.cli import MAX_TOKENS, InputError, parse_tokens
 from cortex.hashing.keys import Engine, HashDomain
 
@@ -130,7 +130,7 @@ def test_parse_tokens() -> None:
 
 def test_a_real_process_prints_the_vectors() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cortex.cli.main", "hash", "engine", "--engine", "sglang",
+        [sys.executable, "-m", "cortex.edge.main", "hash", "engine", "--engine", "sglang",
          "--block-size", "16", "--tokens", "1-48"],
         capture_output=True,
         text=True,

@@ -15,12 +15,12 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from cortex.hashing import Engine, HashDomain
-from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.ledger.grpc import LedgerCodec, bearer, method
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
 pytestmark = pytest.mark.timeout(30)
 DOMAIN = HashDomain("m", 16, Engine.SGLANG)

@@ -13,13 +13,13 @@ import pytest
 from grpclib.client import Channel
 
 from cortex.hashing import Engine, HashDomain
-from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
-from cortex.testing.grpcio_stubs import load_grpcio_stubs
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.ledger.tree import node_bytes
+from cortex.testing.grpcio_stubs import load_grpcio_stubs
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
 DOMAIN = HashDomain("qwen", 4, Engine.VLLM)
 ROOT = DOMAIN.root_key()

@@ -13,12 +13,12 @@ import aiohttp
 from grpclib.client import Channel
 
 from cortex.hashing import Engine, HashDomain
-from cortex.testing.index_sync import LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async
+from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
 DOMAIN = HashDomain("m", 4, Engine.SGLANG)
 ROOT = DOMAIN.root_key()

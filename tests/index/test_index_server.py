@@ -17,12 +17,12 @@ from grpclib.reflection.v1.reflection_grpc import ServerReflectionStub
 from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
 
 from cortex.hashing import Engine, HashDomain
-from cortex.testing.index_sync import SYNC_METHOD, LedgerUpdates, SyncSession
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async
+from cortex.testing.index_sync import SYNC_METHOD, LedgerUpdates, SyncSession
 
 DOMAIN = HashDomain("llama-3-8b", 16, Engine.SGLANG)
 ROOT = DOMAIN.root_key()

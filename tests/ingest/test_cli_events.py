@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.cli.main import main
+from cortex.edge.main import main
 from cortex.ingest.codec import AllBlocksCleared, BlockStored, EventBatch, encode_batch
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cortex.cli.main import main
+from cortex.edge.main import main
 from cortex.ingest.cli import build_config, register
 from cortex.ingest.errors import ConfigError
 from cortex.ingest.shard import ShardSpec, shard_of

@@ -101,7 +101,7 @@ async def test_a_killed_ingest_loses_credit_after_the_grace_and_a_restart_restor
     mine = await fleet.add_worker("gpu-2")
     other = await fleet.add_worker("gpu-0")
     child = IngestProcess(
-        [sys.executable, "-m", "cortex.cli.main", "ingest", "run",
+        [sys.executable, "-m", "cortex.edge.main", "ingest", "run",
          "--redis", fleet.redis.url, "--index", srv.target, "--shard", "0/2",
          "--ingest-id", "shard-0", "--metrics-port", "-1", "--poll-interval", "0.1",
          "--replay-timeout", "0.5", "--heartbeat", "0.2", "--log-level", "WARNING"],

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cortex.index.config import IndexConfig
-from cortex.testing.grpcio_stubs import GrpcioStubs, load_grpcio_stubs
 from cortex.index.server import IndexServer
+from cortex.testing.grpcio_stubs import GrpcioStubs, load_grpcio_stubs
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.cli.main import build_parser, main
+from cortex.edge.main import build_parser, main
 from cortex.registry.kubernetes import cli
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cortex.cli.main import build_parser
+from cortex.edge.main import build_parser
 from cortex.telemetry import configure_logging
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cortex.cli.main import register_subcommands
+from cortex.edge.main import register_subcommands
 
 # benchmark name -> module that registers it
 BENCHMARKS: dict[str, str] = {

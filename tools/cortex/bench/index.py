@@ -36,11 +36,11 @@ from cortex.bench.procstat import rss_bytes
 from cortex.bench.report import table
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
-from cortex.testing.grpcio_stubs import load_grpcio_stubs
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.server import IndexServer
 from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks
 from cortex.ledger.tree import node_bytes
+from cortex.testing.grpcio_stubs import load_grpcio_stubs
 
 __all__ = ["register", "run"]
 

@@ -58,8 +58,8 @@ async def _feeder(target: str, rate: float, seconds: float, blocks: int, per_bat
     """Stores at ``rate`` blocks/s for ``seconds``; prints how many blocks it sent."""
     from grpclib.client import Channel
 
-    from cortex.testing.index_sync import LedgerUpdates, SyncSession
     from cortex.ledger.grpc import LedgerCodec
+    from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
     host, _, port = target.rpartition(":")
     rng = random.Random(seed)

@@ -48,7 +48,8 @@ from cortex.cli.cluster_spec import (
     ClusterSpec,
     WorkerInfo,
 )
-from cortex.cli.probes import (
+from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.edge.probes import (
     bindable,
     http_call,
     probe_grpc_health,
@@ -56,7 +57,6 @@ from cortex.cli.probes import (
     redis_ping,
     run_async,
 )
-from cortex.cli.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import WorkerRole, WorkerSpec
 from cortex.sim.cli import READY_PREFIX

@@ -102,7 +102,7 @@ class Supervisor:
     def start_cortex(self, name: str, args: Sequence[str],
                      env: Mapping[str, str] | None = None) -> Child:
         """Start ``cortex ARGS`` with the same interpreter as the launcher."""
-        return self.start(name, [sys.executable, "-m", "cortex.cli.main", *args], env)
+        return self.start(name, [sys.executable, "-m", "cortex.edge.main", *args], env)
 
     def crashed(self) -> list[Child]:
         """Children that exited without being stopped or killed through the supervisor."""

@@ -1,7 +1,7 @@
 """A ``cortex sim`` child process, for tests, benchmarks and launchers that need a real one.
 
 ``with SimProcess("--engine", "vllm", "--port", "0", "--kv-events-port", "0") as sim:``
-starts ``python -m cortex.cli.main sim ...``, waits for its ready line and exposes the
+starts ``python -m cortex.edge.main sim ...``, waits for its ready line and exposes the
 bound ports; leaving the block sends SIGTERM (SIGKILL after a grace period).
 """
 
@@ -35,7 +35,7 @@ class SimProcess:
 
     def __init__(self, *args: str, startup_timeout_s: float = 30.0,
                  env: dict[str, str] | None = None) -> None:
-        self.argv = [sys.executable, "-m", "cortex.cli.main", "sim", *args]
+        self.argv = [sys.executable, "-m", "cortex.edge.main", "sim", *args]
         self.startup_timeout_s = startup_timeout_s
         self._env = env
         self._log = tempfile.NamedTemporaryFile(prefix="cortex-sim-", suffix=".log",

@@ -1,6 +1,6 @@
-"""Blocking health probes and small I/O helpers of the launcher (also used by the container
-health checks and the benchmarks): HTTP, gRPC health, Redis ``PING``, a port's
-availability. Re-exported by :mod:`cortex.cli.cluster`."""
+"""Blocking health probes and small I/O helpers: HTTP, gRPC health, Redis ``PING``, a port's
+availability. Every image's health check (docker/healthcheck.py) runs them, so they live in
+the library every service has; the dev-cluster launcher and the benchmarks use them too."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The umbrella ``cortex`` command: one program, one subcommand per concern.
 
-Each subcommand lives beside the code it drives, in a module that exposes
-``register(subparsers)``. The module adds its own parser and sets ``func`` to a
-callable taking the parsed arguments and returning the process exit code.
-Modules are imported lazily so ``cortex hash`` does not pay for the gateway's
-imports.
+Each distribution names the subcommands it brings in its ``cortex.commands`` entry points
+(``gateway = "cortex.gateway.cli"``), so an image holding one service offers that service's
+commands and says of the others that they are not in this build. A command's module exposes
+``register(subparsers)``: it adds its own parser and sets ``func`` to a callable taking the
+parsed arguments and returning the process exit code. Modules are imported lazily so
+``cortex hash`` does not pay for the gateway's imports.
 """
 
 from __future__ import annotations
@@ -13,22 +14,17 @@ import argparse
 import importlib
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
-# subcommand name -> module that registers it
-SUBCOMMANDS: dict[str, str] = {
-    "hash": "cortex.hashing.cli",
-    "events": "cortex.ingest.cli_events",
-    "sim": "cortex.sim.cli",
-    "index": "cortex.index.cli",
-    "ingest": "cortex.ingest.cli",
-    "workers": "cortex.ingest.cli_workers",
-    "discover-pods": "cortex.registry.kubernetes.cli",
-    "gateway": "cortex.gateway.cli",
-    "up": "cortex.cli.up",
-    "serve": "cortex.cli.serve",
-    "bench": "cortex.bench.cli",
-}
+__all__ = ["build_parser", "installed_commands", "main", "register_subcommands"]
+
+GROUP = "cortex.commands"
+
+
+def installed_commands() -> dict[str, str]:
+    """Subcommand name -> the module that registers it, from every installed distribution."""
+    return {ep.name: ep.value for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name)}
 
 
 def register_subcommands(sub: argparse._SubParsersAction[Any], modules: Mapping[str, str],
@@ -53,7 +49,8 @@ def register_subcommands(sub: argparse._SubParsersAction[Any], modules: Mapping[
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex", description="KV-cache-aware inference gateway")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    register_subcommands(sub, SUBCOMMANDS, next((a for a in argv if not a.startswith("-")), None))
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    register_subcommands(sub, installed_commands(), wanted)
     return parser
 
 
