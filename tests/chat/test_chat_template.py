@@ -87,10 +87,10 @@ def test_template_files_and_tokenizer_configs(tmp_path: Path) -> None:
 
 
 def test_template_files_are_package_data() -> None:
-    """A non-editable install ships the templates: they sit in a package (setup.py maps only
-    directories with an ``__init__.py``) and match pyproject's package-data globs."""
+    """A non-editable install ships the templates: they sit in a package (a directory with an
+    ``__init__.py``) and match the package-data globs of the chat library's pyproject."""
     root = Path(__file__).resolve().parents[2]
-    pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    pyproject = tomllib.loads((root / "libs/chat/pyproject.toml").read_text(encoding="utf-8"))
     patterns = pyproject["tool"]["setuptools"]["package-data"]["*"]
     templates = DEFAULT_CHAT_TEMPLATE.parent
     assert (templates / "__init__.py").is_file()
