@@ -26,6 +26,7 @@ from types import MappingProxyType, TracebackType
 import zmq.asyncio
 from aiohttp import web
 
+from cortex.edge.http import start_ops_http
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
 from cortex.ingest.config import IngestConfig
@@ -395,15 +396,8 @@ class IngestService:
         app.router.add_get("/metrics", self._handle_metrics)
         app.router.add_get("/health/live", self._handle_live)
         app.router.add_get("/health/ready", self._handle_ready)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._http = runner
-        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port,
-                           reuse_address=True)
-        await site.start()
-        server = site._server  # aiohttp exposes the bound port only here
-        sockets = getattr(server, "sockets", None) or []
-        self.metrics_port = sockets[0].getsockname()[1] if sockets else self.config.metrics_port
+        self._http, self.metrics_port = await start_ops_http(
+            app, self.config.metrics_host, self.config.metrics_port)
 
     async def _handle_metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
