@@ -194,7 +194,10 @@ class SettingsSpec:
                 raise SettingsError(f"{file}: {dotted}", "unknown key(s) " + dotted)
 
     def _from_env(self, env: Mapping[str, str], data: dict[str, Any]) -> None:
-        for var, text in sorted(env.items()):
+        for var in sorted(env, key=lambda v: (v not in self.aliases, v)):  # new names win
+            if not var.startswith(self.prefix) and var not in self.aliases:
+                continue
+            text = env[var]
             setting = self._by_env.get(var)
             if setting is None and var in self.aliases:
                 setting = self.aliases[var]

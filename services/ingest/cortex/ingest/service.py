@@ -36,6 +36,7 @@ from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.ledger.grpc import read_token
 from cortex.ledger.model import LedgerState, Op, Tier
 from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
 from cortex.registry.tasks import stop_tasks
@@ -121,10 +122,11 @@ class IngestService:
         self.watcher = RegistryWatcher(
             self.registry, interval_s=config.poll_interval_s, use_channel=config.use_channel
         )
+        token = read_token(config.index_token_file) if config.index_token_file else None
         self.forwarders = [
             IndexForwarder(target, ingest_id=config.ingest_id, ledgers=self,
                            config=config.forwarder, epochs=EpochClock(wall_clock_us),
-                           token=config.index_token)
+                           token=token)
             for target in config.index
         ]
         self.metrics = IngestMetrics(self)
