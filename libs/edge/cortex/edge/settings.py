@@ -113,7 +113,7 @@ class SettingsSpec:
                       only: Iterable[str] | None = None) -> None:
         """``--config`` and one flag per setting (or per dotted path in ``only``). Flags
         default to "not given"; :meth:`load` reads them from the parsed namespace."""
-        parser.add_argument("--config", metavar="PATH", dest="settings_config",
+        parser.add_argument("--config", metavar="PATH", dest="config",
                             help=f"settings file (.toml or .json) [env {self.prefix}CONFIG]")
         chosen = self.settings.values() if only is None else [self.settings[d] for d in only]
         for setting in chosen:
@@ -137,12 +137,12 @@ class SettingsSpec:
                 env: Mapping[str, str] | None = None,
                 path: Path | str | None = None) -> dict[str, Any]:
         """Every source merged into nested plain data (converted leaves) for :meth:`build`;
-        ``path`` (else ``args.settings_config``, else ``$CORTEX_<SERVICE>_CONFIG``) names
+        ``path`` (else ``args.config``, else ``$CORTEX_<SERVICE>_CONFIG``) names
         the file. Raises :class:`SettingsError`."""
         env = {} if env is None else env
         data: dict[str, Any] = {}
         if path is None and args is not None:
-            path = getattr(args, "settings_config", None)
+            path = getattr(args, "config", None)
         if path is None:
             path = env.get(self.prefix + "CONFIG") or None
         if path is not None:
@@ -187,11 +187,12 @@ class SettingsSpec:
             setting = self.settings.get(dotted)
             if setting is not None:
                 _put(data, setting, self._convert(value, setting, f"{file}: {dotted}"))
-            elif isinstance(value, Mapping) and any(
-                    s.path[:len(path)] == path for s in self.settings.values()):
+            elif any(s.path[:len(path)] == path for s in self.settings.values()):
+                if not isinstance(value, Mapping):
+                    raise SettingsError(f"{file}: {dotted}", "must be a table/object")
                 self._walk(value, path, file, data)
             else:
-                raise SettingsError(f"{file}: {dotted}", "unknown key(s) " + dotted)
+                raise SettingsError(f"{file}: {dotted}", "unknown key")
 
     def _from_env(self, env: Mapping[str, str], data: dict[str, Any]) -> None:
         for var in sorted(env, key=lambda v: (v not in self.aliases, v)):  # new names win
