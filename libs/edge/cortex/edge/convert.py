@@ -203,6 +203,6 @@ def build(cls: type[Any], data: Mapping[str, Any], where: str = "", *,
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        if not where or type(exc) not in (TypeError, ValueError):
+        if type(exc) not in (TypeError, ValueError):
             raise  # the class's own error (a service's ConfigError) names its key itself
-        raise SettingsError(where, str(exc)) from exc
+        raise SettingsError(where or "config", str(exc)) from exc

@@ -127,8 +127,6 @@ class GatewayConfig:
             config: GatewayConfig = build(cls, data, converters={WorkerSpec: _worker})
         except SettingsError as exc:
             raise ConfigError(str(exc)) from None
-        except TypeError as exc:
-            raise ConfigError(f"config: {exc}") from None
         return config
 
 

@@ -211,7 +211,7 @@ class IngestService:
         self.started_unix_s = time.time()
         self._ctx = zmq.asyncio.Context()
         if self.config.metrics_port is not None:
-            await self._start_http()
+            await self._start_http(self.config.metrics_port)
         for forwarder in self.forwarders:
             self._tasks.append(
                 asyncio.create_task(forwarder.run(), name=f"forward-{forwarder.target}")
@@ -393,13 +393,13 @@ class IngestService:
 
     # ---- HTTP: metrics and health ---------------------------------------------------------
 
-    async def _start_http(self) -> None:
+    async def _start_http(self, port: int) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._handle_metrics)
         app.router.add_get("/health/live", self._handle_live)
         app.router.add_get("/health/ready", self._handle_ready)
         self._http, self.metrics_port = await start_ops_http(
-            app, self.config.metrics_host, self.config.metrics_port)
+            app, self.config.metrics_host, port)
 
     async def _handle_metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
