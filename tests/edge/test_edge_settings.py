@@ -135,6 +135,13 @@ def test_none_is_spelled_off_and_minus_one_for_ints(text: str) -> None:
 
 def test_an_empty_variable_is_unset_except_for_text() -> None:
     assert SPEC.load(None, {"CORTEX_DEMO_PORT": ""}).port == 50051
+    assert SPEC.load(None, {"CORTEX_DEMO_REDIS_URL": ""}).redis_url is None
+
+    @dataclass(frozen=True)
+    class Text:
+        name: str = "x"
+
+    assert SettingsSpec(Text, "text").load(None, {"CORTEX_TEXT_NAME": ""}).name == ""
 
 
 @pytest.mark.parametrize(("argv", "env", "fragment"), [

@@ -207,8 +207,8 @@ class SettingsSpec:
                 if var.startswith(self.prefix) and var not in self.reserved:
                     raise self._unknown(var, text)
                 continue
-            if text == "" and _optional(setting.hint)[0] is not str:
-                continue  # an empty variable is unset (compose's ${VAR:-})
+            if text == "" and setting.hint is not str:
+                continue  # an empty variable is unset (compose's ${VAR:-}), but for text
             try:
                 value = self._convert(text, setting, var)
             except SettingsError:
