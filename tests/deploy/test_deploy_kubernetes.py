@@ -23,10 +23,12 @@ import pytest
 import yaml
 from kubernetes_validate.utils import ValidationError
 
-from cortex.gateway.config import GatewayConfig
+from cortex.gateway.config import GatewayConfig, load_config
+from cortex.gateway.errors import ConfigError
 from cortex.index.config import IndexConfig
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.shard import ShardSpec
+from cortex.ledger.grpc import read_token
 from cortex.registry import WorkerSpec
 from cortex.registry.kubernetes import worker_of
 from cortex.registry.kubernetes.config import DiscoveryConfig
@@ -230,6 +232,21 @@ def test_every_cortex_container_runs_a_real_command_of_its_image_with_requests_a
         assert "memory" in resources["limits"], workload["metadata"]["name"]
 
 
+def test_no_pod_gets_service_links(parse_cortex: ParseCortex, tmp_path: Path) -> None:
+    """A Service named cortex-gateway would inject CORTEX_GATEWAY_SERVICE_HOST & co., which
+    the gateway's strict loader rejects: every pod template turns service links off."""
+    every = DOCS + EXAMPLES + GIE
+    templates = {w["metadata"]["name"]: w["spec"]["template"]["spec"] for w in workloads(every)}
+    assert len(templates) >= 7
+    assert [n for n, pod in templates.items() if pod.get("enableServiceLinks") is not False] == []
+    # what such a link looks like to the loader: an error that names the fix
+    links = {"CORTEX_GATEWAY_SERVICE_HOST": "10.96.0.7", "CORTEX_GATEWAY_PORT": "tcp://10.96.0.7:80"}
+    deployment = the("Deployment", "cortex-gateway")
+    args, _ = parse(deployment, parse_cortex, tmp_path, extra=links)
+    with pytest.raises(ConfigError, match="enableServiceLinks: false"):
+        load_config(None, {**env_of(deployment), **links}, args=args)
+
+
 def index_names(port: int) -> list[str]:
     sts = the("StatefulSet", "cortex-index")
     service = the("Service", sts["spec"]["serviceName"])
@@ -247,10 +264,9 @@ def test_ingest_and_gateways_dial_every_index_replica_with_its_peer_token(
     ingest = ingest_of(parse_cortex, tmp_path, 0)
     assert [f"{t.host}:{t.port}" for t in ingest.index] == names
     secret = the("Secret", "cortex-secrets")["stringData"]
-    assert ingest.index_token == secret["index-peer-token"]
+    assert read_token(ingest.index_token_file) == secret["index-peer-token"]
     token_files = {"cortex-index": in_container(tmp_path, index.peer_token_file),
-                   "cortex-ingest": env_of(the("StatefulSet", "cortex-ingest"))[
-                       "CORTEX_INGEST_INDEX_TOKEN_FILE"],
+                   "cortex-ingest": in_container(tmp_path, ingest.index_token_file),
                    "cortex-gateway": gateway.index.token_file}
     for name, path in token_files.items():
         workload = next(w for w in workloads() if w["metadata"]["name"] == name)

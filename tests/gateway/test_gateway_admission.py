@@ -157,7 +157,7 @@ def test_the_gateway_cli_sets_admission_like_sglang_router(
     seen: dict[str, Any] = {}
 
     async def serve(config: GatewayConfig, env: dict[str, str],
-                    epp: tuple[str, int] | None = None) -> None:
+                    epp: tuple[str, int] | None = None, *_stop: Any) -> None:
         seen["config"], seen["epp"] = config, epp
 
     monkeypatch.setattr(cli, "_serve", serve)

@@ -148,13 +148,53 @@ def parse_run(argv: list[str]) -> argparse.Namespace:
 
 
 def test_ingest_run_config_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CORTEX_INDEX", "10.0.0.1:50051, 10.0.0.2:50051")
+    monkeypatch.setenv("CORTEX_INGEST_INDEX", "10.0.0.1:50051, 10.0.0.2:50051")
     config = build_config(parse_run(["--redis", "redis://r:6379/0", "--shard", "1/3",
                                      "--metrics-port", "-1", "--hash-algo", "sha256_cbor"]))
     assert [str(t) for t in config.index] == ["10.0.0.1:50051", "10.0.0.2:50051"]
     assert config.shard == ShardSpec(1, 3) and config.metrics_port is None
     assert config.ingest_id.startswith("ingest-1of3@")
     assert config.hash_algo == "sha256_cbor"
+
+
+def test_ingest_run_generated_flags_and_old_spellings_agree() -> None:
+    old = build_config(parse_run(["--redis", "redis://r", "--index", "i:1", "--index", "j:2",
+                                  "--max-pending", "7", "--queue-max", "9", "--heartbeat",
+                                  "0.5", "--no-channel", "--max-pending-bytes", "2MiB"]), {})
+    new = build_config(parse_run(["--redis-url", "redis://r", "--index", "i:1,j:2",
+                                  "--max-pending-batches", "7", "--forwarder-queue-max-updates",
+                                  "9", "--forwarder-heartbeat-s", "0.5", "--no-use-channel",
+                                  "--max-pending-bytes", "2097152", "--ingest-id",
+                                  old.ingest_id]), {})
+    assert old == new
+    assert new.max_pending_batches == 7 and new.forwarder.queue_max_updates == 9
+    assert new.forwarder.heartbeat_s == 0.5 and not new.use_channel
+    assert new.max_pending_bytes == 2 << 20
+
+
+def test_ingest_run_old_variables_still_work_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"CORTEX_REDIS_URL": "redis://old", "CORTEX_INDEX": "i:1",
+           "CORTEX_INGEST_FORWARDER_QUEUE_MAX_UPDATES": "5"}
+    with caplog.at_level("WARNING", logger="cortex.edge.settings"):
+        config = build_config(parse_run([]), env)
+    assert config.redis_url == "redis://old" and [str(t) for t in config.index] == ["i:1"]
+    assert config.forwarder.queue_max_updates == 5
+    assert "CORTEX_INDEX is deprecated: set CORTEX_INGEST_INDEX instead" in caplog.text
+    assert "CORTEX_REDIS_URL is deprecated: set CORTEX_INGEST_REDIS_URL instead" in caplog.text
+    new = build_config(parse_run([]), {**env, "CORTEX_INGEST_REDIS_URL": "redis://new"})
+    assert new.redis_url == "redis://new"  # the new name wins over its alias
+
+
+def test_ingest_run_reads_its_token_file_at_start(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "absent.token"
+    argv = ["ingest", "run", "--redis", "redis://127.0.0.1:1", "--index", "i:1",
+            "--index-token-file", str(missing), "--metrics-port", "-1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cortex ingest: invalid configuration:" in err and str(missing) in err
 
 
 @pytest.mark.parametrize(
@@ -174,8 +214,9 @@ def test_ingest_run_rejects_bad_settings(
     argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.delenv("CORTEX_INDEX", raising=False)
-    monkeypatch.delenv("CORTEX_REDIS_URL", raising=False)
+    for name in ("CORTEX_INDEX", "CORTEX_REDIS_URL", "CORTEX_INGEST_INDEX",
+                 "CORTEX_INGEST_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match=message):
         build_config(parse_run(argv))
     assert main(["ingest", "run", *argv]) == 2

@@ -33,7 +33,8 @@ def test_outside_a_pod_the_api_and_namespace_must_be_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(cli, "SERVICE_ACCOUNT", tmp_path / "absent")
-    for key in ("KUBERNETES_SERVICE_HOST", "CORTEX_REDIS_URL", "CORTEX_DISCOVERY_NAMESPACE"):
+    for key in ("KUBERNETES_SERVICE_HOST", "CORTEX_REDIS_URL", "CORTEX_DISCOVERY_REDIS_URL",
+                "CORTEX_DISCOVERY_NAMESPACE"):
         monkeypatch.delenv(key, raising=False)
     assert main(["discover-pods"]) == 2
     assert "--redis URL is required" in capsys.readouterr().err

@@ -335,9 +335,9 @@ async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
     with tempfile.TemporaryDirectory(prefix="cortex-bench-ingest-") as logs, \
             Supervisor(Path(logs)) as sup:
         child = sup.start_cortex("ingest", [
-            "ingest", "run", "--redis", redis_url, "--index", f"127.0.0.1:{index_port}",
+            "ingest", "run", "--redis-url", redis_url, "--index", f"127.0.0.1:{index_port}",
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
-            "--poll-interval", "0.2", "--log-level", "WARNING", "--align-every", "0"])
+            "--poll-interval-s", "0.2", "--log-level", "WARNING", "--align-every", "0"])
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as session:
             while True:

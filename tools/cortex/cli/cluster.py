@@ -341,12 +341,12 @@ class LocalCluster:
         assert self.redis_url is not None and self.index_target is not None
         self._ingest_port = free_port()
         self.ingest_url = f"http://{LOOPBACK}:{self._ingest_port}"
-        self._start("ingest", ["ingest", "run", "--redis", self.redis_url,
+        self._start("ingest", ["ingest", "run", "--redis-url", self.redis_url,
                                "--index", self.index_target, "--ingest-id", "ingest-0",
                                "--index-token-file", str(self.index_token_file),
                                "--metrics-host", LOOPBACK,
                                "--metrics-port", str(self._ingest_port),
-                               "--poll-interval", str(self.spec.poll_interval_s),
+                               "--poll-interval-s", str(self.spec.poll_interval_s),
                                *self.spec.ingest_args])
 
     def _gateway_document(self, index: int, port: int) -> dict[str, Any]:

@@ -58,6 +58,12 @@ class KeyDigest:
     def digest(self) -> bytes:
         return bytes.fromhex(self.hash.removeprefix("sha256:"))
 
+    @classmethod
+    def parse(cls, text: str) -> KeyDigest:
+        """``<id>=sha256:<hex>`` (how ``CORTEX_GATEWAY_AUTH_KEYS`` lists keys)."""
+        key_id, _, digest = text.partition("=")
+        return cls(key_id.strip(), digest.strip())
+
 
 def parse_key_lines(text: str, where: str) -> list[KeyDigest]:
     """A keys file: one ``<id> sha256:<hex>`` per line; blank lines and ``#`` comments skipped."""

@@ -72,7 +72,9 @@ class ServerConfig:
     """
 
     host: str = "0.0.0.0"
+    """Listen address."""
     port: int = 8080
+    """Listen port; /metrics and /health/* too."""
     max_body_bytes: int = 16 * 1024 * 1024
     admin_token: str | None = field(default=None, repr=False)
     graceful_timeout_s: float = 10.0
@@ -440,8 +442,11 @@ class AdmissionConfig:
     up to ``queue_timeout_s``; refusals carry ``Retry-After: retry_after_s``."""
 
     max_concurrent_requests: int = 1024
+    """Inference requests in service at once, 0 = no limit."""
     queue_size: int = 1024
+    """Requests waiting for a slot."""
     queue_timeout_s: float = 30.0
+    """Longest wait for a slot (s)."""
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:

@@ -1,4 +1,6 @@
-"""Index configuration: one frozen, validated object, read at the edge (``cli.py``)."""
+"""Index configuration: one frozen, validated object, read at the edge (``cli.py``, with
+:mod:`cortex.edge.settings`: each field is ``CORTEX_INDEX_<FIELD>`` and ``--<field>``; its
+docstring is the flag's help)."""
 
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ class IndexConfig:
     host: str = "127.0.0.1"
     """gRPC bind address: loopback unless configured (docs/operations.md, trust model)."""
     port: int = 50051
+    """gRPC port (0 = ephemeral)."""
     metrics_host: str = "127.0.0.1"
+    """Prometheus bind address."""
     metrics_port: int | None = 9464
+    """Prometheus /metrics port (0 = ephemeral, -1 or off = disabled)."""
     # who may call what (files holding shared secrets; "" = not required)
     peer_token_file: str = ""
     """Sync and Replicate (ingest, gateways) must present this token."""
@@ -37,11 +42,14 @@ class IndexConfig:
     """Eviction stops at this fraction of the budget (amortises the leaf scan)."""
     # queries
     max_query_blocks: int = 1 << 16
+    """Most block keys in one Match."""
     max_query_tokens: int = 1 << 22
+    """Most token ids in one Match."""
     # change feed
     changes_max_keys: int = 1 << 20
     """Removed keys the change ring keeps; a subscriber further behind gets a reset."""
     changes_max_records: int = 1 << 16
+    """Change records the change ring keeps."""
     changes_batch_keys: int = 4096
     """Most removed keys in one ChangeBatch."""
     changes_heartbeat_s: float = 1.0

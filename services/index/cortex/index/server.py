@@ -18,6 +18,7 @@ from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
 from grpclib.reflection.service import ServerReflection
 
+from cortex.edge.http import start_ops_http
 from cortex.index.config import IndexConfig
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
 from cortex.index.prefix_index import PrefixIndex
@@ -139,12 +140,7 @@ class IndexServer:
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._http = runner
-        sock = _bound_socket(host, port)
-        self._metrics_port = sock.getsockname()[1]
-        await web.SockSite(runner, sock).start()
+        self._http, self._metrics_port = await start_ops_http(app, host, port)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop: health NOT_SERVING, streams end with UNAVAILABLE, in-flight

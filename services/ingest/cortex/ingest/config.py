@@ -1,7 +1,8 @@
 """``IngestConfig``: every setting of one ingest process, validated on creation.
 
-Built once at the edge (``cortex ingest run`` flags / environment) and passed down; nothing
-below reads the environment.
+Built once at the edge (``cortex ingest run``: :mod:`cortex.edge.settings` reads a file,
+``CORTEX_INGEST_<FIELD>`` variables and ``--<field>`` flags into it; each field's docstring is
+its flag's help) and passed down; nothing below reads the environment.
 """
 
 from __future__ import annotations
@@ -36,29 +37,53 @@ class IngestConfig:
     """
 
     index: tuple[IndexTarget, ...] = ()
-    index_token: str | None = field(default=None, repr=False)
-    """The index's peer token (``cortex index --peer-token-file``), presented on every call."""
+    """Every index replica to feed (HOST:PORT, a comma list)."""
+    index_token_file: str = ""
+    """File with the index's peer token (``cortex index --peer-token-file``), presented on
+    every call; read when the service starts ("" = none)."""
     redis_url: str | None = None
+    """Registry Redis URL (redis://, rediss:// or unix://)."""
     registry_namespace: str = "cortex:v1:"
+    """Registry key prefix."""
     shard: ShardSpec = field(default_factory=ShardSpec)
+    """Own the workers whose id hashes to shard i of K (i/K)."""
     ingest_id: str = ""
+    """Name reported to the index ("" = ingest-<i>of<K>@<host>)."""
     metrics_host: str = "127.0.0.1"
+    """Address of /metrics and /health (0.0.0.0 for every interface)."""
     metrics_port: int | None = 9465
+    """HTTP port of /metrics and /health (0 = ephemeral, -1 or off = none)."""
     poll_interval_s: float = 1.0
+    """Registry polling interval (<= 1 s)."""
     use_channel: bool = True
+    """Subscribe to the registry's pub/sub channel."""
     redis_timeout_s: float = 2.0
+    """Bound of one registry operation."""
     replay_timeout_s: float = 2.0
+    """Abandon a replay silent for this long."""
     max_pending_batches: int = 10_000
+    """Live batches held per source (replaying or waiting for its turn)."""
     max_pending_bytes: int = 64 << 20
+    """Payload bytes held per source; over it the source gives its held batches up and
+    resets its ledger."""
     max_held_bytes: int = 256 << 20
+    """Payload bytes held by all sources; over it the largest holder gives up."""
     turn_bytes: int = 64 << 10
+    """Payload bytes one source decodes before the next one's turn."""
     max_message_bytes: int = 32 << 20
+    """ZMQ MAXMSGSIZE of every event and replay socket."""
     sub_hwm: int = 100_000
+    """ZMQ receive high-water mark of every event socket (messages)."""
     read_burst: int = 512
+    """Most messages one source reads before yielding."""
     align_every: int = 64
+    """Check 1 in N chain-start stores against engine hashes (0 = off)."""
     hash_algo: str = AUTO
+    """vLLM --prefix-caching-hash-algo for the alignment check (auto = learn)."""
     hash_seed: str | None = None
+    """vLLM workers' PYTHONHASHSEED for the alignment check."""
     tombstone_ttl_s: float = 600.0
+    """A removed worker stays out this long."""
     forwarder: ForwarderConfig = field(default_factory=ForwarderConfig)
 
     def __post_init__(self) -> None:

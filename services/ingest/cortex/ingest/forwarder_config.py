@@ -41,8 +41,11 @@ class ForwarderConfig:
     """Limits of one forwarder. Counts are updates, sizes bytes, times seconds."""
 
     queue_max_updates: int = 100_000
+    """Updates queued per index replica before snapshots take over."""
     queue_max_bytes: int = 64 << 20
+    """Bytes of updates queued per index replica."""
     source_queue_max_bytes: int = 8 << 20
+    """Bytes of updates queued per source and replica."""
     source_turn_bytes: int = 4 << 10
     """Bytes of updates one source contributes to a batch before the next source's turn
     (small against a batch, so that every batch is shared by the sources with updates)."""

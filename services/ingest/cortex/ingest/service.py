@@ -26,6 +26,7 @@ from types import MappingProxyType, TracebackType
 import zmq.asyncio
 from aiohttp import web
 
+from cortex.edge.http import start_ops_http
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
 from cortex.ingest.config import IngestConfig
@@ -35,6 +36,7 @@ from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.ledger.grpc import read_token
 from cortex.ledger.model import LedgerState, Op, Tier
 from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
 from cortex.registry.tasks import stop_tasks
@@ -120,10 +122,11 @@ class IngestService:
         self.watcher = RegistryWatcher(
             self.registry, interval_s=config.poll_interval_s, use_channel=config.use_channel
         )
+        token = read_token(config.index_token_file) if config.index_token_file else None
         self.forwarders = [
             IndexForwarder(target, ingest_id=config.ingest_id, ledgers=self,
                            config=config.forwarder, epochs=EpochClock(wall_clock_us),
-                           token=config.index_token)
+                           token=token)
             for target in config.index
         ]
         self.metrics = IngestMetrics(self)
@@ -208,7 +211,7 @@ class IngestService:
         self.started_unix_s = time.time()
         self._ctx = zmq.asyncio.Context()
         if self.config.metrics_port is not None:
-            await self._start_http()
+            await self._start_http(self.config.metrics_port)
         for forwarder in self.forwarders:
             self._tasks.append(
                 asyncio.create_task(forwarder.run(), name=f"forward-{forwarder.target}")
@@ -390,20 +393,13 @@ class IngestService:
 
     # ---- HTTP: metrics and health ---------------------------------------------------------
 
-    async def _start_http(self) -> None:
+    async def _start_http(self, port: int) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._handle_metrics)
         app.router.add_get("/health/live", self._handle_live)
         app.router.add_get("/health/ready", self._handle_ready)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._http = runner
-        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port,
-                           reuse_address=True)
-        await site.start()
-        server = site._server  # aiohttp exposes the bound port only here
-        sockets = getattr(server, "sockets", None) or []
-        self.metrics_port = sockets[0].getsockname()[1] if sockets else self.config.metrics_port
+        self._http, self.metrics_port = await start_ops_http(
+            app, self.config.metrics_host, port)
 
     async def _handle_metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -25,20 +25,36 @@ class DiscoveryConfig:
     """
 
     api_url: str
+    """Kubernetes API server URL (default: the in-cluster one)."""
     namespace: str
+    """Namespace of the worker pods (default: the service account's)."""
     redis_url: str
+    """Registry Redis URL."""
     selector: str = "cortex/engine"
+    """Label selector of the worker pods."""
     token_file: str | None = None
+    """Bearer token file (default: the service account's)."""
     ca_file: str | None = None
+    """CA bundle of the API server (default: the service account's)."""
     registry_namespace: str = DEFAULT_NAMESPACE
+    """Registry key prefix."""
     lease_ttl_s: float = 10.0
+    """Lease of a discovered worker, renewed every third."""
     tombstone_ttl_s: float = 300.0
+    """A pod that left stays out this long."""
     watch_timeout_s: float = 300.0
+    """Each watch is resumed after this long."""
     backoff_max_s: float = 30.0
+    """Longest back-off after a failed list or watch."""
     metrics_host: str = "127.0.0.1"
+    """Address of /metrics and /health."""
     metrics_port: int | None = 9466
+    """HTTP port of /metrics and /health (0 = ephemeral, -1 or off = none)."""
     learn_from_engines: bool = False
+    """Ask each Ready pod's engine what its annotations do not say (model, KV-event
+    endpoints, block size...)."""
     learn_timeout_s: float = 5.0
+    """Bound of one request to an engine."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.api_url)

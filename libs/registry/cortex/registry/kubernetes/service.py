@@ -10,6 +10,7 @@ from types import TracebackType
 import aiohttp
 from aiohttp import web
 
+from cortex.edge.http import start_ops_http
 from cortex.registry.kubernetes.api import PodApi, ssl_context
 from cortex.registry.kubernetes.config import DiscoveryConfig
 from cortex.registry.kubernetes.discovery import PodDiscovery
@@ -58,14 +59,8 @@ class DiscoveryService:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health/live", self._live)
         app.router.add_get("/health/ready", self._ready)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
+        runner, self.metrics_port = await start_ops_http(app, host, port)
         self._stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        server = site._server  # aiohttp exposes the bound port only here
-        sockets = getattr(server, "sockets", None) or []
-        self.metrics_port = sockets[0].getsockname()[1] if sockets else port
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(),
