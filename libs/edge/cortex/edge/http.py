@@ -1,7 +1,8 @@
 """The ops HTTP endpoint of a service (``/metrics``, ``/health/*``): an aiohttp app started
-on ``host:port`` (0 = any free port), the runner to clean up and the port it got.
+on ``host:port`` (0 = any free port), the runner to clean up and the port it got; and the
+bound socket it listens on (the index binds its gRPC port the same way).
 
-aiohttp is imported here only, by the services that serve one (each already depends on it).
+aiohttp is imported when a server starts, so importing :mod:`cortex.edge` stays light.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from aiohttp import web
 
-__all__ = ["start_ops_http"]
+__all__ = ["bound_socket", "start_ops_http"]
 
 
 async def start_ops_http(app: web.Application, host: str, port: int
@@ -21,7 +22,7 @@ async def start_ops_http(app: web.Application, host: str, port: int
     (``await runner.cleanup()``). Raises ``OSError`` when the address cannot be bound."""
     from aiohttp import web
 
-    sock = _bound_socket(host, port)
+    sock = bound_socket(host, port)
     runner = web.AppRunner(app, access_log=None)
     try:
         await runner.setup()
@@ -34,7 +35,7 @@ async def start_ops_http(app: web.Application, host: str, port: int
     return runner, bound
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
+def bound_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` (port 0: the kernel picks), so the port is known
     before the site starts."""
     family, kind, proto, _, address = socket.getaddrinfo(

@@ -5,10 +5,8 @@ from cortex.telemetry.logs import (
     LOG_FORMATS,
     LOG_LEVELS,
     JsonFormatter,
-    add_logging_flags,
     configure_logging,
 )
 from cortex.telemetry.signals import stop_signals
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "add_logging_flags",
-           "configure_logging", "stop_signals"]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "configure_logging", "stop_signals"]

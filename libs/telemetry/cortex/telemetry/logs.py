@@ -1,4 +1,5 @@
-"""One logging setup for the services: ``--log-format json|text`` and ``--log-level``.
+"""One logging setup for the services (their ``--log-format json|text`` and ``--log-level``
+flags are :func:`cortex.edge.serve.add_logging_flags`).
 
 JSON lines carry ``ts`` (Unix seconds), ``level``, ``logger``, ``msg`` and every structured
 field a call passed in ``extra`` (``worker``, ``request_id``, ``mode``, ``model``, ``status``,
@@ -7,14 +8,12 @@ field a call passed in ``extra`` (``worker``, ``request_id``, ``mode``, ``model`
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 from typing import IO, Any
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "add_logging_flags",
-           "configure_logging"]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "configure_logging"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("json", "text")
@@ -41,17 +40,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
-
-
-def add_logging_flags(parser: argparse.ArgumentParser, *, level: str | None = "info",
-                      log_format: str = "text") -> None:
-    """``--log-level`` and ``--log-format`` on a service's command (``level`` ``None``: the
-    command resolves a missing level itself, e.g. from its environment)."""
-    parser.add_argument("--log-level", default=level, type=str.lower, choices=LOG_LEVELS,
-                        help=f"least severe level logged (default: {level or 'info'})")
-    parser.add_argument("--log-format", default=log_format, choices=LOG_FORMATS,
-                        help=f"json: one object per line; text: for people (default: "
-                             f"{log_format})")
 
 
 def configure_logging(level: str, log_format: str, stream: IO[str] | None = None) -> None:

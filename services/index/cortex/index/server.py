@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import uuid
 from types import TracebackType
 
@@ -18,7 +17,7 @@ from grpclib.health.check import ServiceStatus
 from grpclib.health.service import Health
 from grpclib.reflection.service import ServerReflection
 
-from cortex.edge.http import start_ops_http
+from cortex.edge.http import bound_socket, start_ops_http
 from cortex.index.config import IndexConfig
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
 from cortex.index.prefix_index import PrefixIndex
@@ -29,21 +28,6 @@ from cortex.ledger.grpc_server import GrpcServer
 __all__ = ["IndexServer", "IndexService"]
 
 log = logging.getLogger(__name__)
-
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket bound to ``host:port`` (port 0: the kernel picks)."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 class IndexServer:
@@ -118,7 +102,7 @@ class IndexServer:
         server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec())
         self.tokens.install(server)
         try:
-            sock = _bound_socket(c.host, c.port)
+            sock = bound_socket(c.host, c.port)
             self._port = sock.getsockname()[1]
             await server.start(sock=sock)
             self._grpc = server
