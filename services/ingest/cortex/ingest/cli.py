@@ -9,6 +9,7 @@ flags; today's short flags (``--redis``, ``--index``, ``--max-pending``, ``--que
 is validated before anything starts; a bad setting exits 2 with a clear message. SIGTERM /
 SIGINT stop the process cleanly.
 """
+
 from __future__ import annotations
 
 import argparse
