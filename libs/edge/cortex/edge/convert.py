@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
-__all__ = ["Converters", "SettingsError", "build", "convert", "parse_size"]
+__all__ = ["Converters", "SettingsError", "build", "convert", "parse_size", "unwrap_optional"]
 
 Converters = Mapping[type, Callable[[Any], Any]]
 """Extra conversions by target type (e.g. a spec class built from a mapping); each raises
@@ -54,7 +54,7 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
 
 
-def _optional(hint: Any) -> tuple[Any, bool]:
+def unwrap_optional(hint: Any) -> tuple[Any, bool]:
     """``X | None`` -> ``(X, True)``; anything else -> ``(hint, False)``."""
     if get_origin(hint) in (Union, types.UnionType):
         options = [a for a in get_args(hint) if a is not type(None)]
@@ -67,7 +67,7 @@ def convert(value: Any, hint: Any, where: str, *, sized: bool = False,
     """``value`` as the type ``hint``. Strings (environment, flags) are parsed; values of the
     right type pass. ``sized``: an ``int`` that also takes ``64KiB`` / ``32MiB`` / ``1GiB``.
     Raises :class:`SettingsError` naming ``where``."""
-    hint, optional = _optional(hint)
+    hint, optional = unwrap_optional(hint)
     if optional:
         if value is None:
             return None

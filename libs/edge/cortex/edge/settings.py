@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
-from cortex.edge.convert import Converters, SettingsError, _optional, build, convert
+from cortex.edge.convert import Converters, SettingsError, build, convert, unwrap_optional
 
 __all__ = ["Setting", "SettingsError", "SettingsSpec"]
 
@@ -122,7 +122,7 @@ class SettingsSpec:
                 "]" if setting.required else f", default {_show(setting.default)}]")
             kwargs: dict[str, Any] = {"dest": _dest(setting), "default": None,
                                       "help": text.replace("%", "%%")}
-            kind, _ = _optional(setting.hint)
+            kind, _ = unwrap_optional(setting.hint)
             if kind is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             elif get_origin(kind) is tuple:
@@ -283,7 +283,7 @@ def _dest(setting: Setting) -> str:
 
 
 def _metavar(setting: Setting) -> str:
-    kind, _ = _optional(setting.hint)
+    kind, _ = unwrap_optional(setting.hint)
     if get_origin(kind) is tuple:
         kind = get_args(kind)[0]
     if setting.sized:

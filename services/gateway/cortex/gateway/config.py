@@ -124,7 +124,7 @@ class GatewayConfig:
     def from_mapping(cls, data: Mapping[str, Any]) -> GatewayConfig:
         """Build from a decoded file (TOML/JSON layout); raises :class:`ConfigError`."""
         try:
-            config: GatewayConfig = build(cls, data, converters={WorkerSpec: _worker})
+            config: GatewayConfig = build(cls, data, converters=SETTINGS.converters)
         except SettingsError as exc:
             raise ConfigError(str(exc)) from None
         return config
@@ -140,22 +140,23 @@ def _worker(value: object) -> WorkerSpec:
 
 _WEIGHTS = ("alpha", "beta", "gamma", "delta", "host_hit", "disk_hit")
 
+FLAGS: dict[str, tuple[str, ...]] = {
+    "server.host": ("--host",), "server.port": ("--port",),
+    "admission.max_concurrent_requests": ("--max-concurrent-requests",),
+    "admission.queue_size": ("--queue-size",),
+    "admission.queue_timeout_s": ("--queue-timeout-secs",),
+}
+"""The settings ``cortex gateway`` takes as flags, with their short (sglang-router's)
+spellings; the rest come from the file or the environment (the gateway has over a hundred)."""
+
 SETTINGS = SettingsSpec(
     GatewayConfig, "gateway",
     # the scoring weights' shorter names (docs/configuration.md), deprecated
     aliases={f"{ENV_PREFIX}ROUTING_{w.upper()}": f"routing.weights.{w}" for w in _WEIGHTS},
-    flag_names={"server.host": ("--host",), "server.port": ("--port",),
-                "admission.max_concurrent_requests": ("--max-concurrent-requests",),
-                "admission.queue_size": ("--queue-size",),
-                "admission.queue_timeout_s": ("--queue-timeout-secs",)},
+    flag_names=FLAGS,
     converters={WorkerSpec: _worker},
 )
 """The gateway's settings: file, ``CORTEX_GATEWAY_*``, and the few flags of :data:`FLAGS`."""
-
-FLAGS = ("server.host", "server.port", "admission.max_concurrent_requests",
-         "admission.queue_size", "admission.queue_timeout_s")
-"""The settings ``cortex gateway`` takes as flags; the rest come from the file or the
-environment (the gateway has over a hundred)."""
 
 
 def load_config(path: Path | str | None, env: Mapping[str, str], *,
