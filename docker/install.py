@@ -31,7 +31,7 @@ IMAGES = {"gateway": "services/gateway", "index": "services/index",
           "ingest": "services/ingest", "tools": "tools"}
 SERVICES = ("gateway", "index", "ingest")
 
-# what a command starts beyond its command module (imported lazily by the command)
+# what a distribution's commands start beyond their modules (imported lazily by them)
 SERVERS = {
     "cortex-gateway": ("cortex.gateway.server", "cortex.gateway.epp_server",
                        "cortex.telemetry.tracing"),
@@ -42,8 +42,12 @@ SERVERS = {
 }
 
 
-def distributions(src: Path) -> dict[str, tuple[Path, dict[str, object]]]:
-    """Every distribution under ``src``: name -> (its directory, its ``[project]`` table)."""
+Local = dict[str, tuple[Path, dict[str, object]]]
+"""The repository's distributions: name -> (its directory, its ``[project]`` table)."""
+
+
+def distributions(src: Path) -> Local:
+    """Every distribution under ``src`` (each ``pyproject.toml`` with a ``[project]``)."""
     found = {}
     for pyproject in sorted([*src.glob("*/pyproject.toml"), *src.glob("*/*/pyproject.toml")]):
         project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project")
@@ -59,9 +63,8 @@ def requirement_name(requirement: str) -> str:
     return name.strip()
 
 
-def closure(src: Path, image: str) -> list[str]:
+def closure(local: Local, src: Path, image: str) -> list[str]:
     """The image's distribution and every local distribution it requires, by name."""
-    local = distributions(src)
     root = next(name for name, (path, _) in local.items() if path == src / IMAGES[image])
     wanted, pending = [], [root]
     while pending:
@@ -75,31 +78,24 @@ def closure(src: Path, image: str) -> list[str]:
     return sorted(wanted)
 
 
-def image_commands(src: Path, image: str) -> dict[str, str]:
-    """The ``cortex`` subcommands the image offers: name -> module."""
-    local = distributions(src)
-    commands: dict[str, str] = {}
-    for name in closure(src, image):
-        entry_points = local[name][1].get("entry-points", {})
-        assert isinstance(entry_points, dict)
-        commands.update(entry_points.get("cortex.commands", {}))
-    return commands
-
-
-def command_modules(src: Path, names: list[str]) -> list[str]:
-    """``cortex.edge.main``, each distribution's ``cortex.commands`` modules and their servers."""
-    local = distributions(src)
-    modules = ["cortex.edge.main"]
+def commands(local: Local, names: list[str]) -> dict[str, str]:
+    """The ``cortex`` subcommands the named distributions bring: name -> module."""
+    found: dict[str, str] = {}
     for name in names:
         entry_points = local[name][1].get("entry-points", {})
         assert isinstance(entry_points, dict)
-        modules += list(entry_points.get("cortex.commands", {}).values())
-        modules += list(SERVERS.get(name, ()))
-    return modules
+        found.update(entry_points.get("cortex.commands", {}))
+    return found
 
 
-def pip_install(src: Path, names: list[str], target: Path | None, no_deps: bool) -> None:
+def image_commands(src: Path, image: str) -> dict[str, str]:
+    """The ``cortex`` subcommands the image offers: name -> module."""
     local = distributions(src)
+    return commands(local, closure(local, src, image))
+
+
+def pip_install(src: Path, local: Local, names: list[str], target: Path | None,
+                no_deps: bool) -> None:
     command = [sys.executable, "-m", "pip", "install", "--no-cache-dir",
                *(str(local[name][0]) for name in names)]
     if no_deps:
@@ -148,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="install the distributions only, none of their dependencies")
     args = parser.parse_args(argv)
     src = args.src.resolve()
-    names = closure(src, args.image)
-    pip_install(src, names, args.target, args.no_deps)
+    local = distributions(src)
+    names = closure(local, src, args.image)
+    pip_install(src, local, names, args.target, args.no_deps)
     site = args.target.resolve() if args.target else Path(sysconfig.get_path("purelib"))
     others = [] if args.image == "tools" else [f"cortex.{s}" for s in SERVICES if s != args.image]
-    check_imports(site, command_modules(src, names), others)
+    # every command module, and the servers they start (imported lazily by the commands)
+    modules = ["cortex.edge.main", *commands(local, names).values(),
+               *(server for name in names for server in SERVERS.get(name, ()))]
+    check_imports(site, modules, others)
     print(f"install.py: {', '.join(names)} installed in {site}; every command imports")
     return 0
 
