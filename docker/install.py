@@ -56,6 +56,14 @@ def distributions(src: Path) -> Local:
     return found
 
 
+def package_root(directory: Path) -> Path:
+    """Where a distribution keeps its ``cortex/<part>`` tree: its pyproject's
+    ``[tool.setuptools.packages.find] where`` (``proto`` keeps it in ``gen``), else itself."""
+    table = tomllib.loads((directory / "pyproject.toml").read_text(encoding="utf-8"))
+    where = table.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {})
+    return directory.joinpath(*where.get("where", ["."])[:1])
+
+
 def requirement_name(requirement: str) -> str:
     name = requirement.split(";")[0].split("[")[0]
     for stop in "<>=!~ ":

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -21,3 +24,15 @@ def redis_server() -> Iterator[RedisServer]:
     """A private redis-server on a free port, for one test (never the machine's 6379)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def install_script() -> ModuleType:
+    """``docker/install.py``, the script every image's build runs (it knows the repository's
+    distributions: the import-boundary and image tests read them through it)."""
+    path = Path(__file__).resolve().parents[1] / "docker/install.py"
+    spec = importlib.util.spec_from_file_location("cortex_image_install", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

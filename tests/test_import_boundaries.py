@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import ast
 import sys
-import tomllib
+from dataclasses import dataclass
 from importlib.metadata import packages_distributions
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -25,43 +27,35 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("cortex-gateway", "cortex-index", "cortex-ingest")
 
 
-def distributions() -> dict[str, Path]:
-    """Every distribution's name -> its directory (the ones holding a pyproject.toml)."""
-    found = {}
-    for pyproject in sorted([*ROOT.glob("*/pyproject.toml"), *ROOT.glob("*/*/pyproject.toml")]):
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project")
-        if project is not None:
-            found[project["name"]] = pyproject.parent
-    return found
+@dataclass(frozen=True)
+class Distribution:
+    name: str
+    project: dict[str, Any]
+    root: Path
+    """Where its ``cortex/<part>`` tree is."""
+
+    def declared(self, extras: bool) -> set[str]:
+        """Canonical names of the distributions it requires (with every extra's, if asked)."""
+        requirements = list(self.project.get("dependencies", []))
+        if extras:
+            for more in self.project.get("optional-dependencies", {}).values():
+                requirements += more
+        return {canonicalize_name(Requirement(r).name) for r in requirements}
+
+    def packages(self) -> set[str]:
+        """The ``cortex.<part>`` packages it ships."""
+        return {f"cortex.{p.name}" for p in (self.root / "cortex").iterdir()
+                if (p / "__init__.py").exists()}
+
+    def sources(self) -> list[Path]:
+        return sorted((self.root / "cortex").rglob("*.py"))
 
 
-DISTRIBUTIONS = distributions()
-
-
-def project(name: str) -> dict[str, object]:
-    table = tomllib.loads((DISTRIBUTIONS[name] / "pyproject.toml").read_text(encoding="utf-8"))
-    return dict(table["project"])
-
-
-def declared(name: str, extras: bool) -> set[str]:
-    """Canonical names of the distributions ``name`` requires (with every extra's, if asked)."""
-    meta = project(name)
-    requirements = list(meta.get("dependencies", []))  # type: ignore[call-overload]
-    if extras:
-        for more in dict(meta.get("optional-dependencies", {})).values():  # type: ignore[call-overload]
-            requirements += more
-    return {canonicalize_name(Requirement(r).name) for r in requirements}
-
-
-def packages(name: str) -> set[str]:
-    """The ``cortex.<part>`` packages a distribution ships."""
-    base = DISTRIBUTIONS[name] / "gen" if name == "cortex-api" else DISTRIBUTIONS[name]
-    return {f"cortex.{p.name}" for p in (base / "cortex").iterdir() if (p / "__init__.py").exists()}
-
-
-def sources(name: str) -> list[Path]:
-    base = DISTRIBUTIONS[name] / "gen" if name == "cortex-api" else DISTRIBUTIONS[name]
-    return sorted((base / "cortex").rglob("*.py"))
+@pytest.fixture(scope="module")
+def distributions(install_script: ModuleType) -> dict[str, Distribution]:
+    """The repository's distributions, as the images' install script reads them."""
+    return {name: Distribution(name, project, install_script.package_root(path))
+            for name, (path, project) in install_script.distributions(ROOT).items()}
 
 
 def imports(path: Path) -> set[str]:
@@ -79,44 +73,45 @@ def owner(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-NAMES = sorted(DISTRIBUTIONS)
-
-
-def test_every_library_service_and_the_tools_are_a_distribution() -> None:
+def test_every_library_service_and_the_tools_are_a_distribution(
+    distributions: dict[str, Distribution],
+) -> None:
     assert {"cortex-api", "cortex-hashing", "cortex-chat", "cortex-ledger", "cortex-telemetry",
-            "cortex-edge", "cortex-registry", "cortex-tools", *SERVICES} == set(NAMES)
-    shipped = [p for name in NAMES for p in packages(name)]
+            "cortex-edge", "cortex-registry", "cortex-tools", *SERVICES} == set(distributions)
+    shipped = [p for dist in distributions.values() for p in dist.packages()]
     assert len(shipped) == len(set(shipped)), "a package shipped by two distributions"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_a_distribution_imports_only_itself_and_what_it_declares(name: str) -> None:
-    providers = {package: other for other in NAMES for package in packages(other)}
-    needs = declared(name, extras=name == "cortex-tools")
+def test_a_distribution_imports_only_itself_and_what_it_declares(
+    distributions: dict[str, Distribution],
+) -> None:
+    providers = {package: dist.name for dist in distributions.values()
+                 for package in dist.packages()}
     third_party = packages_distributions()
     crossings = set()
-    for path in sources(name):
-        where = path.relative_to(ROOT)
-        for module in imports(path):
-            top = module.split(".")[0]
-            if top in sys.stdlib_module_names or top == "__future__":
-                continue
-            if top == "cortex":
-                provider = providers.get(owner(module))
-                if provider is None:
-                    crossings.add(f"{where}: {module} (no distribution ships it)")
-                elif provider != name and provider not in needs:
-                    crossings.add(f"{where}: {module} (from {provider}, not declared)")
-                continue
-            owners = {canonicalize_name(d) for d in third_party.get(top, [])}
-            if not owners & needs:
-                crossings.add(f"{where}: {module} (from {sorted(owners) or '?'}, not declared)")
+    for dist in distributions.values():
+        needs = dist.declared(extras=dist.name == "cortex-tools")
+        for path in dist.sources():
+            where = path.relative_to(ROOT)
+            for module in imports(path):
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "__future__":
+                    continue
+                if top == "cortex":
+                    provider = providers.get(owner(module))
+                    if provider is None:
+                        crossings.add(f"{where}: {module} (no distribution ships it)")
+                    elif provider != dist.name and provider not in needs:
+                        crossings.add(f"{where}: {module} (from {provider}, not declared)")
+                    continue
+                owners = {canonicalize_name(d) for d in third_party.get(top, [])}
+                if not owners & needs:
+                    crossings.add(f"{where}: {module} (from {sorted(owners) or '?'}, "
+                                  "not declared)")
     assert not crossings, "undeclared imports:\n" + "\n".join(sorted(crossings))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_no_service_requires_another_service(name: str) -> None:
-    if name == "cortex-tools":
-        return  # the tools drive every service
-    services = set(SERVICES) - {name}
-    assert not declared(name, extras=True) & services
+def test_no_service_requires_another_service(distributions: dict[str, Distribution]) -> None:
+    requiring = {dist.name: sorted(dist.declared(extras=True) & (set(SERVICES) - {dist.name}))
+                 for dist in distributions.values() if dist.name != "cortex-tools"}
+    assert not any(requiring.values()), requiring  # only the tools drive every service

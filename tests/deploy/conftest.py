@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -18,21 +17,6 @@ import pytest
 from cortex.edge.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def load_install_script() -> ModuleType:
-    """``docker/install.py``, the script every image's build runs."""
-    spec = importlib.util.spec_from_file_location("cortex_image_install",
-                                                  REPO / "docker/install.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
-def install_script() -> ModuleType:
-    return load_install_script()
 
 
 @pytest.fixture(scope="session")

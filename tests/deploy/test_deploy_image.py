@@ -20,11 +20,10 @@ import signal
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -39,16 +38,11 @@ COMPOSE_HEALTHCHECK = "/opt/cortex/healthcheck.py"
 
 
 
-def package_root(path: Path) -> Path:
-    """The directory holding a distribution's ``cortex/<part>`` tree (``proto`` keeps it in
-    ``gen``)."""
-    return path / "gen" if (path / "gen" / "cortex").is_dir() else path
-
-
-def data_files(distributions: Mapping[str, tuple[Path, Any]], names: list[str]) -> list[Path]:
+def data_files(install_script: ModuleType, names: list[str]) -> list[Path]:
     """Non-Python files of the named distributions' ``cortex`` trees (templates, golden
     vectors, py.typed), relative to their package root: the install must have each."""
-    roots = [package_root(distributions[name][0]) for name in names]
+    distributions = install_script.distributions(REPO)
+    roots = [install_script.package_root(distributions[name][0]) for name in names]
     return [path.relative_to(root) for root in roots
             for path in sorted((root / "cortex").rglob("*"))
             if path.is_file() and path.suffix not in (".py", ".pyc")
@@ -142,13 +136,12 @@ def installed(site: Path) -> list[str]:
 def test_each_install_has_the_console_script_and_every_data_file(
     sites: dict[str, Path], install_script: ModuleType,
 ) -> None:
-    distributions = install_script.distributions(REPO)
     for image, site in sites.items():
         edge = next(site.glob("cortex_edge-*.dist-info"))
         entry_points = (edge / "entry_points.txt").read_text()
         assert re.search(r"^cortex = cortex\.edge\.main:main$", entry_points, re.MULTILINE)
         names = installed(site)
-        missing = [str(relative) for relative in data_files(distributions, names)
+        missing = [str(relative) for relative in data_files(install_script, names)
                    if not (site / relative).is_file()]
         assert missing == [], f"{image}: package data the wheel lacks: {missing}"
 
