@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cortex.gateway.attempt import Opened
-from cortex.gateway.config import GatewayConfig, ModelConfig, PDConfig, UpstreamConfig
-from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, PDConfig, UpstreamConfig
+from cortex.gateway.dispatch.attempt import Opened
+from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pairing import PDMode
-from cortex.gateway.payload import Endpoint, parse_request
-from cortex.gateway.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.router import Routed, Router
-from cortex.gateway.upstream import FailureKind, UpstreamFailure
+from cortex.gateway.request.payload import Endpoint, parse_request
+from cortex.gateway.routing.pairing import PDMode
+from cortex.gateway.routing.router import Routed, Router
+from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine, HashDomain
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole

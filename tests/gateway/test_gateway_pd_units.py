@@ -11,16 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortex.gateway.breaker import CircuitBreaker
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     BreakerConfig,
     GatewayConfig,
     PDConfig,
     RoutingWeights,
     load_config,
 )
-from cortex.gateway.errors import ConfigError
-from cortex.gateway.handoff import (
+from cortex.gateway.dispatch.pd.handoff import (
     MAX_ROOM,
     bootstrap_host,
     bootstrap_room,
@@ -35,12 +33,14 @@ from cortex.gateway.handoff import (
     vllm_prefill_body,
     wants_input_logprobs,
 )
-from cortex.gateway.matching import LedgerState
-from cortex.gateway.pairing import LocalPrefill, PDPlan
-from cortex.gateway.payload import Endpoint
-from cortex.gateway.pool import Health, WorkerPool
-from cortex.gateway.scoring import Candidate, MatchMode, Reason, decide
-from cortex.gateway.sse import SSEForwarder, first_event_error
+from cortex.gateway.errors import ConfigError
+from cortex.gateway.fleet.breaker import CircuitBreaker
+from cortex.gateway.fleet.pool import Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState
+from cortex.gateway.request.payload import Endpoint
+from cortex.gateway.routing.pairing import LocalPrefill, PDPlan
+from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide
+from cortex.gateway.upstream.sse import SSEForwarder, first_event_error
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole

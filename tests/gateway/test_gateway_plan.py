@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.breaker import CircuitBreaker
-from cortex.gateway.config import BreakerConfig, PDConfig, RoutingWeights
+from cortex.gateway.config.gateway import BreakerConfig, PDConfig, RoutingWeights
+from cortex.gateway.dispatch.plan import AttemptPlan, Fallback, LegFailure, PairPlan, Side
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
-from cortex.gateway.matching import LedgerState
-from cortex.gateway.pairing import LocalPrefill, PDPlan
-from cortex.gateway.plan import AttemptPlan, Fallback, LegFailure, PairPlan, Side
-from cortex.gateway.pool import Health, WorkerPool
-from cortex.gateway.scoring import Candidate, Decision, Reason, decide
-from cortex.gateway.upstream import FailureKind, UpstreamFailure
+from cortex.gateway.fleet.breaker import CircuitBreaker
+from cortex.gateway.fleet.pool import Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState
+from cortex.gateway.routing.pairing import LocalPrefill, PDPlan
+from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from cortex.gateway.config import GatewayConfig, ModelConfig, RoutingConfig
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, RoutingConfig
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.payload import Endpoint, parse_request
-from cortex.gateway.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.router import OFFLOAD_CHARS, Routed, Router
-from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.request.payload import Endpoint, parse_request
+from cortex.gateway.routing.router import OFFLOAD_CHARS, Routed, Router
+from cortex.gateway.tokens.tokenize import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
 from cortex.registry import WorkerSpec
 

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.chat import ChatTokenizer, RenderArgs
-from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
-from cortex.gateway.encoder import EncoderMode, ParallelEncoder, partition
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.payload import Endpoint, parse_request
-from cortex.gateway.tokencache import SegmentCache
-from cortex.gateway.tokenize import PromptTokenizer
-from cortex.gateway.tokenizing import Tokenization
+from cortex.gateway.request.payload import Endpoint, parse_request
+from cortex.gateway.tokens.encoder import EncoderMode, ParallelEncoder, partition
+from cortex.gateway.tokens.tokencache import SegmentCache
+from cortex.gateway.tokens.tokenize import PromptTokenizer
+from cortex.gateway.tokens.tokenizing import Tokenization
 from cortex.hashing import Engine
 
 QWEN = Path(__file__).parents[1] / "chat" / "data" / "qwen3.5"

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from cortex.gateway.breaker import BreakerState, CircuitBreaker
-from cortex.gateway.config import BreakerConfig, GatewayConfig, load_config
+from cortex.gateway.config.gateway import BreakerConfig, GatewayConfig, load_config
 from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
-from cortex.gateway.load import (
+from cortex.gateway.fleet.breaker import BreakerState, CircuitBreaker
+from cortex.gateway.fleet.load import (
     LoadFormatError,
     parse_sglang_get_load,
     parse_sglang_loads,
     parse_vllm_metrics,
 )
-from cortex.gateway.payload import Endpoint, PromptKind, parse_body, parse_request
+from cortex.gateway.request.payload import Endpoint, PromptKind, parse_body, parse_request
 from cortex.hashing import Engine
 
 

@@ -33,7 +33,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 
 from cortex.bench.report import provenance, table
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     GatewayConfig,
     HealthConfig,
     IndexConfig,
@@ -42,8 +42,8 @@ from cortex.gateway.config import (
     RegistryConfig,
     ServerConfig,
 )
-from cortex.gateway.epp_server import PROCESS, EppServer
-from cortex.gateway.payload import Endpoint, parse_body, parse_request
+from cortex.gateway.epp.server import PROCESS, EppServer
+from cortex.gateway.request.payload import Endpoint, parse_body, parse_request
 from cortex.gateway.server import GatewayServer
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer

@@ -45,7 +45,7 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.report import table
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     BreakerConfig,
     GatewayConfig,
     HealthConfig,
@@ -53,7 +53,7 @@ from cortex.gateway.config import (
     RegistryConfig,
     ServerConfig,
 )
-from cortex.gateway.payload import Endpoint, parse_body, parse_request
+from cortex.gateway.request.payload import Endpoint, parse_body, parse_request
 from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.config import SimConfig, TimingConfig

@@ -12,19 +12,19 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from cortex.gateway.admin import AdminHandler
-from cortex.gateway.config import GatewayConfig
-from cortex.gateway.edge import PUBLIC_PATHS, Edge
+from cortex.gateway.api.admin import AdminHandler
+from cortex.gateway.api.inference import InferenceHandler, request_id_of
+from cortex.gateway.api.ops import OpsHandler
+from cortex.gateway.api.relay import RELAYED_PATHS, RelayHandler
+from cortex.gateway.api.tokenize_endpoints import AlignmentCheck, TokenizeHandler
+from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.errors import ErrorCode, GatewayError
-from cortex.gateway.http import ClientDisconnected, Request, send_bytes, send_error
-from cortex.gateway.inference import InferenceHandler, request_id_of
-from cortex.gateway.ops import OpsHandler
-from cortex.gateway.payload import Endpoint
-from cortex.gateway.relay import RELAYED_PATHS, RelayHandler
+from cortex.gateway.http.asgi import Receive, Scope, Send
+from cortex.gateway.http.edge import PUBLIC_PATHS, Edge
+from cortex.gateway.http.messages import ClientDisconnected, Request, send_bytes, send_error
+from cortex.gateway.request.payload import Endpoint
 from cortex.gateway.runtime import Gateway
-from cortex.gateway.tokenize_endpoints import AlignmentCheck, TokenizeHandler
 from cortex.gateway.tracebacks import TracebackLimiter
-from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
 from cortex.telemetry.tracing import SpanKind
 

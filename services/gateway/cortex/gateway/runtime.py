@@ -17,23 +17,23 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
 
-from cortex.gateway.admission import Admission
-from cortex.gateway.auth import WorkerCredentials
-from cortex.gateway.config import GatewayConfig, ModelConfig
-from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
+from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
-from cortex.gateway.health import HealthMonitor
-from cortex.gateway.index_client import IndexClient
-from cortex.gateway.limits import Limits, context_length_of, model_limits
-from cortex.gateway.load import LoadPoller
-from cortex.gateway.matching import LedgerState
+from cortex.gateway.fleet.health import HealthMonitor
+from cortex.gateway.fleet.load import LoadPoller
+from cortex.gateway.fleet.pool import WorkerPool
+from cortex.gateway.fleet.seeding import UrlSeeder
+from cortex.gateway.http.admission import Admission
+from cortex.gateway.http.auth import WorkerCredentials
+from cortex.gateway.ledger.index_client import IndexClient
+from cortex.gateway.ledger.matching import LedgerState
+from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pool import WorkerPool
-from cortex.gateway.replica_client import ReplicaClient
-from cortex.gateway.router import Router
-from cortex.gateway.seeding import UrlSeeder
-from cortex.gateway.tokenize import PromptTokenizer
-from cortex.gateway.upstream import UpstreamClient
+from cortex.gateway.request.limits import Limits, context_length_of, model_limits
+from cortex.gateway.routing.router import Router
+from cortex.gateway.tokens.tokenize import PromptTokenizer
+from cortex.gateway.upstream.client import UpstreamClient
 from cortex.ledger.grpc import read_token
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (

@@ -5,7 +5,7 @@ free port, see :attr:`port` / :attr:`url`), runs startup (ready when it returns)
 shuts down gracefully (in-flight requests get ``server.graceful_timeout_s``). Used by
 tests, the dev-cluster launcher and ``cortex gateway``.
 
-The listening socket is a :class:`~cortex.gateway.listener.CappedListener`: past
+The listening socket is a :class:`~cortex.gateway.http.listener.CappedListener`: past
 ``server.max_connections`` open client connections, a new one is answered 503 at once.
 """
 
@@ -22,8 +22,8 @@ from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
 
 from cortex.gateway.app import GatewayApp
-from cortex.gateway.config import GatewayConfig
-from cortex.gateway.listener import CappedListener
+from cortex.gateway.config.gateway import GatewayConfig
+from cortex.gateway.http.listener import CappedListener
 from cortex.gateway.runtime import Gateway
 from cortex.registry import Registry
 
