@@ -29,11 +29,11 @@ MOVES: Mapping[str, str] = {
     "breaker": "fleet.breaker",
     "config": "config.gateway",
     "decision_headers": "api.decision_headers",
-    "disagg": "dispatch.pd.disagg",
+    "disagg": "dispatch.pd.dispatcher",
     "dispatch": "dispatch.dispatcher",
-    "edge": "http.edge",
-    "edgeconfig": "config.edgeconfig",
-    "encoder": "tokens.encoder",
+    "edge": "http.middleware",
+    "edgeconfig": "config.middleware",
+    "encoder": "tokens.parallel",
     "engine_info": "fleet.engine_info",
     "epp": "epp.picker",
     "epp_server": "epp.server",
@@ -60,14 +60,28 @@ MOVES: Mapping[str, str] = {
     "scoring": "routing.scoring",
     "seeding": "fleet.seeding",
     "segments": "tokens.segments",
-    "servingconfig": "config.servingconfig",
+    "servingconfig": "config.serving",
     "sse": "upstream.sse",
-    "tokencache": "tokens.tokencache",
-    "tokenize": "tokens.tokenize",
-    "tokenize_endpoints": "api.tokenize_endpoints",
-    "tokenizing": "tokens.tokenizing",
+    "tokencache": "tokens.cache",
+    "tokenize": "tokens.prompt",
+    "tokenize_endpoints": "api.tokenize",
+    "tokenizing": "tokens.service",
     "types": "http.asgi",
     "upstream": "upstream.client",
+}
+
+# The names of the first move (commit "gateway: subpackages by stage") that the renames of
+# near-twins changed after it: for a branch already rebased onto that commit.
+RENAMED: Mapping[str, str] = {
+    "api.tokenize_endpoints": "api.tokenize",
+    "config.edgeconfig": "config.middleware",
+    "config.servingconfig": "config.serving",
+    "dispatch.pd.disagg": "dispatch.pd.dispatcher",
+    "http.edge": "http.middleware",
+    "tokens.encoder": "tokens.parallel",
+    "tokens.tokencache": "tokens.cache",
+    "tokens.tokenize": "tokens.prompt",
+    "tokens.tokenizing": "tokens.service",
 }
 
 # What each stage is: the docstring of its package.
@@ -96,22 +110,27 @@ STAGES: Mapping[str, str] = {
 
 
 def _patterns(moves: Mapping[str, str]) -> tuple[re.Pattern[str], re.Pattern[str]]:
-    names = "|".join(sorted(moves, key=len, reverse=True))
+    names = "|".join(re.escape(old) for old in sorted(moves, key=len, reverse=True))
     # A name followed by one of the new modules is already moved (``http.messages``): the
     # rewrite is idempotent, so a half-rebased branch can be run through it again.
     leaves = {part for new in moves.values() for part in new.split(".")[1:]}
     moved = "|".join(sorted(leaves, key=len, reverse=True))
     dotted = re.compile(rf"\bcortex\.gateway\.({names})(?![A-Za-z0-9_])(?!\.(?:{moved})\b)")
-    path = re.compile(rf"\bcortex/gateway/({names})\.py\b")
+    paths = "|".join(re.escape(old.replace(".", "/"))
+                     for old in sorted(moves, key=len, reverse=True))
+    path = re.compile(rf"\bcortex/gateway/({paths})\.py\b")
     return dotted, path
 
 
-def rewrite_text(text: str, moves: Mapping[str, str] = MOVES) -> str:
-    """``text`` with every old module name and file path of ``moves`` replaced, in one pass."""
+def rewrite_text(text: str, moves: Mapping[str, str] | None = None) -> str:
+    """``text`` with every old module name and file path of ``moves`` (default: the flat
+    names and the first move's renamed ones) replaced, in one pass."""
+    moves = {**MOVES, **RENAMED} if moves is None else moves
     dotted, path = _patterns(moves)
     text = dotted.sub(lambda m: "cortex.gateway." + moves[m.group(1)], text)
-    return path.sub(lambda m: "cortex/gateway/" + moves[m.group(1)].replace(".", "/") + ".py",
-                    text)
+    return path.sub(
+        lambda m: "cortex/gateway/" + moves[m.group(1).replace("/", ".")].replace(".", "/") + ".py",
+        text)
 
 
 _SKIP = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}

@@ -139,7 +139,7 @@ async def measure() -> dict[str, Any]:
 
 
 def _router_module() -> str:
-    for candidate in ("cortex.gateway.routing.router", "cortex.gateway.router"):
+    for candidate in ("cortex.gateway.routing.router", "cortex.gateway.routing.router"):
         with contextlib.suppress(ImportError):
             return __import__(candidate, fromlist=["Router"]).Router.__module__  # type: ignore[no-any-return]
     raise SystemExit("no Router in this gateway")

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from cortex.gateway.config.edgeconfig import AuthConfig
 from cortex.gateway.config.gateway import GatewayConfig, load_config
+from cortex.gateway.config.middleware import AuthConfig
 from cortex.gateway.errors import ConfigError
 from cortex.gateway.http.auth import (
     ApiKeys,

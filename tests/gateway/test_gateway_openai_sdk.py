@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from cortex.gateway.config.edgeconfig import AuthConfig
+from cortex.gateway.config.middleware import AuthConfig
 from cortex.gateway.http.auth import KeyDigest, hash_key
 
 from .conftest import MODEL, StartGateway, StartSim, spec_of

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.api.tokenize_endpoints import AlignmentCheck
+from cortex.gateway.api.tokenize import AlignmentCheck
 from cortex.gateway.config.gateway import ModelConfig, TokenizeConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine

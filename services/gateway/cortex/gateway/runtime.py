@@ -1,4 +1,4 @@
-"""``Gateway``: one gateway process's state and background work, owned by one ``async with``.
+"""``Runtime``: one gateway process's state and background work, owned by one ``async with``.
 
 Startup order: tokenizers → registry → upstream session → ledger replica and index client →
 static workers seeded (unless an operator removed them: a tombstone) → registry watcher →
@@ -32,7 +32,7 @@ from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.limits import Limits, context_length_of, model_limits
 from cortex.gateway.routing.router import Router
-from cortex.gateway.tokens.tokenize import PromptTokenizer
+from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
 from cortex.ledger.grpc import read_token
 from cortex.ledger.replica import ReplicaChanges
@@ -47,7 +47,7 @@ from cortex.registry import (
 )
 from cortex.telemetry.tracing import Tracing
 
-__all__ = ["Degradation", "Gateway", "Readiness"]
+__all__ = ["Degradation", "Readiness", "Runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ def _index_token(path: str) -> str | None:
         raise ConfigError(f"index.token_file: {exc}") from None
 
 
-class Gateway:
-    """Use as ``async with Gateway(config) as gw``; the ASGI app reads its parts.
+class Runtime:
+    """Use as ``async with Runtime(config) as gw``; the ASGI app reads its parts.
 
     ``registry``: inject one (tests, a launcher sharing a MemoryRegistry); by default Redis
     when ``registry.redis_url`` is set, else an in-process registry.
@@ -134,7 +134,7 @@ class Gateway:
 
     # ---- lifecycle ----
 
-    async def __aenter__(self) -> Gateway:
+    async def __aenter__(self) -> Runtime:
         try:
             await self._start()
         except BaseException:
@@ -368,4 +368,4 @@ class Gateway:
         return state, reasons
 
     def __repr__(self) -> str:
-        return f"Gateway(models={[m.name for m in self.config.models]}, {self.pool!r})"
+        return f"Runtime(models={[m.name for m in self.config.models]}, {self.pool!r})"

@@ -21,15 +21,15 @@ from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceU
 from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_json
-from cortex.gateway.request.payload import Endpoint, parse_body, parse_request
-from cortex.gateway.routing.pairing import PDMode, PDPlan
-from cortex.gateway.runtime import Gateway
+from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
+from cortex.gateway.routing.pairing import PairDecision, PDMode
+from cortex.gateway.runtime import Runtime
 from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
 
 __all__ = ["AdminHandler"]
 
-_ENDPOINTS = {"chat": Endpoint.CHAT, "completions": Endpoint.COMPLETIONS,
-              "generate": Endpoint.GENERATE}
+_ENDPOINTS = {"chat": InferencePath.CHAT, "completions": InferencePath.COMPLETIONS,
+              "generate": InferencePath.GENERATE}
 
 
 def _worker_json(w: WorkerState, now: float, stale_after_s: float) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def _flag(text: str, name: str) -> bool:
 
 
 class AdminHandler:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         self._token = (gateway.config.server.admin_token or "").encode()
 
@@ -170,8 +170,9 @@ class AdminHandler:
                                   param="endpoint")
             endpoint = _ENDPOINTS[name]
         else:
-            endpoint = (Endpoint.CHAT if "messages" in body
-                        else Endpoint.COMPLETIONS if "prompt" in body else Endpoint.GENERATE)
+            endpoint = (InferencePath.CHAT if "messages" in body
+                        else InferencePath.COMPLETIONS if "prompt" in body
+                        else InferencePath.GENERATE)
         req = parse_request(endpoint, body, self.gw.config, self.gw.limits,
                             self.gw.pool.adapter_base)
         router = self.gw.router
@@ -226,7 +227,7 @@ class AdminHandler:
             explained["pd"] = self._explain_pd(routed.pd)
         await send_json(send, 200, explained)
 
-    def _explain_pd(self, plan: PDPlan) -> dict[str, Any]:
+    def _explain_pd(self, plan: PairDecision) -> dict[str, Any]:
         """The pair a disaggregated request would get (``candidates`` are the prefill pool,
         ranked by cache affinity; the decode pool is ranked by load only)."""
         decode = plan.decode.chosen
@@ -238,7 +239,7 @@ class AdminHandler:
             "local_prefill_reason": local.value if local else None,
             "prefill_worker": decode.worker_id if local else plan.prefill.chosen.worker_id,
             "decode_worker": decode.worker_id,
-            "hit_tokens": (PDPlan.held_tokens(decode) if local
+            "hit_tokens": (PairDecision.held_tokens(decode) if local
                            else plan.prefill.hit_tokens),
             "sequences": plan.sequences,
             "decode_decision": {"mode": plan.decode.mode.value,
@@ -247,7 +248,7 @@ class AdminHandler:
                 {"worker": s.worker_id, "rank": rank, "active": s.candidate.active,
                  "inflight": s.candidate.inflight, "engine_running": s.candidate.engine_running,
                  "engine_waiting": s.candidate.engine_waiting,
-                 "held_tokens": PDPlan.held_tokens(s), "score": s.score}
+                 "held_tokens": PairDecision.held_tokens(s), "score": s.score}
                 for rank, s in enumerate(plan.decode.ranked)
             ],
             "fallback_worker": fallback.chosen.worker_id if fallback else None,

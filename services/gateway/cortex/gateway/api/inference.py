@@ -36,10 +36,15 @@ from cortex.gateway.http.messages import (
     send_bytes,
     send_error,
 )
-from cortex.gateway.request.payload import Endpoint, InferenceRequest, parse_body, parse_request
+from cortex.gateway.request.payload import (
+    InferencePath,
+    InferenceRequest,
+    parse_body,
+    parse_request,
+)
 from cortex.gateway.routing.router import Routed
-from cortex.gateway.runtime import Gateway
-from cortex.gateway.tokens.tokenizing import Tokenization
+from cortex.gateway.runtime import Runtime
+from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.gateway.upstream.sse import SSEForwarder, cached_tokens_of, sse_error_event
@@ -94,13 +99,13 @@ class _StatusSent:
 class InferenceHandler:
     """``POST /v1/chat/completions``, ``/v1/completions``, ``/generate``."""
 
-    def __init__(self, gateway: Gateway, tracebacks: TracebackLimiter | None = None) -> None:
+    def __init__(self, gateway: Runtime, tracebacks: TracebackLimiter | None = None) -> None:
         self.gw = gateway
         self.metrics = gateway.metrics
         self.config = gateway.config
         self._tracebacks = tracebacks or TracebackLimiter()
 
-    async def __call__(self, request: Request, send: Send, endpoint: Endpoint) -> None:
+    async def __call__(self, request: Request, send: Send, endpoint: InferencePath) -> None:
         started = time.perf_counter()
         request_id = request_id_of(request)
         base: Headers = [(b"x-request-id", request_id.encode())]
@@ -138,7 +143,7 @@ class InferenceHandler:
         self.metrics.admission_wait_seconds.observe(time.perf_counter() - waited)
         return True
 
-    async def _read_and_route(self, request: Request, endpoint: Endpoint, deadline: float
+    async def _read_and_route(self, request: Request, endpoint: InferencePath, deadline: float
                      ) -> tuple[InferenceRequest, bytes, Routed]:
         """Read, validate and route the request; raises :class:`GatewayError` for what
         the client must fix (also what only surfaces while tokenizing)."""
@@ -184,7 +189,7 @@ class InferenceHandler:
             tracing.record(stage, span, at, end, attributes)
             at = end
 
-    async def _handle(self, request: Request, send: Send, endpoint: Endpoint, request_id: str,
+    async def _handle(self, request: Request, send: Send, endpoint: InferencePath, request_id: str,
                       base: Headers, started: float) -> int:
         """Answer the request; returns the status to count when nothing was sent (499: the
         client went away)."""
@@ -207,7 +212,7 @@ class InferenceHandler:
                              "mode": decision.mode.value})
         try:
             body = upstream_body(req, raw)
-            exchange = _Exchange(self.gw, req, routed, body, request_id, base, send, deadline,
+            exchange = _Conversation(self.gw, req, routed, body, request_id, base, send, deadline,
                                  started, request)
             if await race_disconnect(request.receive, exchange.run()):
                 self.metrics.client_disconnects.inc()
@@ -253,10 +258,10 @@ async def race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> 
     return gone
 
 
-class _Exchange:
+class _Conversation:
     """One request's conversation with its worker(s), inside the disconnect race."""
 
-    def __init__(self, gw: Gateway, req: InferenceRequest, routed: Routed, body: bytes,
+    def __init__(self, gw: Runtime, req: InferenceRequest, routed: Routed, body: bytes,
                  request_id: str, base: Headers, send: Send, deadline: float,
                  started: float, request: Request) -> None:
         self.gw = gw
@@ -373,7 +378,7 @@ class _Exchange:
         req = self.req
         tokenization = self._tokenization
         forwarder = SSEForwarder(strip_usage=not req.wants_usage
-                                 and req.endpoint is not Endpoint.GENERATE,
+                                 and req.endpoint is not InferencePath.GENERATE,
                                  rewrite=opened.rewrite,
                                  keep_bytes=tokenization.config.feed_max_bytes
                                  if tokenization.config.feed_answers else 0)

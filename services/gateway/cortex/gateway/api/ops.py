@@ -10,13 +10,13 @@ from cortex.gateway.fleet.pool import Health
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import send_bytes, send_json
 from cortex.gateway.metrics import CONTENT_TYPE
-from cortex.gateway.runtime import Gateway
+from cortex.gateway.runtime import Runtime
 
 __all__ = ["OpsHandler"]
 
 
 class OpsHandler:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         self._created = int(time.time())
 

@@ -46,7 +46,7 @@ from cortex.gateway.http.messages import (
     send_error,
 )
 from cortex.gateway.request.payload import parse_body
-from cortex.gateway.runtime import Gateway
+from cortex.gateway.runtime import Runtime
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure, UpstreamResponse
 from cortex.telemetry.tracing import Span, SpanKind, trace_headers
 
@@ -131,7 +131,7 @@ class _Target:
 class RelayHandler:
     """The passthrough endpoints, and inference requests of passthrough models."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         self.metrics = gateway.metrics
         self.owners = ResponseOwners()

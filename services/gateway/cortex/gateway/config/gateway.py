@@ -9,7 +9,7 @@ model and worker lists come from the file, or as JSON in ``CORTEX_GATEWAY_MODELS
 ``CORTEX_GATEWAY_WORKERS``.
 Only :func:`load_config` reads the environment. Unknown keys are errors (typos must not pass
 silently); every error names the offending key. The sections themselves live in
-:mod:`cortex.gateway.config.servingconfig` and :mod:`cortex.gateway.config.edgeconfig`;
+:mod:`cortex.gateway.config.serving` and :mod:`cortex.gateway.config.middleware`;
 import them from here.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from cortex.edge.convert import build
 from cortex.edge.settings import SettingsError, SettingsSpec
-from cortex.gateway.config.edgeconfig import AccessLogConfig, AuthConfig, CorsConfig, TracingConfig
-from cortex.gateway.config.servingconfig import (
+from cortex.gateway.config.middleware import AccessLogConfig, AuthConfig, CorsConfig, TracingConfig
+from cortex.gateway.config.serving import (
     AdmissionConfig,
     BreakerConfig,
     DiscoveryConfig,

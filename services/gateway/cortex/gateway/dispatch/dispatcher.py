@@ -2,7 +2,7 @@
 
 The one seam between routing and HTTP. A regular decision runs on one worker per attempt;
 a prefill/decode plan (``routed.pd``) goes to
-:class:`~cortex.gateway.dispatch.pd.disagg.PairDispatcher`, which opens a pair and returns
+:class:`~cortex.gateway.dispatch.pd.dispatcher.PairDispatcher`, which opens a pair and returns
 the decode leg as the :class:`Opened` response, leaving streaming untouched.
 
 Failures before the first byte — connection refused, a retryable status, no first byte
@@ -30,11 +30,11 @@ from collections.abc import Mapping
 
 from cortex.gateway.config.gateway import PDConfig, Timeouts, UpstreamConfig
 from cortex.gateway.dispatch.attempt import Opened, attempt
-from cortex.gateway.dispatch.pd.disagg import PairDispatcher
+from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.fleet.pool import WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.payload import Endpoint, InferenceRequest
+from cortex.gateway.request.payload import InferencePath, InferenceRequest
 from cortex.gateway.routing.router import Routed, Router, uncached
 from cortex.gateway.upstream.client import Upstream, UpstreamFailure
 from cortex.hashing import Engine
@@ -52,11 +52,11 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     if (req.adapter is not None and req.model.engine is Engine.SGLANG
             and "lora_path" not in req.body):
         body = {**req.body, "lora_path": req.adapter}
-        if req.stream and not req.wants_usage and req.endpoint is not Endpoint.GENERATE:
+        if req.stream and not req.wants_usage and req.endpoint is not InferencePath.GENERATE:
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}
         return json.dumps(body, separators=(",", ":")).encode()
-    if not req.stream or req.wants_usage or req.endpoint is Endpoint.GENERATE:
+    if not req.stream or req.wants_usage or req.endpoint is InferencePath.GENERATE:
         return raw
     if "stream_options" not in req.body:
         # splice instead of re-serializing a large body: the body is a non-empty object
@@ -72,8 +72,8 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
 
 class Dispatcher:
     """Single-worker dispatch with bounded retries before the first byte; PD plans go to
-    its :class:`~cortex.gateway.dispatch.pd.disagg.PairDispatcher` (``pairs``), which falls back to
-    :meth:`open_fallback`."""
+    its :class:`~cortex.gateway.dispatch.pd.dispatcher.PairDispatcher` (``pairs``), which
+    falls back to :meth:`open_fallback`."""
 
     def __init__(
         self,

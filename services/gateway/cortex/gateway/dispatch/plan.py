@@ -2,7 +2,7 @@
 
 A plan says where each attempt of a request goes and what the request's failures add up to;
 the dispatcher (:mod:`cortex.gateway.dispatch.dispatcher`,
-:mod:`cortex.gateway.dispatch.pd.disagg`) does the I/O in between and reports each outcome
+:mod:`cortex.gateway.dispatch.pd.dispatcher`) does the I/O in between and reports each outcome
 back. A plan also moves the request's
 :class:`~cortex.gateway.routing.router.Placement` (its predicted blocks) with the attempts.
 
@@ -27,7 +27,7 @@ from typing import Protocol
 from cortex.gateway.config.gateway import PDConfig
 from cortex.gateway.errors import ErrorCode, GatewayError, ServiceUnavailable, UpstreamError
 from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.routing.pairing import LocalPrefill, PDPlan, compatible_pair
+from cortex.gateway.routing.pairing import LocalPrefill, PairDecision, compatible_pair
 from cortex.gateway.routing.scoring import Scored
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 
@@ -176,7 +176,7 @@ class PairPlan:
     incompatible pairs met on the way), :meth:`answered` / :meth:`failed` take its outcome,
     :meth:`verdict` decides between the fallback and an error."""
 
-    plan: PDPlan
+    plan: PairDecision
     workers: Workers
     config: PDConfig
     placement: Credit

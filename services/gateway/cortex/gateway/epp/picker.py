@@ -35,9 +35,9 @@ from google.protobuf import struct_pb2
 
 from cortex.gateway.api.decision_headers import decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
-from cortex.gateway.request.payload import Endpoint, parse_body, parse_request
+from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
 from cortex.gateway.routing.router import Routed
-from cortex.gateway.runtime import Gateway
+from cortex.gateway.runtime import Runtime
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
 __all__ = ["DESTINATION", "LB_NAMESPACE", "SERVED", "SUBSET", "SUBSET_NAMESPACE",
@@ -124,7 +124,7 @@ class PickerStream:
     """One ext_proc stream: feed each :class:`ProcessingRequest` to :meth:`handle`, send
     what it returns, in order; call :meth:`close` when the stream ends (idempotent)."""
 
-    def __init__(self, gateway: Gateway, request_timeout_s: float | None = None) -> None:
+    def __init__(self, gateway: Runtime, request_timeout_s: float | None = None) -> None:
         self.gw = gateway
         self.phase = Phase.HEADERS
         self.picked: _Picked | None = None
@@ -241,7 +241,7 @@ class PickerStream:
             if not allowed:
                 raise ServiceUnavailable("no endpoint of the subset can take the request")
         try:
-            endpoint = Endpoint(self._path)
+            endpoint = InferencePath(self._path)
         except ValueError:
             endpoint = None
         if endpoint is None or not self._body:

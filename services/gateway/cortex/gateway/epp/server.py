@@ -24,7 +24,7 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Stream
 
 from cortex.gateway.epp.picker import PickerStream
-from cortex.gateway.runtime import Gateway, Readiness
+from cortex.gateway.runtime import Readiness, Runtime
 from cortex.ledger.grpc_server import GrpcServer
 
 __all__ = ["PROCESS", "SERVICE", "EppServer"]
@@ -40,7 +40,7 @@ _Status: TypeAlias = "HealthCheckResponse.ServingStatus.ValueType"
 class ExternalProcessor:
     """One :class:`PickerStream` per ext_proc stream (one per HTTP request)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
 
     async def process(self, stream: Stream[ext.ProcessingRequest, ext.ProcessingResponse]
@@ -99,7 +99,7 @@ class EppServer:
     """``async with EppServer(gateway, host, port) as epp:`` (port 0: a free port, see
     :attr:`port`); on exit, open streams and connections are closed."""
 
-    def __init__(self, gateway: Gateway, host: str = "0.0.0.0", port: int = 9002) -> None:
+    def __init__(self, gateway: Runtime, host: str = "0.0.0.0", port: int = 9002) -> None:
         self.gw = gateway
         self.host = host
         self.port = port

@@ -26,7 +26,7 @@ from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.request.limits import Limits, precheck
 
-__all__ = ["Endpoint", "InferenceRequest", "Prompt", "parse_body", "parse_request"]
+__all__ = ["InferencePath", "InferenceRequest", "Prompt", "parse_body", "parse_request"]
 
 _MAX_TOKEN_ID = 2**32 - 1
 _MAX_COUNT = 2**31 - 1  # counts beyond int32 are no request any engine can serve
@@ -34,7 +34,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class Endpoint(StrEnum):
+class InferencePath(StrEnum):
     """The inference endpoints (the upstream path is the same)."""
 
     CHAT = "/v1/chat/completions"
@@ -70,7 +70,7 @@ class InferenceRequest:
     named as ``model`` is the ``lora_name``); ``limits``:
     the model's bounds the request was checked against (again once it is tokenized)."""
 
-    endpoint: Endpoint
+    endpoint: InferencePath
     model: ModelConfig
     body: dict[str, Any]
     prompt: Prompt
@@ -85,9 +85,9 @@ class InferenceRequest:
     @property
     def prompt_param(self) -> str:
         """The field holding the prompt (where a length error points)."""
-        if self.endpoint is Endpoint.CHAT:
+        if self.endpoint is InferencePath.CHAT:
             return "messages"
-        if self.endpoint is Endpoint.COMPLETIONS:
+        if self.endpoint is InferencePath.COMPLETIONS:
             return "prompt"
         return "input_ids" if self.prompt.kind is PromptKind.TOKENS else "text"
 
@@ -236,17 +236,17 @@ def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
         raise _invalid(str(exc), exc.param) from None
 
 
-def parse_request(endpoint: Endpoint, body: dict[str, Any], config: GatewayConfig,
+def parse_request(endpoint: InferencePath, body: dict[str, Any], config: GatewayConfig,
                   limits: Callable[[ModelConfig], Limits] | None = None,
                   adapters: Callable[[str], str | None] | None = None) -> InferenceRequest:
     """Validate a decoded body for ``endpoint``, and against the model's bounds
     (``limits(model)``; none by default); ``adapters(name)``: the base model of a LoRA
     adapter the workers list. Raises :class:`ClientError`."""
-    model, adapter = _model(body, config, endpoint is not Endpoint.GENERATE, adapters)
-    if endpoint is Endpoint.CHAT:
+    model, adapter = _model(body, config, endpoint is not InferencePath.GENERATE, adapters)
+    if endpoint is InferencePath.CHAT:
         prompt = _chat(body, model)
         _count(body, "max_completion_tokens", 0)
-    elif endpoint is Endpoint.COMPLETIONS:
+    elif endpoint is InferencePath.COMPLETIONS:
         prompt = _text_or_tokens(body.get("prompt"), "prompt", _special_tokens(body, model))
     elif body.get("input_ids") is not None:
         prompt = _text_or_tokens(body["input_ids"], "input_ids")

@@ -32,7 +32,7 @@ from cortex.gateway.routing.scoring import Decision, Scored
 from cortex.hashing import Engine
 
 __all__ = ["CONNECTOR_VERSION_LABEL", "ENGINE_VERSION_LABEL", "LocalPrefill", "PDMode",
-           "PDOutcome", "PDPlan", "compatible_pair", "connector_mismatch"]
+           "PDOutcome", "PairDecision", "compatible_pair", "connector_mismatch"]
 
 CONNECTOR_VERSION_LABEL = "nixl_connector_version"
 ENGINE_VERSION_LABEL = "engine_version"
@@ -102,7 +102,7 @@ class PDOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class PDPlan:
+class PairDecision:
     """A PD routing outcome. ``prefill`` (ledger affinity) is the request's main decision;
     ``decode`` is ranked by load (reason ``load_only``); ``fallback`` ranks the model's
     regular workers (``None``: it has none). ``sequences``: prompts x ``n``."""
@@ -146,5 +146,5 @@ class PDPlan:
 
     def __repr__(self) -> str:
         fallback = self.fallback.chosen.worker_id if self.fallback else None
-        return (f"PDPlan({self.engine.value}, prefill={self.prefill.chosen.worker_id},"
+        return (f"PairDecision({self.engine.value}, prefill={self.prefill.chosen.worker_id},"
                 f" decode={self.decode.chosen.worker_id}, fallback={fallback})")

@@ -47,11 +47,11 @@ from cortex.gateway.ledger.matching import (
 )
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
-from cortex.gateway.routing.pairing import PDPlan
+from cortex.gateway.routing.pairing import PairDecision
 from cortex.gateway.routing.predicted import Credit, PredictedBlocks
 from cortex.gateway.routing.scoring import Candidate, Decision, Reason, Scored, decide
-from cortex.gateway.tokens.tokenize import PromptTokenizer
-from cortex.gateway.tokens.tokenizing import Tokenization
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 from cortex.registry.spec import WorkerRole
@@ -182,7 +182,7 @@ class Routed:
     index_version: int
     timings: StageTimings
     placement: Placement
-    pd: PDPlan | None = None
+    pd: PairDecision | None = None
     keysets: Mapping[int, list[int]] | None = None  # lookahead L > 0 -> the prompt's keys
 
     def credited_tokens(self, worker_id: str) -> int:
@@ -207,7 +207,7 @@ def lookahead_blocks(model: ModelConfig, prompt_tokens: int, lookahead: int) -> 
 def uncached(prompt_tokens: int, scored: Scored) -> int:
     """Prompt tokens ``scored``'s worker will compute (what it holds is not computed, even
     when the decision gave it no credit for it)."""
-    return max(prompt_tokens - PDPlan.held_tokens(scored), 0)
+    return max(prompt_tokens - PairDecision.held_tokens(scored), 0)
 
 
 def _only(workers: list[WorkerState], allowed: Collection[str] | None) -> list[WorkerState]:
@@ -301,14 +301,14 @@ class Router:
         regular = (decide(candidates(workers), weights, cache_off=cache_off, turn=turn,
                           rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
                    if workers else None)
-        plan: PDPlan | None = None
+        plan: PairDecision | None = None
         placement = Placement(self, keys, keysets)
         if pools is not None:
             prefill = decide(candidates(pools[0]), weights, cache_off=cache_off, turn=turn,
                              rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
             decode = decide(candidates(pools[1]), weights, cache_off=Reason.LOAD_ONLY,
                             turn=turn, rng=rng)
-            plan = PDPlan(model.engine, prefill, decode, regular, len(ids),
+            plan = PairDecision(model.engine, prefill, decode, regular, len(ids),
                           sequence_count(req.endpoint, req.body))
             decision = prefill
             if record:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cortex.chat import RenderArgs
-from cortex.gateway.tokens.tokenize import PromptTokenizer
+from cortex.gateway.tokens.prompt import PromptTokenizer
 
 __all__ = ["HeavyLane", "TokenizerSpec"]
 

@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cortex.gateway.request.payload import Endpoint
+from cortex.gateway.request.payload import InferencePath
 from cortex.gateway.upstream.sse import EventRewrite
 from cortex.registry.spec import WorkerSpec
 
@@ -88,16 +88,16 @@ def _prompt_count(value: Any) -> int:
     return 1
 
 
-def sequence_count(endpoint: Endpoint, body: Mapping[str, Any]) -> int:
+def sequence_count(endpoint: InferencePath, body: Mapping[str, Any]) -> int:
     """Output sequences the engine will run: prompts x ``n`` (each needs its own room)."""
-    if endpoint is Endpoint.GENERATE:
+    if endpoint is InferencePath.GENERATE:
         source = body.get("input_ids")
         if source is None:
             source = body.get("text")
         params = body.get("sampling_params")
         n = _positive_int(params.get("n", 1)) if isinstance(params, Mapping) else 1
         return _prompt_count(source) * n
-    prompts = _prompt_count(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else 1
+    prompts = _prompt_count(body.get("prompt")) if endpoint is InferencePath.COMPLETIONS else 1
     return prompts * _positive_int(body.get("n", 1))
 
 
@@ -220,10 +220,10 @@ def usage_rewrite(prefill_usage: Mapping[str, Any]) -> EventRewrite:
 # ---- SGLang input logprobs ----
 
 
-def wants_input_logprobs(endpoint: Endpoint, body: Mapping[str, Any]) -> bool:
+def wants_input_logprobs(endpoint: InferencePath, body: Mapping[str, Any]) -> bool:
     """Whether the prefill's input logprobs must be merged (``/generate`` with
     ``return_logprob``: the prefill computed the prompt, the decode only its last token)."""
-    return endpoint is Endpoint.GENERATE and body.get("return_logprob") is True
+    return endpoint is InferencePath.GENERATE and body.get("return_logprob") is True
 
 
 def _logprobs_of(obj: Any) -> list[Any] | None:

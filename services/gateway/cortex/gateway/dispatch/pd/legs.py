@@ -1,6 +1,6 @@
 """The legs of a prefill/decode attempt: one worker's part each (its in-flight slot, its
 response, its breaker verdict) and the one call that sends a leg up to what the pair needs
-before the first byte (:mod:`cortex.gateway.dispatch.pd.disagg` runs the pair).
+before the first byte (:mod:`cortex.gateway.dispatch.pd.dispatcher` runs the pair).
 
 A leg's failure is a value (:class:`~cortex.gateway.dispatch.plan.LegFailure`), not an exception: a
 connection error, a timeout, a retryable status, or a 200 whose answer is an error object

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cortex.gateway.config.servingconfig import non_negative, positive
+from cortex.gateway.config.serving import non_negative, positive
 from cortex.gateway.errors import ConfigError
 from cortex.gateway.http.auth import ApiKeys, KeyDigest, parse_key_lines
 

@@ -3,7 +3,7 @@ registry and workers are and how they are watched, upstream calls, admission, PD
 
 Part of :class:`~cortex.gateway.config.gateway.GatewayConfig` (import them from there); each section
 validates itself on creation and names the offending key in its :class:`ConfigError`. The
-operator's surface (auth, CORS, access log, tracing) is in :mod:`cortex.gateway.config.edgeconfig`.
+operator's surface (auth, CORS, access log, tracing) is in :mod:`cortex.gateway.config.middleware`.
 """
 
 from __future__ import annotations

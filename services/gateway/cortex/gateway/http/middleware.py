@@ -1,7 +1,7 @@
 """What every HTTP request passes before its route: client auth, CORS, the access log.
 
-:class:`Edge` is built once from the config; :class:`Exchange` follows one request: it wraps
-``send`` to learn the status and the decision headers (worker, match mode) of the answer,
+:class:`Middleware` is built once from the config; :class:`Exchange` follows one request: it
+wraps ``send`` to learn the status and the decision headers (worker, match mode) of the answer,
 adds the CORS headers, and writes the access-log line when the answer is done.
 """
 
@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from cortex.gateway.config.edgeconfig import AccessLogConfig, CorsConfig
+from cortex.gateway.config.middleware import AccessLogConfig, CorsConfig
 from cortex.gateway.errors import ErrorCode, GatewayError
 from cortex.gateway.http.asgi import Message, Send
 from cortex.gateway.http.auth import ApiKeys
@@ -19,7 +19,7 @@ from cortex.gateway.http.messages import Headers, Request
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.telemetry.tracing import Span, StatusCode
 
-__all__ = ["PUBLIC_PATHS", "Edge", "Exchange"]
+__all__ = ["PUBLIC_PATHS", "Exchange", "Middleware"]
 
 access_log = logging.getLogger("cortex.gateway.access")
 
@@ -35,7 +35,7 @@ class Unauthorized(GatewayError):
         return [(b"www-authenticate", b'Bearer realm="cortex"'), *super().headers()]
 
 
-class Edge:
+class Middleware:
     """The config's auth, CORS and access-log settings, applied per request."""
 
     def __init__(self, keys: ApiKeys, cors: CorsConfig, access: AccessLogConfig,
@@ -105,15 +105,15 @@ class Edge:
 class Exchange:
     """One request's ``send``, wrapped: CORS headers in, status and decision headers out."""
 
-    __slots__ = ("_cors", "_edge", "_send", "mode", "request", "started", "status", "worker")
+    __slots__ = ("_cors", "_middleware", "_send", "mode", "request", "started", "status", "worker")
 
-    def __init__(self, edge: Edge, request: Request, send: Send) -> None:
-        self._edge = edge
+    def __init__(self, middleware: Middleware, request: Request, send: Send) -> None:
+        self._middleware = middleware
         self.request = request
         self._send = send
-        self._cors = edge.cors_headers(request.headers.get("origin")) if edge.cors.enabled \
-            else []
-        if edge.draining():  # keep-alive clients reconnect, to a replica that stays
+        self._cors = (middleware.cors_headers(request.headers.get("origin"))
+                      if middleware.cors.enabled else [])
+        if middleware.draining():  # keep-alive clients reconnect, to a replica that stays
             self._cors = [*self._cors, (b"connection", b"close")]
         self.started = time.perf_counter()
         self.status: int | None = None
@@ -146,17 +146,17 @@ class Exchange:
 
     def finish(self, request_id: str) -> None:
         """The request is over (answered, or the client went away): log its line."""
-        edge = self._edge
+        middleware = self._middleware
         request = self.request
         if request.key_id is not None:
-            edge.metrics.child(edge.metrics.key_requests, request.key_id).inc()
-        if not edge.access.enabled or request.path in edge.access.skip_paths \
-                or not access_log.isEnabledFor(edge._access_level):
+            middleware.metrics.child(middleware.metrics.key_requests, request.key_id).inc()
+        if not middleware.access.enabled or request.path in middleware.access.skip_paths \
+                or not access_log.isEnabledFor(middleware._access_level):
             return
         status = self.status if self.status is not None else 499
         latency_ms = round((time.perf_counter() - self.started) * 1000.0, 2)
         access_log.log(
-            edge._access_level, "%s %s %d %.2fms model=%s worker=%s mode=%s key=%s",
+            middleware._access_level, "%s %s %d %.2fms model=%s worker=%s mode=%s key=%s",
             request.method, request.path, status, latency_ms, request.model or "-",
             self.worker, self.mode, request.key_id or "-",
             extra={"method": request.method, "path": request.path, "status": status,

@@ -1,5 +1,5 @@
-"""Prefill/decode dispatch: run a :class:`~cortex.gateway.routing.pairing.PDPlan` up to the first
-byte (architecture §7, ``shared/spec/engines-and-pd.md`` §3-§4, ``docs/pd.md``).
+"""Prefill/decode dispatch: run a :class:`~cortex.gateway.routing.pairing.PairDecision` up to
+the first byte (architecture §7, ``shared/spec/engines-and-pd.md`` §3-§4, ``docs/pd.md``).
 
 An attempt takes the best prefill worker not yet failed (cache affinity) and the least
 loaded decode worker not yet failed:
@@ -63,7 +63,7 @@ from cortex.gateway.dispatch.plan import Fallback, LegFailure, PairPlan, Side
 from cortex.gateway.fleet.pool import WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
-from cortex.gateway.routing.pairing import LocalPrefill, PDMode, PDOutcome, PDPlan
+from cortex.gateway.routing.pairing import LocalPrefill, PairDecision, PDMode, PDOutcome
 from cortex.gateway.routing.router import Routed
 from cortex.gateway.routing.scoring import Scored
 from cortex.gateway.upstream.client import FailureKind, Upstream
@@ -90,7 +90,7 @@ class _Request:
 
     req: InferenceRequest
     routed: Routed
-    plan: PDPlan
+    plan: PairDecision
     body: bytes  # the upstream body of a single-worker request (fallback, local prefill)
     headers: Mapping[str, str]
     path: str
@@ -169,7 +169,7 @@ class PairDispatcher:
                      outcome.detail, extra={"worker": outcome.worker, "request_id": request_id})
         return await self._fallback(ctx, pairs, request_id)
 
-    def _refused(self, plan: PDPlan, refusals: list[tuple[str, str, str]]) -> None:
+    def _refused(self, plan: PairDecision, refusals: list[tuple[str, str, str]]) -> None:
         """Pairs whose KV connectors cannot talk: counted, logged once per pair."""
         for prefill_id, decode_id, why in refusals:
             self.metrics.child(self.metrics.pd_pairs_refused, plan.engine.value,
@@ -339,7 +339,7 @@ class PairDispatcher:
             return d_answer.failure
         log.debug("local prefill on decode worker=%s reason=%s", d_worker.id, why.value,
                   extra={"worker": d_worker.id})
-        return self._opened(ctx, d_leg, d_answer.data, PDPlan.held_tokens(decode),
+        return self._opened(ctx, d_leg, d_answer.data, PairDecision.held_tokens(decode),
                             PDOutcome(PDMode.LOCAL_PREFILL, d_worker.id, d_worker.id), None)
 
     # ---- legs ----

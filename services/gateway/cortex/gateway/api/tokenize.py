@@ -36,8 +36,8 @@ from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_bytes
 from cortex.gateway.request.payload import parse_body
-from cortex.gateway.runtime import Gateway
-from cortex.gateway.tokens.tokenizing import Tokenization
+from cortex.gateway.runtime import Runtime
+from cortex.gateway.tokens.service import Tokenization
 from cortex.registry.spec import WorkerSpec
 
 __all__ = ["AlignmentCheck", "TokenizeHandler", "first_difference"]
@@ -86,7 +86,7 @@ async def tokenize(tokenization: Tokenization, config: GatewayConfig,
 class TokenizeHandler:
     """The two endpoints of one gateway process."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         router = gateway.router
         assert router is not None
@@ -136,7 +136,7 @@ class AlignmentCheck:
     """Periodically compares the gateway's ids with a worker's ``/tokenize``; see the
     module. ``async with`` runs it (a no-op when the interval is 0)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         self.interval = gateway.config.tokenize.self_check_interval_s
         self._task: asyncio.Task[None] | None = None

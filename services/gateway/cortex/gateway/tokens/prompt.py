@@ -4,9 +4,9 @@ Rendering and the engine's tokenization rules come from :mod:`cortex.chat` (the 
 definition the simulated engine uses too): the gateway imports them, it does not restate them.
 :mod:`cortex.gateway.tokens.segments` says where a tokenizer provably encodes text piece by piece;
 :class:`PromptTokenizer` splits a prompt there, serves the pieces it has seen from the
-model's :class:`~cortex.gateway.tokens.tokencache.SegmentCache` and leaves the rest in an
+model's :class:`~cortex.gateway.tokens.cache.SegmentCache` and leaves the rest in an
 :class:`EncodePlan`, which the caller finishes inline or hands to worker threads
-(:mod:`cortex.gateway.tokens.encoder`): the result is identical either way, and identical to
+(:mod:`cortex.gateway.tokens.parallel`): the result is identical either way, and identical to
 ``ChatTokenizer.encode_prompt`` (property-tested).
 
 A long system prompt or an earlier turn of a conversation is one piece between the
@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cortex.chat import ChatPrompt, ChatTokenizer, RenderArgs
+from cortex.gateway.tokens.cache import SegmentCache, SegmentKey
 from cortex.gateway.tokens.segments import affixes, chunkable, chunks, splitter
-from cortex.gateway.tokens.tokencache import SegmentCache, SegmentKey
 
 __all__ = ["EncodePlan", "PromptTokenizer"]
 

@@ -1,6 +1,6 @@
 """Encoding never-seen prompt text on several cores (the async shell around encode plans).
 
-An :class:`~cortex.gateway.tokens.tokenize.EncodePlan`'s missing pieces are partitioned into up to
+An :class:`~cortex.gateway.tokens.prompt.EncodePlan`'s missing pieces are partitioned into up to
 ``workers`` contiguous groups of about equal length and encoded concurrently:
 
 - ``threads`` (the default): one thread per group, each calling ``encode_batch`` one piece
@@ -25,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from cortex.chat import load_tokenizer
-from cortex.gateway.tokens.tokenize import EncodePlan, PromptTokenizer
+from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
 
 __all__ = ["EncoderMode", "ParallelEncoder", "partition"]
 

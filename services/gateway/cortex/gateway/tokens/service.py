@@ -1,12 +1,12 @@
 """Requests → exact prompt ids, never on the event loop for long, never twice for the same text.
 
-:class:`Tokenization` is the async shell around :mod:`cortex.gateway.tokens.tokenize` (one per
+:class:`Tokenization` is the async shell around :mod:`cortex.gateway.tokens.prompt` (one per
 gateway process, shared by routing, ``/tokenize`` and answer feeding):
 
 - small prompts are rendered, split and looked up in the model's segment cache inline
   (sub-millisecond when the history is cached);
 - prompt text the cache has never seen beyond ``tokenize.offload_chars`` is encoded on
-  ``tokenize.workers`` cores in parallel (:class:`~cortex.gateway.tokens.encoder.ParallelEncoder`);
+  ``tokenize.workers`` cores in parallel (:class:`~cortex.gateway.tokens.parallel.ParallelEncoder`);
 - chat requests past the ``heavy`` bounds are rendered and tokenized in a worker process
   (:class:`~cortex.gateway.tokens.heavylane.HeavyLane`);
 - after a response ends, its answer is encoded into the cache on a feeder thread, as the
@@ -27,11 +27,11 @@ from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.limits import check_prompt_tokens
-from cortex.gateway.request.payload import Endpoint, InferenceRequest, PromptKind
+from cortex.gateway.request.payload import InferencePath, InferenceRequest, PromptKind
 from cortex.gateway.tokens.answers import chat_answers, completion_answers
-from cortex.gateway.tokens.encoder import EncoderMode, ParallelEncoder
 from cortex.gateway.tokens.heavylane import HeavyLane, TokenizerSpec
-from cortex.gateway.tokens.tokenize import EncodePlan, PromptTokenizer
+from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder
+from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
 
 __all__ = ["Tokenization", "next_turn"]
 
@@ -108,7 +108,7 @@ class Tokenization:
         Raises :class:`ClientError` when the chat template rejects the messages or the
         prompt exceeds the model's limit."""
         prompt = req.prompt
-        if prompt.kind is not PromptKind.TOKENS and req.endpoint is not Endpoint.GENERATE:
+        if prompt.kind is not PromptKind.TOKENS and req.endpoint is not InferencePath.GENERATE:
             self.recent[req.model.name] = req.body  # for the alignment self-check
         if prompt.kind is PromptKind.TOKENS:
             ids = list(prompt.token_ids)
@@ -157,7 +157,7 @@ class Tokenization:
                     ) -> None:
         """Encode the answer of a finished response (its JSON ``obj``, or a stream's
         ``events``) into the cache on the feeder thread; never raises, never waits."""
-        if (not self.config.feed_answers or req.endpoint is Endpoint.GENERATE
+        if (not self.config.feed_answers or req.endpoint is InferencePath.GENERATE
                 or req.prompt.kind is PromptKind.TOKENS or (obj is None and not events)):
             return
         m = self.metrics
