@@ -36,7 +36,7 @@ SERVICES = ("gateway", "index", "ingest")
 
 # what a distribution's commands start beyond their modules (imported lazily by them)
 SERVERS = {
-    "cortex-gateway": ("cortex.gateway.server", "cortex.gateway.epp_server",
+    "cortex-gateway": ("cortex.gateway.server", "cortex.gateway.epp.server",
                        "cortex.telemetry.tracing"),
     "cortex-index": ("cortex.index.server",),
     "cortex-ingest": ("cortex.ingest.service",),
