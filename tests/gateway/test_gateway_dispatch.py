@@ -21,13 +21,14 @@ from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
 from cortex.gateway.routing.pairing import PDMode
 from cortex.gateway.routing.router import Routed, Router
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.match import Match, SourceMatch
+from cortex.ledger.model import LedgerState, Source
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole
 from cortex.testing.procs import wait_until_async
@@ -105,8 +106,8 @@ class ColdIndex:
         self.workers = workers
 
     async def match(self, domain: HashDomain, keys: list[int], deadline: float
-                    ) -> MatchAnswer | None:
-        return MatchAnswer(tuple(SourceMatch(w, 0, 0, LedgerState.READY) for w in self.workers),
+                    ) -> Match | None:
+        return Match(tuple(SourceMatch(Source(w, 0), 0, LedgerState.READY) for w in self.workers),
                            1, len(keys))
 
 

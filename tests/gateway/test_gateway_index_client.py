@@ -10,13 +10,14 @@ from grpclib.client import Channel
 
 from cortex.gateway.config.gateway import IndexConfig as GatewayIndexConfig
 from cortex.gateway.ledger.index_client import IndexClient
-from cortex.gateway.ledger.matching import SourceMatch, Tier
+from cortex.gateway.ledger.matching import fold_sources
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.codec import pb
-from cortex.ledger.model import LedgerState
+from cortex.ledger.match import SourceMatch
+from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,7 +48,7 @@ async def test_grpc_match_carries_offload_tiers() -> None:
                                polling=lambda: False) as client:
             answer = await client.match(DOMAIN, keys, time.monotonic() + 5.0)
     assert answer is not None
-    assert set(answer.sources) == {SourceMatch("w0", 0, 1, READY),
-                                   SourceMatch("w0", 0, 3, READY, Tier.HOST)}
-    folded = answer.per_worker()["w0"]
+    assert set(answer.sources) == {SourceMatch(Source("w0", 0), 1, READY),
+                                   SourceMatch(Source("w0", 0, Tier.HOST), 3, READY)}
+    folded = fold_sources(answer.sources)["w0"]
     assert (folded.ready_blocks, folded.host_blocks) == (1, 3)

@@ -36,12 +36,12 @@ from cortex.gateway.dispatch.pd.handoff import (
 from cortex.gateway.errors import ConfigError
 from cortex.gateway.fleet.breaker import CircuitBreaker
 from cortex.gateway.fleet.pool import Health, WorkerPool
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.request.payload import InferencePath
 from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
 from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide
 from cortex.gateway.upstream.sse import SSEForwarder, first_event_error
 from cortex.hashing import Engine
+from cortex.ledger.model import LedgerState
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole
 

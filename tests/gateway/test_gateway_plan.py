@@ -11,11 +11,11 @@ from cortex.gateway.dispatch.plan import AttemptPlan, Fallback, LegFailure, Pair
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.fleet.breaker import CircuitBreaker
 from cortex.gateway.fleet.pool import Health, WorkerPool
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
 from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine
+from cortex.ledger.model import LedgerState
 from cortex.registry import WorkerSpec
 
 pytestmark = pytest.mark.timeout(10)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.routing.predicted import PredictedBlocks
+from cortex.ledger.match import Match, SourceMatch
+from cortex.ledger.model import LedgerState, Source
 
 
 class Clock:
@@ -14,8 +15,8 @@ class Clock:
         return self.now
 
 
-def answer(*holders: tuple[str, int]) -> MatchAnswer:
-    return MatchAnswer(tuple(SourceMatch(w, 0, b, LedgerState.READY) for w, b in holders), 1, 4)
+def answer(*holders: tuple[str, int]) -> Match:
+    return Match(tuple(SourceMatch(Source(w, 0), b, LedgerState.READY) for w, b in holders), 1, 4)
 
 
 def test_predicted_blocks_credit_leading_chain_until_ttl() -> None:

@@ -16,12 +16,13 @@ import pytest
 
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, RoutingConfig
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
 from cortex.gateway.routing.router import OFFLOAD_CHARS, Routed, Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.match import Match, SourceMatch
+from cortex.ledger.model import LedgerState, Source
 from cortex.registry import WorkerSpec
 
 MODEL = "m"
@@ -35,8 +36,8 @@ class ColdIndex:
     available = True
 
     async def match(self, domain: HashDomain, keys: list[int], deadline: float
-                    ) -> MatchAnswer | None:
-        return MatchAnswer(tuple(SourceMatch(w, 0, 0, LedgerState.READY) for w in WORKERS),
+                    ) -> Match | None:
+        return Match(tuple(SourceMatch(Source(w, 0), 0, LedgerState.READY) for w in WORKERS),
                            1, len(keys))
 
 

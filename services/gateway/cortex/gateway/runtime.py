@@ -27,7 +27,6 @@ from cortex.gateway.fleet.seeding import UrlSeeder
 from cortex.gateway.http.admission import Admission
 from cortex.gateway.http.auth import WorkerCredentials
 from cortex.gateway.ledger.index_client import IndexClient
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.limits import Limits, context_length_of, model_limits
@@ -35,6 +34,7 @@ from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
 from cortex.ledger.grpc import read_token
+from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
     Assertion,

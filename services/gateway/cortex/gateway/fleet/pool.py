@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from cortex.gateway.config.gateway import BreakerConfig
 from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.ledger.matching import LedgerState
+from cortex.ledger.model import LedgerState
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
 __all__ = ["EngineLoad", "Health", "Remembered", "WorkerPool", "WorkerState"]

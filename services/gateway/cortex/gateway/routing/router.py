@@ -38,13 +38,7 @@ from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeCo
 from cortex.gateway.dispatch.pd.handoff import sequence_count
 from cortex.gateway.errors import ServiceUnavailable
 from cortex.gateway.fleet.pool import WorkerPool, WorkerState
-from cortex.gateway.ledger.matching import (
-    LedgerState,
-    MatchAnswer,
-    SourceMatch,
-    WorkerMatch,
-    merge_answers,
-)
+from cortex.gateway.ledger.matching import WorkerMatch, fold_sources, merge_matches
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.pairing import PairDecision
@@ -53,6 +47,8 @@ from cortex.gateway.routing.scoring import Candidate, Decision, Reason, Scored, 
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.match import Match
+from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 from cortex.registry.spec import WorkerRole
 
@@ -83,7 +79,7 @@ class Matcher(Protocol):
     def available(self) -> bool: ...
 
     async def match(self, domain: HashDomain, keys: list[int], deadline: float
-                    ) -> MatchAnswer | None: ...
+                    ) -> Match | None: ...
 
 
 class Replica(Protocol):
@@ -281,13 +277,13 @@ class Router:
         for lookahead, lookahead_keys in keysets.items():
             lookahead_query = lookahead_keys[:lookahead_blocks(model, len(ids), lookahead)]
             extra, _ = await self._match(model, lookahead_query, deadline)
-            answer = merge_answers(answer, extra)
+            answer = merge_matches(answer, extra)
             if answer is not None:
                 for worker_id, blocks in self.predicted.match(lookahead_query).items():
                     predicted[worker_id] = max(blocks, predicted.get(worker_id, 0))
         t3 = time.perf_counter()
         cache_off = self._cache_off(ids, query, answer)
-        folded = answer.per_worker() if answer is not None else {}
+        folded = fold_sources(answer.sources) if answer is not None else {}
 
         def candidates(pool: list[WorkerState]) -> list[Candidate]:
             return [self._candidate(w, model, folded.get(w.id), predicted.get(w.id, 0))
@@ -337,7 +333,7 @@ class Router:
             m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
             m.prompt_tokens.observe(len(ids))
         return Routed(decision, model, len(ids), keys, query_blocks, source,
-                      answer.index_version if answer is not None else 0, timings, placement,
+                      answer.version if answer is not None else 0, timings, placement,
                       plan, keysets)
 
     def _lookahead_keys(self, model: ModelConfig, ids: list[int], req: InferenceRequest,
@@ -410,7 +406,7 @@ class Router:
         self.predicted.credit(worker_id, self.keys_for(worker_id, routed.keys, routed.keysets))
         self.metrics.predicted_keys.set(len(self.predicted))
 
-    def _cache_off(self, ids: list[int], query: list[int], answer: MatchAnswer | None
+    def _cache_off(self, ids: list[int], query: list[int], answer: Match | None
                    ) -> Reason | None:
         if not query:
             return Reason.SHORT_PROMPT
@@ -419,7 +415,7 @@ class Router:
         return None
 
     async def _match(self, model: ModelConfig, query: list[int], deadline: float
-                     ) -> tuple[MatchAnswer | None, str]:
+                     ) -> tuple[Match | None, str]:
         """The ledger's answer and where it came from: the in-process replica while it is
         usable (no I/O), else the index over gRPC (bounded by ``deadline``), else none."""
         if not query:
@@ -427,11 +423,8 @@ class Router:
         m = self.metrics
         replica = self.replica
         if replica is not None and replica.usable:
-            ledger = replica.replica
-            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state, s.tier)
-                            for s, blocks, state in ledger.match(model.domain, query))
             m.child(m.match_source, "replica").inc()
-            return MatchAnswer(sources, ledger.version, len(query)), "replica"
+            return replica.replica.match(model.domain, query), "replica"
         matcher = self.matcher
         answer = None
         if matcher is not None and matcher.available:
