@@ -267,3 +267,21 @@ async def test_grpc_health_names_liveness_readiness_and_the_processor(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await check(HealthCheckRequest(service="bogus"))
         assert info.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_picker_admits_an_adapter_the_workers_list_as_inference_does(
+    start_sim: StartSim, start_gateway: StartGateway,
+) -> None:
+    """An adapter no config names, only a worker's ``/v1/models``: the picker resolves it to
+    its base model (one ``admit`` with inference and explain) and picks only that worker."""
+    plain, serving = await start_sim(), await start_sim(lora_adapters=("sql",))
+    gateway = await start_gateway([spec_of(plain, "w0"), spec_of(serving, "w1")])
+    pool = gateway.gateway.pool
+    await wait_until_async(lambda: pool.adapter_base("sql") == MODEL, timeout=10,
+                           what="the adapter learned from /v1/models")
+    async with picker(gateway) as stub:
+        envoy = Envoy(stub)
+        reply = await envoy.request({**chat("list the tables"), "model": "sql"})
+        assert not reply.HasField("immediate_response"), reply.immediate_response.body
+        assert destination(reply) == [address_of(spec_of(serving, "w1"))]
+        await envoy.close()

@@ -89,7 +89,6 @@ class TokenizeHandler:
     def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         router = gateway.router
-        assert router is not None
         self.tokenization = router.tokenization
 
     async def _body(self, request: Request) -> dict[str, Any]:
@@ -161,7 +160,6 @@ class AlignmentCheck:
     async def check_once(self) -> dict[str, str]:
         """One round: per model with a routed prompt, ``{model: match|mismatch|error}``."""
         router = self.gw.router
-        assert router is not None
         outcomes: dict[str, str] = {}
         for name, req_body in list(router.tokenization.recent.items()):
             model = self.gw.config.model(name)
@@ -179,7 +177,6 @@ class AlignmentCheck:
         worker, url = spec.id, spec.url
         m = self.gw.metrics
         router = self.gw.router
-        assert router is not None
         try:
             ours = (await tokenize(router.tokenization, self.gw.config, body))["tokens"]
             timeout = aiohttp.ClientTimeout(total=self.gw.config.tokenize.self_check_timeout_s)
