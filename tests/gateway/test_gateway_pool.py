@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.config.gateway import BreakerConfig
+from cortex.gateway.config.gateway import BreakerConfig, ModelConfig
 from cortex.gateway.fleet.engine_info import (
     context_length_from_models,
     context_length_from_server_info,
 )
 from cortex.gateway.fleet.health import LeaseAction, ProbeResult, lease_action
-from cortex.gateway.fleet.pool import Health, WorkerPool
+from cortex.gateway.fleet.pool import Eligible, Health, WorkerPool
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
+from cortex.registry.spec import WorkerRole
 
 
 class Clock:
@@ -135,3 +136,39 @@ def test_engine_load_is_discounted_by_our_requests_that_finished_since_the_poll(
     worker.load_polled(new, running=2, waiting=0, at=102.0)
     assert worker.fresh_engine_load(102.1, 2.0).running == 2  # type: ignore[union-attr]
     assert worker.fresh_engine_load(105.0, 2.0) is None  # stale
+
+
+def test_eligible_filters_by_model_adapter_subset_and_pairs_only_when_both_roles_exist() -> None:
+    def worker(worker_id: str, role: WorkerRole = WorkerRole.REGULAR, model: str = "m",
+               engine: Engine = Engine.SGLANG) -> WorkerSpec:
+        return WorkerSpec(id=worker_id, url=f"http://{worker_id}:1", engine=engine,
+                          model=model, role=role)
+
+    pool = WorkerPool(BreakerConfig())
+    pool.sync({"a": worker("a"), "b": worker("b"), "other": worker("other", model="n"),
+               "p": worker("p", WorkerRole.PREFILL),
+               "pv": worker("pv", WorkerRole.PREFILL, engine=Engine.VLLM)})
+    for w in pool:
+        w.health = Health.HEALTHY
+    a, b = pool.get("a"), pool.get("b")
+    assert a is not None and b is not None
+    a.adapters = frozenset({"sql"})
+    model = ModelConfig(name="m", engine=Engine.SGLANG, adapters=("poem",))
+    ids = [w.id for w in pool.eligible(model).regular]
+    assert ids == ["a", "b"]
+    assert [w.id for w in pool.eligible(model, "sql").regular] == ["a"]  # listed by a only
+    assert [w.id for w in pool.eligible(model, "poem").regular] == ["a", "b"]  # configured
+    assert [w.id for w in pool.eligible(model, allowed={"b"}).regular] == ["b"]
+    # a prefill worker but no decode one: not served disaggregated, with or without pd
+    assert pool.eligible(model, pd=True).pairs is None
+    pool.sync({**{w.id: w.spec for w in pool}, "d": worker("d", WorkerRole.DECODE)})
+    decode = pool.get("d")
+    assert decode is not None
+    decode.health = Health.HEALTHY
+    eligible = pool.eligible(model, pd=True)
+    assert eligible.pairs is not None
+    assert ([w.id for w in eligible.pairs[0]], [w.id for w in eligible.pairs[1]]) == (
+        ["p"], ["d"])  # the vLLM prefill speaks another handoff
+    assert [w.id for w in eligible.everyone()] == ["a", "b", "p", "d"]
+    assert pool.eligible(model).pairs is None  # pd off
+    assert pool.eligible(model, pd=True, allowed={"a", "p"}) == Eligible([a], None)

@@ -41,7 +41,7 @@ from cortex.gateway.request.payload import (
     InferenceRequest,
     parse_body,
 )
-from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.routed import Routed
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
