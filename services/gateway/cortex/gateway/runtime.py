@@ -18,6 +18,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
@@ -223,9 +224,7 @@ class Runtime:
 
     async def _stop(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)
         await self._stack.aclose()
         if self._router is not None:
             self._router.close()

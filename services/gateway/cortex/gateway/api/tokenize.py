@@ -31,6 +31,7 @@ from cortex.chat import (
     tokenize_query,
     tokenize_response,
 )
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http.asgi import Send
@@ -149,8 +150,7 @@ class AlignmentCheck:
     async def __aexit__(self, *exc: object) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
 
     async def _run(self) -> None:
         while True:

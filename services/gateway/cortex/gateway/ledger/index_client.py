@@ -20,6 +20,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import IndexConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import HashDomain
@@ -86,8 +87,7 @@ class IndexClient:
     ) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
         for channel in self._channels:
             channel.close()
         self._channels = []

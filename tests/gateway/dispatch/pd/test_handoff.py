@@ -2,15 +2,12 @@
 conditional disaggregation, the PD pools and config."""
 
 from __future__ import annotations
-
 import json
 import random
 from typing import Any
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from cortex.gateway.config.gateway import (
     BreakerConfig,
     GatewayConfig,
@@ -50,6 +47,29 @@ W = RoutingWeights()
 
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+STREAM = (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+          b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3,'
+          b'"total_tokens":43,"prompt_tokens_details":{"cached_tokens":40}}}\n\n'
+          b"data: [DONE]\n\n")
+
+
+def scored(worker: str, **kw: Any) -> Any:
+    base: dict[str, Any] = {"engine_running": 0, "engine_waiting": 0,
+                            "ledger": LedgerState.READY}
+    base.update(kw)
+    return decide([Candidate(worker, **base)], W, cache_off=Reason.LOAD_ONLY).chosen
+
+
+def plan(engine: Engine, prompt: int, sequences: int = 1) -> PairDecision:
+    d = decide([Candidate("p")], W)
+    return PairDecision(engine, d, d, None, prompt, sequences)
+
+
+def spec(worker: str, role: str, model: str = "m") -> WorkerSpec:
+    return WorkerSpec(id=worker, url=f"http://{worker}:1", engine=Engine.SGLANG, model=model,
+                      role=role)  # type: ignore[arg-type]
 
 
 @given(st.integers(min_value=1, max_value=64), st.data())
@@ -136,12 +156,6 @@ def test_usage_from_prefill_fixes_the_decode_accounting() -> None:
     assert "prompt_tokens_details" not in usage_from_prefill(decode, older)
 
 
-STREAM = (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
-          b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3,'
-          b'"total_tokens":43,"prompt_tokens_details":{"cached_tokens":40}}}\n\n'
-          b"data: [DONE]\n\n")
-
-
 @given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=8))
 def test_streamed_usage_is_rewritten_under_any_chunking(cuts: list[int]) -> None:
     points = sorted(set(cuts))
@@ -195,79 +209,3 @@ def test_first_event_error() -> None:
         "message": "KVPoll.Failed"}
     assert first_event_error(b'data: {"choices":[]}\n\ndata: {"error":{}}\n\n') is None
     assert first_event_error(b'data: {"error":{"message":"partial') is None
-
-
-def scored(worker: str, **kw: Any) -> Any:
-    base: dict[str, Any] = {"engine_running": 0, "engine_waiting": 0,
-                            "ledger": LedgerState.READY}
-    base.update(kw)
-    return decide([Candidate(worker, **base)], W, cache_off=Reason.LOAD_ONLY).chosen
-
-
-def plan(engine: Engine, prompt: int, sequences: int = 1) -> PairDecision:
-    d = decide([Candidate("p")], W)
-    return PairDecision(engine, d, d, None, prompt, sequences)
-
-
-def test_conditional_disaggregation() -> None:
-    off = PDConfig()
-    on = PDConfig(local_prefill_max_tokens=2048, local_prefill_max_ratio=0.7)
-    vllm = plan(Engine.VLLM, 4000)
-    cold, warm = scored("d"), scored("d", index_tokens=3000)
-    assert vllm.local_prefill(warm, off) is None  # off by default
-    assert vllm.local_prefill(cold, on) is None  # 4000 uncached: disaggregate
-    assert vllm.local_prefill(warm, on) is LocalPrefill.SHORT_UNCACHED  # 1000 < 2048, 0.25
-    short = plan(Engine.VLLM, 100)
-    assert short.local_prefill(cold, on) is None  # 100% uncached > 0.7
-    assert short.local_prefill(cold, PDConfig(local_prefill_max_tokens=2048)) is not None
-    stale = scored("d", index_tokens=3000, ledger=LedgerState.STALE)
-    assert vllm.local_prefill(stale, on) is None  # only a READY ledger counts
-    assert plan(Engine.VLLM, 10, sequences=2).local_prefill(cold, off) is (
-        LocalPrefill.MULTI_SEQUENCE)
-    assert plan(Engine.SGLANG, 4000).local_prefill(warm, on) is None  # decode cannot
-
-
-def test_decode_pool_is_ranked_by_load_only() -> None:
-    hot = Candidate("hot", engine_running=4, engine_waiting=0, index_tokens=4096,
-                    ledger=LedgerState.READY)
-    idle = Candidate("idle", engine_running=0, engine_waiting=0)
-    d = decide([hot, idle], W, cache_off=Reason.LOAD_ONLY)
-    assert (d.mode, d.reason, d.chosen.worker_id, d.hit_tokens) == (
-        MatchMode.LOAD_AWARE, Reason.LOAD_ONLY, "idle", 0)
-
-
-def spec(worker: str, role: str, model: str = "m") -> WorkerSpec:
-    return WorkerSpec(id=worker, url=f"http://{worker}:1", engine=Engine.SGLANG, model=model,
-                      role=role)  # type: ignore[arg-type]
-
-
-def test_pool_serves_a_model_with_a_prefill_and_a_decode_worker() -> None:
-    pool = WorkerPool(BreakerConfig())
-    pool.sync({"p": spec("p", "prefill"), "d": spec("d", "decode"),
-               "x": spec("x", "prefill", "only-prefill")})
-    assert pool.models() == ["m"] and not pool.servable()
-    for w in pool:
-        w.health = Health.HEALTHY
-    assert pool.servable()
-    assert [w.id for w in pool.candidates("m")] == []
-    assert [w.id for w in pool.candidates("m", WorkerRole.DECODE)] == ["d"]
-    decode = pool.get("d")
-    assert decode is not None
-    decode.breaker = CircuitBreaker(BreakerConfig(failures=1))
-    decode.breaker.on_failure()
-    assert not pool.servable()
-
-
-def test_pd_config_from_file_and_env(tmp_path: Any) -> None:
-    file = tmp_path / "gw.toml"
-    file.write_text('[[models]]\nname = "m"\n[pd]\nprefill_timeout_s = 20\n'
-                    "local_prefill_max_tokens = 2048\n")
-    config = load_config(file, {"CORTEX_GATEWAY_PD_LOCAL_PREFILL_MAX_RATIO": "0.7",
-                                "CORTEX_GATEWAY_PD_FALLBACK_TO_REGULAR": "false"})
-    assert config.pd == PDConfig(prefill_timeout_s=20, local_prefill_max_tokens=2048,
-                                 local_prefill_max_ratio=0.7, fallback_to_regular=False)
-    for bad, fragment in (({"prefill_timeout_s": 0}, "pd.prefill_timeout_s"),
-                          ({"local_prefill_max_ratio": 2}, "pd.local_prefill_max_ratio"),
-                          ({"max_attempt": 2}, "unknown key")):
-        with pytest.raises(ConfigError, match=fragment):
-            GatewayConfig.from_mapping({"models": [{"name": "m"}], "pd": bad})

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cortex.registry.tasks import stop_tasks
+from cortex.edge.tasks import stop_tasks
 
 
 async def spin(turns: int = 5) -> None:
