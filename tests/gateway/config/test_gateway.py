@@ -1,34 +1,14 @@
-"""Pure pieces: circuit breaker, config loading, request validation, engine load parsers."""
+"""The gateway's config: from a file with environment overrides, errors that name the key."""
 
 from __future__ import annotations
-import json
+
 from pathlib import Path
+
 import pytest
-from cortex.gateway.config.gateway import BreakerConfig, GatewayConfig, load_config
-from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
-from cortex.gateway.fleet.breaker import BreakerState, CircuitBreaker
-from cortex.gateway.fleet.load import (
-    LoadFormatError,
-    parse_sglang_get_load,
-    parse_sglang_loads,
-    parse_vllm_metrics,
-)
-from cortex.gateway.request.payload import InferencePath, PromptKind, parse_body, parse_request
+
+from cortex.gateway.config.gateway import GatewayConfig, load_config
+from cortex.gateway.errors import ConfigError
 from cortex.hashing import Engine
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-CONFIG = GatewayConfig.from_mapping({"models": [{"name": "m"}, {"name": "n"}]})
-
-
-def parse(endpoint: InferencePath, body: object) -> object:
-    return parse_request(endpoint, parse_body(json.dumps(body).encode()), CONFIG)
 
 
 def test_config_from_toml_with_env_overrides(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from cortex.gateway.errors import ConfigError, ServiceUnavailable
 from cortex.gateway.http.admission import Admission
 from cortex.testing import wait_until_async
 
-from .conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 

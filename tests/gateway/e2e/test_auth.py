@@ -23,7 +23,7 @@ from cortex.gateway.http.auth import (
 )
 from cortex.registry import SpecError, WorkerSpec
 
-from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 CLIENT_KEY = "sk-client-0123456789abcdef"
 OTHER_KEY = "sk-other-fedcba9876543210"

@@ -26,7 +26,7 @@ from cortex.ingest.service import IngestService
 from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = "You are the cluster's careful assistant. Follow the house rules. " * 40

@@ -15,7 +15,7 @@ from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry
 from cortex.testing import RedisServer, free_port, wait_until_async
 
-from .conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim
+from ..conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim
 
 pytestmark = pytest.mark.timeout(60)
 

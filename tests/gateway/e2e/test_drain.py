@@ -21,7 +21,7 @@ import aiohttp
 
 from cortex.testing import free_port, wait_until_async
 
-from .conftest import DECODE_ONLY, MODEL, StartSim, spec_of
+from ..conftest import DECODE_ONLY, MODEL, StartSim, spec_of
 
 DRAIN_DELAY_S = 2.0
 

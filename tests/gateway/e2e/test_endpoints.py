@@ -14,7 +14,7 @@ from cortex.gateway.config.gateway import ModelConfig
 from cortex.gateway.config.middleware import CorsConfig
 from cortex.testing import wait_until_async
 
-from .conftest import BLOCK, DECODE_ONLY, MODEL, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, DECODE_ONLY, MODEL, StartGateway, StartSim, spec_of
 
 
 async def sse_data(resp: aiohttp.ClientResponse) -> list[Any]:

@@ -35,8 +35,8 @@ from cortex.gateway.server import GatewayServer
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import MODEL, StartGateway, StartSim, spec_of
-from .test_gateway_cluster import TAIL, Cluster, chat, cluster, wait_index_holds
+from ..conftest import MODEL, StartGateway, StartSim, spec_of
+from .test_cluster import TAIL, Cluster, chat, cluster, wait_index_holds
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -20,7 +20,7 @@ from cortex.sim.config import SimConfig
 from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, ZERO, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, ZERO, StartGateway, StartSim, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import aiohttp
 from cortex.gateway.config.gateway import IndexConfig, ModelConfig, ServerConfig
 from cortex.testing import wait_until_async
 
-from .conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

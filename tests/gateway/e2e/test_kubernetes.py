@@ -24,8 +24,8 @@ from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 from cortex.testing.kubernetes import fake_kubernetes_api
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim
-from .test_gateway_cluster import TAIL, Cluster, chat, wait_index_holds
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim
+from .test_cluster import TAIL, Cluster, chat, wait_index_holds
 
 pytestmark = pytest.mark.timeout(90)
 

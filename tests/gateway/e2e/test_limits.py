@@ -23,7 +23,7 @@ from cortex.hashing import Engine
 from cortex.sim.server import SimServer
 from cortex.testing import wait_until_async
 
-from .conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim
-from .test_gateway_cluster import ADMIN, chat, cluster
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim
+from .test_cluster import ADMIN, chat, cluster
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import pytest
 from cortex.gateway.config.middleware import AuthConfig
 from cortex.gateway.http.auth import KeyDigest, hash_key
 
-from .conftest import MODEL, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, StartGateway, StartSim, spec_of
 
 KEY = "sk-sdk-test-0123456789abcdef"
 

@@ -28,7 +28,7 @@ from cortex.ingest.service import IngestService
 from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = "You are the disaggregated cluster's assistant. Answer with care and brevity. " * 30

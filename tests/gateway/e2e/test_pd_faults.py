@@ -29,7 +29,7 @@ from cortex.sim.process import SimProcess
 from cortex.sim.server import SimServer
 from cortex.testing import wait_until_async
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
 
 SIM_TIMEOUT_S = 30.0
 FAST = PDConfig(prefill_timeout_s=5.0, decode_timeout_s=5.0, max_attempts=2)

@@ -27,8 +27,8 @@ from cortex.index.server import IndexServer
 from cortex.registry.spec import WorkerSpec
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
-from .test_gateway_pd_cluster import chat, pd_cluster, usage_cached
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
+from .test_pd import chat, pd_cluster, usage_cached
 
 pytestmark = pytest.mark.timeout(60)
 

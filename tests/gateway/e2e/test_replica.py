@@ -28,7 +28,7 @@ from cortex.ledger.tree import node_bytes
 from cortex.testing import free_port, wait_until_async
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
-from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

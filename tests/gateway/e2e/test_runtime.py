@@ -10,7 +10,7 @@ from cortex.registry import WorkerSpec
 from cortex.registry.memory import MemoryRegistry
 from cortex.testing.procs import free_port
 
-from .conftest import MODEL, StartSim, gateway_config, spec_of
+from ..conftest import MODEL, StartSim, gateway_config, spec_of
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,8 +11,8 @@ from cortex.gateway.fleet.engine_info import sglang_lookahead_from_server_info
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import StartGateway, StartSim
-from .test_gateway_cluster import chat, cluster, wait_index_holds
+from ..conftest import StartGateway, StartSim
+from .test_cluster import chat, cluster, wait_index_holds
 
 pytestmark = pytest.mark.timeout(60)
 

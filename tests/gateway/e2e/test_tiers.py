@@ -15,8 +15,8 @@ from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim
-from .test_gateway_cluster import SYSTEM, Cluster, chat, cluster, wait_index_holds
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim
+from .test_cluster import SYSTEM, Cluster, chat, cluster, wait_index_holds
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from cortex.gateway.server import GatewayServer
 from cortex.sim.server import SimServer
 from cortex.testing import wait_until_async
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ from cortex.gateway.config.gateway import ModelConfig, TokenizeConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine
 
-from .conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from cortex.gateway.config.middleware import TracingConfig
 from cortex.testing import wait_until_async
 
-from .conftest import MODEL, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, StartGateway, StartSim, spec_of
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -10,7 +10,7 @@ from cortex.gateway.fleet.seeding import UrlSeeder
 from cortex.registry import WorkerSpec
 from cortex.testing.procs import free_port
 
-from .conftest import StartSim
+from ..conftest import StartSim
 
 pytestmark = pytest.mark.timeout(30)
 

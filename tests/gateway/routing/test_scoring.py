@@ -7,10 +7,8 @@ import random
 import pytest
 
 from cortex.gateway.config.gateway import RoutingWeights
-from cortex.gateway.ledger.matching import fold_sources
 from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
-from cortex.ledger.match import Match, SourceMatch
-from cortex.ledger.model import LedgerState, Source, Tier
+from cortex.ledger.model import LedgerState
 
 W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0)
 READY = LedgerState.READY
@@ -124,16 +122,6 @@ def test_no_candidates_is_a_programming_error() -> None:
         decide([], W)
 
 
-def test_match_answer_folds_dp_ranks() -> None:
-    answer = Match((
-        SourceMatch(Source("a", 0), 3, READY),
-        SourceMatch(Source("a", 1), 7, READY),
-        SourceMatch(Source("b", 0), 9, LedgerState.STALE),
-        SourceMatch(Source("b", 1), 2, READY),
-    ), version=5, query_blocks=10)
-    folded = fold_sources(answer.sources)
-    assert (folded["a"].ready_blocks, folded["a"].dp_rank) == (7, 1)
-    assert (folded["b"].ready_blocks, folded["b"].state) == (2, READY)
 
 
 def test_uncredited_load_ties_go_to_the_prefix_hash_whatever_the_order() -> None:
@@ -231,22 +219,6 @@ def test_tier_weights_are_validated() -> None:
         RoutingWeights(disk_hit=-0.1)
 
 
-def test_match_answer_folds_tiers_behind_a_ready_device_ledger() -> None:
-    answer = Match((
-        SourceMatch(Source("a", 0), 2, READY),
-        SourceMatch(Source("a", 0, Tier.HOST), 3, READY),
-        SourceMatch(Source("a", 0, Tier.DISK), 1, READY),
-        SourceMatch(Source("a", 1), 5, READY),  # a rank with a longer device prefix but less in all
-        SourceMatch(Source("b", 0), 0, LedgerState.STALE),
-        SourceMatch(Source("b", 0, Tier.HOST), 9, READY),  # no credit behind a STALE device ledger
-        SourceMatch(Source("c", 0, Tier.SHARED), 9, READY),  # cluster-level: nobody's affinity
-    ), version=5, query_blocks=10)
-    folded = fold_sources(answer.sources)
-    a = folded["a"]
-    assert (a.ready_blocks, a.host_blocks, a.disk_blocks, a.dp_rank) == (2, 3, 1, 0)
-    assert a.held_blocks == 6
-    assert (folded["b"].held_blocks, folded["b"].state) == (0, LedgerState.STALE)
-    assert folded["c"].held_blocks == 0 and folded["c"].state is LedgerState.UNSPECIFIED
 
 
 def test_gpu_only_crediting_names_no_watermark_for_host_tokens() -> None:

@@ -24,7 +24,7 @@ from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine
 
-QWEN = Path(__file__).parents[1] / "chat" / "data" / "qwen3.5"
+QWEN = Path(__file__).parents[2] / "chat" / "data" / "qwen3.5"
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
          "pi rho sigma tau upsilon phi chi psi omega").split()
 

@@ -1,20 +1,16 @@
-"""PD pieces (pure): bootstrap rooms and fields, vLLM leg bodies, usage and logprob merges,
-conditional disaggregation, the PD pools and config."""
+"""The prefill/decode handoff on the wire (pure): bootstrap rooms and fields, vLLM leg bodies,
+usage and logprob merges."""
 
 from __future__ import annotations
+
 import json
 import random
 from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from cortex.gateway.config.gateway import (
-    BreakerConfig,
-    GatewayConfig,
-    PDConfig,
-    RoutingWeights,
-    load_config,
-)
+
 from cortex.gateway.dispatch.pd.handoff import (
     MAX_ROOM,
     bootstrap_host,
@@ -30,19 +26,10 @@ from cortex.gateway.dispatch.pd.handoff import (
     vllm_prefill_body,
     wants_input_logprobs,
 )
-from cortex.gateway.errors import ConfigError
-from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.fleet.pool import Health, WorkerPool
 from cortex.gateway.request.payload import InferencePath
-from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
-from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide
 from cortex.gateway.upstream.sse import SSEForwarder, first_event_error
 from cortex.hashing import Engine
-from cortex.ledger.model import LedgerState
 from cortex.registry import WorkerSpec
-from cortex.registry.spec import WorkerRole
-
-W = RoutingWeights()
 
 
 def dumps(obj: Any) -> bytes:
@@ -53,18 +40,6 @@ STREAM = (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
           b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3,'
           b'"total_tokens":43,"prompt_tokens_details":{"cached_tokens":40}}}\n\n'
           b"data: [DONE]\n\n")
-
-
-def scored(worker: str, **kw: Any) -> Any:
-    base: dict[str, Any] = {"engine_running": 0, "engine_waiting": 0,
-                            "ledger": LedgerState.READY}
-    base.update(kw)
-    return decide([Candidate(worker, **base)], W, cache_off=Reason.LOAD_ONLY).chosen
-
-
-def plan(engine: Engine, prompt: int, sequences: int = 1) -> PairDecision:
-    d = decide([Candidate("p")], W)
-    return PairDecision(engine, d, d, None, prompt, sequences)
 
 
 def spec(worker: str, role: str, model: str = "m") -> WorkerSpec:
