@@ -235,6 +235,8 @@ def summary(state: dict[str, Any], seconds: float, command: str = "cortex up") -
     for w in workers:
         events = (f"events {w['kv_events']}, replay {w['replay']}" if w["kv_events"]
                   else "no KV events: routed by load only")
+        if w.get("ledger_pending"):
+            events += f"; not yet READY ({w['ledger_pending']}): routed by load until it is"
         rows.append((w["id"], w["url"], f"{w['engine']} {w['role']}, {events}"))
     width = max((len(r[0]) for r in rows), default=0)
     url_width = max((len(r[1]) for r in rows), default=0)
