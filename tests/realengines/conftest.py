@@ -24,7 +24,7 @@ import pytest
 from cortex.cli.cluster import ClusterSpec, LocalCluster
 from cortex.hashing import Engine
 from cortex.registry import Discovery, discover
-from cortex.testing.vllm_engines import BLOCK_SIZE, VllmEngine, VllmInstall
+from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, VllmEngine, VllmInstall
 
 MARKER = "realengine"
 
@@ -60,7 +60,8 @@ def engines(install: VllmInstall, tmp_path_factory: pytest.TempPathFactory,
             ) -> Iterator[list[VllmEngine]]:
     """Two real engines of the tiny Qwen3.5-tokenizer model (see the module docstring)."""
     run_dir = tmp_path_factory.mktemp("vllm")
-    pair = [VllmEngine(install, run_dir), VllmEngine(install, run_dir)]
+    # half the harness's KV pool (512 blocks, 8192 tokens): the workload reaches eviction
+    pair = [VllmEngine(install, run_dir, kv_cache_bytes=KV_CACHE_BYTES // 2) for _ in range(2)]
     try:
         start_engines(pair)
         yield pair

@@ -62,24 +62,29 @@ def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
     return list(json.loads(raw)["tokens"])
 
 
+def _ids(chats: list[dict[str, Any]]) -> list[str]:
+    """``3-tools``, ``0-thinking=False``: what each chat exercises."""
+    return ["-".join([str(i), *sorted(f"{k}={v}" if k == "thinking" else k for k, v in
+                                      {**c, **c.get("chat_template_kwargs", {})}.items()
+                                      if k not in ("messages", "chat_template_kwargs"))])
+            for i, c in enumerate(chats)]
+
+
+@pytest.mark.parametrize("chat", CHATS, ids=_ids(CHATS))
 def test_the_gateway_tokenizes_qwen35_chats_as_the_engine(
-    cluster: LocalCluster, engines: list[VllmEngine],
+    cluster: LocalCluster, engines: list[VllmEngine], chat: dict[str, Any],
 ) -> None:
-    gateway = cluster.gateway_urls[0]
-    for chat in CHATS:
-        body = {"model": "tiny-qwen", **chat}
-        status, _, raw = post(gateway + "/tokenize", body)
-        assert status == 200, raw[:300]
-        assert json.loads(raw)["tokens"] == engine_ids(engines[0], chat), chat
-    report("tokenize_qwen35_gateway", {"chats": len(CHATS)})
+    status, _, raw = post(cluster.gateway_urls[0] + "/tokenize", {"model": "tiny-qwen", **chat})
+    assert status == 200, raw[:300]
+    assert json.loads(raw)["tokens"] == engine_ids(engines[0], chat)
 
 
-def test_cortex_chat_renders_qwen35_as_the_engine(install: VllmInstall,
-                                                   engines: list[VllmEngine]) -> None:
+@pytest.mark.parametrize("chat", CHATS, ids=_ids(CHATS))
+def test_cortex_chat_renders_qwen35_as_the_engine(install: VllmInstall, engines: list[VllmEngine],
+                                                   chat: dict[str, Any]) -> None:
     directory = model_dir(install)
-    chat = ChatTokenizer.load(str(directory), str(directory / "chat_template.jinja"))
-    for body in CHATS:
-        assert chat.encode_chat(render_args(body, Engine.VLLM)) == engine_ids(engines[0], body)
+    tokenizer = ChatTokenizer.load(str(directory), str(directory / "chat_template.jinja"))
+    assert tokenizer.encode_chat(render_args(chat, Engine.VLLM)) == engine_ids(engines[0], chat)
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +94,14 @@ def deepseek(install: VllmInstall, tmp_path_factory: pytest.TempPathFactory,
     if isinstance(found, str):
         pytest.skip(found)
     with VllmEngine(found, tmp_path_factory.mktemp("deepseek"), model="model-deepseek") as one:
+        report("deepseek_engine", {"startup_s": one.startup_s})
         yield one
 
 
-def test_cortex_chat_encodes_deepseek_v4_as_vllms_encoder(deepseek: VllmEngine) -> None:
-    chat = ChatTokenizer.load()  # the DeepSeek-V4 tokenizer and the repo's template
-    mismatches = [body for body in DEEPSEEK_CHATS
-                  if chat.encode_chat(render_args(body, Engine.VLLM)) != engine_ids(deepseek,
-                                                                                    body)]
-    report("tokenize_deepseek_v4", {"chats": len(DEEPSEEK_CHATS), "mismatches": len(mismatches),
-                                    "startup_s": deepseek.startup_s})
-    assert mismatches == []
+@pytest.mark.parametrize("chat", DEEPSEEK_CHATS, ids=_ids(DEEPSEEK_CHATS))
+def test_cortex_chat_encodes_deepseek_v4_as_vllms_encoder(deepseek: VllmEngine,
+                                                          chat: dict[str, Any]) -> None:
+    tokenizer = ChatTokenizer.load()  # the DeepSeek-V4 tokenizer and the repo's template
+    ours = tokenizer.encode_chat(render_args(chat, Engine.VLLM))
+    theirs = engine_ids(deepseek, chat)
+    assert ours == theirs, (tokenizer.decode(ours)[:400], tokenizer.decode(theirs)[:400])

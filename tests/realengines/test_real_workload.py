@@ -46,7 +46,7 @@ def check(tally: Tally, phase: str) -> None:
 def test_random_chat_workload_is_predicted_exactly(
     cluster: LocalCluster, engines: list[VllmEngine],
 ) -> None:
-    workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen")
+    workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32)
     workload.run(80)
     before = workload.tally
     check(before, "warm")
