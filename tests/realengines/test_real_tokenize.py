@@ -26,7 +26,7 @@ TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
 
-CHATS: list[dict[str, Any]] = [
+CHATS: list[Any] = [  # bodies, or pytest.param of one with a known difference
     {"messages": [{"role": "user", "content": "hello there"}]},
     {"messages": [{"role": "system", "content": "Be brief."},
                   {"role": "user", "content": "Wie spät ist es? 日本語 🙂"},
@@ -46,14 +46,31 @@ CHATS: list[dict[str, Any]] = [
      "add_generation_prompt": False, "continue_final_message": True},
     {"messages": [{"role": "user", "content": "no thinking"}],
      "chat_template_kwargs": {"enable_thinking": False}},
-    {"messages": [{"role": "user", "content": [{"type": "text", "text": "part one"},
-                                               {"type": "text", "text": "part two"}]}]},
+    pytest.param(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "part one"},
+                                                   {"type": "text", "text": "part two"}]}]},
+        marks=pytest.mark.xfail(strict=True, reason=(
+            "found by this suite: vLLM's content-format detection (renderers/hf.py) sees the "
+            "Qwen3.5 template loop over message content and passes the parts to it; "
+            "cortex.chat joins text parts with a newline first"))),
 ]
 
-DEEPSEEK_CHATS: list[dict[str, Any]] = [
-    {**chat, "chat_template_kwargs": {"thinking": thinking}}
-    for chat in CHATS[:4] for thinking in (True, False)
-]
+_THINKING = pytest.mark.xfail(strict=True, reason=(
+    "found by this suite: vLLM 0.32's deepseek_v4 encoder gives thinking mode reasoning "
+    "effort 'high' by default, an ~80-token 'Reasoning Effort' preamble cortex.chat's "
+    "template does not write"))
+_DSML_TOOLS = pytest.mark.xfail(strict=True, reason=(
+    "found by this suite: vLLM 0.32's deepseek_v4 encoder renders tools as DSML "
+    "('## Tools' + <|DSML|tool_calls> blocks in the system message); cortex.chat's "
+    "template renders the V3 tool format"))
+
+
+def _deepseek(chat: dict[str, Any], thinking: bool) -> Any:
+    marks = [_THINKING] if thinking else [_DSML_TOOLS] if "tools" in chat else []
+    return pytest.param({**chat, "chat_template_kwargs": {"thinking": thinking}}, marks=marks)
+
+
+DEEPSEEK_CHATS = [_deepseek(chat, thinking) for chat in CHATS[:4] for thinking in (True, False)]
 
 
 def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
@@ -62,12 +79,13 @@ def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
     return list(json.loads(raw)["tokens"])
 
 
-def _ids(chats: list[dict[str, Any]]) -> list[str]:
+def _ids(chats: list[Any]) -> list[str]:
     """``3-tools``, ``0-thinking=False``: what each chat exercises."""
+    bodies = [c if isinstance(c, dict) else c.values[0] for c in chats]
     return ["-".join([str(i), *sorted(f"{k}={v}" if k == "thinking" else k for k, v in
                                       {**c, **c.get("chat_template_kwargs", {})}.items()
                                       if k not in ("messages", "chat_template_kwargs"))])
-            for i, c in enumerate(chats)]
+            for i, c in enumerate(bodies)]
 
 
 @pytest.mark.parametrize("chat", CHATS, ids=_ids(CHATS))

@@ -60,8 +60,14 @@ def test_random_chat_workload_is_predicted_exactly(
     cluster.kill("ingest")
     workload.tally = Tally()
     workload.run(5)  # events published while nobody listens
+    outage = workload.tally
+    # not asserted: for the index's ingest grace (5 s, docs/index.md "Ingest liveness") a
+    # dead ingest's ledgers keep their credit, so an eviction meanwhile can be over-predicted
+    report("during_ingest_outage", outage.summary())
+    assert not outage.failures, outage.failures[:3]
     cluster.restart("ingest")
     cluster.wait_ready(timeout_s=60)
+    workload.tally = Tally()
     workload.run(45)
     check(workload.tally, "after_ingest_restart")
     assert ingest_counter(cluster, "replays") > 0  # the fresh ingest asked the ROUTERs
