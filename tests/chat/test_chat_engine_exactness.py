@@ -30,8 +30,8 @@ from cortex.chat import (
 )
 from cortex.chat.template import DEFAULT_CHAT_TEMPLATE
 from cortex.chat.tokenizer import special_tokens_map
-from cortex.gateway.tokenize import PromptTokenizer
-from cortex.gateway.tokenizing import next_turn
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.service import next_turn
 from cortex.hashing import Engine
 
 QWEN = Path(__file__).parent / "data" / "qwen3.5"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cortex.cli.cluster import ClusterSpec, LocalCluster
-from cortex.gateway.config import GatewayConfig
+from cortex.gateway.config.gateway import GatewayConfig
 from cortex.hashing import Engine
 from cortex.registry import WorkerRole
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cortex.edge.main import build_parser
-from cortex.gateway.config import ENV_PREFIX, GatewayConfig
+from cortex.gateway.config.gateway import ENV_PREFIX, GatewayConfig
 
 DOC = (Path(__file__).resolve().parents[2] / "docs/configuration.md").read_text()
 

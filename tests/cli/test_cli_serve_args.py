@@ -17,8 +17,8 @@ from cortex.cli.serve import (
     worker_args,
 )
 from cortex.edge.main import build_parser
-from cortex.gateway.auth import hash_key
-from cortex.gateway.config import GatewayConfig
+from cortex.gateway.config.gateway import GatewayConfig
+from cortex.gateway.http.auth import hash_key
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.testing import free_port

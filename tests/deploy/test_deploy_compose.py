@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from cortex.gateway.config import GatewayConfig, load_config
+from cortex.gateway.config.gateway import GatewayConfig, load_config
 from cortex.index.config import IndexConfig
 from cortex.ingest.config import IngestConfig
 from cortex.registry import WorkerSpec

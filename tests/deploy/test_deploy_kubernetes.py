@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import ValidationError
 
-from cortex.gateway.config import GatewayConfig, load_config
+from cortex.gateway.config.gateway import GatewayConfig, load_config
 from cortex.gateway.errors import ConfigError
 from cortex.index.config import IndexConfig
 from cortex.ingest.config import IngestConfig
@@ -422,7 +422,7 @@ def test_the_example_sim_pods_are_workers_the_gateway_serves(
 def test_the_inference_pool_asks_the_endpoint_picker_about_the_discovered_pods(
     parse_cortex: ParseCortex, tmp_path: Path, discovery: DiscoveryConfig,
 ) -> None:
-    from cortex.gateway.epp_server import SERVICE, PickerHealth
+    from cortex.gateway.epp.server import SERVICE, PickerHealth
 
     deployment = the("Deployment", "cortex-epp", GIE)
     args, _ = parse(deployment, parse_cortex, tmp_path)

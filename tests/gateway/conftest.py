@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     GatewayConfig,
     HealthConfig,
     IndexConfig,

@@ -11,8 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.admission import Admission
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     AdmissionConfig,
     GatewayConfig,
     ModelConfig,
@@ -20,6 +19,7 @@ from cortex.gateway.config import (
     UpstreamConfig,
 )
 from cortex.gateway.errors import ConfigError, ServiceUnavailable
+from cortex.gateway.http.admission import Admission
 from cortex.testing import wait_until_async
 
 from .conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cortex.gateway.answers import chat_answers, completion_answers, stream_objects
+from cortex.gateway.tokens.answers import chat_answers, completion_answers, stream_objects
 
 pytestmark = pytest.mark.timeout(10)
 

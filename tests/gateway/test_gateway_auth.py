@@ -11,10 +11,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from cortex.gateway.auth import ApiKeys, KeyDigest, WorkerCredentials, hash_key, parse_key_lines
-from cortex.gateway.config import GatewayConfig, load_config
-from cortex.gateway.edgeconfig import AuthConfig
+from cortex.gateway.config.gateway import GatewayConfig, load_config
+from cortex.gateway.config.middleware import AuthConfig
 from cortex.gateway.errors import ConfigError
+from cortex.gateway.http.auth import (
+    ApiKeys,
+    KeyDigest,
+    WorkerCredentials,
+    hash_key,
+    parse_key_lines,
+)
 from cortex.registry import SpecError, WorkerSpec
 
 from .conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of

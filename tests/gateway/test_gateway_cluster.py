@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import IndexConfig, LoadConfig, RegistryConfig, RoutingConfig
+from cortex.gateway.config.gateway import IndexConfig, LoadConfig, RegistryConfig, RoutingConfig
 from cortex.gateway.server import GatewayServer
 from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from cortex.gateway.config import DiscoveryConfig, HealthConfig, RegistryConfig, load_config
+from cortex.gateway.config.gateway import DiscoveryConfig, HealthConfig, RegistryConfig, load_config
 from cortex.gateway.errors import ConfigError
 from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry

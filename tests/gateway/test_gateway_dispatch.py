@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cortex.gateway.attempt import Opened
-from cortex.gateway.config import GatewayConfig, ModelConfig, PDConfig, UpstreamConfig
-from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, PDConfig, UpstreamConfig
+from cortex.gateway.dispatch.attempt import Opened
+from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pairing import PDMode
-from cortex.gateway.payload import Endpoint, parse_request
-from cortex.gateway.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.router import Routed, Router
-from cortex.gateway.upstream import FailureKind, UpstreamFailure
+from cortex.gateway.request.payload import InferencePath, parse_request
+from cortex.gateway.routing.pairing import PDMode
+from cortex.gateway.routing.router import Routed, Router
+from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine, HashDomain
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole
@@ -138,7 +138,7 @@ def regular() -> Iterator[Router]:
 
 async def route(router: Router, *, stream: bool = True) -> Routed:
     body = {"model": MODEL, "prompt": list(range(10 * BLOCK)), "stream": stream}
-    req = parse_request(Endpoint.COMPLETIONS, body, router.config)
+    req = parse_request(InferencePath.COMPLETIONS, body, router.config)
     return await router.route(req, time.monotonic() + 10)
 
 
@@ -149,7 +149,7 @@ def dispatcher(router: Router, upstream: MemoryUpstream) -> Dispatcher:
 
 async def open_one(router: Router, upstream: MemoryUpstream, routed: Routed) -> Opened:
     body = {"model": MODEL, "prompt": list(range(10 * BLOCK)), "stream": True}
-    req = parse_request(Endpoint.COMPLETIONS, body, router.config)
+    req = parse_request(InferencePath.COMPLETIONS, body, router.config)
     return await dispatcher(router, upstream).open(req, routed, json.dumps(body).encode(),
                                                    "rid")
 
@@ -198,7 +198,7 @@ async def test_no_first_byte_in_time_is_a_504_after_max_attempts(regular: Router
     routed = await route(regular)
     upstream = MemoryUpstream({w: [Reply(hang=True)] for w in order(routed)})
     config = UpstreamConfig(max_attempts=2)
-    req = parse_request(Endpoint.COMPLETIONS, {"model": MODEL, "prompt": [1] * 40,
+    req = parse_request(InferencePath.COMPLETIONS, {"model": MODEL, "prompt": [1] * 40,
                                                "stream": True}, regular.config)
     with pytest.raises(UpstreamError) as caught:
         await Dispatcher(regular.pool, upstream, regular, config, regular.metrics).open(
@@ -302,7 +302,7 @@ async def test_without_regular_workers_the_last_failed_side_is_the_error() -> No
         upstream = MemoryUpstream({"p0": [Reply(hang=True)], "d0": [Reply()]})
         dispatch = Dispatcher(router.pool, upstream, router, router.config.upstream,
                               router.metrics, PDConfig(prefill_timeout_s=0.05, max_attempts=3))
-        req = parse_request(Endpoint.COMPLETIONS, {"model": MODEL, "prompt": [1] * 40},
+        req = parse_request(InferencePath.COMPLETIONS, {"model": MODEL, "prompt": [1] * 40},
                             router.config)
         with pytest.raises(UpstreamError) as caught:
             await dispatch.open(req, routed, b"{}", "rid")

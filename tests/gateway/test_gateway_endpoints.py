@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from cortex.gateway.config import ModelConfig
-from cortex.gateway.edgeconfig import CorsConfig
+from cortex.gateway.config.gateway import ModelConfig
+from cortex.gateway.config.middleware import CorsConfig
 from cortex.testing import wait_until_async
 
 from .conftest import BLOCK, DECODE_ONLY, MODEL, StartGateway, StartSim, spec_of

@@ -20,8 +20,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
-from cortex.gateway.config import AdmissionConfig
-from cortex.gateway.epp import (
+from cortex.gateway.config.gateway import AdmissionConfig
+from cortex.gateway.epp.picker import (
     DESTINATION,
     LB_NAMESPACE,
     SERVED,
@@ -30,7 +30,7 @@ from cortex.gateway.epp import (
     address_of,
     metadata_of,
 )
-from cortex.gateway.epp_server import EppServer
+from cortex.gateway.epp.server import EppServer
 from cortex.gateway.server import GatewayServer
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async

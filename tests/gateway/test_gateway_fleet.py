@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import HealthConfig, RegistryConfig
+from cortex.gateway.config.gateway import HealthConfig, RegistryConfig
 from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry
 from cortex.sim.config import SimConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from cortex.gateway.config import IndexConfig, ModelConfig, ServerConfig
+from cortex.gateway.config.gateway import IndexConfig, ModelConfig, ServerConfig
 from cortex.testing import wait_until_async
 
 from .conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of

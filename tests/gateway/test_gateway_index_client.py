@@ -8,9 +8,9 @@ import time
 import pytest
 from grpclib.client import Channel
 
-from cortex.gateway.config import IndexConfig as GatewayIndexConfig
-from cortex.gateway.index_client import IndexClient
-from cortex.gateway.matching import SourceMatch, Tier
+from cortex.gateway.config.gateway import IndexConfig as GatewayIndexConfig
+from cortex.gateway.ledger.index_client import IndexClient
+from cortex.gateway.ledger.matching import SourceMatch, Tier
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig

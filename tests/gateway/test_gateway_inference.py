@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from cortex.gateway.http import Request
-from cortex.gateway.inference import race_disconnect, request_id_of
-from cortex.gateway.types import Message
+from cortex.gateway.api.inference import race_disconnect, request_id_of
+from cortex.gateway.http.asgi import Message
+from cortex.gateway.http.messages import Request
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from cortex.gateway.config import IndexConfig, RegistryConfig
+from cortex.gateway.config.gateway import IndexConfig, RegistryConfig
 from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import IndexTarget

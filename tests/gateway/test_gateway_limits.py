@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import ModelConfig, ServerConfig
+from cortex.gateway.config.gateway import ModelConfig, ServerConfig
 from cortex.gateway.errors import relayed_error
-from cortex.gateway.limits import Limits, check_prompt_tokens, model_limits, prompt_chars
+from cortex.gateway.request.limits import Limits, check_prompt_tokens, model_limits, prompt_chars
 from cortex.gateway.server import GatewayServer
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.hashing import Engine

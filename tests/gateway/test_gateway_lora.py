@@ -8,11 +8,16 @@ import json
 
 import pytest
 
-from cortex.gateway.config import GatewayConfig
-from cortex.gateway.dispatch import upstream_body
-from cortex.gateway.engine_info import adapters_from_models
+from cortex.gateway.config.gateway import GatewayConfig
+from cortex.gateway.dispatch.dispatcher import upstream_body
 from cortex.gateway.errors import ClientError, ConfigError
-from cortex.gateway.payload import Endpoint, InferenceRequest, parse_body, parse_request
+from cortex.gateway.fleet.engine_info import adapters_from_models
+from cortex.gateway.request.payload import (
+    InferencePath,
+    InferenceRequest,
+    parse_body,
+    parse_request,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -25,7 +30,7 @@ LEARNED = {"poem": "other"}
 
 def parse(body: dict[str, object]) -> InferenceRequest:
     raw = json.dumps(body).encode()
-    return parse_request(Endpoint.CHAT, parse_body(raw), CONFIG, adapters=LEARNED.get)
+    return parse_request(InferencePath.CHAT, parse_body(raw), CONFIG, adapters=LEARNED.get)
 
 
 def chat(model: str, **extra: object) -> dict[str, object]:

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import ModelConfig
+from cortex.gateway.config.gateway import ModelConfig
 from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async

@@ -6,8 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from cortex.gateway.auth import KeyDigest, hash_key
-from cortex.gateway.edgeconfig import AuthConfig
+from cortex.gateway.config.middleware import AuthConfig
+from cortex.gateway.http.auth import KeyDigest, hash_key
 
 from .conftest import MODEL, StartGateway, StartSim, spec_of
 

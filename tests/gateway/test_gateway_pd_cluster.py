@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import IndexConfig, ModelConfig, PDConfig, RegistryConfig
+from cortex.gateway.config.gateway import IndexConfig, ModelConfig, PDConfig, RegistryConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine
 from cortex.index.server import IndexServer

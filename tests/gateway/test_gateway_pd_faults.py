@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import HealthConfig, ModelConfig, PDConfig
+from cortex.gateway.config.gateway import HealthConfig, ModelConfig, PDConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec

@@ -11,16 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortex.gateway.breaker import CircuitBreaker
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     BreakerConfig,
     GatewayConfig,
     PDConfig,
     RoutingWeights,
     load_config,
 )
-from cortex.gateway.errors import ConfigError
-from cortex.gateway.handoff import (
+from cortex.gateway.dispatch.pd.handoff import (
     MAX_ROOM,
     bootstrap_host,
     bootstrap_room,
@@ -35,12 +33,14 @@ from cortex.gateway.handoff import (
     vllm_prefill_body,
     wants_input_logprobs,
 )
-from cortex.gateway.matching import LedgerState
-from cortex.gateway.pairing import LocalPrefill, PDPlan
-from cortex.gateway.payload import Endpoint
-from cortex.gateway.pool import Health, WorkerPool
-from cortex.gateway.scoring import Candidate, MatchMode, Reason, decide
-from cortex.gateway.sse import SSEForwarder, first_event_error
+from cortex.gateway.errors import ConfigError
+from cortex.gateway.fleet.breaker import CircuitBreaker
+from cortex.gateway.fleet.pool import Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState
+from cortex.gateway.request.payload import InferencePath
+from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
+from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide
+from cortex.gateway.upstream.sse import SSEForwarder, first_event_error
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole
@@ -72,17 +72,17 @@ def test_room_at_the_top_of_the_range_stays_in_it() -> None:
 
 
 @pytest.mark.parametrize(("endpoint", "body", "count"), [
-    (Endpoint.CHAT, {"messages": []}, 1),
-    (Endpoint.CHAT, {"n": 3}, 3),
-    (Endpoint.COMPLETIONS, {"prompt": "x"}, 1),
-    (Endpoint.COMPLETIONS, {"prompt": [1, 2, 3]}, 1),
-    (Endpoint.COMPLETIONS, {"prompt": ["a", "b"], "n": 2}, 4),
-    (Endpoint.COMPLETIONS, {"prompt": [[1], [2], [3]]}, 3),
-    (Endpoint.GENERATE, {"text": "x"}, 1),
-    (Endpoint.GENERATE, {"input_ids": [[1], [2]], "sampling_params": {"n": 2}}, 4),
-    (Endpoint.GENERATE, {"text": ["a", "b", "c"]}, 3),
+    (InferencePath.CHAT, {"messages": []}, 1),
+    (InferencePath.CHAT, {"n": 3}, 3),
+    (InferencePath.COMPLETIONS, {"prompt": "x"}, 1),
+    (InferencePath.COMPLETIONS, {"prompt": [1, 2, 3]}, 1),
+    (InferencePath.COMPLETIONS, {"prompt": ["a", "b"], "n": 2}, 4),
+    (InferencePath.COMPLETIONS, {"prompt": [[1], [2], [3]]}, 3),
+    (InferencePath.GENERATE, {"text": "x"}, 1),
+    (InferencePath.GENERATE, {"input_ids": [[1], [2]], "sampling_params": {"n": 2}}, 4),
+    (InferencePath.GENERATE, {"text": ["a", "b", "c"]}, 3),
 ])
-def test_sequence_count(endpoint: Endpoint, body: dict[str, Any], count: int) -> None:
+def test_sequence_count(endpoint: InferencePath, body: dict[str, Any], count: int) -> None:
     assert sequence_count(endpoint, body) == count
 
 
@@ -169,8 +169,8 @@ def test_non_streamed_usage_rewrite() -> None:
 
 
 def test_input_logprobs_merge_prefill_first() -> None:
-    assert wants_input_logprobs(Endpoint.GENERATE, {"return_logprob": True})
-    assert not wants_input_logprobs(Endpoint.CHAT, {"return_logprob": True})
+    assert wants_input_logprobs(InferencePath.GENERATE, {"return_logprob": True})
+    assert not wants_input_logprobs(InferencePath.CHAT, {"return_logprob": True})
     p = dumps({"meta_info": {"input_token_logprobs": [[-1.0, 5], [-2.0, 6]]}})
     d = dumps({"text": "x", "meta_info": {"input_token_logprobs": [[-3.0, 7]]}})
     merged = json.loads(merge_input_logprobs_body(d, prefill_input_logprobs(p, False)))
@@ -204,9 +204,9 @@ def scored(worker: str, **kw: Any) -> Any:
     return decide([Candidate(worker, **base)], W, cache_off=Reason.LOAD_ONLY).chosen
 
 
-def plan(engine: Engine, prompt: int, sequences: int = 1) -> PDPlan:
+def plan(engine: Engine, prompt: int, sequences: int = 1) -> PairDecision:
     d = decide([Candidate("p")], W)
-    return PDPlan(engine, d, d, None, prompt, sequences)
+    return PairDecision(engine, d, d, None, prompt, sequences)
 
 
 def test_conditional_disaggregation() -> None:

@@ -11,11 +11,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.breaker import CircuitBreaker
-from cortex.gateway.config import BreakerConfig, IndexConfig, ModelConfig, PDConfig, RegistryConfig
-from cortex.gateway.handoff import vllm_prefill_result
-from cortex.gateway.pairing import connector_mismatch
-from cortex.gateway.pool import WorkerState
+from cortex.gateway.config.gateway import (
+    BreakerConfig,
+    IndexConfig,
+    ModelConfig,
+    PDConfig,
+    RegistryConfig,
+)
+from cortex.gateway.dispatch.pd.handoff import vllm_prefill_result
+from cortex.gateway.fleet.breaker import CircuitBreaker
+from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.routing.pairing import connector_mismatch
 from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.registry.spec import WorkerSpec

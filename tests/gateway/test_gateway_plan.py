@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.breaker import CircuitBreaker
-from cortex.gateway.config import BreakerConfig, PDConfig, RoutingWeights
+from cortex.gateway.config.gateway import BreakerConfig, PDConfig, RoutingWeights
+from cortex.gateway.dispatch.plan import AttemptPlan, Fallback, LegFailure, PairPlan, Side
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
-from cortex.gateway.matching import LedgerState
-from cortex.gateway.pairing import LocalPrefill, PDPlan
-from cortex.gateway.plan import AttemptPlan, Fallback, LegFailure, PairPlan, Side
-from cortex.gateway.pool import Health, WorkerPool
-from cortex.gateway.scoring import Candidate, Decision, Reason, decide
-from cortex.gateway.upstream import FailureKind, UpstreamFailure
+from cortex.gateway.fleet.breaker import CircuitBreaker
+from cortex.gateway.fleet.pool import Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState
+from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
+from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 
@@ -130,8 +130,8 @@ def test_a_refusal_takes_the_credit_back_an_answer_keeps_it() -> None:
 
 
 def pd(engine: Engine, prefills: tuple[str, ...], decodes: tuple[str, ...],
-       fallback: tuple[str, ...] = (), prompt: int = 4000) -> PDPlan:
-    return PDPlan(engine, ranking(*prefills), ranking(*decodes),
+       fallback: tuple[str, ...] = (), prompt: int = 4000) -> PairDecision:
+    return PairDecision(engine, ranking(*prefills), ranking(*decodes),
                   ranking(*fallback) if fallback else None, prompt, 1)
 
 
@@ -187,7 +187,7 @@ def test_no_pair_at_all_falls_back_or_is_a_503() -> None:
 def test_a_local_prefill_credits_the_decode_worker() -> None:
     pool = pool_of("p0", "d0", engine=Engine.VLLM)
     credit = Credit()
-    plan = PDPlan(Engine.VLLM, ranking("p0"),
+    plan = PairDecision(Engine.VLLM, ranking("p0"),
                   ranking("d0", index_tokens=3000, ledger=LedgerState.READY), None, 4000, 1)
     config = PDConfig(local_prefill_max_tokens=2048, local_prefill_max_ratio=0.7)
     pair, _ = PairPlan(plan, pool.get, config, credit).next()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.config import BreakerConfig
-from cortex.gateway.engine_info import (
+from cortex.gateway.config.gateway import BreakerConfig
+from cortex.gateway.fleet.engine_info import (
     context_length_from_models,
     context_length_from_server_info,
 )
-from cortex.gateway.health import LeaseAction, ProbeResult, lease_action
-from cortex.gateway.pool import Health, WorkerPool
+from cortex.gateway.fleet.health import LeaseAction, ProbeResult, lease_action
+from cortex.gateway.fleet.pool import Health, WorkerPool
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 

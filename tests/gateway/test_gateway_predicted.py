@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
-from cortex.gateway.predicted import PredictedBlocks
+from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.routing.predicted import PredictedBlocks
 
 
 class Clock:

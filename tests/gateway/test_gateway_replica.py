@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from grpclib.client import Channel
 
-from cortex.gateway.config import IndexConfig
+from cortex.gateway.config.gateway import IndexConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig as IndexServerConfig

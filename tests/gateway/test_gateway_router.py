@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from cortex.gateway.config import GatewayConfig, ModelConfig, RoutingConfig
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, RoutingConfig
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.payload import Endpoint, parse_request
-from cortex.gateway.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.router import OFFLOAD_CHARS, Routed, Router
-from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.request.payload import InferencePath, parse_request
+from cortex.gateway.routing.router import OFFLOAD_CHARS, Routed, Router
+from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
 from cortex.registry import WorkerSpec
 
@@ -67,7 +67,7 @@ def prompt(prefix: int, question: int) -> list[int]:
 
 
 async def route(router: Router, ids: list[int], *, record: bool = True) -> Routed:
-    req = parse_request(Endpoint.COMPLETIONS, {"model": MODEL, "prompt": ids}, router.config)
+    req = parse_request(InferencePath.COMPLETIONS, {"model": MODEL, "prompt": ids}, router.config)
     return await router.route(req, time.monotonic() + 10, record=record)
 
 
@@ -146,7 +146,7 @@ async def test_long_new_prompts_are_encoded_off_the_event_loop() -> None:
     long_text = " ".join(f"word{i}" for i in range(OFFLOAD_CHARS // 4))
     try:
         for text in ("a short prompt", long_text, long_text):
-            req = parse_request(Endpoint.COMPLETIONS, {"model": MODEL, "prompt": text}, config)
+            req = parse_request(InferencePath.COMPLETIONS, {"model": MODEL, "prompt": text}, config)
             assert await router.tokens(req) == tok.chat.encode_text(text)
     finally:
         router.close()

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from cortex.gateway.config import RoutingWeights
-from cortex.gateway.matching import LedgerState, MatchAnswer, SourceMatch, Tier
-from cortex.gateway.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
+from cortex.gateway.config.gateway import RoutingWeights
+from cortex.gateway.ledger.matching import LedgerState, MatchAnswer, SourceMatch, Tier
+from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
 
 W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0)
 READY = LedgerState.READY
@@ -222,7 +222,7 @@ def test_host_and_disk_hits_are_credited_at_their_weights() -> None:
 
 
 def test_tier_weights_are_validated() -> None:
-    from cortex.gateway.config import ConfigError
+    from cortex.gateway.config.gateway import ConfigError
     with pytest.raises(ConfigError, match="host_hit"):
         RoutingWeights(host_hit=1.5)
     with pytest.raises(ConfigError, match="disk_hit"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.config import DiscoveryConfig
-from cortex.gateway.seeding import UrlSeeder
+from cortex.gateway.config.gateway import DiscoveryConfig
+from cortex.gateway.fleet.seeding import UrlSeeder
 from cortex.registry import WorkerSpec
 from cortex.testing.procs import free_port
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from cortex.gateway.engine_info import sglang_lookahead_from_server_info
+from cortex.gateway.fleet.engine_info import sglang_lookahead_from_server_info
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortex.gateway.sse import SSEForwarder, cached_tokens_of, sse_error_event
+from cortex.gateway.upstream.sse import SSEForwarder, cached_tokens_of, sse_error_event
 
 
 def chunk(content: str) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import BreakerConfig, ModelConfig, UpstreamConfig
+from cortex.gateway.config.gateway import BreakerConfig, ModelConfig, UpstreamConfig
 from cortex.gateway.server import GatewayServer
 from cortex.sim.server import SimServer
 from cortex.testing import wait_until_async

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
 from cortex.chat import ChatTokenizer, RenderArgs
-from cortex.gateway.tokenize import PromptTokenizer
+from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine
 
 SPECIALS = [

@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config import ModelConfig, TokenizeConfig
+from cortex.gateway.api.tokenize import AlignmentCheck
+from cortex.gateway.config.gateway import ModelConfig, TokenizeConfig
 from cortex.gateway.server import GatewayServer
-from cortex.gateway.tokenize_endpoints import AlignmentCheck
 from cortex.hashing import Engine
 
 from .conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.chat import ChatTokenizer, RenderArgs
-from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
-from cortex.gateway.encoder import EncoderMode, ParallelEncoder, partition
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.payload import Endpoint, parse_request
-from cortex.gateway.tokencache import SegmentCache
-from cortex.gateway.tokenize import PromptTokenizer
-from cortex.gateway.tokenizing import Tokenization
+from cortex.gateway.request.payload import InferencePath, parse_request
+from cortex.gateway.tokens.cache import SegmentCache
+from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder, partition
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine
 
 QWEN = Path(__file__).parents[1] / "chat" / "data" / "qwen3.5"
@@ -130,7 +130,7 @@ async def test_heavy_chat_requests_are_tokenized_in_a_worker_process() -> None:
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
                 for i in range(9)]
     body = {"model": "m", "messages": messages}
-    req = parse_request(Endpoint.CHAT, body, config)
+    req = parse_request(InferencePath.CHAT, body, config)
     try:
         ids = await asyncio.wait_for(service.tokens(req), 60)
     finally:

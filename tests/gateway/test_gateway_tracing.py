@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from cortex.gateway.edgeconfig import TracingConfig
+from cortex.gateway.config.middleware import TracingConfig
 from cortex.testing import wait_until_async
 
 from .conftest import MODEL, StartGateway, StartSim, spec_of

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from cortex.gateway.breaker import BreakerState, CircuitBreaker
-from cortex.gateway.config import BreakerConfig, GatewayConfig, load_config
+from cortex.gateway.config.gateway import BreakerConfig, GatewayConfig, load_config
 from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
-from cortex.gateway.load import (
+from cortex.gateway.fleet.breaker import BreakerState, CircuitBreaker
+from cortex.gateway.fleet.load import (
     LoadFormatError,
     parse_sglang_get_load,
     parse_sglang_loads,
     parse_vllm_metrics,
 )
-from cortex.gateway.payload import Endpoint, PromptKind, parse_body, parse_request
+from cortex.gateway.request.payload import InferencePath, PromptKind, parse_body, parse_request
 from cortex.hashing import Engine
 
 
@@ -119,32 +119,33 @@ def test_config_env_errors() -> None:
 CONFIG = GatewayConfig.from_mapping({"models": [{"name": "m"}, {"name": "n"}]})
 
 
-def parse(endpoint: Endpoint, body: object) -> object:
+def parse(endpoint: InferencePath, body: object) -> object:
     return parse_request(endpoint, parse_body(json.dumps(body).encode()), CONFIG)
 
 
 @pytest.mark.parametrize(("endpoint", "body", "code", "status"), [
-    (Endpoint.CHAT, [], ErrorCode.INVALID_JSON, 400),
-    (Endpoint.CHAT, {"messages": [{"role": "user", "content": "x"}]}, ErrorCode.INVALID_REQUEST,
-     400),
-    (Endpoint.CHAT, {"model": "zz", "messages": [{"role": "user", "content": "x"}]},
+    (InferencePath.CHAT, [], ErrorCode.INVALID_JSON, 400),
+    (InferencePath.CHAT, {"messages": [{"role": "user", "content": "x"}]},
+     ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.CHAT, {"model": "zz", "messages": [{"role": "user", "content": "x"}]},
      ErrorCode.MODEL_NOT_FOUND, 404),
-    (Endpoint.CHAT, {"model": "m", "messages": []}, ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.CHAT, {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+    (InferencePath.CHAT, {"model": "m", "messages": []}, ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.CHAT, {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
      ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.CHAT, {"model": "m", "messages": [{"role": "user", "content": 5}]},
+    (InferencePath.CHAT, {"model": "m", "messages": [{"role": "user", "content": 5}]},
      ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.CHAT, {"model": "m", "messages": [{"role": "user"}], "stream": "yes"},
+    (InferencePath.CHAT, {"model": "m", "messages": [{"role": "user"}], "stream": "yes"},
      ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.CHAT, {"model": "m", "messages": [{"role": "user"}], "max_tokens": -1},
+    (InferencePath.CHAT, {"model": "m", "messages": [{"role": "user"}], "max_tokens": -1},
      ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.COMPLETIONS, {"model": "m", "prompt": [1, -2]}, ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.COMPLETIONS, {"model": "m", "prompt": [[1], []]}, ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.COMPLETIONS, {"model": "m", "prompt": {"a": 1}}, ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.GENERATE, {"sampling_params": {}}, ErrorCode.INVALID_REQUEST, 400),
-    (Endpoint.GENERATE, {"input_ids": "abc"}, ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.COMPLETIONS, {"model": "m", "prompt": [1, -2]}, ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.COMPLETIONS, {"model": "m", "prompt": [[1], []]},
+     ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.COMPLETIONS, {"model": "m", "prompt": {"a": 1}}, ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.GENERATE, {"sampling_params": {}}, ErrorCode.INVALID_REQUEST, 400),
+    (InferencePath.GENERATE, {"input_ids": "abc"}, ErrorCode.INVALID_REQUEST, 400),
 ])
-def test_bad_requests(endpoint: Endpoint, body: object, code: ErrorCode, status: int) -> None:
+def test_bad_requests(endpoint: InferencePath, body: object, code: ErrorCode, status: int) -> None:
     with pytest.raises(ClientError) as caught:
         parse(endpoint, body)
     assert (caught.value.code, caught.value.status) == (code, status)
@@ -161,7 +162,7 @@ def test_malformed_json() -> None:
 
 def test_good_requests() -> None:
     tool = {"type": "function", "function": {"name": "f"}}
-    chat = parse_request(Endpoint.CHAT, {
+    chat = parse_request(InferencePath.CHAT, {
         "model": "n", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "stream_options": {"include_usage": True}, "tools": [tool],
         "continue_final_message": True}, CONFIG)
@@ -171,9 +172,10 @@ def test_good_requests() -> None:
     assert chat.prompt.chat.continue_final_message is True
     assert chat.prompt.chat.tools is not None and chat.prompt.chat.tools[0]["function"][
         "name"] == "f"
-    batch = parse_request(Endpoint.COMPLETIONS, {"model": "m", "prompt": [[5, 6], [7]]}, CONFIG)
+    batch = parse_request(InferencePath.COMPLETIONS, {"model": "m", "prompt": [[5, 6], [7]]},
+                          CONFIG)
     assert batch.prompt.kind is PromptKind.TOKENS and batch.prompt.token_ids == (5, 6)
-    gen = parse_request(Endpoint.GENERATE, {"text": ["a", "b"]}, CONFIG)
+    gen = parse_request(InferencePath.GENERATE, {"text": ["a", "b"]}, CONFIG)
     assert gen.model.name == "m" and gen.prompt.text == "a"
 
 

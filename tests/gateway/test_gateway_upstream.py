@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from cortex.gateway.auth import WorkerCredentials
-from cortex.gateway.config import UpstreamConfig
-from cortex.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure
+from cortex.gateway.config.gateway import UpstreamConfig
+from cortex.gateway.http.auth import WorkerCredentials
+from cortex.gateway.upstream.client import FailureKind, UpstreamClient, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.testing.procs import free_port

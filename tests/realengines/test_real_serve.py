@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.gateway.load import parse_vllm_metrics as parse_vllm_load_metrics
+from cortex.gateway.fleet.load import parse_vllm_metrics as parse_vllm_load_metrics
 from cortex.hashing import Engine
 from cortex.registry import discover
 from cortex.registry.engines import parse_vllm_cache_config, parse_vllm_load

@@ -33,7 +33,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 
 from cortex.bench.report import provenance, table
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     GatewayConfig,
     HealthConfig,
     IndexConfig,
@@ -42,8 +42,8 @@ from cortex.gateway.config import (
     RegistryConfig,
     ServerConfig,
 )
-from cortex.gateway.epp_server import PROCESS, EppServer
-from cortex.gateway.payload import Endpoint, parse_body, parse_request
+from cortex.gateway.epp.server import PROCESS, EppServer
+from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
 from cortex.gateway.server import GatewayServer
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer
@@ -185,7 +185,7 @@ async def _measure(args: argparse.Namespace, system: str, redis: RedisServer,
             assert router is not None
 
             async def route(i: int) -> None:
-                req = parse_request(Endpoint.CHAT, parse_body(json.dumps(
+                req = parse_request(InferencePath.CHAT, parse_body(json.dumps(
                     _body(system, 10_000 + i)).encode()), gw.config, gw.limits)
                 routed = await router.route(req, time.monotonic() + 10)
                 routed.placement.dispatched()

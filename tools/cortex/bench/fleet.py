@@ -45,7 +45,7 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.report import table
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     BreakerConfig,
     GatewayConfig,
     HealthConfig,
@@ -53,7 +53,7 @@ from cortex.gateway.config import (
     RegistryConfig,
     ServerConfig,
 )
-from cortex.gateway.payload import Endpoint, parse_body, parse_request
+from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
 from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.config import SimConfig, TimingConfig
@@ -208,7 +208,7 @@ async def _oversize(http: aiohttp.ClientSession) -> list[str]:
                 trips.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 try:
-                    parse_request(Endpoint.COMPLETIONS, parse_body(raw), gw.config,
+                    parse_request(InferencePath.COMPLETIONS, parse_body(raw), gw.config,
                                   gw.gateway.limits)
                 except Exception:  # the refusal under test
                     by = "the pre-check"

@@ -3,7 +3,7 @@
 Setup, each its own process on 127.0.0.1: ``cortex index``; a *feeder* playing ingest (one
 Sync stream, snapshots then stores of ``--blocks-per-update`` blocks chained per source at a
 paced rate); ``--replicas`` *replica* processes, each a gateway's
-:class:`~cortex.gateway.replica_client.ReplicaClient` and nothing else.
+:class:`~cortex.gateway.ledger.replica_client.ReplicaClient` and nothing else.
 
 Measured:
 
@@ -97,9 +97,9 @@ async def _replica(target: str, seconds: float) -> None:
     exactness check against the index's Match, as JSON on stdout."""
     import numpy as np
 
-    from cortex.gateway.config import IndexConfig
+    from cortex.gateway.config.gateway import IndexConfig
+    from cortex.gateway.ledger.replica_client import ReplicaClient
     from cortex.gateway.metrics import GatewayMetrics
-    from cortex.gateway.replica_client import ReplicaClient
     from cortex.ledger.client import IndexStub, index_channel, match_request
 
     lags: list[float] = []

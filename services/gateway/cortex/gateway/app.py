@@ -1,4 +1,4 @@
-"""The ASGI application: one lifespan owns the :class:`Gateway`; a flat table routes paths.
+"""The ASGI application: one lifespan owns the :class:`Runtime`; a flat table routes paths.
 
 Unknown paths answer 404, known paths with another method 405, both as OpenAI error
 objects. An unexpected exception becomes a 500 ``internal_error`` without details (they go
@@ -12,55 +12,55 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from cortex.gateway.admin import AdminHandler
-from cortex.gateway.config import GatewayConfig
-from cortex.gateway.edge import PUBLIC_PATHS, Edge
+from cortex.gateway.api.admin import AdminHandler
+from cortex.gateway.api.inference import InferenceHandler, request_id_of
+from cortex.gateway.api.ops import OpsHandler
+from cortex.gateway.api.relay import RELAYED_PATHS, RelayHandler
+from cortex.gateway.api.tokenize import AlignmentCheck, TokenizeHandler
+from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.errors import ErrorCode, GatewayError
-from cortex.gateway.http import ClientDisconnected, Request, send_bytes, send_error
-from cortex.gateway.inference import InferenceHandler, request_id_of
-from cortex.gateway.ops import OpsHandler
-from cortex.gateway.payload import Endpoint
-from cortex.gateway.relay import RELAYED_PATHS, RelayHandler
-from cortex.gateway.runtime import Gateway
-from cortex.gateway.tokenize_endpoints import AlignmentCheck, TokenizeHandler
+from cortex.gateway.http.asgi import Receive, Scope, Send
+from cortex.gateway.http.messages import ClientDisconnected, Request, send_bytes, send_error
+from cortex.gateway.http.middleware import PUBLIC_PATHS, Middleware
+from cortex.gateway.request.payload import InferencePath
+from cortex.gateway.runtime import Runtime
 from cortex.gateway.tracebacks import TracebackLimiter
-from cortex.gateway.types import Receive, Scope, Send
 from cortex.registry import Registry
 from cortex.telemetry.tracing import SpanKind
 
-__all__ = ["GatewayApp"]
+__all__ = ["App"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request, Send], Awaitable[None]]
 
 
-class GatewayApp:
-    """``GatewayApp(config)`` is the ASGI callable hypercorn serves."""
+class App:
+    """``App(config)`` is the ASGI callable hypercorn serves."""
 
     def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._registry = registry
         self._environ = environ
-        self._edge: Edge | None = None
-        self.gateway: Gateway | None = None
+        self._middleware: Middleware | None = None
+        self.gateway: Runtime | None = None
         self.started = asyncio.Event()  # set once startup completed
         self._routes: dict[str, dict[str, Handler]] = {}
         self._tracebacks = TracebackLimiter()
 
-    def _build_routes(self, gw: Gateway) -> None:
+    def _build_routes(self, gw: Runtime) -> None:
         inference = InferenceHandler(gw, self._tracebacks)
         ops = self._ops = OpsHandler(gw)
         admin = AdminHandler(gw)
         tokens = TokenizeHandler(gw)
-        self._edge = Edge(gw.api_keys, self.config.cors, self.config.access_log, gw.metrics,
-                          lambda: gw.draining)
+        self._middleware = Middleware(gw.api_keys, self.config.cors, self.config.access_log,
+                                      gw.metrics, lambda: gw.draining)
 
         relay = self._relay = RelayHandler(gw)
         passthrough = frozenset(m.name for m in self.config.models if m.passthrough)
 
-        def infer(endpoint: Endpoint) -> Handler:
+        def infer(endpoint: InferencePath) -> Handler:
             async def handle(request: Request, send: Send) -> None:
                 if passthrough and await _model_of(request, self.config) in passthrough:
                     await relay.passthrough(request, send)
@@ -69,9 +69,9 @@ class GatewayApp:
             return handle
 
         self._routes = {
-            Endpoint.CHAT.value: {"POST": infer(Endpoint.CHAT)},
-            Endpoint.COMPLETIONS.value: {"POST": infer(Endpoint.COMPLETIONS)},
-            Endpoint.GENERATE.value: {"POST": infer(Endpoint.GENERATE)},
+            InferencePath.CHAT.value: {"POST": infer(InferencePath.CHAT)},
+            InferencePath.COMPLETIONS.value: {"POST": infer(InferencePath.COMPLETIONS)},
+            InferencePath.GENERATE.value: {"POST": infer(InferencePath.GENERATE)},
             "/v1/models": {"GET": lambda r, s: ops.models(s)},
             **{path: {"POST": relay.post} for path in RELAYED_PATHS},
             "/tokenize": {"POST": tokens.tokenize},
@@ -94,7 +94,7 @@ class GatewayApp:
         message = await receive()
         assert message["type"] == "lifespan.startup"
         try:
-            gateway = Gateway(self.config, registry=self._registry, environ=self._environ)
+            gateway = Runtime(self.config, registry=self._registry, environ=self._environ)
             await gateway.__aenter__()
         except Exception as exc:
             log.exception("gateway startup failed")
@@ -116,8 +116,8 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, self.config.server.body_timeout_s)
-        edge = self._edge
-        if self.gateway is None or edge is None:
+        middleware = self._middleware
+        if self.gateway is None or middleware is None:
             await send_error(send, GatewayError("the gateway is not running",
                                                 code=ErrorCode.SHUTTING_DOWN, status=503))
             return
@@ -127,22 +127,22 @@ class GatewayApp:
                                          headers=request.headers, kind=SpanKind.SERVER,
                                          attributes={"http.request.method": request.method,
                                                      "url.path": request.path})
-        exchange = edge.exchange(request, send)
+        exchange = middleware.exchange(request, send)
         try:
-            await self._route(request, exchange, edge)
+            await self._route(request, exchange, middleware)
         finally:
             exchange.finish(request_id_of(request))
             if request.span is not None:
                 exchange.annotate(request.span)
                 request.span.end()
 
-    async def _route(self, request: Request, send: Send, edge: Edge) -> None:
+    async def _route(self, request: Request, send: Send, middleware: Middleware) -> None:
         try:
-            preflight = edge.preflight(request)
+            preflight = middleware.preflight(request)
             if preflight is not None:
                 await send_bytes(send, 204, b"", b"text/plain", preflight)
                 return
-            edge.authenticate(request)
+            middleware.authenticate(request)
             if request.path.startswith("/admin/"):
                 await self._admin(request, send)
                 return
@@ -177,7 +177,7 @@ class GatewayApp:
         return None
 
     def __repr__(self) -> str:
-        return f"GatewayApp(running={self.gateway is not None})"
+        return f"App(running={self.gateway is not None})"
 
 
 async def _model_of(request: Request, config: GatewayConfig) -> str | None:

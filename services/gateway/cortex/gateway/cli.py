@@ -1,7 +1,7 @@
 """``cortex gateway``: run the gateway until SIGINT/SIGTERM.
 
 Configuration comes from ``--config`` (TOML or JSON; default ``$CORTEX_GATEWAY_CONFIG``) and
-``CORTEX_GATEWAY_*`` environment variables (see :mod:`cortex.gateway.config`); the flags
+``CORTEX_GATEWAY_*`` environment variables (see :mod:`cortex.gateway.config.gateway`); the flags
 ``--server-host`` / ``--host``, ``--server-port`` / ``--port`` and the admission ones (also
 under sglang-router's names: ``--max-concurrent-requests``, ``--queue-size``,
 ``--queue-timeout-secs``) override both. Exit codes: 0 clean stop, 2 bad
@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from cortex.edge.serve import add_logging_flags, serve
-from cortex.gateway.config import FLAGS, SETTINGS
+from cortex.gateway.config.gateway import FLAGS, SETTINGS
 
 __all__ = ["register"]
 
@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cortex.gateway.auth import hash_key
-    from cortex.gateway.config import load_config
+    from cortex.gateway.config.gateway import load_config
     from cortex.gateway.errors import ConfigError
+    from cortex.gateway.http.auth import hash_key
 
     if args.hash_key:
         key = sys.stdin.readline().strip()
@@ -81,7 +81,7 @@ async def _serve(config: Any, env: dict[str, str], epp: tuple[str, int] | None,
     async with GatewayServer(config, environ=env) as server, \
             contextlib.AsyncExitStack() as stack:
         if epp is not None:
-            from cortex.gateway.epp_server import EppServer
+            from cortex.gateway.epp.server import EppServer
 
             await stack.enter_async_context(EppServer(server.gateway, *epp))
         # what start-up built (tokenizers, templates, modules) lives as long as the process:

@@ -1,4 +1,4 @@
-"""``Gateway``: one gateway process's state and background work, owned by one ``async with``.
+"""``Runtime``: one gateway process's state and background work, owned by one ``async with``.
 
 Startup order: tokenizers → registry → upstream session → ledger replica and index client →
 static workers seeded (unless an operator removed them: a tombstone) → registry watcher →
@@ -17,23 +17,23 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
 
-from cortex.gateway.admission import Admission
-from cortex.gateway.auth import WorkerCredentials
-from cortex.gateway.config import GatewayConfig, ModelConfig
-from cortex.gateway.dispatch import Dispatcher
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
+from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
-from cortex.gateway.health import HealthMonitor
-from cortex.gateway.index_client import IndexClient
-from cortex.gateway.limits import Limits, context_length_of, model_limits
-from cortex.gateway.load import LoadPoller
-from cortex.gateway.matching import LedgerState
+from cortex.gateway.fleet.health import HealthMonitor
+from cortex.gateway.fleet.load import LoadPoller
+from cortex.gateway.fleet.pool import WorkerPool
+from cortex.gateway.fleet.seeding import UrlSeeder
+from cortex.gateway.http.admission import Admission
+from cortex.gateway.http.auth import WorkerCredentials
+from cortex.gateway.ledger.index_client import IndexClient
+from cortex.gateway.ledger.matching import LedgerState
+from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.pool import WorkerPool
-from cortex.gateway.replica_client import ReplicaClient
-from cortex.gateway.router import Router
-from cortex.gateway.seeding import UrlSeeder
-from cortex.gateway.tokenize import PromptTokenizer
-from cortex.gateway.upstream import UpstreamClient
+from cortex.gateway.request.limits import Limits, context_length_of, model_limits
+from cortex.gateway.routing.router import Router
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.upstream.client import UpstreamClient
 from cortex.ledger.grpc import read_token
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
@@ -47,7 +47,7 @@ from cortex.registry import (
 )
 from cortex.telemetry.tracing import Tracing
 
-__all__ = ["Degradation", "Gateway", "Readiness"]
+__all__ = ["Degradation", "Readiness", "Runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ def _index_token(path: str) -> str | None:
         raise ConfigError(f"index.token_file: {exc}") from None
 
 
-class Gateway:
-    """Use as ``async with Gateway(config) as gw``; the ASGI app reads its parts.
+class Runtime:
+    """Use as ``async with Runtime(config) as gw``; the ASGI app reads its parts.
 
     ``registry``: inject one (tests, a launcher sharing a MemoryRegistry); by default Redis
     when ``registry.redis_url`` is set, else an in-process registry.
@@ -134,7 +134,7 @@ class Gateway:
 
     # ---- lifecycle ----
 
-    async def __aenter__(self) -> Gateway:
+    async def __aenter__(self) -> Runtime:
         try:
             await self._start()
         except BaseException:
@@ -368,4 +368,4 @@ class Gateway:
         return state, reasons
 
     def __repr__(self) -> str:
-        return f"Gateway(models={[m.name for m in self.config.models]}, {self.pool!r})"
+        return f"Runtime(models={[m.name for m in self.config.models]}, {self.pool!r})"

@@ -5,7 +5,7 @@ free port, see :attr:`port` / :attr:`url`), runs startup (ready when it returns)
 shuts down gracefully (in-flight requests get ``server.graceful_timeout_s``). Used by
 tests, the dev-cluster launcher and ``cortex gateway``.
 
-The listening socket is a :class:`~cortex.gateway.listener.CappedListener`: past
+The listening socket is a :class:`~cortex.gateway.http.listener.CappedListener`: past
 ``server.max_connections`` open client connections, a new one is answered 503 at once.
 """
 
@@ -21,10 +21,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
 
-from cortex.gateway.app import GatewayApp
-from cortex.gateway.config import GatewayConfig
-from cortex.gateway.listener import CappedListener
-from cortex.gateway.runtime import Gateway
+from cortex.gateway.app import App
+from cortex.gateway.config.gateway import GatewayConfig
+from cortex.gateway.http.listener import CappedListener
+from cortex.gateway.runtime import Runtime
 from cortex.registry import Registry
 
 __all__ = ["GatewayServer"]
@@ -34,7 +34,7 @@ class GatewayServer:
     def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
         self.config = config
-        self.app = GatewayApp(config, registry=registry, environ=environ)
+        self.app = App(config, registry=registry, environ=environ)
         self.host = config.server.host
         self.port = 0
         self._shutdown = asyncio.Event()
@@ -48,7 +48,7 @@ class GatewayServer:
         return f"http://{host}:{self.port}"
 
     @property
-    def gateway(self) -> Gateway:
+    def gateway(self) -> Runtime:
         gateway = self.app.gateway
         if gateway is None:
             raise RuntimeError("the gateway is not running")

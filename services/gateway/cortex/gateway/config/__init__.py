@@ -1,0 +1,2 @@
+"""The gateway's one configuration object and its sections (frozen, validated).
+"""

@@ -1,0 +1,2 @@
+"""The Envoy endpoint picker (ext_proc) answered by Cortex's own routing.
+"""

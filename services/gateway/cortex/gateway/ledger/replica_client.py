@@ -1,0 +1,193 @@
+"""The gateway's live replica of the ledger: one ``Index.Replicate`` stream feeding a
+:class:`~cortex.ledger.replica.LedgerReplica`, so routing matches in process.
+
+The loop connects to an index replica (failing over in order), sends the models this gateway
+serves, applies the snapshot and then every live batch, and every ``touch_interval_s``
+reports the blocks it matched (the index's eviction stays least-recently-*matched*). A
+broken, silent (no batch, heartbeats included, for ``grace_s``) or out-of-sync stream is
+dropped and reconnected with capped backoff; every new stream starts with a snapshot.
+
+:attr:`ReplicaClient.usable` is the routing rule: the replica answers Match while the last
+batch it applied is at most ``grace_s`` old — a live stream (SYNCED), or a lost one within
+the grace (STALE, the view kept). Beyond that routing asks the index over gRPC, then
+degrades to load only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+
+from grpclib.client import Channel, Stream
+from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from cortex.gateway.config.gateway import IndexConfig
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.ledger.client import index_channel
+from cortex.ledger.codec import pb
+from cortex.ledger.grpc import bearer, method
+from cortex.ledger.replica import LedgerReplica, OutOfSync, ReplicaChanges, touch_request
+
+__all__ = ["ReplicaClient"]
+
+log = logging.getLogger(__name__)
+
+_Stream = Stream[pb.ReplicaRequest, pb.ReplicaBatch]
+_ERRORS = (GRPCError, StreamTerminatedError, ProtocolError, OSError, TimeoutError, OutOfSync)
+
+
+class ReplicaClient:
+    """Use as ``async with ReplicaClient(config, models, metrics, on_changes) as rc``.
+
+    ``on_changes(changes)`` gets what each applied batch took away (predictions derived
+    from those blocks must go). ``token``: the index's peer token. ``clock``: monotonic
+    seconds (tests).
+    """
+
+    def __init__(
+        self,
+        config: IndexConfig,
+        models: tuple[str, ...],
+        metrics: GatewayMetrics,
+        on_changes: Callable[[ReplicaChanges], None],
+        *,
+        replica_id: str = "gateway",
+        token: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.models = models
+        self.metrics = metrics
+        self.replica = LedgerReplica(clock)
+        self.replica_id = replica_id
+        self._metadata = bearer(token)
+        self.connected = False
+        self.last_error: str | None = None
+        self._on_changes = on_changes
+        self._clock = clock
+        self._target = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return (f"ReplicaClient(targets={self.config.targets}, connected={self.connected}, "
+                f"usable={self.usable}, {self.replica!r})")
+
+    @property
+    def usable(self) -> bool:
+        """The replica may answer Match: it applied a batch within ``grace_s``."""
+        last = self.replica.last_batch_s
+        return (self.replica.snapshots > 0 and last is not None
+                and self._clock() - last <= self.config.replica_grace_s)
+
+    async def __aenter__(self) -> ReplicaClient:
+        if self.config.targets:
+            self._task = asyncio.create_task(self._run(), name="gateway-replica")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        targets = self.config.targets
+        while True:
+            target = targets[self._target % len(targets)]
+            channel = index_channel(target)
+            synced_before = self.replica.snapshots
+            try:
+                await self._stream(channel)
+            except _ERRORS as exc:
+                self._lost(target, exc)
+            finally:
+                channel.close()
+                self.connected = False
+                self.replica.lost()
+                self._publish_state()
+            if self.replica.snapshots > synced_before:
+                backoff = 0.05  # this stream worked: retry promptly
+            else:
+                self._target += 1  # fail over to the next replica
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _lost(self, target: str, exc: BaseException) -> None:
+        reason = "out_of_sync" if isinstance(exc, OutOfSync) else type(exc).__name__
+        self.last_error = f"{target}: {reason}"
+        self.metrics.replica_resyncs.labels(reason=reason).inc()
+        if self.connected:
+            log.warning("ledger replica stream from %s lost (%r); resyncing", target, exc)
+        else:
+            log.info("ledger replica: index %s unreachable (%r)", target, exc)
+
+    async def _stream(self, channel: Channel) -> None:
+        grace = self.config.replica_grace_s
+        async with channel.request(method("Replicate"), Cardinality.STREAM_STREAM,
+                                   pb.ReplicaRequest, pb.ReplicaBatch,
+                                   metadata=self._metadata) as stream:
+            await stream.send_message(pb.ReplicaRequest(models=list(self.models),
+                                                        replica_id=self.replica_id))
+            self.replica.begin()
+            self.connected = True
+            touches = asyncio.create_task(self._touch_loop(stream), name="replica-touch")
+            try:
+                async for batch in _batches(stream, grace):
+                    self._apply(batch)
+            finally:
+                touches.cancel()
+                await asyncio.gather(touches, return_exceptions=True)
+
+    def _apply(self, batch: pb.ReplicaBatch) -> None:
+        replica, m = self.replica, self.metrics
+        was_synced = replica.synced
+        changes = replica.apply(batch)
+        m.replica_batches.inc()
+        if batch.snapshot and batch.synced:
+            m.replica_snapshots.inc()
+            log.info("ledger replica synced from index %s: %d blocks, %d sources, version %d",
+                     batch.index_id, replica.view.blocks, len(replica.view.places),
+                     replica.version)
+        if batch.applied_unix_s and batch.ops:
+            m.replica_lag.observe(max(0.0, time.time() - batch.applied_unix_s))
+        if changes.reset or changes.removed or changes.cleared:
+            self._on_changes(changes)
+        if changes.reset or not was_synced:
+            self._publish_state()
+
+    async def _touch_loop(self, stream: _Stream) -> None:
+        while True:
+            await asyncio.sleep(self.config.replica_touch_interval_s)
+            touched = self.replica.take_touched()
+            if touched:
+                await stream.send_message(touch_request(touched))
+
+    def _publish_state(self) -> None:
+        m = self.metrics
+        state = self.replica.state.value
+        for name in ("empty", "loading", "synced", "stale"):
+            m.replica_state.labels(state=name).set(1 if name == state else 0)
+        m.replica_blocks.set(self.replica.view.blocks)
+        m.replica_bytes.set(self.replica.view.bytes_estimate)
+
+
+async def _batches(stream: _Stream, timeout: float) -> AsyncIterator[pb.ReplicaBatch]:
+    """The stream's batches; TimeoutError when none arrives for ``timeout`` s (the index
+    heartbeats far more often: a silent stream is a dead one)."""
+    while True:
+        async with asyncio.timeout(timeout):
+            batch = await stream.recv_message()
+        if batch is None:
+            raise StreamTerminatedError("the index ended the replica stream")
+        yield batch
+

@@ -1,0 +1,2 @@
+"""Request bodies into validated requests, and a model's request bounds (pure).
+"""

@@ -1,0 +1,498 @@
+"""Routing: request → exact prompt tokens → block keys → ledger match (the in-process replica;
+the index over gRPC while the replica is not usable) → predicted blocks → scoring →
+:class:`Routed`. The only awaits are tokenizing long prompts and the fallback Match.
+
+Hit accounting follows the engines: a request whose prompt is fully cached still computes
+its last token, so at most ``(prompt_tokens - 1) // block_size`` blocks can be hits; the
+query sent to the index is cut there, while predictions credit every full block (the
+engine caches them all once the prompt is processed).
+
+Speculative decoding: a worker whose spec has ``kv_lookahead`` L > 0 (vLLM EAGLE lookahead
+block hashes, SGLang EAGLE bigram pages; for SGLang also learned from ``/server_info``) holds
+lookahead keys, which cover each block's next
+L tokens (:func:`cortex.hashing.lookahead_block_keys`): the prompt is keyed once per L its
+candidates run and each worker is matched, predicted and credited with its own key set
+(keys of different sets never collide, so a worker matches nothing under another's). Only
+blocks whose next L tokens are in the prompt are keyed: the engine cannot reuse the others.
+A worker with ``kv_eagle_drop`` (vLLM EAGLE on legacy hashes) is credited one block less
+than it holds: its lookup drops the last block it matched.
+
+A recorded decision takes effect at once, before the request is dispatched: the worker
+that will compute the prompt is credited with its blocks (predicted blocks) and counted as
+one more active request (``WorkerState.pending``), so requests routed a moment later —
+a simultaneous burst of one new prefix — follow it, and stop following it at its high
+watermark. The :class:`Placement` in :class:`Routed` lets dispatch move that credit when a
+failure before the first byte sends the request elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.dispatch.pd.handoff import sequence_count
+from cortex.gateway.errors import ServiceUnavailable
+from cortex.gateway.fleet.pool import WorkerPool, WorkerState
+from cortex.gateway.ledger.matching import (
+    LedgerState,
+    MatchAnswer,
+    SourceMatch,
+    WorkerMatch,
+    merge_answers,
+)
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.request.payload import InferenceRequest
+from cortex.gateway.routing.pairing import PairDecision
+from cortex.gateway.routing.predicted import Credit, PredictedBlocks
+from cortex.gateway.routing.scoring import Candidate, Decision, Reason, Scored, decide
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.service import Tokenization
+from cortex.hashing import Engine, HashDomain
+from cortex.ledger.replica import LedgerReplica, ReplicaChanges
+from cortex.registry.spec import WorkerRole
+
+__all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
+           "Router", "StageTimings", "lookahead_blocks", "uncached"]
+
+OFFLOAD_CHARS = TokenizeConfig().offload_chars
+"""The default ``tokenize.offload_chars``: uncached prompt text (characters, ~1k tokens,
+1-6 ms of encoding) above which encoding leaves the event loop."""
+
+TIE_TOLERANCE = 1.0
+"""Workers without cache credit whose load is within this many active requests of the least
+loaded one tie: each replica sees its own requests at once and the others' only through the
+engines' polled load, so exact ties would rarely survive across replicas."""
+
+TIE_BLOCKS = 4
+"""Ties go to the rendezvous hash of the block key of the prompt's first this many blocks
+(64 tokens at block size 16): deep enough to tell different prompts apart, shallow enough to
+lie inside a shared system prompt."""
+
+log = logging.getLogger(__name__)
+
+
+class Matcher(Protocol):
+    """What routing needs from the index client (an in-memory one serves unit tests)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    async def match(self, domain: HashDomain, keys: list[int], deadline: float
+                    ) -> MatchAnswer | None: ...
+
+
+class Replica(Protocol):
+    """What routing needs from the ledger replica's owner (``ReplicaClient``)."""
+
+    @property
+    def usable(self) -> bool: ...
+
+    @property
+    def replica(self) -> LedgerReplica: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimings:
+    """Seconds spent per routing stage."""
+
+    tokenize: float
+    hash: float
+    match: float
+    score: float
+
+    @property
+    def total(self) -> float:
+        return self.tokenize + self.hash + self.match + self.score
+
+
+class Placement:
+    """Where a routed request's prompt is being computed: the worker credited with its
+    blocks (predicted blocks), and the load the decision counted before dispatch.
+
+    :meth:`move` re-credits another worker (a retry), :meth:`withdraw` takes the credit
+    back (the worker failed or refused before computing the prompt), :meth:`dispatched`
+    hands the counted load over to the in-flight slots of the attempts (idempotent; also
+    called when the request ends without a dispatch). A placement of an unrecorded decision
+    (explain) starts empty.
+    """
+
+    __slots__ = ("_credit", "_pending", "_router", "keys", "keysets")
+
+    def __init__(self, router: Router, keys: list[int],
+                 keysets: Mapping[int, list[int]] | None = None) -> None:
+        self._router = router
+        self.keys = keys
+        self.keysets = keysets
+        self._credit: Credit | None = None
+        self._pending: list[tuple[WorkerState, int]] = []
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker credited now, if any."""
+        credit = self._credit
+        return credit.worker_id if credit is not None and credit.live else None
+
+    def move(self, worker_id: str) -> None:
+        """The prompt will be computed on ``worker_id`` (a no-op if it is credited)."""
+        if self.worker_id == worker_id:
+            return
+        self.withdraw()
+        keys = self._router.keys_for(worker_id, self.keys, self.keysets)
+        self._credit = self._router.predicted.credit(worker_id, keys)
+        self._router.metrics.predicted_keys.set(len(self._router.predicted))
+
+    def withdraw(self) -> None:
+        credit, self._credit = self._credit, None
+        if credit is not None:
+            self._router.predicted.withdraw(credit)
+            self._router.metrics.predicted_keys.set(len(self._router.predicted))
+
+    def hold(self, worker: WorkerState, prefill_tokens: int = 0) -> None:
+        """Count the request, and the ``prefill_tokens`` it will compute, on ``worker``
+        until :meth:`dispatched` (from there dispatch counts them per attempt)."""
+        worker.hold(prefill_tokens)
+        self._pending.append((worker, prefill_tokens))
+
+    def dispatched(self) -> None:
+        pending, self._pending = self._pending, []
+        for worker, prefill_tokens in pending:
+            worker.unhold(prefill_tokens)
+
+    def __repr__(self) -> str:
+        return f"Placement(worker={self.worker_id}, pending={len(self._pending)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A routing outcome: the decision plus what it was computed from. For a model served
+    disaggregated, ``pd`` is the pair plan and ``decision`` its prefill ranking.
+    ``placement``: the decision's credit and counted load (dispatch moves them)."""
+
+    decision: Decision
+    model: ModelConfig
+    prompt_tokens: int
+    keys: list[int]  # every full block of the prompt (plain keys)
+    query_blocks: int  # blocks that could be hits (matched against the ledger)
+    match_source: str  # "replica" | "index" | "none"
+    index_version: int
+    timings: StageTimings
+    placement: Placement
+    pd: PairDecision | None = None
+    keysets: Mapping[int, list[int]] | None = None  # lookahead L > 0 -> the prompt's keys
+
+    def credited_tokens(self, worker_id: str) -> int:
+        """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
+        for scored in self.decision.ranked:
+            if scored.worker_id == worker_id:
+                return scored.credited_tokens
+        return 0
+
+
+def lookahead_blocks(model: ModelConfig, prompt_tokens: int, lookahead: int) -> int:
+    """Leading lookahead blocks of a prompt the engine can reuse. vLLM: every block whose
+    next ``lookahead`` tokens are in the prompt (``get_request_block_hasher`` hashes no other;
+    the ``prompt - 1`` cap is then implied). SGLang EAGLE: the match key is the prompt minus
+    its last token (``Req._compute_max_prefix_len``) seen as bigrams, one fewer than its
+    tokens (``RadixKey.__len__``): pages ending at least two tokens before the prompt's end.
+    """
+    margin = lookahead + (1 if model.engine is Engine.SGLANG else 0)
+    return max(prompt_tokens - margin, 0) // model.block_size
+
+
+def uncached(prompt_tokens: int, scored: Scored) -> int:
+    """Prompt tokens ``scored``'s worker will compute (what it holds is not computed, even
+    when the decision gave it no credit for it)."""
+    return max(prompt_tokens - PairDecision.held_tokens(scored), 0)
+
+
+def _only(workers: list[WorkerState], allowed: Collection[str] | None) -> list[WorkerState]:
+    return workers if allowed is None else [w for w in workers if w.id in allowed]
+
+
+class Router:
+    """Holds the routing caches; one per gateway process. Not thread-safe (event loop)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pool: WorkerPool,
+        tokenizers: Mapping[str, PromptTokenizer],
+        matcher: Matcher | None,
+        metrics: GatewayMetrics,
+        replica: Replica | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.tokenizers = tokenizers
+        self.matcher = matcher
+        self.replica = replica
+        self.metrics = metrics
+        routing = config.routing
+        self.predicted = PredictedBlocks(routing.predicted_ttl_s, routing.predicted_max_keys)
+        self._turn = 0
+        self._rng = random.Random()
+        self.tokenization = Tokenization(config, tokenizers, metrics)
+
+    # ---- tokens ----
+
+    async def tokens(self, req: InferenceRequest) -> list[int]:
+        """The exact prompt token ids the engine will see (:class:`Tokenization`).
+        Raises :class:`ClientError` for a prompt the engine would reject."""
+        return await self.tokenization.tokens(req)
+
+    def close(self) -> None:
+        """Stop the tokenizer workers (waits for running encodes)."""
+        self.tokenization.close()
+
+    # ---- routing ----
+
+    async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True,
+                    allowed: Collection[str] | None = None) -> Routed:
+        """Tokenize, hash, match and score. ``deadline``: ``time.monotonic()`` seconds.
+
+        Raises :class:`ClientError` (bad prompt) or :class:`ServiceUnavailable` (no
+        routable worker). ``record=False`` (explain) leaves metrics and counters alone.
+        ``allowed``: only these worker ids may be chosen (an endpoint picker's subset).
+        """
+        model = req.model
+        t0 = time.perf_counter()
+        ids = await self.tokens(req)
+        t1 = time.perf_counter()
+        keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
+        query_blocks = max(len(ids) - 1, 0) // model.block_size
+        query = keys[:query_blocks]
+        t2 = time.perf_counter()
+        workers = _only(self._serving(self.pool.candidates(model.name), model, req.adapter),
+                        allowed)
+        pools = self._pd_pools(model, req.adapter, allowed)
+        if not workers and pools is None:
+            if req.adapter is not None:
+                raise ServiceUnavailable(f"no available worker serves the adapter "
+                                         f"'{req.adapter}' of model '{model.name}'")
+            raise ServiceUnavailable(f"no available worker for model '{model.name}'")
+        keysets = self._lookahead_keys(model, ids, req, workers, pools)
+        answer, source = await self._match(model, query, deadline)
+        predicted = self.predicted.match(query) if answer is not None else {}
+        for lookahead, lookahead_keys in keysets.items():
+            lookahead_query = lookahead_keys[:lookahead_blocks(model, len(ids), lookahead)]
+            extra, _ = await self._match(model, lookahead_query, deadline)
+            answer = merge_answers(answer, extra)
+            if answer is not None:
+                for worker_id, blocks in self.predicted.match(lookahead_query).items():
+                    predicted[worker_id] = max(blocks, predicted.get(worker_id, 0))
+        t3 = time.perf_counter()
+        cache_off = self._cache_off(ids, query, answer)
+        folded = answer.per_worker() if answer is not None else {}
+
+        def candidates(pool: list[WorkerState]) -> list[Candidate]:
+            return [self._candidate(w, model, folded.get(w.id), predicted.get(w.id, 0))
+                    for w in pool]
+
+        if record:
+            self._turn += 1
+        weights, turn, rng = self.config.routing.weights, self._turn, self._rng
+        prefix_key = keys[min(TIE_BLOCKS, len(keys)) - 1] if keys else None
+        tie = TIE_TOLERANCE
+        regular = (decide(candidates(workers), weights, cache_off=cache_off, turn=turn,
+                          rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
+                   if workers else None)
+        plan: PairDecision | None = None
+        placement = Placement(self, keys, keysets)
+        if pools is not None:
+            prefill = decide(candidates(pools[0]), weights, cache_off=cache_off, turn=turn,
+                             rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
+            decode = decide(candidates(pools[1]), weights, cache_off=Reason.LOAD_ONLY,
+                            turn=turn, rng=rng)
+            plan = PairDecision(model.engine, prefill, decode, regular, len(ids),
+                          sequence_count(req.endpoint, req.body))
+            decision = prefill
+            if record:
+                d_worker = self.pool.get(decode.chosen.worker_id)
+                computes, why = plan.computes(prefill.chosen, decode.chosen, self.config.pd)
+                local = why is not None
+                self._place(placement, computes.worker_id, uncached(len(ids), computes))
+                if d_worker is not None and not local:
+                    placement.hold(d_worker)
+        else:
+            assert regular is not None
+            decision = regular
+            if record:
+                self._place(placement, decision.chosen.worker_id,
+                            uncached(len(ids), decision.chosen))
+        t4 = time.perf_counter()
+        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        if record:
+            m = self.metrics
+            stage = m.routing_seconds
+            m.child(stage, "tokenize").observe(timings.tokenize)
+            m.child(stage, "hash").observe(timings.hash)
+            m.child(stage, "match").observe(timings.match)
+            m.child(stage, "score").observe(timings.score)
+            m.child(stage, "total").observe(timings.total)
+            m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
+            m.prompt_tokens.observe(len(ids))
+        return Routed(decision, model, len(ids), keys, query_blocks, source,
+                      answer.index_version if answer is not None else 0, timings, placement,
+                      plan, keysets)
+
+    def _lookahead_keys(self, model: ModelConfig, ids: list[int], req: InferenceRequest,
+                        workers: list[WorkerState],
+                        pools: tuple[list[WorkerState], list[WorkerState]] | None
+                        ) -> dict[int, list[int]]:
+        """The prompt's lookahead keys (every block the engine caches once it has the
+        prompt), per lookahead the candidates run; none for plain workers only."""
+        everyone = workers if pools is None else [*workers, *pools[0], *pools[1]]
+        wanted = {w.kv_lookahead for w in everyone if w.kv_lookahead > 0}
+        return {lookahead: model.domain.keys(ids, req.lora_name, req.cache_salt,
+                                             lookahead=lookahead)
+                for lookahead in sorted(wanted)}
+
+    def keys_for(self, worker_id: str, keys: list[int],
+                 keysets: Mapping[int, list[int]] | None) -> list[int]:
+        """The prompt's keys in ``worker_id``'s key set: plain ``keys``, or its lookahead
+        keys (none when they were not computed: crediting plain ones would over-predict)."""
+        worker = self.pool.get(worker_id)
+        lookahead = worker.kv_lookahead if worker is not None else 0
+        if not lookahead:
+            return keys
+        return (keysets or {}).get(lookahead, [])
+
+    def _place(self, placement: Placement, worker_id: str, prefill_tokens: int) -> None:
+        """The decision takes effect now: credit ``worker_id`` and count the request (and
+        the ``prefill_tokens`` it will compute) there."""
+        placement.move(worker_id)
+        worker = self.pool.get(worker_id)
+        if worker is not None:
+            placement.hold(worker, prefill_tokens)
+
+    def placement(self, keys: list[int], keysets: Mapping[int, list[int]] | None = None
+                  ) -> Placement:
+        """An empty placement for ``keys`` (a fallback that places the request anew)."""
+        return Placement(self, keys, keysets)
+
+    @staticmethod
+    def _serving(workers: list[WorkerState], model: ModelConfig, adapter: str | None
+                 ) -> list[WorkerState]:
+        """The workers that can run ``adapter`` (all of them without one): it is configured
+        for the model, or the worker lists it in ``/v1/models``."""
+        if adapter is None or adapter in model.adapters:
+            return workers
+        return [w for w in workers if adapter in w.adapters]
+
+    def _pd_pools(self, model: ModelConfig, adapter: str | None = None,
+                  allowed: Collection[str] | None = None
+                  ) -> tuple[list[WorkerState], list[WorkerState]] | None:
+        """Routable (prefill, decode) workers of ``model`` (serving ``adapter``, among
+        ``allowed``) speaking its engine's handoff, or ``None`` when the model is not served
+        disaggregated now."""
+        pool = self.pool
+        if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
+                and pool.has_role(model.name, WorkerRole.DECODE)):
+            return None
+        prefill = [w for w in _only(self._serving(
+                       self.pool.candidates(model.name, WorkerRole.PREFILL), model, adapter),
+                       allowed)
+                   if w.spec.engine is model.engine]
+        decode = [w for w in _only(self._serving(
+                      self.pool.candidates(model.name, WorkerRole.DECODE), model, adapter),
+                      allowed)
+                  if w.spec.engine is model.engine]
+        return (prefill, decode) if prefill and decode else None
+
+    def commit(self, routed: Routed, worker_id: str) -> None:
+        """``worker_id`` caches the prompt's blocks too (a vLLM decode pulled them): predict
+        them there, besides the request's placement."""
+        self.predicted.credit(worker_id, self.keys_for(worker_id, routed.keys, routed.keysets))
+        self.metrics.predicted_keys.set(len(self.predicted))
+
+    def _cache_off(self, ids: list[int], query: list[int], answer: MatchAnswer | None
+                   ) -> Reason | None:
+        if not query:
+            return Reason.SHORT_PROMPT
+        if answer is None:
+            return Reason.INDEX_UNAVAILABLE
+        return None
+
+    async def _match(self, model: ModelConfig, query: list[int], deadline: float
+                     ) -> tuple[MatchAnswer | None, str]:
+        """The ledger's answer and where it came from: the in-process replica while it is
+        usable (no I/O), else the index over gRPC (bounded by ``deadline``), else none."""
+        if not query:
+            return None, "none"
+        m = self.metrics
+        replica = self.replica
+        if replica is not None and replica.usable:
+            ledger = replica.replica
+            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state, s.tier)
+                            for s, blocks, state in ledger.match(model.domain, query))
+            m.child(m.match_source, "replica").inc()
+            return MatchAnswer(sources, ledger.version, len(query)), "replica"
+        matcher = self.matcher
+        answer = None
+        if matcher is not None and matcher.available:
+            answer = await matcher.match(model.domain, query, deadline)
+        source = "none" if answer is None else "index"
+        m.child(m.match_source, source).inc()
+        return answer, source
+
+    def _candidate(self, worker: WorkerState, model: ModelConfig, match: WorkerMatch | None,
+                   predicted_blocks: int) -> Candidate:
+        routing = self.config.routing
+        load = worker.fresh_engine_load(time.monotonic(), routing.load_stale_after_s)
+        blocked = None
+        spec = worker.spec
+        if spec.engine is not model.engine:
+            blocked = "engine_mismatch"
+        elif spec.block_size is not None and spec.block_size != model.block_size:
+            blocked = "block_size_mismatch"
+        bs = model.block_size
+        ready = match.ready_blocks if match is not None else 0
+        host = match.host_blocks if match is not None else 0
+        disk = match.disk_blocks if match is not None else 0
+        if spec.kv_eagle_drop:  # vLLM EAGLE, legacy hashes: its lookup drops the last block
+            if disk:  # the last matched block is the deepest tier's
+                disk -= 1
+            elif host:
+                host -= 1
+            else:
+                ready = max(ready - 1, 0)
+            predicted_blocks = max(predicted_blocks - 1, 0)
+        return Candidate(
+            worker_id=worker.id,
+            inflight=worker.inflight + worker.pending,
+            engine_running=load.running if load is not None else None,
+            engine_waiting=load.waiting if load is not None else None,
+            high_watermark=worker.watermark(routing.high_watermark, routing.watermarks),
+            prefilling=worker.prefilling,
+            ledger=match.state if match is not None else LedgerState.UNSPECIFIED,
+            index_tokens=ready * bs,
+            host_tokens=host * bs,
+            disk_tokens=disk * bs,
+            predicted_tokens=predicted_blocks * bs,
+            credit_blocked=blocked,
+            dp_rank=match.dp_rank if match is not None and match.held_blocks else None,
+        )
+
+    # ---- the ledger replica ----
+
+    def on_replica_changes(self, changes: ReplicaChanges) -> None:
+        """Blocks or sources the ledger lost: predictions of them go too (a prediction must
+        not outlive the engine's own removal)."""
+        for source, keys in changes.removed:
+            self.predicted.forget_keys(source.worker_id, keys.tolist())
+        for source in changes.cleared:
+            self.predicted.forget_worker(source.worker_id)
+        self.metrics.predicted_keys.set(len(self.predicted))
+
+    def forget_workers(self, worker_ids: list[str]) -> None:
+        """Workers left the pool."""
+        for worker_id in worker_ids:
+            self.predicted.forget_worker(worker_id)
+
+    def __repr__(self) -> str:
+        return f"Router({self.predicted!r}, replica={self.replica!r})"

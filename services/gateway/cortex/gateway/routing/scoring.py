@@ -1,0 +1,318 @@
+"""Scoring and the degrade chain: candidates with their matches and loads → one decision.
+
+``score(w) = alpha*credit(w) - beta*active(w) - gamma*queued(w)
+- delta*prefilling(w)`` where a worker's cache credit is its longest READY prefix (index
+ledger or predicted blocks; a prefix continued in the worker's host / disk tier counts those
+tokens times ``host_hit`` / ``disk_hit``, the shared tier not at all), withheld when the
+worker is at or over its high-watermark — affinity yields to load for that worker only —
+and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
+answering (the prefill queue ahead).
+
+The degrade chain, in fixed order, reports what the decision could rest on:
+
+* ``exact_kv`` — some READY ledger holds a prefix and the best score has that credit;
+* ``load_aware`` — cache data usable but no credited hit (or load outweighed it), every
+  candidate's engine load known;
+* ``fallback_p2c`` — engine load partly missing: power of two choices on what is known;
+* ``fallback_round_robin`` — only liveness known.
+
+The reason says why cache credit was or was not used.
+
+Ties without cache credit (``load_aware``: candidates whose score is within
+``tie_tolerance`` active requests of the best, none credited) go to the shortest prefill
+queue (``prefilling``: the time to first token a new prompt would wait there); among equal
+queues (idle workers, or another replica's view) they are broken by rendezvous
+hashing of the prompt's prefix key: every candidate gets the weight
+``xxh3_64(prefix_key, seed=xxh3_64(worker_id))`` and the heaviest wins. Every gateway replica
+thus sends a new prefix to the same worker without talking to the others (their predicted
+blocks are private), and adding or removing one of N workers moves only ~1/N of the
+prefixes. The reason is then ``prefix_hash`` unless a degradation (``over_watermark``,
+``no_ready_ledger``, ``index_unavailable``, ...) explains the missing credit. Without a
+prefix key (a prompt shorter than a block) equal scores go to the shortest prefill queue,
+then rotate with ``turn``.
+
+Pure and deterministic given ``turn`` (a counter spreading ties) and ``rng`` (the two p2c
+draws).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import xxhash
+
+from cortex.gateway.config.gateway import RoutingWeights
+from cortex.gateway.ledger.matching import LedgerState
+
+__all__ = ["Candidate", "Decision", "MatchMode", "Reason", "Scored", "decide",
+           "rendezvous_weight"]
+
+
+class MatchMode(StrEnum):
+    """How the decision was made (the ``x-cortex-match-mode`` header)."""
+
+    EXACT_KV = "exact_kv"
+    LOAD_AWARE = "load_aware"
+    P2C = "fallback_p2c"
+    ROUND_ROBIN = "fallback_round_robin"
+
+
+class Reason(StrEnum):
+    """Why cache credit was (or was not) part of the decision."""
+
+    HIT = "hit"
+    PREDICTED_HIT = "predicted_hit"
+    OFFLOAD_HIT = "offload_hit"  # the credited prefix continues in a host / disk tier
+    LOAD_OUTWEIGHS_HIT = "load_outweighs_hit"
+    NO_HIT = "no_hit"
+    PREFIX_HASH = "prefix_hash"  # no credit anywhere: the prefix's hash broke a load tie
+    OVER_WATERMARK = "over_watermark"
+    NO_READY_LEDGER = "no_ready_ledger"
+    INDEX_UNAVAILABLE = "index_unavailable"
+    SHORT_PROMPT = "short_prompt"
+    NOT_TOKENIZED = "prompt_not_tokenized"
+    LOAD_ONLY = "load_only"  # a decode pool: ranked by load, never by cache
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One live worker able to serve the request, with what is known about it.
+
+    ``inflight``: requests this gateway has open on it or has just routed to it.
+    ``engine_running`` /
+    ``engine_waiting``: the engine's last fresh report (``None`` = unknown or stale).
+    ``prefilling``: uncached prompt tokens of this gateway's requests on it that have not
+    produced a first byte yet.
+    ``index_tokens`` / ``predicted_tokens``: leading prompt tokens held per the index (READY
+    sources only, device memory) and per predicted blocks. ``host_tokens`` /
+    ``disk_tokens``: tokens the worker's host / disk tiers hold right after its device
+    prefix. ``credit_blocked``: why this worker may not get
+    cache credit at all (e.g. ``block_size_mismatch``), or ``None``. ``dp_rank``: the DP
+    rank holding the credited prefix (``None`` when nothing is held).
+    """
+
+    worker_id: str
+    inflight: int = 0
+    engine_running: int | None = None
+    engine_waiting: int | None = None
+    high_watermark: int = 64
+    prefilling: int = 0
+    ledger: LedgerState = LedgerState.UNSPECIFIED
+    index_tokens: int = 0
+    predicted_tokens: int = 0
+    credit_blocked: str | None = None
+    dp_rank: int | None = None
+    host_tokens: int = 0
+    disk_tokens: int = 0
+
+    @property
+    def held_tokens(self) -> int:
+        """Leading prompt tokens the engine will not compute: its device prefix, then what
+        its host and disk tiers hold after it (it loads those back), or the predicted
+        blocks when longer."""
+        return max(self.index_tokens + self.host_tokens + self.disk_tokens,
+                   self.predicted_tokens)
+
+    @property
+    def active(self) -> int:
+        """Requests running on the worker: the larger of ours and the engine's count."""
+        return max(self.inflight, self.engine_running or 0)
+
+    @property
+    def queued(self) -> int:
+        return self.engine_waiting or 0
+
+    @property
+    def load_known(self) -> bool:
+        return self.engine_waiting is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A candidate with its credited tokens (the hit predicted: device prefix, then the
+    host / disk tokens of tiers with a weight), score and, when credit was withheld, why.
+    ``credit``: the credited tokens in device-hit units (tier tokens times their weight)."""
+
+    candidate: Candidate
+    credited_tokens: int
+    score: float
+    note: str = ""
+    credit: float = 0.0
+
+    @property
+    def worker_id(self) -> str:
+        return self.candidate.worker_id
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome: the mode, the reason and every candidate ranked (the chosen one first,
+    then the order in which failures before the first byte fall back)."""
+
+    mode: MatchMode
+    reason: Reason
+    ranked: tuple[Scored, ...]
+
+    @property
+    def chosen(self) -> Scored:
+        return self.ranked[0]
+
+    @property
+    def hit_tokens(self) -> int:
+        """Prompt tokens predicted to be cached on the chosen worker."""
+        return self.ranked[0].credited_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision({self.mode.value}, {self.reason.value}, worker={self.chosen.worker_id},"
+            f" hit_tokens={self.hit_tokens}, candidates={len(self.ranked)})"
+        )
+
+
+def _credit(c: Candidate, cache_off: Reason | None, weights: RoutingWeights
+            ) -> tuple[int, float, str]:
+    """``(tokens, device-hit units, note)`` of a candidate's cache credit."""
+    if cache_off is not None:
+        return 0, 0.0, cache_off.value
+    if c.credit_blocked is not None:
+        return 0, 0.0, c.credit_blocked
+    if c.ledger is not LedgerState.READY:
+        return 0, 0.0, f"ledger_{c.ledger.label}"
+    raw = _creditable(c, weights)
+    if raw and c.active >= c.high_watermark:
+        return 0, 0.0, Reason.OVER_WATERMARK.value
+    value = (c.index_tokens + weights.host_hit * c.host_tokens
+             + weights.disk_hit * c.disk_tokens)
+    return raw, max(value, float(c.predicted_tokens)), ""
+
+
+def _creditable(c: Candidate, weights: RoutingWeights) -> int:
+    """Leading tokens a candidate could be credited with: its device prefix continued by
+    the tiers whose weight is not 0, or its predicted blocks."""
+    host = c.host_tokens if weights.host_hit else 0
+    disk = c.disk_tokens if weights.disk_hit else 0
+    return max(c.index_tokens + host + disk, c.predicted_tokens)
+
+
+@functools.lru_cache(maxsize=4096)
+def _worker_seed(worker_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(worker_id.encode())
+
+
+def rendezvous_weight(worker_id: str, prefix_key: int) -> int:
+    """The highest-random-weight hash of a worker for a prefix (64-bit, stable across
+    processes, Python versions and machines)."""
+    data = (prefix_key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little")
+    return xxhash.xxh3_64_intdigest(data, seed=_worker_seed(worker_id))
+
+
+def decide(
+    candidates: Sequence[Candidate],
+    weights: RoutingWeights,
+    *,
+    cache_off: Reason | None = None,
+    turn: int = 0,
+    rng: random.Random | None = None,
+    prefix_key: int | None = None,
+    tie_tolerance: float = 0.0,
+) -> Decision:
+    """Rank ``candidates`` (non-empty) and pick one.
+
+    ``cache_off``: why no candidate may get cache credit for this request (index down,
+    prompt not tokenizable, shorter than a block), or ``None``. ``prefix_key``: the block
+    key that stands for the prompt's prefix (``None``: no full block); uncredited candidates
+    within ``tie_tolerance`` active requests (score units of ``beta``) of the best one are
+    ordered by :func:`rendezvous_weight` of it.
+    """
+    if not candidates:
+        raise ValueError("decide() needs at least one candidate")
+    n = len(candidates)
+    scored: list[tuple[Scored, int]] = []
+    for i, c in enumerate(candidates):
+        tokens, credit, note = _credit(c, cache_off, weights)
+        score = (weights.alpha * credit - weights.beta * c.active - weights.gamma * c.queued
+                 - weights.delta * c.prefilling)
+        scored.append((Scored(c, tokens, score, note, credit), (i - turn) % n))
+
+    def by_score(item: tuple[Scored, int]) -> tuple[float, int, int, int]:
+        s, rotation = item
+        return (-s.score, s.candidate.prefilling, s.candidate.active, rotation)
+
+    band = weights.beta * tie_tolerance
+    if any(s.credited_tokens for s, _ in scored):
+        ranked = tuple(s for s, _ in sorted(scored, key=by_score))
+        best = ranked[0]
+        if best.credited_tokens:
+            c = best.candidate
+            if c.predicted_tokens >= best.credited_tokens > c.index_tokens:
+                reason = Reason.PREDICTED_HIT
+            elif best.credited_tokens > c.index_tokens:
+                reason = Reason.OFFLOAD_HIT
+            else:
+                reason = Reason.HIT
+            return Decision(MatchMode.EXACT_KV, reason, ranked)
+        if prefix_key is not None:
+            ranked, _ = _break_tie(ranked, prefix_key, band)
+        return Decision(MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, ranked)
+
+    reason = cache_off or _no_credit_reason(candidates, weights)
+    if all(c.load_known for c in candidates):
+        ranked = tuple(s for s, _ in sorted(scored, key=by_score))
+        if prefix_key is not None:
+            ranked, hashed = _break_tie(ranked, prefix_key, band)
+            if hashed and reason is Reason.NO_HIT:
+                reason = Reason.PREFIX_HASH
+        return Decision(MatchMode.LOAD_AWARE, reason, ranked)
+    under = [item for item in scored if item[0].candidate.active < item[0].candidate.high_watermark]
+    pool = under or scored
+    if any(c.load_known for c in candidates):
+        return Decision(MatchMode.P2C, reason, _p2c(pool, scored, rng or random.Random()))
+    rotation = sorted(scored, key=lambda item: (item not in pool, item[1]))
+    return Decision(MatchMode.ROUND_ROBIN, reason, tuple(s for s, _ in rotation))
+
+
+def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
+               ) -> tuple[tuple[Scored, ...], bool]:
+    """``ranked`` with its uncredited candidates within ``band`` of the best score moved to
+    the front, the shortest prefill queue first and rendezvous order among equal queues;
+    ``True`` when there were several to choose from. A worker at its high watermark never
+    ties with one below it: the hash must not undo shedding."""
+    top = ranked[0]
+    best, under = top.score, _under_watermark(top.candidate)
+    tied = [s for s in ranked if not s.credited_tokens and best - s.score <= band
+            and (_under_watermark(s.candidate) or not under)]
+    if len(tied) < 2:
+        return ranked, False
+    tied.sort(key=lambda s: (s.candidate.prefilling,
+                             -rendezvous_weight(s.worker_id, prefix_key)))
+    chosen = {id(s) for s in tied}
+    return (*tied, *(s for s in ranked if id(s) not in chosen)), True
+
+
+def _under_watermark(c: Candidate) -> bool:
+    return c.active < c.high_watermark
+
+
+def _no_credit_reason(candidates: Sequence[Candidate], weights: RoutingWeights) -> Reason:
+    ready = [c for c in candidates if c.ledger is LedgerState.READY and c.credit_blocked is None]
+    if not ready:
+        return Reason.NO_READY_LEDGER
+    if any(_creditable(c, weights) for c in ready):
+        return Reason.OVER_WATERMARK
+    return Reason.NO_HIT
+
+
+def _p2c(
+    pool: list[tuple[Scored, int]], everyone: list[tuple[Scored, int]], rng: random.Random
+) -> tuple[Scored, ...]:
+    def load(s: Scored) -> int:
+        return s.candidate.active + s.candidate.queued
+
+    picks = [s for s, _ in rng.sample(pool, min(2, len(pool)))]
+    picks.sort(key=load)
+    rest = sorted((s for s, _ in everyone if s not in picks), key=load)
+    return (*picks, *rest)

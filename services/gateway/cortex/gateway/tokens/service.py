@@ -1,0 +1,258 @@
+"""Requests → exact prompt ids, never on the event loop for long, never twice for the same text.
+
+:class:`Tokenization` is the async shell around :mod:`cortex.gateway.tokens.prompt` (one per
+gateway process, shared by routing, ``/tokenize`` and answer feeding):
+
+- small prompts are rendered, split and looked up in the model's segment cache inline
+  (sub-millisecond when the history is cached);
+- prompt text the cache has never seen beyond ``tokenize.offload_chars`` is encoded on
+  ``tokenize.workers`` cores in parallel (:class:`~cortex.gateway.tokens.parallel.ParallelEncoder`);
+- chat requests past the ``heavy`` bounds are rendered and tokenized in a worker process
+  (:class:`~cortex.gateway.tokens.heavylane.HeavyLane`);
+- after a response ends, its answer is encoded into the cache on a feeder thread, as the
+  next turn will resend it (:meth:`feed_answer`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from cortex.chat import ChatError, RenderArgs, render_args
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
+from cortex.gateway.errors import ClientError, ErrorCode
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.request.limits import check_prompt_tokens
+from cortex.gateway.request.payload import InferencePath, InferenceRequest, PromptKind
+from cortex.gateway.tokens.answers import chat_answers, completion_answers
+from cortex.gateway.tokens.heavylane import HeavyLane, TokenizerSpec
+from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder
+from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
+
+__all__ = ["Tokenization", "next_turn"]
+
+log = logging.getLogger(__name__)
+
+
+def next_turn(args: RenderArgs, answer: dict[str, Any]) -> RenderArgs:
+    """The rendering arguments of the next turn as far as it is known: the conversation,
+    the ``answer`` (an assistant message; a continued prefix merged into it) and an empty
+    user message, so that the template renders the answer as history (templates render the
+    latest answer differently, e.g. Qwen's ``<think>`` block). Raises :class:`ChatError`."""
+    messages = list(args.messages)
+    if (args.continue_final_message and messages and messages[-1].get("role") == "assistant"
+            and isinstance(messages[-1].get("content"), str)):
+        answer = {**answer, "content": messages.pop()["content"] + (answer.get("content") or "")}
+    tail = render_args({"messages": [answer, {"role": "user", "content": ""}]},
+                       args.engine).messages
+    return dataclasses.replace(args, messages=(*messages, *tail), add_generation_prompt=True,
+                               continue_final_message=False)
+
+
+def _answer_tokens(obj: Any, events: bytes | None) -> int:
+    """About how many tokens an answer has, without parsing it: the usage's
+    ``completion_tokens`` when the response says, else one per streamed event."""
+    if isinstance(obj, dict):
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            return int(usage["completion_tokens"])
+        return 1 << 30  # unknown: worth feeding
+    return events.count(b"\n\ndata:") + 1 if events else 0
+
+
+def _text_chars(args: RenderArgs) -> int:
+    total = 0
+    for message in args.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, tuple):
+            total += sum(len(p.get("text") or "") for p in content if isinstance(p, Mapping))
+    return total
+
+
+class Tokenization:
+    """Per model: its :class:`PromptTokenizer` (one segment cache), plus the shared
+    parallel encoder, heavy lane and feeder thread. Call from the event loop."""
+
+    def __init__(self, config: GatewayConfig, tokenizers: Mapping[str, PromptTokenizer],
+                 metrics: GatewayMetrics) -> None:
+        self.config = config.tokenize
+        self.tokenizers = tokenizers
+        self.metrics = metrics
+        models = {m.name: m for m in config.models}
+        cfg = self.config
+        self.encoder = ParallelEncoder(cfg.workers, EncoderMode(cfg.encoder),
+                                       {name: m.tokenizer for name, m in models.items()})
+        self.heavy = HeavyLane(cfg.workers, {name: TokenizerSpec(
+            m.tokenizer, m.chat_template, m.tokenize_cache_tokens, m.tokenize_cache_bytes)
+            for name, m in models.items()})
+        self._feeder = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="cortex-tokenize-feed")
+        self._pending = 0
+        self._lock = threading.Lock()
+        self.recent: dict[str, dict[str, Any]] = {}  # model -> latest routed text/chat body
+        for name, tokenizer in tokenizers.items():
+            tokenizer.observer = self._observe_segments
+            tokenizer.token_observer = self._token_observer(name, tokenizer)
+
+    # ---- prompts ----
+
+    async def tokens(self, req: InferenceRequest) -> list[int]:
+        """The exact prompt token ids the engine will see (first prompt of a batch).
+
+        Raises :class:`ClientError` when the chat template rejects the messages or the
+        prompt exceeds the model's limit."""
+        prompt = req.prompt
+        if prompt.kind is not PromptKind.TOKENS and req.endpoint is not InferencePath.GENERATE:
+            self.recent[req.model.name] = req.body  # for the alignment self-check
+        if prompt.kind is PromptKind.TOKENS:
+            ids = list(prompt.token_ids)
+        elif prompt.chat is not None:
+            ids = await self.chat_tokens(req.model, prompt.chat)
+        else:
+            ids = await self.text_tokens(req.model, prompt.text, prompt.add_special_tokens)
+        check_prompt_tokens(req.limits, req.body, len(ids), req.prompt_param)
+        return ids
+
+    def is_heavy(self, args: RenderArgs) -> bool:
+        """Whether ``args`` is rendered in a worker process."""
+        cfg = self.config
+        return len(args.messages) > cfg.heavy_messages or _text_chars(args) > cfg.heavy_chars
+
+    async def chat_tokens(self, model: ModelConfig, args: RenderArgs) -> list[int]:
+        """Ids of a chat prompt; raises :class:`ClientError` for what the template
+        rejects."""
+        try:
+            if self.is_heavy(args):
+                self.metrics.child(self.metrics.tokenize_offloaded, model.name, "heavy").inc()
+                return await self.heavy.tokens(model.name, args)
+            tokenizer = self.tokenizers[model.name]
+            plan = tokenizer.plan_prompt(tokenizer.prompt(args))
+        except ChatError as exc:
+            raise ClientError(f"messages cannot be rendered: {exc}",
+                              code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
+        return await self.finish(model, tokenizer, plan)
+
+    async def text_tokens(self, model: ModelConfig, text: str, add_special_tokens: bool
+                          ) -> list[int]:
+        tokenizer = self.tokenizers[model.name]
+        return await self.finish(model, tokenizer, tokenizer.plan(text, add_special_tokens))
+
+    async def finish(self, model: ModelConfig, tokenizer: PromptTokenizer, plan: EncodePlan
+                     ) -> list[int]:
+        """``plan``'s ids: inline when little is missing, else on the worker cores."""
+        if plan.missing_chars <= self.config.offload_chars:
+            return plan.finish()
+        self.metrics.child(self.metrics.tokenize_offloaded, model.name, "parallel").inc()
+        return await self.encoder.finish(model.name, tokenizer, plan)
+
+    # ---- answers ----
+
+    def feed_answer(self, req: InferenceRequest, obj: Any = None, events: bytes | None = None
+                    ) -> None:
+        """Encode the answer of a finished response (its JSON ``obj``, or a stream's
+        ``events``) into the cache on the feeder thread; never raises, never waits."""
+        if (not self.config.feed_answers or req.endpoint is InferencePath.GENERATE
+                or req.prompt.kind is PromptKind.TOKENS or (obj is None and not events)):
+            return
+        m = self.metrics
+        if _answer_tokens(obj, events) < self.config.feed_min_tokens:
+            m.child(m.tokenize_answer_feeds, req.model.name, "short").inc()
+            return
+        with self._lock:
+            if self._pending >= self.config.feed_queue:
+                m.child(m.tokenize_answer_feeds, req.model.name, "dropped").inc()
+                return
+            self._pending += 1
+        try:
+            self._feeder.submit(self._feed, req, obj if isinstance(obj, dict) else None, events)
+        except RuntimeError:  # shutting down
+            self._done_feeding()
+
+    def _done_feeding(self) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    def _feed(self, req: InferenceRequest, obj: dict[str, Any] | None, events: bytes | None
+              ) -> None:
+        model = req.model.name
+        result = "fed"
+        try:
+            result = self._feed_one(req, obj, events)
+        except ChatError:
+            result = "skipped"  # e.g. tool-call arguments that are not JSON
+        except Exception:
+            log.exception("feeding an answer failed model=%s", model)
+            result = "failed"
+        finally:
+            self._done_feeding()
+            self.metrics.child(self.metrics.tokenize_answer_feeds, model, result).inc()
+
+    def _feed_one(self, req: InferenceRequest, obj: dict[str, Any] | None,
+                  events: bytes | None) -> str:
+        tokenizer = self.tokenizers[req.model.name]
+        prompt = req.prompt
+        if prompt.chat is None:
+            texts = completion_answers(obj, events)
+            for text in texts:
+                tokenizer.plan(prompt.text + text, prompt.add_special_tokens).finish()
+            return "fed" if texts else "skipped"
+        answers = chat_answers(obj, events)
+        for answer in answers:
+            variants = [answer]
+            if "reasoning_content" in answer:  # clients may or may not send it back
+                variants.append({k: v for k, v in answer.items() if k != "reasoning_content"})
+            for variant in variants:
+                args = next_turn(prompt.chat, variant)
+                if self.is_heavy(args):
+                    self.heavy.feed(req.model.name, args)
+                else:
+                    tokenizer.plan_prompt(tokenizer.prompt(args)).finish()
+        return "fed" if answers else "skipped"
+
+    # ---- metrics ----
+
+    def _observe_segments(self, hits: int, misses: int) -> None:
+        m = self.metrics
+        if hits:
+            m.child(m.tokenize_cache, "hit").inc(hits)
+        if misses:
+            m.child(m.tokenize_cache, "miss").inc(misses)
+
+    def _token_observer(self, model: str, tokenizer: PromptTokenizer) -> Any:
+        m = self.metrics
+        hit = m.tokenize_cache_tokens.labels(model=model, result="hit")
+        miss = m.tokenize_cache_tokens.labels(model=model, result="miss")
+        entries = m.tokenize_cache_entries.labels(model=model)
+        size = m.tokenize_cache_bytes.labels(model=model)
+        evictions = m.tokenize_cache_evictions.labels(model=model)
+        cache = tokenizer.cache
+        seen = [cache.stats.evictions]
+
+        def observe(hit_tokens: int, miss_tokens: int) -> None:
+            if hit_tokens:
+                hit.inc(hit_tokens)
+            if miss_tokens:
+                miss.inc(miss_tokens)
+            entries.set(len(cache))
+            size.set(cache.bytes)
+            now = cache.stats.evictions
+            if now > seen[0]:
+                evictions.inc(now - seen[0])
+                seen[0] = now
+
+        return observe
+
+    def close(self) -> None:
+        """Stop the workers (waits for running encodes and feeds)."""
+        self._feeder.shutdown(wait=True, cancel_futures=True)
+        self.encoder.close()
+        self.heavy.close()
+
+    def __repr__(self) -> str:
+        return f"Tokenization({self.encoder!r}, {self.heavy!r}, pending_feeds={self._pending})"

@@ -1,0 +1,2 @@
+"""Calls to workers: the HTTP client and SSE framing.
+"""
