@@ -107,6 +107,7 @@ class VllmEngine:
     model: str = "model-qwen"
     kv_cache_bytes: int = KV_CACHE_BYTES
     startup_timeout_s: float = 300.0
+    extra_args: tuple[str, ...] = ()  # more vLLM flags (e.g. --kv-transfer-config)
     port: int = field(default_factory=free_port)
     events_port: int = field(default_factory=lambda: free_port("0.0.0.0"))
     replay_port: int = field(default_factory=lambda: free_port("0.0.0.0"))
@@ -137,7 +138,7 @@ class VllmEngine:
                 "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
                 "--enable-prompt-tokens-details", "--enable-server-load-tracking",
                 "--kv-events-config", json.dumps(events), "--disable-uvicorn-access-log",
-                "--enforce-eager", *_MODELS[self.model][1]]
+                "--enforce-eager", *_MODELS[self.model][1], *self.extra_args]
 
     def launch(self) -> None:
         """Start the engine without waiting (:meth:`wait_healthy` waits)."""
