@@ -47,6 +47,8 @@ async def test_a_sim_describes_itself_in_its_engines_shape(start_sim: StartSim,
     assert (spec.engine, spec.model, spec.block_size, spec.dp_size, spec.context_length,
             spec.topic) == (Engine(engine), "org/model-a", 8, 2, 4096, "kv")
     assert spec.kv_events_endpoint(1) == f"tcp://127.0.0.1:{sim.kv_events_port + 1}"
+    # registered where a subscriber connects (vLLM reports tcp://*:PORT, its bind address)
+    assert spec.kv_events == f"tcp://127.0.0.1:{sim.kv_events_port}"
     assert spec.replay_endpoint(0) == f"tcp://127.0.0.1:{sim.replay_port}"
     assert found.models == ("org/model-a",)
     source = ("GET /server_info" if engine == "sglang" else  # vLLM reports its bind address
