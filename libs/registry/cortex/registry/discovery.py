@@ -92,7 +92,9 @@ class Discovery:
     @classmethod
     def merge(cls, url: str, answers: Iterable[tuple[str, Learned]],
               problems: Iterable[str] = (), models: Iterable[str] = ()) -> Discovery:
-        """Combine ``(source, fields)`` answers; an earlier answer's field wins."""
+        """Combine ``(source, fields)`` answers; an earlier answer's field wins. An event or
+        replay endpoint reported as a bind address (``tcp://*:5557``) is learned at the host
+        of ``url``, its source saying so (``"GET /kv_event_sources, bound as tcp://*:5557"``)."""
         learned: Learned = {}
         sources: dict[str, str] = {}
         for source, fields in answers:
