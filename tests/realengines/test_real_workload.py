@@ -35,12 +35,16 @@ def ingest_counter(cluster: LocalCluster, name: str, label: str = "") -> float:
                if label in labels)
 
 
-def check(tally: Tally, phase: str) -> None:
+def problems(tally: Tally, phase: str) -> list[str]:
+    """What is wrong with a phase (failed requests, over-predictions, < 99 % exact); its
+    numbers are reported either way, so every phase runs and is measured."""
     summary = tally.summary()
     report(phase, summary)
-    assert not tally.failures, tally.failures[:3]
-    assert not tally.over, [o for o in tally.over][:5]
-    assert tally.exact >= 0.99 * len(tally.outcomes), summary
+    found = [f"{phase}: failed {f}" for f in tally.failures[:3]]
+    found += [f"{phase}: over-predicted {o}" for o in tally.over[:5]]
+    if tally.exact < 0.99 * len(tally.outcomes):
+        found.append(f"{phase}: {tally.exact} of {len(tally.outcomes)} exact")
+    return found
 
 
 def test_random_chat_workload_is_predicted_exactly(
@@ -48,10 +52,10 @@ def test_random_chat_workload_is_predicted_exactly(
 ) -> None:
     workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32)
     workload.run(80)
-    before = workload.tally
-    check(before, "warm")
-    assert sum(o.cached for o in before.outcomes) > 0
-    assert len(before.summary()["by_worker"]) == 2  # both engines served
+    warm = workload.tally
+    found = problems(warm, "warm")
+    assert sum(o.cached for o in warm.outcomes) > 0
+    assert len(warm.summary()["by_worker"]) == 2  # both engines served
     evicted = ingest_counter(cluster, "blocks", 'op="removed"')
     report("warm_evictions", {"blocks_removed": evicted})
     assert evicted > 0, "the workload must push the engines' caches into eviction"
@@ -64,12 +68,12 @@ def test_random_chat_workload_is_predicted_exactly(
     # not asserted: for the index's ingest grace (5 s, docs/index.md "Ingest liveness") a
     # dead ingest's ledgers keep their credit, so an eviction meanwhile can be over-predicted
     report("during_ingest_outage", outage.summary())
-    assert not outage.failures, outage.failures[:3]
+    found += [f"during_ingest_outage: failed {f}" for f in outage.failures]
     cluster.restart("ingest")
     cluster.wait_ready(timeout_s=60)
     workload.tally = Tally()
     workload.run(45)
-    check(workload.tally, "after_ingest_restart")
+    found += problems(workload.tally, "after_ingest_restart")
     assert ingest_counter(cluster, "replays") > 0  # the fresh ingest asked the ROUTERs
 
     # an engine killed and started again on the same ports: an empty cache, seq from 0
@@ -82,6 +86,7 @@ def test_random_chat_workload_is_predicted_exactly(
                what="the restarted engine's ledger to be ready again")
     workload.run(60)
     after = workload.tally
-    check(after, "after_engine_restart")
-    assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()
+    found += problems(after, "after_engine_restart")
     report("engine_restart", {"startup_s": victim.startup_s})
+    assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()
+    assert found == []
