@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.cores import new_tree
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.ledger.tiers import OFFLOAD_TIERS, continuation
@@ -243,7 +244,7 @@ class LedgerView:
             place = None
         tree = self.trees.get(domain)
         if tree is None:
-            tree = self.trees[domain] = RadixHashTree()
+            tree = self.trees[domain] = new_tree()
             self._by_model.setdefault(domain.model, []).append(domain)
         new = Place(domain, state, reason)
         if place != new:
