@@ -11,6 +11,7 @@ from cortex.gateway.metrics import CONTENT_TYPE
 from cortex.gateway.pool import Health
 from cortex.gateway.runtime import Gateway
 from cortex.gateway.types import Send
+from cortex.ledger import cores
 
 __all__ = ["OpsHandler"]
 
@@ -53,6 +54,7 @@ class OpsHandler:
                       else "available" if index.available else "unavailable"),
             "replica": ("not_configured" if replica is None else replica.replica.state.value
                         if replica.usable else "unusable"),
+            "ledger_core": cores.active().value,
             "registry": watcher.health.value if watcher else "unknown",
         })
 

@@ -34,6 +34,7 @@ from cortex.gateway.router import Router
 from cortex.gateway.seeding import UrlSeeder
 from cortex.gateway.tokenize import PromptTokenizer
 from cortex.gateway.upstream import UpstreamClient
+from cortex.ledger import cores
 from cortex.ledger.grpc import read_token
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
@@ -196,8 +197,8 @@ class Gateway:
             asyncio.create_task(loads.run(), name="gateway-load"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
-        log.info("gateway started: %d models, %d workers, index=%s", len(config.models),
-                 len(self.pool), self.index)
+        log.info("gateway started: %d models, %d workers, index=%s ledger_core=%s",
+                 len(config.models), len(self.pool), self.index, cores.active())
 
     async def _stop(self) -> None:
         tasks, self._tasks = self._tasks, []
