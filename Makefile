@@ -11,7 +11,8 @@ DISTRIBUTIONS := proto libs/hashing libs/chat libs/ledger libs/telemetry libs/ed
 
 venv: $(STAMP)
 
-$(STAMP): $(addsuffix /pyproject.toml,$(DISTRIBUTIONS))
+# the ledger's compiled core is built by its (editable) install: a changed C source reinstalls
+$(STAMP): $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) libs/ledger/setup.py libs/ledger/cortex/ledger/_core.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# compat mode: each distribution's source root goes on sys.path, so the cortex.* namespace
