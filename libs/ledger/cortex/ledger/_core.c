@@ -67,6 +67,32 @@ static void keys_release(Keys *k) {
     k->owned = NULL;
 }
 
+/* An int as uint64; -1 with an exception when it is not one. CPython 3.11's ints are read
+ * from their 30-bit digits directly (a key list's conversion was a fifth of a Match). */
+static inline int as_u64(PyObject *o, uint64_t *out) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(o)) {
+        const digit *d = ((PyLongObject *)o)->ob_digit;
+        switch (Py_SIZE(o)) {
+        case 0: *out = 0; return 0;
+        case 1: *out = d[0]; return 0;
+        case 2: *out = (uint64_t)d[0] | (uint64_t)d[1] << 30; return 0;
+        case 3:
+            if (d[2] < 16) {
+                *out = (uint64_t)d[0] | (uint64_t)d[1] << 30 | (uint64_t)d[2] << 60;
+                return 0;
+            }
+            break;
+        default: break;
+        }
+    }
+#endif
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
 /* A buffer of 8-byte integers is read in place; any other sequence of ints is copied. */
 static int keys_get(PyObject *obj, Keys *k) {
     memset(k, 0, sizeof(*k));
@@ -96,8 +122,7 @@ static int keys_get(PyObject *obj, Keys *k) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
-        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (as_u64(items[i], &k->owned[i]) < 0) {
             Py_DECREF(seq);
             keys_release(k);
             if (PyErr_ExceptionMatches(PyExc_OverflowError) ||
@@ -107,7 +132,6 @@ static int keys_get(PyObject *obj, Keys *k) {
             }
             return -1;
         }
-        k->owned[i] = v;
     }
     Py_DECREF(seq);
     k->p = k->owned;
@@ -137,6 +161,13 @@ static inline int64_t find(const Tree *t, uint64_t key) {
             if (t->key[slot] == key) return slot;
         }
     }
+}
+
+/* Start loading the table line ``key`` probes first: independent lookups then overlap their
+ * cache misses instead of paying them one after another. */
+#define PREFETCH_AHEAD 8
+static inline void prefetch_key(const Tree *t, uint64_t key) {
+    __builtin_prefetch(&t->table[home(t, key)]);
 }
 
 static inline void table_put(Tree *t, uint64_t key, int64_t slot) {
@@ -395,6 +426,7 @@ static PyObject *store_batch(Tree *t, Py_ssize_t bit, const uint64_t *parents, u
     uint64_t mask = (uint64_t)1 << (bit & 63);
     int64_t fresh = 0, pslot = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) prefetch_key(t, keys[i + PREFETCH_AHEAD]);
         if (parents || i == 0) {
             uint64_t pk = parents ? parents[i] : chain;
             pslot = find(t, pk);
@@ -465,6 +497,7 @@ static PyObject *Tree_remove(Tree *t, PyObject *args) {
     int64_t word = bit >> 6, n = 0;
     uint64_t mask = (uint64_t)1 << (bit & 63);
     for (Py_ssize_t i = 0; i < keys.n; i++) {
+        if (i + PREFETCH_AHEAD < keys.n) prefetch_key(t, keys.p[i + PREFETCH_AHEAD]);
         int64_t slot = find(t, keys.p[i]);
         if (slot < 0) continue;
         uint64_t *cell = t->holders + slot * t->words + word;
@@ -500,29 +533,22 @@ static PyObject *Tree_clear(Tree *t, PyObject *args) {
     return PyLong_FromLongLong(dropped);
 }
 
+/* Per source bit, the count of consecutive leading keys held: a list of 64 * words ints. */
 static PyObject *Tree_match(Tree *t, PyObject *args) {
-    PyObject *ko, *co;
+    PyObject *ko;
     unsigned long long now;
-    if (!PyArg_ParseTuple(args, "OKO", &ko, &now, &co)) return NULL;
-    Py_buffer counts;
-    if (PyObject_GetBuffer(co, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    if (counts.len != 64 * t->words * 8) {
-        PyBuffer_Release(&counts);
-        return PyErr_Format(PyExc_ValueError, "counts: %lld int64 needed",
-                            (long long)(64 * t->words));
-    }
+    if (!PyArg_ParseTuple(args, "OK", &ko, &now)) return NULL;
     Keys keys;
-    if (keys_get(ko, &keys) < 0) {
-        PyBuffer_Release(&counts);
-        return NULL;
-    }
-    int64_t *out = counts.buf;
-    int64_t words = t->words;
+    if (keys_get(ko, &keys) < 0) return NULL;
+    int64_t words = t->words, nbits = 64 * words;
+    int64_t counts[nbits];
     uint64_t cum[words];
     for (int64_t w = 0; w < words; w++) cum[w] = ~(uint64_t)0;
-    memset(out, 0, (size_t)counts.len);
+    memset(counts, 0, sizeof(counts));
     Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < keys.n && i < PREFETCH_AHEAD; i++) prefetch_key(t, keys.p[i]);
     for (; n < keys.n; n++) {
+        if (n + PREFETCH_AHEAD < keys.n) prefetch_key(t, keys.p[n + PREFETCH_AHEAD]);
         int64_t slot = find(t, keys.p[n]);
         if (slot < 0) break;
         t->recency[slot] = now;
@@ -533,16 +559,25 @@ static PyObject *Tree_match(Tree *t, PyObject *args) {
             cum[w] &= row[w];
             if (n == 0) continue; /* counts start at 0 */
             while (lost) {
-                out[64 * w + __builtin_ctzll(lost)] = n;
+                counts[64 * w + __builtin_ctzll(lost)] = n;
                 lost &= lost - 1;
             }
         }
     }
     for (int64_t w = 0; w < words; w++)
-        for (uint64_t left = cum[w]; left; left &= left - 1) out[64 * w + __builtin_ctzll(left)] = n;
+        for (uint64_t left = cum[w]; left; left &= left - 1) counts[64 * w + __builtin_ctzll(left)] = n;
     keys_release(&keys);
-    PyBuffer_Release(&counts);
-    return PyLong_FromSsize_t(n);
+    PyObject *out = PyList_New(nbits);
+    if (!out) return NULL;
+    for (int64_t b = 0; b < nbits; b++) {
+        PyObject *v = PyLong_FromLongLong(counts[b]);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, v);
+    }
+    return out;
 }
 
 static PyObject *Tree_touch(Tree *t, PyObject *args) {
@@ -553,6 +588,7 @@ static PyObject *Tree_touch(Tree *t, PyObject *args) {
     if (keys_get(ko, &keys) < 0) return NULL;
     Py_ssize_t found = 0;
     for (Py_ssize_t i = 0; i < keys.n; i++) {
+        if (i + PREFETCH_AHEAD < keys.n) prefetch_key(t, keys.p[i + PREFETCH_AHEAD]);
         int64_t slot = find(t, keys.p[i]);
         if (slot >= 0) {
             t->recency[slot] = now;

@@ -42,7 +42,6 @@ class NativeTree(RadixHashTree):
     def __init__(self, initial_capacity: int = 1024) -> None:
         super().__init__(initial_capacity)
         self._tree = _core.Tree(initial_capacity)
-        self._counts = np.zeros(64, np.int64)  # match's output buffer, 64 per holder word
 
     # ---- sizes ---------------------------------------------------------------------------
 
@@ -84,7 +83,6 @@ class NativeTree(RadixHashTree):
 
     def _widen(self) -> None:
         self._tree.widen()
-        self._counts = np.zeros(64 * self._tree.words, np.int64)
 
     # ---- updates -------------------------------------------------------------------------
 
@@ -140,10 +138,7 @@ class NativeTree(RadixHashTree):
     # ---- queries -------------------------------------------------------------------------
 
     def match(self, keys: Sequence[int], now: int) -> list[int]:
-        counts = self._counts
-        self._tree.match(keys, now, counts)
-        out: list[int] = counts.tolist()
-        return out
+        return self._tree.match(keys, now)
 
     def _leading_rows(self, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
         return _words(self._tree.leading_rows(keys)).reshape(-1, self.words)
@@ -202,7 +197,6 @@ class NativeTree(RadixHashTree):
             np.ascontiguousarray(columns.holders, _U64).tobytes(),
             words,
         )
-        self._counts = np.zeros(64 * words, np.int64)
 
     def check_invariants(self) -> None:
         dump = self._tree.dump()

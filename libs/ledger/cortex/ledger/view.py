@@ -132,7 +132,7 @@ class LedgerView:
         self.places: dict[Source, Place] = {}
         self.journal = journal
         self._by_model: dict[str, list[HashDomain]] = {}
-        self._rosters: dict[HashDomain, list[tuple[int, Source, Place]]] = {}
+        self._rosters: dict[HashDomain, tuple[list[tuple[int, Source, Place]], bool]] = {}
 
     @classmethod
     def from_parts(cls, trees: dict[HashDomain, RadixHashTree], places: dict[Source, Place]
@@ -212,21 +212,26 @@ class LedgerView:
             return []
         seq = _seq(keys)
         counts = tree.match(seq, now)
-        roster = self._roster(domain, tree)
+        roster, offload = self._roster(domain, tree)
         if candidate_workers:
             roster = [r for r in roster if r[1].worker_id in candidate_workers]
         out = [(s, counts[bit], p.state) for bit, s, p in roster]
-        if any(s.tier in OFFLOAD_TIERS for _, s, _ in roster):
+        if offload:
             _extend_by_tiers(tree, seq, roster, counts, out)
         return out
 
-    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> list[tuple[int, Source, Place]]:
-        roster = self._rosters.get(domain)
-        if roster is None:
+    def _roster(self, domain: HashDomain, tree: RadixHashTree
+                ) -> tuple[list[tuple[int, Source, Place]], bool]:
+        """``(bit, source, place)`` of the domain's attached sources, and whether any is an
+        offload tier (cached until a source of the domain attaches or leaves: a match's
+        per-source work is only building its answer)."""
+        cached = self._rosters.get(domain)
+        if cached is None:
             places = self.places
             roster = [(bit, s, places[s]) for bit, s in tree.bits() if s in places]
-            self._rosters[domain] = roster
-        return roster
+            cached = roster, any(s.tier in OFFLOAD_TIERS for _, s, _ in roster)
+            self._rosters[domain] = cached
+        return cached
 
     # ---- mutators (journaled) ------------------------------------------------------------
 
