@@ -11,15 +11,13 @@ bits and shapes the results as :class:`~cortex.ledger.tree.RadixHashTree` promis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import numpy.typing as npt
 
 from cortex.ledger import _core
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import Source
-from cortex.ledger.tree import Eviction, RadixHashTree, TreeColumns, check_columns
+from cortex.ledger.tree import Eviction, Keys, RadixHashTree, TreeColumns, check_columns
 
 __all__ = ["NativeTree"]
 
@@ -86,7 +84,7 @@ class NativeTree(RadixHashTree):
 
     # ---- updates -------------------------------------------------------------------------
 
-    def store(self, source: Source, parent_key: int, keys: Sequence[int], now: int) -> int:
+    def store(self, source: Source, parent_key: int, keys: Keys, now: int) -> int:
         if not len(keys):
             return 0
         bit, fresh_bit = self._store_bit(source)
@@ -97,7 +95,7 @@ class NativeTree(RadixHashTree):
             raise InvalidArgument(str(exc)) from exc
 
     def store_pairs(
-        self, source: Source, parent_keys: Sequence[int], keys: Sequence[int], now: int
+        self, source: Source, parent_keys: Keys, keys: Keys, now: int
     ) -> int:
         n = len(keys)
         if len(parent_keys) != n:
@@ -122,7 +120,7 @@ class NativeTree(RadixHashTree):
         if fresh_bit:
             self.remove_source(source)
 
-    def remove(self, source: Source, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
+    def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
         bit = self._bit_of.get(source)
         if bit is None or not len(keys):
             return _EMPTY_KEYS
@@ -132,15 +130,15 @@ class NativeTree(RadixHashTree):
         bit = self._bit_of.get(source)
         return 0 if bit is None else self._tree.clear(bit)
 
-    def touch(self, keys: Sequence[int], now: int) -> int:
+    def touch(self, keys: Keys, now: int) -> int:
         return self._tree.touch(keys, now)
 
     # ---- queries -------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[int], now: int) -> list[int]:
+    def match(self, keys: Keys, now: int) -> list[int]:
         return self._tree.match(keys, now)
 
-    def _leading_rows(self, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
+    def _leading_rows(self, keys: Keys) -> npt.NDArray[np.uint64]:
         return _words(self._tree.leading_rows(keys)).reshape(-1, self.words)
 
     def holds(self, source: Source, key: int) -> bool:
@@ -170,7 +168,7 @@ class NativeTree(RadixHashTree):
     def evict_older_than(self, cutoff: int) -> Eviction:
         return self._evicted_result(*self._tree.evict_older_than(cutoff))
 
-    def evict_keys(self, keys: Sequence[int]) -> Eviction:
+    def evict_keys(self, keys: Keys) -> Eviction:
         return self._evicted_result(*self._tree.evict_keys(keys))
 
     def _evicted_result(self, keys: bytearray, rows: bytearray) -> Eviction:

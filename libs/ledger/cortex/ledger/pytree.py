@@ -17,13 +17,22 @@ import numpy.typing as npt
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import Source
 from cortex.ledger.slots import _U64, SlotColumns
-from cortex.ledger.tree import FREE, NO_PARENT, Eviction, no_eviction
+from cortex.ledger.tree import FREE, NO_PARENT, Eviction, Keys, no_eviction
 
 __all__ = ["PythonTree"]
 
 _SMALL = 16
 """Pairs up to which a store runs element by element (see ``_store_small``)."""
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
+
+
+def _ints(keys: Keys) -> Sequence[int]:
+    """Keys as Python ints: this core looks them up in a dict (key arrays become lists once,
+    here)."""
+    if isinstance(keys, np.ndarray):
+        out: list[int] = keys.tolist()
+        return out
+    return keys
 
 
 def _count_bits(counts: list[int], before: list[int], after: list[int], count: int) -> None:
@@ -61,19 +70,20 @@ class PythonTree(SlotColumns):
 
     # ---- updates -------------------------------------------------------------------------
 
-    def store(self, source: Source, parent_key: int, keys: Sequence[int], now: int) -> int:
+    def store(self, source: Source, parent_key: int, keys: Keys, now: int) -> int:
         """``source`` holds the chain ``keys`` following ``parent_key``; returns new holdings.
 
         Raises :class:`InvalidArgument` when the chain is not a path (``parent_key`` among
         ``keys``); nothing is changed then.
         """
+        keys = _ints(keys)
         if not keys:
             return 0
         parents = [parent_key, *keys[:-1]]
         return self.store_pairs(source, parents, keys, now)
 
     def store_pairs(
-        self, source: Source, parent_keys: Sequence[int], keys: Sequence[int], now: int
+        self, source: Source, parent_keys: Keys, keys: Keys, now: int
     ) -> int:
         """``source`` holds every ``keys[i]``, whose parent block is ``parent_keys[i]``.
 
@@ -82,6 +92,7 @@ class PythonTree(SlotColumns):
         :class:`InvalidArgument` (before changing anything) when the lists differ in length
         or are not parents-first.
         """
+        parent_keys, keys = _ints(parent_keys), _ints(keys)
         n = len(keys)
         if len(parent_keys) != n:
             raise InvalidArgument(f"{len(parent_keys)} parent keys for {n} keys")
@@ -137,7 +148,7 @@ class PythonTree(SlotColumns):
         self._held[bit] += fresh
         return fresh
 
-    def _store_small(self, bit: int, parent_keys: Sequence[int], keys: Sequence[int],
+    def _store_small(self, bit: int, parent_keys: Keys, keys: Keys,
                      now: int) -> int:
         """:meth:`store_pairs` of a few (validated) pairs, one at a time: what a single
         engine event carries. Per-call numpy overhead would cost more than the work."""
@@ -179,8 +190,9 @@ class PythonTree(SlotColumns):
             self._children[parent] += 1
         return slot
 
-    def remove(self, source: Source, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
+    def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
         """``source`` no longer holds ``keys``; returns the keys it actually held (dropped)."""
+        keys = _ints(keys)
         bit = self._bit_of.get(source)
         if bit is None or not keys:
             return _EMPTY_KEYS
@@ -220,11 +232,12 @@ class PythonTree(SlotColumns):
 
     # ---- queries -------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[int], now: int) -> list[int]:
+    def match(self, keys: Keys, now: int) -> list[int]:
         """Per source bit, the count of consecutive leading ``keys`` held (blocks).
 
         The list is indexed by source bit (see :meth:`bits`); found nodes get recency ``now``.
         """
+        keys = _ints(keys)
         counts = [0] * (64 * self.words)
         idx = self._leading_slots(keys)
         n = len(idx)
@@ -239,12 +252,13 @@ class PythonTree(SlotColumns):
         _count_bits(counts, cum[-1].tolist(), [0] * cum.shape[1], n)
         return counts
 
-    def _leading_rows(self, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
+    def _leading_rows(self, keys: Keys) -> npt.NDArray[np.uint64]:
         rows: npt.NDArray[np.uint64] = self._holders[self._leading_slots(keys)]
         return rows
 
-    def _leading_slots(self, keys: Sequence[int]) -> npt.NDArray[np.int64]:
+    def _leading_slots(self, keys: Keys) -> npt.NDArray[np.int64]:
         """Slots of the leading ``keys`` the tree has (up to the first absent one)."""
+        keys = _ints(keys)
         if not keys:
             return np.zeros(0, np.int64)
         get = self._slot_of.get
@@ -318,13 +332,14 @@ class PythonTree(SlotColumns):
         victims = np.flatnonzero(old & ~protected)
         return self._evict_slots(victims)
 
-    def evict_keys(self, keys: Sequence[int]) -> Eviction:
+    def evict_keys(self, keys: Keys) -> Eviction:
         """Evict the nodes of ``keys`` for every holder (another tree's eviction, repeated).
 
         The set is meant to be closed under descendants, as :meth:`evict_older_than` picks
         it; a kept child of an evicted node becomes a root (its prefix is gone, so it can no
         longer match: only under-estimates). Unknown keys are ignored.
         """
+        keys = _ints(keys)
         get = self._slot_of.get
         found = [s for s in (get(k) for k in keys) if s is not None]
         if not found:
@@ -365,9 +380,10 @@ class PythonTree(SlotColumns):
             self._reclaim(self._dead(np.unique(outside)))
         return eviction
 
-    def touch(self, keys: Sequence[int], now: int) -> int:
+    def touch(self, keys: Keys, now: int) -> int:
         """Give the nodes of ``keys`` recency ``now`` (matched elsewhere); returns how many
         exist. A touched node protects its ancestors from eviction too."""
+        keys = _ints(keys)
         get = self._slot_of.get
         found = [s for s in (get(k) for k in keys) if s is not None]
         if found:

@@ -34,8 +34,8 @@ import numpy.typing as npt
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import Source
 
-__all__ = ["FREE", "NO_PARENT", "Eviction", "RadixHashTree", "TreeColumns", "no_eviction",
-           "node_bytes", "validate_columns"]
+__all__ = ["FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree", "TreeColumns",
+           "no_eviction", "node_bytes", "validate_columns"]
 
 NO_PARENT = -1
 """Parent slot of a node whose parent block is not in the tree."""
@@ -43,6 +43,10 @@ FREE = -2
 """Parent slot of a free slot."""
 
 _U64 = np.uint64
+
+Keys = Sequence[int] | npt.NDArray[np.uint64]
+"""A batch of block keys: ints (a list, a decoded update's ``array('Q')``) or a uint64 array
+(a replica batch's keys). The compiled core reads buffers in place."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +288,7 @@ class RadixHashTree(ABC):
     # ---- updates -------------------------------------------------------------------------
 
     @abstractmethod
-    def store(self, source: Source, parent_key: int, keys: Sequence[int], now: int) -> int:
+    def store(self, source: Source, parent_key: int, keys: Keys, now: int) -> int:
         """``source`` holds the chain ``keys`` following ``parent_key``; returns new holdings.
 
         Raises :class:`InvalidArgument` when the chain is not a path (``parent_key`` among
@@ -293,7 +297,7 @@ class RadixHashTree(ABC):
 
     @abstractmethod
     def store_pairs(
-        self, source: Source, parent_keys: Sequence[int], keys: Sequence[int], now: int
+        self, source: Source, parent_keys: Keys, keys: Keys, now: int
     ) -> int:
         """``source`` holds every ``keys[i]``, whose parent block is ``parent_keys[i]``.
 
@@ -304,7 +308,7 @@ class RadixHashTree(ABC):
         """
 
     @abstractmethod
-    def remove(self, source: Source, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
+    def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
         """``source`` no longer holds ``keys``; returns the keys it actually held (dropped)."""
 
     @abstractmethod
@@ -313,25 +317,25 @@ class RadixHashTree(ABC):
         holdings. Cost: one scan of the holder column."""
 
     @abstractmethod
-    def touch(self, keys: Sequence[int], now: int) -> int:
+    def touch(self, keys: Keys, now: int) -> int:
         """Give the nodes of ``keys`` recency ``now`` (matched elsewhere); returns how many
         exist. A touched node protects its ancestors from eviction too."""
 
     # ---- queries -------------------------------------------------------------------------
 
     @abstractmethod
-    def match(self, keys: Sequence[int], now: int) -> list[int]:
+    def match(self, keys: Keys, now: int) -> list[int]:
         """Per source bit, the count of consecutive leading ``keys`` held (blocks).
 
         The list is indexed by source bit (see :meth:`bits`); found nodes get recency ``now``.
         """
 
     @abstractmethod
-    def _leading_rows(self, keys: Sequence[int]) -> npt.NDArray[np.uint64]:
+    def _leading_rows(self, keys: Keys) -> npt.NDArray[np.uint64]:
         """Holder rows (``uint64[n, words]``) of the leading ``keys`` the tree has (up to the
         first absent one)."""
 
-    def held_columns(self, keys: Sequence[int], bits: Sequence[int]) -> npt.NDArray[np.bool_]:
+    def held_columns(self, keys: Keys, bits: Sequence[int]) -> npt.NDArray[np.bool_]:
         """``out[i, j]``: whether source bit ``bits[j]`` holds ``keys[i]``, for the leading
         keys the tree has (rows stop at the first absent key: nobody holds it)."""
         rows = self._leading_rows(keys)
@@ -370,7 +374,7 @@ class RadixHashTree(ABC):
         to (a young node protects its ancestors)."""
 
     @abstractmethod
-    def evict_keys(self, keys: Sequence[int]) -> Eviction:
+    def evict_keys(self, keys: Keys) -> Eviction:
         """Evict the nodes of ``keys`` for every holder (another tree's eviction, repeated).
 
         The set is meant to be closed under descendants, as :meth:`evict_older_than` picks

@@ -25,7 +25,7 @@ from cortex.ledger.cores import new_tree
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.ledger.tiers import OFFLOAD_TIERS, continuation
-from cortex.ledger.tree import Eviction, RadixHashTree, no_eviction
+from cortex.ledger.tree import Eviction, Keys, RadixHashTree, no_eviction
 
 __all__ = [
     "Attach",
@@ -33,6 +33,7 @@ __all__ = [
     "Detach",
     "Evict",
     "Journaled",
+    "Keys",
     "LedgerView",
     "Place",
     "Remove",
@@ -43,7 +44,6 @@ __all__ = [
     "shared_blocks",
 ]
 
-Keys = Sequence[int] | npt.NDArray[np.uint64]
 
 SourceMatch = tuple[Source, int, LedgerState]
 """``(source, matched_blocks, state)`` of one source in a match."""
@@ -210,14 +210,13 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return []
-        seq = _seq(keys)
-        counts = tree.match(seq, now)
+        counts = tree.match(keys, now)
         roster, offload = self._roster(domain, tree)
         if candidate_workers:
             roster = [r for r in roster if r[1].worker_id in candidate_workers]
         out = [(s, counts[bit], p.state) for bit, s, p in roster]
         if offload:
-            _extend_by_tiers(tree, seq, roster, counts, out)
+            _extend_by_tiers(tree, keys, roster, counts, out)
         return out
 
     def _roster(self, domain: HashDomain, tree: RadixHashTree
@@ -288,21 +287,21 @@ class LedgerView:
         """``source`` holds the chain ``keys`` after ``parent_key``; returns new holdings.
         :class:`InvalidArgument` when the source is not attached or the chain is bad."""
         domain = self._domain(source)
-        fresh = self.trees[domain].store(source, parent_key, _seq(keys), now)
+        fresh = self.trees[domain].store(source, parent_key, keys, now)
         self._log(domain, Store(source, parent_key, keys))
         return fresh
 
     def store_pairs(self, source: Source, parent_keys: Keys, keys: Keys, now: int) -> int:
         """``source`` holds every ``keys[i]`` (parent ``parent_keys[i]``, parents first)."""
         domain = self._domain(source)
-        fresh = self.trees[domain].store_pairs(source, _seq(parent_keys), _seq(keys), now)
+        fresh = self.trees[domain].store_pairs(source, parent_keys, keys, now)
         self._log(domain, StorePairs(source, parent_keys, keys))
         return fresh
 
     def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
         """``source`` no longer holds ``keys``; returns the keys it held (dropped)."""
         domain = self._domain(source)
-        dropped = self.trees[domain].remove(source, _seq(keys))
+        dropped = self.trees[domain].remove(source, keys)
         if dropped.size:
             self._log(domain, Remove(source, dropped))
         return dropped
@@ -330,7 +329,7 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return no_eviction()
-        eviction = tree.evict_keys(_seq(keys))
+        eviction = tree.evict_keys(keys)
         if eviction.nodes:
             self._log(domain, Evict(domain, eviction.keys))
         return eviction
@@ -365,7 +364,7 @@ class LedgerView:
         return ReplayEffect(removed=tuple(self.evict_keys(op.domain, op.keys).dropped))
 
 
-def _extend_by_tiers(tree: RadixHashTree, keys: Sequence[int],
+def _extend_by_tiers(tree: RadixHashTree, keys: Keys,
                      roster: list[tuple[int, Source, Place]], counts: list[int],
                      out: list[SourceMatch]) -> None:
     """Replace each offload source's own count in ``out`` (parallel to ``roster``) by the
@@ -410,12 +409,3 @@ class ReplayEffect:
 
 
 _NONE = ReplayEffect()
-
-
-def _seq(keys: Keys) -> Sequence[int]:
-    """Tree methods take int sequences: numpy key arrays become lists once, here."""
-    if isinstance(keys, np.ndarray):
-        out: list[int] = keys.tolist()
-        return out
-    return keys
-
