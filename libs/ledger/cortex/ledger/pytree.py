@@ -71,11 +71,6 @@ class PythonTree(SlotColumns):
     # ---- updates -------------------------------------------------------------------------
 
     def store(self, source: Source, parent_key: int, keys: Keys, now: int) -> int:
-        """``source`` holds the chain ``keys`` following ``parent_key``; returns new holdings.
-
-        Raises :class:`InvalidArgument` when the chain is not a path (``parent_key`` among
-        ``keys``); nothing is changed then.
-        """
         keys = _ints(keys)
         if not keys:
             return 0
@@ -85,13 +80,6 @@ class PythonTree(SlotColumns):
     def store_pairs(
         self, source: Source, parent_keys: Keys, keys: Keys, now: int
     ) -> int:
-        """``source`` holds every ``keys[i]``, whose parent block is ``parent_keys[i]``.
-
-        Pairs must be listed parents-first: a parent that is itself a key of the batch must
-        appear at an earlier index. Returns the number of new holdings (blocks). Raises
-        :class:`InvalidArgument` (before changing anything) when the lists differ in length
-        or are not parents-first.
-        """
         parent_keys, keys = _ints(parent_keys), _ints(keys)
         n = len(keys)
         if len(parent_keys) != n:
@@ -191,7 +179,6 @@ class PythonTree(SlotColumns):
         return slot
 
     def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
-        """``source`` no longer holds ``keys``; returns the keys it actually held (dropped)."""
         keys = _ints(keys)
         bit = self._bit_of.get(source)
         if bit is None or not keys:
@@ -213,10 +200,6 @@ class PythonTree(SlotColumns):
         return dropped
 
     def clear(self, source: Source) -> int:
-        """``source`` holds nothing any more (it stays registered); returns dropped holdings.
-
-        Cost: one vectorised scan of the holder column (~1 ms per million slots).
-        """
         bit = self._bit_of.get(source)
         if bit is None:
             return 0
@@ -233,10 +216,6 @@ class PythonTree(SlotColumns):
     # ---- queries -------------------------------------------------------------------------
 
     def match(self, keys: Keys, now: int) -> list[int]:
-        """Per source bit, the count of consecutive leading ``keys`` held (blocks).
-
-        The list is indexed by source bit (see :meth:`bits`); found nodes get recency ``now``.
-        """
         keys = _ints(keys)
         counts = [0] * (64 * self.words)
         idx = self._leading_slots(keys)
@@ -270,7 +249,6 @@ class PythonTree(SlotColumns):
         return np.array(slots[:n] if n < len(slots) else slots, np.int64)
 
     def holds(self, source: Source, key: int) -> bool:
-        """Whether ``source`` holds block ``key``."""
         bit = self._bit_of.get(source)
         slot = self._slot_of.get(key)
         if bit is None or slot is None:
@@ -278,7 +256,6 @@ class PythonTree(SlotColumns):
         return bool(int(self._holders[slot, bit >> 6]) >> (bit & 63) & 1)
 
     def keys_of(self, source: Source) -> set[int]:
-        """Every key ``source`` holds (a scan: for tests and debugging)."""
         bit = self._bit_of.get(source)
         if bit is None:
             return set()
@@ -286,12 +263,10 @@ class PythonTree(SlotColumns):
         return set(self._key[rows].tolist())
 
     def recency_of(self, key: int) -> int:
-        """The recency tick of block ``key`` (-1 when absent; for tests and debugging)."""
         slot = self._slot_of.get(key)
         return -1 if slot is None else int(self._recency[slot])
 
     def parent_of(self, key: int) -> int | None:
-        """Parent block key of ``key`` (None when unknown or a root)."""
         slot = self._slot_of.get(key)
         if slot is None:
             return None
@@ -301,7 +276,6 @@ class PythonTree(SlotColumns):
     # ---- eviction ------------------------------------------------------------------------
 
     def live_recency(self) -> npt.NDArray[np.uint64]:
-        """Recency ticks of every live node (to pick an eviction cutoff)."""
         hi = self._high
         recency: npt.NDArray[np.uint64] = self._recency[:hi][self._parent[:hi] != FREE]
         return recency
@@ -333,12 +307,6 @@ class PythonTree(SlotColumns):
         return self._evict_slots(victims)
 
     def evict_keys(self, keys: Keys) -> Eviction:
-        """Evict the nodes of ``keys`` for every holder (another tree's eviction, repeated).
-
-        The set is meant to be closed under descendants, as :meth:`evict_older_than` picks
-        it; a kept child of an evicted node becomes a root (its prefix is gone, so it can no
-        longer match: only under-estimates). Unknown keys are ignored.
-        """
         keys = _ints(keys)
         get = self._slot_of.get
         found = [s for s in (get(k) for k in keys) if s is not None]
@@ -381,8 +349,6 @@ class PythonTree(SlotColumns):
         return eviction
 
     def touch(self, keys: Keys, now: int) -> int:
-        """Give the nodes of ``keys`` recency ``now`` (matched elsewhere); returns how many
-        exist. A touched node protects its ancestors from eviction too."""
         keys = _ints(keys)
         get = self._slot_of.get
         found = [s for s in (get(k) for k in keys) if s is not None]
