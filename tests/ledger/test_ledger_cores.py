@@ -170,3 +170,14 @@ def test_native_core_refuses_keys_that_are_not_uint64_and_changes_nothing(keys: 
     with pytest.raises((InvalidArgument, TypeError)):
         tree.store_pairs(Source("a"), [ROOT, ROOT, ROOT][: len(keys)], keys, now=1)  # type: ignore[arg-type]
     assert tree.nodes == 0 and not tree.has_source(Source("a"))
+
+
+def test_native_core_reads_strided_arrays_and_numpy_ints_like_lists() -> None:
+    keys = np.arange(10, 50, dtype=np.uint64)[::2]  # not contiguous: read item by item
+    by_list, by_array, by_scalars = NativeTree(), NativeTree(), NativeTree()
+    by_list.store(Source("a"), ROOT, keys.tolist(), now=1)
+    by_array.store(Source("a"), ROOT, keys, now=1)
+    by_scalars.store(Source("a"), ROOT, list(keys), now=1)
+    for tree in (by_array, by_scalars):
+        assert tree.keys_of(Source("a")) == by_list.keys_of(Source("a"))
+        assert tree.match(keys[::-1][::-1], now=2) == by_list.match(keys.tolist(), now=2)

@@ -87,7 +87,10 @@ static inline int as_u64(PyObject *o, uint64_t *out) {
         }
     }
 #endif
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    PyObject *index = PyNumber_Index(o); /* numpy integers, bools, ... */
+    if (!index) return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
     *out = v;
     return 0;
@@ -96,8 +99,8 @@ static inline int as_u64(PyObject *o, uint64_t *out) {
 /* A buffer of 8-byte integers is read in place; any other sequence of ints is copied. */
 static int keys_get(PyObject *obj, Keys *k) {
     memset(k, 0, sizeof(*k));
-    if (PyObject_CheckBuffer(obj) && !PyUnicode_Check(obj)) {
-        if (PyObject_GetBuffer(obj, &k->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (PyObject_CheckBuffer(obj) && !PyUnicode_Check(obj) &&
+        PyObject_GetBuffer(obj, &k->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
         k->has_view = 1;
         const char *fmt = k->view.format ? k->view.format : "B";
         char code = fmt[strlen(fmt) - 1];
@@ -111,6 +114,7 @@ static int keys_get(PyObject *obj, Keys *k) {
         k->n = k->view.len / 8;
         return 0;
     }
+    PyErr_Clear(); /* a strided buffer is read item by item below */
     PyObject *seq = PySequence_Fast(obj, "keys: a sequence of ints or a uint64 buffer is needed");
     if (!seq) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -235,8 +239,13 @@ static int grow_column(void **col, int64_t cap, size_t item) {
 static int reserve(Tree *t, int64_t extra) {
     if (table_reserve(t, t->nodes + extra) < 0) return -1;
     int64_t need = t->high + extra;
+    if (need > INT32_MAX) { /* parent slots are int32 */
+        PyErr_SetString(PyExc_MemoryError, "a tree holds at most 2**31 - 1 nodes");
+        return -1;
+    }
     if (need > t->cap) {
         int64_t cap = t->cap * 2 > need ? t->cap * 2 : need;
+        if (cap > INT32_MAX) cap = INT32_MAX;
         if (grow_column((void **)&t->key, cap, 8) < 0 ||
             grow_column((void **)&t->parent, cap, 4) < 0 ||
             grow_column((void **)&t->children, cap, 4) < 0 ||
