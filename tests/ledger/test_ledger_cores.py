@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from cortex.ledger import cores
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.model import Source
+from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.native import NativeTree
 from cortex.ledger.pytree import PythonTree
 from cortex.ledger.tree import Eviction, RadixHashTree
@@ -114,6 +114,7 @@ def observe(tree: RadixHashTree, sources: list[Source], probe: list[int], now: i
         sorted(tree.live_recency().tolist()),
         {s: tree.keys_of(s) for s in sources[:6]},
         tree.held_columns(probe, [b for b, _ in tree.bits()][:5]).tolist(),
+        tree.match_roster(probe, now, [(b, s, LedgerState.READY) for b, s in tree.bits()]),
     )
 
 

@@ -542,18 +542,14 @@ static PyObject *Tree_clear(Tree *t, PyObject *args) {
     return PyLong_FromLongLong(dropped);
 }
 
-/* Per source bit, the count of consecutive leading keys held: a list of 64 * words ints. */
-static PyObject *Tree_match(Tree *t, PyObject *args) {
-    PyObject *ko;
-    unsigned long long now;
-    if (!PyArg_ParseTuple(args, "OK", &ko, &now)) return NULL;
-    Keys keys;
-    if (keys_get(ko, &keys) < 0) return NULL;
+/* counts[bit] = the count of consecutive leading keys bit holds (64 * words of them);
+ * found nodes get recency ``now``. */
+static void match_counts(Tree *t, const Keys *kp, uint64_t now, int64_t *counts) {
+    const Keys keys = *kp;
     int64_t words = t->words, nbits = 64 * words;
-    int64_t counts[nbits];
     uint64_t cum[words];
     for (int64_t w = 0; w < words; w++) cum[w] = ~(uint64_t)0;
-    memset(counts, 0, sizeof(counts));
+    memset(counts, 0, (size_t)nbits * sizeof(int64_t));
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < keys.n && i < PREFETCH_AHEAD; i++) prefetch_key(t, keys.p[i]);
     for (; n < keys.n; n++) {
@@ -575,6 +571,18 @@ static PyObject *Tree_match(Tree *t, PyObject *args) {
     }
     for (int64_t w = 0; w < words; w++)
         for (uint64_t left = cum[w]; left; left &= left - 1) counts[64 * w + __builtin_ctzll(left)] = n;
+}
+
+/* Per source bit, the count of consecutive leading keys held: a list of 64 * words ints. */
+static PyObject *Tree_match(Tree *t, PyObject *args) {
+    PyObject *ko;
+    unsigned long long now;
+    if (!PyArg_ParseTuple(args, "OK", &ko, &now)) return NULL;
+    Keys keys;
+    if (keys_get(ko, &keys) < 0) return NULL;
+    int64_t nbits = 64 * t->words;
+    int64_t counts[nbits];
+    match_counts(t, &keys, now, counts);
     keys_release(&keys);
     PyObject *out = PyList_New(nbits);
     if (!out) return NULL;
@@ -585,6 +593,51 @@ static PyObject *Tree_match(Tree *t, PyObject *args) {
             return NULL;
         }
         PyList_SET_ITEM(out, b, v);
+    }
+    return out;
+}
+
+/* A match's answer for a roster of ``(bit, source, state)`` tuples: a list of
+ * ``(source, count, state)`` tuples (what a view returns), built here rather than by a
+ * Python loop over the sources. */
+static PyObject *Tree_match_roster(Tree *t, PyObject *args) {
+    PyObject *ko, *roster;
+    unsigned long long now;
+    if (!PyArg_ParseTuple(args, "OKO!", &ko, &now, &PyList_Type, &roster)) return NULL;
+    Keys keys;
+    if (keys_get(ko, &keys) < 0) return NULL;
+    int64_t nbits = 64 * t->words;
+    int64_t counts[nbits];
+    match_counts(t, &keys, now, counts);
+    keys_release(&keys);
+    Py_ssize_t n = PyList_GET_SIZE(roster);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(roster, i);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
+            Py_DECREF(out);
+            return PyErr_Format(PyExc_TypeError, "roster[%zd]: a (bit, source, state) tuple", i);
+        }
+        Py_ssize_t bit = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 0));
+        if (bit < 0 || bit >= nbits) {
+            Py_DECREF(out);
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "roster[%zd]: bad bit", i);
+            return NULL;
+        }
+        PyObject *count = PyLong_FromLongLong(counts[bit]);
+        if (!count) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *item = PyTuple_Pack(3, PyTuple_GET_ITEM(entry, 1), count,
+                                      PyTuple_GET_ITEM(entry, 2));
+        Py_DECREF(count);
+        if (!item) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
     }
     return out;
 }
@@ -908,6 +961,7 @@ static PyMethodDef Tree_methods[] = {
     {"remove", (PyCFunction)Tree_remove, METH_VARARGS, NULL},
     {"clear", (PyCFunction)Tree_clear, METH_VARARGS, NULL},
     {"match", (PyCFunction)Tree_match, METH_VARARGS, NULL},
+    {"match_roster", (PyCFunction)Tree_match_roster, METH_VARARGS, NULL},
     {"touch", (PyCFunction)Tree_touch, METH_VARARGS, NULL},
     {"leading_rows", (PyCFunction)Tree_leading_rows, METH_O, NULL},
     {"evict_older_than", (PyCFunction)Tree_evict_older_than, METH_VARARGS, NULL},

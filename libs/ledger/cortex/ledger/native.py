@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from cortex.ledger import _core
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.model import Source
+from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.tree import Eviction, Keys, RadixHashTree, TreeColumns, check_columns
 
 __all__ = ["NativeTree"]
@@ -137,6 +137,10 @@ class NativeTree(RadixHashTree):
 
     def match(self, keys: Keys, now: int) -> list[int]:
         return self._tree.match(keys, now)
+
+    def match_roster(self, keys: Keys, now: int, roster: list[tuple[int, Source, LedgerState]]
+                     ) -> list[tuple[Source, int, LedgerState]]:
+        return self._tree.match_roster(keys, now, roster)
 
     def _leading_rows(self, keys: Keys) -> npt.NDArray[np.uint64]:
         return _words(self._tree.leading_rows(keys)).reshape(-1, self.words)

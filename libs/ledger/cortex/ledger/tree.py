@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.model import Source
+from cortex.ledger.model import LedgerState, Source
 
 __all__ = ["FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree", "TreeColumns",
            "no_eviction", "node_bytes", "validate_columns"]
@@ -329,6 +329,13 @@ class RadixHashTree(ABC):
 
         The list is indexed by source bit (see :meth:`bits`); found nodes get recency ``now``.
         """
+
+    def match_roster(self, keys: Keys, now: int, roster: list[tuple[int, Source, LedgerState]]
+                     ) -> list[tuple[Source, int, LedgerState]]:
+        """:meth:`match` as a view answers it: ``(source, count, state)`` for each roster
+        entry ``(bit, source, state)``, in roster order."""
+        counts = self.match(keys, now)
+        return [(source, counts[bit], state) for bit, source, state in roster]
 
     @abstractmethod
     def _leading_rows(self, keys: Keys) -> npt.NDArray[np.uint64]:

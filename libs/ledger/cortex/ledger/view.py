@@ -114,6 +114,8 @@ class Evict:
 
 ViewOp = Attach | Detach | Store | StorePairs | Remove | Clear | Evict
 
+_Roster = tuple[list[tuple[int, Source, "Place"]], bool, list[tuple[int, Source, LedgerState]]]
+
 Journaled = tuple[str, ViewOp]
 """A journal entry: the model the change concerns, and the change."""
 
@@ -132,7 +134,7 @@ class LedgerView:
         self.places: dict[Source, Place] = {}
         self.journal = journal
         self._by_model: dict[str, list[HashDomain]] = {}
-        self._rosters: dict[HashDomain, tuple[list[tuple[int, Source, Place]], bool]] = {}
+        self._rosters: dict[HashDomain, _Roster] = {}
 
     @classmethod
     def from_parts(cls, trees: dict[HashDomain, RadixHashTree], places: dict[Source, Place]
@@ -210,25 +212,29 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return []
+        roster, offload, states = self._roster(domain, tree)
+        if not offload:  # the common case: the tree builds the answer
+            if candidate_workers:
+                states = [r for r in states if r[1].worker_id in candidate_workers]
+            return tree.match_roster(keys, now, states)
         counts = tree.match(keys, now)
-        roster, offload = self._roster(domain, tree)
         if candidate_workers:
             roster = [r for r in roster if r[1].worker_id in candidate_workers]
         out = [(s, counts[bit], p.state) for bit, s, p in roster]
-        if offload:
-            _extend_by_tiers(tree, keys, roster, counts, out)
+        _extend_by_tiers(tree, keys, roster, counts, out)
         return out
 
-    def _roster(self, domain: HashDomain, tree: RadixHashTree
-                ) -> tuple[list[tuple[int, Source, Place]], bool]:
-        """``(bit, source, place)`` of the domain's attached sources, and whether any is an
-        offload tier (cached until a source of the domain attaches or leaves: a match's
-        per-source work is only building its answer)."""
+    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> _Roster:
+        """``(bit, source, place)`` of the domain's attached sources, whether any is an
+        offload tier, and ``(bit, source, state)`` of each (cached until a source of the
+        domain attaches, changes state or leaves: a match's per-source work is only
+        building its answer)."""
         cached = self._rosters.get(domain)
         if cached is None:
             places = self.places
             roster = [(bit, s, places[s]) for bit, s in tree.bits() if s in places]
-            cached = roster, any(s.tier in OFFLOAD_TIERS for _, s, _ in roster)
+            cached = (roster, any(s.tier in OFFLOAD_TIERS for _, s, _ in roster),
+                      [(bit, s, p.state) for bit, s, p in roster])
             self._rosters[domain] = cached
         return cached
 
