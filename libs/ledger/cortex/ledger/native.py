@@ -11,6 +11,8 @@ bits and shapes the results as :class:`~cortex.ledger.tree.RadixHashTree` promis
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import numpy.typing as npt
 
@@ -77,7 +79,11 @@ class NativeTree(RadixHashTree):
         return 0 if bit is None else self._tree.held(bit)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, int) and 0 <= key < 1 << 64 and self._tree.slot_of(key) >= 0
+        try:
+            k = operator.index(key)  # type: ignore[arg-type]  # any integer, as a dict does
+        except TypeError:
+            return False
+        return 0 <= k < 1 << 64 and self._tree.slot_of(k) >= 0
 
     def _widen(self) -> None:
         self._tree.widen()
