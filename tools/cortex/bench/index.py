@@ -253,8 +253,9 @@ ANALYSIS = [
     "48 B estimated; the RSS delta adds the touched part of the last column doubling. The "
     "pure-Python core adds a dict entry and two int objects (146 B): `cortex bench core` "
     "compares both. Holdings (a block on several workers) cost no extra bytes.",
-    "Match over gRPC: the index's own handling (decode ~3 µs, core ~35-75 µs, reply ~15 µs, "
-    "encode ~40 µs for 64 workers) is ~100-130 µs of the round trip; the rest is the grpcio "
+    "Match over gRPC: the index's own handling (decode ~3 µs, core ~10 µs with the compiled "
+    "tree, reply and encode ~55 µs for 64 workers) is well under 100 µs of the round trip; "
+    "the rest is the grpcio "
     "client and grpclib's HTTP/2 handling. grpcio's own server over the same core and "
     "messages is the reference row: on this 2-core machine even it does not reach "
     "500 µs at p50, so the loopback target is dominated by the client + transport here.",
