@@ -28,7 +28,10 @@ $(UV): tools/requirements-uv.txt
 	$(PYTHON) -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
 		--target .tools/uv -r tools/requirements-uv.txt
 
-$(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.toml
+# the ledger's compiled core is built by its (editable) install: a changed C source reinstalls
+# (libs/ledger/pyproject.toml's uv cache-keys)
+$(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.toml \
+		libs/ledger/setup.py libs/ledger/cortex/ledger/_core.c
 	@$(MAKE) --no-print-directory lock-check
 	$(SYNC)
 	# xds-protos (Envoy's messages, the endpoint picker) ships an older copy of the files of

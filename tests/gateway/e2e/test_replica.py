@@ -23,6 +23,7 @@ from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer
+from cortex.ledger import cores
 from cortex.ledger.grpc import LedgerCodec
 from cortex.ledger.tree import node_bytes
 from cortex.testing import free_port, wait_until_async
@@ -106,6 +107,9 @@ async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
         assert "cortex_index_match_requests_total{" not in index.metrics.render().decode()
         body = await ready(http, gateway)
         assert body["replica"] == "synced" and "no_replica" not in body["degraded"]
+        assert body["ledger_core"] == cores.active() == "native"  # the default where built
+        async with http.get(gateway.url + "/metrics") as resp:
+            assert 'cortex_gateway_ledger_core{core="native"} 1.0' in await resp.text()
 
 
 async def test_a_gateway_started_before_the_index_syncs_when_it_comes(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -22,6 +24,7 @@ from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import (
     ClearBlocks,
+    KeyList,
     LedgerState,
     LedgerUpdate,
     Op,
@@ -82,6 +85,8 @@ def engine_from_kind(value: int, *, required: bool) -> Engine | None:
     return engine
 
 
+_BIG_ENDIAN = sys.byteorder == "big"
+
 # ---- scalars ------------------------------------------------------------------------------
 
 
@@ -90,6 +95,8 @@ def keys_to_le(keys: Keys) -> bytes:
     :func:`cortex.hashing.pack_keys`, key arrays as they are)."""
     if isinstance(keys, np.ndarray):
         return keys.astype("<u8", copy=False).tobytes()
+    if isinstance(keys, array) and keys.typecode == "Q" and not _BIG_ENDIAN:
+        return keys.tobytes()  # a decoded update's keys, forwarded as they came
     return pack_keys(keys)
 
 
@@ -101,11 +108,17 @@ def keys_from_le(data: bytes, field: str) -> npt.NDArray[np.uint64]:
     return keys
 
 
-def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> list[int]:
-    """A key list from its ``*_le`` twin (wins when set) or the repeated field."""
+def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> KeyList:
+    """The keys of an update from its ``*_le`` twin (wins when set: one copy into an
+    ``array('Q')``, no int object per key) or the repeated field."""
     if packed:
-        out: list[int] = keys_from_le(packed, field + "_le").tolist()
-        return out
+        if len(packed) % 8:
+            raise InvalidArgument(f"{field}_le length {len(packed)} is not a multiple of 8")
+        keys = array("Q")
+        keys.frombytes(packed)
+        if _BIG_ENDIAN:  # pragma: no cover - the wire is little-endian
+            keys.byteswap()
+        return keys
     return list(repeated)
 
 

@@ -32,10 +32,11 @@ from cortex.ledger.codec import (
     source_to_pb,
     state_from_pb,
 )
+from cortex.ledger.cores import tree_from_columns
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source
-from cortex.ledger.tree import RadixHashTree, TreeColumns
+from cortex.ledger.tree import TreeColumns
 from cortex.ledger.view import Keys, LedgerView, Place, ViewOp
 
 __all__ = [
@@ -322,5 +323,5 @@ def _assemble(loading: _Loading) -> LedgerView:
         if not 0 <= bit < len(tree.sources) or tree.sources[bit] is not None:
             raise InvalidArgument(f"source {source} has a bad or duplicate bit {bit}")
         tree.sources[bit] = source
-    trees = {domain: RadixHashTree.from_columns(col) for domain, col in loading.columns.items()}
+    trees = {domain: tree_from_columns(col) for domain, col in loading.columns.items()}
     return LedgerView.from_parts(trees, {source: place for source, place, _ in loading.sources})

@@ -12,6 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from cortex.ledger import cores
+
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -158,6 +160,10 @@ class GatewayMetrics:
                                     registry=r)
         self.replica_bytes = Gauge(p + "replica_bytes", "Estimated bytes of the ledger replica",
                                    registry=r)
+        self.ledger_core = Gauge(p + "ledger_core", "1 for the radix hash tree core of the "
+                                 "ledger replica (native: compiled; python: the fallback, ~20x "
+                                 "slower)", ["core"], registry=r)
+        self.ledger_core.labels(core=cores.active().value).set(1)
         self.predicted_keys = Gauge(p + "predicted_blocks", "Blocks in the predicted side index",
                                     registry=r)
 

@@ -36,6 +36,7 @@ from cortex.gateway.request.payload import InferencePath, InferenceRequest, pars
 from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
+from cortex.ledger import cores
 from cortex.ledger.grpc import read_token
 from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import ReplicaChanges
@@ -219,8 +220,8 @@ class Runtime:
             asyncio.create_task(loads.run(), name="gateway-load"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
-        log.info("gateway started: %d models, %d workers, index=%s", len(config.models),
-                 len(self.pool), self.index)
+        log.info("gateway started: %d models, %d workers, index=%s ledger_core=%s",
+                 len(config.models), len(self.pool), self.index, cores.active())
 
     async def _stop(self) -> None:
         tasks, self._tasks = self._tasks, []
