@@ -128,7 +128,7 @@ def _service(tok: PromptTokenizer, workers: int = 2, encoder: str = "threads",
              heavy_messages: int = 256) -> Tokenization:
     source = None if tok.chat.source == str(default_tokenizer_dir()) else Path(tok.chat.source)
     config = GatewayConfig(models=(ModelConfig(name="m", tokenizer=source),),
-                           tokenize=TokenizeConfig(workers=workers, encoder=encoder,
+                           tokenize=TokenizeConfig(workers=workers, pool=encoder,
                                                    heavy_messages=heavy_messages))
     return Tokenization(config, {"m": tok}, GatewayMetrics())
 

@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
 
+from cortex.chat import EncoderChoice
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
@@ -153,10 +154,15 @@ class Runtime:
     async def _start(self) -> None:
         config = self.config
         for model in config.models:
-            self.tokenizers[model.name] = await asyncio.to_thread(
-                PromptTokenizer.load, model.tokenizer, model.chat_template,
-                model.tokenize_cache_tokens,
-            )
+            try:
+                tokenizer = await asyncio.to_thread(
+                    PromptTokenizer.load, model.tokenizer, model.chat_template,
+                    model.tokenize_cache_tokens, encoder=EncoderChoice(config.tokenize.encoder))
+            except ValueError as exc:  # tokenize.encoder fastokens and it is not exact
+                raise ConfigError(f"model {model.name}: {exc}") from None
+            self.tokenizers[model.name] = tokenizer
+            self.metrics.tokenize_encoder.labels(
+                model=model.name, encoder=tokenizer.encoder.name).set(1)
         if self._own_registry:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)

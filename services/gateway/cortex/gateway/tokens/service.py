@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from cortex.chat import ChatError, RenderArgs, render_args
+from cortex.chat import ChatError, EncoderChoice, RenderArgs, render_args
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
@@ -75,6 +75,14 @@ def _text_chars(args: RenderArgs) -> int:
     return total
 
 
+def _child_encoder(tokenizer: PromptTokenizer | None) -> EncoderChoice:
+    """What a worker process loads: the encoder this process chose for the model
+    (``fastokens`` is probed again there and must pass, as here)."""
+    if tokenizer is not None and tokenizer.encoder.name == "fastokens":
+        return EncoderChoice.FASTOKENS
+    return EncoderChoice.HF
+
+
 class Tokenization:
     """Per model: its :class:`PromptTokenizer` (one segment cache), plus the shared
     parallel encoder, heavy lane and feeder thread. Call from the event loop."""
@@ -86,11 +94,11 @@ class Tokenization:
         self.metrics = metrics
         models = {m.name: m for m in config.models}
         cfg = self.config
-        self.encoder = ParallelEncoder(cfg.workers, EncoderMode(cfg.encoder),
+        self.encoder = ParallelEncoder(cfg.workers, EncoderMode(cfg.pool),
                                        {name: m.tokenizer for name, m in models.items()})
         self.heavy = HeavyLane(cfg.workers, {name: TokenizerSpec(
-            m.tokenizer, m.chat_template, m.tokenize_cache_tokens, m.tokenize_cache_bytes)
-            for name, m in models.items()})
+            m.tokenizer, m.chat_template, m.tokenize_cache_tokens, m.tokenize_cache_bytes,
+            _child_encoder(tokenizers.get(name))) for name, m in models.items()})
         self._feeder = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="cortex-tokenize-feed")
         self._pending = 0
