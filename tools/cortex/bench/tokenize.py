@@ -15,7 +15,11 @@ encoders (``tokenize.encoder``: Hugging Face ``tokenizers`` and ``fastokens``):
 2. **Never-seen 13k-token prompt**: wall time with 1 vs 2 worker threads, and 2 worker
    processes; then p50 / p99 of each request's wall time under a burst of 16 concurrent
    never-seen prompts.
-3. **A huge request next to small ones**: small chat requests' tokenization latency while a
+3. **Lazy walk**: the decision's tokenize + hash stages for a never-seen 13k-token chat
+   prompt, full encode vs the ledger-guided walk (:mod:`cortex.gateway.tokens.lazy`), for a
+   prompt no worker holds and one whose first 8k tokens a worker holds (routed by another
+   gateway: this one's segment cache never saw it).
+4. **A huge request next to small ones**: small chat requests' tokenization latency while a
    20,000-message request is tokenized in the heavy lane (a worker process) and, as the
    baseline, inline.
 
@@ -47,9 +51,10 @@ from cortex.chat import (
 )
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.tokens.lazy import BytesPerToken, walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization, next_turn
-from cortex.hashing import Engine
+from cortex.hashing import Engine, HashDomain
 
 __all__ = ["register", "run"]
 
@@ -156,6 +161,86 @@ def _encoder_costs(name: str, chats: dict[str, ChatTokenizer], repeats: int
                 result.ms.setdefault(label, []).append((time.perf_counter() - start) * 1000)
             assert len({tuple(ids) for ids in results.values()}) == 1, f"ids differ: {kind}"
     return list(out.values())
+
+
+@dataclass
+class LazyResult:
+    tokenizer: str
+    scenario: str
+    prompt_tokens: int = 0
+    full_ms: list[float] = field(default_factory=list)
+    lazy_ms: list[float] = field(default_factory=list)
+    encoded_tokens: list[int] = field(default_factory=list)  # by the walk, before it stopped
+    estimate_error: list[float] = field(default_factory=list)  # (estimate - exact) / exact
+
+
+def _lazy_costs(name: str, base: PromptTokenizer, repeats: int) -> list[LazyResult]:
+    """Render + split + encode + key a never-seen chat prompt: whole, or lazily."""
+    domain = HashDomain("m", 16, Engine.VLLM)
+    root = domain.root_key()
+    prose = Prose(base.chat, seed=21)
+    out = []
+    for scenario, held_tokens in (("no worker holds it", 0),
+                                  ("a worker holds its first 8k tokens", 8_000)):
+        result = LazyResult(name, scenario)
+        ratio = BytesPerToken()
+        for _ in range(repeats + 1):  # the first one warms up
+            args = RenderArgs.of(Engine.VLLM, [
+                {"role": "system", "content": prose.text(NEVER_SEEN_TOKENS - 60)},
+                {"role": "user", "content": prose.text(50)}])
+            exact = base.fork().encode_prompt(base.prompt(args))
+            held = set(domain.keys(exact[:held_tokens]))
+
+            def deepest(keys: list[int], held: set[int] = held) -> int:
+                count = 0
+                for key in keys:
+                    if key not in held:
+                        break
+                    count += 1
+                return count
+
+            tok = base.fork()  # this gateway never saw the text
+            start = time.perf_counter()
+            ids = tok.encode_prompt(tok.prompt(args))
+            domain.keys(ids)
+            full = (time.perf_counter() - start) * 1000
+            tok = base.fork()
+            start = time.perf_counter()
+            lazy = walk(tok, tok.plan_prompt(tok.prompt(args)), root, 16, deepest, ratio)
+            took = (time.perf_counter() - start) * 1000
+            estimate = lazy.estimated_tokens(ratio)
+            encoded = len(lazy.ids)
+            assert lazy.finish(tok) == ids == exact
+            if result.prompt_tokens:  # past the warm-up
+                result.full_ms.append(full)
+                result.lazy_ms.append(took)
+                result.encoded_tokens.append(encoded)
+                result.estimate_error.append((estimate - len(ids)) / len(ids))
+            result.prompt_tokens = len(ids)
+        out.append(result)
+    return out
+
+
+def _lazy_table(results: list[LazyResult]) -> list[str]:
+    lines = [f"## Lazy walk: a never-seen {NEVER_SEEN_TOKENS // 1000}k-token chat prompt", "",
+             "The decision's tokenize + hash stages in process (render, split, encode, block "
+             "keys; matching against an in-memory set of held keys): the whole prompt "
+             "encoded vs the ledger-guided walk that stops at the first block no worker "
+             "holds. Block size 16; median / p99 over the repeats (ms); a fresh prompt and a "
+             "cold segment cache every time. *estimate error*: the walk's prompt-length "
+             "estimate (encoded tokens + remaining bytes / learned bytes-per-token) against "
+             "the exact length, median of |error|. Not yet wired into the router (see "
+             "docs/gateway.md).", ""]
+    rows = []
+    for r in results:
+        full, lazy = _median(r.full_ms), _median(r.lazy_ms)
+        rows.append((r.tokenizer, r.scenario, f"{r.prompt_tokens:,}",
+                     f"{full:.2f} / {_p(r.full_ms, .99):.2f}",
+                     f"{lazy:.2f} / {_p(r.lazy_ms, .99):.2f}", f"**{lazy / full:.3f}**",
+                     f"{_median([float(t) for t in r.encoded_tokens]):,.0f}",
+                     f"{100 * _median([abs(e) for e in r.estimate_error]):.1f} %"))
+    return lines + table(("tokenizer", "prompt", "tokens", "full p50 / p99", "lazy p50 / p99",
+                          "ratio", "tokens encoded by the walk", "estimate error"), rows)
 
 
 @dataclass
@@ -362,14 +447,14 @@ def _encoder_table(results: list[EncoderResult]) -> list[str]:
                           "per token (hf / fastokens)"), rows)
 
 
-def _report(enc: list[EncoderResult], conv: list[ConversationResult],
+def _report(enc: list[EncoderResult], lazy: list[LazyResult], conv: list[ConversationResult],
             never: list[NeverSeenResult], huge: dict[str, list[float]], png: str) -> str:
     lines = ["# `cortex bench tokenize`", "",
              f"{platform.processor() or platform.machine()}, Python "
              f"{platform.python_version()}, {len(__import__('os').sched_getaffinity(0))} "
              "usable cores; everything in one run, ratios against baselines of the same run.",
              "Reproduce: `flock /tmp/cortex-bench.lock .venv/bin/cortex bench tokenize`.", "",
-             *_encoder_table(enc), "",
+             *_encoder_table(enc), "", *_lazy_table(lazy), "",
              "## 20-turn agent conversation", "",
              "System prompt 4k tokens, then per turn ~300 new user tokens and a ~300-token "
              "answer (fed to the cache after the turn, as the gateway does after a response). "
@@ -423,6 +508,7 @@ def run(out: Path, conversations: int = 5, repeats: int = 15, bursts: int = 4) -
                   for name, path in sources.items() for encoder in ENCODERS}
     enc = [r for name in sources for r in _encoder_costs(
         name, {e.value: tokenizers[f"{name} · {e.value}"].chat for e in ENCODERS}, repeats)]
+    lazy = [r for name, tok in tokenizers.items() for r in _lazy_costs(name, tok, repeats)]
 
     async def main() -> tuple[list[ConversationResult], list[NeverSeenResult],
                               dict[str, list[float]]]:
@@ -436,5 +522,5 @@ def run(out: Path, conversations: int = 5, repeats: int = 15, bursts: int = 4) -
     conv, never, huge = asyncio.run(main())
     _plot(conv, out / "tokenize.png")
     path = out / "tokenize.md"
-    path.write_text(_report(enc, conv, never, huge, "tokenize.png"), encoding="utf-8")
+    path.write_text(_report(enc, lazy, conv, never, huge, "tokenize.png"), encoding="utf-8")
     return path

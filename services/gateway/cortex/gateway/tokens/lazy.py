@@ -42,6 +42,9 @@ from cortex.hashing import block_keys
 
 __all__ = ["BytesPerToken", "Walk", "walk"]
 
+MIN_NEW_BLOCKS = 4
+"""New full blocks the walk collects before it asks the ledger again (at least)."""
+
 Deepest = Callable[[list[int]], int]
 """Leading blocks of ``keys`` the best-placed worker holds (0..len(keys))."""
 
@@ -166,12 +169,20 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
         if ratio is not None and encoded:
             ratio.observe(encoded, len(w.ids) - before)
         full = len(w.ids) // block_size
-        if full > len(w.keys):
+        # ask the ledger again once the new blocks are a fair share of the known ones: a
+        # match walks from the root, so asking after every part would be quadratic (the walk
+        # overshoots the stop by at most an eighth plus a few blocks)
+        if full - len(w.keys) >= max(MIN_NEW_BLOCKS, len(w.keys) // 8):
             start = len(w.keys) * block_size
             w.keys += block_keys(w.ids[start:full * block_size], block_size,
                                  w.keys[-1] if w.keys else root)
             w.deepest = deepest(w.keys)
             if w.deepest < len(w.keys) and _more(parts, i + 1):
                 return w  # block ``deepest`` is held by no one: the match stops there
+    full = len(w.ids) // block_size
+    if full > len(w.keys):
+        w.keys += block_keys(w.ids[len(w.keys) * block_size:full * block_size], block_size,
+                             w.keys[-1] if w.keys else root)
+        w.deepest = deepest(w.keys)
     w.complete = True
     return w
