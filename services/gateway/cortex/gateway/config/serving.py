@@ -506,21 +506,23 @@ class TokenizeConfig:
     ``encoder``: which implementation turns text into ids — ``auto`` (``fastokens`` for a model
     whose ``tokenizer.json`` it reproduces exactly in a parity probe at load, else Hugging Face
     ``tokenizers``), ``hf`` or ``fastokens`` (start-up fails unless the probe passes);
-    docs/chat.md. ``workers``: cores that encode a long never-seen prompt in parallel (0 = the
-    cores this process may run on); ``pool``: ``threads`` (GIL released while encoding) or
-    ``processes``. ``offload_chars``: uncached prompt text (characters) above which encoding
-    leaves the event loop. ``heavy_messages`` / ``heavy_chars``: chat requests with more
-    messages or message text are rendered and tokenized in a worker process (a huge request must
-    not hold the event loop). ``feed_answers``: relayed answers are encoded into the segment
-    cache after the response, so the next turn's resent history hits — answers of at least
-    ``feed_min_tokens`` (shorter ones cost less to encode on the next turn than rendering the
-    conversation again costs now); at most ``feed_max_bytes`` of a response are kept for it and
-    ``feed_queue`` feeds wait.
+    docs/chat.md. ``lazy``: route on a prompt encoded only as far as the ledger match can reach,
+    the rest encoded after the decision (docs/gateway.md). ``workers``: cores that encode a long
+    never-seen prompt in parallel (0 = the cores this process may run on); ``pool``: ``threads``
+    (GIL released while encoding) or ``processes``. ``offload_chars``: uncached prompt text
+    (characters) above which encoding leaves the event loop. ``heavy_messages`` /
+    ``heavy_chars``: chat requests with more messages or message text are rendered and tokenized
+    in a worker process (a huge request must not hold the event loop). ``feed_answers``: relayed
+    answers are encoded into the segment cache after the response, so the next turn's resent
+    history hits — answers of at least ``feed_min_tokens`` (shorter ones cost less to encode on
+    the next turn than rendering the conversation again costs now); at most ``feed_max_bytes``
+    of a response are kept for it and ``feed_queue`` feeds wait.
     ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
     ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
     """
 
     encoder: str = "auto"
+    lazy: bool = False
     workers: int = 0
     pool: str = "threads"
     offload_chars: int = 4_096

@@ -27,6 +27,7 @@ failure before the first byte sends the request elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -50,9 +51,10 @@ from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.pairing import PairDecision
 from cortex.gateway.routing.predicted import Credit, PredictedBlocks
 from cortex.gateway.routing.scoring import Candidate, Decision, Reason, Scored, decide
+from cortex.gateway.tokens.lazy import Walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
-from cortex.hashing import Engine, HashDomain
+from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 from cortex.registry.spec import WorkerRole
 
@@ -145,6 +147,15 @@ class Placement:
         keys = self._router.keys_for(worker_id, self.keys, self.keysets)
         self._credit = self._router.predicted.credit(worker_id, keys)
         self._router.metrics.predicted_keys.set(len(self._router.predicted))
+
+    def complete(self, keys: list[int]) -> None:
+        """The prompt's whole ``keys`` are known now (a lazy walk was finished): the worker
+        credited now, if any, is credited with all of them."""
+        self.keys = keys
+        worker_id = self.worker_id
+        if worker_id is not None:
+            self.withdraw()
+            self.move(worker_id)
 
     def withdraw(self) -> None:
         credit, self._credit = self._credit, None
@@ -261,15 +272,23 @@ class Router:
         """
         model = req.model
         t0 = time.perf_counter()
-        ids = await self.tokens(req)
-        t1 = time.perf_counter()
-        keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
-        query_blocks = max(len(ids) - 1, 0) // model.block_size
-        query = keys[:query_blocks]
-        t2 = time.perf_counter()
         workers = _only(self._serving(self.pool.candidates(model.name), model, req.adapter),
                         allowed)
         pools = self._pd_pools(model, req.adapter, allowed)
+        lazy = self._walk(req, workers, pools)
+        ids = lazy.ids if lazy is not None else await self.tokens(req)
+        t1 = time.perf_counter()
+        if lazy is None or lazy.complete:
+            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
+                    else lazy.keys)
+            query_blocks = max(len(ids) - 1, 0) // model.block_size
+            prompt_tokens = len(ids)
+        else:  # the prompt goes on past the walk: every walked block could be a hit
+            keys = lazy.keys
+            query_blocks = len(keys)
+            prompt_tokens = lazy.estimated_tokens(self.tokenization.ratios[model.name])
+        query = keys[:query_blocks]
+        t2 = time.perf_counter()
         if not workers and pools is None:
             if req.adapter is not None:
                 raise ServiceUnavailable(f"no available worker serves the adapter "
@@ -315,7 +334,7 @@ class Router:
                 d_worker = self.pool.get(decode.chosen.worker_id)
                 computes, why = plan.computes(prefill.chosen, decode.chosen, self.config.pd)
                 local = why is not None
-                self._place(placement, computes.worker_id, uncached(len(ids), computes))
+                self._place(placement, computes.worker_id, uncached(prompt_tokens, computes))
                 if d_worker is not None and not local:
                     placement.hold(d_worker)
         else:
@@ -323,8 +342,16 @@ class Router:
             decision = regular
             if record:
                 self._place(placement, decision.chosen.worker_id,
-                            uncached(len(ids), decision.chosen))
+                            uncached(prompt_tokens, decision.chosen))
         t4 = time.perf_counter()
+        if lazy is not None and not lazy.complete:
+            if record:  # the rest off the request path; the credit then covers every block
+                self._finish_later(req, lazy, placement)
+            else:  # explain reports the exact length and keys (outside its timings)
+                ids = lazy.finish(self.tokenizers[model.name])
+                keys = placement.keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
+                query_blocks = max(len(ids) - 1, 0) // model.block_size
+                prompt_tokens = len(ids)
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         if record:
             m = self.metrics
@@ -335,10 +362,57 @@ class Router:
             m.child(stage, "score").observe(timings.score)
             m.child(stage, "total").observe(timings.total)
             m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
-            m.prompt_tokens.observe(len(ids))
-        return Routed(decision, model, len(ids), keys, query_blocks, source,
+            if lazy is None or lazy.complete:
+                m.prompt_tokens.observe(len(ids))
+        return Routed(decision, model, prompt_tokens, keys, query_blocks, source,
                       answer.index_version if answer is not None else 0, timings, placement,
                       plan, keysets)
+
+    def _walk(self, req: InferenceRequest, workers: list[WorkerState],
+              pools: tuple[list[WorkerState], list[WorkerState]] | None) -> Walk | None:
+        """The lazy walk of ``req``'s prompt (``tokenize.lazy``), or ``None`` where the
+        whole ids are needed or the match is not in process: PD (the pair's split reads the
+        exact length), workers with lookahead keys, the ledger over gRPC."""
+        replica = self.replica
+        if (not self.config.tokenize.lazy or pools is not None or replica is None
+                or not replica.usable or any(w.kv_lookahead for w in workers)):
+            return None
+        model = req.model
+        ledger = replica.replica
+        predicted = self.predicted
+
+        def deepest(keys: list[int]) -> int:
+            # a rank's host and disk tiers add blocks after its device prefix: their sum
+            # bounds its leading run from above (over-estimating only walks further)
+            held: dict[tuple[str, int], int] = {}
+            for source, blocks, _ in ledger.match(model.domain, keys):
+                rank = (source.worker_id, source.dp_rank)
+                held[rank] = held.get(rank, 0) + blocks
+            return max(*held.values(), *predicted.match(keys).values(), 0)
+
+        return self.tokenization.walk(
+            req, model.domain.root_key(req.lora_name, req.cache_salt), deepest)
+
+    def _finish_later(self, req: InferenceRequest, lazy: Walk, placement: Placement) -> None:
+        """Encode the rest of a walked prompt off the request path; once done, the
+        placement credits every block (until then, or if shed, the walked ones)."""
+        future = self.tokenization.finish_later(req.model.name, lazy)
+        if future is None:
+            return
+        domain = req.model.domain
+        root = domain.root_key(req.lora_name, req.cache_salt)
+
+        def finished(done: asyncio.Future[list[int]]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            ids = done.result()
+            self.metrics.prompt_tokens.observe(len(ids))
+            walked = placement.keys  # the rest's keys chain on from the walked ones
+            rest = block_keys(ids[len(walked) * domain.block_size:], domain.block_size,
+                              walked[-1] if walked else root)
+            placement.complete([*walked, *rest])
+
+        asyncio.wrap_future(future).add_done_callback(finished)
 
     def _lookahead_keys(self, model: ModelConfig, ids: list[int], req: InferenceRequest,
                         workers: list[WorkerState],

@@ -192,6 +192,8 @@ class Tokenization:
         if req.endpoint is not InferencePath.GENERATE:
             self.recent[model] = req.body  # for the alignment self-check
         lazy = walk(tokenizer, plan, root, req.model.block_size, deepest, self.ratios[model])
+        if lazy.complete:
+            lazy.finish(tokenizer)  # its fresh pieces into the cache
         try:
             check_prompt_tokens(req.limits, req.body, lazy.max_tokens(), req.prompt_param)
         except ClientError:  # the bound does not fit: the exact length decides
