@@ -19,7 +19,10 @@ encoders (``tokenize.encoder``: Hugging Face ``tokenizers`` and ``fastokens``):
    prompt, full encode vs the ledger-guided walk (:mod:`cortex.gateway.tokens.lazy`), for a
    prompt no worker holds and one whose first 8k tokens a worker holds (routed by another
    gateway: this one's segment cache never saw it).
-4. **A huge request next to small ones**: small chat requests' tokenization latency while a
+4. **Routing decision**: ``Router.route`` (what ``POST /admin/explain`` times and reports as
+   ``timings_ms``) on a real in-process ledger replica, 8 workers: never-seen 13k-token chat
+   prompts, full vs ``tokenize.lazy``, with each encoder.
+5. **A huge request next to small ones**: small chat requests' tokenization latency while a
    20,000-message request is tokenized in the heavy lane (a worker process) and, as the
    baseline, inline.
 
@@ -50,11 +53,18 @@ from cortex.chat import (
     render_args,
 )
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
+from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.request.payload import InferencePath, parse_request
+from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.lazy import BytesPerToken, walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization, next_turn
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.model import Source
+from cortex.ledger.replica import LedgerReplica
+from cortex.registry import WorkerSpec
 
 __all__ = ["register", "run"]
 
@@ -241,6 +251,92 @@ def _lazy_table(results: list[LazyResult]) -> list[str]:
                      f"{100 * _median([abs(e) for e in r.estimate_error]):.1f} %"))
     return lines + table(("tokenizer", "prompt", "tokens", "full p50 / p99", "lazy p50 / p99",
                           "ratio", "tokens encoded by the walk", "estimate error"), rows)
+
+
+@dataclass
+class DecisionResult:
+    label: str
+    scenario: str
+    total_ms: list[float] = field(default_factory=list)
+    tokenize_ms: list[float] = field(default_factory=list)
+
+
+class _Replica:
+    """The router's view of a synced ledger replica (the stream is not run here)."""
+
+    usable = True
+
+    def __init__(self, replica: LedgerReplica) -> None:
+        self.replica = replica
+
+
+async def _decisions(label: str, base: PromptTokenizer, lazy: bool, repeats: int
+                     ) -> list[DecisionResult]:
+    """Explain's stage timings of never-seen 13k-token chat prompts (a fresh one each
+    time), nothing of them held, or their first 8k tokens held by one worker."""
+    block = 16
+    model = ModelConfig(name="m", block_size=block, engine=Engine.VLLM)
+    config = GatewayConfig(models=(model,), tokenize=TokenizeConfig(lazy=lazy))
+    workers = [f"w{i}" for i in range(8)]
+    pool = WorkerPool(config.breaker)
+    pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.VLLM,
+                             model="m", block_size=block) for i, w in enumerate(workers)})
+    for worker in pool:
+        worker.health = Health.HEALTHY
+        worker.engine = EngineLoad(0, 0, time.monotonic() + 3600)
+    replica = LedgerReplica()
+    for w in workers:
+        replica.view.attach(Source(w), model.domain, LedgerState.READY)
+    prose = Prose(base.chat, seed=31)
+    other = base.fork()
+    for i, w in enumerate(workers):  # every worker holds other prompts (a realistic tree)
+        ids = other.encode(prose.text(4_000), False)
+        replica.view.store(Source(w), model.domain.root_key(), model.domain.keys(ids), i)
+    router = Router(config, pool, {"m": base.fork()}, None, GatewayMetrics(),
+                    _Replica(replica))
+    out = []
+    try:
+        for scenario, held in (("no worker holds it", 0),
+                               ("a worker holds its first 8k tokens", 8_000)):
+            result = DecisionResult(label, scenario)
+            for i in range(repeats + 1):  # the first one warms up
+                body = {"model": "m", "messages": [
+                    {"role": "system", "content": prose.text(NEVER_SEEN_TOKENS - 60)},
+                    {"role": "user", "content": prose.text(50)}]}
+                req = parse_request(InferencePath.CHAT, body, config)
+                if held:
+                    assert req.prompt.chat is not None
+                    ids = other.encode_prompt(other.prompt(req.prompt.chat))[:held]
+                    replica.view.store(Source("w3"), model.domain.root_key(),
+                                       model.domain.keys(ids), 100 + i)
+                routed = await router.route(req, time.monotonic() + 60, record=False)
+                if held:
+                    assert routed.decision.chosen.worker_id == "w3"
+                if i:
+                    result.total_ms.append(routed.timings.total * 1000)
+                    result.tokenize_ms.append(routed.timings.tokenize * 1000)
+            out.append(result)
+    finally:
+        router.close()
+    return out
+
+
+def _decision_table(results: list[DecisionResult]) -> list[str]:
+    lines = [f"## Routing decision: never-seen {NEVER_SEEN_TOKENS // 1000}k-token chat "
+             "prompts", "",
+             "`Router.route` with `record=False`: the code `POST /admin/explain` runs, and the "
+             "stage timings it reports as `timings_ms` (tokenize + hash + match + score; "
+             "HTTP parsing is not in them), on a real in-process `LedgerReplica` (8 workers, "
+             "each holding other 4k-token prompts; block size 16), a fresh prompt every "
+             "time. Lazy: `tokenize.lazy: true` (explain then finishes the encode outside "
+             "its timings). Targets (issue 26): p50 ≤ 1.5 ms, p99 ≤ 4 ms never seen; p50 ≤ "
+             "6 ms with the first 8k tokens held.", ""]
+    rows = []
+    for r in results:
+        rows.append((r.label, r.scenario, f"{_median(r.total_ms):.2f}",
+                     f"{_p(r.total_ms, .99):.2f}", f"{_median(r.tokenize_ms):.2f}"))
+    return lines + table(("encoder · tokenization", "prompt", "decision p50 (ms)", "p99 (ms)",
+                          "of which tokenize p50 (ms)"), rows)
 
 
 @dataclass
@@ -447,14 +543,15 @@ def _encoder_table(results: list[EncoderResult]) -> list[str]:
                           "per token (hf / fastokens)"), rows)
 
 
-def _report(enc: list[EncoderResult], lazy: list[LazyResult], conv: list[ConversationResult],
-            never: list[NeverSeenResult], huge: dict[str, list[float]], png: str) -> str:
+def _report(enc: list[EncoderResult], lazy: list[LazyResult], dec: list[DecisionResult],
+            conv: list[ConversationResult], never: list[NeverSeenResult],
+            huge: dict[str, list[float]], png: str) -> str:
     lines = ["# `cortex bench tokenize`", "",
              f"{platform.processor() or platform.machine()}, Python "
              f"{platform.python_version()}, {len(__import__('os').sched_getaffinity(0))} "
              "usable cores; everything in one run, ratios against baselines of the same run.",
              "Reproduce: `flock /tmp/cortex-bench.lock .venv/bin/cortex bench tokenize`.", "",
-             *_encoder_table(enc), "", *_lazy_table(lazy), "",
+             *_encoder_table(enc), "", *_decision_table(dec), "", *_lazy_table(lazy), "",
              "## 20-turn agent conversation", "",
              "System prompt 4k tokens, then per turn ~300 new user tokens and a ~300-token "
              "answer (fed to the cache after the turn, as the gateway does after a response). "
@@ -510,17 +607,20 @@ def run(out: Path, conversations: int = 5, repeats: int = 15, bursts: int = 4) -
         name, {e.value: tokenizers[f"{name} · {e.value}"].chat for e in ENCODERS}, repeats)]
     lazy = [r for name, tok in tokenizers.items() for r in _lazy_costs(name, tok, repeats)]
 
-    async def main() -> tuple[list[ConversationResult], list[NeverSeenResult],
-                              dict[str, list[float]]]:
+    async def main() -> tuple[list[DecisionResult], list[ConversationResult],
+                              list[NeverSeenResult], dict[str, list[float]]]:
+        dec = [r for name, tok in tokenizers.items() for lazy in (False, True)
+               for r in await _decisions(f"{name} · {'lazy' if lazy else 'full'}", tok, lazy,
+                                         repeats * 3)]
         conv = [await _conversation(n, t, conversations,
                                     tokenizers[n.split(" · ")[0] + " · hf"].chat)
                 for n, t in tokenizers.items()]
         never = [await _never_seen(n, t, repeats, bursts) for n, t in tokenizers.items()]
         huge = await _huge_next_to_small(tokenizers["DeepSeek-V4 · hf"])
-        return conv, never, huge
+        return dec, conv, never, huge
 
-    conv, never, huge = asyncio.run(main())
+    dec, conv, never, huge = asyncio.run(main())
     _plot(conv, out / "tokenize.png")
     path = out / "tokenize.md"
-    path.write_text(_report(enc, lazy, conv, never, huge, "tokenize.png"), encoding="utf-8")
+    path.write_text(_report(enc, lazy, dec, conv, never, huge, "tokenize.png"), encoding="utf-8")
     return path
