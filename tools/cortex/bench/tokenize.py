@@ -239,8 +239,8 @@ def _lazy_table(results: list[LazyResult]) -> list[str]:
              "holds. Block size 16; median / p99 over the repeats (ms); a fresh prompt and a "
              "cold segment cache every time. *estimate error*: the walk's prompt-length "
              "estimate (encoded tokens + remaining bytes / learned bytes-per-token) against "
-             "the exact length, median of |error|. Not yet wired into the router (see "
-             "docs/gateway.md).", ""]
+             "the exact length, median of |error|. The router runs it with "
+             "`tokenize.lazy: true` (docs/gateway.md).", ""]
     rows = []
     for r in results:
         full, lazy = _median(r.full_ms), _median(r.lazy_ms)

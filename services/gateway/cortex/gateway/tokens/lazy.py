@@ -23,12 +23,12 @@ What the decision used the whole token count for is then estimated or bounded:
   :meth:`Walk.max_tokens` bounds the length from above and a prompt under the limit by that
   bound is safe without encoding it (one that is not is encoded fully).
 
-What needs the whole ids is not lazy (the caller encodes fully): PD (the prefill/decode
-split and sequence counts read the exact length), ``/admin/explain`` (reports the exact
-length and keys), predicted-block credit of the chosen worker (every full block of the
-prompt: completed off the request path by :meth:`Walk.finish`, the credit follows), workers
-with lookahead keys (a block's key needs the tokens after it) and requests whose key chain is
-not the plain one.
+What needs the whole ids is not lazy (the router encodes fully first, see docs/gateway.md):
+PD (the prefill/decode split and sequence counts read the exact length), workers with
+lookahead keys (a block's key needs the tokens after it) and a ledger read over gRPC.
+``/admin/explain`` decides on the walk, then finishes it to report the exact length and
+keys; the predicted-block credit of a recorded decision covers the walked blocks until
+:meth:`Walk.finish` has run off the request path, then every block.
 """
 
 from __future__ import annotations
