@@ -127,6 +127,7 @@ class ChatTokenizer:
     source: str
     model_max_length: int | None = None
     encoder: Encoder | None = None  # None: tokenizers (hf)
+    tokenizer_file: str | None = None  # what the encoder probe loads
     _formats: dict[Engine, ContentFormat] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -161,12 +162,21 @@ class ChatTokenizer:
             special_tokens=special_tokens_map(config),
             source=str(file.parent),
             model_max_length=_max_length(config),
+            tokenizer_file=str(file),
         )
-        if EncoderChoice(encoder) is EncoderChoice.HF:
-            return chat
-        chosen = select_encoder(chat.tokenizer, _tokenizer_text(file), encoder,
-                                chat.probe_samples(), label=str(file))
-        return chat.with_encoder(chosen)
+        return chat if EncoderChoice(encoder) is EncoderChoice.HF else chat.choose_encoder(
+            encoder)
+
+    def choose_encoder(self, choice: EncoderChoice) -> ChatTokenizer:
+        """This tokenizer encoding with ``choice``'s encoder
+        (:func:`~cortex.chat.encoder.select_encoder`: ``auto`` / ``fastokens`` run the
+        parity probe, 1-5 s). Raises ``ValueError`` like it, ``OSError`` when the
+        ``tokenizer.json`` is gone."""
+        if self.tokenizer_file is None:
+            raise ValueError("this tokenizer was not loaded from a file: no encoder probe")
+        file = Path(self.tokenizer_file)
+        return self.with_encoder(select_encoder(self.tokenizer, _tokenizer_text(file), choice,
+                                                self.probe_samples(), label=str(file)))
 
     def probe_samples(self) -> list[str]:
         """Rendered chat prompts for the encoder parity probe: a conversation with a system
@@ -281,12 +291,12 @@ class ChatTokenizer:
     def with_template(self, template: ChatTemplate) -> ChatTokenizer:
         """The same tokenizer with another chat template."""
         return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source,
-                             self.model_max_length, self.encoder)
+                             self.model_max_length, self.encoder, self.tokenizer_file)
 
     def with_encoder(self, encoder: Encoder) -> ChatTokenizer:
         """The same tokenizer and template encoding with ``encoder``."""
         return ChatTokenizer(self.tokenizer, self.template, self.special_tokens, self.source,
-                             self.model_max_length, encoder)
+                             self.model_max_length, encoder, self.tokenizer_file)
 
     def __repr__(self) -> str:
         encoder = self.encoder.name if self.encoder is not None else "?"

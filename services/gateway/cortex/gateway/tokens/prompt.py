@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cortex.chat import ChatPrompt, ChatTokenizer, EncoderChoice, RenderArgs
+from cortex.chat import ChatPrompt, ChatTokenizer, Encoder, EncoderChoice, RenderArgs
 from cortex.gateway.tokens.cache import SegmentCache, SegmentKey
 from cortex.gateway.tokens.segments import affixes, chunkable, chunks, splitter
 
@@ -88,6 +88,12 @@ class PromptTokenizer:
         cache."""
         loaded = _loaded(tokenizer, chat_template, cache_tokens > 0, EncoderChoice(encoder))
         return loaded.fork(cache_tokens, cache_bytes)
+
+    def use_encoder(self, encoder: Encoder) -> None:
+        """Encode with ``encoder`` from now on (one that gives the same ids: a probed one);
+        encodes running on other threads finish with the previous one."""
+        self.chat = self.chat.with_encoder(encoder)
+        self.encoder = encoder
 
     # -- rendering --------------------------------------------------------------------------
 
