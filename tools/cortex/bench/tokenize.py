@@ -27,7 +27,7 @@ encoders (``tokenize.encoder``: Hugging Face ``tokenizers`` and ``fastokens``):
    baseline, inline.
 
 The report goes to ``--out`` (``docs/bench/tokenize.md``) with ``tokenize.png``. Run under
-the bench lock: ``flock /tmp/cortex-bench.lock cortex bench tokenize``.
+the bench lock: ``flock /tmp/cortex-heavy.lock cortex bench tokenize``.
 """
 
 from __future__ import annotations
@@ -550,7 +550,7 @@ def _report(enc: list[EncoderResult], lazy: list[LazyResult], dec: list[Decision
              f"{platform.processor() or platform.machine()}, Python "
              f"{platform.python_version()}, {len(__import__('os').sched_getaffinity(0))} "
              "usable cores; everything in one run, ratios against baselines of the same run.",
-             "Reproduce: `flock /tmp/cortex-bench.lock .venv/bin/cortex bench tokenize`.", "",
+             "Reproduce: `flock /tmp/cortex-heavy.lock .venv/bin/cortex bench tokenize`.", "",
              *_encoder_table(enc), "", *_decision_table(dec), "", *_lazy_table(lazy), "",
              "## 20-turn agent conversation", "",
              "System prompt 4k tokens, then per turn ~300 new user tokens and a ~300-token "
