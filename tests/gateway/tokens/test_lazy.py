@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cortex.chat import EncoderChoice, render_args
-from cortex.gateway.tokens.lazy import BytesPerToken, walk
+from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
 
@@ -35,15 +35,6 @@ def conversation(rng: random.Random, system: str, turns: int) -> list[dict[str, 
         messages.append({"role": "assistant", "content": prose(rng, rng.randint(5, 200))})
     messages.append({"role": "user", "content": prose(rng, rng.randint(1, 300))})
     return messages
-
-
-def leading(keys: list[int], held: set[int]) -> int:
-    count = 0
-    for key in keys:
-        if key not in held:
-            break
-        count += 1
-    return count
 
 
 @pytest.mark.timeout(300)
@@ -73,10 +64,10 @@ def test_lazily_and_fully_tokenized_decisions_credit_the_same_blocks(
         ids = base(EncoderChoice.HF).fork().encode_prompt(prompt)  # the reference path
         keys = domain.keys(ids, lora)
         query = keys[:max(len(ids) - 1, 0) // BLOCK]
-        full = {w: leading(query, have) for w, have in held.items()}
+        full = {w: held_prefix(query, have) for w, have in held.items()}
 
         def deepest(ks: list[int]) -> int:
-            return max(leading(ks, have) for have in held.values())
+            return max(held_prefix(ks, have) for have in held.values())
 
         ratio = BytesPerToken()
         lazy = walk(tok, tok.plan_prompt(prompt), domain.root_key(lora), BLOCK, deepest, ratio)
@@ -84,7 +75,7 @@ def test_lazily_and_fully_tokenized_decisions_credit_the_same_blocks(
         assert lazy.keys == keys[:len(lazy.keys)]
         lazy_query = (lazy.keys[:max(len(ids) - 1, 0) // BLOCK] if lazy.complete
                       else lazy.keys)
-        assert {w: leading(lazy_query, have) for w, have in held.items()} == full
+        assert {w: held_prefix(lazy_query, have) for w, have in held.items()} == full
         assert lazy.max_tokens() >= len(ids)
         if not lazy.complete:
             stopped += 1

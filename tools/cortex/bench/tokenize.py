@@ -58,7 +58,7 @@ from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
 from cortex.gateway.routing.router import Router
-from cortex.gateway.tokens.lazy import BytesPerToken, walk
+from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization, next_turn
 from cortex.hashing import Engine, HashDomain
@@ -201,14 +201,7 @@ def _lazy_costs(name: str, base: PromptTokenizer, repeats: int) -> list[LazyResu
             exact = base.fork().encode_prompt(base.prompt(args))
             held = set(domain.keys(exact[:held_tokens]))
 
-            def deepest(keys: list[int], held: set[int] = held) -> int:
-                count = 0
-                for key in keys:
-                    if key not in held:
-                        break
-                    count += 1
-                return count
-
+            deepest = functools.partial(held_prefix, held=held)
             tok = base.fork()  # this gateway never saw the text
             start = time.perf_counter()
             ids = tok.encode_prompt(tok.prompt(args))

@@ -33,20 +33,30 @@ keys; the predicted-block credit of a recorded decision covers the walked blocks
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from cortex.gateway.tokens.cache import SegmentKey
 from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
 from cortex.hashing import block_keys
 
-__all__ = ["BytesPerToken", "Walk", "walk"]
+__all__ = ["BytesPerToken", "Walk", "held_prefix", "walk"]
 
 MIN_NEW_BLOCKS = 4
 """New full blocks the walk collects before it asks the ledger again (at least)."""
 
 Deepest = Callable[[list[int]], int]
 """Leading blocks of ``keys`` the best-placed worker holds (0..len(keys))."""
+
+
+def held_prefix(keys: Sequence[int], held: Container[int]) -> int:
+    """Leading ``keys`` in ``held`` (one holder's :data:`Deepest`, for an in-memory set)."""
+    count = 0
+    for key in keys:
+        if key not in held:
+            break
+        count += 1
+    return count
 
 
 class BytesPerToken:
