@@ -70,7 +70,7 @@ TIE_TOLERANCE = 1.0
 loaded one tie: each replica sees its own requests at once and the others' only through the
 engines' polled load, so exact ties would rarely survive across replicas."""
 
-TIE_BLOCKS = 4
+TIE_BLOCKS = 4  # <= tokens.lazy.MIN_NEW_BLOCKS: a lazy walk has this key
 """Ties go to the rendezvous hash of the block key of the prompt's first this many blocks
 (64 tokens at block size 16): deep enough to tell different prompts apart, shallow enough to
 lie inside a shared system prompt."""

@@ -43,7 +43,9 @@ from cortex.hashing import block_keys
 __all__ = ["BytesPerToken", "Walk", "held_prefix", "walk"]
 
 MIN_NEW_BLOCKS = 4
-"""New full blocks the walk collects before it asks the ledger again (at least)."""
+"""New full blocks the walk collects before it asks the ledger again (at least). A walk that
+stops has at least this many keys: routing's tie key (its ``TIE_BLOCKS``-th block, 4) is
+then the same as with the whole prompt."""
 
 Deepest = Callable[[list[int]], int]
 """Leading blocks of ``keys`` the best-placed worker holds (0..len(keys))."""
