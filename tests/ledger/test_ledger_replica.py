@@ -112,9 +112,9 @@ class Link:
 
 def answers(core: PrefixIndex, replica: LedgerReplica, query: list[int],
             domain: HashDomain) -> tuple[list[tuple[Source, int, int]], ...]:
-    got = sorted((s, b, int(st)) for s, b, st in replica.match(domain, query))
+    got = sorted((s, b, int(st)) for s, b, st in replica.match(domain, query).sources)
     result = core.match(domain.model, block_keys=query) if query else None
-    want = sorted((s, b, int(st)) for s, b, st in result.matches) if result else got
+    want = sorted((s, b, int(st)) for s, b, st in result.sources) if result else got
     return got, want
 
 
@@ -247,7 +247,7 @@ def test_snapshot_larger_than_one_batch_is_assembled() -> None:
     replica.begin()
     for seq, batch in enumerate(batches, 1):
         replica.apply(wire(batch, seq))
-    got = sorted((s, b) for s, b, _ in replica.match(domain, keys))
+    got = sorted((s, b) for s, b, _ in replica.match(domain, keys).sources)
     assert got == [(s, 5000 * (i + 1)) for i, s in enumerate(devices)]
 
 
@@ -270,7 +270,7 @@ def test_out_of_order_batches_are_refused_and_leave_the_view() -> None:
     bad.ops.add().store.keys_le = b"\x01\x02"  # no source, ragged keys
     with pytest.raises(OutOfSync, match="malformed"):
         replica.apply(bad)
-    assert [(s, b) for s, b, _ in replica.match(domain, [7])] == [(SOURCES[0], 1)]
+    assert [(s, b) for s, b, _ in replica.match(domain, [7]).sources] == [(SOURCES[0], 1)]
 
 
 def test_columns_round_trip_and_bad_columns_are_refused() -> None:

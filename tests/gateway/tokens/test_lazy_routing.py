@@ -19,13 +19,14 @@ from cortex.gateway.config.gateway import (
     TokenizeConfig,
 )
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
-from cortex.gateway.routing.router import Routed, Router
+from cortex.gateway.routing.routed import Routed
+from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
-from cortex.ledger.model import Source, Tier
+from cortex.ledger.match import Match, SourceMatch
+from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.registry import WorkerSpec
 
 MODEL = "m"
@@ -44,8 +45,7 @@ class Ledger:
         self.device: dict[str, set[int]] = {w: set() for w in WORKERS}
         self.host: dict[str, set[int]] = {w: set() for w in WORKERS}
 
-    def match(self, domain: HashDomain, keys: list[int]
-              ) -> list[tuple[Source, int, LedgerState]]:
+    def match(self, domain: HashDomain, keys: list[int]) -> Match:
         out = []
         for worker in WORKERS:
             device = 0
@@ -54,9 +54,10 @@ class Ledger:
             host = device
             while host < len(keys) and keys[host] in self.host[worker]:
                 host += 1
-            out.append((Source(worker), device, LedgerState.READY))
-            out.append((Source(worker, 0, Tier.HOST), host - device, LedgerState.READY))
-        return out
+            out.append(SourceMatch(Source(worker), device, LedgerState.READY))
+            out.append(SourceMatch(Source(worker, 0, Tier.HOST), host - device,
+                                   LedgerState.READY))
+        return Match.of(out, self.version, len(keys), domain)
 
 
 class Replica:

@@ -233,7 +233,7 @@ def _grpcio_reference_server(core: PrefixIndex, pb2: Any, pb2_grpc: Any) -> Any:
                 matches=[
                     pb2.WorkerMatch(worker_id=s.worker_id, matched_blocks=b,
                                     matched_tokens=b * size, state=int(st), dp_rank=s.dp_rank)
-                    for s, b, st in result.matches
+                    for s, b, st in result.sources
                 ],
                 index_version=result.version,
                 query_blocks=result.query_blocks,
@@ -332,7 +332,7 @@ async def _bench(args: argparse.Namespace) -> Results:
     res.add("Match in-process by 4,096 token ids (keys computed)",
             f"p50 {p50:.0f} µs, p99 {p99:.0f} µs")
     hits = [r for r in (core.match(DOMAIN.model, block_keys=q) for q in queries[:50])]
-    mean_hit = statistics.fmean(max(b for _, b, _ in r.matches) for r in hits)
+    mean_hit = statistics.fmean(r.deepest for r in hits)
     res.notes.append(f"Queries hit {mean_hit:.0f} of {QUERY_BLOCKS} blocks on the best worker "
                      "(mean).")
     del core

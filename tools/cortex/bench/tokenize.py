@@ -54,7 +54,6 @@ from cortex.chat import (
 )
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
 from cortex.gateway.routing.router import Router
@@ -62,7 +61,7 @@ from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization, next_turn
 from cortex.hashing import Engine, HashDomain
-from cortex.ledger.model import Source
+from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.replica import LedgerReplica
 from cortex.registry import WorkerSpec
 

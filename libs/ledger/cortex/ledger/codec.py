@@ -9,6 +9,7 @@ where the proto has one. Validation lives here: anything malformed raises
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterable, Sequence
 
@@ -18,6 +19,7 @@ import numpy.typing as npt
 from cortex.api.index.v1 import index_pb2 as pb
 from cortex.hashing import Engine, HashDomain, pack_keys
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
@@ -31,6 +33,7 @@ from cortex.ledger.model import (
     StoreBlocks,
     Tier,
 )
+from cortex.ledger.tiers import OFFLOAD_TIERS
 from cortex.ledger.view import (
     Attach,
     Clear,
@@ -50,6 +53,9 @@ __all__ = [
     "engine_from_kind",
     "keys_from_le",
     "keys_to_le",
+    "lenient_state",
+    "match_from_pb",
+    "match_to_pb",
     "op_from_pb",
     "op_to_pb",
     "pb",
@@ -108,6 +114,15 @@ def state_from_pb(value: int, field: str) -> LedgerState:
         return LedgerState(value)
     except ValueError:
         raise InvalidArgument(f"{field} has an unknown ledger state {value}") from None
+
+
+def lenient_state(value: int) -> LedgerState:
+    """A ledger state from a newer peer: an unknown value reads as UNSPECIFIED (never
+    credited) instead of failing the message."""
+    try:
+        return LedgerState(value)
+    except ValueError:
+        return LedgerState.UNSPECIFIED
 
 
 def tier_from_pb(value: int, field: str) -> Tier:
@@ -294,3 +309,62 @@ def ops_to_pb(ops: Iterable[ViewOp], out: pb.ReplicaBatch) -> None:
     for op in ops:
         op_to_pb(op, out.ops.add())
 
+
+
+# ---- matches (index -> gateway) -----------------------------------------------------------
+
+_OFFLOAD = frozenset(int(t) for t in OFFLOAD_TIERS)
+
+
+def match_to_pb(match: Match, out: pb.MatchResponse) -> None:
+    """Write ``match`` into ``out``: per worker rank its device match with its offload tiers
+    beside it (``matched_tokens = matched_blocks * block_size``), and the shared tier's
+    prefix. A match without a domain writes only the version and the query's size."""
+    out.index_version = match.version
+    out.query_blocks = match.query_blocks
+    domain = match.domain
+    if domain is None:
+        return
+    size = domain.block_size
+    domain_to_pb(domain, out.domain)
+    add = out.matches.add
+    ranks: dict[tuple[str, int], pb.WorkerMatch] = {}
+    offload: list[SourceMatch] = []
+    for m in match.sources:
+        source = m.source
+        if source.tier is Tier.DEVICE:
+            ranks[source.worker_id, source.dp_rank] = add(
+                worker_id=source.worker_id, dp_rank=source.dp_rank, matched_blocks=m.blocks,
+                matched_tokens=m.blocks * size, state=int(m.state))
+        elif source.tier in OFFLOAD_TIERS:
+            offload.append(m)
+    for m in offload:
+        if not m.blocks:
+            continue
+        source = m.source
+        rank = ranks.get((source.worker_id, source.dp_rank))
+        if rank is None:  # offload sources only: the device prefix is 0
+            rank = ranks[source.worker_id, source.dp_rank] = add(
+                worker_id=source.worker_id, dp_rank=source.dp_rank)
+        rank.tiers.add(tier=int(source.tier), blocks=m.blocks, tokens=m.blocks * size,
+                       state=int(m.state))
+    out.shared_blocks = match.shared_blocks
+
+
+def match_from_pb(reply: pb.MatchResponse) -> Match:
+    """The :class:`Match` of a MatchResponse: each rank's device match, then its offload
+    tiers (an unknown tier or state value from a newer index is skipped / UNSPECIFIED: it
+    cannot be credited). ``domain`` is ``None`` when the reply names no valid one."""
+    sources: list[SourceMatch] = []
+    for hit in reply.matches:
+        sources.append(SourceMatch(Source(hit.worker_id, hit.dp_rank), hit.matched_blocks,
+                                   lenient_state(hit.state)))
+        for tier in hit.tiers:
+            if tier.tier in _OFFLOAD:
+                sources.append(SourceMatch(Source(hit.worker_id, hit.dp_rank, Tier(tier.tier)),
+                                           tier.blocks, lenient_state(tier.state)))
+    domain = None
+    with contextlib.suppress(InvalidArgument):
+        domain = domain_from_pb(reply.domain)
+    return Match(tuple(sources), reply.index_version, reply.query_blocks, domain,
+                 reply.shared_blocks)

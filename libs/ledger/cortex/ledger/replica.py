@@ -33,9 +33,10 @@ from cortex.ledger.codec import (
     state_from_pb,
 )
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.tree import RadixHashTree, TreeColumns
-from cortex.ledger.view import Keys, LedgerView, Place, SourceMatch, ViewOp
+from cortex.ledger.view import Keys, LedgerView, Place, ViewOp
 
 __all__ = [
     "LedgerReplica",
@@ -248,12 +249,14 @@ class LedgerReplica:
 
     # ---- queries -------------------------------------------------------------------------
 
-    def match(self, domain: HashDomain, keys: Keys) -> list[SourceMatch]:
-        """Per attached source of ``domain``: leading ``keys`` held, and its state. The
-        deepest block any source matched is remembered for :meth:`take_touched`."""
+    def match(self, domain: HashDomain, keys: Keys) -> Match:
+        """Per attached source of ``domain``: leading ``keys`` held, and its state, at this
+        replica's version. The deepest block any source matched is remembered for
+        :meth:`take_touched`."""
         self._tick += 1
-        matches = self.view.match(domain, keys, self._tick)
-        deepest = max((blocks for _, blocks, _ in matches), default=0)
+        matches = Match.of(self.view.match(domain, keys, self._tick), self.version, len(keys),
+                           domain)
+        deepest = matches.deepest
         if deepest:
             touched = self._touched.setdefault(domain, set())
             if len(touched) < MAX_TOUCHED:
