@@ -6,8 +6,9 @@ rendered text with the request's ``add_special_tokens``; SGLang removes a traili
 message it continues, tokenizes the rendered rest without special tokens and appends
 ``encode(prefix)`` (special tokens on, a leading BOS dropped), and turns a trailing assistant
 message it does not continue into a user message. Compared: ``cortex.chat`` (what the sim
-serves) and the gateway's segment-cached, chunked tokenizer, whose cache also holds the
-answers fed after earlier conversations.
+serves, encoding with ``tokenizers``) and the gateway's segment-cached, chunked tokenizer
+encoding with ``fastokens``, whose cache also holds the answers fed after earlier
+conversations.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from transformers import PreTrainedTokenizerFast
 from cortex.chat import (
     ChatError,
     ChatTokenizer,
+    EncoderChoice,
     default_tokenizer_dir,
     load_tokenizer,
     render_args,
@@ -60,6 +62,12 @@ def tokenizers(name: str) -> tuple[ChatTokenizer, PreTrainedTokenizerFast]:
         QWEN if name == "qwen3.5" else None), **special_tokens_map(config))
     reference.chat_template = template
     return ours, reference
+
+
+@functools.cache
+def fast(name: str) -> ChatTokenizer:
+    return ChatTokenizer.load(QWEN if name == "qwen3.5" else None,
+                              encoder=EncoderChoice.FASTOKENS)
 
 
 def text(rng: random.Random) -> str:
@@ -129,8 +137,11 @@ def reference_ids(reference: PreTrainedTokenizerFast, request: dict[str, Any],
 def test_prompt_ids_equal_the_engines_over_random_conversations(name: str, engine: Engine
                                                                 ) -> None:
     ours, reference = tokenizers(name)
-    gateway = PromptTokenizer(ours, cache_tokens=200_000, chunk_chars=64)
+    # the gateway encodes with fastokens (its probe passes for both), the sim with tokenizers
+    gateway = PromptTokenizer(fast(name), cache_tokens=200_000, chunk_chars=64)
     assert gateway.segmented and gateway.chunk_chars == 64
+    assert gateway.encoder.name == "fastokens" and ours.encoder is not None
+    assert ours.encoder.name == "hf"
     rng = random.Random(f"{name}/{engine.value}")
     mismatches = []
     compared = 0

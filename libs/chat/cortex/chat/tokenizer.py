@@ -5,6 +5,9 @@ decides what ``add_special_tokens`` adds), ``tokenizer_config.json`` beside it g
 special tokens (template variables ``bos_token``, ``eos_token``…) and, unless a template
 file is given, the chat template (``chat_template.jinja`` beside it wins, as in recent
 ``transformers``).
+
+Encoding uses :class:`~cortex.chat.encoder.Encoder`: ``tokenizers`` unless ``load`` is asked
+for another choice (``fastokens`` only where a parity probe shows identical ids).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from cortex.chat.conversation import ContentFormat, build_conversation, content_format
-from cortex.chat.request import RenderArgs
+from cortex.chat.encoder import Encoder, EncoderChoice, hf_encoder, select_encoder
+from cortex.chat.errors import ChatError
+from cortex.chat.request import RenderArgs, render_args
 from cortex.chat.template import ChatTemplate, config_template, load_chat_template
 from cortex.hashing import Engine
 
@@ -51,9 +56,15 @@ def _tokenizer_file(path: str | Path | None) -> Path:
     return file
 
 
+def _tokenizer_text(file: Path) -> str:
+    if file.name.endswith(".gz"):
+        return gzip.decompress(file.read_bytes()).decode("utf-8")
+    return file.read_text(encoding="utf-8")
+
+
 def _read_tokenizer(file: Path) -> Tokenizer:
     if file.name.endswith(".gz"):
-        return Tokenizer.from_str(gzip.decompress(file.read_bytes()).decode("utf-8"))
+        return Tokenizer.from_str(_tokenizer_text(file))
     return Tokenizer.from_file(str(file))
 
 
@@ -115,16 +126,23 @@ class ChatTokenizer:
     special_tokens: Mapping[str, Any]
     source: str
     model_max_length: int | None = None
+    encoder: Encoder | None = None  # None: tokenizers (hf)
+    tokenizer_file: str | None = None  # what the encoder probe loads
     _formats: dict[Engine, ContentFormat] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.encoder is None:
+            object.__setattr__(self, "encoder", hf_encoder(self.tokenizer))
+
     @classmethod
-    def load(cls, tokenizer: str | Path | None = None, chat_template: str | Path | None = None
-             ) -> ChatTokenizer:
+    def load(cls, tokenizer: str | Path | None = None, chat_template: str | Path | None = None,
+             encoder: EncoderChoice = EncoderChoice.HF) -> ChatTokenizer:
         """Load a tokenizer (``None``: the default DeepSeek-V4 one) and its chat template.
 
         ``chat_template``: a Jinja file or a ``tokenizer_config.json``; ``None`` = the
-        tokenizer directory's template, else the default template. Raises ``OSError`` /
-        ``ValueError``.
+        tokenizer directory's template, else the default template. ``encoder``: which
+        implementation encodes (:func:`~cortex.chat.encoder.select_encoder`; ``auto`` and
+        ``fastokens`` run the parity probe, ~1-5 s). Raises ``OSError`` / ``ValueError``.
         """
         file = _tokenizer_file(tokenizer)
         config_file = file.with_name("tokenizer_config.json")
@@ -138,13 +156,48 @@ class ChatTokenizer:
             jinja_file = file.with_name("chat_template.jinja")
             text = (jinja_file.read_text(encoding="utf-8") if jinja_file.is_file()
                     else config_template(config))
-        return cls(
+        chat = cls(
             tokenizer=_read_tokenizer(file),
             template=ChatTemplate(text if text is not None else load_chat_template()),
             special_tokens=special_tokens_map(config),
             source=str(file.parent),
             model_max_length=_max_length(config),
+            tokenizer_file=str(file),
         )
+        return chat if EncoderChoice(encoder) is EncoderChoice.HF else chat.choose_encoder(
+            encoder)
+
+    def choose_encoder(self, choice: EncoderChoice) -> ChatTokenizer:
+        """This tokenizer encoding with ``choice``'s encoder
+        (:func:`~cortex.chat.encoder.select_encoder`: ``auto`` / ``fastokens`` run the
+        parity probe, 1-5 s). Raises ``ValueError`` like it, ``OSError`` when the
+        ``tokenizer.json`` is gone."""
+        if self.tokenizer_file is None:
+            raise ValueError("this tokenizer was not loaded from a file: no encoder probe")
+        file = Path(self.tokenizer_file)
+        return self.with_encoder(select_encoder(self.tokenizer, _tokenizer_text(file), choice,
+                                                self.probe_samples(), label=str(file)))
+
+    def probe_samples(self) -> list[str]:
+        """Rendered chat prompts for the encoder parity probe: a conversation with a system
+        prompt, two turns and a continued answer, in both engines' readings (what the
+        template renders that it cannot reject)."""
+        messages = [{"role": "system", "content": "You are a helpful assistant.\n\nBe brief."},
+                    {"role": "user", "content": "Hi! What is 12345 * 678?"},
+                    {"role": "assistant", "content": "8369910.\n\n  Anything else?"},
+                    {"role": "user", "content": "Write `def f(x):\n    return x**2` in C."},
+                    {"role": "assistant", "content": "int f(int x) {"}]
+        out: list[str] = []
+        for engine in Engine:
+            for body in ({"messages": messages[:-1]},
+                         {"messages": messages, "continue_final_message": True,
+                          "add_generation_prompt": False}):
+                try:
+                    prompt = self.prompt(render_args(body, engine))
+                except ChatError:  # a template may reject a reading: the others remain
+                    continue
+                out += [prompt.text, prompt.suffix] if prompt.suffix else [prompt.text]
+        return out
 
     # -- special tokens -------------------------------------------------------------------
 
@@ -200,8 +253,8 @@ class ChatTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` applies the post-processor."""
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        return ids
+        assert self.encoder is not None  # set by __post_init__
+        return self.encoder.encode(text, add_special_tokens)
 
     def encode_chat(self, args: RenderArgs) -> list[int]:
         """The prompt token ids the engine computes for a chat request."""
@@ -238,7 +291,14 @@ class ChatTokenizer:
     def with_template(self, template: ChatTemplate) -> ChatTokenizer:
         """The same tokenizer with another chat template."""
         return ChatTokenizer(self.tokenizer, template, self.special_tokens, self.source,
-                             self.model_max_length)
+                             self.model_max_length, self.encoder, self.tokenizer_file)
+
+    def with_encoder(self, encoder: Encoder) -> ChatTokenizer:
+        """The same tokenizer and template encoding with ``encoder``."""
+        return ChatTokenizer(self.tokenizer, self.template, self.special_tokens, self.source,
+                             self.model_max_length, encoder, self.tokenizer_file)
 
     def __repr__(self) -> str:
-        return f"ChatTokenizer(source={self.source!r}, bos={self.bos_token!r}, {self.template!r})"
+        encoder = self.encoder.name if self.encoder is not None else "?"
+        return (f"ChatTokenizer(source={self.source!r}, bos={self.bos_token!r}, "
+                f"encoder={encoder}, {self.template!r})")

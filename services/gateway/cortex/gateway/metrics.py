@@ -130,6 +130,15 @@ class GatewayMetrics:
                                              "Relayed answers encoded into the segment cache "
                                              "after the response, by result (fed|short|dropped|"
                                              "skipped|failed)", ["model", "result"], registry=r)
+        self.tokenize_encoder = Gauge(p + "tokenize_encoder",
+                                      "1 for the implementation encoding a model's prompts "
+                                      "(fastokens where its load-time parity probe passed, "
+                                      "else hf); the reason is in the log and /admin/models",
+                                      ["model", "encoder"], registry=r)
+        self.tokenize_lazy_rest = Counter(p + "tokenize_lazy_rest_total",
+                                          "Prompt rests encoded after a lazy walk, off the "
+                                          "request path, by result (done|shed|failed)",
+                                          ["model", "result"], registry=r)
         self.tokenize_self_checks = Counter(p + "tokenize_self_checks_total",
                                             "Prompts re-tokenized by a worker's /tokenize and "
                                             "compared, by result (match|mismatch|error)",

@@ -18,6 +18,8 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
+from cortex.chat import EncoderChoice
+from cortex.chat.encoder import hf_encoder
 from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch.dispatcher import Dispatcher
@@ -176,11 +178,27 @@ class Runtime:
 
     async def _start(self) -> None:
         config = self.config
+        choice = EncoderChoice(config.tokenize.encoder)
         for model in config.models:
-            self.tokenizers[model.name] = await asyncio.to_thread(
-                PromptTokenizer.load, model.tokenizer, model.chat_template,
-                model.tokenize_cache_tokens,
-            )
+            # auto: serve with tokenizers at once, probe fastokens in the background (1-5 s
+            # a model, not spent before the gateway is ready); fastokens: probe first, a
+            # failure stops the start
+            try:
+                tokenizer = await asyncio.to_thread(
+                    PromptTokenizer.load, model.tokenizer, model.chat_template,
+                    model.tokenize_cache_tokens,
+                    encoder=EncoderChoice.HF if choice is EncoderChoice.AUTO else choice)
+            except ValueError as exc:  # tokenize.encoder fastokens and it is not exact
+                raise ConfigError(f"model {model.name}: {exc}") from None
+            if choice is EncoderChoice.AUTO:
+                tokenizer.use_encoder(hf_encoder(tokenizer.chat.tokenizer,
+                                                 "auto: the fastokens probe is running"))
+            self.tokenizers[model.name] = tokenizer
+            self.metrics.tokenize_encoder.labels(
+                model=model.name, encoder=tokenizer.encoder.name).set(1)
+        if choice is EncoderChoice.AUTO:
+            self._tasks.append(asyncio.create_task(self._probe_encoders(),
+                                                   name="gateway-encoder-probe"))
         if self._own_registry:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)
@@ -222,6 +240,23 @@ class Runtime:
         ]
         log.info("gateway started: %d models, %d workers, index=%s ledger_core=%s",
                  len(config.models), len(self.pool), self.index, cores.active())
+
+    async def _probe_encoders(self) -> None:
+        """``tokenize.encoder: auto``: each model's tokenizer switches to ``fastokens`` once
+        its parity probe passed (a worker thread); otherwise it stays with ``tokenizers``
+        and the reason is kept for ``/admin/models``."""
+        for name, tokenizer in self.tokenizers.items():
+            try:
+                chat = await asyncio.to_thread(tokenizer.chat.choose_encoder, EncoderChoice.AUTO)
+            except (OSError, ValueError) as exc:
+                log.warning("model %s: no encoder probe: %s", name, exc)
+                continue
+            previous = tokenizer.encoder.name
+            assert chat.encoder is not None
+            tokenizer.use_encoder(chat.encoder)
+            gauge = self.metrics.tokenize_encoder
+            gauge.labels(model=name, encoder=previous).set(0)
+            gauge.labels(model=name, encoder=chat.encoder.name).set(1)
 
     async def _stop(self) -> None:
         tasks, self._tasks = self._tasks, []

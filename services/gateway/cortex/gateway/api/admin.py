@@ -98,7 +98,10 @@ class AdminHandler:
                                      send)
         elif path == "/admin/explain" and method == "POST":
             await self.explain(request, send)
-        elif path in ("/admin/workers", "/admin/explain") or path.startswith("/admin/workers/"):
+        elif path == "/admin/models" and method == "GET":
+            await self.list_models(send)
+        elif (path in ("/admin/workers", "/admin/explain", "/admin/models")
+              or path.startswith("/admin/workers/")):
             raise GatewayError(f"method {method} not allowed here",
                                code=ErrorCode.METHOD_NOT_ALLOWED, status=405)
         else:
@@ -112,6 +115,16 @@ class AdminHandler:
             "registry": watcher.health.value if watcher else "unknown",
             "workers": [_worker_json(w, now, stale) for w in self.gw.pool],
         })
+
+    async def list_models(self, send: Send) -> None:
+        """Each served model's tokenizer: its source, the encoder and why it was chosen, and
+        how the segment cache splits prompts."""
+        models = []
+        for name, tok in sorted(self.gw.tokenizers.items()):
+            models.append({"model": name, "tokenizer": tok.chat.source,
+                           "encoder": tok.encoder.name, "encoder_reason": tok.encoder.reason,
+                           "segmented": tok.segmented, "chunk_chars": tok.chunk_chars})
+        await send_json(send, 200, {"models": models})
 
     async def add_worker(self, request: Request, send: Send) -> None:
         body = parse_body(await request.body(self.gw.config.server.max_body_bytes))

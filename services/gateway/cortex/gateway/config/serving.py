@@ -503,22 +503,28 @@ def _usable_cores() -> int:
 class TokenizeConfig:
     """How prompts become token ids off the request's critical path (docs/gateway.md).
 
-    ``workers``: cores that encode a long never-seen prompt in parallel (0 = the cores this
-    process may run on); ``encoder``: ``threads`` (GIL released while encoding) or
-    ``processes``. ``offload_chars``: uncached prompt text (characters) above which encoding
-    leaves the event loop. ``heavy_messages`` / ``heavy_chars``: chat requests with more
-    messages or message text are rendered and tokenized in a worker process (a huge request
-    must not hold the event loop). ``feed_answers``: relayed answers are encoded into the
-    segment cache after the response, so the next turn's resent history hits — answers of at
-    least ``feed_min_tokens`` (shorter ones cost less to encode on the next turn than
-    rendering the conversation again costs now); at most ``feed_max_bytes`` of a response
-    are kept for it and ``feed_queue`` feeds wait.
+    ``encoder``: which implementation turns text into ids — ``auto`` (``fastokens`` for a model
+    whose ``tokenizer.json`` it reproduces exactly in a parity probe at load, else Hugging Face
+    ``tokenizers``), ``hf`` or ``fastokens`` (start-up fails unless the probe passes);
+    docs/chat.md. ``lazy``: route on a prompt encoded only as far as the ledger match can reach,
+    the rest encoded after the decision (docs/gateway.md). ``workers``: cores that encode a long
+    never-seen prompt in parallel (0 = the cores this process may run on); ``pool``: ``threads``
+    (GIL released while encoding) or ``processes``. ``offload_chars``: uncached prompt text
+    (characters) above which encoding leaves the event loop. ``heavy_messages`` /
+    ``heavy_chars``: chat requests with more messages or message text are rendered and tokenized
+    in a worker process (a huge request must not hold the event loop). ``feed_answers``: relayed
+    answers are encoded into the segment cache after the response, so the next turn's resent
+    history hits — answers of at least ``feed_min_tokens`` (shorter ones cost less to encode on
+    the next turn than rendering the conversation again costs now); at most ``feed_max_bytes``
+    of a response are kept for it and ``feed_queue`` feeds wait.
     ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
     ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
     """
 
+    encoder: str = "auto"
+    lazy: bool = False
     workers: int = 0
-    encoder: str = "threads"
+    pool: str = "threads"
     offload_chars: int = 4_096
     heavy_messages: int = 256
     heavy_chars: int = 1_000_000
@@ -536,8 +542,13 @@ class TokenizeConfig:
                      self_check_interval_s=self.self_check_interval_s)
         positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
                  self_check_timeout_s=self.self_check_timeout_s)
-        if self.encoder not in ("threads", "processes"):
-            raise ConfigError(f"tokenize.encoder: must be threads or processes, got "
+        if self.encoder in ("threads", "processes"):  # the key's meaning before 2026-12
+            raise ConfigError(f"tokenize.encoder: {self.encoder!r} is now tokenize.pool; "
+                              "tokenize.encoder is auto, hf or fastokens")
+        if self.encoder not in ("auto", "hf", "fastokens"):
+            raise ConfigError(f"tokenize.encoder: must be auto, hf or fastokens, got "
                               f"{self.encoder!r}")
+        if self.pool not in ("threads", "processes"):
+            raise ConfigError(f"tokenize.pool: must be threads or processes, got {self.pool!r}")
         if self.workers == 0:
             object.__setattr__(self, "workers", _usable_cores())

@@ -60,6 +60,15 @@ class Placement:
         self._credit = self._predicted.credit(worker_id, keys)
         self._metrics.predicted_keys.set(len(self._predicted))
 
+    def complete(self, keys: list[int]) -> None:
+        """The prompt's whole ``keys`` are known now (a lazy walk was finished): the worker
+        credited now, if any, is credited with all of them."""
+        self.keys = keys
+        worker_id = self.worker_id
+        if worker_id is not None:
+            self.withdraw()
+            self.move(worker_id)
+
     def withdraw(self) -> None:
         credit, self._credit = self._credit, None
         if credit is not None:

@@ -27,6 +27,7 @@ failure before the first byte sends the request elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -47,9 +48,10 @@ from cortex.gateway.routing.placement import Placement
 from cortex.gateway.routing.predicted import PredictedBlocks
 from cortex.gateway.routing.routed import Routed, StageTimings, uncached
 from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.tokens.lazy import Walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
-from cortex.hashing import Engine, HashDomain
+from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
@@ -66,7 +68,7 @@ TIE_TOLERANCE = 1.0
 loaded one tie: each replica sees its own requests at once and the others' only through the
 engines' polled load, so exact ties would rarely survive across replicas."""
 
-TIE_BLOCKS = 4
+TIE_BLOCKS = 4  # <= tokens.lazy.MIN_NEW_BLOCKS: a lazy walk has this key
 """Ties go to the rendezvous hash of the block key of the prompt's first this many blocks
 (64 tokens at block size 16): deep enough to tell different prompts apart, shallow enough to
 lie inside a shared system prompt."""
@@ -175,31 +177,92 @@ class Router:
         """
         model = req.model
         t0 = time.perf_counter()
-        ids = await self.tokens(req)
-        t1 = time.perf_counter()
-        keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
-        query_blocks = max(len(ids) - 1, 0) // model.block_size
-        t2 = time.perf_counter()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
+        lazy = self._walk(req, eligible)
+        ids = lazy.ids if lazy is not None else await self.tokens(req)
+        t1 = time.perf_counter()
+        if lazy is None or lazy.complete:
+            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
+                    else lazy.keys)
+            query_blocks = max(len(ids) - 1, 0) // model.block_size
+            prompt_tokens = len(ids)
+        else:  # the prompt goes on past the walk: every walked block could be a hit
+            keys = lazy.keys
+            query_blocks = len(keys)
+            prompt_tokens = lazy.estimated_tokens(self.tokenization.ratios[model.name])
+        t2 = time.perf_counter()
         if not eligible.regular and eligible.pairs is None:
             raise _unavailable(req)
         keysets = self._lookahead_keys(model, ids, req, eligible.everyone())
-        ledger = await self._ledger(model, len(ids), keys[:query_blocks], keysets, deadline)
+        ledger = await self._ledger(model, prompt_tokens, keys[:query_blocks], keysets,
+                                    deadline)
         t3 = time.perf_counter()
         if record:
             self._turn += 1
-        plan = self._decide(req, len(ids), keys, ledger, eligible)
+        plan = self._decide(req, prompt_tokens, keys, ledger, eligible)
         decision = plan if isinstance(plan, Decision) else plan.prefill
         placement = self.placement(keys, keysets)
         if record:
-            self._take_effect(placement, plan, len(ids))
+            self._take_effect(placement, plan, prompt_tokens)
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
-        routed = Routed(decision, model, len(ids), keys, query_blocks, ledger.source,
+        if lazy is not None and not lazy.complete:
+            if record:  # the rest off the request path; the credit then covers every block
+                self._finish_later(req, lazy, placement)
+            else:  # explain reports the exact length and keys (outside its timings)
+                ids = lazy.finish(self.tokenizers[model.name])
+                keys = placement.keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
+                query_blocks = max(len(ids) - 1, 0) // model.block_size
+                prompt_tokens = len(ids)
+        routed = Routed(decision, model, prompt_tokens, keys, query_blocks, ledger.source,
                         ledger.version, timings, placement,
                         None if isinstance(plan, Decision) else plan, keysets)
         if record:
             self.observer(routed)
         return routed
+
+    def _walk(self, req: InferenceRequest, eligible: Eligible) -> Walk | None:
+        """The lazy walk of ``req``'s prompt (``tokenize.lazy``), or ``None`` where the
+        whole ids are needed or the match is not in process: PD (the pair's split reads the
+        exact length), workers with lookahead keys, the ledger over gRPC."""
+        replica = self.replica
+        if (not self.config.tokenize.lazy or eligible.pairs is not None or replica is None
+                or not replica.usable or any(w.kv_lookahead for w in eligible.everyone())):
+            return None
+        model = req.model
+        ledger = replica.replica
+        predicted = self.predicted
+
+        def deepest(keys: list[int]) -> int:
+            # a rank's host and disk tiers add blocks after its device prefix: their sum
+            # bounds its leading run from above (over-estimating only walks further)
+            held: dict[tuple[str, int], int] = {}
+            for match in ledger.match(model.domain, keys).sources:
+                rank = (match.worker_id, match.dp_rank)
+                held[rank] = held.get(rank, 0) + match.blocks
+            return max(*held.values(), *predicted.match(keys).values(), 0)
+
+        return self.tokenization.walk(
+            req, model.domain.root_key(req.lora_name, req.cache_salt), deepest)
+
+    def _finish_later(self, req: InferenceRequest, lazy: Walk, placement: Placement) -> None:
+        """Encode the rest of a walked prompt off the request path; once done, the
+        placement credits every block (until then, or if shed, the walked ones)."""
+        future = self.tokenization.finish_later(req.model.name, lazy)
+        if future is None:
+            return
+        domain = req.model.domain
+        root = domain.root_key(req.lora_name, req.cache_salt)
+
+        def finished(done: asyncio.Future[list[int]]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            ids = done.result()
+            walked = placement.keys  # the rest's keys chain on from the walked ones
+            rest = block_keys(ids[len(walked) * domain.block_size:], domain.block_size,
+                              walked[-1] if walked else root)
+            placement.complete([*walked, *rest])
+
+        asyncio.wrap_future(future).add_done_callback(finished)
 
     async def _ledger(self, model: ModelConfig, prompt_tokens: int, query: list[int],
                       keysets: Mapping[int, list[int]], deadline: float) -> _Ledger:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cortex.chat import RenderArgs
+from cortex.chat import EncoderChoice, RenderArgs
 from cortex.gateway.tokens.prompt import PromptTokenizer
 
 __all__ = ["HeavyLane", "TokenizerSpec"]
@@ -34,6 +34,7 @@ class TokenizerSpec:
     chat_template: Path | None
     cache_tokens: int
     cache_bytes: int
+    encoder: EncoderChoice = EncoderChoice.HF  # the parent's result: no probe is repeated
 
 
 _CHILD: dict[TokenizerSpec, PromptTokenizer] = {}
@@ -43,7 +44,8 @@ def _child_tokenizer(spec: TokenizerSpec) -> PromptTokenizer:
     tok = _CHILD.get(spec)
     if tok is None:
         tok = _CHILD[spec] = PromptTokenizer.load(spec.tokenizer, spec.chat_template,
-                                                  spec.cache_tokens, spec.cache_bytes)
+                                                  spec.cache_tokens, spec.cache_bytes,
+                                                  spec.encoder)
     return tok
 
 

@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cortex.chat import ChatPrompt, ChatTokenizer, RenderArgs
+from cortex.chat import ChatPrompt, ChatTokenizer, Encoder, EncoderChoice, RenderArgs
 from cortex.gateway.tokens.cache import SegmentCache, SegmentKey
 from cortex.gateway.tokens.segments import affixes, chunkable, chunks, splitter
 
@@ -50,7 +50,8 @@ class PromptTokenizer:
                  chunk_chars: int = 512, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.chat = chat
         self.cache = SegmentCache(cache_tokens, cache_bytes)
-        self._tok = chat.tokenizer
+        assert chat.encoder is not None
+        self.encoder = chat.encoder
         described = json.loads(chat.tokenizer.to_str()) if cache_tokens > 0 else {}
         self._splitter = splitter(chat.tokenizer, described) if cache_tokens > 0 else None
         self.segmented = self._splitter is not None
@@ -76,13 +77,23 @@ class PromptTokenizer:
         chat_template: Path | None = None,
         cache_tokens: int = 1_000_000,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        encoder: EncoderChoice = EncoderChoice.HF,
     ) -> PromptTokenizer:
-        """Load like the engine/sim does; ``None`` paths = the shared defaults.
+        """Load like the engine/sim does; ``None`` paths = the shared defaults; ``encoder``:
+        see ``ChatTokenizer.load`` (raises ``ValueError`` when ``fastokens`` is demanded and
+        not exact).
 
-        Loading parses a large ``tokenizer.json`` (~0.5 s): the parsed tokenizer is kept per
-        process and shared; each call gets its own segment cache."""
-        loaded = _loaded(tokenizer, chat_template, cache_tokens > 0)
+        Loading parses a large ``tokenizer.json`` (~0.5 s; the encoder probe 1-5 s more): the
+        parsed tokenizer is kept per process and shared; each call gets its own segment
+        cache."""
+        loaded = _loaded(tokenizer, chat_template, cache_tokens > 0, EncoderChoice(encoder))
         return loaded.fork(cache_tokens, cache_bytes)
+
+    def use_encoder(self, encoder: Encoder) -> None:
+        """Encode with ``encoder`` from now on (one that gives the same ids: a probed one);
+        encodes running on other threads finish with the previous one."""
+        self.chat = self.chat.with_encoder(encoder)
+        self.encoder = encoder
 
     # -- rendering --------------------------------------------------------------------------
 
@@ -110,11 +121,9 @@ class PromptTokenizer:
         return self.plan(text, add_special_tokens=True).finish()
 
     def encode_pieces(self, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
-        """Ids of each ``(text, add_special_tokens)``, one at a time: ``encode_batch``
-        releases the GIL while it works (``encode`` does not), and one text per call keeps
-        the tokenizer's own thread pool out of it, so parallelism is the caller's."""
-        encode = self._tok.encode_batch
-        return [encode([text], add_special_tokens=special)[0].ids for text, special in texts]
+        """Ids of each ``(text, add_special_tokens)`` with the model's encoder, one at a
+        time (``Encoder.encode_each``), so parallelism is the caller's."""
+        return self.encoder.encode_each(texts)
 
     def plan_prompt(self, prompt: ChatPrompt) -> EncodePlan:
         """The plan of a chat prompt: its text, then SGLang's continued prefix encoded on
@@ -225,7 +234,7 @@ class EncodePlan:
 
 
 @functools.lru_cache(maxsize=8)
-def _loaded(tokenizer: Path | None, chat_template: Path | None, segmented: bool
-            ) -> PromptTokenizer:
-    return PromptTokenizer(ChatTokenizer.load(tokenizer, chat_template),
+def _loaded(tokenizer: Path | None, chat_template: Path | None, segmented: bool,
+            encoder: EncoderChoice) -> PromptTokenizer:
+    return PromptTokenizer(ChatTokenizer.load(tokenizer, chat_template, encoder),
                            1_000_000 if segmented else 0)

@@ -10,7 +10,10 @@ gateway process, shared by routing, ``/tokenize`` and answer feeding):
 - chat requests past the ``heavy`` bounds are rendered and tokenized in a worker process
   (:class:`~cortex.gateway.tokens.heavylane.HeavyLane`);
 - after a response ends, its answer is encoded into the cache on a feeder thread, as the
-  next turn will resend it (:meth:`feed_answer`).
+  next turn will resend it (:meth:`feed_answer`);
+- :meth:`walk` encodes a prompt only as far as the ledger match can reach
+  (:mod:`cortex.gateway.tokens.lazy`), :meth:`finish_later` the rest on the feeder thread
+  (shed, and counted, when ``feed_queue`` jobs already wait).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from cortex.chat import ChatError, RenderArgs, render_args
+from cortex.chat import ChatError, EncoderChoice, RenderArgs, render_args
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
@@ -30,6 +33,7 @@ from cortex.gateway.request.limits import check_prompt_tokens
 from cortex.gateway.request.payload import InferencePath, InferenceRequest, PromptKind
 from cortex.gateway.tokens.answers import chat_answers, completion_answers
 from cortex.gateway.tokens.heavylane import HeavyLane, TokenizerSpec
+from cortex.gateway.tokens.lazy import BytesPerToken, Deepest, Walk, walk
 from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder
 from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
 
@@ -75,6 +79,14 @@ def _text_chars(args: RenderArgs) -> int:
     return total
 
 
+def _child_encoder(tokenizer: PromptTokenizer | None) -> EncoderChoice:
+    """What a worker process loads: the encoder this process chose for the model
+    (``fastokens`` is probed again there and must pass, as here)."""
+    if tokenizer is not None and tokenizer.encoder.name == "fastokens":
+        return EncoderChoice.FASTOKENS
+    return EncoderChoice.HF
+
+
 class Tokenization:
     """Per model: its :class:`PromptTokenizer` (one segment cache), plus the shared
     parallel encoder, heavy lane and feeder thread. Call from the event loop."""
@@ -86,16 +98,17 @@ class Tokenization:
         self.metrics = metrics
         models = {m.name: m for m in config.models}
         cfg = self.config
-        self.encoder = ParallelEncoder(cfg.workers, EncoderMode(cfg.encoder),
+        self.encoder = ParallelEncoder(cfg.workers, EncoderMode(cfg.pool),
                                        {name: m.tokenizer for name, m in models.items()})
         self.heavy = HeavyLane(cfg.workers, {name: TokenizerSpec(
-            m.tokenizer, m.chat_template, m.tokenize_cache_tokens, m.tokenize_cache_bytes)
-            for name, m in models.items()})
+            m.tokenizer, m.chat_template, m.tokenize_cache_tokens, m.tokenize_cache_bytes,
+            _child_encoder(tokenizers.get(name))) for name, m in models.items()})
         self._feeder = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="cortex-tokenize-feed")
         self._pending = 0
         self._lock = threading.Lock()
         self.recent: dict[str, dict[str, Any]] = {}  # model -> latest routed text/chat body
+        self.ratios = {name: BytesPerToken() for name in tokenizers}  # learned by walks
         for name, tokenizer in tokenizers.items():
             tokenizer.observer = self._observe_segments
             tokenizer.token_observer = self._token_observer(name, tokenizer)
@@ -150,6 +163,75 @@ class Tokenization:
             return plan.finish()
         self.metrics.child(self.metrics.tokenize_offloaded, model.name, "parallel").inc()
         return await self.encoder.finish(model.name, tokenizer, plan)
+
+    # ---- lazy ----
+
+    def walk(self, req: InferenceRequest, root: int, deepest: Deepest) -> Walk | None:
+        """``req``'s prompt encoded as far as the match can reach (``root``: the chain root
+        of its plain keys; ``deepest``: see :func:`~cortex.gateway.tokens.lazy.walk`), on
+        the event loop; ``None`` where the walk does not apply (token prompts, heavy chat
+        requests): use :meth:`tokens`. A prompt whose length bound might not fit the
+        model's limits is encoded fully and checked exactly.
+
+        Raises :class:`ClientError` like :meth:`tokens`."""
+        prompt = req.prompt
+        model = req.model.name
+        if prompt.kind is PromptKind.TOKENS:
+            return None
+        tokenizer = self.tokenizers[model]
+        try:
+            if prompt.chat is not None:
+                if self.is_heavy(prompt.chat):
+                    return None
+                plan = tokenizer.plan_prompt(tokenizer.prompt(prompt.chat))
+            else:
+                plan = tokenizer.plan(prompt.text, prompt.add_special_tokens)
+        except ChatError as exc:
+            raise ClientError(f"messages cannot be rendered: {exc}",
+                              code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
+        if req.endpoint is not InferencePath.GENERATE:
+            self.recent[model] = req.body  # for the alignment self-check
+        lazy = walk(tokenizer, plan, root, req.model.block_size, deepest, self.ratios[model])
+        if lazy.complete:
+            lazy.finish(tokenizer)  # its fresh pieces into the cache
+        try:
+            check_prompt_tokens(req.limits, req.body, lazy.max_tokens(), req.prompt_param)
+        except ClientError:  # the bound does not fit: the exact length decides
+            check_prompt_tokens(req.limits, req.body, len(lazy.finish(tokenizer)),
+                                req.prompt_param)
+        return lazy
+
+    def finish_later(self, model: str, lazy: Walk) -> concurrent.futures.Future[list[int]] | None:
+        """Encode the rest of ``lazy`` into the segment cache on the feeder thread (the next
+        turn resends it); the future's result is the whole ids. ``None``: already complete,
+        or shed because ``feed_queue`` jobs wait (counted in
+        ``tokenize_lazy_rest_total{result=shed}``)."""
+        m = self.metrics
+        if lazy.complete:
+            lazy.finish(self.tokenizers[model])  # its fresh pieces into the cache
+            return None
+        with self._lock:
+            if self._pending >= self.config.feed_queue:
+                m.child(m.tokenize_lazy_rest, model, "shed").inc()
+                return None
+            self._pending += 1
+        try:
+            return self._feeder.submit(self._finish_rest, model, lazy)
+        except RuntimeError:  # shutting down
+            self._done_feeding()
+            return None
+
+    def _finish_rest(self, model: str, lazy: Walk) -> list[int]:
+        m = self.metrics
+        try:
+            ids = lazy.finish(self.tokenizers[model])
+        except Exception:
+            m.child(m.tokenize_lazy_rest, model, "failed").inc()
+            raise
+        finally:
+            self._done_feeding()
+        m.child(m.tokenize_lazy_rest, model, "done").inc()
+        return ids
 
     # ---- answers ----
 

@@ -1,0 +1,162 @@
+"""With ``tokenize.lazy`` the router decides as with whole prompts: the same worker, the same
+credit per candidate, on a random workload against an in-process ledger (device and host
+tiers); explain reports the exact length and keys; a recorded decision's credit covers
+every block once the rest is encoded."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import pytest
+
+from cortex.gateway.config.gateway import (
+    GatewayConfig,
+    ModelConfig,
+    RoutingConfig,
+    TokenizeConfig,
+)
+from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
+from cortex.gateway.routing.routed import Routed
+from cortex.gateway.routing.router import Router
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.hashing import Engine, HashDomain
+from cortex.ledger.match import Match, SourceMatch
+from cortex.ledger.model import LedgerState, Source, Tier
+from cortex.registry import WorkerSpec
+
+MODEL = "m"
+BLOCK = 16
+WORKERS = ("w0", "w1", "w2", "w3")
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu 42 café".split()
+
+
+class Ledger:
+    """In-memory ledger with the replica's match contract: per source, the leading blocks
+    held (device), or those a host tier adds after the device prefix."""
+
+    version = 1
+
+    def __init__(self) -> None:
+        self.device: dict[str, set[int]] = {w: set() for w in WORKERS}
+        self.host: dict[str, set[int]] = {w: set() for w in WORKERS}
+
+    def match(self, domain: HashDomain, keys: list[int]) -> Match:
+        out = []
+        for worker in WORKERS:
+            device = 0
+            while device < len(keys) and keys[device] in self.device[worker]:
+                device += 1
+            host = device
+            while host < len(keys) and keys[host] in self.host[worker]:
+                host += 1
+            out.append(SourceMatch(Source(worker), device, LedgerState.READY))
+            out.append(SourceMatch(Source(worker, 0, Tier.HOST), host - device,
+                                   LedgerState.READY))
+        return Match.of(out, self.version, len(keys), domain)
+
+
+class Replica:
+    usable = True
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.replica = ledger
+
+
+def make_router(ledger: Ledger, lazy: bool) -> Router:
+    config = GatewayConfig(models=(ModelConfig(name=MODEL, block_size=BLOCK),),
+                           routing=RoutingConfig(), tokenize=TokenizeConfig(lazy=lazy))
+    pool = WorkerPool(config.breaker)
+    pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.SGLANG,
+                             model=MODEL, block_size=BLOCK) for i, w in enumerate(WORKERS)})
+    for worker in pool:
+        worker.health = Health.HEALTHY
+        worker.engine = EngineLoad(0, 0, time.monotonic() + 3600)
+    tok = PromptTokenizer.load().fork()
+    return Router(config, pool, {MODEL: tok}, None, GatewayMetrics(),
+                  Replica(ledger))  # type: ignore[arg-type]
+
+
+def prose(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def request(router: Router, body: dict[str, Any]) -> InferenceRequest:
+    endpoint = InferencePath.CHAT if "messages" in body else InferencePath.COMPLETIONS
+    return parse_request(endpoint, {"model": MODEL, **body}, router.config)
+
+
+def credits(routed: Routed) -> list[tuple[str, int, int, int, float]]:
+    return sorted((s.worker_id, s.candidate.index_tokens, s.candidate.host_tokens,
+                   s.candidate.predicted_tokens, s.score) for s in routed.decision.ranked)
+
+
+@pytest.mark.timeout(120)
+async def test_lazy_and_full_routing_decide_the_same_on_a_random_workload() -> None:
+    rng = random.Random(26)
+    ledger = Ledger()
+    full, lazy = make_router(ledger, False), make_router(ledger, True)
+    systems = [prose(rng, rng.randint(100, 1500)) for _ in range(3)]
+    sent: list[dict[str, Any]] = []
+    walks: list[bool] = []  # complete?
+    walk = lazy.tokenization.walk
+
+    def recorded(*args: Any) -> Any:
+        result = walk(*args)
+        walks.append(result is not None and result.complete)
+        return result
+
+    lazy.tokenization.walk = recorded  # type: ignore[method-assign]
+    try:
+        for _ in range(80):
+            roll = rng.random()
+            if sent and roll < 0.3:
+                body = rng.choice(sent)
+            elif roll < 0.5:
+                body = {"prompt": rng.choice(systems) + " " + prose(rng, rng.randint(1, 300))}
+            else:
+                body = {"messages": [{"role": "system", "content": rng.choice(systems)},
+                                     {"role": "user", "content": prose(rng, 200)}]}
+            a = await full.route(request(full, body), time.monotonic() + 30, record=False)
+            b = await lazy.route(request(lazy, body), time.monotonic() + 30, record=False)
+            assert b.decision.chosen.worker_id == a.decision.chosen.worker_id
+            assert b.decision.reason == a.decision.reason
+            assert credits(b) == credits(a)
+            assert (b.prompt_tokens, b.keys, b.query_blocks) == (
+                a.prompt_tokens, a.keys, a.query_blocks)  # explain: exact after the walk
+            # some worker computed it: the ledger learns its keys, partly in host memory
+            worker = rng.choice(WORKERS)
+            cut = rng.randint(0, len(a.keys))
+            ledger.device[worker].update(a.keys[:cut])
+            ledger.host[worker].update(a.keys[cut:rng.randint(cut, len(a.keys))])
+            sent.append(body)
+        assert len(walks) == 80 and walks.count(False) >= 10 and walks.count(True) >= 10
+    finally:
+        full.close()
+        lazy.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_recorded_lazy_decision_credits_every_block_once_the_rest_is_encoded() -> None:
+    router = make_router(Ledger(), True)
+    try:
+        text = prose(random.Random(5), 3_000)
+        req = request(router, {"prompt": text})
+        routed = await router.route(req, time.monotonic() + 30)
+        exact = router.tokenizers[MODEL].fork().encode_text(text)
+        whole = HashDomain(MODEL, BLOCK, Engine.SGLANG).keys(exact)
+        assert len(routed.keys) < len(whole) // 4  # decided on the first blocks
+        assert abs(routed.prompt_tokens - len(exact)) < 0.1 * len(exact)  # estimated
+        chosen = routed.decision.chosen.worker_id
+        for _ in range(3000):  # the rest is encoded on the feeder thread
+            if router.predicted.match(whole).get(chosen) == len(whole):
+                break
+            await asyncio.sleep(0.01)
+        assert router.predicted.match(whole) == {chosen: len(whole)}
+        assert routed.placement.keys == whole
+    finally:
+        router.close()

@@ -1,0 +1,110 @@
+"""Tokenization.walk / finish_later: the lazy walk behind the service's checks, the rest
+encoded off the request path and shed under pressure (counted)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
+from cortex.gateway.errors import ClientError, ErrorCode
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.request.limits import Limits
+from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
+from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.service import Tokenization
+
+CONFIG = GatewayConfig(models=(ModelConfig(name="m", block_size=16),))
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def prose(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+@pytest.fixture
+def service() -> Iterator[tuple[Tokenization, GatewayMetrics]]:
+    config = GatewayConfig(models=(ModelConfig(name="m", block_size=16),),
+                           tokenize=TokenizeConfig(encoder="hf", feed_queue=1, heavy_messages=8))
+    metrics = GatewayMetrics()
+    tokenization = Tokenization(config, {"m": PromptTokenizer.load().fork()}, metrics)
+    yield tokenization, metrics
+    tokenization.close()
+
+
+def chat(config: GatewayConfig, content: str, limits: Limits | None = None,
+         messages: int = 1) -> InferenceRequest:
+    body = {"model": "m", "max_tokens": 10,
+            "messages": [{"role": "user", "content": content}] * messages}
+    return parse_request(InferencePath.CHAT, body, config,
+                         (lambda _: limits) if limits is not None else None)
+
+
+def nobody(keys: list[int]) -> int:
+    return 0
+
+
+async def test_a_never_seen_prompt_stops_early_and_the_rest_is_finished_later(
+        service: tuple[Tokenization, GatewayMetrics]) -> None:
+    tokenization, metrics = service
+    req = chat(CONFIG, prose(1, 3_000))
+    assert req.prompt.chat is not None
+    tok = tokenization.tokenizers["m"]
+    exact = tok.fork().encode_prompt(tok.prompt(req.prompt.chat))
+    lazy = tokenization.walk(req, 1, nobody)
+    assert lazy is not None and not lazy.complete
+    assert len(lazy.ids) < len(exact) // 5 and lazy.ids == exact[:len(lazy.ids)]
+    future = tokenization.finish_later("m", lazy)
+    assert future is not None
+    assert await asyncio.wait_for(asyncio.wrap_future(future), 30) == exact
+    assert metrics.tokenize_lazy_rest.labels(model="m", result="done")._value.get() == 1
+    assert tok.plan_prompt(tok.prompt(req.prompt.chat)).missing == []  # all in the cache
+
+
+async def test_rests_beyond_the_queue_are_shed_and_counted(
+        service: tuple[Tokenization, GatewayMetrics]) -> None:
+    tokenization, metrics = service
+    config = CONFIG
+    walks = [tokenization.walk(chat(config, prose(seed, 2_000)), 1, nobody)
+             for seed in range(2, 6)]
+    futures = [tokenization.finish_later("m", w) for w in walks if w is not None]
+    shed = metrics.tokenize_lazy_rest.labels(model="m", result="shed")._value.get()
+    assert shed >= 1 and futures.count(None) == shed  # feed_queue=1: never queued unbounded
+    for future in futures:
+        if future is not None:
+            await asyncio.wait_for(asyncio.wrap_future(future), 30)
+
+
+def test_token_and_heavy_prompts_are_not_walked(
+        service: tuple[Tokenization, GatewayMetrics]) -> None:
+    tokenization, _ = service
+    config = CONFIG
+    tokens = parse_request(InferencePath.COMPLETIONS, {"model": "m", "prompt": [1, 2, 3]},
+                           config)
+    assert tokenization.walk(tokens, 1, nobody) is None
+    assert tokenization.walk(chat(config, "hi", messages=9), 1, nobody) is None
+
+
+def test_the_context_check_uses_the_bound_then_the_exact_length(
+        service: tuple[Tokenization, GatewayMetrics]) -> None:
+    tokenization, _ = service
+    config = CONFIG
+    text = prose(9, 600)
+    tok = tokenization.tokenizers["m"]
+    args = chat(config, text).prompt.chat
+    assert args is not None
+    exact = len(tok.fork().encode_prompt(tok.prompt(args)))
+    # fits, although the byte bound does not: encoded fully, accepted
+    lazy = tokenization.walk(chat(config, text, Limits(prompt_tokens=exact)), 1, nobody)
+    assert lazy is not None and lazy.complete and len(lazy.ids) == exact
+    # does not fit: rejected like tokens() rejects it
+    with pytest.raises(ClientError) as caught:
+        tokenization.walk(chat(config, text, Limits(prompt_tokens=exact - 1)), 1, nobody)
+    assert caught.value.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    # a generous limit: the bound fits, nothing past the first blocks is encoded
+    lazy = tokenization.walk(chat(config, text, Limits(prompt_tokens=100 * exact)), 1, nobody)
+    assert lazy is not None and not lazy.complete
