@@ -141,7 +141,8 @@ def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
     _, cpu = timed(follow)
     run.replica_us = cpu / work.stored_blocks * 1e6
     for keys in queries[:50]:  # the replica answers as the index does
-        assert replica.match(DOMAIN, keys) == index.match(DOMAIN.model, block_keys=keys).matches
+        assert (replica.match(DOMAIN, keys).sources
+                == index.match(DOMAIN.model, block_keys=keys).sources)
     for keys in queries[:200]:
         index.match(DOMAIN.model, block_keys=keys)
     samples = []

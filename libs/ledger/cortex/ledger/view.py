@@ -14,7 +14,7 @@ Pure and single-threaded; ``now`` arguments are ticks of the owner's recency clo
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
