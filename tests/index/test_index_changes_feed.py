@@ -17,7 +17,7 @@ from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
-from cortex.ledger.tree import node_bytes
+from cortex.ledger.cores import node_bytes
 from cortex.testing.grpcio_stubs import load_grpcio_stubs
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 

@@ -9,6 +9,7 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.sequencing import Ledger, Verdict
+from cortex.ledger.cores import node_bytes
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import (
     ClearBlocks,
@@ -21,7 +22,6 @@ from cortex.ledger.model import (
     Source,
     StoreBlocks,
 )
-from cortex.ledger.tree import node_bytes
 
 D = HashDomain("m", 16, Engine.SGLANG)
 D2 = HashDomain("m", 16, Engine.VLLM)

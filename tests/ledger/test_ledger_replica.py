@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from cortex.hashing import Engine, HashDomain
 from cortex.index.prefix_index import PrefixIndex
 from cortex.ledger.codec import pb
-from cortex.ledger.cores import new_tree, tree_from_columns
+from cortex.ledger.cores import new_tree, node_bytes, tree_from_columns
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
@@ -40,7 +40,6 @@ from cortex.ledger.replica import (
     journal_batch,
     snapshot_batches,
 )
-from cortex.ledger.tree import node_bytes
 
 DOMAINS = (HashDomain("alpha", 16, Engine.SGLANG), HashDomain("beta", 4, Engine.VLLM))
 # tier sources too: a replica's tiered matches must agree with the index's

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.ledger.cores import new_tree
+from cortex.ledger.cores import new_tree, node_bytes
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import Source
-from cortex.ledger.tree import RadixHashTree, node_bytes
+from cortex.ledger.tree import RadixHashTree
 
 A, B, C = Source("a"), Source("b"), Source("c", 1)
 ROOT = 0xFFFF_0000_0000_0001

@@ -24,8 +24,8 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer
 from cortex.ledger import cores
+from cortex.ledger.cores import node_bytes
 from cortex.ledger.grpc import LedgerCodec
-from cortex.ledger.tree import node_bytes
 from cortex.testing import free_port, wait_until_async
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 

@@ -39,8 +39,8 @@ from cortex.index.config import IndexConfig
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.server import IndexServer
 from cortex.ledger import cores
+from cortex.ledger.cores import node_bytes
 from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks
-from cortex.ledger.tree import node_bytes
 from cortex.testing.grpcio_stubs import load_grpcio_stubs
 
 __all__ = ["register", "run"]

@@ -8,6 +8,7 @@
 - :mod:`cortex.ledger.replica`: the replica stream, sent by the index and applied by gateways.
 """
 
+from cortex.ledger.cores import node_bytes
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import (
@@ -26,7 +27,7 @@ from cortex.ledger.model import (
     domain_label,
 )
 from cortex.ledger.replica import LedgerReplica, OutOfSync, ReplicaChanges, ReplicaState
-from cortex.ledger.tree import RadixHashTree, node_bytes
+from cortex.ledger.tree import RadixHashTree
 from cortex.ledger.view import LedgerView, Place, ViewOp
 
 __all__ = [

@@ -18,7 +18,7 @@ from enum import StrEnum
 from cortex.ledger.pytree import PythonTree
 from cortex.ledger.tree import RadixHashTree, TreeColumns
 
-__all__ = ["Core", "NativeMissing", "active", "available", "describe", "new_tree",
+__all__ = ["Core", "NativeMissing", "active", "available", "describe", "new_tree", "node_bytes",
            "tree_from_columns", "tree_type", "use"]
 
 log = logging.getLogger(__name__)
@@ -91,3 +91,9 @@ def describe() -> dict[str, str]:
     if _missing:
         out["native_missing"] = _missing
     return out
+
+
+def node_bytes(words: int) -> int:
+    """Estimated bytes one node costs in a tree of the active core whose holder bitsets are
+    ``words`` wide (the index's memory budget counts in these)."""
+    return tree_type().node_bytes(words)

@@ -16,7 +16,7 @@ import operator
 import numpy as np
 import numpy.typing as npt
 
-from cortex.ledger import _core
+from cortex.ledger._core import Tree as _CoreTree
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
@@ -42,7 +42,7 @@ class NativeTree(RadixHashTree):
 
     def __init__(self, initial_capacity: int = 1024) -> None:
         super().__init__(initial_capacity)
-        self._tree = _core.Tree(initial_capacity)
+        self._tree = _CoreTree(initial_capacity)
 
     # ---- sizes ---------------------------------------------------------------------------
 

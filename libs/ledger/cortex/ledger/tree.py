@@ -36,7 +36,7 @@ from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
 
 __all__ = ["FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree", "TreeColumns",
-           "no_eviction", "node_bytes", "validate_columns"]
+           "no_eviction", "validate_columns"]
 
 NO_PARENT = -1
 """Parent slot of a node whose parent block is not in the tree."""
@@ -139,14 +139,6 @@ def check_columns(columns: TreeColumns, children: npt.NDArray[np.int32],
             assert counts[bit] == 0, "a free bit holds blocks"
 
 
-def node_bytes(words: int) -> int:
-    """Estimated bytes one node costs in a tree of the active core whose holder bitsets are
-    ``words`` wide (the index's memory budget counts in these)."""
-    from cortex.ledger import cores  # the cores import this module
-
-    return cores.tree_type().node_bytes(words)
-
-
 class RadixHashTree(ABC):
     """Blocks of one hash domain, their parent links, holders and recency.
 
@@ -160,7 +152,8 @@ class RadixHashTree(ABC):
     * ``evict_older_than(cutoff)`` / ``evict_keys(keys)`` forget whole old subtrees for every
       holder (the memory budget; a replica repeats its index's evictions by key).
     * ``columns()`` / ``from_columns()`` copy the whole tree (a replica's snapshot).
-    * Counts are in blocks; ``bytes_estimate`` is in bytes (``nodes * node_bytes(words)``).
+    * Counts are in blocks; ``bytes_estimate`` is in bytes (``nodes * node_bytes(words)``,
+      :func:`cortex.ledger.cores.node_bytes`).
     * Key batches are int sequences or ``uint64`` arrays; key results are ``uint64`` arrays
       whose order is unspecified.
 

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from cortex.index.prefix_index import PrefixIndex
+from cortex.index.prefix_index import IndexStats, PrefixIndex
 from cortex.ledger import cores
 from cortex.ledger.model import LedgerState, domain_label
 
@@ -27,6 +27,31 @@ _LATENCY_BUCKETS = (
 )
 
 
+def _domain_metrics(stats: IndexStats) -> Iterator[Metric]:
+    """Sizes and evictions of each hash domain's tree."""
+    blocks = GaugeMetricFamily(
+        "cortex_index_blocks", "Tree nodes (distinct blocks) per hash domain", labels=["domain"]
+    )
+    holdings = GaugeMetricFamily(
+        "cortex_index_holdings", "(block, source) pairs per hash domain", labels=["domain"]
+    )
+    domain_bytes = GaugeMetricFamily(
+        "cortex_index_domain_bytes", "Estimated tree bytes per hash domain", labels=["domain"]
+    )
+    evictions = CounterMetricFamily(
+        "cortex_index_evicted_blocks",
+        "Blocks evicted for the memory budget, per hash domain",
+        labels=["domain"],
+    )
+    for d in stats.domains:
+        label = [domain_label(d.domain)]
+        blocks.add_metric(label, d.blocks)
+        holdings.add_metric(label, d.holdings)
+        domain_bytes.add_metric(label, d.bytes_estimate)
+        evictions.add_metric(label, d.evictions)
+    yield from (blocks, holdings, domain_bytes, evictions)
+
+
 class _CoreCollector(Collector):
     """Sizes and states read from the core when Prometheus scrapes."""
 
@@ -37,27 +62,7 @@ class _CoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         core = self._core()
         stats = core.stats()
-        blocks = GaugeMetricFamily(
-            "cortex_index_blocks", "Tree nodes (distinct blocks) per hash domain", labels=["domain"]
-        )
-        holdings = GaugeMetricFamily(
-            "cortex_index_holdings", "(block, source) pairs per hash domain", labels=["domain"]
-        )
-        domain_bytes = GaugeMetricFamily(
-            "cortex_index_domain_bytes", "Estimated tree bytes per hash domain", labels=["domain"]
-        )
-        evictions = CounterMetricFamily(
-            "cortex_index_evicted_blocks",
-            "Blocks evicted for the memory budget, per hash domain",
-            labels=["domain"],
-        )
-        for d in stats.domains:
-            label = [domain_label(d.domain)]
-            blocks.add_metric(label, d.blocks)
-            holdings.add_metric(label, d.holdings)
-            domain_bytes.add_metric(label, d.bytes_estimate)
-            evictions.add_metric(label, d.evictions)
-        yield from (blocks, holdings, domain_bytes, evictions)
+        yield from _domain_metrics(stats)
         tree_core = GaugeMetricFamily(
             "cortex_index_ledger_core", "1 for the radix hash tree core in use (native: "
             "compiled; python: the fallback, ~20x slower)", labels=["core"])

@@ -15,6 +15,7 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
 from cortex.index.owners import SourceOwners
 from cortex.index.sequencing import Ledger, Verdict
+from cortex.ledger.cores import node_bytes
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match
 from cortex.ledger.model import (
@@ -29,7 +30,7 @@ from cortex.ledger.model import (
     Source,
     StoreBlocks,
 )
-from cortex.ledger.tree import RadixHashTree, node_bytes
+from cortex.ledger.tree import RadixHashTree
 from cortex.ledger.view import Journaled, LedgerView
 
 __all__ = [
