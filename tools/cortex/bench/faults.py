@@ -30,12 +30,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.faults_catalogue import FAULTS, QUICK, Bench, Fault, wait_for
+from cortex.bench.faults_catalogue import FAULTS as CATALOGUE
+from cortex.bench.faults_catalogue import QUICK, Bench, Fault, wait_for
+from cortex.bench.faults_hostile import HOSTILE
 from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
 from cortex.bench.report import provenance, table
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
-__all__ = ["Plan", "register", "run"]
+__all__ = ["FAULTS", "Plan", "register", "run"]
+
+FAULTS: tuple[type[Fault], ...] = (*HOSTILE, *CATALOGUE)
+"""Every case: issue 32's hostile clients and broken workers (they leave the cluster whole),
+then issue 14's."""
 
 
 @dataclass(frozen=True, slots=True)

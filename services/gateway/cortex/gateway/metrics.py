@@ -58,6 +58,20 @@ class GatewayMetrics:
         self.client_disconnects = Counter(p + "client_disconnects_total",
                                           "Clients gone before the response ended", registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests being served", registry=r)
+        # client connections (cortex.gateway.http.listener / .connection)
+        self.connections_open = Gauge(p + "connections_open", "Client connections open",
+                                      registry=r)
+        self.connection_peers = Gauge(p + "connection_peers",
+                                      "Client addresses with a connection open", registry=r)
+        self.connections_refused = Counter(p + "connections_refused_total",
+                                           "Client connections answered 503 and closed at "
+                                           "accept, by bound (total|peer)", ["bound"],
+                                           registry=r)
+        self.connections_timed_out = Counter(p + "connections_timed_out_total",
+                                             "Client connections closed by a deadline, by "
+                                             "phase (header: no request in time; write: "
+                                             "the client stopped reading)", ["phase"],
+                                             registry=r)
         self.admission_active = Gauge(p + "admission_active",
                                       "Inference requests holding an admission slot",
                                       registry=r)

@@ -66,6 +66,15 @@ class ServerConfig:
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.
 
+    Connections that never become requests (:mod:`cortex.gateway.http.connection`): one the
+    peer closed frees its place at once; ``header_timeout_s`` bounds the wait for the first
+    request's headers on a new connection (closed after, no answer);
+    ``max_connections_per_peer`` caps the connections of one client address (0 = no cap;
+    behind a proxy every client shares its address, so raise it there);
+    ``write_timeout_s``: a client that reads nothing of its answer for this long loses its
+    connection (its upstream request is cancelled); ``max_header_bytes``: request headers
+    larger in total are answered 431.
+
     Shutdown (SIGTERM): readiness turns 503 at once, requests are still served for
     ``drain_delay_s`` (load balancers and Kubernetes endpoints notice the probe), then the
     listener closes and in-flight requests get ``graceful_timeout_s`` to finish.
@@ -84,14 +93,21 @@ class ServerConfig:
     body_timeout_s: float = 30.0
     read_timeout_s: float = 900.0
     max_connections: int = 4096
+    max_connections_per_peer: int = 1024
+    header_timeout_s: float = 10.0
+    write_timeout_s: float = 60.0
+    max_header_bytes: int = 32 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
         positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
                  keep_alive_timeout_s=self.keep_alive_timeout_s,
-                 body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
-        non_negative("server", max_connections=self.max_connections)
+                 body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s,
+                 header_timeout_s=self.header_timeout_s, write_timeout_s=self.write_timeout_s,
+                 max_header_bytes=self.max_header_bytes)
+        non_negative("server", max_connections=self.max_connections,
+                     max_connections_per_peer=self.max_connections_per_peer)
         non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
                      drain_delay_s=self.drain_delay_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
