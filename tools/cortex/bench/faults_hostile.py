@@ -5,6 +5,12 @@ requests of its own (a new connection each, as a new client would open) so the c
 notes say what a client that did nothing wrong saw during the fault:
 
 - :class:`ConnectFlood`: 10,000 connections opened and closed without a request.
+- :class:`WedgedWorker`: a worker whose generation hangs while its health and load probes
+  answer; non-streamed requests (whose first byte is the whole answer) must be answered or
+  retried within 15 s under the default config.
+- :class:`LongGeneration`: one legitimate non-streamed generation of
+  ``Bench.long_generation_s`` (default 60 s; the sim decodes 5 ms a token), which the
+  wedge detection must not cut.
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.faults_catalogue import Bench, Fault
-from cortex.bench.faults_load import Prompts, send_chat
+from cortex.bench.faults_catalogue import Bench, Fault, SimFault
+from cortex.bench.faults_load import MODEL, Prompts, send_chat
 
-__all__ = ["HOSTILE", "ConnectFlood", "GoodClient"]
+__all__ = ["HOSTILE", "ConnectFlood", "GoodClient", "LongGeneration", "WedgedWorker"]
 
 
 @dataclass
@@ -115,6 +121,66 @@ async def _probed(gateway: str, fault: Awaitable[dict[str, Any]]) -> tuple[Any, 
     return result, client.summary()
 
 
+class WedgedWorker(SimFault):
+    name, title, hold = ("wedged_worker", "a wedged worker (generation hangs, probes answer): "
+                         "non-streamed requests", "long")
+    worker, patch = "worker-1", {"http_down": True}
+    clients = 4
+
+    def inject(self, b: Bench) -> None:
+        self.probes = [GoodClient(b.cluster.gateway_urls[0], period_s=0.2, timeout_s=30.0)
+                       for _ in range(self.clients)]
+        self.running = [b.loop.submit(p.run()) for p in self.probes]
+        super().inject(b)
+
+    def repair(self, b: Bench) -> None:
+        for probe in self.probes:
+            b.loop.call(_stop(probe))
+        for running in self.running:
+            running.result(timeout=60)
+        super().repair(b)
+        outcomes: Counter[str] = sum((p.outcomes for p in self.probes), Counter())
+        self.notes["non-streamed probes"] = dict(outcomes)
+        self.notes["slowest non-streamed probe (s)"] = round(
+            max(p.slowest_s for p in self.probes), 2)
+        self.notes["wedges detected"] = _gauge(b.cluster.gateway_urls[0],
+                                               "cortex_gateway_upstream_wedged_total")
+
+
+class LongGeneration(Fault):
+    name, title, hold = ("long_generation", "a long legitimate non-streamed generation",
+                         "none")
+
+    def inject(self, b: Bench) -> None:
+        tokens = int(b.long_generation_s * 200)  # the sim's default: 5 ms a token
+        body = {"model": MODEL, "max_tokens": tokens, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "a long story, please"}]}
+        started = time.monotonic()
+        status, got = b.loop.call(_long_post(b.cluster.gateway_urls[0], body,
+                                             b.long_generation_s * 3 + 60),
+                                  timeout_s=b.long_generation_s * 3 + 90)
+        self.notes["answer"] = status
+        self.notes["completion tokens"] = f"{got} of {tokens}"
+        self.notes["took s"] = round(time.monotonic() - started, 1)
+
+
+async def _stop(client: GoodClient) -> None:
+    client.stop()
+
+
+async def _long_post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[str, int]:
+    try:
+        async with aiohttp.ClientSession() as session, session.post(
+                url + "/v1/chat/completions", json=body,
+                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            answer = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return type(exc).__name__, 0
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    tokens = usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0
+    return f"HTTP {resp.status}", tokens
+
+
 def _gauge(url: str, name: str) -> float | None:
     """The value of an unlabelled metric of the gateway at ``url``."""
     try:
@@ -122,11 +188,10 @@ def _gauge(url: str, name: str) -> float | None:
             text = resp.read().decode()
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith((name + " ", name + "{"))]
+    return sum(values) if values else None
 
 
-HOSTILE = (ConnectFlood,)
+HOSTILE = (ConnectFlood, WedgedWorker, LongGeneration)
 """The cases of this module, in the order they run."""

@@ -168,6 +168,10 @@ class GatewayMetrics:
         # upstream
         self.upstream_errors = Counter(p + "upstream_errors_total", "Failed upstream attempts",
                                        ["worker", "kind"], registry=r)
+        self.upstream_wedged = Counter(p + "upstream_wedged_total",
+                                       "Times a worker was found wedged (attempts waited on "
+                                       "it, it sent nothing, its probe went unanswered)",
+                                       ["worker"], registry=r)
         self.retries = Counter(p + "retries_total", "Attempts moved to the next worker",
                                ["reason"], registry=r)
         self.upstream_ttfb = Histogram(p + "upstream_first_byte_seconds",

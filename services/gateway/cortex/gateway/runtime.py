@@ -194,6 +194,9 @@ class Runtime:
             asyncio.create_task(self._pool_loop(), name="gateway-pool"),
             asyncio.create_task(self.health.run(), name="gateway-health"),
             asyncio.create_task(loads.run(), name="gateway-load"),
+            asyncio.create_task(self.dispatcher.watch.run(self.pool, self.upstream,
+                                                          self.metrics),
+                                name="gateway-progress"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
         log.info("gateway started: %d models, %d workers, index=%s", len(config.models),

@@ -391,7 +391,10 @@ class _Conversation:
             self._first_byte_sent("true", opened)
             first = False
         idle_s = Timeouts.of(req.model, self.gw.config.upstream).stream_idle_s
+        progressed = self._dispatcher.watch.progressed
+        worker_id = opened.worker.id
         async for chunk in opened.response.chunks(idle_s):
+            progressed(worker_id)
             out = forwarder.feed(chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -407,6 +410,12 @@ class _Conversation:
         holder = forwarder.usage_holder
         self._truth_check(opened, holder)
         tokenization.feed_answer(req, events=forwarder.kept)
+
+    @property
+    def _dispatcher(self) -> Dispatcher:
+        dispatcher = self.gw.dispatcher
+        assert dispatcher is not None
+        return dispatcher
 
     @property
     def _tokenization(self) -> Tokenization:

@@ -431,7 +431,13 @@ class UpstreamConfig:
     (until its first event), ``response_timeout_s`` for a non-streamed request, whose first
     byte is the whole answer. ``stream_idle_timeout_s``: a stream silent this long after its
     first event ends with an SSE error event and its upstream request is cancelled. Models
-    may override the three (:class:`ModelConfig`)."""
+    may override the three (:class:`ModelConfig`).
+
+    Wedged workers (:mod:`cortex.gateway.fleet.progress`): an attempt that waited
+    ``wedge_after_s`` for its first byte on a worker that sent nothing for as long gets the
+    worker probed (a one-token streamed completion, ``wedge_probe_timeout_s`` for its first
+    event); unanswered, every attempt waiting on the worker fails over at once
+    (``wedge_after_s`` 0: off)."""
 
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 600.0
@@ -441,8 +447,12 @@ class UpstreamConfig:
     first_byte_timeout_s: float = 60.0
     response_timeout_s: float = 300.0
     stream_idle_timeout_s: float = 30.0
+    wedge_after_s: float = 4.0
+    wedge_probe_timeout_s: float = 8.0
 
     def __post_init__(self) -> None:
+        non_negative("upstream", wedge_after_s=self.wedge_after_s)
+        positive("upstream", wedge_probe_timeout_s=self.wedge_probe_timeout_s)
         positive("upstream", connect_timeout_s=self.connect_timeout_s,
                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
                  first_byte_timeout_s=self.first_byte_timeout_s,

@@ -13,11 +13,13 @@ answered 429 (busy, not broken).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.pairing import PDOutcome
 from cortex.gateway.routing.scoring import Decision
@@ -79,11 +81,13 @@ def release_slot(worker: WorkerState, metrics: GatewayMetrics, slot: int) -> Non
 async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerState, *,
                   path: str, body: bytes, headers: Mapping[str, str], stream: bool,
                   attempts: int, mode: str, prefill_tokens: int, first_byte_s: float,
-                  retry_statuses: Collection[int]) -> Opened | UpstreamFailure:
+                  retry_statuses: Collection[int], watch: ProgressWatch | None = None
+                  ) -> Opened | UpstreamFailure:
     """One attempt up to its first byte, within ``first_byte_s`` seconds; ``prefill_tokens``
     count on the worker's prefill queue (:attr:`WorkerState.prefilling`) until then.
     ``attempts``: its number among the request's attempts; ``mode``: the decision's (the
-    first-byte histogram's label)."""
+    first-byte histogram's label). ``watch``: fails the wait at once when it finds the
+    worker wedged (:mod:`cortex.gateway.fleet.progress`)."""
     breaker = worker.breaker
     breaker.on_attempt()
     slot = acquire_slot(worker, metrics)
@@ -91,13 +95,20 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     response: Response | None = None
     sent = time.perf_counter()
     timer = asyncio.timeout(first_byte_s)
+    stall = asyncio.timeout(None)  # expires when the watch finds the worker wedged
+    waiting = (watch.waiting(worker.id, lambda: stall.reschedule(-1.0))
+               if watch is not None else contextlib.nullcontext())
     try:
         try:
-            async with timer:
-                response = await upstream.post(worker.spec.url.rstrip("/") + path, body,
-                                               headers, worker.spec)
-                head = await first_bytes(response, stream, retry_statuses)
+            with waiting:
+                async with timer, stall:
+                    response = await upstream.post(worker.spec.url.rstrip("/") + path, body,
+                                                   headers, worker.spec)
+                    head = await first_bytes(response, stream, retry_statuses)
         except TimeoutError:
+            if stall.expired():
+                raise UpstreamFailure(FailureKind.WEDGED,
+                                      "no progress and no probe answer") from None
             if not timer.expired():
                 raise
             raise UpstreamFailure(FailureKind.TIMEOUT,
@@ -122,6 +133,8 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     finally:
         worker.prefill_started(prefill_tokens)
     breaker.on_success()
+    if watch is not None:
+        watch.progressed(worker.id)
     if response.status == 200:
         metrics.worker(metrics.upstream_ttfb, worker.id, mode).observe(
             time.perf_counter() - sent)

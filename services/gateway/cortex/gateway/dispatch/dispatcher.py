@@ -33,6 +33,7 @@ from cortex.gateway.dispatch.attempt import Opened, attempt
 from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.fleet.pool import WorkerPool
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
 from cortex.gateway.routing.router import Routed, Router, uncached
@@ -89,6 +90,7 @@ class Dispatcher:
         self.router = router
         self.config = config
         self.metrics = metrics
+        self.watch = ProgressWatch(config.wedge_after_s, config.wedge_probe_timeout_s)
         self.pairs = PairDispatcher(pool, upstream, metrics, pd or PDConfig(),
                                     retry_statuses=config.retry_statuses,
                                     commit=router.commit, fallback=self.open_fallback)
@@ -129,7 +131,8 @@ class Dispatcher:
                                    mode=mode,
                                    prefill_tokens=uncached(routed.prompt_tokens, scored),
                                    first_byte_s=first_byte_s,
-                                   retry_statuses=self.config.retry_statuses)
+                                   retry_statuses=self.config.retry_statuses,
+                                   watch=self.watch)
             if isinstance(opened, Opened):
                 plan.answered(opened.response.status)
                 opened.hit_tokens = routed.credited_tokens(worker.id)

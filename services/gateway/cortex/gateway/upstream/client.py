@@ -29,6 +29,7 @@ class FailureKind(StrEnum):
     STATUS = "status"
     DISCONNECT = "disconnect"
     PROTOCOL = "protocol"
+    WEDGED = "wedged"  # no first byte, nothing sent on any request, probe unanswered
 
 
 class UpstreamFailure(Exception):
