@@ -11,12 +11,21 @@ notes say what a client that did nothing wrong saw during the fault:
 - :class:`LongGeneration`: one legitimate non-streamed generation of
   ``Bench.long_generation_s`` (default 60 s; the sim decodes 5 ms a token), which the
   wedge detection must not cut.
+- :class:`HugeAnswer`: a worker answering a 200 MiB non-streamed 200 (the gateway's RSS is
+  sampled meanwhile).
+- :class:`BrokenAnswers`: a worker answering each broken shape of
+  :class:`~cortex.bench.answer_proxy.Shape` in turn.
+
+The last two put an :class:`~cortex.bench.answer_proxy.AnswerProxy` in front of a worker
+(re-registered at the proxy's URL) and send requests of their own, distinct prompts, until
+the proxy answered one (routing picks the worker); the cluster's load meets it too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 import urllib.request
@@ -27,10 +36,13 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.faults_catalogue import Bench, Fault, SimFault
+from cortex.bench.answer_proxy import AnswerProxy, Shape
+from cortex.bench.faults_catalogue import Bench, Fault, SimFault, wait_for
 from cortex.bench.faults_load import MODEL, Prompts, send_chat
+from cortex.registry import WorkerSpec
 
-__all__ = ["HOSTILE", "ConnectFlood", "GoodClient", "LongGeneration", "WedgedWorker"]
+__all__ = ["HOSTILE", "BrokenAnswers", "ConnectFlood", "GoodClient", "HugeAnswer",
+           "LongGeneration", "WedgedWorker"]
 
 
 @dataclass
@@ -164,6 +176,99 @@ class LongGeneration(Fault):
         self.notes["took s"] = round(time.monotonic() - started, 1)
 
 
+class ProxiedWorker(Fault):
+    """A fault through an :class:`AnswerProxy` in front of ``worker``."""
+
+    worker = "worker-2"
+
+    def start_proxy(self, b: Bench) -> AnswerProxy:
+        spec = b.spec_of(self.worker)
+        proxy = self.proxy = AnswerProxy(spec.url)
+        b.loop.call(proxy.__aenter__())
+        b.register(WorkerSpec.from_dict({**spec.to_dict(), "url": proxy.url}))
+        self.notes["routed through the proxy after s"] = wait_for(
+            lambda: b.in_pool(self.worker, proxy.url), 15.0, 0.2)
+        return proxy
+
+    def until_answered(self, b: Bench, stream: bool, tries: int = 40) -> str:
+        """Requests to the first gateway until the proxy answered one; that one's result."""
+        url = b.cluster.gateway_urls[0]
+        for i in range(tries):
+            before = self.proxy.answered
+            body = {"model": MODEL, "max_tokens": 4, "stream": stream, "messages": [
+                {"role": "user", "content": f"probe {i} {self.name} " * (i % 7 + 1)}]}
+            outcome = b.loop.call(_outcome(url, body), timeout_s=120)
+            if self.proxy.answered > before:
+                return outcome
+        return f"the proxy answered none of {tries}"
+
+    def repair(self, b: Bench) -> None:
+        b.register(b.spec_of(self.worker))
+        wait_for(lambda: b.in_pool(self.worker, b.spec_of(self.worker).url), 15.0, 0.2)
+        b.loop.call(self.proxy.__aexit__(None, None, None))
+
+
+class HugeAnswer(ProxiedWorker):
+    name, title, hold = "huge_answer", "a worker answering a 200 MiB non-streamed 200", "none"
+
+    def inject(self, b: Bench) -> None:
+        proxy = self.start_proxy(b)
+        proxy.shape = Shape.HUGE
+        before = b.rss("gateway-0") or 0.0
+        peak = [before]
+        sampling = b.loop.submit(_sample_rss(b, "gateway-0", peak))
+        try:
+            self.notes["answer"] = self.until_answered(b, stream=False)
+        finally:
+            sampling.cancel()
+        proxy.shape = None
+        self.notes["gateway RSS before (MB)"] = before
+        self.notes["gateway RSS growth, peak (MB)"] = round(peak[0] - before, 1)
+
+
+class BrokenAnswers(ProxiedWorker):
+    name, title, hold = ("broken_answers", "a worker answering broken 200s (non-JSON, "
+                         "garbage SSE, JSON to a stream)", "none")
+
+    def inject(self, b: Bench) -> None:
+        proxy = self.start_proxy(b)
+        for shape, stream in ((Shape.NOT_JSON, False), (Shape.GARBAGE_SSE, True),
+                              (Shape.LATE_GARBAGE_SSE, True), (Shape.JSON_FOR_STREAM, True)):
+            proxy.shape = shape
+            self.notes[shape.value] = self.until_answered(b, stream=stream)
+        proxy.shape = None
+        self.notes["bad_answer failures counted"] = _gauge(
+            b.cluster.gateway_urls[0], "cortex_gateway_upstream_errors_total",
+            'kind="bad_answer"')
+
+
+async def _outcome(url: str, body: dict[str, Any]) -> str:
+    """What the client got: status, error code, and for a 200 whether it carried garbage."""
+    try:
+        async with aiohttp.ClientSession() as session, session.post(
+                url + "/v1/chat/completions", json=body,
+                timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            raw = await resp.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+    if resp.status != 200:
+        try:
+            code = json.loads(raw)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = ""
+        return f"HTTP {resp.status} {code}".rstrip()
+    garbage = b"not an event stream" in raw or b"<html>" in raw or b'"pad"' in raw
+    ended = b"upstream_stream_error" in raw
+    return ("HTTP 200 WITH GARBAGE" if garbage else
+            "HTTP 200, stream ended by an error event" if ended else "HTTP 200 (a retry)")
+
+
+async def _sample_rss(b: Bench, name: str, peak: list[float]) -> None:
+    while True:
+        peak[0] = max(peak[0], b.rss(name) or 0.0)
+        await asyncio.sleep(0.05)
+
+
 async def _stop(client: GoodClient) -> None:
     client.stop()
 
@@ -181,17 +286,18 @@ async def _long_post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[
     return f"HTTP {resp.status}", tokens
 
 
-def _gauge(url: str, name: str) -> float | None:
-    """The value of an unlabelled metric of the gateway at ``url``."""
+def _gauge(url: str, name: str, label: str = "") -> float | None:
+    """The sum of a metric's series of the gateway at ``url`` (those whose labels hold
+    ``label``)."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
             text = resp.read().decode()
     except OSError:
         return None
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith((name + " ", name + "{"))]
+              if line.startswith((name + " ", name + "{")) and label in line]
     return sum(values) if values else None
 
 
-HOSTILE = (ConnectFlood, WedgedWorker, LongGeneration)
+HOSTILE = (ConnectFlood, BrokenAnswers, HugeAnswer, WedgedWorker, LongGeneration)
 """The cases of this module, in the order they run."""

@@ -310,7 +310,8 @@ class _Conversation:
                     await send_bytes(self.send, 200, opened.head,
                                      response.content_type.encode(), self._headers(opened))
                     self._first_byte_sent("false", opened)
-                    answer = _json_or_none(opened.head)
+                    answer = (opened.answer if opened.answer is not None
+                              else _json_or_none(opened.head))
                     self._truth_check(opened, answer)
                     self._tokenization.feed_answer(self.req, obj=answer)
                     return
@@ -385,7 +386,7 @@ class _Conversation:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, *self._headers(opened)]})
         first = True
-        out = forwarder.feed(opened.head)
+        out = _checked(forwarder, opened.head)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
             self._first_byte_sent("true", opened)
@@ -395,7 +396,7 @@ class _Conversation:
         worker_id = opened.worker.id
         async for chunk in opened.response.chunks(idle_s):
             progressed(worker_id)
-            out = forwarder.feed(chunk)
+            out = _checked(forwarder, chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 if first:
@@ -457,6 +458,15 @@ class _Conversation:
             metrics.underpredicted_tokens.observe(actual - predicted)
         else:
             metrics.child(metrics.prediction, "exact").inc()
+
+
+def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
+    """``forwarder.feed(chunk)``; :class:`UpstreamFailure` (``bad_answer``) when the worker
+    sent something that is not the engines' SSE (the bad event is never relayed)."""
+    out = forwarder.feed(chunk)
+    if forwarder.malformed:
+        raise UpstreamFailure(FailureKind.BAD_ANSWER, "an event that is not the engines' SSE")
+    return out
 
 
 def _json_or_none(data: bytes) -> Any:

@@ -437,7 +437,12 @@ class UpstreamConfig:
     ``wedge_after_s`` for its first byte on a worker that sent nothing for as long gets the
     worker probed (a one-token streamed completion, ``wedge_probe_timeout_s`` for its first
     event); unanswered, every attempt waiting on the worker fails over at once
-    (``wedge_after_s`` 0: off)."""
+    (``wedge_after_s`` 0: off).
+
+    ``max_answer_bytes``: the largest non-streamed answer (or error body) read from a
+    worker; one announcing or reaching more is not read further and the client gets 502
+    ``upstream_too_large`` (not retried: another worker would answer the same). Streams are
+    relayed event by event and bounded by ``max_tokens`` and the idle timeout."""
 
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 600.0
@@ -449,10 +454,12 @@ class UpstreamConfig:
     stream_idle_timeout_s: float = 30.0
     wedge_after_s: float = 4.0
     wedge_probe_timeout_s: float = 8.0
+    max_answer_bytes: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         non_negative("upstream", wedge_after_s=self.wedge_after_s)
-        positive("upstream", wedge_probe_timeout_s=self.wedge_probe_timeout_s)
+        positive("upstream", wedge_probe_timeout_s=self.wedge_probe_timeout_s,
+                 max_answer_bytes=self.max_answer_bytes)
         positive("upstream", connect_timeout_s=self.connect_timeout_s,
                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
                  first_byte_timeout_s=self.first_byte_timeout_s,
