@@ -81,9 +81,12 @@ class GoodClient:
 
 
 async def connect_and_close(host: str, port: int, count: int, concurrency: int = 64,
-                            deadline_s: float = 60.0) -> dict[str, Any]:
-    """Open ``count`` TCP connections to ``host:port`` (``concurrency`` at a time) and close
-    each at once without sending a byte; stops at ``deadline_s``. What it managed."""
+                            deadline_s: float = 60.0, source: str = "127.0.0.2"
+                            ) -> dict[str, Any]:
+    """Open ``count`` TCP connections to ``host:port`` (``concurrency`` at a time, from
+    address ``source``: another peer than the good clients on 127.0.0.1, as an attacker
+    would be) and close each at once without sending a byte; stops at ``deadline_s``.
+    What it managed."""
     done = Counter[str]()
     started = time.monotonic()
     todo = iter(range(count))
@@ -93,7 +96,8 @@ async def connect_and_close(host: str, port: int, count: int, concurrency: int =
             if time.monotonic() - started > deadline_s:
                 return
             try:
-                _, writer = await asyncio.open_connection(host, port)
+                _, writer = await asyncio.open_connection(host, port,
+                                                          local_addr=(source, 0))
             except OSError as exc:
                 done[type(exc).__name__] += 1
                 continue

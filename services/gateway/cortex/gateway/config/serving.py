@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from cortex.gateway.errors import ConfigError
 from cortex.hashing import Engine, HashDomain
+from cortex.registry.addresses import DEFAULT_DENIED, AddressPolicy
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
@@ -342,20 +343,40 @@ class DiscoveryConfig:
     registry like ``workers`` (the start waits for them at most ``timeout_s``); a worker that
     does not answer, or does not say its engine, model and block size, is asked again every
     ``retry_interval_s``. ``timeout_s`` bounds each request of a discovery (also of
-    ``POST /admin/workers`` with a bare URL)."""
+    ``POST /admin/workers`` with a bare URL).
+
+    Worker addresses (:mod:`cortex.registry.addresses`, for seeds, the admin API and every
+    spec read from the registry): ``denied_worker_addresses`` (CIDR networks and host
+    names; default: link-local and the cloud metadata services) are refused;
+    ``allowed_worker_addresses`` non-empty: only those are accepted."""
 
     worker_urls: tuple[str, ...] = ()
     timeout_s: float = 5.0
     retry_interval_s: float = 10.0
+    denied_worker_addresses: tuple[str, ...] = DEFAULT_DENIED
+    allowed_worker_addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         positive("discovery", timeout_s=self.timeout_s,
                  retry_interval_s=self.retry_interval_s)
+        try:
+            policy = self.address_policy
+        except ValueError as exc:
+            raise ConfigError(f"discovery.denied/allowed_worker_addresses: {exc}") from None
         for url in self.worker_urls:
             try:
                 WorkerSpec(id="seed", url=url, engine=Engine.SGLANG, model="seed")
             except SpecError as exc:
                 raise ConfigError(f"discovery.worker_urls: {exc}") from None
+            try:
+                policy.check_host(urlsplit(url).hostname or "")
+            except SpecError as exc:
+                raise ConfigError(f"discovery.worker_urls: {url}: {exc}") from None
+
+    @property
+    def address_policy(self) -> AddressPolicy:
+        """The rule for worker addresses (``ValueError`` for a malformed entry)."""
+        return AddressPolicy.of(self.denied_worker_addresses, self.allowed_worker_addresses)
 
 
 @dataclass(frozen=True, slots=True)
