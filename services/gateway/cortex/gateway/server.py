@@ -138,7 +138,10 @@ class GatewayServer:
             listening.close()
             await listening.wait_closed()
             if connections:
-                await asyncio.wait(set(connections), timeout=config.graceful_timeout)
+                _, late = await asyncio.wait(set(connections), timeout=config.graceful_timeout)
+                for task in late:  # past the grace period: cut
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
             await lifespan.wait_for_shutdown()
             lifespan_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
