@@ -61,7 +61,7 @@ def test_off_when_wedge_after_is_zero() -> None:
     assert repr(watch).startswith("ProgressWatch(watched=0")
 
 
-FAST = UpstreamConfig(wedge_after_s=0.3, wedge_probe_timeout_s=0.5)  # response_timeout 300 s
+FAST = UpstreamConfig(wedge_after_s=0.3, wedge_probe_timeout_s=0.5)  # response_timeout 600 s
 
 
 def chat(max_tokens: int) -> dict[str, object]:
@@ -80,7 +80,7 @@ async def test_a_wedged_worker_fails_a_waiting_request_over_in_seconds(
 ) -> None:
     stuck = await start_sim(faults=FaultConfig(http_down=True))  # health and load answer
     gw = await start_gateway([spec_of(stuck, "stuck")], upstream=FAST)
-    timeout = aiohttp.ClientTimeout(total=15)  # far below response_timeout_s (300 s)
+    timeout = aiohttp.ClientTimeout(total=15)  # far below response_timeout_s (600 s)
     async with aiohttp.ClientSession(timeout=timeout) as http, http.post(
             gw.url + "/v1/chat/completions", json=chat(8)) as resp:
         assert resp.status == 502

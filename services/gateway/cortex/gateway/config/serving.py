@@ -471,7 +471,7 @@ class UpstreamConfig:
     max_connections: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504)
     first_byte_timeout_s: float = 60.0
-    response_timeout_s: float = 300.0
+    response_timeout_s: float = 600.0
     stream_idle_timeout_s: float = 30.0
     wedge_after_s: float = 4.0
     wedge_probe_timeout_s: float = 8.0

@@ -1,9 +1,10 @@
 """Wedged-worker detection for attempts waiting on their first byte (issue 32).
 
-A non-streamed answer's first byte is the whole answer, so ``response_timeout_s`` (300 s)
-is the only bound on it, and a worker that stops generating while its health and load
-probes still answer kept requests that long. This watch tells a wedge from a long
-generation by asking the engine itself, through its inference path:
+A non-streamed answer's first byte is the whole answer, so ``response_timeout_s`` (was
+300 s, now 600 s: it bounds a legitimate generation) was the only bound on it, and a worker
+that stops generating while its health and load probes still answer kept requests that
+long. This watch tells a wedge from a long generation by asking the engine itself,
+through its inference path:
 
 - every byte a worker sends (a stream's chunk, a whole answer) is *progress*;
 - an attempt that has waited ``wedge_after_s`` for its first byte on a worker that made no
@@ -15,10 +16,10 @@ generation by asking the engine itself, through its inference path:
   counted, breaker, retried on the next worker — nothing was sent to the client yet).
 
 So a wedged worker costs a waiting request about ``wedge_after_s`` + the probe timeout +
-one check interval (defaults 4 + 8 + 1 s), not 300 s. The cost of a false alarm (an engine
-whose queue holds the probe past its timeout while nothing else it runs sends a byte) is a
-retry of the waiting attempts. ``wedge_after_s`` 0 turns the watch off. Prefill/decode pairs
-are not watched (their first-byte timeouts apply).
+one check interval (defaults 4 + 8 + 1 s), not ``response_timeout_s``. The cost of a
+false alarm (an engine whose queue holds the probe past its timeout while nothing else it
+runs sends a byte) is a retry of the waiting attempts. ``wedge_after_s`` 0 turns the watch
+off. Prefill/decode pairs are not watched (their first-byte timeouts apply).
 
 :class:`ProgressWatch` is the bookkeeping (event-loop only, no I/O); :meth:`run` its loop.
 """
