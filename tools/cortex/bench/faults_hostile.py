@@ -16,7 +16,12 @@ notes say what a client that did nothing wrong saw during the fault:
 - :class:`BrokenAnswers`: a worker answering each broken shape of
   :class:`~cortex.bench.answer_proxy.Shape` in turn.
 
-The last two put an :class:`~cortex.bench.answer_proxy.AnswerProxy` in front of a worker
+- :class:`SmallBounds`: one request each against the smaller bounds — a 100 kB header
+  (431), a worker registered on the cloud metadata address (400), a 256 MiB gRPC message
+  to the index (refused from its length prefix; the index's RSS is sampled).
+
+:class:`HugeAnswer` and :class:`BrokenAnswers` put an
+:class:`~cortex.bench.answer_proxy.AnswerProxy` in front of a worker
 (re-registered at the proxy's URL) and send requests of their own, distinct prompts, until
 the proxy answered one (routing picks the worker); the cluster's load meets it too.
 """
@@ -35,14 +40,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from cortex.bench.answer_proxy import AnswerProxy, Shape
 from cortex.bench.faults_catalogue import Bench, Fault, SimFault, wait_for
 from cortex.bench.faults_load import MODEL, Prompts, send_chat
+from cortex.ledger.client import index_channel
+from cortex.ledger.codec import pb
+from cortex.ledger.grpc import bearer, method
 from cortex.registry import WorkerSpec
 
 __all__ = ["HOSTILE", "BrokenAnswers", "ConnectFlood", "GoodClient", "HugeAnswer",
-           "LongGeneration", "WedgedWorker"]
+           "LongGeneration", "SmallBounds", "WedgedWorker"]
 
 
 @dataclass
@@ -246,6 +256,61 @@ class BrokenAnswers(ProxiedWorker):
             'kind="bad_answer"')
 
 
+class SmallBounds(Fault):
+    name, title, hold = ("small_bounds", "a 100 kB header, a worker on the metadata address, "
+                         "a 256 MiB gRPC message", "none")
+
+    def inject(self, b: Bench) -> None:
+        url = b.cluster.gateway_urls[0]
+        self.notes["100 kB header"] = b.loop.call(_header_outcome(url), timeout_s=60)
+        status, body = b.loop.call(_admin_add(url, b.cluster.admin_token), timeout_s=60)
+        self.notes["worker on 169.254.169.254"] = f"HTTP {status}: {body[:80]}"
+        before = b.rss("index") or 0.0
+        peak = [before]
+        sampling = b.loop.submit(_sample_rss(b, "index", peak))
+        token = b.cluster.index_token_file.read_text().strip()
+        try:
+            outcome = b.loop.call(_huge_grpc(b.cluster.index_target or "", token),
+                                  timeout_s=120)
+        finally:
+            sampling.cancel()
+        self.notes["256 MiB Match message"] = outcome
+        self.notes["index RSS growth, peak (MB)"] = round(peak[0] - before, 1)
+
+
+async def _header_outcome(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(
+            url + "/health/live", headers={"x-big": "a" * 100_000},
+            timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        return f"HTTP {resp.status}"
+
+
+async def _admin_add(url: str, token: str) -> tuple[int, str]:
+    body = {"id": "metadata", "url": "http://169.254.169.254:80", "engine": "sglang",
+            "model": MODEL}
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/admin/workers", json=body, headers={"authorization": f"Bearer {token}"},
+            timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        return resp.status, await resp.text()
+
+
+async def _huge_grpc(target: str, token: str) -> str:
+    """A 256 MiB ``Match`` message (with the peer token): what the index answered."""
+    async with index_channel(target) as channel:
+        try:
+            async with channel.request(method("Match"), Cardinality.UNARY_UNARY,
+                                       pb.MatchRequest, pb.MatchResponse,
+                                       metadata=bearer(token), timeout=60) as stream:
+                await stream.send_message(  # raw bytes: LedgerCodec passes them as is
+                    b"\x0a" * (256 << 20), end=True)  # type: ignore[arg-type]
+                await stream.recv_message()
+        except GRPCError as exc:
+            return f"{exc.status.name}: {exc.message}"
+        except (StreamTerminatedError, OSError, TimeoutError) as exc:
+            return type(exc).__name__
+    return "answered"
+
+
 async def _outcome(url: str, body: dict[str, Any]) -> str:
     """What the client got: status, error code, and for a 200 whether it carried garbage."""
     try:
@@ -303,5 +368,6 @@ def _gauge(url: str, name: str, label: str = "") -> float | None:
     return sum(values) if values else None
 
 
-HOSTILE = (ConnectFlood, BrokenAnswers, HugeAnswer, WedgedWorker, LongGeneration)
+HOSTILE = (ConnectFlood, BrokenAnswers, HugeAnswer, SmallBounds, WedgedWorker,
+           LongGeneration)
 """The cases of this module, in the order they run."""
