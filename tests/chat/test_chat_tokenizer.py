@@ -143,3 +143,28 @@ def test_template_errors_are_client_errors(chat: ChatTokenizer) -> None:
     failing = chat.with_template(ChatTemplate("{{ raise_exception('nope') }}"))
     with pytest.raises(TemplateError, match="nope"):
         failing.encode_chat(args(Engine.VLLM, {"role": "user", "content": "x"}))
+
+
+MACRO_LOOP = (
+    "{%- macro show(parts) %}{%- if parts is string %}{{ parts }}{%- else %}"
+    "{%- for p in parts %}({{ p.text }}){%- endfor %}{%- endif %}{%- endmacro %}"
+    "{%- for message in messages %}[{{ message.role }}]{{ show(message.content) }}"
+    "{%- endfor %}")
+
+
+@pytest.mark.parametrize("template", [
+    MACRO_LOOP,  # a macro loops over the parameter a call passes message.content
+    MACRO_LOOP.replace("show(message.content)", "show(parts=message['content'])"),
+    "{%- for message in messages %}{%- set content = message.content %}[{{ message.role }}]"
+    "{%- for p in content %}({{ p.text }}){%- endfor %}{%- endfor %}",  # a loop over `content`
+])
+def test_vllm_sees_content_loops_through_macros_and_content_variables(
+    chat: ChatTokenizer, template: str,
+) -> None:
+    """As vLLM 0.32's detection (the Qwen3.5 template renders content in a macro): the
+    parts reach the template, found against a real engine (tests/realengines)."""
+    parts = {"role": "user", "content": [{"type": "text", "text": "a"},
+                                         {"type": "text", "text": "b"}]}
+    looping = chat.with_template(ChatTemplate(template))
+    assert looping.content_format(Engine.VLLM) is ContentFormat.OPENAI
+    assert looping.render(args(Engine.VLLM, parts)) == "[user](a)(b)"

@@ -194,3 +194,46 @@ def test_a_worker_that_never_becomes_routable_is_named_when_start_up_gives_up(
     message = str(caught.value)
     assert f"waiting for gone ({dead.url}): " in message, message
     assert "health unhealthy" in message and "ClientConnectorError" in message
+
+
+def test_workers_without_kv_events_are_ready_when_the_gateway_routes_them(
+    start_sims: Any, tmp_path: Path,
+) -> None:
+    """No ledger to wait for: the gateway calls itself degraded (no_ready_ledger), routes by
+    load, and start-up is done as soon as it does (it used to wait out the deadline)."""
+    from cortex.cli.cluster import ClusterSpec, LocalCluster
+    from cortex.cli.up import summary
+    from cortex.hashing import Engine
+
+    (sim,) = start_sims(("--engine", "vllm"),)
+    worker = WorkerSpec(id="no-events", url=sim.url, engine=Engine.VLLM, model="org/quick",
+                        block_size=16)
+    spec = ClusterSpec(workers=0, port=0, external=(worker,), model="org/quick",
+                       engine=Engine.VLLM, lease_ttl_s=3, ready_timeout_s=60)
+    with LocalCluster(spec, tmp_path / "logs") as cluster:
+        (row,) = [line for line in summary(cluster.state(), 1.0, "cortex serve").splitlines()
+                  if sim.url in line]
+        assert row.split()[0] == "no-events" and "no KV events: routed by load only" in row
+
+
+def test_a_ledger_that_does_not_come_is_waited_for_a_grace_then_routed_by_load(
+    start_sims: Any, tmp_path: Path,
+) -> None:
+    """An external worker whose events nobody publishes (a wrong endpoint, a firewall): the
+    gateway serves it by load, so start-up ends after ``ledger_grace_s`` naming it."""
+    from cortex.cli.cluster import ClusterSpec, LocalCluster
+    from cortex.cli.up import summary
+    from cortex.hashing import Engine
+
+    (sim,) = start_sims(("--engine", "vllm"),)
+    silent = WorkerSpec(id="silent", url=sim.url, engine=Engine.VLLM, model="org/quick",
+                        block_size=16, kv_events=f"tcp://127.0.0.1:{free_port()}",
+                        replay=f"tcp://127.0.0.1:{free_port()}")
+    spec = ClusterSpec(workers=0, port=0, external=(silent,), model="org/quick",
+                       engine=Engine.VLLM, lease_ttl_s=3, ready_timeout_s=60,
+                       ledger_grace_s=1)
+    with LocalCluster(spec, tmp_path / "logs") as cluster:
+        assert list(cluster.ledger_pending) == ["silent"]
+        (row,) = [line for line in summary(cluster.state(), 1.0, "cortex serve").splitlines()
+                  if sim.url in line]
+        assert "not yet READY (silent" in row and "routed by load until it is" in row

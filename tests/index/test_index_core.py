@@ -122,9 +122,9 @@ def test_prefix_index_match_and_domains() -> None:
     keys = D.keys(tokens)
     assert index.apply(upd(1, 1, snap(keys))).verdict is Verdict.APPLY
     result = index.match("m", token_ids=tokens)
-    assert result.matches == [(S, 4, LedgerState.READY)] and result.query_blocks == 4
+    assert result.sources == ((S, 4, LedgerState.READY),) and result.query_blocks == 4
     assert index.match("m", block_keys=keys, max_blocks=2).blocks_of("w") == 2
-    assert index.match("m", block_keys=keys, candidate_workers=["x"]).matches == []
+    assert index.match("m", block_keys=keys, candidate_workers=["x"]).sources == ()
     # a second engine for the model makes the model ambiguous
     index.apply(upd(1, 1, Snapshot([], []), domain=D2, source=Source("v")))
     with pytest.raises(InvalidArgument, match="2 hash domains"):
@@ -134,7 +134,7 @@ def test_prefix_index_match_and_domains() -> None:
         index.match("", block_keys=keys)
     # a source moving to another domain leaves the old tree
     index.apply(upd(2, 1, snap(D2.keys(tokens)), domain=D2))
-    assert index.match("m", block_keys=keys, engine=Engine.SGLANG).matches == []
+    assert index.match("m", block_keys=keys, engine=Engine.SGLANG).sources == ()
     assert D not in index.trees
     assert index.match("m", token_ids=tokens, engine=Engine.VLLM).blocks_of("w") == 4
     assert "PrefixIndex(version=" in repr(index)
@@ -182,7 +182,7 @@ def test_budget_eviction_never_over_reports() -> None:
     assert index.evictions > 0
     for keys in prompts:
         result = index.match("m", block_keys=keys)
-        for source, blocks, _ in result.matches:
+        for source, blocks, _ in result.sources:
             expect = next((i for i, k in enumerate(keys) if k not in held[source]), len(keys))
             assert blocks == expect
     index.stats()

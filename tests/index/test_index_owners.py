@@ -96,7 +96,7 @@ def test_a_lost_ingest_demotes_only_its_own_sources_and_announces_them() -> None
         B: (LedgerState.READY, "in sync", 2),
     }
     match = index.match("m", block_keys=[1, 2, 3])
-    assert {(s, n, st) for s, n, st in match.matches} == {
+    assert {(s, n, st) for s, n, st in match.sources} == {
         (A, 0, LedgerState.SYNCING), (B, 2, LedgerState.READY)}
     (change,) = index.changes.since(version, index.version)
     assert change.cleared == [A] and not change.reset

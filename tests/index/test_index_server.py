@@ -19,6 +19,7 @@ from grpclib.reflection.v1.reflection_pb2 import ServerReflectionRequest
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
+from cortex.ledger import cores
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.testing import wait_until_async
@@ -277,7 +278,8 @@ async def test_stats_workers_health_and_metrics(
     assert response.status == 200
     for name in ("cortex_index_blocks{", "cortex_index_match_requests_total{outcome=\"ok\"} 1.0",
                  "cortex_index_updates_total{", "cortex_index_sources{state=\"ready\"} 1.0",
-                 "cortex_index_bytes_estimate", "cortex_index_evictions_total"):
+                 "cortex_index_bytes_estimate", "cortex_index_evictions_total",
+                 f'cortex_index_ledger_core{{core="{cores.active()}"}} 1.0'):
         assert name in text, name
 
 

@@ -289,6 +289,7 @@ STORED_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("vllm", "0.23.0"): _V023,
     ("vllm", "0.24.0"): _V023,
     ("vllm", "0.26.0"): _V023,
+    ("vllm", "0.32.0"): (*_V023, "locality", "ownership", "session_id"),
     ("vllm", "0.33.0"): (*_V023, "locality", "ownership", "session_id", "lookahead_token_ids"),
     ("sglang", "0.4.7"): ("lora_id",),
     ("sglang", "0.5.9"): _SG_ARRAY,

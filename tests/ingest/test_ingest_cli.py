@@ -98,7 +98,9 @@ def test_add_by_url_learns_the_spec_from_the_engine(
             "context_length": 8192, "topic": "kv",
             "kv_events": f"tcp://127.0.0.1:{sim.info['kv_events_port']}",
             "replay": f"tcp://127.0.0.1:{sim.info['replay_port']}",
-            "bootstrap_port": None, "labels": {"zone": "a"}, "ttl_s": None,
+            "bootstrap_port": None, "ttl_s": None,
+            # vLLM says how it hashes blocks (prefix_caching_hash_algo): ingest checks with it
+            "labels": {"zone": "a", **({"hash_algo": "sha256"} if engine == "vllm" else {})},
         }
         # explicit flags win over what the engine says
         assert main(["workers", "add", "--redis", redis_server.url, "--url", sim.url,

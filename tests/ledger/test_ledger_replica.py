@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from cortex.hashing import Engine, HashDomain
 from cortex.index.prefix_index import PrefixIndex
 from cortex.ledger.codec import pb
+from cortex.ledger.cores import new_tree, tree_from_columns
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
@@ -39,7 +40,7 @@ from cortex.ledger.replica import (
     journal_batch,
     snapshot_batches,
 )
-from cortex.ledger.tree import RadixHashTree, node_bytes
+from cortex.ledger.tree import node_bytes
 
 DOMAINS = (HashDomain("alpha", 16, Engine.SGLANG), HashDomain("beta", 4, Engine.VLLM))
 # tier sources too: a replica's tiered matches must agree with the index's
@@ -112,9 +113,9 @@ class Link:
 
 def answers(core: PrefixIndex, replica: LedgerReplica, query: list[int],
             domain: HashDomain) -> tuple[list[tuple[Source, int, int]], ...]:
-    got = sorted((s, b, int(st)) for s, b, st in replica.match(domain, query))
+    got = sorted((s, b, int(st)) for s, b, st in replica.match(domain, query).sources)
     result = core.match(domain.model, block_keys=query) if query else None
-    want = sorted((s, b, int(st)) for s, b, st in result.matches) if result else got
+    want = sorted((s, b, int(st)) for s, b, st in result.sources) if result else got
     return got, want
 
 
@@ -247,7 +248,7 @@ def test_snapshot_larger_than_one_batch_is_assembled() -> None:
     replica.begin()
     for seq, batch in enumerate(batches, 1):
         replica.apply(wire(batch, seq))
-    got = sorted((s, b) for s, b, _ in replica.match(domain, keys))
+    got = sorted((s, b) for s, b, _ in replica.match(domain, keys).sources)
     assert got == [(s, 5000 * (i + 1)) for i, s in enumerate(devices)]
 
 
@@ -270,31 +271,31 @@ def test_out_of_order_batches_are_refused_and_leave_the_view() -> None:
     bad.ops.add().store.keys_le = b"\x01\x02"  # no source, ragged keys
     with pytest.raises(OutOfSync, match="malformed"):
         replica.apply(bad)
-    assert [(s, b) for s, b, _ in replica.match(domain, [7])] == [(SOURCES[0], 1)]
+    assert [(s, b) for s, b, _ in replica.match(domain, [7]).sources] == [(SOURCES[0], 1)]
 
 
 def test_columns_round_trip_and_bad_columns_are_refused() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(SOURCES[0], 1, [2, 3, 4], now=1)
     tree.store(SOURCES[1], 2, [5], now=1)
     tree.remove(SOURCES[0], [4])
-    copy = RadixHashTree.from_columns(tree.columns())
+    copy = tree_from_columns(tree.columns())
     copy.check_invariants()
     assert copy.match([2, 3, 4], 2) == tree.match([2, 3, 4], 2)
     assert copy.match([2, 5], 2) == tree.match([2, 5], 2)
     columns = tree.columns()
     columns.parents[0] = 10_000
     with pytest.raises(ValueError, match="out of range"):
-        RadixHashTree.from_columns(columns)
+        tree_from_columns(columns)
     columns = tree.columns()
     live = np.flatnonzero(columns.parents != -2)
     columns.keys[live[1]] = columns.keys[live[0]]
     with pytest.raises(ValueError, match="twice"):
-        RadixHashTree.from_columns(columns)
+        tree_from_columns(columns)
 
 
 def test_evicting_keys_of_another_tree_keeps_children_as_roots() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(SOURCES[0], 1, [2, 3, 4], now=1)
     eviction = tree.evict_keys([3])  # not closed under descendants: 4 stays, as a root
     assert eviction.keys.tolist() == [3] and tree.parent_of(4) is None

@@ -8,8 +8,8 @@ import pytest
 
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger import LedgerState, LedgerView, Source, Tier
+from cortex.ledger.match import Match
 from cortex.ledger.tiers import continuation
-from cortex.ledger.view import shared_blocks
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -58,7 +58,7 @@ def test_host_and_disk_continue_the_device_prefix() -> None:
     v.store(SHARED, ROOT, KEYS[:7], 0)
     got = counts(v)
     assert (got[W], got[HOST], got[DISK]) == (2, 1, 2)
-    assert got[SHARED] == 7 and shared_blocks(v.match(DOMAIN, KEYS, 2)) == 7
+    assert got[SHARED] == 7 and Match.of(v.match(DOMAIN, KEYS, 2), 0, len(KEYS)).shared_blocks == 7
     assert got[Source("x")] == 0
 
 
@@ -71,7 +71,7 @@ def test_an_offload_tier_not_ready_adds_nothing() -> None:
     assert (got[W], got[HOST], got[DISK]) == (0, 0, 0)  # disk alone cannot start at block 0
     v.attach(SHARED, DOMAIN, LedgerState.SYNCING)
     v.store(SHARED, ROOT, KEYS[:2], 0)
-    assert shared_blocks(v.match(DOMAIN, KEYS, 2)) == 0
+    assert Match.of(v.match(DOMAIN, KEYS, 2), 0, len(KEYS)).shared_blocks == 0
 
 
 def test_removing_from_one_tier_keeps_the_others() -> None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cortex.ledger.cores import new_tree
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import Source
 from cortex.ledger.tree import RadixHashTree, node_bytes
@@ -27,7 +28,7 @@ def counts(tree: RadixHashTree, keys: list[int], now: int = 1) -> dict[Source, i
 
 
 def test_store_and_match_counts_consecutive_leading_blocks() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(A, ROOT, chain(100, 5), now=1)
     tree.store(B, ROOT, chain(100, 3), now=1)
     assert counts(tree, chain(100, 5)) == {A: 5, B: 3}
@@ -42,7 +43,7 @@ def test_store_and_match_counts_consecutive_leading_blocks() -> None:
 
 
 def test_removing_an_inner_block_drops_only_that_holding() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(A, ROOT, chain(100, 4), now=1)
     dropped = tree.remove(A, [101])
     assert dropped.tolist() == [101]
@@ -56,7 +57,7 @@ def test_removing_an_inner_block_drops_only_that_holding() -> None:
 
 
 def test_clear_and_remove_source_reclaim_every_node() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(A, ROOT, chain(100, 50), now=1)
     tree.store(B, 120, chain(200, 10), now=2)  # branches off block 120
     assert tree.clear(A) == 50
@@ -70,7 +71,7 @@ def test_clear_and_remove_source_reclaim_every_node() -> None:
 
 
 def test_recycled_slots_never_inherit_holders() -> None:
-    tree = RadixHashTree(initial_capacity=16)
+    tree = new_tree(16)
     tree.store(A, ROOT, chain(100, 10), now=1)
     tree.clear(A)
     tree.store(B, ROOT, chain(500, 10), now=2)
@@ -80,7 +81,7 @@ def test_recycled_slots_never_inherit_holders() -> None:
 
 
 def test_unknown_parent_becomes_a_placeholder_that_is_linked_later() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(A, 103, chain(104, 2), now=1)  # parent 103 not known yet
     assert 103 in tree and tree.parent_of(103) is None
     tree.store(B, ROOT, chain(100, 4), now=2)  # now 103 is stored under 102
@@ -94,7 +95,7 @@ def test_unknown_parent_becomes_a_placeholder_that_is_linked_later() -> None:
 
 
 def test_store_pairs_must_be_parents_first_and_change_nothing_otherwise() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     with pytest.raises(InvalidArgument, match="parents-first"):
         tree.store_pairs(A, [101, ROOT], [102, 101], now=1)
     with pytest.raises(InvalidArgument, match="parents-first"):
@@ -109,7 +110,7 @@ def test_store_pairs_must_be_parents_first_and_change_nothing_otherwise() -> Non
 
 
 def test_more_than_64_sources_widen_the_bitsets() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     sources = [Source(f"w{i}", i % 4) for i in range(150)]
     for i, source in enumerate(sources):
         tree.store(source, ROOT, chain(1000, 1 + i % 7), now=i)
@@ -123,7 +124,7 @@ def test_more_than_64_sources_widen_the_bitsets() -> None:
 
 
 def test_eviction_takes_least_recently_matched_subtrees_only() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(A, ROOT, chain(100, 3), now=1)
     tree.store(A, ROOT, chain(200, 3), now=2)
     tree.store(B, 101, [150], now=6)
@@ -141,10 +142,21 @@ def test_eviction_takes_least_recently_matched_subtrees_only() -> None:
 
 
 def test_bytes_estimate_follows_nodes() -> None:
-    tree = RadixHashTree()
+    tree = new_tree()
     tree.store(A, ROOT, chain(100, 10), now=1)
     assert tree.bytes_estimate == 11 * node_bytes(1)
-    assert "RadixHashTree(nodes=11" in repr(tree)
+    assert "nodes=11," in repr(tree) and f"core={tree.core}" in repr(tree)
+
+
+def test_a_young_leaf_protects_every_old_ancestor_from_eviction() -> None:
+    tree = new_tree()
+    tree.store(A, ROOT, chain(100, 4), now=1)
+    tree.store(B, 100, chain(200, 2), now=1)
+    tree.touch([103], now=5)  # the leaf only: its ancestors stay old
+    eviction = tree.evict_older_than(3)
+    assert set(eviction.keys.tolist()) == {200, 201}
+    assert counts(tree, chain(100, 4)) == {A: 4, B: 0}
+    tree.check_invariants()
 
 
 # ---- property test against a naive model --------------------------------------------------
@@ -211,7 +223,7 @@ def test_random_operations_agree_with_the_naive_model(
             node = parent[node]
         return out[::-1]
 
-    tree, model = RadixHashTree(initial_capacity=16), NaiveModel()
+    tree, model = new_tree(16), NaiveModel()
     for step, (op, si, pick, length) in enumerate(script):
         source = SOURCES[si]
         full = path(pick % 40)
@@ -249,7 +261,7 @@ def test_random_operations_agree_with_the_naive_model(
 
 def test_match_of_a_large_tree_is_consistent_with_numpy_reference() -> None:
     rng = np.random.default_rng(7)
-    tree = RadixHashTree()
+    tree = new_tree()
     keys = rng.integers(1, 2**63, size=2000, dtype=np.uint64).tolist()
     for i in range(8):
         tree.store(Source(f"w{i}"), ROOT, keys[: 250 * (i + 1)], now=i)

@@ -47,9 +47,12 @@ async def test_a_sim_describes_itself_in_its_engines_shape(start_sim: StartSim,
     assert (spec.engine, spec.model, spec.block_size, spec.dp_size, spec.context_length,
             spec.topic) == (Engine(engine), "org/model-a", 8, 2, 4096, "kv")
     assert spec.kv_events_endpoint(1) == f"tcp://127.0.0.1:{sim.kv_events_port + 1}"
+    # registered where a subscriber connects (vLLM reports tcp://*:PORT, its bind address)
+    assert spec.kv_events == f"tcp://127.0.0.1:{sim.kv_events_port}"
     assert spec.replay_endpoint(0) == f"tcp://127.0.0.1:{sim.replay_port}"
     assert found.models == ("org/model-a",)
-    source = "GET /server_info" if engine == "sglang" else "GET /kv_event_sources"
+    source = ("GET /server_info" if engine == "sglang" else  # vLLM reports its bind address
+              f"GET /kv_event_sources, bound as tcp://*:{sim.kv_events_port}")
     assert found.sources["kv_events"] == source
 
 
@@ -105,7 +108,7 @@ async def test_an_older_sglang_with_only_get_server_info() -> None:
 async def test_an_engine_started_with_an_api_key_is_asked_with_it() -> None:
     models = {"object": "list", "data": [{"id": "m", "owned_by": "vllm", "parent": None,
                                           "max_model_len": 2048}]}
-    async with serving({"/v1/models": models, "/kv_event_sources": []}, key="sk-1") as url:
+    async with serving({"/v1/models": models, "/kv_event_sources": {}}, key="sk-1") as url:
         refused = await discover(url, timeout_s=2.0)
         found = await discover(url, timeout_s=2.0, authorization="Bearer sk-1")
     assert "GET /v1/models: HTTP 401" in refused.problems and refused.engine is None

@@ -196,17 +196,20 @@ async def test_the_service_serves_health_and_metrics(
         await watch.events.put(None)
 
 
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
 async def test_with_learning_a_bare_pod_is_described_by_its_engine(
-    api_server: tuple[FakeKubernetesApi, str], redis_server: RedisServer,
+    api_server: tuple[FakeKubernetesApi, str], redis_server: RedisServer, engine: str,
 ) -> None:
+    """vLLM reports its publishers as bind addresses (tcp://*:PORT): registered at the pod's
+    IP, as SGLang's, with the engine's hash algorithm as the ``hash_algo`` label."""
     fake, url = api_server
-    config = SimConfig(port=0, kv_events_port=0, replay_port=0, block_size=16, model="sim-m",
-                       timing=TimingConfig(zero_cost=True))
+    config = SimConfig(engine=engine, port=0, kv_events_port=0, replay_port=0, block_size=16,
+                       model="sim-m", timing=TimingConfig(zero_cost=True))
     async with SimServer(config) as sim:
         port = urlsplit(sim.url).port
         bare = {"kind": "Pod", "apiVersion": "v1",
                 "metadata": {"name": "engine-0", "namespace": "llm", "uid": "u-1",
-                             "resourceVersion": "5", "labels": {"cortex/engine": "sglang"},
+                             "resourceVersion": "5", "labels": {"cortex/engine": engine},
                              "annotations": {"cortex/port": str(port)}},
                 "status": {"phase": "Running", "podIP": "127.0.0.1",
                            "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -227,6 +230,7 @@ async def test_with_learning_a_bare_pod_is_described_by_its_engine(
                 assert (spec.model, spec.block_size) == ("sim-m", 16)
                 assert spec.kv_events == sim.kv_events_endpoint
                 assert spec.replay == sim.replay_endpoint
+                assert spec.labels.get("hash_algo") == ("sha256" if engine == "vllm" else None)
                 asked = discovery.metrics.engine_queries.labels("learned")._value.get()
                 await discovery.wait_reconciled(discovery.reconciliations, timeout_s=10)
                 # asked once per pod and address, not every reconciliation

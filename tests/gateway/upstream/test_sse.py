@@ -1,10 +1,95 @@
-"""What counts as the engines' SSE (cortex.gateway.upstream.sse), pure."""
+"""SSE framing: event-aligned forwarding, usage stripping, error events (pure)."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from cortex.gateway.upstream.sse import SSEForwarder, is_event_stream
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cortex.gateway.upstream.sse import (
+    SSEForwarder,
+    cached_tokens_of,
+    is_event_stream,
+    sse_error_event,
+)
+
+
+def chunk(content: str) -> bytes:
+    obj = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content":
+                                                                                  content}}]}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+USAGE = (b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":40,'
+         b'"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":32}}}\n\n')
+STREAM = chunk("Hel") + chunk("lo") + USAGE + b"data: [DONE]\n\n"
+
+
+def feed_all(forwarder: SSEForwarder, parts: list[bytes]) -> bytes:
+    out = b"".join(forwarder.feed(p) for p in parts)
+    return out + forwarder.finish()
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=12))
+def test_any_chunking_forwards_the_same_events(cuts: list[int]) -> None:
+    points = sorted(set(cuts))
+    parts = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    kept = SSEForwarder(strip_usage=False)
+    assert feed_all(kept, parts) == STREAM
+    stripped = SSEForwarder(strip_usage=True)
+    assert feed_all(stripped, parts) == chunk("Hel") + chunk("lo") + b"data: [DONE]\n\n"
+    for forwarder in (kept, stripped):
+        assert forwarder.done and forwarder.cached_tokens == 32
+
+
+def test_partial_event_is_held_until_its_blank_line() -> None:
+    forwarder = SSEForwarder(strip_usage=True)
+    assert forwarder.feed(b'data: {"choices":[{"delta":') == b""
+    assert forwarder.feed(b'{}}]}\n') == b""
+    assert forwarder.feed(b"\n") == b'data: {"choices":[{"delta":{}}]}\n\n'
+
+
+def test_crlf_events_and_generate_meta_info() -> None:
+    forwarder = SSEForwarder(strip_usage=False)
+    data = (b'data: {"text":"a","meta_info":{"cached_tokens":5}}\r\n\r\n'
+            b'data: {"text":"ab","meta_info":{"cached_tokens":16}}\r\n\r\ndata: [DONE]\r\n\r\n')
+    assert forwarder.feed(data) == data
+    assert forwarder.done and forwarder.cached_tokens == 16
+
+
+def test_missing_done_is_visible() -> None:
+    forwarder = SSEForwarder(strip_usage=True)
+    assert forwarder.feed(chunk("x")) == chunk("x")
+    assert forwarder.finish() == b"" and not forwarder.done
+
+
+def test_error_event_shape() -> None:
+    event = sse_error_event("worker failed", "upstream_stream_error")
+    first, done = event.split(b"\n\n")[:2]
+    assert json.loads(first.removeprefix(b"data: "))["error"]["code"] == "upstream_stream_error"
+    assert done == b"data: [DONE]"
+
+
+def test_cached_tokens_of_shapes() -> None:
+    assert cached_tokens_of({"usage": {"prompt_tokens_details": {"cached_tokens": 7}}}) == 7
+    assert cached_tokens_of({"meta_info": {"cached_tokens": 3}}) == 3
+    assert cached_tokens_of({"usage": {"prompt_tokens": 3}}) is None
+    assert cached_tokens_of(None) is None
+
+
+def test_keepalives_and_done_inside_text_do_not_confuse_the_forwarder() -> None:
+    forwarder = SSEForwarder(strip_usage=False)
+    text = chunk("the model says data: [DONE] here")
+    assert forwarder.feed(text) == text and not forwarder.done
+    assert forwarder.feed(USAGE) == USAGE
+    assert forwarder.feed(b": keep-alive\n\n") == b": keep-alive\n\n"
+    assert forwarder.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+    assert forwarder.done and forwarder.cached_tokens == 32
+
+
+# ---- what counts as the engines' SSE ----
 
 GOOD = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
 

@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "cortex.bench.faults",
     "soak": "cortex.bench.soak",
     "capacity": "cortex.bench.capacity",
+    "core": "cortex.bench.core",
     "epp": "cortex.bench.epp",
 }
 

@@ -139,7 +139,7 @@ async def _replica(target: str, seconds: float) -> None:
             reply = await stub.match(match_request(DOMAIN.model, block_keys=query), timeout=5)
             theirs = sorted((m.worker_id, m.dp_rank, m.matched_blocks) for m in reply.matches)
             if reply.index_version == version and theirs != sorted(
-                    (s.worker_id, s.dp_rank, b) for s, b, _ in mine):
+                    (s.worker_id, s.dp_rank, b) for s, b, _ in mine.sources):
                 mismatches += 1
         channel.close()
     print(json.dumps({"lags": lags, "blocks": blocks, "rss_growth": rss - rss0,

@@ -37,9 +37,9 @@ from cortex.bench.report import cpu_model, package_version, table
 from cortex.bench.timed import add_timed_parser, timed_main
 from cortex.hashing import Engine, HashDomain, pack_keys, pack_tokens
 from cortex.index.convert import match_args, match_reply
-from cortex.index.prefix_index import MatchResult
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
 from cortex.ledger.codec import op_from_pb, pb, update_from_pb
+from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.replica import journal_batch
 from cortex.ledger.view import Store, ViewOp
@@ -85,9 +85,10 @@ def build_rows() -> list[Row]:
     def args(data: bytes) -> object:
         return match_args(pb.MatchRequest.FromString(data))
 
-    result = MatchResult("m", DOMAIN, 1_234_567, KEYS, [
-        (Source(f"worker-{i:03d}", i % 2), i % 5 * 40, LedgerState.READY) for i in range(WORKERS)
-    ])
+    result = Match.of([
+        SourceMatch(Source(f"worker-{i:03d}", i % 2), i % 5 * 40, LedgerState.READY)
+        for i in range(WORKERS)
+    ], 1_234_567, KEYS, DOMAIN)
     requested = match_args(pb.MatchRequest.FromString(twin_key))
     reply = match_reply(result, requested).SerializeToString()
 

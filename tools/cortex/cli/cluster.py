@@ -105,6 +105,9 @@ class LocalCluster:
         self._ingest_port: int | None = None
         self._gateway_configs: list[Path] = []
         self._waiting_for: list[str] = []  # what the last readiness check still waited for
+        # external workers whose ledger was not READY within spec.ledger_grace_s: routed by
+        # load meanwhile (worker id -> what the ingest said of it)
+        self.ledger_pending: dict[str, str] = {}
         self._last_seen: dict[str, str] = {}  # worker id -> its last state at a gateway
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -272,7 +275,8 @@ class LocalCluster:
                 {"id": w.id, "url": w.url, "engine": w.engine.value, "role": w.role.value,
                  "model": w.model, "kv_events": w.kv_events, "replay": w.replay,
                  "bootstrap_port": w.bootstrap_port, "metrics_url": w.url + "/metrics",
-                 "block_size": w.block_size, "dp_size": w.dp_size, "pid": None, "log": None}
+                 "block_size": w.block_size, "dp_size": w.dp_size, "pid": None, "log": None,
+                 "ledger_pending": self.ledger_pending.get(w.id)}
                 for w in spec.external
             ],
         }
@@ -437,6 +441,14 @@ class LocalCluster:
                        deadline, self._children[f"gateway-{i}"])
         if register:
             self._register_workers()
+        self.ledger_pending = {}
+        grace = self.spec.ledger_grace_s
+        if grace is not None and self.spec.external and not self._poll_until(
+                self._ingest_ready, min(deadline, time.monotonic() + grace)):
+            # workers that run already: the gateway serves them by load meanwhile
+            external = {w.id for w in self.spec.external}
+            self.ledger_pending = {wid: line for line in self._waiting_for
+                                   if (wid := line.split(" ", 1)[0]) in external}
         self._wait("ingest", self._ingest_ready, deadline, self._children["ingest"])
         for i, url in enumerate(self.gateway_urls):
             self._wait(f"gateway-{i}", functools.partial(self._gateway_ready, url), deadline,
@@ -465,7 +477,7 @@ class LocalCluster:
         sources = body.get("sources", {})
         self._waiting_for = [
             f"{w.id} ({w.url}) rank {rank}: ledger {sources.get(f'{w.id}#{rank}', 'unknown')}"
-            for w in self._expected() if w.kv_events is not None for rank in range(w.dp_size)
+            for w in self._expected() if self._ledger_awaited(w) for rank in range(w.dp_size)
             if sources.get(f"{w.id}#{rank}") != "READY"]
         return not self._waiting_for
 
@@ -476,7 +488,12 @@ class LocalCluster:
         live = self._expected()
         if not live:  # nothing to route to: the dependencies must be there
             return body.get("index") == "available" and body.get("registry") == "ok"
-        ready = status == 200 and body.get("status") == "ready"
+        # ready means the gateway serves: workers that publish no KV events have no ledger
+        # to wait for (they are routed by load), which the gateway calls no_ready_ledger
+        ready = status == 200 and (body.get("status") == "ready" or (
+            body.get("status") == "degraded"
+            and set(body.get("degraded", ())) <= {"no_ready_ledger"}
+            and not any(self._ledger_awaited(w) for w in live)))
         status, listing = http_call(url + "/admin/workers",
                                 headers={"Authorization": f"Bearer {self.admin_token}"})
         if status != 200 or not isinstance(listing, dict):
@@ -486,7 +503,7 @@ class LocalCluster:
         for w in live:
             entry = seen.get(w.id)
             if entry is not None and entry["routable"] and (
-                    w.kv_events is None or entry["ledger"] == "ready"):
+                    not self._ledger_awaited(w) or entry["ledger"] == "ready"):
                 continue
             if entry is not None:
                 error = entry.get("last_probe_error")
@@ -506,21 +523,32 @@ class LocalCluster:
                 for wid, info in self.workers.items() if self._children[wid].alive()]
         return sims + list(self.spec.external)
 
-    def _wait(self, what: str, predicate: Callable[[], bool], deadline: float,
-              child: Child) -> None:
-        """Poll ``predicate`` until true; :class:`ClusterError` with ``child``'s log tail when
-        any process crashes or the deadline passes."""
+    def _ledger_awaited(self, worker: WorkerSpec) -> bool:
+        """Start-up waits for this worker's ledger: it publishes KV events and its grace
+        (``spec.ledger_grace_s``) has not run out."""
+        return worker.kv_events is not None and worker.id not in self.ledger_pending
+
+    def _poll_until(self, predicate: Callable[[], bool], until: float) -> bool:
+        """Poll ``predicate`` until true (``True``) or ``until`` passes (``False``);
+        :class:`ClusterError` when a process crashes."""
         self._waiting_for = []
         while True:
             self.check()
             if predicate():
-                return
-            if time.monotonic() >= deadline:
-                waiting = "".join(f"\n  waiting for {w}" for w in self._waiting_for)
-                raise ClusterError(
-                    f"{what} not ready after {self.spec.ready_timeout_s:g} s;{waiting}\nlast "
-                    f"log lines ({child.log_path}):\n{child.log_tail()}")
+                return True
+            if time.monotonic() >= until:
+                return False
             time.sleep(_POLL_S)
+
+    def _wait(self, what: str, predicate: Callable[[], bool], deadline: float,
+              child: Child) -> None:
+        """Poll ``predicate`` until true; :class:`ClusterError` with ``child``'s log tail when
+        any process crashes or the deadline passes."""
+        if not self._poll_until(predicate, deadline):
+            waiting = "".join(f"\n  waiting for {w}" for w in self._waiting_for)
+            raise ClusterError(
+                f"{what} not ready after {self.spec.ready_timeout_s:g} s;{waiting}\nlast "
+                f"log lines ({child.log_path}):\n{child.log_tail()}")
 
 
 async def _register(redis_url: str, specs: Sequence[WorkerSpec], ttl_s: float) -> None:

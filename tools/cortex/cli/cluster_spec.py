@@ -46,6 +46,9 @@ class ClusterSpec:
     ``gateway_config``: sections merged into every gateway's generated config
     (``{"routing": {"weights": {"beta": 32}}}``); ``index_args`` / ``ingest_args`` /
     ``gateway_args``: extra flags. ``ready_timeout_s``: the whole start-up's deadline.
+    ``ledger_grace_s``: how long start-up waits for the ledgers of ``external`` workers once
+    the gateways route them (``None``: until the deadline); a worker whose ledger is not READY
+    by then is routed by load and named in :attr:`LocalCluster.ledger_pending`.
     ``eagle_lookahead``: the sims run speculative decoding with prefix caching (``cortex sim
     --eagle-lookahead``) and are registered with that ``kv_lookahead``; ``eagle_drop``: vLLM
     EAGLE on legacy hashes (``--eagle-drop``, registered with ``kv_eagle_drop``).
@@ -72,6 +75,7 @@ class ClusterSpec:
     ingest_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     ready_timeout_s: float = 90.0
+    ledger_grace_s: float | None = None
     eagle_lookahead: int = 0
     eagle_drop: bool = False
 
@@ -95,6 +99,8 @@ class ClusterSpec:
         for name in ("lease_ttl_s", "ready_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.ledger_grace_s is not None and not self.ledger_grace_s >= 0:
+            raise ValueError(f"ledger_grace_s: must be >= 0, got {self.ledger_grace_s}")
         if not self.model.strip():
             raise ValueError("model: must be a non-empty name")
         object.__setattr__(self, "sim_args", tuple(self.sim_args))

@@ -31,6 +31,10 @@ __all__ = ["WorkerArg", "gateway_sections", "register", "run", "worker_args"]
 REQUIRED = ("engine", "model", "block_size")
 """What the gateway cannot route without (block size: the hash domain of the model)."""
 
+LEDGER_GRACE_S = 10.0
+"""How long start-up waits for a worker's ledger once the gateway routes it; then the
+worker is served by load until its ledger is READY (said in the summary)."""
+
 _POLICIES = ("cache_aware",)
 _FLAG = {"engine": "--engine", "model": "--model", "block_size": "--block-size"}
 
@@ -261,7 +265,8 @@ def cluster_spec(specs: Sequence[Any], sections: Mapping[str, Any],
         workers=0, engine=first.engine, gateways=args.gateways, port=args.port,
         host=args.host, redis_url=args.redis_url, model=first.model,
         block_size=first.block_size, lease_ttl_s=args.lease_ttl, gateway_config=sections,
-        external=tuple(specs), ready_timeout_s=args.ready_timeout)
+        external=tuple(specs), ready_timeout_s=args.ready_timeout,
+        ledger_grace_s=LEDGER_GRACE_S)
 
 
 def run(args: argparse.Namespace) -> int:

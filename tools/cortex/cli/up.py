@@ -233,8 +233,11 @@ def summary(state: dict[str, Any], seconds: float, command: str = "cortex up") -
     if state["redis"]:
         rows.append(("redis", state["redis"]["url"], ""))
     for w in workers:
-        rows.append((w["id"], w["url"],
-                     f"{w['engine']} {w['role']}, events {w['kv_events']}, replay {w['replay']}"))
+        events = (f"events {w['kv_events']}, replay {w['replay']}" if w["kv_events"]
+                  else "no KV events: routed by load only")
+        if w.get("ledger_pending"):
+            events += f"; not yet READY ({w['ledger_pending']}): routed by load until it is"
+        rows.append((w["id"], w["url"], f"{w['engine']} {w['role']}, {events}"))
     width = max((len(r[0]) for r in rows), default=0)
     url_width = max((len(r[1]) for r in rows), default=0)
     lines += [f"  {name:<{width}}  {url:<{url_width}}  {extra}".rstrip()

@@ -1,7 +1,11 @@
-"""How a simulated vLLM describes itself, the way vLLM 0.33 does (discovery endpoints).
+"""How a simulated vLLM describes itself, the way vLLM 0.32 and 0.33 do (discovery endpoints).
 
-- ``GET /kv_event_sources``: a bare JSON array, one entry per data-parallel rank:
-  ``{data_parallel_rank, endpoint, replay_endpoint, topic}`` (rank r on the base port + r);
+- ``GET /kv_event_sources``: a JSON object keyed by data-parallel rank (``"0"``, ``"1"``,
+  ...), each value the rank's resolved publisher config, all of vLLM's ``KVEventsConfig``
+  fields (``enable_kv_cache_events``, ``publisher``, ``endpoint``, ``replay_endpoint``,
+  ``buffer_steps``, ``hwm``, ``max_queue_size``, ``topic``); rank r on the base port + r.
+  The endpoints are bind addresses (``tcp://*:PORT``), as vLLM's (it only binds an endpoint
+  with ``*``): a subscriber reaches them at the worker's host. ``{}`` while nothing is bound;
 - ``vllm:cache_config_info`` on ``GET /metrics``: an info gauge (value 1) whose labels carry
   the cache configuration, ``block_size`` among them.
 
@@ -20,18 +24,24 @@ from cortex.sim.config import SimConfig
 
 __all__ = ["add_vllm_discovery_routes", "cache_config_info", "kv_event_sources"]
 
+# vLLM's KVEventsConfig defaults, reported as the engine reports them
+_BUFFER_STEPS = 10_000
+_HWM = 100_000
+_MAX_QUEUE_SIZE = 100_000
 
-def kv_event_sources(config: SimConfig, ports: Mapping[str, int | None]) -> list[dict[str, Any]]:
-    """vLLM's per-DP-rank event sources (empty while nothing is bound)."""
+
+def kv_event_sources(config: SimConfig,
+                     ports: Mapping[str, int | None]) -> dict[str, dict[str, Any]]:
+    """vLLM's per-DP-rank publisher configs (empty while nothing is bound)."""
     events, replay = ports.get("kv_events"), ports.get("replay")
     if not events:
-        return []
-    host = config.public_host
-    host = f"[{host}]" if ":" in host else host
-    return [{"data_parallel_rank": rank, "endpoint": f"tcp://{host}:{events + rank}",
-             "replay_endpoint": f"tcp://{host}:{replay + rank}" if replay else None,
-             "topic": config.topic}
-            for rank in range(config.dp_size)]
+        return {}
+    return {str(rank): {"enable_kv_cache_events": True, "publisher": "zmq",
+                        "endpoint": f"tcp://*:{events + rank}",
+                        "replay_endpoint": f"tcp://*:{replay + rank}" if replay else None,
+                        "buffer_steps": _BUFFER_STEPS, "hwm": _HWM,
+                        "max_queue_size": _MAX_QUEUE_SIZE, "topic": config.topic}
+            for rank in range(config.dp_size)}
 
 
 def cache_config_info(config: SimConfig) -> str:

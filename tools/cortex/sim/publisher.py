@@ -47,8 +47,9 @@ class EventEncoder:
         v = _version(version)
         if engine is Engine.VLLM:
             self._medium = "GPU" if v >= (0, 11) else None
-            self._rich = v >= (0, 33)  # per-block extra_keys, explicit group_idx, spec kind
-            self._group_nil = (0, 23) <= v < (0, 33)
+            # per-block extra_keys, explicit group_idx, spec kind: seen from a real 0.32
+            self._rich = v >= (0, 32)
+            self._group_nil = (0, 23) <= v < (0, 32)
             self._dp_rank: int | None = dp_rank if v >= (0, 11) else None
             self._names_lora = True
         else:
@@ -89,7 +90,7 @@ class EventEncoder:
         return codec.AllBlocksCleared()
 
     def _extra_keys(self, blocks: int, lora: str | None) -> tuple[object, ...] | None:
-        """vLLM 0.33's per-block extra keys: the adapter's name in each (its block hashes
+        """vLLM's (0.32 on) per-block extra keys: the adapter's name in each (its block hashes
         cover it: ``v1/core/kv_cache_utils.py::generate_block_hash_extra_keys``)."""
         if self.engine is not Engine.VLLM or not self._rich:
             return None

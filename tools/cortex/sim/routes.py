@@ -356,6 +356,9 @@ class SimRoutes:
         try:
             body = await request.json(loads=json.loads)
         except (json.JSONDecodeError, UnicodeDecodeError):
+            if self.config.engine is Engine.VLLM:  # FastAPI's validation error, as vLLM 0.32's
+                return self._error("1 validation error: JSON decode error",
+                                   err_type="Bad Request", param="body.0")
             return self._error("the request body is not valid JSON")
         if not isinstance(body, dict):
             return self._error("the request body must be a JSON object")

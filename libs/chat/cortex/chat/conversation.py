@@ -87,12 +87,42 @@ def _aliases(root: nodes.Template, name: str) -> Iterator[str]:
 
 
 def _loops_over_content_vllm(root: nodes.Template) -> bool:
+    """vLLM's (0.32) test: a loop over a message's ``content``, over a macro parameter that
+    some call passes a message's ``content`` (Qwen3.5's ``render_content(message.content)``),
+    or over a variable named ``content`` outside any macro."""
     lists = list(_aliases(root, "messages"))
     items = [loop.target.name for loop in root.find_all(nodes.For)
              if isinstance(loop.target, nodes.Name)
              and any(_accesses(loop.iter, name) for name in lists)]
-    return any(_accesses(loop.iter, item, "content")
-               for loop in root.find_all(nodes.For) for item in items)
+    if any(_accesses(loop.iter, item, "content")
+           for loop in root.find_all(nodes.For) for item in items):
+        return True
+    in_macros: set[int] = set()
+    for macro in root.find_all(nodes.Macro):
+        params = _content_params(root, macro, items)
+        for loop in macro.find_all(nodes.For):
+            in_macros.add(id(loop))
+            if isinstance(loop.iter, nodes.Name) and loop.iter.name in params:
+                return True
+    return any(id(loop) not in in_macros and isinstance(loop.iter, nodes.Name)
+               and loop.iter.name == "content" for loop in root.find_all(nodes.For))
+
+
+def _content_params(root: nodes.Template, macro: nodes.Macro, items: list[str]) -> set[str]:
+    """The parameters of ``macro`` that a call passes some message's ``content``."""
+    names = [arg.name for arg in macro.args]
+    found: set[str] = set()
+    for call in root.find_all(nodes.Call):
+        if not (isinstance(call.node, nodes.Name) and call.node.name == macro.name):
+            continue
+        for name, arg in zip(names, call.args, strict=False):
+            if any(_accesses(arg, item, "content") for item in items):
+                found.add(name)
+        for keyword in call.kwargs:
+            if keyword.key in names and any(_accesses(keyword.value, item, "content")
+                                            for item in items):
+                found.add(keyword.key)
+    return found
 
 
 def _loops_over_content_sglang(template: ChatTemplate) -> bool:

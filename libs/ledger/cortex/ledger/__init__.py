@@ -9,6 +9,7 @@
 """
 
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import (
     INGEST_LOST,
     ClearBlocks,
@@ -26,7 +27,7 @@ from cortex.ledger.model import (
 )
 from cortex.ledger.replica import LedgerReplica, OutOfSync, ReplicaChanges, ReplicaState
 from cortex.ledger.tree import RadixHashTree, node_bytes
-from cortex.ledger.view import LedgerView, Place, SourceMatch, ViewOp
+from cortex.ledger.view import LedgerView, Place, ViewOp
 
 __all__ = [
     "INGEST_LOST",
@@ -36,6 +37,7 @@ __all__ = [
     "LedgerState",
     "LedgerUpdate",
     "LedgerView",
+    "Match",
     "Op",
     "OutOfSync",
     "Place",

@@ -9,7 +9,10 @@ where the proto has one. Validation lives here: anything malformed raises
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -18,8 +21,10 @@ import numpy.typing as npt
 from cortex.api.index.v1 import index_pb2 as pb
 from cortex.hashing import Engine, HashDomain, pack_keys
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import (
     ClearBlocks,
+    KeyList,
     LedgerState,
     LedgerUpdate,
     Op,
@@ -31,6 +36,7 @@ from cortex.ledger.model import (
     StoreBlocks,
     Tier,
 )
+from cortex.ledger.tiers import OFFLOAD_TIERS
 from cortex.ledger.view import (
     Attach,
     Clear,
@@ -50,6 +56,9 @@ __all__ = [
     "engine_from_kind",
     "keys_from_le",
     "keys_to_le",
+    "lenient_state",
+    "match_from_pb",
+    "match_to_pb",
     "op_from_pb",
     "op_to_pb",
     "pb",
@@ -76,6 +85,8 @@ def engine_from_kind(value: int, *, required: bool) -> Engine | None:
     return engine
 
 
+_BIG_ENDIAN = sys.byteorder == "big"
+
 # ---- scalars ------------------------------------------------------------------------------
 
 
@@ -84,6 +95,8 @@ def keys_to_le(keys: Keys) -> bytes:
     :func:`cortex.hashing.pack_keys`, key arrays as they are)."""
     if isinstance(keys, np.ndarray):
         return keys.astype("<u8", copy=False).tobytes()
+    if isinstance(keys, array) and keys.typecode == "Q" and not _BIG_ENDIAN:
+        return keys.tobytes()  # a decoded update's keys, forwarded as they came
     return pack_keys(keys)
 
 
@@ -95,11 +108,17 @@ def keys_from_le(data: bytes, field: str) -> npt.NDArray[np.uint64]:
     return keys
 
 
-def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> list[int]:
-    """A key list from its ``*_le`` twin (wins when set) or the repeated field."""
+def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> KeyList:
+    """The keys of an update from its ``*_le`` twin (wins when set: one copy into an
+    ``array('Q')``, no int object per key) or the repeated field."""
     if packed:
-        out: list[int] = keys_from_le(packed, field + "_le").tolist()
-        return out
+        if len(packed) % 8:
+            raise InvalidArgument(f"{field}_le length {len(packed)} is not a multiple of 8")
+        keys = array("Q")
+        keys.frombytes(packed)
+        if _BIG_ENDIAN:  # pragma: no cover - the wire is little-endian
+            keys.byteswap()
+        return keys
     return list(repeated)
 
 
@@ -108,6 +127,15 @@ def state_from_pb(value: int, field: str) -> LedgerState:
         return LedgerState(value)
     except ValueError:
         raise InvalidArgument(f"{field} has an unknown ledger state {value}") from None
+
+
+def lenient_state(value: int) -> LedgerState:
+    """A ledger state from a newer peer: an unknown value reads as UNSPECIFIED (never
+    credited) instead of failing the message."""
+    try:
+        return LedgerState(value)
+    except ValueError:
+        return LedgerState.UNSPECIFIED
 
 
 def tier_from_pb(value: int, field: str) -> Tier:
@@ -294,3 +322,62 @@ def ops_to_pb(ops: Iterable[ViewOp], out: pb.ReplicaBatch) -> None:
     for op in ops:
         op_to_pb(op, out.ops.add())
 
+
+
+# ---- matches (index -> gateway) -----------------------------------------------------------
+
+_OFFLOAD = frozenset(int(t) for t in OFFLOAD_TIERS)
+
+
+def match_to_pb(match: Match, out: pb.MatchResponse) -> None:
+    """Write ``match`` into ``out``: per worker rank its device match with its offload tiers
+    beside it (``matched_tokens = matched_blocks * block_size``), and the shared tier's
+    prefix. A match without a domain writes only the version and the query's size."""
+    out.index_version = match.version
+    out.query_blocks = match.query_blocks
+    domain = match.domain
+    if domain is None:
+        return
+    size = domain.block_size
+    domain_to_pb(domain, out.domain)
+    add = out.matches.add
+    ranks: dict[tuple[str, int], pb.WorkerMatch] = {}
+    offload: list[SourceMatch] = []
+    for m in match.sources:
+        source = m.source
+        if source.tier is Tier.DEVICE:
+            ranks[source.worker_id, source.dp_rank] = add(
+                worker_id=source.worker_id, dp_rank=source.dp_rank, matched_blocks=m.blocks,
+                matched_tokens=m.blocks * size, state=int(m.state))
+        elif source.tier in OFFLOAD_TIERS:
+            offload.append(m)
+    for m in offload:
+        if not m.blocks:
+            continue
+        source = m.source
+        rank = ranks.get((source.worker_id, source.dp_rank))
+        if rank is None:  # offload sources only: the device prefix is 0
+            rank = ranks[source.worker_id, source.dp_rank] = add(
+                worker_id=source.worker_id, dp_rank=source.dp_rank)
+        rank.tiers.add(tier=int(source.tier), blocks=m.blocks, tokens=m.blocks * size,
+                       state=int(m.state))
+    out.shared_blocks = match.shared_blocks
+
+
+def match_from_pb(reply: pb.MatchResponse) -> Match:
+    """The :class:`Match` of a MatchResponse: each rank's device match, then its offload
+    tiers (an unknown tier or state value from a newer index is skipped / UNSPECIFIED: it
+    cannot be credited). ``domain`` is ``None`` when the reply names no valid one."""
+    sources: list[SourceMatch] = []
+    for hit in reply.matches:
+        sources.append(SourceMatch(Source(hit.worker_id, hit.dp_rank), hit.matched_blocks,
+                                   lenient_state(hit.state)))
+        for tier in hit.tiers:
+            if tier.tier in _OFFLOAD:
+                sources.append(SourceMatch(Source(hit.worker_id, hit.dp_rank, Tier(tier.tier)),
+                                           tier.blocks, lenient_state(tier.state)))
+    domain = None
+    with contextlib.suppress(InvalidArgument):
+        domain = domain_from_pb(reply.domain)
+    return Match(tuple(sources), reply.index_version, reply.query_blocks, domain,
+                 reply.shared_blocks)

@@ -8,6 +8,7 @@ so keys the per-domain trees.
 
 from __future__ import annotations
 
+from collections.abc import MutableSequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -17,6 +18,7 @@ from cortex.hashing import HashDomain
 __all__ = [
     "INGEST_LOST",
     "ClearBlocks",
+    "KeyList",
     "LedgerState",
     "LedgerUpdate",
     "Op",
@@ -93,6 +95,12 @@ class Source(NamedTuple):
         return Source(self.worker_id, self.dp_rank, tier)
 
 
+KeyList = MutableSequence[int]
+"""Block keys of an update: a ``list`` where they are made (ingest), an ``array('Q')`` where
+they are decoded from the wire (the index: one copy of the packed bytes, no int object per
+block; the compiled tree core reads it in place)."""
+
+
 def domain_label(domain: HashDomain) -> str:
     """``model/block_size/engine``: the domain's name in logs and metric labels."""
     return f"{domain.model}/{domain.block_size}/{domain.engine.value}"
@@ -103,14 +111,14 @@ class StoreBlocks:
     """The source now holds ``keys``, a chain of consecutive blocks after ``parent_key``."""
 
     parent_key: int
-    keys: list[int]
+    keys: KeyList
 
 
 @dataclass(frozen=True, slots=True)
 class RemoveBlocks:
     """The source no longer holds ``keys`` (no subtree removal implied)."""
 
-    keys: list[int]
+    keys: KeyList
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +143,8 @@ class Snapshot:
     Replaces whatever the index held for the source and starts (or replaces) an epoch.
     """
 
-    parent_keys: list[int]
-    keys: list[int]
+    parent_keys: KeyList
+    keys: KeyList
     state: LedgerState = LedgerState.READY
     reason: str = ""
 

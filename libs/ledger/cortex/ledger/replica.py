@@ -32,10 +32,12 @@ from cortex.ledger.codec import (
     source_to_pb,
     state_from_pb,
 )
+from cortex.ledger.cores import tree_from_columns
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source
-from cortex.ledger.tree import RadixHashTree, TreeColumns
-from cortex.ledger.view import Keys, LedgerView, Place, SourceMatch, ViewOp
+from cortex.ledger.tree import TreeColumns
+from cortex.ledger.view import Keys, LedgerView, Place, ViewOp
 
 __all__ = [
     "LedgerReplica",
@@ -248,12 +250,14 @@ class LedgerReplica:
 
     # ---- queries -------------------------------------------------------------------------
 
-    def match(self, domain: HashDomain, keys: Keys) -> list[SourceMatch]:
-        """Per attached source of ``domain``: leading ``keys`` held, and its state. The
-        deepest block any source matched is remembered for :meth:`take_touched`."""
+    def match(self, domain: HashDomain, keys: Keys) -> Match:
+        """Per attached source of ``domain``: leading ``keys`` held, and its state, at this
+        replica's version. The deepest block any source matched is remembered for
+        :meth:`take_touched`."""
         self._tick += 1
-        matches = self.view.match(domain, keys, self._tick)
-        deepest = max((blocks for _, blocks, _ in matches), default=0)
+        matches = Match.of(self.view.match(domain, keys, self._tick), self.version, len(keys),
+                           domain)
+        deepest = matches.deepest
         if deepest:
             touched = self._touched.setdefault(domain, set())
             if len(touched) < MAX_TOUCHED:
@@ -319,5 +323,5 @@ def _assemble(loading: _Loading) -> LedgerView:
         if not 0 <= bit < len(tree.sources) or tree.sources[bit] is not None:
             raise InvalidArgument(f"source {source} has a bad or duplicate bit {bit}")
         tree.sources[bit] = source
-    trees = {domain: RadixHashTree.from_columns(col) for domain, col in loading.columns.items()}
+    trees = {domain: tree_from_columns(col) for domain, col in loading.columns.items()}
     return LedgerView.from_parts(trees, {source: place for source, place, _ in loading.sources})

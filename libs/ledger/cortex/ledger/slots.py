@@ -14,34 +14,28 @@ _recency     uint64[cap]        clock tick of the last store or match touching t
 _holders     uint64[cap, W]     holder bitset: bit ``b`` of word ``w`` = source bit ``64*w+b``
 ===========  =================  =============================================================
 
-:class:`SlotColumns` owns the columns, their growth, the free stack, the source bits and the
-whole-store copies (:class:`TreeColumns`, a replica's snapshot); what the nodes mean — stores,
-matches, eviction — is :class:`~cortex.ledger.tree.RadixHashTree`'s. A reclaimed slot goes on
-the free stack and is zeroed, so a recycled slot never inherits holders.
+:class:`SlotColumns` owns the columns, their growth, the free stack and the whole-store copies
+(:class:`~cortex.ledger.tree.TreeColumns`, a replica's snapshot); what the nodes mean — stores,
+matches, eviction — is :class:`~cortex.ledger.pytree.PythonTree`'s. The compiled core
+(:mod:`cortex.ledger.native`) keeps the same columns in C, with a uint64 hash table for the
+dict. A reclaimed slot goes on the free stack and is zeroed, so a recycled slot never
+inherits holders.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Self
 
 import numpy as np
 import numpy.typing as npt
 
-from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import Source
+from cortex.ledger.tree import FREE, RadixHashTree, TreeColumns, check_columns
 
-__all__ = ["FREE", "NO_PARENT", "SlotColumns", "TreeColumns", "node_bytes"]
+__all__ = ["SlotColumns"]
 
 if sys.byteorder != "little":  # pragma: no cover - holder bit counting views uint64 as bytes
     raise ImportError("cortex.ledger.slots needs a little-endian machine")
-
-NO_PARENT = -1
-"""``_parent`` of a node whose parent block is not in the tree."""
-FREE = -2
-"""``_parent`` of a slot on the free stack."""
 
 _U64 = np.uint64
 
@@ -53,30 +47,14 @@ _DICT_BYTES_PER_NODE = 42 + 40 + 32
 _COLUMN_BYTES_PER_NODE = 24
 
 
-@dataclass(frozen=True, slots=True)
-class TreeColumns:
-    """A whole tree as columns (see :meth:`RadixHashTree.columns`): per slot its key
-    (``uint64``), parent slot (``int32``: ``NO_PARENT``, ``FREE``) and holder bitset
-    (``uint64[slots, words]``); ``sources[bit]`` is the source of each holder bit."""
+class SlotColumns(RadixHashTree):
+    """Slots of one tree's nodes in parallel numpy columns and the free stack.
 
-    keys: npt.NDArray[np.uint64]
-    parents: npt.NDArray[np.int32]
-    holders: npt.NDArray[np.uint64]
-    sources: list[Source | None]
-
-
-def node_bytes(words: int) -> int:
-    """Estimated bytes one node costs in a tree whose holder bitsets are ``words`` wide."""
-    return _DICT_BYTES_PER_NODE + _COLUMN_BYTES_PER_NODE + 8 * words
-
-
-class SlotColumns:
-    """Slots of one tree's nodes in parallel columns, the free stack and the source bits.
-
-    A base of :class:`~cortex.ledger.tree.RadixHashTree`; single-threaded, no I/O.
+    A base of :class:`~cortex.ledger.pytree.PythonTree`; single-threaded, no I/O.
     """
 
     def __init__(self, initial_capacity: int = 1024) -> None:
+        super().__init__(initial_capacity)
         cap = max(16, initial_capacity)
         self._slot_of: dict[int, int] = {}
         self._key: npt.NDArray[np.uint64] = np.zeros(cap, _U64)
@@ -87,10 +65,8 @@ class SlotColumns:
         self._free: npt.NDArray[np.int64] = np.zeros(64, np.int64)
         self._nfree = 0
         self._high = 0  # slots below this were handed out at least once
-        self._bit_of: dict[Source, int] = {}
-        self._source_at: list[Source | None] = [None] * 64
-        self._free_bits: list[int] = list(range(63, -1, -1))  # pop() yields the lowest
         self._held: npt.NDArray[np.int64] = np.zeros(64, np.int64)  # holdings per source bit
+        self._evicted = 0
 
     # ---- sizes ---------------------------------------------------------------------------
 
@@ -115,14 +91,12 @@ class SlotColumns:
         return len(self._key)
 
     @property
-    def bytes_estimate(self) -> int:
-        """Estimated bytes held by live nodes (see :func:`node_bytes`)."""
-        return self.nodes * node_bytes(self.words)
+    def evicted(self) -> int:
+        return self._evicted
 
-    @property
-    def sources(self) -> list[Source]:
-        """Registered sources, in bit order."""
-        return [s for s in self._source_at if s is not None]
+    @staticmethod
+    def node_bytes(words: int) -> int:
+        return _DICT_BYTES_PER_NODE + _COLUMN_BYTES_PER_NODE + 8 * words
 
     def blocks_of(self, source: Source) -> int:
         """Blocks ``source`` holds (0 for an unknown source)."""
@@ -132,39 +106,10 @@ class SlotColumns:
     def __contains__(self, key: object) -> bool:
         return key in self._slot_of
 
-    def __len__(self) -> int:
-        return len(self._slot_of)
-
-    # ---- sources -------------------------------------------------------------------------
-
-    def add_source(self, source: Source) -> int:
-        """Register ``source`` (idempotent); returns its bit. Widens bitsets when full."""
-        bit = self._bit_of.get(source)
-        if bit is not None:
-            return bit
-        if not self._free_bits:
-            self._widen()
-        bit = self._free_bits.pop()
-        self._bit_of[source] = bit
-        self._source_at[bit] = source
-        return bit
-
     def _widen(self) -> None:
-        words = self.words
         extra = np.zeros((len(self._holders), 1), _U64)
         self._holders = np.ascontiguousarray(np.hstack([self._holders, extra]))
-        self._source_at.extend([None] * 64)
         self._held = np.concatenate([self._held, np.zeros(64, np.int64)])
-        base = 64 * words
-        self._free_bits.extend(range(base + 63, base - 1, -1))
-        self._free_bits.sort(reverse=True)
-
-    def has_source(self, source: Source) -> bool:
-        return source in self._bit_of
-
-    def bit_of(self, source: Source) -> int:
-        """The holder bit of a registered source (``KeyError`` otherwise)."""
-        return self._bit_of[source]
 
     # ---- slots ---------------------------------------------------------------------------
 
@@ -253,12 +198,6 @@ class SlotColumns:
         ]
         return dead
 
-    def bits(self) -> Iterator[tuple[int, Source]]:
-        """``(bit, source)`` of every registered source."""
-        for bit, source in enumerate(self._source_at):
-            if source is not None:
-                yield bit, source
-
     # ---- copies --------------------------------------------------------------------------
 
     def columns(self) -> TreeColumns:
@@ -272,77 +211,32 @@ class SlotColumns:
             sources=list(self._source_at),
         )
 
-    @classmethod
-    def from_columns(cls, columns: TreeColumns) -> Self:
-        """The tree :meth:`columns` copied (recency starts at 0 everywhere).
-
-        Raises :class:`InvalidArgument` when the columns are inconsistent (lengths, parents
-        outside the slots, a key twice, holder bits without a source); nothing is kept then.
-        """
+    def _load(self, columns: TreeColumns, held: npt.NDArray[np.int64]) -> None:
         keys, parents, holders = columns.keys, columns.parents, columns.holders
-        n = len(keys)
-        if len(parents) != n or holders.ndim != 2 or holders.shape[0] != n:
-            raise InvalidArgument("tree columns differ in length")
-        words = holders.shape[1]
-        if words < 1 or len(columns.sources) != 64 * words:
-            raise InvalidArgument("tree columns: holder width and sources disagree")
-        if n and (parents.min() < FREE or parents.max() >= n):
-            raise InvalidArgument("tree columns: a parent slot is out of range")
+        n, words = len(keys), holders.shape[1]
+        self._grow(n)
         live = parents != FREE
         linked = parents[live]
         linked = linked[linked >= 0]
-        if linked.size and np.any(parents[linked] == FREE):
-            raise InvalidArgument("tree columns: a node's parent is a free slot")
-        live_keys = keys[live].tolist()
-        tree = cls(max(n, 16))
-        slot_of = dict(zip(live_keys, np.flatnonzero(live).tolist(), strict=True))
-        if len(slot_of) != len(live_keys):
-            raise InvalidArgument("tree columns: a block key appears twice")
-        sources = columns.sources
-        named = {s for s in sources if s is not None}
-        if len(named) != sum(s is not None for s in sources):
-            raise InvalidArgument("tree columns: a source has two bits")
-        bits = np.unpackbits(holders[live].view(np.uint8), axis=1, bitorder="little")
-        held = bits.sum(axis=0, dtype=np.int64)
-        if any(held[b] and sources[b] is None for b in range(len(sources))):
-            raise InvalidArgument("tree columns: holder bits without a source")
+        self._slot_of = dict(zip(keys[live].tolist(), np.flatnonzero(live).tolist(),
+                                 strict=True))
         if words > 1:
-            tree._holders = np.zeros((tree.capacity, words), _U64)
-        tree._slot_of = slot_of
-        tree._key[:n] = np.where(live, keys, 0)
-        tree._parent[:n] = parents
-        tree._holders[:n] = np.where(live[:, None], holders, 0)
-        tree._children[:n] = np.bincount(linked, minlength=n)[:n] if n else 0
-        tree._high = n
-        free = np.flatnonzero(~live)
-        tree._push_free(free.astype(np.int64))
-        tree._source_at = list(sources)
-        tree._bit_of = {s: b for b, s in enumerate(sources) if s is not None}
-        tree._free_bits = sorted((b for b, s in enumerate(sources) if s is None), reverse=True)
-        tree._held = held
-        return tree
+            self._holders = np.zeros((self.capacity, words), _U64)
+        self._key[:n] = np.where(live, keys, 0)
+        self._parent[:n] = parents
+        self._holders[:n] = np.where(live[:, None], holders, 0)
+        self._children[:n] = np.bincount(linked, minlength=n)[:n] if n else 0
+        self._high = n
+        self._push_free(np.flatnonzero(~live).astype(np.int64))
+        self._held = held
 
     # ---- checks --------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """Raise ``AssertionError`` when the columns disagree (tests; O(nodes))."""
         hi = self._high
         live = np.flatnonzero(self._parent[:hi] != FREE)
         assert len(live) == len(self._slot_of), "dict and live slots disagree"
         for slot in live.tolist():
             assert self._slot_of[int(self._key[slot])] == slot, "key column disagrees"
-        free = set(self._free[: self._nfree].tolist())
-        assert len(free) == self._nfree and free.isdisjoint(live.tolist()), "free stack bad"
-        assert len(free) + len(live) == hi, "slots leaked"
-        parents = self._parent[live]
-        expected = np.bincount(parents[parents >= 0], minlength=hi)[:hi]
-        assert np.array_equal(expected[live], self._children[live]), "child counts wrong"
-        assert np.all(self._parent[parents[parents >= 0]] != FREE), "parent is free"
-        held_any = self._holders[live].any(axis=1)
-        assert np.all(held_any | (self._children[live] > 0)), "dead node not reclaimed"
-        bits = np.unpackbits(self._holders[live].view(np.uint8), axis=1, bitorder="little")
-        counts = bits.sum(axis=0, dtype=np.int64)
-        assert np.array_equal(counts, self._held), "holding counters wrong"
-        for bit, source in enumerate(self._source_at):
-            if source is None:
-                assert counts[bit] == 0, "a free bit holds blocks"
+        check_columns(self.columns(), self._children[:hi], self._free[: self._nfree],
+                      self._held)

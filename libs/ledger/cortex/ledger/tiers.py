@@ -14,7 +14,7 @@ blocks after it that some READY offload tier (host, disk) of the same rank holds
 held in several tiers counts for the cheapest (host before disk). A device block *after*
 the device prefix does not extend the run (vLLM's connector looks up offloaded blocks
 only), so this never credits what the engine would recompute. The shared tier is not part
-of it: it is a cluster-level cache (:func:`cortex.ledger.view.shared_blocks`).
+of it: it is a cluster-level cache (:attr:`cortex.ledger.match.Match.shared_blocks`).
 
 Pure; ``held`` columns come from :meth:`RadixHashTree.held_columns`.
 """

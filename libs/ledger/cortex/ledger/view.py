@@ -21,10 +21,12 @@ import numpy as np
 import numpy.typing as npt
 
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.cores import new_tree
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.ledger.tiers import OFFLOAD_TIERS, continuation
-from cortex.ledger.tree import Eviction, RadixHashTree, no_eviction
+from cortex.ledger.tree import Eviction, Keys, RadixHashTree, no_eviction
 
 __all__ = [
     "Attach",
@@ -32,21 +34,17 @@ __all__ = [
     "Detach",
     "Evict",
     "Journaled",
+    "Keys",
     "LedgerView",
     "Place",
     "Remove",
-    "SourceMatch",
     "Store",
     "StorePairs",
     "ViewOp",
-    "shared_blocks",
 ]
 
-Keys = Sequence[int] | npt.NDArray[np.uint64]
 
-SourceMatch = tuple[Source, int, LedgerState]
-"""``(source, matched_blocks, state)`` of one source in a match."""
-
+_new = tuple.__new__
 
 @dataclass(frozen=True, slots=True)
 class Place:
@@ -113,6 +111,8 @@ class Evict:
 
 ViewOp = Attach | Detach | Store | StorePairs | Remove | Clear | Evict
 
+_Roster = tuple[list[tuple[int, Source, "Place"]], bool, list[tuple[int, Source, LedgerState]]]
+
 Journaled = tuple[str, ViewOp]
 """A journal entry: the model the change concerns, and the change."""
 
@@ -131,7 +131,7 @@ class LedgerView:
         self.places: dict[Source, Place] = {}
         self.journal = journal
         self._by_model: dict[str, list[HashDomain]] = {}
-        self._rosters: dict[HashDomain, list[tuple[int, Source, Place]]] = {}
+        self._rosters: dict[HashDomain, _Roster] = {}
 
     @classmethod
     def from_parts(cls, trees: dict[HashDomain, RadixHashTree], places: dict[Source, Place]
@@ -209,23 +209,31 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return []
-        seq = _seq(keys)
-        counts = tree.match(seq, now)
-        roster = self._roster(domain, tree)
+        roster, offload, states = self._roster(domain, tree)
+        if not offload:  # the common case: the tree builds the answer
+            if candidate_workers:
+                states = [r for r in states if r[1].worker_id in candidate_workers]
+            return tree.match_roster(keys, now, states)
+        counts = tree.match(keys, now)
         if candidate_workers:
             roster = [r for r in roster if r[1].worker_id in candidate_workers]
-        out = [(s, counts[bit], p.state) for bit, s, p in roster]
-        if any(s.tier in OFFLOAD_TIERS for _, s, _ in roster):
-            _extend_by_tiers(tree, seq, roster, counts, out)
+        out = [_new(SourceMatch, (s, counts[bit], p.state)) for bit, s, p in roster]
+        _extend_by_tiers(tree, keys, roster, counts, out)
         return out
 
-    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> list[tuple[int, Source, Place]]:
-        roster = self._rosters.get(domain)
-        if roster is None:
+    def _roster(self, domain: HashDomain, tree: RadixHashTree) -> _Roster:
+        """``(bit, source, place)`` of the domain's attached sources, whether any is an
+        offload tier, and ``(bit, source, state)`` of each (cached until a source of the
+        domain attaches, changes state or leaves: a match's per-source work is only
+        building its answer)."""
+        cached = self._rosters.get(domain)
+        if cached is None:
             places = self.places
             roster = [(bit, s, places[s]) for bit, s in tree.bits() if s in places]
-            self._rosters[domain] = roster
-        return roster
+            cached = (roster, any(s.tier in OFFLOAD_TIERS for _, s, _ in roster),
+                      [(bit, s, p.state) for bit, s, p in roster])
+            self._rosters[domain] = cached
+        return cached
 
     # ---- mutators (journaled) ------------------------------------------------------------
 
@@ -243,7 +251,7 @@ class LedgerView:
             place = None
         tree = self.trees.get(domain)
         if tree is None:
-            tree = self.trees[domain] = RadixHashTree()
+            tree = self.trees[domain] = new_tree()
             self._by_model.setdefault(domain.model, []).append(domain)
         new = Place(domain, state, reason)
         if place != new:
@@ -282,21 +290,21 @@ class LedgerView:
         """``source`` holds the chain ``keys`` after ``parent_key``; returns new holdings.
         :class:`InvalidArgument` when the source is not attached or the chain is bad."""
         domain = self._domain(source)
-        fresh = self.trees[domain].store(source, parent_key, _seq(keys), now)
+        fresh = self.trees[domain].store(source, parent_key, keys, now)
         self._log(domain, Store(source, parent_key, keys))
         return fresh
 
     def store_pairs(self, source: Source, parent_keys: Keys, keys: Keys, now: int) -> int:
         """``source`` holds every ``keys[i]`` (parent ``parent_keys[i]``, parents first)."""
         domain = self._domain(source)
-        fresh = self.trees[domain].store_pairs(source, _seq(parent_keys), _seq(keys), now)
+        fresh = self.trees[domain].store_pairs(source, parent_keys, keys, now)
         self._log(domain, StorePairs(source, parent_keys, keys))
         return fresh
 
     def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
         """``source`` no longer holds ``keys``; returns the keys it held (dropped)."""
         domain = self._domain(source)
-        dropped = self.trees[domain].remove(source, _seq(keys))
+        dropped = self.trees[domain].remove(source, keys)
         if dropped.size:
             self._log(domain, Remove(source, dropped))
         return dropped
@@ -324,7 +332,7 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return no_eviction()
-        eviction = tree.evict_keys(_seq(keys))
+        eviction = tree.evict_keys(keys)
         if eviction.nodes:
             self._log(domain, Evict(domain, eviction.keys))
         return eviction
@@ -359,7 +367,7 @@ class LedgerView:
         return ReplayEffect(removed=tuple(self.evict_keys(op.domain, op.keys).dropped))
 
 
-def _extend_by_tiers(tree: RadixHashTree, keys: Sequence[int],
+def _extend_by_tiers(tree: RadixHashTree, keys: Keys,
                      roster: list[tuple[int, Source, Place]], counts: list[int],
                      out: list[SourceMatch]) -> None:
     """Replace each offload source's own count in ``out`` (parallel to ``roster``) by the
@@ -374,7 +382,7 @@ def _extend_by_tiers(tree: RadixHashTree, keys: Sequence[int],
             if place.state is LedgerState.READY:
                 groups.setdefault(rank, []).append(i)
             else:
-                out[i] = (source, 0, place.state)
+                out[i] = SourceMatch(source, 0, place.state)
     members = [i for group in groups.values() for i in group]
     if not members:
         return
@@ -384,14 +392,7 @@ def _extend_by_tiers(tree: RadixHashTree, keys: Sequence[int],
         cols = held[:, [column[i] for i in group]]
         added = continuation(device.get(rank, 0), cols, [roster[i][1].tier for i in group])
         for i, blocks in zip(group, added, strict=True):
-            out[i] = (roster[i][1], blocks, roster[i][2].state)
-
-
-def shared_blocks(matches: Sequence[SourceMatch]) -> int:
-    """Leading blocks the shared tier holds for the cluster: the longest prefix any READY
-    shared source reports (every worker can load them, so they favour none)."""
-    return max((blocks for source, blocks, state in matches
-                if source.tier is Tier.SHARED and state is LedgerState.READY), default=0)
+            out[i] = SourceMatch(roster[i][1], blocks, roster[i][2].state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,12 +405,3 @@ class ReplayEffect:
 
 
 _NONE = ReplayEffect()
-
-
-def _seq(keys: Keys) -> Sequence[int]:
-    """Tree methods take int sequences: numpy key arrays become lists once, here."""
-    if isinstance(keys, np.ndarray):
-        out: list[int] = keys.tolist()
-        return out
-    return keys
-

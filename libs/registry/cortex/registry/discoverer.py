@@ -15,14 +15,14 @@ from typing import Any
 import aiohttp
 
 from cortex.hashing import Engine
-from cortex.registry.discovery import (
-    Discovery,
+from cortex.registry.discovery import Discovery
+from cortex.registry.engines import (
     Learned,
     looks_like_sglang,
     parse_sglang_server_info,
     parse_v1_models,
+    parse_vllm_cache_config,
     parse_vllm_kv_event_sources,
-    parse_vllm_metrics,
 )
 from cortex.registry.spec import WorkerSpec
 
@@ -150,11 +150,10 @@ async def _ask(probe: _Probe) -> tuple[list[tuple[str, Learned]], tuple[str, ...
     if metrics is not None and metrics[0] != 200:
         probe.problems.append(f"GET /metrics: HTTP {metrics[0]}")
     elif metrics is not None:
-        learned = parse_vllm_metrics(metrics[1].decode("utf-8", "replace"))
-        if learned:
-            answers.append(("GET /metrics", learned))
-        else:
-            probe.problems.append("GET /metrics: no vllm:cache_config_info block_size")
+        learned, problem = parse_vllm_cache_config(metrics[1].decode("utf-8", "replace"))
+        answers.append(("GET /metrics", learned))
+        if problem is not None:
+            probe.problems.append(f"GET /metrics: {problem}")
     return answers, models
 
 

@@ -1,29 +1,18 @@
-"""What a worker says about itself, read from its engine's own HTTP endpoints (pure).
+"""What a worker says about itself, merged into a spec (pure).
 
-An operator who has a worker URL should not have to retype what the engine already serves:
-
-- **SGLang** ``GET /server_info`` (old alias ``/get_server_info``): ``served_model_name`` /
-  ``model_path``, ``page_size``, ``dp_size``, ``context_length``, ``disaggregation_mode``
-  with ``disaggregation_bootstrap_port``, and the KV-event publisher, either as the recent
-  ``kv_events`` block (``publisher``, ``endpoint_host``, ``endpoint_port_base``, ``topic``,
-  ``block_size``, ``dp_size``, ``replay_endpoint_port_base``) or as the ``kv_events_config``
-  JSON string it was launched with (``publisher``, ``endpoint``, ``topic``,
-  ``replay_endpoint``).
-- **vLLM** ``GET /v1/models`` (``id``, ``root``, ``parent``, ``max_model_len``, ``owned_by``),
-  ``GET /kv_event_sources`` (a bare array, one entry per DP rank: ``data_parallel_rank``,
-  ``endpoint``, ``replay_endpoint``, ``topic``) and the ``block_size`` label of the
-  ``vllm:cache_config_info`` info gauge on ``GET /metrics``.
-
-Each ``parse_*`` function turns one answer into the spec fields it carries (a field set to
-``None`` means "the engine says there is none", e.g. no replay endpoint; a field left out
-means "not said here"). :class:`Discovery` merges them and builds a :class:`WorkerSpec`,
-explicit values winning; a required field that nobody supplied raises
-:class:`DiscoveryError` naming it. The HTTP side lives in :mod:`cortex.registry.discoverer`.
+An operator who has a worker URL should not have to retype what the engine already serves.
+The answers are read by the parsers of :mod:`cortex.registry.engines` (SGLang
+``/server_info``; vLLM ``/v1/models``, ``/kv_event_sources``, ``/metrics``);
+:class:`Discovery` merges them and builds a :class:`WorkerSpec`, explicit values winning; a
+required field that nobody supplied raises :class:`DiscoveryError` naming it. An event or
+replay endpoint the engine reports as a bind address (``tcp://*:5557``, ``0.0.0.0``) is
+learned at the worker URL's host, so ``cortex workers add``, ``cortex serve`` and
+``cortex discover-pods`` register where a subscriber connects. The HTTP side lives in
+:mod:`cortex.registry.discoverer`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,20 +21,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cortex.hashing import Engine
-from cortex.registry.errors import DiscoveryError
+from cortex.registry.endpoint import parse_endpoint
+from cortex.registry.engines import Learned
+from cortex.registry.errors import DiscoveryError, SpecError
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
-__all__ = [
-    "DISCOVERABLE",
-    "REQUIRED",
-    "Discovery",
-    "default_worker_id",
-    "looks_like_sglang",
-    "parse_sglang_server_info",
-    "parse_v1_models",
-    "parse_vllm_kv_event_sources",
-    "parse_vllm_metrics",
-]
+__all__ = ["DISCOVERABLE", "HASH_ALGO_LABEL", "REQUIRED", "Discovery", "default_worker_id"]
 
 DISCOVERABLE = ("engine", "model", "role", "dp_size", "kv_events", "topic", "replay",
                 "bootstrap_port", "block_size", "context_length")
@@ -54,189 +35,11 @@ DISCOVERABLE = ("engine", "model", "role", "dp_size", "kv_events", "topic", "rep
 REQUIRED = ("engine", "model")
 """Fields a spec cannot do without; the rest have defaults (see :class:`WorkerSpec`)."""
 
-SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998  # what an SGLang prefill listens on when not told
-_SGLANG_DEFAULT_ENDPOINT = "tcp://*:5557"  # the zmq publisher's default bind
-_OFF = (None, "", "null", "none")  # SGLang's "no publisher" spellings
-_CACHE_CONFIG = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
-_LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
 _ID_CHARS = re.compile(r"[^A-Za-z0-9._:@-]+")
-
-Learned = dict[str, Any]
-
-
-def _int(value: object, low: int = 1) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        return None
-    return value
-
-
-def _name(value: object) -> str | None:
-    return value.strip() if isinstance(value, str) and value.strip() else None
-
-
-def _tcp(host: str, port: int) -> str:
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"tcp://{host}:{port}"
-
-
-def looks_like_sglang(info: object) -> bool:
-    """Whether a ``/server_info`` body is SGLang's (vLLM's dev-mode ``/server_info`` is a
-    different object that shares the path)."""
-    return isinstance(info, Mapping) and ("page_size" in info or "model_path" in info)
-
-
-def parse_sglang_server_info(info: Mapping[str, Any]) -> Learned:
-    """The spec fields of an SGLang ``/server_info`` body."""
-    learned: Learned = {"engine": Engine.SGLANG}
-    model = _name(info.get("served_model_name")) or _name(info.get("model_path"))
-    if model is not None:
-        learned["model"] = model
-    if (tokenizer := _name(info.get("tokenizer_path")) or _name(info.get("model_path"))):
-        learned["tokenizer"] = tokenizer
-    mode = info.get("disaggregation_mode")
-    role = WorkerRole.REGULAR if mode in _OFF else {
-        "prefill": WorkerRole.PREFILL, "decode": WorkerRole.DECODE}.get(str(mode))
-    if role is not None:
-        learned["role"] = role
-        port = _int(info.get("disaggregation_bootstrap_port"))
-        learned["bootstrap_port"] = (
-            (port or SGLANG_DEFAULT_BOOTSTRAP_PORT) if role is WorkerRole.PREFILL else None)
-    if (context := _int(info.get("context_length"))) is not None:
-        learned["context_length"] = context
-    block = info.get("kv_events")
-    block = block if isinstance(block, Mapping) else {}
-    # the kv_events block is what the engine computed; page_size is the launch argument
-    for name, value in (("dp_size", block.get("dp_size", info.get("dp_size"))),
-                        ("block_size", block.get("block_size", info.get("page_size")))):
-        if (number := _int(value)) is not None:
-            learned[name] = number
-    learned.update(_sglang_events(block, info.get("kv_events_config")))
-    return learned
-
-
-def _sglang_events(block: Mapping[str, Any], launch_config: object) -> Learned:
-    """Endpoints from the ``kv_events`` block, else from the launch ``kv_events_config``."""
-    config: Mapping[str, Any] | None = None
-    if isinstance(launch_config, Mapping):
-        config = launch_config
-    elif isinstance(launch_config, str) and launch_config.strip():
-        try:
-            decoded = json.loads(launch_config)
-        except ValueError:
-            decoded = None
-        config = decoded if isinstance(decoded, Mapping) else None
-    if block:
-        if block.get("publisher") in _OFF:
-            return {"kv_events": None, "replay": None, "topic": ""}
-        host, port = block.get("endpoint_host"), _int(block.get("endpoint_port_base"))
-        if not isinstance(host, str) or not host or port is None:
-            return {}
-        replay_port = _int(block.get("replay_endpoint_port_base"))
-        learned: Learned = {"kv_events": _tcp(host, port)}
-        if replay_port is not None:
-            learned["replay"] = _tcp(host, replay_port)
-        elif config is not None:  # the block of some releases omits it; the launch has it
-            learned["replay"] = _name(config.get("replay_endpoint"))
-        else:
-            learned["replay"] = None
-        if isinstance(block.get("topic"), str):
-            learned["topic"] = block["topic"]
-        return learned
-    if launch_config in _OFF:
-        return {"kv_events": None, "replay": None, "topic": ""}
-    if config is None:
-        return {}
-    if config.get("publisher", "null") in _OFF:
-        return {"kv_events": None, "replay": None, "topic": ""}
-    learned = {"kv_events": _name(config.get("endpoint")) or _SGLANG_DEFAULT_ENDPOINT,
-               "replay": _name(config.get("replay_endpoint"))}
-    if isinstance(config.get("topic", ""), str):
-        learned["topic"] = config.get("topic", "")
-    return learned
-
-
-def parse_v1_models(body: Mapping[str, Any]) -> tuple[Learned, tuple[str, ...]]:
-    """``(fields, every served model id)`` of an OpenAI ``/v1/models`` body.
-
-    The model is the first base model (``parent`` null: LoRA adapters name their parent);
-    ``max_model_len`` (vLLM, SGLang) is its context length; ``owned_by`` names the engine.
-    """
-    data = body.get("data")
-    cards = [c for c in data if isinstance(c, Mapping) and _name(c.get("id"))] \
-        if isinstance(data, list) else []
-    ids = tuple(str(c["id"]).strip() for c in cards)
-    base = next((c for c in cards if c.get("parent") is None), cards[0] if cards else None)
-    learned: Learned = {}
-    if base is None:
-        return learned, ids
-    learned["model"] = str(base["id"]).strip()
-    if (root := _name(base.get("root"))) is not None:
-        learned["tokenizer"] = root  # where the engine loaded the model (and its tokenizer)
-    if (context := _int(base.get("max_model_len"))) is not None:
-        learned["context_length"] = context
-    owner = base.get("owned_by")
-    if owner in ("vllm", "sglang"):
-        learned["engine"] = Engine(owner)
-    return learned, ids
-
-
-def parse_vllm_kv_event_sources(body: object) -> tuple[Learned, str | None]:
-    """``(fields, problem)`` of vLLM's ``/kv_event_sources`` (one entry per DP rank).
-
-    The spec holds endpoint *bases* (rank r on port + r): ranks whose ports do not follow
-    that rule cannot be described, and are reported as a problem instead.
-    """
-    if not isinstance(body, list):
-        return {}, "not a JSON array"
-    if not body:  # the engine publishes no KV events
-        return {"kv_events": None, "replay": None, "topic": ""}, None
-    ranks: dict[int, Mapping[str, Any]] = {}
-    for entry in body:
-        rank = _int(entry.get("data_parallel_rank", 0), low=0) \
-            if isinstance(entry, Mapping) else None
-        if rank is None or rank in ranks:
-            return {}, "an entry lacks a distinct data_parallel_rank"
-        ranks[rank] = entry
-    if sorted(ranks) != list(range(len(ranks))):
-        return {}, f"DP ranks {sorted(ranks)} are not 0..{len(ranks) - 1}"
-    learned: Learned = {"dp_size": len(ranks)}
-    for name, key in (("kv_events", "endpoint"), ("replay", "replay_endpoint")):
-        values = [ranks[r].get(key) for r in range(len(ranks))]
-        if all(v is None for v in values):
-            learned[name] = None
-            continue
-        base = _consecutive([v if isinstance(v, str) else "" for v in values])
-        if base is None:
-            return {}, f"the {key}s {values} are not one base port + DP rank"
-        learned[name] = base
-    if learned.get("kv_events") is None and learned.get("replay") is not None:
-        return {}, "a replay endpoint without an event endpoint"
-    topic = ranks[0].get("topic", "")
-    learned["topic"] = topic if isinstance(topic, str) else ""
-    return learned, None
-
-
-def _consecutive(endpoints: list[str]) -> str | None:
-    """The base endpoint when rank r is ``host:(port0 + r)`` for every r, else ``None``."""
-    parts = [endpoint.rpartition(":") for endpoint in endpoints]
-    if not all(sep and port.isdigit() and host.startswith("tcp://") for host, sep, port in parts):
-        return None
-    hosts = {host for host, _, _ in parts}
-    ports = [int(port) for _, _, port in parts]
-    if len(hosts) != 1 or ports != list(range(ports[0], ports[0] + len(ports))):
-        return None
-    return endpoints[0]
-
-
-def parse_vllm_metrics(text: str) -> Learned:
-    """``block_size`` from the ``vllm:cache_config_info`` labels of a ``/metrics`` text."""
-    for match in _CACHE_CONFIG.finditer(text):
-        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
-        size = labels.get("block_size", "")
-        if size.isdigit() and int(size) >= 1:
-            return {"block_size": int(size)}
-    return {}
+_ENDPOINTS = ("kv_events", "replay")
+HASH_ALGO_LABEL = "hash_algo"
+"""The spec label that tells ingest how a vLLM worker hashes blocks (learned from the
+engine's ``prefix_caching_hash_algo``)."""
 
 
 def default_worker_id(url: str) -> str:
@@ -252,6 +55,16 @@ def default_worker_id(url: str) -> str:
     if ":" in host:  # an id starts with a letter or digit
         host = f"ipv6-{host}"
     return _ID_CHARS.sub("-", f"{host}-{port}").strip("-.:@_")[:128] or "worker"
+
+
+def _reached(endpoint: str, host: str) -> str:
+    """``endpoint`` as a subscriber reaches it from another machine: a bind address
+    (``tcp://*:5557``) at the worker's ``host``; anything unparsable is left for the spec's
+    validation to name."""
+    try:
+        return str(parse_endpoint(endpoint).at_host(host)) if host else endpoint
+    except SpecError:
+        return endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +92,9 @@ class Discovery:
     @classmethod
     def merge(cls, url: str, answers: Iterable[tuple[str, Learned]],
               problems: Iterable[str] = (), models: Iterable[str] = ()) -> Discovery:
-        """Combine ``(source, fields)`` answers; an earlier answer's field wins."""
+        """Combine ``(source, fields)`` answers; an earlier answer's field wins. An event or
+        replay endpoint reported as a bind address (``tcp://*:5557``) is learned at the host
+        of ``url``, its source saying so (``"GET /kv_event_sources, bound as tcp://*:5557"``)."""
         learned: Learned = {}
         sources: dict[str, str] = {}
         for source, fields in answers:
@@ -287,6 +102,12 @@ class Discovery:
                 if name not in learned:
                     learned[name] = value
                     sources[name] = source
+        host = urlsplit(url).hostname or ""
+        for name in _ENDPOINTS:
+            bound = learned.get(name)
+            if isinstance(bound, str) and (reached := _reached(bound, host)) != bound:
+                learned[name] = reached
+                sources[name] += f", bound as {bound}"
         return cls(url, learned, sources, tuple(problems), tuple(models))
 
     @property
@@ -319,6 +140,9 @@ class Discovery:
         if missing:
             raise DiscoveryError(self.url, tuple(missing), self.problems)
         values = {**{k: v for k, v in self.learned.items() if k in DISCOVERABLE}, **given}
+        algo = self.learned.get(HASH_ALGO_LABEL)
+        if isinstance(algo, str):  # ingest checks the engine's hashes with it
+            values["labels"] = {HASH_ALGO_LABEL: algo, **(values.get("labels") or {})}
         if values.get("topic") is None:
             values.pop("topic", None)
         if values.get("role") not in (WorkerRole.PREFILL, "prefill") or \
@@ -331,7 +155,7 @@ class Discovery:
     def report(self) -> list[str]:
         """Human-readable lines: what was learned from where, what was not and why."""
         lines = [f"{name} = {self.learned[name]!s} ({self.sources[name]})"
-                 for name in DISCOVERABLE if name in self.learned]
+                 for name in (*DISCOVERABLE, HASH_ALGO_LABEL) if name in self.learned]
         unlearned = self.unlearned()
         if unlearned:
             lines.append(f"not learned: {', '.join(unlearned)}")

@@ -43,20 +43,25 @@ class Endpoint:
     def is_wildcard(self) -> bool:
         return self.transport is Transport.TCP and self.host in _WILDCARDS
 
-    def for_rank(self, rank: int, worker_host: str) -> str:
-        """The endpoint a subscriber connects to for DP rank ``rank`` (port + rank).
+    def at_host(self, worker_host: str) -> Endpoint:
+        """Where a subscriber reaches this endpoint: a wildcard (bind) host replaced by
+        ``worker_host`` (the host of the worker's URL, IPv6 with or without brackets)."""
+        if not self.is_wildcard:
+            return self
+        if ":" in worker_host and not worker_host.startswith("["):
+            worker_host = f"[{worker_host}]"
+        return Endpoint(self.transport, worker_host, self.port)
 
-        A wildcard host is replaced by ``worker_host`` (the host of the worker's URL).
-        """
+    def for_rank(self, rank: int, worker_host: str) -> str:
+        """The endpoint a subscriber connects to for DP rank ``rank`` (port + rank), a
+        wildcard host reached at ``worker_host`` (:meth:`at_host`)."""
         if self.transport is Transport.IPC:
             if rank != 0:
                 raise SpecError(f"ipc endpoint {self} cannot serve DP rank {rank}")
             return str(self)
-        assert self.port is not None
-        host = worker_host if self.is_wildcard else self.host
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"tcp://{host}:{self.port + rank}"
+        reached = self.at_host(worker_host)
+        assert reached.port is not None
+        return f"tcp://{reached.host}:{reached.port + rank}"
 
 
 def parse_endpoint(text: str, *, what: str = "endpoint") -> Endpoint:

@@ -13,10 +13,10 @@ import contextlib
 import logging
 from types import TracebackType
 
+from cortex.edge.tasks import stop_tasks
 from cortex.registry.base import Assertion, Registry
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
-from cortex.registry.tasks import stop_tasks
 
 __all__ = ["LeaseKeeper"]
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType, TracebackType
 
+from cortex.edge.tasks import stop_tasks
 from cortex.registry.base import Listing, Registry, Tombstone
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.spec import WorkerSpec
-from cortex.registry.tasks import stop_tasks
 
 __all__ = ["RegistryDiff", "RegistryHealth", "RegistryWatcher", "diff_specs"]
 

@@ -12,6 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from cortex.ledger import cores
+
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -33,14 +35,31 @@ class _Noop:
 _NOOP = _Noop()
 
 
+PREFIX = "cortex_gateway_"
+
+
 class GatewayMetrics:
     """The gateway's Prometheus metrics (names are part of the operator contract)."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)  # the standard process_* series
-        p = "cortex_gateway_"
-        # requests
+        self._requests(r)
+        self._routing(r)
+        self._replica(r)
+        self._truth_check(r)
+        self._upstream(r)
+        self._pd(r)
+        self._workers(r)
+        self._status(r)
+        self._epp(r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._per_worker: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+
+    def _requests(self, r: CollectorRegistry) -> None:
+        # Requests
+        p = PREFIX
         self.requests = Counter(p + "requests_total", "Inference requests answered, by "
                                 "endpoint, status and model (a served one, else 'unknown')",
                                 ["endpoint", "status", "model"], registry=r)
@@ -89,7 +108,10 @@ class GatewayMetrics:
                               "client (streams: the first event, i.e. time to first token), by "
                               "model, stream (true|false) and match mode",
                               ["model", "stream", "mode"], buckets=_TTFT, registry=r)
-        # routing
+
+    def _routing(self, r: CollectorRegistry) -> None:
+        # Routing
+        p = PREFIX
         self.routing_seconds = Histogram(p + "routing_seconds",
                                          "Routing decision time by stage",
                                          ["stage"], buckets=_FAST, registry=r)
@@ -130,7 +152,10 @@ class GatewayMetrics:
                                     "Where routing read the ledger: replica (in process), index "
                                     "(gRPC Match while the replica is not usable) or none",
                                     ["source"], registry=r)
-        # the ledger replica
+
+    def _replica(self, r: CollectorRegistry) -> None:
+        # The ledger replica
+        p = PREFIX
         self.replica_state = Gauge(p + "replica_state",
                                    "1 for the ledger replica's state (empty, loading, synced, "
                                    "stale)", ["state"], registry=r)
@@ -149,9 +174,16 @@ class GatewayMetrics:
                                     registry=r)
         self.replica_bytes = Gauge(p + "replica_bytes", "Estimated bytes of the ledger replica",
                                    registry=r)
+        self.ledger_core = Gauge(p + "ledger_core", "1 for the radix hash tree core of the "
+                                 "ledger replica (native: compiled; python: the fallback, ~20x "
+                                 "slower)", ["core"], registry=r)
+        self.ledger_core.labels(core=cores.active().value).set(1)
         self.predicted_keys = Gauge(p + "predicted_blocks", "Blocks in the predicted side index",
                                     registry=r)
-        # truth check: predicted vs the engine's cached_tokens
+
+    def _truth_check(self, r: CollectorRegistry) -> None:
+        # Truth check: predicted vs the engine's cached_tokens
+        p = PREFIX
         self.predicted_tokens = Counter(p + "predicted_cached_tokens_total",
                                         "Cached prompt tokens the gateway predicted", registry=r)
         self.actual_tokens = Counter(p + "actual_cached_tokens_total",
@@ -165,7 +197,10 @@ class GatewayMetrics:
         self.underpredicted_tokens = Histogram(p + "cache_underprediction_tokens",
                                                "Reported minus predicted cached tokens, when under",
                                                buckets=_TOKENS[1:], registry=r)
-        # upstream
+
+    def _upstream(self, r: CollectorRegistry) -> None:
+        # Upstream
+        p = PREFIX
         self.upstream_errors = Counter(p + "upstream_errors_total", "Failed upstream attempts",
                                        ["worker", "kind"], registry=r)
         self.upstream_wedged = Counter(p + "upstream_wedged_total",
@@ -180,7 +215,10 @@ class GatewayMetrics:
                                        "otherwise the whole body; PD: the decode leg), by "
                                        "worker and match mode",
                                        ["worker", "mode"], buckets=_TTFT, registry=r)
-        # prefill/decode disaggregation
+
+    def _pd(self, r: CollectorRegistry) -> None:
+        # Prefill/decode disaggregation
+        p = PREFIX
         self.pd_requests = Counter(p + "pd_requests_total",
                                    "Requests of disaggregated models by how they were served",
                                    ["engine", "outcome"], registry=r)
@@ -204,7 +242,10 @@ class GatewayMetrics:
         self.pd_prefill_seconds = Histogram(p + "pd_prefill_seconds",
                                             "Duration of successful prefill legs",
                                             ["engine"], buckets=_SLOW, registry=r)
-        # workers
+
+    def _workers(self, r: CollectorRegistry) -> None:
+        # Workers
+        p = PREFIX
         self.worker_inflight = Gauge(p + "worker_inflight", "Requests open on a worker",
                                      ["worker"], registry=r)
         self.worker_engine_running = Gauge(p + "worker_engine_running",
@@ -230,7 +271,10 @@ class GatewayMetrics:
                                         registry=r)
         self.load_polls = Counter(p + "load_polls_total", "Engine load polls", ["result"],
                                   registry=r)
-        # dependencies and readiness
+
+    def _status(self, r: CollectorRegistry) -> None:
+        # Dependencies and readiness
+        p = PREFIX
         self.index_available = Gauge(p + "index_available", "1 while the index answers Match",
                                      registry=r)
         self.index_errors = Counter(p + "index_errors_total", "Failed index calls", ["kind"],
@@ -250,7 +294,10 @@ class GatewayMetrics:
         self.credit_blocked = Gauge(p + "credit_blocked_workers",
                                     "Workers denied cache credit, by model and reason",
                                     ["model", "reason"], registry=r)
-        # the endpoint picker (cortex gateway --epp-port: Envoy's ext_proc)
+
+    def _epp(self, r: CollectorRegistry) -> None:
+        # The endpoint picker (cortex gateway --epp-port: Envoy's ext_proc)
+        p = PREFIX
         self.epp_picks = Counter(p + "epp_picks_total",
                                  "Endpoint picker answers, by outcome (picked|refused_<status>)",
                                  ["outcome"], registry=r)
@@ -259,10 +306,6 @@ class GatewayMetrics:
                                   "was the picked one (chosen|fallback|unknown)", ["endpoint"],
                                   registry=r)
         self.epp_streams = Gauge(p + "epp_streams", "Open ext_proc streams", registry=r)
-
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self._per_worker: dict[str, set[tuple[Any, tuple[str, ...]]]] = {}
-        self._gone: OrderedDict[str, None] = OrderedDict()
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, memoized: label lookups are hot-path costs."""

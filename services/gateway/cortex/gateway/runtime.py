@@ -16,7 +16,9 @@ import socket
 from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
+from typing import Any
 
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
@@ -27,14 +29,16 @@ from cortex.gateway.fleet.seeding import UrlSeeder
 from cortex.gateway.http.admission import Admission
 from cortex.gateway.http.auth import WorkerCredentials
 from cortex.gateway.ledger.index_client import IndexClient
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.limits import Limits, context_length_of, model_limits
+from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
 from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
+from cortex.ledger import cores
 from cortex.ledger.grpc import read_token
+from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import ReplicaChanges
 from cortex.registry import (
     Assertion,
@@ -105,8 +109,8 @@ class Runtime:
         self._refused: dict[str, WorkerSpec] = {}  # ignored specs, logged once each
         self.index: IndexClient | None = None
         self.replica: ReplicaClient | None = None
-        self.router: Router | None = None
-        self.dispatcher: Dispatcher | None = None
+        self._router: Router | None = None
+        self._dispatcher: Dispatcher | None = None
         self.watcher: RegistryWatcher | None = None
         self.health: HealthMonitor | None = None
         self.loads: LoadPoller | None = None
@@ -120,6 +124,26 @@ class Runtime:
             export_timeout_s=tracing.export_timeout_s, batch_size=tracing.batch_size,
             max_queue=tracing.max_queue,
             attributes={"service.instance.id": config.gateway_id}) if tracing.enabled else None
+
+    @property
+    def router(self) -> Router:
+        """The router (built at start: the app takes requests only once started)."""
+        if self._router is None:
+            raise RuntimeError("the gateway is not started")
+        return self._router
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher (built at start, with the router)."""
+        if self._dispatcher is None:
+            raise RuntimeError("the gateway is not started")
+        return self._dispatcher
+
+    def admit(self, endpoint: InferencePath, body: dict[str, Any]) -> InferenceRequest:
+        """A decoded body validated for ``endpoint`` the one way every entry does (inference,
+        ``/admin/explain``, the endpoint picker): against the config, the model's bounds and
+        the adapters the workers list. Raises :class:`ClientError`."""
+        return parse_request(endpoint, body, self.config, self.limits, self.pool.adapter_base)
 
     def drain(self) -> None:
         """Start draining: readiness turns 503 and answers close their connections, so
@@ -172,9 +196,9 @@ class Runtime:
                     token=token))
             self.index = await self._stack.enter_async_context(IndexClient(
                 config.index, self.metrics, self._on_ledgers, self._poll_ledgers, token))
-        self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
-                             self.replica)
-        self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
+        self._router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
+                              self.replica)
+        self._dispatcher = Dispatcher(self.pool, self.upstream, self._router, config.upstream,
                                      self.metrics, config.pd)
         await self._seed()
         seeds = asyncio.create_task(UrlSeeder(config.discovery, self._seed_one).run(),
@@ -202,17 +226,15 @@ class Runtime:
                                 name="gateway-progress"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
-        log.info("gateway started: %d models, %d workers, index=%s", len(config.models),
-                 len(self.pool), self.index)
+        log.info("gateway started: %d models, %d workers, index=%s ledger_core=%s",
+                 len(config.models), len(self.pool), self.index, cores.active())
 
     async def _stop(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks)
         await self._stack.aclose()
-        if self.router is not None:
-            self.router.close()
+        if self._router is not None:
+            self._router.close()
         if self.tracing is not None:  # what is queued goes out (bounded by its timeout)
             await asyncio.to_thread(self.tracing.shutdown)
 
@@ -273,8 +295,8 @@ class Runtime:
             self.metrics.welcome_worker(worker_id)
         for worker_id in removed:
             self.metrics.forget_worker(worker_id)
-        if removed and self.router is not None:
-            self.router.forget_workers(removed)
+        if removed and self._router is not None:
+            self._router.forget_workers(removed)
         return added
 
     async def _pool_loop(self) -> None:
@@ -323,8 +345,8 @@ class Runtime:
     # ---- index callbacks ----
 
     def _on_replica_changes(self, changes: ReplicaChanges) -> None:
-        if self.router is not None:
-            self.router.on_replica_changes(changes)
+        if self._router is not None:
+            self._router.on_replica_changes(changes)
         self._on_ledgers(self._replica_states())
 
     def _poll_ledgers(self) -> bool:

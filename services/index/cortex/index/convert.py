@@ -14,19 +14,18 @@ import numpy as np
 
 from cortex.hashing import Engine
 from cortex.index.changes import ChangeSet
-from cortex.index.prefix_index import IndexStats, MatchResult, WorkerView
+from cortex.index.prefix_index import IndexStats, WorkerView
 from cortex.ledger.codec import (
     ENGINE_KIND,
     domain_to_pb,
     engine_from_kind,
     keys_from_le,
+    match_to_pb,
     pb,
     source_to_pb,
 )
 from cortex.ledger.errors import InvalidArgument
-from cortex.ledger.model import Tier
-from cortex.ledger.tiers import OFFLOAD_TIERS
-from cortex.ledger.view import SourceMatch, shared_blocks
+from cortex.ledger.match import Match
 
 __all__ = [
     "MatchArgs",
@@ -99,39 +98,15 @@ def match_args(request: pb.MatchRequest) -> MatchArgs:
     )
 
 
-def match_reply(result: MatchResult, requested: MatchArgs) -> pb.MatchResponse:
-    """The MatchResponse of ``result`` (``matched_tokens = matched_blocks * block_size``)."""
-    reply = pb.MatchResponse(index_version=result.version, query_blocks=result.query_blocks)
-    domain = result.domain
-    if domain is None:
+def match_reply(result: Match, requested: MatchArgs) -> pb.MatchResponse:
+    """The MatchResponse of ``result``; without a domain, the one requested."""
+    reply = pb.MatchResponse()
+    match_to_pb(result, reply)
+    if result.domain is None:
         reply.domain.model = requested.model
         reply.domain.block_size = requested.block_size
         if requested.engine is not None:
             reply.domain.engine = ENGINE_KIND[requested.engine]  # type: ignore[assignment]
-        return reply
-    size = domain.block_size
-    domain_to_pb(domain, reply.domain)
-    add = reply.matches.add
-    ranks: dict[tuple[str, int], pb.WorkerMatch] = {}
-    offload: list[SourceMatch] = []
-    for match in result.matches:
-        source, blocks, state = match
-        if source.tier is Tier.DEVICE:
-            ranks[source.worker_id, source.dp_rank] = add(
-                worker_id=source.worker_id, dp_rank=source.dp_rank, matched_blocks=blocks,
-                matched_tokens=blocks * size, state=int(state))
-        elif source.tier in OFFLOAD_TIERS:
-            offload.append(match)
-    for source, blocks, state in offload:
-        if not blocks:
-            continue
-        rank = ranks.get((source.worker_id, source.dp_rank))
-        if rank is None:  # offload sources only: the device prefix is 0
-            rank = ranks[source.worker_id, source.dp_rank] = add(
-                worker_id=source.worker_id, dp_rank=source.dp_rank)
-        rank.tiers.add(tier=int(source.tier), blocks=blocks, tokens=blocks * size,
-                       state=int(state))
-    reply.shared_blocks = shared_blocks(result.matches)
     return reply
 
 

@@ -15,6 +15,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from cortex.index.prefix_index import PrefixIndex
+from cortex.ledger import cores
 from cortex.ledger.model import LedgerState, domain_label
 
 __all__ = ["CONTENT_TYPE", "IndexMetrics"]
@@ -57,6 +58,11 @@ class _CoreCollector(Collector):
             domain_bytes.add_metric(label, d.bytes_estimate)
             evictions.add_metric(label, d.evictions)
         yield from (blocks, holdings, domain_bytes, evictions)
+        tree_core = GaugeMetricFamily(
+            "cortex_index_ledger_core", "1 for the radix hash tree core in use (native: "
+            "compiled; python: the fallback, ~20x slower)", labels=["core"])
+        tree_core.add_metric([cores.active().value], 1)
+        yield tree_core
         yield GaugeMetricFamily(
             "cortex_index_bytes_estimate", "Estimated bytes of all trees",
             value=stats.bytes_estimate,

@@ -16,6 +16,7 @@ from cortex.index.changes import Change, ChangeLog
 from cortex.index.owners import SourceOwners
 from cortex.index.sequencing import Ledger, Verdict
 from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import Match
 from cortex.ledger.model import (
     INGEST_LOST,
     ClearBlocks,
@@ -27,18 +28,15 @@ from cortex.ledger.model import (
     Snapshot,
     Source,
     StoreBlocks,
-    Tier,
 )
 from cortex.ledger.tree import RadixHashTree, node_bytes
-from cortex.ledger.view import Journaled, LedgerView, SourceMatch
+from cortex.ledger.view import Journaled, LedgerView
 
 __all__ = [
     "ApplyResult",
     "DomainStats",
     "IndexStats",
-    "MatchResult",
     "PrefixIndex",
-    "SourceMatch",
     "WorkerView",
     "initial_version",
 ]
@@ -52,30 +50,6 @@ def initial_version(now_s: float | None = None) -> int:
     the new process's floor and the change feed answers it with a reset.
     """
     return max(1, int((time.time() if now_s is None else now_s) * 1_000_000))
-
-
-@dataclass(frozen=True, slots=True)
-class MatchResult:
-    """A Match answer: ``matches`` has every source of the domain after the candidate filter.
-
-    ``domain`` is None when no domain of the model matched (then ``matches`` is empty);
-    ``query_blocks`` counts the query's full blocks before any ``max_blocks`` cap.
-    """
-
-    model: str
-    domain: HashDomain | None
-    version: int
-    query_blocks: int
-    matches: list[SourceMatch]
-
-    def blocks_of(self, worker_id: str, dp_rank: int = 0, tier: Tier = Tier.DEVICE) -> int:
-        """Matched blocks of one source (0 when absent; see :meth:`LedgerView.match` for
-        what an offload tier's count means)."""
-        wanted = Source(worker_id, dp_rank, tier)
-        for source, blocks, _ in self.matches:
-            if source == wanted:
-                return blocks
-        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,7 +427,7 @@ class PrefixIndex:
         max_blocks: int = 0,
         lora_name: str = "",
         cache_salt: str = "",
-    ) -> MatchResult:
+    ) -> Match:
         """Per source of the model's domain, the consecutive leading query blocks it holds.
 
         ``block_keys`` (Cortex keys) win over ``token_ids`` (the index keys full blocks of
@@ -481,7 +455,7 @@ class PrefixIndex:
             size = domain.block_size if domain is not None else block_size
             query_blocks = len(token_ids) // size if size else 0
             if domain is None:
-                return MatchResult(model, None, self.version, query_blocks, [])
+                return Match((), self.version, query_blocks)
             if max_blocks:
                 token_ids = token_ids[: max_blocks * size]
             try:
@@ -491,11 +465,11 @@ class PrefixIndex:
         else:
             query_blocks, keys = 0, []
         if domain is None:
-            return MatchResult(model, domain, self.version, query_blocks, [])
+            return Match((), self.version, query_blocks)
         self._tick += 1
         wanted = set(candidate_workers) if candidate_workers else ()
         matches = self.view.match(domain, keys, self._tick, wanted)
-        return MatchResult(model, domain, self.version, query_blocks, matches)
+        return Match.of(matches, self.version, query_blocks, domain)
 
     def workers(self, model: str = "") -> list[WorkerView]:
         """Every known source (tombstones included) of ``model`` (empty = all models)."""

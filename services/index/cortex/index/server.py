@@ -22,6 +22,7 @@ from cortex.index.config import IndexConfig
 from cortex.index.metrics import CONTENT_TYPE, IndexMetrics
 from cortex.index.prefix_index import PrefixIndex
 from cortex.index.service import IndexService
+from cortex.ledger import cores
 from cortex.ledger.grpc import LedgerCodec, TokenCheck, read_token
 from cortex.ledger.grpc_server import GrpcServer
 
@@ -114,8 +115,9 @@ class IndexServer:
         self._watcher = asyncio.create_task(service.watch_ingests(), name="index-ingest-watch")
         self._serving.set(True)
         self.metrics.serving.set(1)
-        log.info("index serving grpc=%s metrics=%s index_id=%s budget=%d",
-                 self.target, self._metrics_port, self.index_id, c.memory_budget_bytes)
+        log.info("index serving grpc=%s metrics=%s index_id=%s budget=%d ledger_core=%s",
+                 self.target, self._metrics_port, self.index_id, c.memory_budget_bytes,
+                 cores.active())
 
     async def _start_metrics(self, host: str, port: int) -> None:
         async def metrics(_: web.Request) -> web.Response:

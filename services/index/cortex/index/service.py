@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from cortex.api.index.v1.index_grpc import IndexBase
+from cortex.edge.tasks import stop_tasks
 from cortex.index.changes import ChangeSet
 from cortex.index.config import IndexConfig
 from cortex.index.convert import (
@@ -423,8 +424,7 @@ class IndexService(IndexBase):
                     seq += 1
                     yield numbered(seq, queued if queued is not None else hub.heartbeat())
             finally:
-                touches.cancel()
-                await asyncio.gather(touches, return_exceptions=True)
+                await stop_tasks([touches])
                 hub.unsubscribe(sub)
                 metrics.replica_subscribers.set(len(hub.subscribers))
                 log.info("replica %r unsubscribed after %d batches", sub.replica_id, seq)

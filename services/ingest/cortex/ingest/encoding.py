@@ -77,6 +77,7 @@ _SCHEMAS: Final[dict[Engine, dict[str, _Schema]]] = {
         "0.23.0": _vllm("array", True, 11, 3),
         "0.24.0": _vllm("map", True, 11, 3),
         "0.26.0": _vllm("map", True, 11, 3),
+        "0.32.0": _vllm("map", True, 14, 5),  # checked against a real engine's payloads
         "0.33.0": _vllm("map", True, 15, 5),
     },
     Engine.SGLANG: {

@@ -41,6 +41,7 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from cortex.edge.tasks import stop_tasks
 from cortex.hashing import HashDomain
 from cortex.ingest.epochs import EpochClock
 from cortex.ingest.errors import IndexUnavailable
@@ -279,9 +280,7 @@ class IndexForwarder:
                     {replies, sender}, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
-                for task in (replies, sender):
-                    task.cancel()
-                await asyncio.gather(replies, sender, return_exceptions=True)
+                await stop_tasks([replies, sender])
             for task in done:
                 task.result()  # re-raise the failure
 

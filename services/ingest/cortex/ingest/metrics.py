@@ -9,8 +9,8 @@ has its own ``CollectorRegistry`` (several can run in one test process).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,12 +18,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from cortex.ingest.forwarder import IndexForwarder
+from cortex.ingest.ops import SourceId
+from cortex.ingest.source import SourceRunner
 from cortex.ledger.model import LedgerState
 
-if TYPE_CHECKING:
-    from cortex.ingest.service import IngestService
-
-__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "IngestMetrics"]
+__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "IngestMetrics", "IngestStats"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -101,157 +101,197 @@ def _gauge(name: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, _help(name), labels=labels)
 
 
-class IngestCollector(Collector):
-    """Reads the service's trackers, runners, forwarders and watcher at scrape time."""
+@dataclass(frozen=True, slots=True)
+class IngestStats:
+    """What the service hands its collector at each scrape (the collector never reaches
+    into the service)."""
 
-    def __init__(self, service: IngestService) -> None:
-        self._service = service
+    runners: Mapping[SourceId, SourceRunner]
+    forwarders: Sequence[IndexForwarder]
+    registry_degraded: bool
+    registry_workers: int
+    registry_invalid: int
+    owned_workers: int
+    held_bytes_limit: int  # bytes
+
+
+class IngestCollector(Collector):
+    """Reads the service's stats (trackers, runners, forwarders, watcher) at scrape time."""
+
+    def __init__(self, stats: Callable[[], IngestStats]) -> None:
+        self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        service = self._service
-        src = ["worker", "dp_rank"]
-        messages = _counter(f"{P}messages", [*src, "path"])
-        batches = _counter(f"{P}batches", src)
-        events = _counter(f"{P}events", [*src, "type"])
-        blocks = _counter(f"{P}blocks", [*src, "op"])
-        duplicates = _counter(f"{P}duplicates", src)
-        gaps = _counter(f"{P}gaps", src)
-        resets = _counter(f"{P}seq_resets", src)
-        replays = _counter(f"{P}replays", [*src, "kind", "outcome"])
-        clears = _counter(f"{P}clears", [*src, "reason"])
-        unknown_parent = _counter(f"{P}unknown_parent_blocks", src)
-        unknown_removed = _counter(f"{P}unknown_removed_blocks", src)
-        ignored = _counter(f"{P}ignored_blocks", [*src, "reason"])
-        decode_errors = _counter(f"{P}decode_errors", src)
-        bad_frames = _counter(f"{P}bad_frames", src)
-        unknown_events = _counter(f"{P}unknown_events", src)
-        checks = _counter(f"{P}alignment_checks", src)
-        mismatches = _counter(f"{P}alignment_mismatches", [*src, "cause"])
-        transitions = _counter(f"{P}state_transitions", [*src, "from", "to"])
-        state = _gauge(f"{P}source_state", [*src, "state"])
-        ledger_blocks = _gauge(f"{P}ledger_blocks", src)
-        tier_blocks = _gauge(f"{P}tier_blocks", [*src, "tier"])
-        lag = _gauge(f"{P}source_lag_seconds", src)
-        pending = _gauge(f"{P}pending_batches", src)
-        held = _gauge(f"{P}held_bytes", src)
-        backlog = _gauge(f"{P}backlog_seconds", src)
-        dropped = _counter(f"{P}dropped_batches", [*src, "reason"])
-        disconnects = _counter(f"{P}source_disconnects", src)
-        now = time.time()
-        applied_at = _gauge(f"{P}last_applied_timestamp_seconds", src)
-        connected = _gauge(f"{P}source_connected", src)
-        for source, runner in service.runners.items():
-            t = runner.tracker
-            s = t.stats
-            lv = [source.worker_id, str(source.dp_rank)]
-            messages.add_metric([*lv, "live"], s.messages)
-            messages.add_metric([*lv, "replay"], s.replayed)
-            batches.add_metric(lv, s.batches)
-            for kind, value in s.events.items():
-                events.add_metric([*lv, kind], value)
-            for op, value in s.blocks.items():
-                blocks.add_metric([*lv, op], value)
-            duplicates.add_metric(lv, s.duplicates)
-            gaps.add_metric(lv, s.gaps)
-            resets.add_metric(lv, s.seq_resets)
-            for (kind, outcome), value in s.replays.items():
-                replays.add_metric([*lv, kind, outcome], value)
-            for reason, value in s.clears.items():
-                clears.add_metric([*lv, reason], value)
-            unknown_parent.add_metric(lv, s.unknown_parent_blocks)
-            unknown_removed.add_metric(lv, s.unknown_removed_blocks)
-            for reason, value in s.ignored_blocks.items():
-                ignored.add_metric([*lv, reason], value)
-            decode_errors.add_metric(lv, s.decode_errors)
-            bad_frames.add_metric(lv, runner.bad_frames)
-            unknown_events.add_metric(lv, s.unknown_events)
-            checks.add_metric(lv, s.alignment_checks)
-            for cause, value in s.alignment_mismatches.items():
-                mismatches.add_metric([*lv, cause], value)
-            for (old, new), value in s.transitions.items():
-                transitions.add_metric([*lv, old, new], value)
-            for candidate in LedgerState:
-                if candidate is not LedgerState.UNSPECIFIED:
-                    state.add_metric([*lv, candidate.name], 1.0 if t.state is candidate else 0.0)
-            ledger_blocks.add_metric(lv, len(t.ledger))
-            for tier, tier_ledger in t.keymap.ledgers.items():
-                tier_blocks.add_metric([*lv, tier.label], len(tier_ledger))
-            if s.last_lag_s is not None:
-                lag.add_metric(lv, s.last_lag_s)
-            pending.add_metric(lv, t.pending)
-            held.add_metric(lv, t.held_bytes)
-            oldest = t.oldest_held_at
-            backlog.add_metric(lv, 0.0 if oldest is None else max(0.0, now - oldest))
-            for reason, value in s.dropped_batches.items():
-                dropped.add_metric([*lv, reason], value)
-            disconnects.add_metric(lv, runner.disconnects)
-            if s.last_applied_unix_s is not None:
-                applied_at.add_metric(lv, s.last_applied_unix_s)
-            connected.add_metric(lv, 1.0 if runner.connected else 0.0)
-        yield from (
-            messages, batches, events, blocks, duplicates, gaps, resets, replays, clears,
-            unknown_parent, unknown_removed, ignored, decode_errors, bad_frames,
-            unknown_events, checks, mismatches, transitions, state, ledger_blocks, tier_blocks,
-            lag, pending, held, backlog, dropped, disconnects, applied_at, connected,
-        )
+        stats = self._stats()
+        yield from _sources(stats.runners)
+        yield from _source_states(stats.runners)
+        yield from _forwarders(stats.forwarders)
+        yield from _service(stats)
 
-        idx = ["index"]
-        up = _gauge(f"{P}index_up", idx)
-        depth = _gauge(f"{P}index_queue_depth", idx)
-        sent_batches = _counter(f"{P}index_batches", idx)
-        sent_updates = _counter(f"{P}index_updates", idx)
-        sent_bytes = _counter(f"{P}index_bytes", idx)
-        acked = _gauge(f"{P}index_acked_batches", idx)
-        connects = _counter(f"{P}index_connects", idx)
-        failures = _counter(f"{P}index_failures", idx)
-        overflows = _counter(f"{P}index_overflows", idx)
-        snapshots = _counter(f"{P}index_snapshots", idx)
-        resyncs = _counter(f"{P}index_resync_requests", idx)
-        heartbeats = _counter(f"{P}index_heartbeats", idx)
-        queue_bytes = _gauge(f"{P}index_queue_bytes", idx)
-        queue_wait = _gauge(f"{P}index_queue_wait_seconds", idx)
-        floor_failures = _counter(f"{P}index_epoch_floor_failures", idx)
-        for f in service.forwarders:
-            label = [str(f.target)]
-            up.add_metric(label, 1.0 if f.state.value == "streaming" else 0.0)
-            depth.add_metric(label, f.queue_depth)
-            sent_batches.add_metric(label, f.sent_batches)
-            sent_updates.add_metric(label, f.sent_updates)
-            sent_bytes.add_metric(label, f.sent_bytes)
-            acked.add_metric(label, f.acked_batches)
-            connects.add_metric(label, f.connects)
-            failures.add_metric(label, f.failures)
-            overflows.add_metric(label, f.overflows)
-            snapshots.add_metric(label, f.snapshots)
-            resyncs.add_metric(label, f.resync_requests)
-            heartbeats.add_metric(label, f.heartbeats)
-            queue_bytes.add_metric(label, f.queue_bytes)
-            queue_wait.add_metric(label, f.queue_wait_s)
-            floor_failures.add_metric(label, f.epoch_floor_failures)
-        yield from (up, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
-                    failures, overflows, snapshots, resyncs, heartbeats, queue_bytes,
-                    queue_wait, floor_failures)
 
-        watcher = service.watcher
-        degraded = _gauge(f"{P}registry_degraded", [])
-        degraded.add_metric([], 1.0 if watcher.degraded else 0.0)
-        known = _gauge(f"{P}registry_workers", [])
-        known.add_metric([], len(watcher.listing.workers))
-        invalid = _gauge(f"{P}registry_invalid_entries", [])
-        invalid.add_metric([], len(watcher.listing.invalid))
-        owned = _gauge(f"{P}owned_workers", [])
-        owned.add_metric([], len(service.sessions))
-        held_limit = _gauge(f"{P}held_bytes_limit", [])
-        held_limit.add_metric([], service.config.max_held_bytes)
-        yield from (degraded, known, invalid, owned, held_limit)
+def _sources(runners: Mapping[SourceId, SourceRunner]) -> Iterator[Metric]:
+    """Per source: its tracker's counters."""
+    src = ["worker", "dp_rank"]
+    messages = _counter(f"{P}messages", [*src, "path"])
+    batches = _counter(f"{P}batches", src)
+    events = _counter(f"{P}events", [*src, "type"])
+    blocks = _counter(f"{P}blocks", [*src, "op"])
+    duplicates = _counter(f"{P}duplicates", src)
+    gaps = _counter(f"{P}gaps", src)
+    resets = _counter(f"{P}seq_resets", src)
+    replays = _counter(f"{P}replays", [*src, "kind", "outcome"])
+    clears = _counter(f"{P}clears", [*src, "reason"])
+    unknown_parent = _counter(f"{P}unknown_parent_blocks", src)
+    unknown_removed = _counter(f"{P}unknown_removed_blocks", src)
+    ignored = _counter(f"{P}ignored_blocks", [*src, "reason"])
+    decode_errors = _counter(f"{P}decode_errors", src)
+    bad_frames = _counter(f"{P}bad_frames", src)
+    unknown_events = _counter(f"{P}unknown_events", src)
+    checks = _counter(f"{P}alignment_checks", src)
+    mismatches = _counter(f"{P}alignment_mismatches", [*src, "cause"])
+    transitions = _counter(f"{P}state_transitions", [*src, "from", "to"])
+    for source, runner in runners.items():
+        t = runner.tracker
+        s = t.stats
+        lv = [source.worker_id, str(source.dp_rank)]
+        messages.add_metric([*lv, "live"], s.messages)
+        messages.add_metric([*lv, "replay"], s.replayed)
+        batches.add_metric(lv, s.batches)
+        for kind, value in s.events.items():
+            events.add_metric([*lv, kind], value)
+        for op, value in s.blocks.items():
+            blocks.add_metric([*lv, op], value)
+        duplicates.add_metric(lv, s.duplicates)
+        gaps.add_metric(lv, s.gaps)
+        resets.add_metric(lv, s.seq_resets)
+        for (kind, outcome), value in s.replays.items():
+            replays.add_metric([*lv, kind, outcome], value)
+        for reason, value in s.clears.items():
+            clears.add_metric([*lv, reason], value)
+        unknown_parent.add_metric(lv, s.unknown_parent_blocks)
+        unknown_removed.add_metric(lv, s.unknown_removed_blocks)
+        for reason, value in s.ignored_blocks.items():
+            ignored.add_metric([*lv, reason], value)
+        decode_errors.add_metric(lv, s.decode_errors)
+        bad_frames.add_metric(lv, runner.bad_frames)
+        unknown_events.add_metric(lv, s.unknown_events)
+        checks.add_metric(lv, s.alignment_checks)
+        for cause, value in s.alignment_mismatches.items():
+            mismatches.add_metric([*lv, cause], value)
+        for (old, new), value in s.transitions.items():
+            transitions.add_metric([*lv, old, new], value)
+    yield from (
+        messages, batches, events, blocks, duplicates, gaps, resets, replays, clears,
+        unknown_parent, unknown_removed, ignored, decode_errors, bad_frames, unknown_events,
+        checks, mismatches, transitions,
+    )
+
+
+def _source_states(runners: Mapping[SourceId, SourceRunner]) -> Iterator[Metric]:
+    """Per source: its state, what it holds and how far behind it is, its connection."""
+    src = ["worker", "dp_rank"]
+    batches = _counter(f"{P}batches", src)
+    blocks = _counter(f"{P}blocks", [*src, "op"])
+    state = _gauge(f"{P}source_state", [*src, "state"])
+    ledger_blocks = _gauge(f"{P}ledger_blocks", src)
+    tier_blocks = _gauge(f"{P}tier_blocks", [*src, "tier"])
+    lag = _gauge(f"{P}source_lag_seconds", src)
+    pending = _gauge(f"{P}pending_batches", src)
+    held = _gauge(f"{P}held_bytes", src)
+    backlog = _gauge(f"{P}backlog_seconds", src)
+    dropped = _counter(f"{P}dropped_batches", [*src, "reason"])
+    disconnects = _counter(f"{P}source_disconnects", src)
+    applied_at = _gauge(f"{P}last_applied_timestamp_seconds", src)
+    connected = _gauge(f"{P}source_connected", src)
+    now = time.time()
+    for source, runner in runners.items():
+        t = runner.tracker
+        s = t.stats
+        lv = [source.worker_id, str(source.dp_rank)]
+        for candidate in LedgerState:
+            if candidate is not LedgerState.UNSPECIFIED:
+                state.add_metric([*lv, candidate.name], 1.0 if t.state is candidate else 0.0)
+        ledger_blocks.add_metric(lv, len(t.ledger))
+        for tier, tier_ledger in t.keymap.ledgers.items():
+            tier_blocks.add_metric([*lv, tier.label], len(tier_ledger))
+        if s.last_lag_s is not None:
+            lag.add_metric(lv, s.last_lag_s)
+        pending.add_metric(lv, t.pending)
+        held.add_metric(lv, t.held_bytes)
+        oldest = t.oldest_held_at
+        backlog.add_metric(lv, 0.0 if oldest is None else max(0.0, now - oldest))
+        for reason, value in s.dropped_batches.items():
+            dropped.add_metric([*lv, reason], value)
+        disconnects.add_metric(lv, runner.disconnects)
+        if s.last_applied_unix_s is not None:
+            applied_at.add_metric(lv, s.last_applied_unix_s)
+        connected.add_metric(lv, 1.0 if runner.connected else 0.0)
+    yield from (
+        batches, blocks, state, ledger_blocks, tier_blocks, lag, pending, held, backlog,
+        dropped, disconnects, applied_at, connected,
+    )
+
+def _forwarders(forwarders: Sequence[IndexForwarder]) -> Iterator[Metric]:
+    """Per index replica: what its forwarder sent, acknowledged and queued."""
+    idx = ["index"]
+    up = _gauge(f"{P}index_up", idx)
+    depth = _gauge(f"{P}index_queue_depth", idx)
+    sent_batches = _counter(f"{P}index_batches", idx)
+    sent_updates = _counter(f"{P}index_updates", idx)
+    sent_bytes = _counter(f"{P}index_bytes", idx)
+    acked = _gauge(f"{P}index_acked_batches", idx)
+    connects = _counter(f"{P}index_connects", idx)
+    failures = _counter(f"{P}index_failures", idx)
+    overflows = _counter(f"{P}index_overflows", idx)
+    snapshots = _counter(f"{P}index_snapshots", idx)
+    resyncs = _counter(f"{P}index_resync_requests", idx)
+    heartbeats = _counter(f"{P}index_heartbeats", idx)
+    queue_bytes = _gauge(f"{P}index_queue_bytes", idx)
+    queue_wait = _gauge(f"{P}index_queue_wait_seconds", idx)
+    floor_failures = _counter(f"{P}index_epoch_floor_failures", idx)
+    for f in forwarders:
+        label = [str(f.target)]
+        up.add_metric(label, 1.0 if f.state.value == "streaming" else 0.0)
+        depth.add_metric(label, f.queue_depth)
+        sent_batches.add_metric(label, f.sent_batches)
+        sent_updates.add_metric(label, f.sent_updates)
+        sent_bytes.add_metric(label, f.sent_bytes)
+        acked.add_metric(label, f.acked_batches)
+        connects.add_metric(label, f.connects)
+        failures.add_metric(label, f.failures)
+        overflows.add_metric(label, f.overflows)
+        snapshots.add_metric(label, f.snapshots)
+        resyncs.add_metric(label, f.resync_requests)
+        heartbeats.add_metric(label, f.heartbeats)
+        queue_bytes.add_metric(label, f.queue_bytes)
+        queue_wait.add_metric(label, f.queue_wait_s)
+        floor_failures.add_metric(label, f.epoch_floor_failures)
+    yield from (up, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
+                failures, overflows, snapshots, resyncs, heartbeats, queue_bytes,
+                queue_wait, floor_failures)
+
+
+def _service(stats: IngestStats) -> Iterator[Metric]:
+    """The registry view, the workers this process owns, the held-bytes bound."""
+    degraded = _gauge(f"{P}registry_degraded", [])
+    degraded.add_metric([], 1.0 if stats.registry_degraded else 0.0)
+    known = _gauge(f"{P}registry_workers", [])
+    known.add_metric([], stats.registry_workers)
+    invalid = _gauge(f"{P}registry_invalid_entries", [])
+    invalid.add_metric([], stats.registry_invalid)
+    owned = _gauge(f"{P}owned_workers", [])
+    owned.add_metric([], stats.owned_workers)
+    held_limit = _gauge(f"{P}held_bytes_limit", [])
+    held_limit.add_metric([], stats.held_bytes_limit)
+    yield from (degraded, known, invalid, owned, held_limit)
 
 
 class IngestMetrics:
     """The service's metric registry: the collector plus the lag histogram."""
 
-    def __init__(self, service: IngestService) -> None:
+    def __init__(self, stats: Callable[[], IngestStats]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(IngestCollector(service))
+        self.registry.register(IngestCollector(stats))
         ProcessCollector(registry=self.registry)  # the standard process_* series
         self.lag = Histogram(
             f"{P}lag_seconds",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cortex.hashing import HashDomain
-from cortex.ledger.model import LedgerState, Op, RemoveBlocks, Source, StoreBlocks
+from cortex.ledger.model import KeyList, LedgerState, Op, RemoveBlocks, Source, StoreBlocks
 
 __all__ = ["SnapshotView", "SourceId", "append_remove", "append_store"]
 
@@ -38,7 +38,7 @@ def append_store(ops: list[Op], placed: StoreBlocks) -> None:
         ops.append(placed)
 
 
-def append_remove(ops: list[Op], dead: list[int]) -> None:
+def append_remove(ops: list[Op], dead: KeyList) -> None:
     """Append a removal to ``ops``, merged into a removal just before it."""
     last = ops[-1] if ops else None
     if type(last) is RemoveBlocks:

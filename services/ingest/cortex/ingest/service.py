@@ -27,12 +27,13 @@ import zmq.asyncio
 from aiohttp import web
 
 from cortex.edge.http import start_ops_http
+from cortex.edge.tasks import stop_tasks
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import EpochClock, IndexForwarder
 from cortex.ingest.held import HeldBytes
-from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics
+from cortex.ingest.metrics import CONTENT_TYPE, IngestMetrics, IngestStats
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
@@ -47,7 +48,6 @@ from cortex.registry import (
     WorkerSpec,
 )
 from cortex.registry.addresses import AddressPolicy
-from cortex.registry.tasks import stop_tasks
 
 __all__ = ["IngestService", "WorkerSession"]
 
@@ -140,7 +140,7 @@ class IngestService:
                            token=token)
             for target in config.index
         ]
-        self.metrics = IngestMetrics(self)
+        self.metrics = IngestMetrics(self.stats)
         self.held = HeldBytes(config.max_held_bytes)
         self.sessions: dict[str, WorkerSession] = {}
         self._trackers: dict[SourceId, SourceTracker] = {}
@@ -177,6 +177,13 @@ class IngestService:
     @property
     def degraded(self) -> bool:
         return self.watcher.degraded
+
+    def stats(self) -> IngestStats:
+        """What the metrics collector reads at a scrape."""
+        listing = self.watcher.listing
+        return IngestStats(self.runners, self.forwarders, self.watcher.degraded,
+                           len(listing.workers), len(listing.invalid), len(self.sessions),
+                           self.config.max_held_bytes)
 
     @property
     def synced(self) -> bool:
@@ -251,9 +258,7 @@ class IngestService:
 
         try:
             tasks, self._tasks = self._tasks, []
-            for task in tasks:
-                task.cancel()
-            await step(asyncio.gather(*tasks, return_exceptions=True))
+            await step(stop_tasks(tasks))
             sessions, self.sessions = list(self.sessions.values()), {}
             await step(asyncio.gather(*(s.stop() for s in sessions), return_exceptions=True))
             self._trackers.clear()

@@ -32,11 +32,11 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from cortex.edge.tasks import stop_tasks
 from cortex.ingest.codec import CodecError
 from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
 from cortex.ledger.model import Op, Tier
-from cortex.registry.tasks import stop_tasks
 
 __all__ = ["SourceRunner"]
 

@@ -10,6 +10,8 @@ byte size of each part is known for batching limits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cortex.hashing import HashDomain, pack_keys
 from cortex.ledger.codec import domain_to_pb, pb, source_to_pb
 from cortex.ledger.model import LedgerState, Source
@@ -41,13 +43,13 @@ class UpdateEncoder:
         update.domain.CopyFrom(self._domain)
         return batch, update
 
-    def store(self, epoch: int, seq: int, parent_key: int, keys: list[int]) -> bytes:
+    def store(self, epoch: int, seq: int, parent_key: int, keys: Sequence[int]) -> bytes:
         batch, update = self._update(epoch, seq)
         update.store.parent_key = parent_key
         update.store.keys_le = pack_keys(keys)
         return batch.SerializeToString()
 
-    def remove(self, epoch: int, seq: int, keys: list[int]) -> bytes:
+    def remove(self, epoch: int, seq: int, keys: Sequence[int]) -> bytes:
         batch, update = self._update(epoch, seq)
         update.remove.keys_le = pack_keys(keys)
         return batch.SerializeToString()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from cortex.edge.tasks import stop_tasks
 from cortex.registry.base import Registry
 from cortex.registry.discoverer import discover
 from cortex.registry.errors import RegistryUnavailable
@@ -26,7 +27,6 @@ from cortex.registry.kubernetes.errors import KubernetesUnavailable, ResourceVer
 from cortex.registry.kubernetes.metrics import DiscoveryMetrics
 from cortex.registry.kubernetes.pods import NotWorker, PodTable, pod_url, ready_reason
 from cortex.registry.kubernetes.reconcile import REMOVAL_REASON, Plan, plan
-from cortex.registry.tasks import stop_tasks
 
 __all__ = ["PodDiscovery"]
 

@@ -21,7 +21,9 @@ The worker id is ``<pod>.<namespace>``; the spec's labels record where it came f
 (``source``, ``k8s.namespace``, ``k8s.pod``, ``k8s.node``, ``discovered-by``).
 
 What the engine said about itself (:mod:`cortex.registry.discovery`, when the discovery
-asks it) fills in what the pod does not say; the pod's annotations win.
+asks it) fills in what the pod does not say; the pod's annotations win. Event endpoints the
+engine reports as bind addresses arrive already at the pod's IP; the engine's hash
+algorithm becomes the ``hash_algo`` label.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cortex.hashing import Engine
+from cortex.registry.discovery import HASH_ALGO_LABEL
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
@@ -160,6 +163,8 @@ def _spec(pod: Mapping[str, Any], name: str, namespace: str, described: Mapping[
     labels = {"source": "kubernetes", "k8s.namespace": namespace, "k8s.pod": name,
               "k8s.node": str(_field(pod, "spec", "nodeName") or ""),
               "discovered-by": discovered_by}
+    if isinstance(learned.get(HASH_ALGO_LABEL), str):  # how ingest checks the engine's hashes
+        labels[HASH_ALGO_LABEL] = learned[HASH_ALGO_LABEL]
     return WorkerSpec(
         id=f"{name}.{namespace}", url=f"http://{_netloc(ip, port)}", engine=engine,
         model=model, role=role or WorkerRole.REGULAR, labels=labels, **fields,

@@ -22,7 +22,7 @@ from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceU
 from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_json
-from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
+from cortex.gateway.request.payload import InferencePath, parse_body
 from cortex.gateway.routing.pairing import PairDecision, PDMode
 from cortex.gateway.runtime import Runtime
 from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
@@ -177,10 +177,8 @@ class AdminHandler:
             endpoint = (InferencePath.CHAT if "messages" in body
                         else InferencePath.COMPLETIONS if "prompt" in body
                         else InferencePath.GENERATE)
-        req = parse_request(endpoint, body, self.gw.config, self.gw.limits,
-                            self.gw.pool.adapter_base)
+        req = self.gw.admit(endpoint, body)
         router = self.gw.router
-        assert router is not None
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s
         routed = await router.route(req, deadline, record=False)
         decision = routed.decision

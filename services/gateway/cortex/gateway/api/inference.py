@@ -40,9 +40,8 @@ from cortex.gateway.request.payload import (
     InferencePath,
     InferenceRequest,
     parse_body,
-    parse_request,
 )
-from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.routed import Routed
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
@@ -147,16 +146,13 @@ class InferenceHandler:
                      ) -> tuple[InferenceRequest, bytes, Routed]:
         """Read, validate and route the request; raises :class:`GatewayError` for what
         the client must fix (also what only surfaces while tokenizing)."""
-        router = self.gw.router
-        assert router is not None
         raw = await request.body(self.config.server.max_body_bytes)
         parse_ns = time.time_ns()
-        req = parse_request(endpoint, parse_body(raw), self.config, self.gw.limits,
-                            self.gw.pool.adapter_base)
+        req = self.gw.admit(endpoint, parse_body(raw))
         request.model = req.model.name
         try:
             route_ns = time.time_ns()
-            routed = await router.route(req, deadline)
+            routed = await self.gw.router.route(req, deadline)
             if request.span is not None:
                 self._trace_routing(request.span, parse_ns, route_ns, routed)
             return req, raw, routed
@@ -292,7 +288,6 @@ class _Conversation:
 
     async def run(self) -> None:
         dispatcher = self.gw.dispatcher
-        assert dispatcher is not None
         opened: Opened | None = None
         streaming = False
         loop_deadline = asyncio.get_running_loop().time() + (self.deadline - time.monotonic())
@@ -421,7 +416,6 @@ class _Conversation:
     @property
     def _tokenization(self) -> Tokenization:
         router = self.gw.router
-        assert router is not None
         return router.tokenization
 
     def _first_byte_sent(self, stream: str, opened: Opened) -> None:

@@ -11,6 +11,7 @@ from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import send_bytes, send_json
 from cortex.gateway.metrics import CONTENT_TYPE
 from cortex.gateway.runtime import Runtime
+from cortex.ledger import cores
 
 __all__ = ["OpsHandler"]
 
@@ -53,6 +54,7 @@ class OpsHandler:
                       else "available" if index.available else "unavailable"),
             "replica": ("not_configured" if replica is None else replica.replica.state.value
                         if replica.usable else "unusable"),
+            "ledger_core": cores.active().value,
             "registry": watcher.health.value if watcher else "unknown",
         })
 

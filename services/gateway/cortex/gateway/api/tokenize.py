@@ -31,6 +31,7 @@ from cortex.chat import (
     tokenize_query,
     tokenize_response,
 )
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http.asgi import Send
@@ -89,7 +90,6 @@ class TokenizeHandler:
     def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         router = gateway.router
-        assert router is not None
         self.tokenization = router.tokenization
 
     async def _body(self, request: Request) -> dict[str, Any]:
@@ -150,8 +150,7 @@ class AlignmentCheck:
     async def __aexit__(self, *exc: object) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
 
     async def _run(self) -> None:
         while True:
@@ -161,7 +160,6 @@ class AlignmentCheck:
     async def check_once(self) -> dict[str, str]:
         """One round: per model with a routed prompt, ``{model: match|mismatch|error}``."""
         router = self.gw.router
-        assert router is not None
         outcomes: dict[str, str] = {}
         for name, req_body in list(router.tokenization.recent.items()):
             model = self.gw.config.model(name)
@@ -179,7 +177,6 @@ class AlignmentCheck:
         worker, url = spec.id, spec.url
         m = self.gw.metrics
         router = self.gw.router
-        assert router is not None
         try:
             ours = (await tokenize(router.tokenization, self.gw.config, body))["tokens"]
             timeout = aiohttp.ClientTimeout(total=self.gw.config.tokenize.self_check_timeout_s)

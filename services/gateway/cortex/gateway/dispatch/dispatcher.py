@@ -37,7 +37,8 @@ from cortex.gateway.fleet.pool import WorkerPool
 from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
-from cortex.gateway.routing.router import Routed, Router, uncached
+from cortex.gateway.routing.routed import Routed, uncached
+from cortex.gateway.routing.router import Router
 from cortex.gateway.upstream.client import FailureKind, Upstream, UpstreamFailure
 from cortex.hashing import Engine
 

@@ -35,8 +35,8 @@ from google.protobuf import struct_pb2
 
 from cortex.gateway.api.decision_headers import decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
-from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
-from cortex.gateway.routing.router import Routed
+from cortex.gateway.request.payload import InferencePath, parse_body
+from cortex.gateway.routing.routed import Routed
 from cortex.gateway.runtime import Runtime
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
@@ -246,12 +246,10 @@ class PickerStream:
             endpoint = None
         if endpoint is None or not self._body:
             return self._any(allowed)
-        request = parse_request(endpoint, parse_body(bytes(self._body)), gw.config, gw.limits)
+        request = gw.admit(endpoint, parse_body(bytes(self._body)))
         await gw.admission.acquire()  # ServiceUnavailable: 429 queue full, 503 waited
         self._admitted = True
         deadline = time.monotonic() + self._timeout_s
-        if gw.router is None:
-            raise ServiceUnavailable("the gateway is starting")
         routed = await gw.router.route(request, deadline, allowed=allowed)
         specs = [state.spec for scored in routed.decision.ranked[:MAX_ENDPOINTS]
                  if (state := gw.pool.get(scored.worker_id)) is not None]

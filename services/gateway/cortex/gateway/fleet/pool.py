@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from cortex.gateway.config.gateway import BreakerConfig
+from cortex.gateway.config.gateway import BreakerConfig, ModelConfig
 from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.ledger.matching import LedgerState
+from cortex.ledger.model import LedgerState
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
-__all__ = ["EngineLoad", "Health", "Remembered", "WorkerPool", "WorkerState"]
+__all__ = ["Eligible", "EngineLoad", "Health", "Remembered", "WorkerPool", "WorkerState"]
 
 WATERMARK_LABEL = "cortex/high-watermark"
 
@@ -183,6 +183,20 @@ def _servable(roles: set[WorkerRole]) -> bool:
     return WorkerRole.REGULAR in roles or {WorkerRole.PREFILL, WorkerRole.DECODE} <= roles
 
 
+@dataclass(frozen=True, slots=True)
+class Eligible:
+    """The workers one request may go to: ``regular`` ones, and ``pairs`` (prefill, decode)
+    when its model is served disaggregated now (``None`` otherwise)."""
+
+    regular: list[WorkerState]
+    pairs: tuple[list[WorkerState], list[WorkerState]] | None
+
+    def everyone(self) -> list[WorkerState]:
+        if self.pairs is None:
+            return self.regular
+        return [*self.regular, *self.pairs[0], *self.pairs[1]]
+
+
 class WorkerPool:
     """Worker id → :class:`WorkerState`, reconciled against the registry's view."""
 
@@ -270,6 +284,28 @@ class WorkerPool:
 
     def __len__(self) -> int:
         return len(self._workers)
+
+    def eligible(self, model: ModelConfig, adapter: str | None = None,
+                 allowed: Collection[str] | None = None, *, pd: bool = False) -> Eligible:
+        """The routable workers of ``model`` a request may go to, in one pass: those serving
+        ``adapter`` (configured for the model, or listed by the worker; any without one),
+        among ``allowed`` (``None``: all). With ``pd``, when the model has prefill and
+        decode workers registered (routable or not), its prefill and decode workers of the
+        model's engine form :attr:`Eligible.pairs` if neither side is empty."""
+        any_adapter = adapter is None or adapter in model.adapters
+        by_role: dict[WorkerRole, list[WorkerState]] = {role: [] for role in WorkerRole}
+        for w in self._workers.values():
+            if (w.spec.model == model.name and w.routable()
+                    and (allowed is None or w.id in allowed)
+                    and (any_adapter or adapter in w.adapters)):
+                by_role[w.spec.role].append(w)
+        pairs = None
+        registered = self._roles.get(model.name, ())
+        if pd and WorkerRole.PREFILL in registered and WorkerRole.DECODE in registered:
+            prefill = [w for w in by_role[WorkerRole.PREFILL] if w.spec.engine is model.engine]
+            decode = [w for w in by_role[WorkerRole.DECODE] if w.spec.engine is model.engine]
+            pairs = (prefill, decode) if prefill and decode else None
+        return Eligible(by_role[WorkerRole.REGULAR], pairs)
 
     def candidates(self, model: str, role: WorkerRole = WorkerRole.REGULAR
                    ) -> list[WorkerState]:

@@ -20,29 +20,21 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import IndexConfig
-from cortex.gateway.ledger.matching import MatchAnswer, SourceMatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import HashDomain
 from cortex.ledger.client import IndexStub, index_channel, match_request
-from cortex.ledger.codec import pb
-from cortex.ledger.model import LedgerState, Tier
-from cortex.ledger.tiers import OFFLOAD_TIERS
+from cortex.ledger.codec import lenient_state, match_from_pb, pb
+from cortex.ledger.match import Match
+from cortex.ledger.model import LedgerState
 
-__all__ = ["IndexClient", "ledger_state"]
+__all__ = ["IndexClient"]
 
 log = logging.getLogger(__name__)
 
 _REJECTED = frozenset({Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.OUT_OF_RANGE})
 _ERRORS = (GRPCError, StreamTerminatedError, ProtocolError, OSError, TimeoutError)
-
-
-def ledger_state(value: int) -> LedgerState:
-    """A ``cortex.index.v1.LedgerState`` value (unknown ones: UNSPECIFIED)."""
-    try:
-        return LedgerState(value)
-    except ValueError:
-        return LedgerState.UNSPECIFIED
 
 
 class IndexClient:
@@ -95,8 +87,7 @@ class IndexClient:
     ) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
         for channel in self._channels:
             channel.close()
         self._channels = []
@@ -122,7 +113,7 @@ class IndexClient:
 
     async def match(
         self, domain: HashDomain, keys: list[int], deadline: float
-    ) -> MatchAnswer | None:
+    ) -> Match | None:
         """Leading blocks of ``keys`` per source, or ``None`` when the index cannot answer
         in time. ``deadline``: the request's, in ``time.monotonic()`` seconds."""
         if not self.available or not keys:
@@ -148,7 +139,7 @@ class IndexClient:
             return None
         if self._down_until:
             self._recovered()
-        return MatchAnswer(tuple(_sources(reply)), reply.index_version, reply.query_blocks)
+        return match_from_pb(reply)
 
     async def _workers_loop(self) -> None:
         while True:
@@ -161,26 +152,9 @@ class IndexClient:
                             continue
                         worker = info.source.worker_id
                         if states.get(worker) is not LedgerState.READY:
-                            states[worker] = ledger_state(info.state)
+                            states[worker] = lenient_state(info.state)
                     self._on_ledgers(states)
             await asyncio.sleep(self.config.workers_poll_s)
 
     def __repr__(self) -> str:
         return f"IndexClient(targets={self.config.targets}, available={self.available})"
-
-
-def _sources(reply: pb.MatchResponse) -> list[SourceMatch]:
-    """Every source of a MatchResponse: each rank's device match, then its offload tiers
-    (an unknown tier value from a newer index is skipped: it cannot be credited)."""
-    out: list[SourceMatch] = []
-    for hit in reply.matches:
-        out.append(SourceMatch(hit.worker_id, hit.dp_rank, hit.matched_blocks,
-                               ledger_state(hit.state)))
-        for tier in hit.tiers:
-            if tier.tier in _OFFLOAD:
-                out.append(SourceMatch(hit.worker_id, hit.dp_rank, tier.blocks,
-                                       ledger_state(tier.state), Tier(tier.tier)))
-    return out
-
-
-_OFFLOAD = frozenset(int(t) for t in OFFLOAD_TIERS)

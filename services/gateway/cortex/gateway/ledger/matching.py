@@ -1,27 +1,15 @@
-"""What the ledger (the replica, or the index over gRPC) answered for one query, as plain
-values the routing core can use."""
+"""What the ledger's :class:`~cortex.ledger.match.Match` (from the replica, or the index over
+gRPC) means for routing: per worker its best rank, and two matches of one prompt merged."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Tier
 
-__all__ = ["LedgerState", "MatchAnswer", "SourceMatch", "Tier", "WorkerMatch", "merge_answers"]
-
-
-@dataclass(frozen=True, slots=True)
-class SourceMatch:
-    """One source (worker, DP rank, tier) and its state: for the device (and shared) tier
-    the leading blocks of the query it holds; for host and disk the blocks it adds after
-    the rank's device prefix (:mod:`cortex.ledger.tiers`)."""
-
-    worker_id: str
-    dp_rank: int
-    matched_blocks: int
-    state: LedgerState
-    tier: Tier = Tier.DEVICE
+__all__ = ["WorkerMatch", "fold_sources", "merge_matches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,20 +41,6 @@ _STATE_RANK = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class MatchAnswer:
-    """The index's answer to one Match: every source of the domain, the ledger version it
-    reflects and how many full blocks the query had."""
-
-    sources: tuple[SourceMatch, ...]
-    index_version: int
-    query_blocks: int
-
-    def per_worker(self) -> dict[str, WorkerMatch]:
-        """Sources folded per worker: the longest READY match across its DP ranks."""
-        return fold_sources(self.sources)
-
-
 class _Rank:
     __slots__ = ("device", "disk", "host", "state")
 
@@ -87,11 +61,11 @@ def fold_sources(sources: Iterable[SourceMatch]) -> dict[str, WorkerMatch]:
         ready = src.state is LedgerState.READY
         if src.tier is Tier.DEVICE:
             rank.state = src.state
-            rank.device = src.matched_blocks if ready else 0
+            rank.device = src.blocks if ready else 0
         elif src.tier is Tier.HOST and ready:
-            rank.host = src.matched_blocks
+            rank.host = src.blocks
         elif src.tier is Tier.DISK and ready:
-            rank.disk = src.matched_blocks
+            rank.disk = src.blocks
     out: dict[str, WorkerMatch] = {}
     for (worker_id, dp_rank), rank in ranks.items():
         if rank.state is LedgerState.READY:
@@ -111,7 +85,7 @@ def fold_sources(sources: Iterable[SourceMatch]) -> dict[str, WorkerMatch]:
     return out
 
 
-def merge_answers(first: MatchAnswer | None, other: MatchAnswer | None) -> MatchAnswer | None:
+def merge_matches(first: Match | None, other: Match | None) -> Match | None:
     """Two answers for key sets of one prompt (plain and lookahead keys): per source, the
     longer match. Exact, because a source holds keys of one set only: under the other set it
     matches nothing."""
@@ -120,7 +94,8 @@ def merge_answers(first: MatchAnswer | None, other: MatchAnswer | None) -> Match
     best = {(s.worker_id, s.dp_rank): s for s in first.sources}
     for src in other.sources:
         seen = best.get((src.worker_id, src.dp_rank))
-        if seen is None or src.matched_blocks > seen.matched_blocks:
+        if seen is None or src.blocks > seen.blocks:
             best[(src.worker_id, src.dp_rank)] = src
-    return MatchAnswer(tuple(best.values()), max(first.index_version, other.index_version),
-                       max(first.query_blocks, other.query_blocks))
+    return Match(tuple(best.values()), max(first.version, other.version),
+                 max(first.query_blocks, other.query_blocks), first.domain,
+                 max(first.shared_blocks, other.shared_blocks))

@@ -25,6 +25,7 @@ from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import IndexConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.ledger.client import index_channel
@@ -96,8 +97,7 @@ class ReplicaClient:
     ) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_tasks([task])
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -145,8 +145,7 @@ class ReplicaClient:
                 async for batch in _batches(stream, grace):
                     self._apply(batch)
             finally:
-                touches.cancel()
-                await asyncio.gather(touches, return_exceptions=True)
+                await stop_tasks([touches])
 
     def _apply(self, batch: pb.ReplicaBatch) -> None:
         replica, m = self.replica, self.metrics

@@ -27,9 +27,9 @@ from enum import StrEnum
 
 from cortex.gateway.config.gateway import PDConfig
 from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.ledger.matching import LedgerState
 from cortex.gateway.routing.scoring import Decision, Scored
 from cortex.hashing import Engine
+from cortex.ledger.model import LedgerState
 
 __all__ = ["CONNECTOR_VERSION_LABEL", "ENGINE_VERSION_LABEL", "LocalPrefill", "PDMode",
            "PDOutcome", "PairDecision", "compatible_pair", "connector_mismatch"]

@@ -30,34 +30,32 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.dispatch.pd.handoff import sequence_count
 from cortex.gateway.errors import ServiceUnavailable
-from cortex.gateway.fleet.pool import WorkerPool, WorkerState
-from cortex.gateway.ledger.matching import (
-    LedgerState,
-    MatchAnswer,
-    SourceMatch,
-    WorkerMatch,
-    merge_answers,
-)
+from cortex.gateway.fleet.pool import Eligible, WorkerPool, WorkerState
+from cortex.gateway.ledger.matching import WorkerMatch, fold_sources, merge_matches
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
+from cortex.gateway.routing.observer import RoutingMetrics
 from cortex.gateway.routing.pairing import PairDecision
-from cortex.gateway.routing.predicted import Credit, PredictedBlocks
-from cortex.gateway.routing.scoring import Candidate, Decision, Reason, Scored, decide
+from cortex.gateway.routing.placement import Placement
+from cortex.gateway.routing.predicted import PredictedBlocks
+from cortex.gateway.routing.routed import Routed, StageTimings, uncached
+from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain
+from cortex.ledger.match import Match
+from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
-from cortex.registry.spec import WorkerRole
 
-__all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Placement", "Routed",
-           "Router", "StageTimings", "lookahead_blocks", "uncached"]
+__all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Router",
+           "lookahead_blocks"]
 
 OFFLOAD_CHARS = TokenizeConfig().offload_chars
 """The default ``tokenize.offload_chars``: uncached prompt text (characters, ~1k tokens,
@@ -83,7 +81,7 @@ class Matcher(Protocol):
     def available(self) -> bool: ...
 
     async def match(self, domain: HashDomain, keys: list[int], deadline: float
-                    ) -> MatchAnswer | None: ...
+                    ) -> Match | None: ...
 
 
 class Replica(Protocol):
@@ -94,103 +92,6 @@ class Replica(Protocol):
 
     @property
     def replica(self) -> LedgerReplica: ...
-
-
-@dataclass(frozen=True, slots=True)
-class StageTimings:
-    """Seconds spent per routing stage."""
-
-    tokenize: float
-    hash: float
-    match: float
-    score: float
-
-    @property
-    def total(self) -> float:
-        return self.tokenize + self.hash + self.match + self.score
-
-
-class Placement:
-    """Where a routed request's prompt is being computed: the worker credited with its
-    blocks (predicted blocks), and the load the decision counted before dispatch.
-
-    :meth:`move` re-credits another worker (a retry), :meth:`withdraw` takes the credit
-    back (the worker failed or refused before computing the prompt), :meth:`dispatched`
-    hands the counted load over to the in-flight slots of the attempts (idempotent; also
-    called when the request ends without a dispatch). A placement of an unrecorded decision
-    (explain) starts empty.
-    """
-
-    __slots__ = ("_credit", "_pending", "_router", "keys", "keysets")
-
-    def __init__(self, router: Router, keys: list[int],
-                 keysets: Mapping[int, list[int]] | None = None) -> None:
-        self._router = router
-        self.keys = keys
-        self.keysets = keysets
-        self._credit: Credit | None = None
-        self._pending: list[tuple[WorkerState, int]] = []
-
-    @property
-    def worker_id(self) -> str | None:
-        """The worker credited now, if any."""
-        credit = self._credit
-        return credit.worker_id if credit is not None and credit.live else None
-
-    def move(self, worker_id: str) -> None:
-        """The prompt will be computed on ``worker_id`` (a no-op if it is credited)."""
-        if self.worker_id == worker_id:
-            return
-        self.withdraw()
-        keys = self._router.keys_for(worker_id, self.keys, self.keysets)
-        self._credit = self._router.predicted.credit(worker_id, keys)
-        self._router.metrics.predicted_keys.set(len(self._router.predicted))
-
-    def withdraw(self) -> None:
-        credit, self._credit = self._credit, None
-        if credit is not None:
-            self._router.predicted.withdraw(credit)
-            self._router.metrics.predicted_keys.set(len(self._router.predicted))
-
-    def hold(self, worker: WorkerState, prefill_tokens: int = 0) -> None:
-        """Count the request, and the ``prefill_tokens`` it will compute, on ``worker``
-        until :meth:`dispatched` (from there dispatch counts them per attempt)."""
-        worker.hold(prefill_tokens)
-        self._pending.append((worker, prefill_tokens))
-
-    def dispatched(self) -> None:
-        pending, self._pending = self._pending, []
-        for worker, prefill_tokens in pending:
-            worker.unhold(prefill_tokens)
-
-    def __repr__(self) -> str:
-        return f"Placement(worker={self.worker_id}, pending={len(self._pending)})"
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """A routing outcome: the decision plus what it was computed from. For a model served
-    disaggregated, ``pd`` is the pair plan and ``decision`` its prefill ranking.
-    ``placement``: the decision's credit and counted load (dispatch moves them)."""
-
-    decision: Decision
-    model: ModelConfig
-    prompt_tokens: int
-    keys: list[int]  # every full block of the prompt (plain keys)
-    query_blocks: int  # blocks that could be hits (matched against the ledger)
-    match_source: str  # "replica" | "index" | "none"
-    index_version: int
-    timings: StageTimings
-    placement: Placement
-    pd: PairDecision | None = None
-    keysets: Mapping[int, list[int]] | None = None  # lookahead L > 0 -> the prompt's keys
-
-    def credited_tokens(self, worker_id: str) -> int:
-        """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
-        for scored in self.decision.ranked:
-            if scored.worker_id == worker_id:
-                return scored.credited_tokens
-        return 0
 
 
 def lookahead_blocks(model: ModelConfig, prompt_tokens: int, lookahead: int) -> int:
@@ -204,14 +105,25 @@ def lookahead_blocks(model: ModelConfig, prompt_tokens: int, lookahead: int) -> 
     return max(prompt_tokens - margin, 0) // model.block_size
 
 
-def uncached(prompt_tokens: int, scored: Scored) -> int:
-    """Prompt tokens ``scored``'s worker will compute (what it holds is not computed, even
-    when the decision gave it no credit for it)."""
-    return max(prompt_tokens - PairDecision.held_tokens(scored), 0)
+def _unavailable(req: InferenceRequest) -> ServiceUnavailable:
+    model = req.model
+    if req.adapter is not None:
+        return ServiceUnavailable(f"no available worker serves the adapter '{req.adapter}' "
+                                  f"of model '{model.name}'")
+    return ServiceUnavailable(f"no available worker for model '{model.name}'")
 
 
-def _only(workers: list[WorkerState], allowed: Collection[str] | None) -> list[WorkerState]:
-    return workers if allowed is None else [w for w in workers if w.id in allowed]
+@dataclass(frozen=True, slots=True)
+class _Ledger:
+    """What routing takes from the ledger for one prompt: per worker its best match, the
+    predicted blocks, why cache credit is off (``None``: it is on), where the match came
+    from and the ledger version it reflects."""
+
+    folded: dict[str, WorkerMatch]
+    predicted: dict[str, int]
+    cache_off: Reason | None
+    source: str
+    version: int
 
 
 class Router:
@@ -225,6 +137,7 @@ class Router:
         matcher: Matcher | None,
         metrics: GatewayMetrics,
         replica: Replica | None = None,
+        observer: Callable[[Routed], None] | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -232,6 +145,7 @@ class Router:
         self.matcher = matcher
         self.replica = replica
         self.metrics = metrics
+        self.observer = observer or RoutingMetrics(metrics)
         routing = config.routing
         self.predicted = PredictedBlocks(routing.predicted_ttl_s, routing.predicted_max_keys)
         self._turn = 0
@@ -265,88 +179,94 @@ class Router:
         t1 = time.perf_counter()
         keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
         query_blocks = max(len(ids) - 1, 0) // model.block_size
-        query = keys[:query_blocks]
         t2 = time.perf_counter()
-        workers = _only(self._serving(self.pool.candidates(model.name), model, req.adapter),
-                        allowed)
-        pools = self._pd_pools(model, req.adapter, allowed)
-        if not workers and pools is None:
-            if req.adapter is not None:
-                raise ServiceUnavailable(f"no available worker serves the adapter "
-                                         f"'{req.adapter}' of model '{model.name}'")
-            raise ServiceUnavailable(f"no available worker for model '{model.name}'")
-        keysets = self._lookahead_keys(model, ids, req, workers, pools)
+        eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
+        if not eligible.regular and eligible.pairs is None:
+            raise _unavailable(req)
+        keysets = self._lookahead_keys(model, ids, req, eligible.everyone())
+        ledger = await self._ledger(model, len(ids), keys[:query_blocks], keysets, deadline)
+        t3 = time.perf_counter()
+        if record:
+            self._turn += 1
+        plan = self._decide(req, len(ids), keys, ledger, eligible)
+        decision = plan if isinstance(plan, Decision) else plan.prefill
+        placement = self.placement(keys, keysets)
+        if record:
+            self._take_effect(placement, plan, len(ids))
+        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        routed = Routed(decision, model, len(ids), keys, query_blocks, ledger.source,
+                        ledger.version, timings, placement,
+                        None if isinstance(plan, Decision) else plan, keysets)
+        if record:
+            self.observer(routed)
+        return routed
+
+    async def _ledger(self, model: ModelConfig, prompt_tokens: int, query: list[int],
+                      keysets: Mapping[int, list[int]], deadline: float) -> _Ledger:
+        """What the ledger and the predictions say of the prompt: the match of its plain
+        keys merged with that of each lookahead key set, and the predicted blocks."""
         answer, source = await self._match(model, query, deadline)
         predicted = self.predicted.match(query) if answer is not None else {}
         for lookahead, lookahead_keys in keysets.items():
-            lookahead_query = lookahead_keys[:lookahead_blocks(model, len(ids), lookahead)]
+            lookahead_query = lookahead_keys[:lookahead_blocks(model, prompt_tokens, lookahead)]
             extra, _ = await self._match(model, lookahead_query, deadline)
-            answer = merge_answers(answer, extra)
+            answer = merge_matches(answer, extra)
             if answer is not None:
                 for worker_id, blocks in self.predicted.match(lookahead_query).items():
                     predicted[worker_id] = max(blocks, predicted.get(worker_id, 0))
-        t3 = time.perf_counter()
-        cache_off = self._cache_off(ids, query, answer)
-        folded = answer.per_worker() if answer is not None else {}
+        cache_off = (Reason.SHORT_PROMPT if not query
+                     else Reason.INDEX_UNAVAILABLE if answer is None else None)
+        folded = fold_sources(answer.sources) if answer is not None else {}
+        return _Ledger(folded, predicted, cache_off, source,
+                       answer.version if answer is not None else 0)
 
-        def candidates(pool: list[WorkerState]) -> list[Candidate]:
-            return [self._candidate(w, model, folded.get(w.id), predicted.get(w.id, 0))
-                    for w in pool]
-
-        if record:
-            self._turn += 1
+    def _decide(self, req: InferenceRequest, prompt_tokens: int, keys: list[int],
+                ledger: _Ledger, eligible: Eligible) -> Decision | PairDecision:
+        """Score the eligible workers: the regular decision, or the pair plan (its prefill
+        ranked like a regular request, its decode by load) with the regular one as its
+        fallback."""
+        model = req.model
         weights, turn, rng = self.config.routing.weights, self._turn, self._rng
         prefix_key = keys[min(TIE_BLOCKS, len(keys)) - 1] if keys else None
-        tie = TIE_TOLERANCE
-        regular = (decide(candidates(workers), weights, cache_off=cache_off, turn=turn,
-                          rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
-                   if workers else None)
-        plan: PairDecision | None = None
-        placement = Placement(self, keys, keysets)
-        if pools is not None:
-            prefill = decide(candidates(pools[0]), weights, cache_off=cache_off, turn=turn,
-                             rng=rng, prefix_key=prefix_key, tie_tolerance=tie)
-            decode = decide(candidates(pools[1]), weights, cache_off=Reason.LOAD_ONLY,
-                            turn=turn, rng=rng)
-            plan = PairDecision(model.engine, prefill, decode, regular, len(ids),
-                          sequence_count(req.endpoint, req.body))
-            decision = prefill
-            if record:
-                d_worker = self.pool.get(decode.chosen.worker_id)
-                computes, why = plan.computes(prefill.chosen, decode.chosen, self.config.pd)
-                local = why is not None
-                self._place(placement, computes.worker_id, uncached(len(ids), computes))
-                if d_worker is not None and not local:
-                    placement.hold(d_worker)
-        else:
-            assert regular is not None
-            decision = regular
-            if record:
-                self._place(placement, decision.chosen.worker_id,
-                            uncached(len(ids), decision.chosen))
-        t4 = time.perf_counter()
-        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
-        if record:
-            m = self.metrics
-            stage = m.routing_seconds
-            m.child(stage, "tokenize").observe(timings.tokenize)
-            m.child(stage, "hash").observe(timings.hash)
-            m.child(stage, "match").observe(timings.match)
-            m.child(stage, "score").observe(timings.score)
-            m.child(stage, "total").observe(timings.total)
-            m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
-            m.prompt_tokens.observe(len(ids))
-        return Routed(decision, model, len(ids), keys, query_blocks, source,
-                      answer.index_version if answer is not None else 0, timings, placement,
-                      plan, keysets)
 
-    def _lookahead_keys(self, model: ModelConfig, ids: list[int], req: InferenceRequest,
-                        workers: list[WorkerState],
-                        pools: tuple[list[WorkerState], list[WorkerState]] | None
-                        ) -> dict[int, list[int]]:
+        def candidates(workers: list[WorkerState]) -> list[Candidate]:
+            return [self._candidate(w, model, ledger.folded.get(w.id),
+                                    ledger.predicted.get(w.id, 0)) for w in workers]
+
+        def by_cache(workers: list[WorkerState]) -> Decision:
+            return decide(candidates(workers), weights, cache_off=ledger.cache_off, turn=turn,
+                          rng=rng, prefix_key=prefix_key, tie_tolerance=TIE_TOLERANCE)
+
+        regular = by_cache(eligible.regular) if eligible.regular else None
+        if eligible.pairs is None:
+            assert regular is not None
+            return regular
+        prefill, decode = eligible.pairs
+        return PairDecision(model.engine, by_cache(prefill),
+                            decide(candidates(decode), weights, cache_off=Reason.LOAD_ONLY,
+                                   turn=turn, rng=rng),
+                            regular, prompt_tokens, sequence_count(req.endpoint, req.body))
+
+    def _take_effect(self, placement: Placement, plan: Decision | PairDecision,
+                     prompt_tokens: int) -> None:
+        """A recorded decision takes effect now: the worker that computes the prompt is
+        credited and counted; a pair's decode worker is counted too (unless the decode
+        computes the prompt itself)."""
+        if isinstance(plan, Decision):
+            chosen = plan.chosen
+            self._place(placement, chosen.worker_id, uncached(prompt_tokens, chosen))
+            return
+        d_worker = self.pool.get(plan.decode.chosen.worker_id)
+        computes, why = plan.computes(plan.prefill.chosen, plan.decode.chosen, self.config.pd)
+        self._place(placement, computes.worker_id, uncached(prompt_tokens, computes))
+        if d_worker is not None and why is None:
+            placement.hold(d_worker)
+
+    @staticmethod
+    def _lookahead_keys(model: ModelConfig, ids: list[int], req: InferenceRequest,
+                        everyone: list[WorkerState]) -> dict[int, list[int]]:
         """The prompt's lookahead keys (every block the engine caches once it has the
         prompt), per lookahead the candidates run; none for plain workers only."""
-        everyone = workers if pools is None else [*workers, *pools[0], *pools[1]]
         wanted = {w.kv_lookahead for w in everyone if w.kv_lookahead > 0}
         return {lookahead: model.domain.keys(ids, req.lora_name, req.cache_salt,
                                              lookahead=lookahead)
@@ -373,36 +293,7 @@ class Router:
     def placement(self, keys: list[int], keysets: Mapping[int, list[int]] | None = None
                   ) -> Placement:
         """An empty placement for ``keys`` (a fallback that places the request anew)."""
-        return Placement(self, keys, keysets)
-
-    @staticmethod
-    def _serving(workers: list[WorkerState], model: ModelConfig, adapter: str | None
-                 ) -> list[WorkerState]:
-        """The workers that can run ``adapter`` (all of them without one): it is configured
-        for the model, or the worker lists it in ``/v1/models``."""
-        if adapter is None or adapter in model.adapters:
-            return workers
-        return [w for w in workers if adapter in w.adapters]
-
-    def _pd_pools(self, model: ModelConfig, adapter: str | None = None,
-                  allowed: Collection[str] | None = None
-                  ) -> tuple[list[WorkerState], list[WorkerState]] | None:
-        """Routable (prefill, decode) workers of ``model`` (serving ``adapter``, among
-        ``allowed``) speaking its engine's handoff, or ``None`` when the model is not served
-        disaggregated now."""
-        pool = self.pool
-        if not (self.config.pd.enabled and pool.has_role(model.name, WorkerRole.PREFILL)
-                and pool.has_role(model.name, WorkerRole.DECODE)):
-            return None
-        prefill = [w for w in _only(self._serving(
-                       self.pool.candidates(model.name, WorkerRole.PREFILL), model, adapter),
-                       allowed)
-                   if w.spec.engine is model.engine]
-        decode = [w for w in _only(self._serving(
-                      self.pool.candidates(model.name, WorkerRole.DECODE), model, adapter),
-                      allowed)
-                  if w.spec.engine is model.engine]
-        return (prefill, decode) if prefill and decode else None
+        return Placement(self.predicted, self.keys_for, self.metrics, keys, keysets)
 
     def commit(self, routed: Routed, worker_id: str) -> None:
         """``worker_id`` caches the prompt's blocks too (a vLLM decode pulled them): predict
@@ -410,16 +301,8 @@ class Router:
         self.predicted.credit(worker_id, self.keys_for(worker_id, routed.keys, routed.keysets))
         self.metrics.predicted_keys.set(len(self.predicted))
 
-    def _cache_off(self, ids: list[int], query: list[int], answer: MatchAnswer | None
-                   ) -> Reason | None:
-        if not query:
-            return Reason.SHORT_PROMPT
-        if answer is None:
-            return Reason.INDEX_UNAVAILABLE
-        return None
-
     async def _match(self, model: ModelConfig, query: list[int], deadline: float
-                     ) -> tuple[MatchAnswer | None, str]:
+                     ) -> tuple[Match | None, str]:
         """The ledger's answer and where it came from: the in-process replica while it is
         usable (no I/O), else the index over gRPC (bounded by ``deadline``), else none."""
         if not query:
@@ -427,11 +310,8 @@ class Router:
         m = self.metrics
         replica = self.replica
         if replica is not None and replica.usable:
-            ledger = replica.replica
-            sources = tuple(SourceMatch(s.worker_id, s.dp_rank, blocks, state, s.tier)
-                            for s, blocks, state in ledger.match(model.domain, query))
             m.child(m.match_source, "replica").inc()
-            return MatchAnswer(sources, ledger.version, len(query)), "replica"
+            return replica.replica.match(model.domain, query), "replica"
         matcher = self.matcher
         answer = None
         if matcher is not None and matcher.available:

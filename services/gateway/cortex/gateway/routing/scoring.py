@@ -46,7 +46,7 @@ from enum import StrEnum
 import xxhash
 
 from cortex.gateway.config.gateway import RoutingWeights
-from cortex.gateway.ledger.matching import LedgerState
+from cortex.ledger.model import LedgerState
 
 __all__ = ["Candidate", "Decision", "MatchMode", "Reason", "Scored", "decide",
            "rendezvous_weight"]

@@ -64,7 +64,7 @@ from cortex.gateway.fleet.pool import WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.pairing import LocalPrefill, PairDecision, PDMode, PDOutcome
-from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.routed import Routed
 from cortex.gateway.routing.scoring import Scored
 from cortex.gateway.upstream.client import FailureKind, Upstream
 from cortex.gateway.upstream.sse import EventRewrite

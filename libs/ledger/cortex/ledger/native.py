@@ -1,0 +1,220 @@
+"""The radix hash tree's compiled core: :class:`NativeTree`, a thin shell over
+``cortex.ledger._core.Tree`` (C).
+
+The C tree keeps the same columns as the pure-Python core (:mod:`cortex.ledger.slots`) and,
+for the dict, an open-addressing table of uint64 keys: per node 8 (key) + 4 (parent) +
+4 (children) + 8 (recency) + 8 per holder word, plus 8 B per table entry at a load of 3/8..3/4.
+Every call passes a whole batch (a list of ints or a uint64 array) and gets words back in a
+bytearray, viewed as a numpy array without a copy; this module only maps sources to holder
+bits and shapes the results as :class:`~cortex.ledger.tree.RadixHashTree` promises.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import numpy.typing as npt
+
+from cortex.ledger import _core
+from cortex.ledger.errors import InvalidArgument
+from cortex.ledger.match import SourceMatch
+from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.tree import Eviction, Keys, RadixHashTree, TreeColumns, check_columns
+
+__all__ = ["NativeTree"]
+
+_U64 = np.uint64
+_EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
+# key 8 + parent 4 + children 4 + recency 8 + the table's 8 B entries at their mean load
+# (between 3/8 and 3/4: ~2 entries per node)
+_BYTES_PER_NODE = 8 + 4 + 4 + 8 + 16
+
+
+def _words(buf: bytearray) -> npt.NDArray[np.uint64]:
+    return np.frombuffer(buf, _U64)
+
+
+class NativeTree(RadixHashTree):
+    """Blocks of one hash domain in C columns (see :class:`RadixHashTree`'s contract)."""
+
+    core = "native"
+
+    def __init__(self, initial_capacity: int = 1024) -> None:
+        super().__init__(initial_capacity)
+        self._tree = _core.Tree(initial_capacity)
+
+    # ---- sizes ---------------------------------------------------------------------------
+
+    @staticmethod
+    def node_bytes(words: int) -> int:
+        return _BYTES_PER_NODE + 8 * words
+
+    @property
+    def nodes(self) -> int:
+        return self._tree.nodes
+
+    @property
+    def holdings(self) -> int:
+        return self._tree.holdings
+
+    @property
+    def words(self) -> int:
+        return self._tree.words
+
+    @property
+    def capacity(self) -> int:
+        return self._tree.capacity
+
+    @property
+    def evicted(self) -> int:
+        return self._tree.evicted
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes the C columns and key table have allocated (capacity included)."""
+        return self._tree.allocated
+
+    def blocks_of(self, source: Source) -> int:
+        bit = self._bit_of.get(source)
+        return 0 if bit is None else self._tree.held(bit)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            k = operator.index(key)  # type: ignore[arg-type]  # any integer, as a dict does
+        except TypeError:
+            return False
+        return 0 <= k < 1 << 64 and self._tree.slot_of(k) >= 0
+
+    def _widen(self) -> None:
+        self._tree.widen()
+
+    # ---- updates -------------------------------------------------------------------------
+
+    def store(self, source: Source, parent_key: int, keys: Keys, now: int) -> int:
+        if not len(keys):
+            return 0
+        bit, fresh_bit = self._store_bit(source)
+        try:
+            return self._tree.store_chain(bit, parent_key, keys, now)
+        except (ValueError, TypeError) as exc:
+            self._refused(source, fresh_bit)
+            raise InvalidArgument(str(exc)) from exc
+
+    def store_pairs(
+        self, source: Source, parent_keys: Keys, keys: Keys, now: int
+    ) -> int:
+        n = len(keys)
+        if len(parent_keys) != n:
+            raise InvalidArgument(f"{len(parent_keys)} parent keys for {n} keys")
+        if n == 0:
+            return 0
+        bit, fresh_bit = self._store_bit(source)
+        try:
+            return self._tree.store_pairs(bit, parent_keys, keys, now)
+        except (ValueError, TypeError) as exc:
+            self._refused(source, fresh_bit)
+            raise InvalidArgument(str(exc)) from exc
+
+    def _store_bit(self, source: Source) -> tuple[int, bool]:
+        """``source``'s bit, and whether this store registers it."""
+        bit = self._bit_of.get(source)
+        return (self.add_source(source), True) if bit is None else (bit, False)
+
+    def _refused(self, source: Source, fresh_bit: bool) -> None:
+        """Undo a refused store's registration: the C tree validates a batch before changing
+        anything, the pure core before registering the source."""
+        if fresh_bit:
+            self.remove_source(source)
+
+    def remove(self, source: Source, keys: Keys) -> npt.NDArray[np.uint64]:
+        bit = self._bit_of.get(source)
+        if bit is None or not len(keys):
+            return _EMPTY_KEYS
+        return _words(self._tree.remove(bit, keys))
+
+    def clear(self, source: Source) -> int:
+        bit = self._bit_of.get(source)
+        return 0 if bit is None else self._tree.clear(bit)
+
+    def touch(self, keys: Keys, now: int) -> int:
+        return self._tree.touch(keys, now)
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def match(self, keys: Keys, now: int) -> list[int]:
+        return self._tree.match(keys, now)
+
+    def match_roster(self, keys: Keys, now: int, roster: list[tuple[int, Source, LedgerState]]
+                     ) -> list[SourceMatch]:
+        answer: list[SourceMatch] = self._tree.match_roster(keys, now, roster, SourceMatch)
+        return answer
+
+    def _leading_rows(self, keys: Keys) -> npt.NDArray[np.uint64]:
+        return _words(self._tree.leading_rows(keys)).reshape(-1, self.words)
+
+    def holds(self, source: Source, key: int) -> bool:
+        bit = self._bit_of.get(source)
+        return bit is not None and self._tree.holds(bit, key)
+
+    def keys_of(self, source: Source) -> set[int]:
+        bit = self._bit_of.get(source)
+        if bit is None:
+            return set()
+        keys: list[int] = _words(self._tree.keys_of(bit)).tolist()
+        return set(keys)
+
+    def recency_of(self, key: int) -> int:
+        node = self._tree.node(key)
+        return -1 if node is None else node[0]
+
+    def parent_of(self, key: int) -> int | None:
+        node = self._tree.node(key)
+        return None if node is None else node[1]
+
+    # ---- eviction ------------------------------------------------------------------------
+
+    def live_recency(self) -> npt.NDArray[np.uint64]:
+        return _words(self._tree.live_recency())
+
+    def evict_older_than(self, cutoff: int) -> Eviction:
+        return self._evicted_result(*self._tree.evict_older_than(cutoff))
+
+    def evict_keys(self, keys: Keys) -> Eviction:
+        return self._evicted_result(*self._tree.evict_keys(keys))
+
+    def _evicted_result(self, keys: bytearray, rows: bytearray) -> Eviction:
+        # the C tree already took the holdings off its counters
+        eviction, _ = self._eviction(_words(keys), _words(rows).reshape(-1, self.words))
+        return eviction
+
+    # ---- copies --------------------------------------------------------------------------
+
+    def columns(self) -> TreeColumns:
+        dump = self._tree.dump()
+        return TreeColumns(
+            keys=_words(dump["key"]),
+            parents=np.frombuffer(dump["parent"], np.int32),
+            holders=_words(dump["holders"]).reshape(-1, self.words),
+            sources=list(self._source_at),
+        )
+
+    def _load(self, columns: TreeColumns, held: npt.NDArray[np.int64]) -> None:
+        words = columns.holders.shape[1]
+        self._tree.load(
+            np.ascontiguousarray(columns.keys, _U64).tobytes(),
+            np.ascontiguousarray(columns.parents, np.int32).tobytes(),
+            np.ascontiguousarray(columns.holders, _U64).tobytes(),
+            words,
+        )
+
+    def check_invariants(self) -> None:
+        dump = self._tree.dump()
+        columns = self.columns()
+        live = np.flatnonzero(columns.parents != -2)
+        assert len(live) == self.nodes, "table and live slots disagree"
+        for slot, key in zip(live.tolist(), columns.keys[live].tolist(), strict=True):
+            assert self._tree.slot_of(key) == slot, "key table disagrees"
+        check_columns(columns, np.frombuffer(dump["children"], np.int32),
+                      np.frombuffer(dump["free"], np.int32).astype(np.int64),
+                      np.frombuffer(dump["held"], np.int64))

@@ -1,0 +1,175 @@
+"""A random multi-turn chat workload, and every request's prediction against the engine.
+
+Each request goes through the gateway; the gateway's prediction is its
+``x-cortex-cache-hit-tokens`` header, the truth is the serving engine's
+``usage.prompt_tokens_details.cached_tokens`` (for streams: the usage chunk). A prediction is
+*exact* when they are equal and an *over-prediction* when it is larger (the gateway promised
+a hit the engine did not have, the one error routing must never make).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REPORT_ENV", "ChatWorkload", "Outcome", "Tally", "post", "report"]
+
+REPORT_ENV = "CORTEX_REALENGINE_REPORT"  # a JSON file the run's numbers are added to
+
+
+def report(name: str, numbers: dict[str, object]) -> None:
+    """Print the numbers (``pytest -s`` shows them); add them to ``$CORTEX_REALENGINE_REPORT``."""
+    print(f"\n{name}: {json.dumps(numbers)}")
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        found = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+        Path(path).write_text(json.dumps({**found, name: numbers}, indent=1) + "\n")
+
+
+_WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "replica", "stream",
+          "event", "index", "lease", "budget", "engine", "decode", "prefill", "模型", "缓存",
+          "über", "naïve", "42", "3.14", "(x)", "<tag>", "end."]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One answered request (``predicted`` / ``cached`` in tokens)."""
+
+    turn: int
+    worker: str
+    stream: bool
+    prompt_tokens: int
+    predicted: int
+    cached: int
+    attempts: int
+
+    @property
+    def exact(self) -> bool:
+        return self.predicted == self.cached
+
+    @property
+    def over(self) -> bool:
+        return self.predicted > self.cached
+
+
+@dataclass
+class Tally:
+    """Every outcome of a run, and the requests that failed (``(turn, status, body)``)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    failures: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @property
+    def exact(self) -> int:
+        return sum(o.exact for o in self.outcomes)
+
+    @property
+    def over(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.over]
+
+    def summary(self) -> dict[str, Any]:
+        done = self.outcomes
+        return {"requests": len(done), "failed": len(self.failures), "exact": self.exact,
+                "over_predictions": len(self.over),
+                "under_predictions": sum(o.predicted < o.cached for o in done),
+                "streamed": sum(o.stream for o in done),
+                "cached_tokens": sum(o.cached for o in done),
+                "predicted_tokens": sum(o.predicted for o in done),
+                "prompt_tokens": sum(o.prompt_tokens for o in done),
+                "by_worker": {w: sum(o.worker == w for o in done)
+                              for w in sorted({o.worker for o in done})}}
+
+
+class ChatWorkload:
+    """Conversations that grow turn by turn (a user message, then the engine's answer),
+    chosen at random; one restarts with a new system prompt once it nears ``max_tokens``
+    (prompt tokens). Sequential: each prediction is checked against a settled cache."""
+
+    def __init__(self, gateway_url: str, model: str, *, seed: int = 28, conversations: int = 24,
+                 stream_share: float = 0.3, max_tokens: int = 3200) -> None:
+        self.url = gateway_url.rstrip("/")
+        self.model = model
+        self.rng = random.Random(seed)
+        self.stream_share = stream_share
+        self.max_tokens = max_tokens
+        self.chats: list[list[dict[str, str]]] = [self._opening(i) for i in range(conversations)]
+        self.prompt_tokens = [0] * conversations
+        self.tally = Tally()
+        self.turn = 0
+
+    def _opening(self, number: int) -> list[dict[str, str]]:
+        words = " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randrange(150, 700)))
+        return [{"role": "system", "content": f"[chat {number}.{self.rng.randrange(10**6)}] "
+                                              f"You answer briefly. {words}"}]
+
+    def run(self, requests: int) -> None:
+        for _ in range(requests):
+            self.step()
+
+    def step(self) -> None:
+        """One turn of a random conversation."""
+        self.turn += 1
+        index = self.rng.randrange(len(self.chats))
+        if self.prompt_tokens[index] > self.max_tokens:
+            self.chats[index] = self._opening(index)
+        words = " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randrange(10, 120)))
+        messages = [*self.chats[index], {"role": "user", "content": words}]
+        stream = self.rng.random() < self.stream_share
+        body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                "max_tokens": self.rng.randrange(4, 24), "ignore_eos": True,
+                                "temperature": 0}
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+        status, headers, raw = post(self.url + "/v1/chat/completions", body)
+        if status != 200:
+            self.tally.failures.append((self.turn, status, raw[:300].decode(errors="replace")))
+            return
+        answer, usage = _streamed(raw) if stream else _whole(raw)
+        self.chats[index] = [*messages, {"role": "assistant", "content": answer}]
+        self.prompt_tokens[index] = int(usage["prompt_tokens"])
+        details = usage.get("prompt_tokens_details") or {}
+        self.tally.outcomes.append(Outcome(
+            turn=self.turn, worker=headers.get("x-cortex-assigned-worker", "?"), stream=stream,
+            prompt_tokens=int(usage["prompt_tokens"]),
+            predicted=int(headers.get("x-cortex-cache-hit-tokens", "0")),
+            cached=int(details.get("cached_tokens") or 0),
+            attempts=int(headers.get("x-cortex-attempts", "1"))))
+
+
+def post(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+    """A JSON POST: ``(status, lower-cased headers, body)``; HTTP errors are answers too."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return (int(response.status), {k.lower(): v for k, v in response.headers.items()},
+                    response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def _whole(raw: bytes) -> tuple[str, dict[str, Any]]:
+    body = json.loads(raw)
+    return str(body["choices"][0]["message"]["content"] or ""), dict(body["usage"])
+
+
+def _streamed(raw: bytes) -> tuple[str, dict[str, Any]]:
+    """The answer text and the usage chunk of an SSE chat stream (``data: [DONE]`` last)."""
+    text, usage = [], None
+    events = [e for e in raw.decode().split("\n\n") if e.strip()]
+    assert events[-1] == "data: [DONE]", events[-1:]
+    for event in events[:-1]:
+        assert event.startswith("data: "), event[:80]
+        chunk = json.loads(event[len("data: "):])
+        for choice in chunk.get("choices") or ():
+            text.append((choice.get("delta") or {}).get("content") or "")
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+    assert usage is not None, "no usage chunk in the stream"
+    return "".join(text), dict(usage)

