@@ -7,6 +7,7 @@ itself being killed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpclib.exceptions import GRPCError
 
+from cortex.ledger.client import IndexStub, index_channel
+from cortex.ledger.codec import pb
 from cortex.sim.process import SimProcess
 from cortex.testing import RedisServer, wait_until
 
@@ -136,6 +140,9 @@ def test_up_serves_the_printed_curl_and_sigterm_stops_every_process(launch: Any)
     assert state["redis"]["url"].startswith("redis://127.0.0.1:")
     assert re.fullmatch(r"127\.0\.0\.1:\d+", state["index"]["grpc"])
     assert isinstance(state["index"]["metrics_port"], int)
+    query_token = Path(state["index"]["query_token_file"]).read_text()
+    assert asyncio.run(_workers_status(state["index"]["grpc"], None)) == "UNAUTHENTICATED"
+    assert asyncio.run(_workers_status(state["index"]["grpc"], query_token)) == "OK"
     assert isinstance(state["ingest"]["metrics_port"], int)
     assert len(state["gateways"]) == 1 and state["gateways"][0]["url"] in up.stdout()
     started = pids(state)
@@ -161,6 +168,16 @@ def test_up_serves_the_printed_curl_and_sigterm_stops_every_process(launch: Any)
     assert not up.state_file.exists()
     assert all(gone(pid) for pid in started.values()), started
     assert "everything stopped" in up.stdout()
+
+
+async def _workers_status(target: str, token: str | None) -> str:
+    """The gRPC status of an index ``Workers`` call presenting ``token``."""
+    async with index_channel(target) as channel:
+        try:
+            await IndexStub(channel, timeout=10, token=token).workers(pb.WorkersRequest())
+        except GRPCError as exc:
+            return exc.status.name
+    return "OK"
 
 
 def test_a_crashed_child_is_reported_and_ctrl_c_still_stops_the_rest(launch: Any) -> None:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortex.gateway.upstream.sse import SSEForwarder, cached_tokens_of, sse_error_event
+from cortex.gateway.upstream.sse import (
+    SSEForwarder,
+    cached_tokens_of,
+    is_event_stream,
+    sse_error_event,
+)
 
 
 def chunk(content: str) -> bytes:
@@ -81,3 +87,31 @@ def test_keepalives_and_done_inside_text_do_not_confuse_the_forwarder() -> None:
     assert forwarder.feed(b": keep-alive\n\n") == b": keep-alive\n\n"
     assert forwarder.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
     assert forwarder.done and forwarder.cached_tokens == 32
+
+
+# ---- what counts as the engines' SSE ----
+
+GOOD = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+
+
+@pytest.mark.parametrize("head", [
+    GOOD, GOOD + b"data: [DONE]\n\n", b": keep-alive\n\n" + GOOD, b"da", b"data: {\"ch",
+    b"event: message\r\ndata: {}\r\n\r\n", b"\n",
+])
+def test_the_start_of_an_event_stream_is_recognised(head: bytes) -> None:
+    assert is_event_stream(head)
+
+
+@pytest.mark.parametrize("head", [
+    b"<html>", b'{"id": "x", "choices": []}', b"data: hello\n\n", GOOD + b"garbage\n\n",
+    b"hello world",
+])
+def test_anything_else_is_not(head: bytes) -> None:
+    assert not is_event_stream(head)
+
+
+def test_the_forwarder_flags_and_withholds_a_malformed_event() -> None:
+    forwarder = SSEForwarder(strip_usage=False)
+    assert forwarder.feed(GOOD) == GOOD and not forwarder.malformed
+    assert forwarder.feed(b"this is not an event stream\n\n") == b""
+    assert forwarder.malformed

@@ -30,12 +30,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.faults_catalogue import FAULTS, QUICK, Bench, Fault, wait_for
+from cortex.bench.faults_catalogue import FAULTS as CATALOGUE
+from cortex.bench.faults_catalogue import QUICK, Bench, Fault, wait_for
+from cortex.bench.faults_hostile import HOSTILE
 from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
 from cortex.bench.report import provenance, table
 from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
 
-__all__ = ["Plan", "register", "run"]
+__all__ = ["FAULTS", "Plan", "register", "run"]
+
+FAULTS: tuple[type[Fault], ...] = (*HOSTILE, *CATALOGUE)
+"""Every case: issue 32's hostile clients and broken workers (they leave the cluster whole),
+then issue 14's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,7 @@ class Plan:
     clients: int = 4
     rate: float = 8.0
     lease_ttl_s: float = 10.0
+    long_generation_s: float = 60.0
 
     @classmethod
     def quick_plan(cls, faults: Sequence[str] | None = None) -> Plan:
@@ -187,7 +194,7 @@ def run(plan: Plan, log_dir: Path) -> dict[str, Any]:
         warmed = loop.call(canary.start())
         loop.call(load.start())
         bench = Bench(cluster, loop, load, canary, plan.hold_s, plan.hang_hold_s,
-                      plan.observe_s)
+                      plan.observe_s, plan.long_generation_s)
         try:
             time.sleep(plan.baseline_s)
             baseline = _window(load.records, started, time.monotonic())
@@ -276,7 +283,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.quick:
         plan = Plan.quick_plan(only or None)
     else:
-        plan = Plan(faults=only or tuple(f.name for f in FAULTS), hold_s=args.hold)
+        plan = Plan(faults=only or tuple(f.name for f in FAULTS), hold_s=args.hold,
+                    long_generation_s=args.long_generation)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cortex-faults-") as tmp:
@@ -300,6 +308,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of faults: " + ", ".join(f.name for f in FAULTS))
     parser.add_argument("--hold", type=float, default=8.0, metavar="S",
                         help="how long a fault lasts before it is repaired (default 8)")
+    parser.add_argument("--long-generation", type=float, default=60.0, metavar="S",
+                        help="length of long_generation's answer (default 60)")
     parser.add_argument("--out", default="docs/bench", help="report directory")
     parser.add_argument("--log-dir", help="keep the cluster's logs here")
     parser.set_defaults(func=_main)

@@ -72,6 +72,7 @@ class Bench:
     hold_s: float
     hang_hold_s: float
     observe_s: float
+    long_generation_s: float = 60.0
 
     @property
     def worker_ids(self) -> list[str]:

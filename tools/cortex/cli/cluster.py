@@ -92,6 +92,8 @@ class LocalCluster:
         self.admin_token = secrets.token_urlsafe(24)
         # the index's peer token: ingest and the gateways present it, nobody else gets in
         self.index_token_file = self.log_dir / "index-peer.token"
+        # and its query token: Match, Workers, Stats and Changes are not open to anyone
+        self.index_query_token_file = self.log_dir / "index-query.token"
         self.redis_url: str | None = spec.redis_url
         self.index_target: str | None = None
         self.ingest_url: str | None = None
@@ -233,6 +235,7 @@ class LocalCluster:
         index = None
         if self.index_target is not None:
             index = {"grpc": self.index_target, "token_file": str(self.index_token_file),
+                     "query_token_file": str(self.index_query_token_file),
                      "metrics_port": self._index_metrics_port,
                      "metrics_url": _metrics_url(self._index_metrics_port),
                      "pid": pids["index"], "log": logs["index"]}
@@ -333,10 +336,12 @@ class LocalCluster:
         port, self._index_metrics_port = free_port(), free_port()
         self.index_target = f"{LOOPBACK}:{port}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.index_token_file.write_text(secrets.token_urlsafe(32))
-        self.index_token_file.chmod(0o600)
+        for token in (self.index_token_file, self.index_query_token_file):
+            token.write_text(secrets.token_urlsafe(32))
+            token.chmod(0o600)
         self._start("index", ["index", "--host", LOOPBACK, "--port", str(port),
                               "--peer-token-file", str(self.index_token_file),
+                              "--query-token-file", str(self.index_query_token_file),
                               "--metrics-host", LOOPBACK,
                               "--metrics-port", str(self._index_metrics_port),
                               *self.spec.index_args])

@@ -6,15 +6,21 @@ the clients).
 were encoded once for many streams (``bytes``) passes through unchanged; bytes that do not
 parse become ``INVALID_ARGUMENT`` for that call only (protobuf's ``DecodeError`` would
 surface as an internal error); and a message over ``max_message_bytes`` is refused with
-``RESOURCE_EXHAUSTED`` before it is parsed.
+``RESOURCE_EXHAUSTED`` from its 5-byte length prefix, before its bytes are read (grpclib
+has no such setting and reads a message whole before decoding it: its servers' and
+channels' message reader is replaced, once, by :func:`_recv_bounded` when the first codec
+is made; it bounds only streams whose codec is a :class:`LedgerCodec`).
 """
 
 from __future__ import annotations
 
 import hmac
+import struct
 from pathlib import Path
 from typing import Any
 
+import grpclib.client
+import grpclib.server
 from google.protobuf.message import DecodeError
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
@@ -45,9 +51,35 @@ def method(name: str) -> str:
     return _SERVICE + name
 
 
+async def _recv_bounded(stream: Any, codec: Any, message_type: Any) -> Any:
+    """grpclib's ``recv_message`` that reads the length prefix first and refuses a message
+    longer than ``codec.max_message_bytes`` without reading it."""
+    meta = await stream.recv_data(5)
+    if not meta:
+        return None
+    if meta[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    length: int = struct.unpack(">I", meta[1:])[0]
+    limit = getattr(codec, "max_message_bytes", None)
+    if limit is not None and length > limit:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED,
+                        f"message of {length} bytes exceeds {limit}")
+    data = await stream.recv_data(length)
+    if len(data) != length:
+        raise GRPCError(Status.INTERNAL, "the stream ended inside a message")
+    return codec.decode(data, message_type)
+
+
+def _bound_grpclib() -> None:
+    """Install :func:`_recv_bounded` as grpclib's message reader (idempotent)."""
+    grpclib.server.recv_message = _recv_bounded  # type: ignore[attr-defined]
+    grpclib.client.recv_message = _recv_bounded  # type: ignore[attr-defined]
+
+
 class LedgerCodec(ProtoCodec):
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.max_message_bytes = max_message_bytes
+        _bound_grpclib()
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         if isinstance(message, bytes):

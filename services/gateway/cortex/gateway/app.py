@@ -18,7 +18,7 @@ from cortex.gateway.api.ops import OpsHandler
 from cortex.gateway.api.relay import RELAYED_PATHS, RelayHandler
 from cortex.gateway.api.tokenize import AlignmentCheck, TokenizeHandler
 from cortex.gateway.config.gateway import GatewayConfig
-from cortex.gateway.errors import ErrorCode, GatewayError
+from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.http.asgi import Receive, Scope, Send
 from cortex.gateway.http.messages import ClientDisconnected, Request, send_bytes, send_error
 from cortex.gateway.http.middleware import PUBLIC_PATHS, Middleware
@@ -116,6 +116,11 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, self.config.server.body_timeout_s)
+        if _header_bytes(scope) > self.config.server.max_header_bytes:
+            await send_error(send, ClientError(
+                f"request headers exceed {self.config.server.max_header_bytes} bytes",
+                code=ErrorCode.HEADERS_TOO_LARGE, status=431))
+            return
         middleware = self._middleware
         if self.gateway is None or middleware is None:
             await send_error(send, GatewayError("the gateway is not running",
@@ -178,6 +183,11 @@ class App:
 
     def __repr__(self) -> str:
         return f"App(running={self.gateway is not None})"
+
+
+def _header_bytes(scope: Scope) -> int:
+    """The size of a request's headers as sent (names, values, ``: `` and CRLF)."""
+    return sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
 async def _model_of(request: Request, config: GatewayConfig) -> str | None:

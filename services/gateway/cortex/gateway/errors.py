@@ -42,6 +42,7 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     REQUEST_TOO_LARGE = "request_too_large"
+    HEADERS_TOO_LARGE = "headers_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -53,6 +54,8 @@ class ErrorCode(StrEnum):
     UPSTREAM_ERROR = "upstream_error"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_STREAM_ERROR = "upstream_stream_error"
+    UPSTREAM_BAD_ANSWER = "upstream_bad_answer"
+    UPSTREAM_TOO_LARGE = "upstream_too_large"
     PREFILL_SERVER_ERROR = "prefill_server_error"
     DECODE_SERVER_ERROR = "decode_server_error"
     SHUTTING_DOWN = "shutting_down"
@@ -68,6 +71,7 @@ _TYPES = {
     408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
 }
 _MAX_RELAYED_MESSAGE = 1000  # characters of an engine's message passed on to the client

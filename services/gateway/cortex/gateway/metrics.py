@@ -77,6 +77,20 @@ class GatewayMetrics:
         self.client_disconnects = Counter(p + "client_disconnects_total",
                                           "Clients gone before the response ended", registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests being served", registry=r)
+        # client connections (cortex.gateway.http.listener / .connection)
+        self.connections_open = Gauge(p + "connections_open", "Client connections open",
+                                      registry=r)
+        self.connection_peers = Gauge(p + "connection_peers",
+                                      "Client addresses with a connection open", registry=r)
+        self.connections_refused = Counter(p + "connections_refused_total",
+                                           "Client connections answered 503 and closed at "
+                                           "accept, by bound (total|peer)", ["bound"],
+                                           registry=r)
+        self.connections_timed_out = Counter(p + "connections_timed_out_total",
+                                             "Client connections closed by a deadline, by "
+                                             "phase (header: no request in time; write: "
+                                             "the client stopped reading)", ["phase"],
+                                             registry=r)
         self.admission_active = Gauge(p + "admission_active",
                                       "Inference requests holding an admission slot",
                                       registry=r)
@@ -198,6 +212,10 @@ class GatewayMetrics:
         p = PREFIX
         self.upstream_errors = Counter(p + "upstream_errors_total", "Failed upstream attempts",
                                        ["worker", "kind"], registry=r)
+        self.upstream_wedged = Counter(p + "upstream_wedged_total",
+                                       "Times a worker was found wedged (attempts waited on "
+                                       "it, it sent nothing, its probe went unanswered)",
+                                       ["worker"], registry=r)
         self.retries = Counter(p + "retries_total", "Attempts moved to the next worker",
                                ["reason"], registry=r)
         self.upstream_ttfb = Histogram(p + "upstream_first_byte_seconds",

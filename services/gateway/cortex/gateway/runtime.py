@@ -49,6 +49,7 @@ from cortex.registry import (
     Registry,
     RegistryUnavailable,
     RegistryWatcher,
+    SpecError,
     WorkerSpec,
 )
 from cortex.telemetry.tracing import Tracing
@@ -106,6 +107,8 @@ class Runtime:
         self._own_registry = registry is None
         self.tokenizers: dict[str, PromptTokenizer] = {}
         self.upstream = UpstreamClient(config.upstream, self.credentials)
+        self.addresses = config.discovery.address_policy
+        self._refused: dict[str, WorkerSpec] = {}  # ignored specs, logged once each
         self.index: IndexClient | None = None
         self.replica: ReplicaClient | None = None
         self._router: Router | None = None
@@ -236,6 +239,9 @@ class Runtime:
             asyncio.create_task(self._pool_loop(), name="gateway-pool"),
             asyncio.create_task(self.health.run(), name="gateway-health"),
             asyncio.create_task(loads.run(), name="gateway-load"),
+            asyncio.create_task(self.dispatcher.watch.run(self.pool, self.upstream,
+                                                          self.metrics),
+                                name="gateway-progress"),
             asyncio.create_task(self._status_loop(), name="gateway-status"),
         ]
         log.info("gateway started: %d models, %d workers, index=%s ledger_core=%s",
@@ -295,8 +301,24 @@ class Runtime:
         watcher = self.watcher
         if watcher is None or (watcher.polls and watcher.last_ok_monotonic is None):
             # the registry was never readable: serve the static seeds
-            return {spec.id: spec for spec in self.config.workers}, (), None
-        return watcher.workers, watcher.tombstones.keys(), watcher.view_taken_at
+            return self._allowed({s.id: s for s in self.config.workers}), (), None
+        return (self._allowed(watcher.workers), watcher.tombstones.keys(),
+                watcher.view_taken_at)
+
+    def _allowed(self, specs: Mapping[str, WorkerSpec]) -> Mapping[str, WorkerSpec]:
+        """``specs`` without those on a refused address (each logged once)."""
+        kept: dict[str, WorkerSpec] = {}
+        for worker_id, spec in specs.items():
+            try:
+                self.addresses.check(spec)
+            except SpecError as exc:
+                if self._refused.get(worker_id) != spec:
+                    self._refused[worker_id] = spec
+                    log.warning("worker %s ignored: %s", worker_id, exc,
+                                extra={"worker": worker_id})
+                continue
+            kept[worker_id] = spec
+        return kept
 
     def sync_pool(self) -> list[str]:
         """Reconcile the pool with the registry (and the workers' health); returns the ids

@@ -6,23 +6,30 @@ shuts down gracefully (in-flight requests get ``server.graceful_timeout_s``). Us
 tests, the dev-cluster launcher and ``cortex gateway``.
 
 The listening socket is a :class:`~cortex.gateway.http.listener.CappedListener`: past
-``server.max_connections`` open client connections, a new one is answered 503 at once.
+``server.max_connections`` open client connections (``server.max_connections_per_peer``
+from one address), a new one is answered 503 at once. Each connection is served by a
+:class:`~cortex.gateway.http.connection.GuardedConnection` (hypercorn's, with the header,
+write and peer-closed deadlines), so this module runs hypercorn's lifespan and accept loop
+itself instead of ``worker_serve``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Mapping
 from types import TracebackType
 
-from hypercorn.asyncio.run import worker_serve
+from hypercorn.asyncio.lifespan import Lifespan
+from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.config import Sockets
+from hypercorn.typing import AppWrapper, LifespanState
 from hypercorn.utils import wrap_app
 
 from cortex.gateway.app import App
 from cortex.gateway.config.gateway import GatewayConfig
+from cortex.gateway.http.connection import ConnectionDeadlines, GuardedConnection
 from cortex.gateway.http.listener import CappedListener
 from cortex.gateway.runtime import Runtime
 from cortex.registry import Registry
@@ -64,13 +71,16 @@ class GatewayServer:
         hc.accesslog = None
         hc.errorlog = None
         hc.include_server_header = False
-        hc.h11_max_incomplete_size = 64 * 1024
+        # h11 answers 431 itself to headers still incomplete past this; complete ones over
+        # server.max_header_bytes get the App's 431 (the request line needs the slack)
+        hc.h11_max_incomplete_size = server.max_header_bytes + 8 * 1024
         return hc
 
     async def __aenter__(self) -> GatewayServer:
         server = self.config.server
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = self.listener = CappedListener(family, server.max_connections)
+        sock = self.listener = CappedListener(family, server.max_connections,
+                                              server.max_connections_per_peer)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -82,9 +92,8 @@ class GatewayServer:
             raise
         config = self._hypercorn_config()
         self._task = asyncio.create_task(
-            worker_serve(wrap_app(self.app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
-                         config, sockets=Sockets([], [sock], []),
-                         shutdown_trigger=self._shutdown.wait),
+            self._serve(wrap_app(self.app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
+                        config, sock),
             name="gateway-hypercorn",
         )
         started = asyncio.create_task(self._wait_started())
@@ -94,6 +103,63 @@ class GatewayServer:
             error = self._task.exception()
             raise RuntimeError("the gateway failed to start") from error
         return self
+
+    async def _serve(self, app: AppWrapper, config: HypercornConfig,
+                     sock: CappedListener) -> None:
+        """hypercorn's lifespan and accept loop over ``sock`` until :attr:`_shutdown`; then
+        stop accepting, give open connections ``graceful_timeout`` and shut the app down."""
+        loop = asyncio.get_running_loop()
+        state: LifespanState = {}
+        lifespan = Lifespan(app, config, loop, state)
+        lifespan_task = loop.create_task(lifespan.handle_lifespan())
+        await lifespan.wait_for_startup()
+        if lifespan_task.done() and (error := lifespan_task.exception()) is not None:
+            raise error
+        self._wire_metrics(sock)
+        server = self.config.server
+        deadlines = ConnectionDeadlines(server.header_timeout_s, server.keep_alive_timeout_s,
+                                        server.write_timeout_s)
+        context = WorkerContext(None)
+        connections: set[asyncio.Task[None]] = set()
+
+        async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                connections.add(task)
+                task.add_done_callback(connections.discard)
+            await GuardedConnection(app, loop, config, context, state, reader, writer,
+                                    deadlines=deadlines, on_timeout=self._timed_out)
+
+        listening = await asyncio.start_server(connected, sock=sock, backlog=config.backlog)
+        try:
+            await self._shutdown.wait()
+        finally:
+            await context.terminated.set()
+            listening.close()
+            await listening.wait_closed()
+            if connections:
+                _, late = await asyncio.wait(set(connections), timeout=config.graceful_timeout)
+                for task in late:  # past the grace period: cut
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+            await lifespan.wait_for_shutdown()
+            lifespan_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lifespan_task
+
+    def _wire_metrics(self, listener: CappedListener) -> None:
+        gateway = self.app.gateway
+        if gateway is None:
+            return
+        metrics = gateway.metrics
+        metrics.connections_open.set_function(lambda: listener.open)
+        metrics.connection_peers.set_function(lambda: len(listener.by_peer))
+        listener.on_refused = lambda bound: metrics.connections_refused.labels(bound).inc()
+
+    def _timed_out(self, phase: str) -> None:
+        gateway = self.app.gateway
+        if gateway is not None:
+            gateway.metrics.connections_timed_out.labels(phase).inc()
 
     async def drain(self) -> None:
         """The not-ready-then-drain phase of a shutdown: readiness turns 503 at once,

@@ -39,11 +39,21 @@ from cortex.ingest.source import SourceRunner
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
 from cortex.ledger.grpc import read_token
 from cortex.ledger.model import LedgerState, Op, Tier
-from cortex.registry import RedisRegistry, Registry, RegistryHealth, RegistryWatcher, WorkerSpec
+from cortex.registry import (
+    RedisRegistry,
+    Registry,
+    RegistryHealth,
+    RegistryWatcher,
+    SpecError,
+    WorkerSpec,
+)
+from cortex.registry.addresses import AddressPolicy
 
 __all__ = ["IngestService", "WorkerSession"]
 
 log = logging.getLogger(__name__)
+
+_ADDRESSES = AddressPolicy.of()  # the default rule: cortex.registry.addresses
 
 _LABEL_HASH_ALGO = "hash_algo"
 _LABEL_HASH_SEED = "hash_seed"
@@ -113,6 +123,7 @@ class IngestService:
         if registry is None and config.redis_url is None:
             raise ValueError("IngestService needs config.redis_url or a registry")
         self.config = config
+        self._refused: dict[str, WorkerSpec] = {}  # specs on a refused address, logged once
         self._own_registry = registry is None
         self.registry: Registry = registry or RedisRegistry(
             config.redis_url or "",
@@ -282,7 +293,7 @@ class IngestService:
         wanted = {
             wid: spec
             for wid, spec in self.watcher.workers.items()
-            if spec.kv_events is not None and shard.owns(wid)
+            if spec.kv_events is not None and shard.owns(wid) and self._allowed(wid, spec)
         }
         for wid in [w for w in self.sessions if w not in wanted]:
             await self._drop_worker(wid, "left the registry (lease expired or removed)")
@@ -297,6 +308,18 @@ class IngestService:
                 self._start_worker(spec)
             else:
                 session.spec = spec
+
+    def _allowed(self, worker_id: str, spec: WorkerSpec) -> bool:
+        """Whether ``spec``'s addresses pass the default worker-address rule (link-local
+        and cloud metadata hosts are never subscribed to); a refusal is logged once."""
+        try:
+            _ADDRESSES.check(spec)
+        except SpecError as exc:
+            if self._refused.get(worker_id) != spec:
+                self._refused[worker_id] = spec
+                log.warning("worker=%s ignored: %s", worker_id, exc, extra={"worker": worker_id})
+            return False
+        return True
 
     def _start_worker(self, spec: WorkerSpec) -> None:
         assert self._ctx is not None

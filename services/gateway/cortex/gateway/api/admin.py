@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.fleet.pool import WorkerState
@@ -128,13 +129,16 @@ class AdminHandler:
 
     async def add_worker(self, request: Request, send: Send) -> None:
         body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
+        addresses = self.gw.addresses
         try:
             if ("engine" in body and "model" in body) or not isinstance(body.get("url"), str):
                 spec = WorkerSpec.from_dict(body)
-            else:
+            else:  # checked before the discovery connects to it
+                addresses.check_host(urlsplit(body["url"]).hostname or "")
                 found = await discover(body["url"], timeout_s=self.gw.config.discovery.timeout_s)
                 spec = found.spec({k: v for k, v in body.items() if k != "url"},
                                   worker_id=body.get("id"))
+            addresses.check(spec)
         except SpecError as exc:  # DiscoveryError too: it names the missing fields
             raise ClientError(f"invalid worker spec: {exc}") from None
         try:

@@ -305,7 +305,8 @@ class _Conversation:
                     await send_bytes(self.send, 200, opened.head,
                                      response.content_type.encode(), self._headers(opened))
                     self._first_byte_sent("false", opened)
-                    answer = _json_or_none(opened.head)
+                    answer = (opened.answer if opened.answer is not None
+                              else _json_or_none(opened.head))
                     self._truth_check(opened, answer)
                     self._tokenization.feed_answer(self.req, obj=answer)
                     return
@@ -380,14 +381,17 @@ class _Conversation:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, *self._headers(opened)]})
         first = True
-        out = forwarder.feed(opened.head)
+        out = _checked(forwarder, opened.head)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
             self._first_byte_sent("true", opened)
             first = False
         idle_s = Timeouts.of(req.model, self.gw.config.upstream).stream_idle_s
+        progressed = self._dispatcher.watch.progressed
+        worker_id = opened.worker.id
         async for chunk in opened.response.chunks(idle_s):
-            out = forwarder.feed(chunk)
+            progressed(worker_id)
+            out = _checked(forwarder, chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 if first:
@@ -402,6 +406,12 @@ class _Conversation:
         holder = forwarder.usage_holder
         self._truth_check(opened, holder)
         tokenization.feed_answer(req, events=forwarder.kept)
+
+    @property
+    def _dispatcher(self) -> Dispatcher:
+        dispatcher = self.gw.dispatcher
+        assert dispatcher is not None
+        return dispatcher
 
     @property
     def _tokenization(self) -> Tokenization:
@@ -442,6 +452,15 @@ class _Conversation:
             metrics.underpredicted_tokens.observe(actual - predicted)
         else:
             metrics.child(metrics.prediction, "exact").inc()
+
+
+def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
+    """``forwarder.feed(chunk)``; :class:`UpstreamFailure` (``bad_answer``) when the worker
+    sent something that is not the engines' SSE (the bad event is never relayed)."""
+    out = forwarder.feed(chunk)
+    if forwarder.malformed:
+        raise UpstreamFailure(FailureKind.BAD_ANSWER, "an event that is not the engines' SSE")
+    return out
 
 
 def _json_or_none(data: bytes) -> Any:

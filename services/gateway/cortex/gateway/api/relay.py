@@ -352,7 +352,11 @@ class RelayHandler:
     async def _answer(self, send: Send, target: _Target, response: UpstreamResponse,
                       base: Headers, path: str, stream: bool, idle_s: float) -> None:
         if response.status >= 500:
-            status, error = relayed_error(response.status, await response.read())
+            try:
+                body = await response.read()
+            except UpstreamFailure:  # cut, or over upstream.max_answer_bytes: no message
+                body = b""
+            status, error = relayed_error(response.status, body)
             await send_bytes(send, status, error, b"application/json", base)
             return
         owner = target.worker if response.status == 200 and path == "/v1/responses" else None

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from cortex.gateway.errors import ConfigError
 from cortex.hashing import Engine, HashDomain
+from cortex.registry.addresses import DEFAULT_DENIED, AddressPolicy
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
@@ -66,6 +67,15 @@ class ServerConfig:
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.
 
+    Connections that never become requests (:mod:`cortex.gateway.http.connection`): one the
+    peer closed frees its place at once; ``header_timeout_s`` bounds the wait for the first
+    request's headers on a new connection (closed after, no answer);
+    ``max_connections_per_peer`` caps the connections of one client address (0 = no cap;
+    behind a proxy every client shares its address, so raise it there);
+    ``write_timeout_s``: a client that reads nothing of its answer for this long loses its
+    connection (its upstream request is cancelled); ``max_header_bytes``: request headers
+    larger in total are answered 431.
+
     Shutdown (SIGTERM): readiness turns 503 at once, requests are still served for
     ``drain_delay_s`` (load balancers and Kubernetes endpoints notice the probe), then the
     listener closes and in-flight requests get ``graceful_timeout_s`` to finish.
@@ -84,14 +94,21 @@ class ServerConfig:
     body_timeout_s: float = 30.0
     read_timeout_s: float = 900.0
     max_connections: int = 4096
+    max_connections_per_peer: int = 1024
+    header_timeout_s: float = 10.0
+    write_timeout_s: float = 60.0
+    max_header_bytes: int = 32 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: must be in 0..65535, got {self.port}")
         positive("server", max_body_bytes=self.max_body_bytes, backlog=self.backlog,
                  keep_alive_timeout_s=self.keep_alive_timeout_s,
-                 body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s)
-        non_negative("server", max_connections=self.max_connections)
+                 body_timeout_s=self.body_timeout_s, read_timeout_s=self.read_timeout_s,
+                 header_timeout_s=self.header_timeout_s, write_timeout_s=self.write_timeout_s,
+                 max_header_bytes=self.max_header_bytes)
+        non_negative("server", max_connections=self.max_connections,
+                     max_connections_per_peer=self.max_connections_per_peer)
         non_negative("server", graceful_timeout_s=self.graceful_timeout_s,
                      drain_delay_s=self.drain_delay_s)
         if self.admin_token is not None and len(self.admin_token) < 16:
@@ -326,20 +343,40 @@ class DiscoveryConfig:
     registry like ``workers`` (the start waits for them at most ``timeout_s``); a worker that
     does not answer, or does not say its engine, model and block size, is asked again every
     ``retry_interval_s``. ``timeout_s`` bounds each request of a discovery (also of
-    ``POST /admin/workers`` with a bare URL)."""
+    ``POST /admin/workers`` with a bare URL).
+
+    Worker addresses (:mod:`cortex.registry.addresses`, for seeds, the admin API and every
+    spec read from the registry): ``denied_worker_addresses`` (CIDR networks and host
+    names; default: link-local and the cloud metadata services) are refused;
+    ``allowed_worker_addresses`` non-empty: only those are accepted."""
 
     worker_urls: tuple[str, ...] = ()
     timeout_s: float = 5.0
     retry_interval_s: float = 10.0
+    denied_worker_addresses: tuple[str, ...] = DEFAULT_DENIED
+    allowed_worker_addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         positive("discovery", timeout_s=self.timeout_s,
                  retry_interval_s=self.retry_interval_s)
+        try:
+            policy = self.address_policy
+        except ValueError as exc:
+            raise ConfigError(f"discovery.denied/allowed_worker_addresses: {exc}") from None
         for url in self.worker_urls:
             try:
                 WorkerSpec(id="seed", url=url, engine=Engine.SGLANG, model="seed")
             except SpecError as exc:
                 raise ConfigError(f"discovery.worker_urls: {exc}") from None
+            try:
+                policy.check_host(urlsplit(url).hostname or "")
+            except SpecError as exc:
+                raise ConfigError(f"discovery.worker_urls: {url}: {exc}") from None
+
+    @property
+    def address_policy(self) -> AddressPolicy:
+        """The rule for worker addresses (``ValueError`` for a malformed entry)."""
+        return AddressPolicy.of(self.denied_worker_addresses, self.allowed_worker_addresses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +452,18 @@ class UpstreamConfig:
     (until its first event), ``response_timeout_s`` for a non-streamed request, whose first
     byte is the whole answer. ``stream_idle_timeout_s``: a stream silent this long after its
     first event ends with an SSE error event and its upstream request is cancelled. Models
-    may override the three (:class:`ModelConfig`)."""
+    may override the three (:class:`ModelConfig`).
+
+    Wedged workers (:mod:`cortex.gateway.fleet.progress`): an attempt that waited
+    ``wedge_after_s`` for its first byte on a worker that sent nothing for as long gets the
+    worker probed (a one-token streamed completion, ``wedge_probe_timeout_s`` for its first
+    event); unanswered, every attempt waiting on the worker fails over at once
+    (``wedge_after_s`` 0: off).
+
+    ``max_answer_bytes``: the largest non-streamed answer (or error body) read from a
+    worker; one announcing or reaching more is not read further and the client gets 502
+    ``upstream_too_large`` (not retried: another worker would answer the same). Streams are
+    relayed event by event and bounded by ``max_tokens`` and the idle timeout."""
 
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 600.0
@@ -423,10 +471,16 @@ class UpstreamConfig:
     max_connections: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504)
     first_byte_timeout_s: float = 60.0
-    response_timeout_s: float = 300.0
+    response_timeout_s: float = 600.0
     stream_idle_timeout_s: float = 30.0
+    wedge_after_s: float = 4.0
+    wedge_probe_timeout_s: float = 8.0
+    max_answer_bytes: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        non_negative("upstream", wedge_after_s=self.wedge_after_s)
+        positive("upstream", wedge_probe_timeout_s=self.wedge_probe_timeout_s,
+                 max_answer_bytes=self.max_answer_bytes)
         positive("upstream", connect_timeout_s=self.connect_timeout_s,
                  request_timeout_s=self.request_timeout_s, max_attempts=self.max_attempts,
                  first_byte_timeout_s=self.first_byte_timeout_s,

@@ -13,16 +13,20 @@ answered 429 (busy, not broken).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.pairing import PDOutcome
 from cortex.gateway.routing.scoring import Decision
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
-from cortex.gateway.upstream.sse import EventRewrite
+from cortex.gateway.upstream.sse import EventRewrite, is_event_stream
 
 __all__ = ["Opened", "acquire_slot", "attempt", "first_bytes", "release_slot"]
 
@@ -36,7 +40,9 @@ class Opened:
     prefill worker of a pair). ``decision``: the ranking ``worker`` came from (``None``: the
     request's main decision). ``pd``: how a disaggregated model's request was served.
     ``rewrite``: applied to the answer's objects while streaming (PD usage / logprobs).
-    ``on_close``: more cleanup (a pair's prefill leg still draining).
+    ``on_close``: more cleanup (a pair's prefill leg still draining). ``answer``: the
+    non-streamed 200 answer's JSON object, checked before the first byte (``None``
+    otherwise).
     """
 
     worker: WorkerState
@@ -50,6 +56,7 @@ class Opened:
     pd: PDOutcome | None = None
     rewrite: EventRewrite | None = field(default=None, repr=False)
     on_close: Callable[[], None] | None = field(default=None, repr=False)
+    answer: Any = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     def close(self) -> None:
@@ -79,11 +86,13 @@ def release_slot(worker: WorkerState, metrics: GatewayMetrics, slot: int) -> Non
 async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerState, *,
                   path: str, body: bytes, headers: Mapping[str, str], stream: bool,
                   attempts: int, mode: str, prefill_tokens: int, first_byte_s: float,
-                  retry_statuses: Collection[int]) -> Opened | UpstreamFailure:
+                  retry_statuses: Collection[int], watch: ProgressWatch | None = None
+                  ) -> Opened | UpstreamFailure:
     """One attempt up to its first byte, within ``first_byte_s`` seconds; ``prefill_tokens``
     count on the worker's prefill queue (:attr:`WorkerState.prefilling`) until then.
     ``attempts``: its number among the request's attempts; ``mode``: the decision's (the
-    first-byte histogram's label)."""
+    first-byte histogram's label). ``watch``: fails the wait at once when it finds the
+    worker wedged (:mod:`cortex.gateway.fleet.progress`)."""
     breaker = worker.breaker
     breaker.on_attempt()
     slot = acquire_slot(worker, metrics)
@@ -91,13 +100,20 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     response: Response | None = None
     sent = time.perf_counter()
     timer = asyncio.timeout(first_byte_s)
+    stall = asyncio.timeout(None)  # expires when the watch finds the worker wedged
+    waiting = (watch.waiting(worker.id, lambda: stall.reschedule(-1.0))
+               if watch is not None else contextlib.nullcontext())
     try:
         try:
-            async with timer:
-                response = await upstream.post(worker.spec.url.rstrip("/") + path, body,
-                                               headers, worker.spec)
-                head = await first_bytes(response, stream, retry_statuses)
+            with waiting:
+                async with timer, stall:
+                    response = await upstream.post(worker.spec.url.rstrip("/") + path, body,
+                                                   headers, worker.spec)
+                    head, answer = await first_bytes(response, stream, retry_statuses)
         except TimeoutError:
+            if stall.expired():
+                raise UpstreamFailure(FailureKind.WEDGED,
+                                      "no progress and no probe answer") from None
             if not timer.expired():
                 raise
             raise UpstreamFailure(FailureKind.TIMEOUT,
@@ -107,8 +123,8 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
             response.close()
         release_slot(worker, metrics, slot)
         metrics.worker(metrics.upstream_errors, worker.id, failure.kind.value).inc()
-        if failure.status == 429:
-            breaker.on_abandon()  # busy, not broken
+        if failure.status == 429 or failure.kind is FailureKind.TOO_LARGE:
+            breaker.on_abandon()  # busy, or asked for more than the gateway relays: not broken
         else:
             breaker.on_failure()
         return failure
@@ -122,22 +138,46 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     finally:
         worker.prefill_started(prefill_tokens)
     breaker.on_success()
+    if watch is not None:
+        watch.progressed(worker.id)
     if response.status == 200:
         metrics.worker(metrics.upstream_ttfb, worker.id, mode).observe(
             time.perf_counter() - sent)
-    return Opened(worker, response, head, attempts, metrics, slot)
+    return Opened(worker, response, head, attempts, metrics, slot, answer=answer)
 
 
 async def first_bytes(response: Response, stream: bool, retry_statuses: Collection[int]
-                      ) -> bytes:
-    """The whole body, or a stream's first chunk; :class:`UpstreamFailure` for a retryable
-    status or a stream that ends before any byte."""
+                      ) -> tuple[bytes, Any]:
+    """The whole body (and, for a 200, the JSON object it must be), or a stream's first
+    chunk (and ``None``); :class:`UpstreamFailure` for a retryable status, a stream that
+    ends before any byte, or a 200 that breaks the endpoint's promise (``bad_answer``: a
+    body that is not a JSON object, a streamed request answered otherwise than with the
+    engines' SSE)."""
     if response.status in retry_statuses:
         await response.read()
         raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
                               response.status, response.retry_after_s)
-    if response.status != 200 or not stream:
-        return await response.read()
+    if response.status != 200:
+        return await response.read(), None
+    if not stream:
+        body = await response.read()
+        answer = _json_object(body)
+        if answer is None:
+            raise UpstreamFailure(FailureKind.BAD_ANSWER, "a 200 that is not a JSON object")
+        return body, answer
+    if not response.content_type.startswith("text/event-stream"):
+        raise UpstreamFailure(FailureKind.BAD_ANSWER,
+                              f"a {response.content_type!r} answer to a streamed request")
     async for chunk in response.chunks():
-        return chunk
+        if not is_event_stream(chunk):
+            raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that is not SSE")
+        return chunk, None
     raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -32,12 +32,14 @@ from cortex.gateway.config.gateway import PDConfig, Timeouts, UpstreamConfig
 from cortex.gateway.dispatch.attempt import Opened, attempt
 from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
+from cortex.gateway.errors import ErrorCode, UpstreamError
 from cortex.gateway.fleet.pool import WorkerPool
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
 from cortex.gateway.routing.routed import Routed, uncached
 from cortex.gateway.routing.router import Router
-from cortex.gateway.upstream.client import Upstream, UpstreamFailure
+from cortex.gateway.upstream.client import FailureKind, Upstream, UpstreamFailure
 from cortex.hashing import Engine
 
 __all__ = ["Dispatcher", "upstream_body"]
@@ -90,6 +92,7 @@ class Dispatcher:
         self.router = router
         self.config = config
         self.metrics = metrics
+        self.watch = ProgressWatch(config.wedge_after_s, config.wedge_probe_timeout_s)
         self.pairs = PairDispatcher(pool, upstream, metrics, pd or PDConfig(),
                                     retry_statuses=config.retry_statuses,
                                     commit=router.commit, fallback=self.open_fallback)
@@ -130,11 +133,15 @@ class Dispatcher:
                                    mode=mode,
                                    prefill_tokens=uncached(routed.prompt_tokens, scored),
                                    first_byte_s=first_byte_s,
-                                   retry_statuses=self.config.retry_statuses)
+                                   retry_statuses=self.config.retry_statuses,
+                                   watch=self.watch)
             if isinstance(opened, Opened):
                 plan.answered(opened.response.status)
                 opened.hit_tokens = routed.credited_tokens(worker.id)
                 return opened
+            if opened.kind is FailureKind.TOO_LARGE:  # any worker would answer the same
+                raise UpstreamError("the worker's answer is larger than the gateway relays",
+                                    code=ErrorCode.UPSTREAM_TOO_LARGE)
             plan.failed(opened)
             log.info("attempt failed worker=%s request_id=%s: %s", worker.id, request_id, opened,
                      extra={"worker": worker.id, "request_id": request_id})

@@ -53,6 +53,7 @@ class UrlSeeder:
         discovery = await discover(url, timeout_s=self.config.timeout_s)
         try:
             spec = discovery.spec(require=SEED_REQUIRES)
+            self.config.address_policy.check(spec)  # its event endpoints too
         except SpecError as exc:
             if self._reasons.get(url) != str(exc):
                 self._reasons[url] = str(exc)

@@ -29,6 +29,9 @@ class FailureKind(StrEnum):
     STATUS = "status"
     DISCONNECT = "disconnect"
     PROTOCOL = "protocol"
+    WEDGED = "wedged"  # no first byte, nothing sent on any request, probe unanswered
+    BAD_ANSWER = "bad_answer"  # a 200 whose body is not what the endpoint promises
+    TOO_LARGE = "too_large"  # an answer over upstream.max_answer_bytes
 
 
 class UpstreamFailure(Exception):
@@ -126,10 +129,12 @@ class Upstream(Protocol):
 
 
 class UpstreamResponse:
-    """A worker's response whose headers arrived; iterate :meth:`chunks`, then close."""
+    """A worker's response whose headers arrived; iterate :meth:`chunks`, then close.
+    :meth:`read` holds at most ``max_bytes`` of it (``None``: no bound)."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, max_bytes: int | None = None) -> None:
         self._response = response
+        self.max_bytes = max_bytes
         self.status = response.status
         self.content_type = response.headers.get("Content-Type", "application/json")
         self.retry_after_s = _retry_after(response.headers.get("Retry-After"))
@@ -163,11 +168,24 @@ class UpstreamResponse:
             raise UpstreamFailure(FailureKind.TIMEOUT, f"no bytes for {idle_timeout_s}s")
 
     async def read(self) -> bytes:
-        """The whole body; raises :class:`UpstreamFailure`."""
+        """The whole body; raises :class:`UpstreamFailure` (kind ``too_large`` when it
+        announces or reaches more than ``max_bytes``: then nothing more is read)."""
+        limit = self.max_bytes
+        declared = self._response.content_length
+        if limit is not None and declared is not None and declared > limit:
+            raise UpstreamFailure(FailureKind.TOO_LARGE, f"{declared} bytes announced")
+        parts: list[bytes] = []
+        size = 0
+        content = self._response.content
         try:
-            return await self._response.read()
+            while chunk := await content.readany():
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    raise UpstreamFailure(FailureKind.TOO_LARGE, f"over {limit} bytes")
+                parts.append(chunk)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise _translate(exc) from exc
+        return parts[0] if len(parts) == 1 else b"".join(parts)  # the one copy
 
     def close(self) -> None:
         """Release the connection: back to the pool when the body was read, else dropped."""
@@ -245,7 +263,7 @@ class UpstreamClient:
             response = await self.session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise _translate(exc) from exc
-        return UpstreamResponse(response)
+        return UpstreamResponse(response, self.config.max_answer_bytes)
 
     def __repr__(self) -> str:
         return f"UpstreamClient(open={self._session is not None})"

@@ -22,11 +22,42 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["EventRewrite", "SSEForwarder", "cached_tokens_of", "first_event_error",
-           "has_complete_event", "sse_error_event"]
+           "has_complete_event", "is_event_stream", "sse_error_event"]
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 _DONE = b"[DONE]"
+_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+def _well_formed(block: bytes) -> bool:
+    """Whether every line of complete events is an SSE field and every data line holds a
+    JSON object or ``[DONE]`` (what the engines' streams promise): a cheap look at the
+    first byte of each line, no parsing."""
+    for line in block.replace(b"\r\n", b"\n").split(b"\n"):
+        if not line:
+            continue
+        if line.startswith(b"data:"):
+            payload = line[5:].lstrip(b" ")
+            if not payload.startswith(b"{") and payload != _DONE:
+                return False
+        elif not line.startswith(_FIELDS):
+            return False
+    return True
+
+
+def is_event_stream(head: bytes) -> bool:
+    """Whether a stream's first bytes can be the start of the engines' SSE: its complete
+    events well formed, the partial one starting like a field."""
+    end = 0
+    for sep in _SEPARATORS:
+        at = head.rfind(sep)
+        if at >= 0:
+            end = max(end, at + len(sep))
+    if not _well_formed(head[:end]):
+        return False
+    rest = head[end:].lstrip(b"\r\n")[:6]
+    return not rest or any(rest.startswith(f) or f.startswith(rest) for f in _FIELDS)
 
 
 def sse_error_event(message: str, code: str, kind: str = "server_error") -> bytes:
@@ -145,6 +176,7 @@ class SSEForwarder:
         self.usage: dict[str, Any] | None = None
         self.last_object: dict[str, Any] | None = None
         self.saw_error = False
+        self.malformed = False  # an event that is not the engines' SSE went by
         self._buffer = b""
         self._last_block = b""  # the latest complete events, parsed only when needed
         self._parsed = True
@@ -190,6 +222,9 @@ class SSEForwarder:
         return self.last_object
 
     def _process(self, complete: bytes) -> bytes:
+        if not _well_formed(complete):
+            self.malformed = True
+            return b""  # never relayed
         if b'"error"' in complete:
             self.saw_error = True
         out = complete
