@@ -77,17 +77,17 @@ def test_a_retired_ledger_stops_counting_at_once_and_drains_in_bounded_steps() -
     tree.store(B, ROOT, chain(100, 5), now=1)
     old_bit = tree.bit_of(A)
     assert tree.retire(A, rejoin=True) == 400  # a clear: A stays, under a fresh bit
-    assert tree.bit_of(A) != old_bit and tree.retiring and tree.draining == 400
+    assert tree.bit_of(A) != old_bit and tree.retiring and tree.retired == 400
     assert counts(tree, chain(100, 400)) == {A: 0, B: 5}
     tree.store(A, ROOT, chain(100, 3), now=2)  # what A stores after its clear counts
     assert counts(tree, chain(100, 400)) == {A: 3, B: 5} and tree.blocks_of(A) == 3
     tree.evict_older_than(cutoff=0)  # nothing that old; the retired holdings stay
     steps = 0
-    while tree.drain(slots=64):
+    while tree.sweep(slots=64):
         steps += 1
-        assert tree.draining < 400
+        assert tree.retired < 400
         tree.check_invariants()
-    assert steps >= 5 and tree.draining == 0 and not tree.retiring
+    assert steps >= 5 and tree.retired == 0 and not tree.retiring
     assert tree.nodes == 6 and tree.holdings == 8  # the root placeholder, B's five, A's three
     assert tree.retire(B) == 5 and not tree.retiring  # small: cleared at once
     assert tree.add_source(C) == old_bit  # the drained bit is reused
@@ -102,8 +102,8 @@ def test_a_retired_ledger_can_be_evicted_before_it_is_drained() -> None:
     tree.remove_source(A)
     eviction = tree.evict_older_than(cutoff=1)
     assert eviction.nodes == 50 and eviction.dropped == ()  # the loss concerns nobody
-    assert tree.draining == 0
-    assert not tree.drain() and tree.nodes == 6
+    assert tree.retired == 0
+    assert not tree.sweep() and tree.nodes == 6
     tree.check_invariants()
 
 
@@ -290,7 +290,7 @@ def test_random_operations_agree_with_the_naive_model(
             tree.retire(source)
             model.remove_source(source)
         elif op == "drain":
-            tree.drain(slots=length)
+            tree.sweep(slots=length)
         elif op == "evict":
             for s, k in tree.evict_older_than(cutoff=step - length).dropped:
                 model.remove(s, k.tolist())

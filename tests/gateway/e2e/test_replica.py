@@ -26,6 +26,7 @@ from cortex.index.server import IndexServer
 from cortex.ledger import cores
 from cortex.ledger.cores import node_bytes
 from cortex.ledger.grpc import LedgerCodec
+from cortex.ledger.tree import RadixHashTree
 from cortex.testing import free_port, wait_until_async
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
@@ -88,7 +89,9 @@ async def replica_gateway(start_sim: StartSim, start_gateway: StartGateway, targ
 
 async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(RadixHashTree, "sync_clear_max", 4)  # 7 blocks: a large clear
     tokens = prompt(1, 8)
     keys = DOMAIN.keys(tokens)
     async with IndexServer(index_config()) as index, ingest(index) as (session, w0):
@@ -102,6 +105,13 @@ async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
         await wait_until_async(lambda: credited(128), timeout=10, what="the replica synced")
         await session.send([w0.remove(keys[5:6])])
         await wait_until_async(lambda: credited(80), timeout=5, what="a removal replicated")
+        await session.send([w0.clear(), w0.store(DOMAIN.root_key(), keys[:1])])
+        await wait_until_async(lambda: credited(16), timeout=5, what="a clear replicated")
+        replica = gateway.gateway.replica
+        assert replica is not None  # the cleared ledger is swept off in the background
+        await wait_until_async(lambda: not replica.replica.view.retiring, timeout=5,
+                               what="the replica swept the cleared ledger")
+        assert replica.replica.view.blocks == 2 and await credited(16)
         await session.send([w0.set_state(3, "gap")])  # STALE: no credit
         await wait_until_async(lambda: credited(0), timeout=5, what="a state replicated")
         assert "cortex_index_match_requests_total{" not in index.metrics.render().decode()
@@ -241,3 +251,4 @@ async def test_a_guarded_index_replicates_to_the_gateway_holding_its_token(
         body = await ready(http, stranger)
         assert "no_replica" in body["degraded"]
         assert index.tokens.refused > 0
+

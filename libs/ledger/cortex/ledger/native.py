@@ -226,4 +226,4 @@ class NativeTree(RadixHashTree):
             assert self._tree.slot_of(key) == slot, "key table disagrees"
         check_columns(columns, np.frombuffer(dump["children"], np.int32),
                       np.frombuffer(dump["free"], np.int32).astype(np.int64),
-                      np.frombuffer(dump["held"], np.int64), self._draining)
+                      np.frombuffer(dump["held"], np.int64), self._retired)

@@ -246,4 +246,4 @@ class SlotColumns(RadixHashTree):
         for slot in live.tolist():
             assert self._slot_of[int(self._key[slot])] == slot, "key column disagrees"
         check_columns(self._columns(), self._children[:hi], self._free[: self._nfree],
-                      self._held, self._draining)
+                      self._held, self._retired)

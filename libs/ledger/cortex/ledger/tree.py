@@ -35,7 +35,7 @@ from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
 
-__all__ = ["DRAIN_SLOTS", "FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree",
+__all__ = ["SWEEP_SLOTS", "FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree",
            "TreeColumns", "no_eviction", "validate_columns"]
 
 NO_PARENT = -1
@@ -45,8 +45,8 @@ FREE = -2
 
 _U64 = np.uint64
 
-DRAIN_SLOTS = 32768
-"""Slots one :meth:`RadixHashTree.drain` step scans, and the holdings up to which a source
+SWEEP_SLOTS = 32768
+"""Slots one :meth:`RadixHashTree.sweep` step scans, and the holdings up to which a source
 is dropped at once instead (~1-4 ms in the compiled core, ~25 ms in the pure-Python one)."""
 
 Keys = Sequence[int] | npt.NDArray[np.uint64]
@@ -153,7 +153,7 @@ class RadixHashTree(ABC):
     * ``store`` / ``store_pairs`` make a source hold blocks; ``remove`` / ``clear`` /
       ``remove_source`` / ``retire`` drop holdings; a node without holders and children is
       reclaimed at once (placeholders included), except after ``retire``: its bit leaves the
-      roster at once and ``drain`` takes its holdings off, a bounded step at a time.
+      roster at once and ``sweep`` takes its holdings off, a bounded step at a time.
     * ``match(keys)`` gives, per registered source, the count of consecutive leading ``keys``
       it holds.
     * ``evict_older_than(cutoff)`` / ``evict_keys(keys)`` forget whole old subtrees for every
@@ -170,7 +170,7 @@ class RadixHashTree(ABC):
 
     core: ClassVar[str]
     """The core's name (``native`` / ``python``: logs, /admin, metrics)."""
-    sync_clear_max: int = DRAIN_SLOTS
+    sync_clear_max: int = SWEEP_SLOTS
     """:meth:`retire` clears up to this many holdings at once (tests lower it)."""
 
     def __init__(self, initial_capacity: int = 1024) -> None:
@@ -178,7 +178,7 @@ class RadixHashTree(ABC):
         self._bit_of: dict[Source, int] = {}
         self._source_at: list[Source | None] = [None] * 64
         self._free_bits: list[int] = list(range(63, -1, -1))  # pop() yields the lowest
-        self._draining: dict[int, int] = {}  # retired bit -> next slot drain() scans
+        self._retired: dict[int, int] = {}  # retired bit -> next slot sweep() scans
 
     def __repr__(self) -> str:
         return (
@@ -283,7 +283,7 @@ class RadixHashTree(ABC):
 
         Up to :attr:`sync_clear_max` holdings are cleared at once; more (a million-block pool
         takes ~50 ms and more to clear) stay under the source's old bit, which leaves the
-        roster at once and is taken off by :meth:`drain`, a bounded step per call, then
+        roster at once and is taken off by :meth:`sweep`, a bounded step per call, then
         reused; the source rejoins under a fresh bit."""
         bit = self._bit_of.get(source)
         if bit is None:
@@ -295,7 +295,7 @@ class RadixHashTree(ABC):
                 self._release(source)
             return held
         self._release(source, keep_bit=True)
-        self._draining[bit] = 0
+        self._retired[bit] = 0
         if rejoin:
             self.add_source(source)
         return held
@@ -309,33 +309,33 @@ class RadixHashTree(ABC):
 
     @property
     def retiring(self) -> bool:
-        """Whether retired bits remain to :meth:`drain`."""
-        return bool(self._draining)
+        """Whether retired bits remain to :meth:`sweep`."""
+        return bool(self._retired)
 
     @property
-    def draining(self) -> int:
+    def retired(self) -> int:
         """Holdings of retired bits not yet taken off (blocks)."""
-        return sum(self._held_at(bit) for bit in self._draining)
+        return sum(self._held_at(bit) for bit in self._retired)
 
-    def drain(self, slots: int = DRAIN_SLOTS) -> bool:
-        """Take a retired bit off the next ``slots`` slots (reclaiming what that leaves
-        dead); returns whether retired holdings remain. Bounded work: call it once per loop
-        turn until it returns False."""
-        for bit, lo in self._draining.items():
-            hi = lo + slots
+    def sweep(self, slots: int = 0) -> bool:
+        """Take a retired bit off the next ``slots`` slots (0: :data:`SWEEP_SLOTS`),
+        reclaiming what that leaves dead; returns whether retired holdings remain. Bounded
+        work: call it once per loop turn until it returns False."""
+        for bit, lo in self._retired.items():
+            hi = lo + (slots or SWEEP_SLOTS)
             self._clear_range(bit, lo, hi)
             if hi >= self.capacity or not self._held_at(bit):
-                del self._draining[bit]
+                del self._retired[bit]
                 self._free_bits.append(bit)
                 self._free_bits.sort(reverse=True)
             else:
-                self._draining[bit] = hi
+                self._retired[bit] = hi
             break
-        return bool(self._draining)
+        return bool(self._retired)
 
     def settle(self) -> None:
-        """Finish every drain now (a whole-tree copy needs it; O(slots))."""
-        while self.drain(max(self.capacity, 1)):
+        """Finish every sweep now (a whole-tree copy needs it; O(slots))."""
+        while self.sweep(max(self.capacity, 1)):
             pass
 
     @abstractmethod
@@ -466,7 +466,7 @@ class RadixHashTree(ABC):
             return _NO_EVICTION, []
         dropped: list[tuple[Source, npt.NDArray[np.uint64]]] = []
         lost: list[tuple[int, int]] = []
-        for bit, source in [*self.bits(), *((b, None) for b in self._draining)]:
+        for bit, source in [*self.bits(), *((b, None) for b in self._retired)]:
             held = (rows[:, bit >> 6] & _U64(1 << (bit & 63))) != 0
             count = int(np.count_nonzero(held))
             if count:

@@ -26,7 +26,7 @@ from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.ledger.tiers import OFFLOAD_TIERS, continuation
-from cortex.ledger.tree import DRAIN_SLOTS, Eviction, Keys, RadixHashTree, no_eviction
+from cortex.ledger.tree import Eviction, Keys, RadixHashTree, no_eviction
 
 __all__ = [
     "Attach",
@@ -312,7 +312,7 @@ class LedgerView:
     def clear(self, source: Source) -> int:
         """``source`` holds nothing (it stays attached); returns the holdings dropped (0,
         and no journal record, when it is not attached or holds nothing). A large ledger
-        is taken off later by :meth:`drain` (:meth:`RadixHashTree.retire`): no query
+        is taken off later by :meth:`sweep` (:meth:`RadixHashTree.retire`): no query
         credits it from now on."""
         place = self.places.get(source)
         if place is None:
@@ -324,18 +324,23 @@ class LedgerView:
         return dropped
 
     @property
-    def draining(self) -> int:
-        """Holdings of cleared or detached sources still to be taken off (blocks)."""
-        return sum(t.draining for t in self.trees.values())
+    def retiring(self) -> bool:
+        """Whether :meth:`sweep` has work."""
+        return any(t.retiring for t in self.trees.values())
 
-    def drain(self, slots: int = DRAIN_SLOTS) -> bool:
+    @property
+    def retired(self) -> int:
+        """Holdings of cleared or detached sources still to be taken off (blocks)."""
+        return sum(t.retired for t in self.trees.values())
+
+    def sweep(self, slots: int = 0) -> bool:
         """One bounded step of taking cleared and detached ledgers off their trees
-        (:meth:`RadixHashTree.drain`); returns whether more steps are needed. The owner
+        (:meth:`RadixHashTree.sweep`); returns whether more steps are needed. The owner
         calls it once per loop turn while it returns True: removing a million-block source
         never holds the loop for more than a step. Not journaled: a replica drains its own
         copy, and no answer depends on how far either got."""
         busy = [t for t in self.trees.values() if t.retiring]
-        return bool(busy) and (busy[0].drain(slots) or len(busy) > 1)
+        return bool(busy) and (busy[0].sweep(slots) or len(busy) > 1)
 
     def evict_older_than(self, domain: HashDomain, cutoff: int) -> Eviction:
         """The memory budget: evict ``domain``'s subtrees whose recency is <= ``cutoff``."""

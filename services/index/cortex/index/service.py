@@ -81,6 +81,7 @@ class IndexService(IndexBase):
         self._idle.set()
         self._last_reject_log = 0.0
         self._flush: asyncio.TimerHandle | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -138,6 +139,8 @@ class IndexService(IndexBase):
     def drain(self) -> None:
         """Ask every open stream to end (with UNAVAILABLE, so clients reconnect elsewhere)."""
         self._draining.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
 
     async def wait_idle(self) -> None:
         """Until no call is in flight."""
@@ -146,12 +149,22 @@ class IndexService(IndexBase):
     def notify(self) -> None:
         """The core changed: change-feed subscribers wake up, and the journal goes to the
         replicas within ``replica_flush_s`` (changes applied meanwhile join the same batch:
-        one message per replica instead of one per Sync batch)."""
+        one message per replica instead of one per Sync batch), and ledgers the change
+        retired are swept in the background."""
         if self._flush is None and self.replicas.subscribers:
             self._flush = asyncio.get_running_loop().call_later(
                 self.config.replica_flush_s, self._flush_replicas)
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.core.view.retiring and (self._sweeper is None or self._sweeper.done()):
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(),
+                                                                   name="ledger-sweep")
+
+    async def _sweep(self) -> None:
+        """Take removed and cleared ledgers off the trees, one bounded step per loop turn
+        (:meth:`LedgerView.sweep`): Match and Sync are served between the steps."""
+        while self.core.view.sweep():
+            await asyncio.sleep(0)
 
     def _flush_replicas(self) -> None:
         self._flush = None
