@@ -20,8 +20,8 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger import cores
-from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger import tree as tree_module
+from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
 from cortex.ledger.model import Source
 from cortex.ledger.tree import RadixHashTree

@@ -22,7 +22,6 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.prefix_index import PrefixIndex
 from cortex.ledger.codec import pb
 from cortex.ledger.cores import new_tree, node_bytes, tree_from_columns
-from cortex.ledger.tree import RadixHashTree
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,
@@ -42,6 +41,7 @@ from cortex.ledger.replica import (
     journal_batch,
     snapshot_batches,
 )
+from cortex.ledger.tree import RadixHashTree
 
 DOMAINS = (HashDomain("alpha", 16, Engine.SGLANG), HashDomain("beta", 4, Engine.VLLM))
 # tier sources too: a replica's tiered matches must agree with the index's

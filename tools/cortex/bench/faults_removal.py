@@ -31,6 +31,7 @@ from typing import Any
 import zmq.asyncio
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from cortex.bench.answer_proxy import AnswerProxy
 from cortex.bench.faults_catalogue import Bench, Fault, wait_for
 from cortex.hashing import Engine, engine_event_ints
 from cortex.ledger.client import IndexStub, index_channel, match_request
@@ -41,7 +42,7 @@ from cortex.sim.config import DEFAULT_VERSIONS, FaultConfig
 from cortex.sim.faults import FaultState
 from cortex.sim.publisher import EventEncoder, EventPublisher
 
-__all__ = ["LargeSource", "MatchLoad", "SourceRemoval"]
+__all__ = ["LargeSource", "MatchLoad", "OverCapacity", "SourceRemoval"]
 
 WORKER = "large-0"
 
@@ -194,8 +195,9 @@ def _match_process(load: MatchLoad, stop: Any, out: Connection) -> None:
     out.send((load.samples, load.errors))
 
 
-def _metric(url: str | None, name: str) -> float:
-    """The sum of a metric's series at ``url`` (0 when unreadable)."""
+def _metric(url: str | None, name: str, label: str = "") -> float:
+    """The sum of a metric's series at ``url`` whose labels hold ``label`` (0 when
+    unreadable)."""
     if not url:
         return 0.0
     try:
@@ -204,18 +206,27 @@ def _metric(url: str | None, name: str) -> float:
     except OSError:
         return 0.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith((name + " ", name + "{")))
+               if line.startswith((name + " ", name + "{")) and label in line)
 
 
-async def _held(target: str, token: str) -> int:
-    """Blocks the index says ``WORKER`` holds."""
+async def _held(target: str, token: str, worker: str = WORKER) -> int:
+    """Blocks the index says ``worker`` holds."""
     channel = index_channel(target)
     try:
         reply = await IndexStub(channel, timeout=5.0, token=token).workers(
             pb.WorkersRequest())
     finally:
         channel.close()
-    return max((w.blocks for w in reply.workers if w.source.worker_id == WORKER), default=0)
+    return max((w.blocks for w in reply.workers if w.source.worker_id == worker), default=0)
+
+
+def register_large(b: Bench, source: LargeSource, url: str, worker: str = WORKER) -> None:
+    """Register ``worker`` at ``url`` with ``source``'s event endpoints; until ingest
+    subscribed."""
+    kv_events, replay = source.endpoints
+    b.register(WorkerSpec.from_dict({**b.spec_of("worker-0").to_dict(), "id": worker,
+                                     "url": url, "kv_events": kv_events, "replay": replay}))
+    b.loop.call(source.wait_subscribed(30.0), timeout_s=40)
 
 
 class SourceRemoval(Fault):
@@ -229,12 +240,18 @@ class SourceRemoval(Fault):
         target, state = c.index_target or "", c.state()
         token = c.index_query_token_file.read_text().strip()
         source = LargeSource(c.spec.block_size)
+        # a worker that reports room for the million blocks (else ingest bounds its ledger)
+        proxy = AnswerProxy(b.spec_of("worker-0").url)
+        proxy.server_info = {"max_total_num_tokens": 2 * self.blocks * c.spec.block_size,
+                             "page_size": c.spec.block_size}
         b.loop.call(source.__aenter__())
+        b.loop.call(proxy.__aenter__())
         try:
-            self._run(b, source, target, token, state)
+            self._run(b, source, proxy.url, target, token, state)
         finally:
             with contextlib.suppress(Exception):
                 b.registry(lambda reg: reg.remove(WORKER, reason="bench: source_removal"))
+            b.loop.call(proxy.__aexit__(None, None, None))
             b.loop.call(source.__aexit__(None, None, None))
 
     def _counters(self, b: Bench, state: dict[str, Any]) -> tuple[float, float]:
@@ -251,12 +268,9 @@ class SourceRemoval(Fault):
             return None
         return round(time.monotonic() - started, 1)
 
-    def _run(self, b: Bench, source: LargeSource, target: str, token: str,
+    def _run(self, b: Bench, source: LargeSource, url: str, target: str, token: str,
              state: dict[str, Any]) -> None:
-        kv_events, replay = source.endpoints
-        b.register(WorkerSpec.from_dict({**b.spec_of("worker-0").to_dict(), "id": WORKER,
-                                         "kv_events": kv_events, "replay": replay}))
-        b.loop.call(source.wait_subscribed(30.0), timeout_s=40)
+        register_large(b, source, url)
         self.notes["filled to 1 M blocks after s"] = self._fill(b, source, target, token)
         load = MatchLoad(target, token, b.cluster.spec.model,
                          [source.query(q, 128) for q in range(64)])
@@ -291,3 +305,34 @@ class SourceRemoval(Fault):
         self.notes["ingest sources marked lost"] = lost1 - lost0
         self.notes["replica resyncs"] = resyncs1 - resyncs0
 
+
+
+class OverCapacity(Fault):
+    """Issue 32's probe: a worker whose pool holds 8,192 blocks publishes 1,000,000."""
+
+    name, title, hold = ("over_capacity", "a worker holding 8,192 blocks publishing "
+                         "1,000,000", "none")
+    worker = "liar-0"
+    blocks = 1_000_000
+
+    def inject(self, b: Bench) -> None:
+        c = b.cluster
+        target, state = c.index_target or "", c.state()
+        token = c.index_query_token_file.read_text().strip()
+        source = LargeSource(c.spec.block_size)
+        b.loop.call(source.__aenter__())
+        try:
+            register_large(b, source, b.spec_of("worker-0").url, self.worker)
+            self.notes["capacity the worker reports (blocks)"] = c.spec.kv_capacity_blocks
+            b.loop.call(source.fill(self.blocks), timeout_s=300)
+            refused = state["ingest"]["metrics_url"]
+            wait_for(lambda: _metric(refused, "cortex_ingest_ignored_blocks_total",
+                                     'reason="over_capacity"') > 0.9 * self.blocks, 60.0, 0.5)
+            self.notes["published"] = self.blocks + 1
+            self.notes["credited by the index"] = b.loop.call(_held(target, token, self.worker))
+            self.notes["refused and counted by ingest"] = _metric(
+                refused, "cortex_ingest_ignored_blocks_total", 'reason="over_capacity"')
+        finally:
+            with contextlib.suppress(Exception):
+                b.registry(lambda reg: reg.remove(self.worker, reason="bench: over_capacity"))
+            b.loop.call(source.__aexit__(None, None, None))

@@ -35,8 +35,17 @@ from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
 
-__all__ = ["SWEEP_SLOTS", "FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree",
-           "TreeColumns", "no_eviction", "validate_columns"]
+__all__ = [
+    "FREE",
+    "NO_PARENT",
+    "SWEEP_SLOTS",
+    "Eviction",
+    "Keys",
+    "RadixHashTree",
+    "TreeColumns",
+    "no_eviction",
+    "validate_columns",
+]
 
 NO_PARENT = -1
 """Parent slot of a node whose parent block is not in the tree."""

@@ -163,8 +163,10 @@ class IndexService(IndexBase):
     async def _sweep(self) -> None:
         """Take removed and cleared ledgers off the trees, one bounded step per loop turn
         (:meth:`LedgerView.sweep`): Match and Sync are served between the steps."""
-        while self.core.view.sweep():
-            await asyncio.sleep(0)
+        while True:
+            if not self.core.view.sweep():
+                return
+            await asyncio.sleep(0)  # one loop turn between steps
 
     def _flush_replicas(self) -> None:
         self._flush = None

@@ -170,8 +170,10 @@ class ReplicaClient:
     async def _sweep(self) -> None:
         """Take removed and cleared ledgers off the replica's trees, one bounded step per
         loop turn (:meth:`LedgerView.sweep`), so requests are routed between the steps."""
-        while self.replica.view.sweep():
-            await asyncio.sleep(0)
+        while True:
+            if not self.replica.view.sweep():
+                return
+            await asyncio.sleep(0)  # one loop turn between steps
 
     async def _touch_loop(self, stream: _Stream) -> None:
         while True:
