@@ -166,7 +166,9 @@ class MatchLoad:
 
     def phase(self, start: float, end: float, event: float | None = None) -> dict[str, Any]:
         """Latency of the calls started in ``[start, end)``; with ``event`` (monotonic s),
-        when the source's credit was gone and how many calls a second later still had it."""
+        when the source's credit was first gone (the index learned the event: a removal
+        travels registry -> ingest -> index first) and how many calls started after that
+        credited it again (must be 0)."""
         window = [s for s in self.samples if start <= s[0] < end]
         ms = sorted(d * 1000 for _, d, _ in window)
         out: dict[str, Any] = {"calls": len(ms)}
@@ -175,9 +177,10 @@ class MatchLoad:
                         "p99 ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 1),
                         "max ms": round(ms[-1], 1)})
         if event is not None:
-            gone = [s for s, _, c in window if s >= event and not c]
-            out["credit gone after ms"] = round((gone[0] - event) * 1000) if gone else None
-            out["credited 1 s after"] = sum(1 for s, _, c in window if s >= event + 1 and c)
+            gone = min((s for s, _, c in window if s >= event and not c), default=None)
+            out["credit gone after ms"] = None if gone is None else round((gone - event) * 1000)
+            out["credited once gone"] = 0 if gone is None else sum(
+                1 for s, _, c in window if s > gone and c)
         return out
 
 

@@ -313,8 +313,11 @@ class RadixHashTree(ABC):
         bit = self._bit_of.pop(source)
         self._source_at[bit] = None
         if not keep_bit:
-            self._free_bits.append(bit)
-            self._free_bits.sort(reverse=True)
+            self._free_bit(bit)
+
+    def _free_bit(self, bit: int) -> None:
+        self._free_bits.append(bit)
+        self._free_bits.sort(reverse=True)  # pop() yields the lowest
 
     @property
     def retiring(self) -> bool:
@@ -335,8 +338,7 @@ class RadixHashTree(ABC):
             self._clear_range(bit, lo, hi)
             if hi >= self.capacity or not self._held_at(bit):
                 del self._retired[bit]
-                self._free_bits.append(bit)
-                self._free_bits.sort(reverse=True)
+                self._free_bit(bit)
             else:
                 self._retired[bit] = hi
             break

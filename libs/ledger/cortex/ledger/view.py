@@ -337,7 +337,7 @@ class LedgerView:
         """One bounded step of taking cleared and detached ledgers off their trees
         (:meth:`RadixHashTree.sweep`); returns whether more steps are needed. The owner
         calls it once per loop turn while it returns True: removing a million-block source
-        never holds the loop for more than a step. Not journaled: a replica drains its own
+        never holds the loop for more than a step. Not journaled: a replica sweeps its own
         copy, and no answer depends on how far either got."""
         busy = [t for t in self.trees.values() if t.retiring]
         return bool(busy) and (busy[0].sweep(slots) or len(busy) > 1)
