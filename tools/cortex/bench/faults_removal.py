@@ -1,6 +1,6 @@
-"""Issue 32's index freeze as a case of ``cortex bench faults``: a source holding 1,000,000
-blocks cleared (the engine's ``AllBlocksCleared``) and then removed (its worker deregistered)
-while the index serves Match load.
+"""Issue 32's large sources as cases of ``cortex bench faults``: a source holding 1,000,000
+blocks cleared (the engine's ``AllBlocksCleared``) and then removed (its worker removed from
+the registry) while the index serves Match load; a worker publishing more than its pool.
 
 :class:`LargeSource` is the event side of a worker and nothing else: the sim's SGLang
 publisher (with its replay ROUTER) storing ``blocks`` blocks as chains of ``chain`` blocks
@@ -13,7 +13,13 @@ against the index, as another scheduler would, with the query token), clears it,
 again and deregisters it. Per phase: Match latency p50 / p99 / max of the calls started in
 the phase's window, answers that still credited the source a second after the event, and
 what the cluster lost meanwhile (ingest sources marked lost by the index, gateway replica
-resyncs) — issue 32's targets: p99 <= 50 ms, 0 and 0.
+resyncs) — issue 32's targets: p99 <= 50 ms, 0 and 0. (Its worker is put behind an
+:class:`~cortex.bench.answer_proxy.AnswerProxy` whose ``/server_info`` reports room for
+the million blocks: ingest bounds a source by its worker's reported capacity.)
+
+:class:`OverCapacity` is the other half of that probe: the same publisher as a worker whose
+pool holds 8,192 blocks (the cluster's sims) storing 1,000,000; what the index credited and
+what ingest refused and counted.
 """
 
 from __future__ import annotations
@@ -307,7 +313,6 @@ class SourceRemoval(Fault):
         self.notes["Match errors"] = load.errors or 0
         self.notes["ingest sources marked lost"] = lost1 - lost0
         self.notes["replica resyncs"] = resyncs1 - resyncs0
-
 
 
 class OverCapacity(Fault):
