@@ -23,9 +23,8 @@ from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
-from cortex.gateway.routing.pairing import PDMode
-from cortex.gateway.routing.routed import Routed
-from cortex.gateway.routing.router import Router
+from cortex.gateway.routing.router import Routed, Router
+from cortex.gateway.routing.scoring import PDMode
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match, SourceMatch

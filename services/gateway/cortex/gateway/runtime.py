@@ -33,8 +33,14 @@ from cortex.gateway.http.auth import WorkerCredentials
 from cortex.gateway.ledger.index_client import IndexClient
 from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.limits import Limits, context_length_of, model_limits
-from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
+from cortex.gateway.request.payload import (
+    InferencePath,
+    InferenceRequest,
+    Limits,
+    context_length_of,
+    model_limits,
+    parse_request,
+)
 from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
