@@ -268,15 +268,7 @@ class Router:
         lazy = self._walk(req, eligible)
         ids = lazy.ids if lazy is not None else await self.tokens(req)
         t1 = time.perf_counter()
-        if lazy is None or lazy.complete:
-            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
-                    else lazy.keys)
-            query_blocks = max(len(ids) - 1, 0) // model.block_size
-            prompt_tokens = len(ids)
-        else:  # the prompt goes on past the walk: every walked block could be a hit
-            keys = lazy.keys
-            query_blocks = len(keys)
-            prompt_tokens = lazy.estimated_tokens(self.tokenization.ratios[model.name])
+        keys, query_blocks, prompt_tokens = self._keyed(req, ids, lazy)
         t2 = time.perf_counter()
         if not eligible.regular and eligible.pairs is None:
             raise _unavailable(req)
@@ -292,20 +284,42 @@ class Router:
         if record:
             self._take_effect(placement, plan, prompt_tokens)
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
-        if lazy is not None and not lazy.complete:
-            if record:  # the rest off the request path; the credit then covers every block
-                self._finish_later(req, lazy, placement)
-            else:  # explain reports the exact length and keys (outside its timings)
-                ids = lazy.finish(self.tokenizers[model.name])
-                keys = placement.keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
-                query_blocks = max(len(ids) - 1, 0) // model.block_size
-                prompt_tokens = len(ids)
+        keys, query_blocks, prompt_tokens = self._rest_of_walk(
+            req, lazy, placement, record, (keys, query_blocks, prompt_tokens))
         routed = Routed(decision, model, prompt_tokens, keys, query_blocks, ledger.source,
                         ledger.version, timings, placement,
                         None if isinstance(plan, Decision) else plan, keysets)
         if record:
             self.observer(routed)
         return routed
+
+    def _keyed(self, req: InferenceRequest, ids: list[int],
+               lazy: Walk | None) -> tuple[list[int], int, int]:
+        """``(keys, query_blocks, prompt_tokens)`` of the prompt: its full blocks' keys, those
+        that could be hits, its length (estimated while the prompt goes on past the walk:
+        then every walked block could be a hit)."""
+        model = req.model
+        if lazy is None or lazy.complete:
+            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
+                    else lazy.keys)
+            return keys, max(len(ids) - 1, 0) // model.block_size, len(ids)
+        return (lazy.keys, len(lazy.keys),
+                lazy.estimated_tokens(self.tokenization.ratios[model.name]))
+
+    def _rest_of_walk(self, req: InferenceRequest, lazy: Walk | None, placement: Placement,
+                      record: bool, keyed: tuple[list[int], int, int]
+                      ) -> tuple[list[int], int, int]:
+        """The prompt past its walk: recorded, the rest is tokenized off the request path
+        (the credit then covers every block); explain reports the exact length and keys
+        (outside its timings). ``keyed``: what :meth:`_keyed` said of the walk."""
+        if lazy is None or lazy.complete:
+            return keyed
+        if record:
+            self._finish_later(req, lazy, placement)
+            return keyed
+        keyed = self._keyed(req, lazy.finish(self.tokenizers[req.model.name]), None)
+        placement.keys = keyed[0]
+        return keyed
 
     def _walk(self, req: InferenceRequest, eligible: Eligible) -> Walk | None:
         """The lazy walk of ``req``'s prompt (``tokenize.lazy``), or ``None`` where the
