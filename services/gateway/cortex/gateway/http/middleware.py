@@ -42,6 +42,9 @@ class Middleware:
                  metrics: GatewayMetrics, draining: Callable[[], bool] = lambda: False
                  ) -> None:
         self.keys = keys
+        # decided once: the keys and the CORS settings do not change while the app runs
+        self._auth = keys.enabled
+        self._cors = cors.enabled
         self.draining = draining
         self.cors = cors
         self.access = access
@@ -55,7 +58,7 @@ class Middleware:
     def authenticate(self, request: Request) -> None:
         """Set ``request.key_id``; :class:`Unauthorized` (401) without an accepted key on a
         path that needs one."""
-        if not self.keys.enabled or request.path in PUBLIC_PATHS \
+        if not self._auth or request.path in PUBLIC_PATHS \
                 or request.path.startswith("/admin/"):
             return
         header = request.headers.get("authorization")
@@ -112,7 +115,7 @@ class Exchange:
         self.request = request
         self._send = send
         self._cors = (middleware.cors_headers(request.headers.get("origin"))
-                      if middleware.cors.enabled else [])
+                      if middleware._cors else [])
         if middleware.draining():  # keep-alive clients reconnect, to a replica that stays
             self._cors = [*self._cors, (b"connection", b"close")]
         self.started = time.perf_counter()
