@@ -94,7 +94,8 @@ class App:
         message = await receive()
         assert message["type"] == "lifespan.startup"
         try:
-            gateway = Runtime(self.config, registry=self._registry, environ=self._environ)
+            gateway = await Runtime.load(self.config, registry=self._registry,
+                                         environ=self._environ)
             await gateway.__aenter__()
         except Exception as exc:
             log.exception("gateway startup failed")

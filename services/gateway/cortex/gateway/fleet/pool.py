@@ -434,6 +434,13 @@ class WorkerPool:
         return [w for w in self._workers.values()
                 if w.spec.model == model and w.spec.role is role and w.routable()]
 
+    def context_length(self, model: str) -> int | None:
+        """The smallest context length (tokens) the engines of ``model``'s workers reported,
+        ``None`` when none did."""
+        known = [w.context_length for w in self._workers.values()
+                 if w.spec.model == model and w.context_length is not None]
+        return min(known) if known else None
+
     def adapter_base(self, name: str) -> str | None:
         """The base model of a LoRA adapter some worker lists (``None``: nobody does)."""
         return next((w.spec.model for w in self._workers.values() if name in w.adapters),

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -42,8 +42,8 @@ from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tok
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 
-__all__ = ["InferencePath", "InferenceRequest", "Limits", "Prompt", "check_prompt_tokens",
-           "context_length_of", "model_limits", "parse_body", "parse_request", "prompt_chars",
+__all__ = ["Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
+           "check_prompt_tokens", "model_limits", "parse_body", "parse_request", "prompt_chars",
            "requested_tokens"]
 
 
@@ -62,12 +62,6 @@ class Limits:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     context_tokens: int | None = None
-
-
-def context_length_of(lengths: Iterable[int | None]) -> int | None:
-    """The smallest reported context length (tokens), ``None`` when none was reported."""
-    known = [n for n in lengths if n is not None]
-    return min(known) if known else None
 
 
 def model_limits(model: ModelConfig, context_length: int | None) -> Limits:
@@ -370,6 +364,30 @@ def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
         return text_add_special_tokens(body, model.engine)
     except ChatError as exc:
         raise _invalid(str(exc), exc.param) from None
+
+
+class Admit:
+    """``admit(endpoint, body)``: a decoded body validated for ``endpoint`` the one way every
+    entry does (inference, ``/admin/explain``, the endpoint picker): against the config, the
+    model's bounds and the adapters the workers list. Raises :class:`ClientError`.
+
+    ``context_length(model)``: the smallest context length the model's engines reported;
+    ``adapters(name)``: the base model of a LoRA adapter the workers list (the pool's)."""
+
+    __slots__ = ("_adapters", "_context_length", "config")
+
+    def __init__(self, config: GatewayConfig, context_length: Callable[[str], int | None],
+                 adapters: Callable[[str], str | None]) -> None:
+        self.config = config
+        self._context_length = context_length
+        self._adapters = adapters
+
+    def __call__(self, endpoint: InferencePath, body: dict[str, Any]) -> InferenceRequest:
+        return parse_request(endpoint, body, self.config, self.limits, self._adapters)
+
+    def limits(self, model: ModelConfig) -> Limits:
+        """``model``'s request bounds: its config, else what its workers' engines report."""
+        return model_limits(model, self._context_length(model.name))
 
 
 def parse_request(endpoint: InferencePath, body: dict[str, Any], config: GatewayConfig,
