@@ -92,6 +92,7 @@ MERGED: Mapping[str, str] = {
     "fleet.breaker": "fleet.pool",
     "fleet.progress": "fleet.pool",
     "http.connection": "http.admission",
+    "http.middleware": "http.messages",
     "ledger.matching": "ledger.replica_client",
     "request.limits": "request.payload",
     "routing.observer": "routing.router",
