@@ -16,7 +16,7 @@ from cortex.registry import WorkerSpec
 from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.testing import wait_until_async
 
-from .conftest import Fleet, Rank, Worker, consecutive_ports
+from ..conftest import Fleet, Rank, Worker, consecutive_ports
 
 
 def stat(ingest: IngestService, worker_id: str, rank: int = 0) -> object:
