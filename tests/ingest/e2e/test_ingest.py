@@ -192,7 +192,7 @@ async def test_index_down_is_retried_while_others_keep_receiving(fleet: Fleet) -
     from cortex.index.server import IndexServer
     from cortex.testing import free_port
 
-    from .conftest import index_config
+    from ..conftest import index_config
 
     port = free_port()
     second = IndexServer(index_config(port))
