@@ -3,12 +3,12 @@
 Validation is deliberately shallow where the engine is the authority (sampling parameters
 are forwarded untouched) and strict where the gateway acts on a field: the model, the prompt
 it must tokenize exactly as the engine will, ``stream`` / ``stream_options`` it rewrites, and
-the model's bounds (:mod:`cortex.gateway.request.payload`: message count, prompt length, requested
-completion tokens), checked before any tokenizing. Chat rendering arguments are the
+the model's bounds (below: message count, prompt length, requested completion
+tokens), checked before any tokenizing. Chat rendering arguments are the
 engine's own reading of the body (:func:`cortex.chat.render_args` for the model's engine
 kind), and so is whether a text prompt gets the tokenizer's special tokens.
 
-A body must be UTF-8 JSON without lone surrogates (``"\ud800"``: no tokenizer can encode
+A body must be UTF-8 JSON without lone surrogates (``"\\ud800"``: no tokenizer can encode
 them) nested less deeply than Python's recursion limit; anything else is a 400.
 
 A model's request bounds, and the checks that enforce them before any work (pure).

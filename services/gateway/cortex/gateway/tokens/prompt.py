@@ -2,9 +2,9 @@
 
 Rendering and the engine's tokenization rules come from :mod:`cortex.chat` (the one shared
 definition the simulated engine uses too): the gateway imports them, it does not restate them.
-:mod:`cortex.gateway.tokens.prompt` says where a tokenizer provably encodes text piece by piece;
+The segment rules (below) say where a tokenizer provably encodes text piece by piece;
 :class:`PromptTokenizer` splits a prompt there, serves the pieces it has seen from the
-model's :class:`~cortex.gateway.tokens.prompt.SegmentCache` and leaves the rest in an
+model's :class:`SegmentCache` and leaves the rest in an
 :class:`EncodePlan`, which the caller finishes inline or hands to worker threads
 (:mod:`cortex.gateway.tokens.parallel`): the result is identical either way, and identical to
 ``ChatTokenizer.encode_prompt`` (property-tested).
