@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cortex.gateway.upstream.sse import (
+    EventStreamCheck,
     SSEForwarder,
     cached_tokens_of,
     is_event_stream,
@@ -108,6 +109,15 @@ def test_the_start_of_an_event_stream_is_recognised(head: bytes) -> None:
 ])
 def test_anything_else_is_not(head: bytes) -> None:
     assert not is_event_stream(head)
+
+
+def test_a_relayed_stream_is_checked_across_chunk_borders() -> None:
+    check = EventStreamCheck()
+    halves = GOOD[:7], GOOD[7:]
+    assert check.feed(halves[0]) and check.feed(halves[1]) and check.feed(b"da")
+    assert check.feed(b"ta: [DONE]\n\n")
+    broken = EventStreamCheck()
+    assert broken.feed(GOOD) and not broken.feed(b"this is not an event stream\n\n")
 
 
 def test_the_forwarder_flags_and_withholds_a_malformed_event() -> None:

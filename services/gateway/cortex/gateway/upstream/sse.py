@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EventRewrite", "SSEForwarder", "cached_tokens_of", "first_event_error",
-           "has_complete_event", "is_event_stream", "sse_error_event"]
+__all__ = ["EventRewrite", "EventStreamCheck", "SSEForwarder", "cached_tokens_of",
+           "first_event_error", "has_complete_event", "is_event_stream", "sse_error_event"]
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
@@ -46,18 +46,39 @@ def _well_formed(block: bytes) -> bool:
     return True
 
 
+def _events_end(data: bytes) -> int:
+    """Where the complete events of ``data`` end (0: none is complete)."""
+    end = 0
+    for sep in _SEPARATORS:
+        at = data.rfind(sep)
+        if at >= 0:
+            end = max(end, at + len(sep))
+    return end
+
+
 def is_event_stream(head: bytes) -> bool:
     """Whether a stream's first bytes can be the start of the engines' SSE: its complete
     events well formed, the partial one starting like a field."""
-    end = 0
-    for sep in _SEPARATORS:
-        at = head.rfind(sep)
-        if at >= 0:
-            end = max(end, at + len(sep))
+    end = _events_end(head)
     if not _well_formed(head[:end]):
         return False
     rest = head[end:].lstrip(b"\r\n")[:6]
     return not rest or any(rest.startswith(f) or f.startswith(rest) for f in _FIELDS)
+
+
+class EventStreamCheck:
+    """Whether a stream relayed chunk by chunk stays the engines' SSE (:func:`is_event_stream`
+    over each chunk and the partial event before it; only that partial event is kept)."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        data = self._partial + chunk
+        if not is_event_stream(data):
+            return False
+        self._partial = data[_events_end(data):]
+        return True
 
 
 def sse_error_event(message: str, code: str, kind: str = "server_error") -> bytes:
