@@ -53,10 +53,10 @@ async def _ask(url: str, pauses: list[float]) -> int | None:
         return await ask_capacity(http, spec, dict, first_s=0.5, max_s=1.5, sleep=sleep)
 
 
-async def test_a_worker_answering_5xx_is_asked_again_with_growing_pauses(
+async def test_a_worker_answering_5xx_or_401_is_asked_again_with_growing_pauses(
         worker: tuple[str, list[int]]) -> None:
     url, statuses = worker
-    statuses.extend([503, 500, 502, 503])
+    statuses.extend([503, 500, 401, 403])
     pauses: list[float] = []
     assert await _ask(url, pauses) == 4096 // 16
     assert pauses == [0.5, 1.0, 1.5, 1.5]  # doubling, capped

@@ -313,7 +313,7 @@ async def test_a_worker_storing_past_its_reported_capacity_is_bounded(fleet: Fle
         asked.append(request.headers.get("Authorization"))
         if len(asked) == 1:
             return web.Response(status=503)
-        if request.headers.get("Authorization") != "Bearer k1":
+        if request.headers.get("Authorization") != "Bearer k1":  # never: asked again, no bound
             return web.Response(status=401)
         return web.Response(text='vllm:cache_config_info{block_size="4",num_cpu_blocks="None",'
                                  'num_gpu_blocks="8"} 1.0\n')

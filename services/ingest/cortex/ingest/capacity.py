@@ -8,7 +8,8 @@
   (the KV pool in tokens, per rank) over ``page_size`` (tokens per block).
 
 :func:`ask_capacity` asks until the worker answers: a worker that is not up yet, refuses
-the connection, times out or answers 5xx is asked again with a growing pause (``first_s``
+the connection, times out, answers 5xx or refuses the credential (401/403: a rotated key
+file is read again) is asked again with a growing pause (``first_s``
 doubling up to ``max_s``), so a slow start never leaves its sources unbounded. An answer
 that does not name a capacity (a 404, an engine too old to say) is final: no bound.
 
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 
 
 class CapacityUnreachable(Exception):
-    """The worker could not be asked (connection, timeout, 5xx): ask again later."""
+    """The worker could not be asked (connection, timeout, 5xx, a refused credential): ask
+    again later."""
 
 
 async def fetch_capacity(session: aiohttp.ClientSession, spec: WorkerSpec,
@@ -51,7 +53,7 @@ async def fetch_capacity(session: aiohttp.ClientSession, spec: WorkerSpec,
     try:
         for path in paths:
             async with session.get(base + path, headers=headers) as resp:
-                if resp.status >= 500:
+                if resp.status >= 500 or resp.status in (401, 403):  # a key may come later
                     raise CapacityUnreachable(f"{path} answered {resp.status}")
                 if resp.status != 200:
                     continue
