@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, TypeVar
 
 __all__ = ["EVENT_LOOPS", "EventLoop", "choose_loop", "run"]
@@ -48,7 +49,7 @@ def choose_loop(wanted: str = "auto") -> EventLoop:
             if wanted == "uvloop":
                 raise ValueError("event loop 'uvloop': uvloop is not installed") from None
         else:
-            return EventLoop(f"uvloop {uvloop.__version__}", uvloop.new_event_loop)
+            return EventLoop(f"uvloop {metadata.version('uvloop')}", uvloop.new_event_loop)
     return EventLoop("asyncio", None)
 
 
