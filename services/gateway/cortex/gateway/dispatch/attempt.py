@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.fleet.progress import ProgressWatch
+from cortex.gateway.http import json_codec
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.pairing import PDOutcome
 from cortex.gateway.routing.scoring import Decision
@@ -177,7 +177,7 @@ async def first_bytes(response: Response, stream: bool, retry_statuses: Collecti
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(body)
+        obj = json_codec.loads(body)
     except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote_plus
 
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Receive, Scope, Send
 from cortex.telemetry.tracing import Span
 
@@ -114,7 +114,7 @@ async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
 
 async def send_json(send: Send, status: int, obj: Any,
                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send_bytes(send, status, json.dumps(obj).encode(), b"application/json", extra)
+    await send_bytes(send, status, json_codec.dumps(obj), b"application/json", extra)
 
 
 async def send_error(send: Send, error: GatewayError,

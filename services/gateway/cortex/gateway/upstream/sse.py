@@ -16,10 +16,11 @@ Parsing JSON per chunk is avoided: a cheap substring test selects the few events
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from cortex.gateway.http import json_codec
 
 __all__ = ["EventRewrite", "SSEForwarder", "cached_tokens_of", "first_event_error",
            "has_complete_event", "is_event_stream", "sse_error_event"]
@@ -62,8 +63,8 @@ def is_event_stream(head: bytes) -> bool:
 
 def sse_error_event(message: str, code: str, kind: str = "server_error") -> bytes:
     """An in-stream error in the engines' shape, followed by ``[DONE]``."""
-    payload = json.dumps({"error": {"message": message, "type": kind, "code": code}})
-    return b"data: " + payload.encode() + b"\n\ndata: [DONE]\n\n"
+    payload = json_codec.dumps({"error": {"message": message, "type": kind, "code": code}})
+    return b"data: " + payload + b"\n\ndata: [DONE]\n\n"
 
 
 def cached_tokens_of(obj: Any) -> int | None:
@@ -124,7 +125,7 @@ def has_complete_event(data: bytes) -> bool:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return json_codec.dumps(obj)
 
 
 def _is_done(block: bytes) -> bool:
@@ -138,7 +139,7 @@ def _json_of(data: bytes | None) -> dict[str, Any] | None:
     if not data:
         return None
     try:
-        obj = json.loads(data)
+        obj = json_codec.loads(data)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
