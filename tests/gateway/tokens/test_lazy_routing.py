@@ -41,13 +41,14 @@ class Ledger:
 
     version = 1
 
-    def __init__(self) -> None:
+    def __init__(self, workers: tuple[str, ...] = WORKERS) -> None:
+        self.workers = workers  # those with a ledger (none: no source has synced yet)
         self.device: dict[str, set[int]] = {w: set() for w in WORKERS}
         self.host: dict[str, set[int]] = {w: set() for w in WORKERS}
 
     def match(self, domain: HashDomain, keys: list[int]) -> Match:
         out = []
-        for worker in WORKERS:
+        for worker in self.workers:
             device = 0
             while device < len(keys) and keys[device] in self.device[worker]:
                 device += 1
@@ -167,5 +168,16 @@ async def test_a_recorded_lazy_decision_credits_every_block_once_the_rest_is_enc
             await asyncio.sleep(0.01)
         assert router.predicted.match(whole) == {chosen: len(whole)}
         assert routed.placement.keys == whole
+    finally:
+        router.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_walk_with_no_ledger_and_no_prediction_stops_at_the_first_blocks() -> None:
+    router = make_router(Ledger(workers=()), True)  # no source synced, nothing predicted
+    try:
+        text = prose(random.Random(6), 2_000)
+        routed = await router.route(request(router, {"prompt": text}), time.monotonic() + 30)
+        assert 0 < len(routed.keys) < 50 and routed.decision.chosen.worker_id in WORKERS
     finally:
         router.close()

@@ -239,7 +239,7 @@ class Router:
             for match in ledger.match(model.domain, keys).sources:
                 rank = (match.worker_id, match.dp_rank)
                 held[rank] = held.get(rank, 0) + match.blocks
-            return max(*held.values(), *predicted.match(keys).values(), 0)
+            return max((*held.values(), *predicted.match(keys).values()), default=0)
 
         return self.tokenization.walk(
             req, model.domain.root_key(req.lora_name, req.cache_salt), deepest)
