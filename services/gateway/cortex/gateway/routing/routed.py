@@ -15,12 +15,14 @@ __all__ = ["Routed", "StageTimings", "uncached"]
 
 @dataclass(frozen=True, slots=True)
 class StageTimings:
-    """Seconds spent per routing stage."""
+    """Seconds spent per routing stage (wall time), and ``cpu``: the CPU seconds the
+    decision took on its thread (wall minus it is waiting: for the GIL, for a core)."""
 
     tokenize: float
     hash: float
     match: float
     score: float
+    cpu: float = 0.0
 
     @property
     def total(self) -> float:

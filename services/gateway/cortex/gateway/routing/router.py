@@ -176,7 +176,7 @@ class Router:
         ``allowed``: only these worker ids may be chosen (an endpoint picker's subset).
         """
         model = req.model
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
         lazy = self._walk(req, eligible)
         ids = lazy.ids if lazy is not None else await self.tokens(req)
@@ -204,7 +204,8 @@ class Router:
         placement = self.placement(keys, keysets)
         if record:
             self._take_effect(placement, plan, prompt_tokens)
-        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3,
+                               time.thread_time() - cpu0)
         if lazy is not None and not lazy.complete:
             if record:  # the rest off the request path; the credit then covers every block
                 self._finish_later(req, lazy, placement)
