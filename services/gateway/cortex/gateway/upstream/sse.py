@@ -16,6 +16,7 @@ Parsing JSON per chunk is avoided: a cheap substring test selects the few events
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,20 +32,15 @@ _DONE = b"[DONE]"
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
+_LINE = rb"(?:data: *(?:\{[^\n]*|\[DONE\])|(?::|event:|id:|retry:)[^\n]*)?"
+_WELL_FORMED = re.compile(rb"(?:" + _LINE + rb"\r?\n)*" + _LINE)
+
+
 def _well_formed(block: bytes) -> bool:
     """Whether every line of complete events is an SSE field and every data line holds a
-    JSON object or ``[DONE]`` (what the engines' streams promise): a cheap look at the
-    first byte of each line, no parsing."""
-    for line in block.replace(b"\r\n", b"\n").split(b"\n"):
-        if not line:
-            continue
-        if line.startswith(b"data:"):
-            payload = line[5:].lstrip(b" ")
-            if not payload.startswith(b"{") and payload != _DONE:
-                return False
-        elif not line.startswith(_FIELDS):
-            return False
-    return True
+    JSON object or ``[DONE]`` (what the engines' streams promise): a look at the start of
+    each line (one C regex over the block), no parsing."""
+    return _WELL_FORMED.fullmatch(block) is not None
 
 
 def is_event_stream(head: bytes) -> bool:
