@@ -1,7 +1,8 @@
 """With ``tokenize.lazy`` the router decides as with whole prompts: the same worker, the same
 credit per candidate, on a random workload against an in-process ledger (device and host
-tiers) and predicted blocks (a recent decision's, partly covering a prompt); explain reports the exact length and keys; a recorded decision's credit covers
-every block once the rest is encoded."""
+tiers) and predicted blocks (a recent decision's, partly covering a prompt); explain reports
+the exact length and keys; a recorded decision's credit covers every block once the rest is
+encoded."""
 
 from __future__ import annotations
 

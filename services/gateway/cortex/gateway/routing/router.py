@@ -48,7 +48,7 @@ from cortex.gateway.routing.placement import Placement
 from cortex.gateway.routing.predicted import PredictedBlocks
 from cortex.gateway.routing.routed import Routed, StageTimings, uncached
 from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
-from cortex.gateway.tokens.lazy import Walk
+from cortex.gateway.tokens.lazy import LeadingRuns, Walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain, block_keys
@@ -229,21 +229,28 @@ class Router:
         if (not self.config.tokenize.lazy or eligible.pairs is not None or replica is None
                 or not replica.usable or any(w.kv_lookahead for w in eligible.everyone())):
             return None
-        model = req.model
+        domain = req.model.domain
         ledger = replica.replica
         predicted = self.predicted
+        # each key matched once: per rank, and per worker predicted
+        ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
+        predictions: LeadingRuns[str] = LeadingRuns()
 
         def deepest(keys: list[int]) -> int:
+            new = keys[ranks.asked:]
             # a rank's host and disk tiers add blocks after its device prefix: their sum
             # bounds its leading run from above (over-estimating only walks further)
             held: dict[tuple[str, int], int] = {}
-            for match in ledger.match(model.domain, keys).sources:
-                rank = (match.worker_id, match.dp_rank)
-                held[rank] = held.get(rank, 0) + match.blocks
-            return max((*held.values(), *predicted.match(keys).values()), default=0)
+            if new and ranks.growing():
+                for match in ledger.match(domain, new).sources:
+                    rank = (match.worker_id, match.dp_rank)
+                    held[rank] = held.get(rank, 0) + match.blocks
+            ranks.extend(held, len(new))
+            predictions.extend(predicted.match(new) if predictions.growing() else {}, len(new))
+            return max(ranks.deepest, predictions.deepest)
 
         return self.tokenization.walk(
-            req, model.domain.root_key(req.lora_name, req.cache_salt), deepest)
+            req, domain.root_key(req.lora_name, req.cache_salt), deepest)
 
     def _finish_later(self, req: InferenceRequest, lazy: Walk, placement: Placement) -> None:
         """Encode the rest of a walked prompt off the request path; once done, the
