@@ -50,8 +50,8 @@ import aiohttp
 from cortex.bench.procstat import cpu_s
 from cortex.bench.profile import Frame, Profile, frames_table
 from cortex.bench.report import table
-from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
-from cortex.cli.supervisor import Child, Supervisor
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
+from cortex.devcluster.supervisor import Child, Supervisor
 from cortex.edge.loop import choose_loop
 from cortex.testing import free_port, sglang_router_argv, wait_until
 
