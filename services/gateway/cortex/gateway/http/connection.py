@@ -91,6 +91,10 @@ class GuardedConnection(TCPServer):
             self.writer.transport.abort()  # drops the unsent bytes; the read ends too
             await self.protocol.handle(Closed())
 
+    async def _close(self) -> None:
+        self._flush()  # what the last turn wrote goes out before the end of the stream
+        await super()._close()
+
     def _flush(self) -> None:
         """Write what this turn of the loop produced, in one piece."""
         unsent, self._unsent = self._unsent, []
