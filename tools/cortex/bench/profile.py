@@ -86,6 +86,8 @@ def _name(frame: str) -> str:
     """``handle (cortex/gateway/api/inference.py:120)`` -> ``handle (gateway/api/inference)``."""
     function, _, where = frame.partition(" (")
     path = where.rstrip(")").rpartition(":")[0] or where.rstrip(")")
+    if not Path(path).name:
+        return function
     parts = Path(path).with_suffix("").parts
     for anchor in ("site-packages", "cortex", "lib"):
         if anchor in parts:
