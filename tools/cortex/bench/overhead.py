@@ -597,11 +597,11 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f"- **Warm decisions** match on the gateway's own ledger replica ({match:.3f} ms"
         " p50: in process, no RPC) after tokenizing only the new question; *repeat* is the"
         f" same request again ({repeat:.3f} ms total).",
-        f"- **Never-seen prompts** pay the tokenizer: {tokenize_cold:.2f} ms for"
-        f" ~{prompt_tokens:,} new tokens, inside Hugging Face `tokenizers` (its pre-tokenizer"
-        " regexes alone cost about as much as the whole encode). Splitting the text for"
-        " `encode_batch` on both cores was measured and rejected: under load its thread"
-        " pool stalls (30+ ms outliers).",
+        f"- **Never-seen prompts**: {tokenize_cold:.2f} ms of tokenizing for ~{prompt_tokens:,}"
+        " new tokens: the gateway encodes only up to the first block no worker holds"
+        " (`tokenize.lazy`, on by default) with the encoder its load-time parity probe chose"
+        " (`fastokens` for this tokenizer), and the rest after the decision, off the request"
+        " path.",
         f"- **Throughput**: {gw_cpu_ms:.2f} ms of gateway CPU per streamed request"
         f" ({_breakdown_text(breakdown, gw_cpu_ms)}). The index spends"
         f" {index_cpu_ms:.3f} ms of CPU per routed request (it answers no Match: that is"
