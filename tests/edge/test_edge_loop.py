@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cortex.edge.loop import choose_loop, run
+from cortex.edge.loop import choose_loop
 
 
 async def loop_module() -> str:
@@ -27,4 +27,4 @@ def test_auto_falls_back_to_asyncio_where_uvloop_is_missing(
 
 def test_auto_is_uvloop_where_installed() -> None:
     assert choose_loop().name.startswith("uvloop ")
-    assert run(loop_module()) == "uvloop"
+    assert choose_loop().run(loop_module()) == "uvloop"

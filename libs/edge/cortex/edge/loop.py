@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, TypeVar
 
-__all__ = ["EVENT_LOOPS", "EventLoop", "choose_loop", "run"]
+__all__ = ["EVENT_LOOPS", "EventLoop", "choose_loop"]
 
 T = TypeVar("T")
 
@@ -51,8 +51,3 @@ def choose_loop(wanted: str = "auto") -> EventLoop:
         else:
             return EventLoop(f"uvloop {metadata.version('uvloop')}", uvloop.new_event_loop)
     return EventLoop("asyncio", None)
-
-
-def run(main: Coroutine[Any, Any, T], wanted: str = "auto") -> T:
-    """``main`` run to completion on :func:`choose_loop`'s loop."""
-    return choose_loop(wanted).run(main)
