@@ -28,7 +28,7 @@ import yaml
 
 from cortex.bench.faults_load import LoadGenerator, LoopThread
 from cortex.bench.opskit import KitCheck, check_until_healthy, scrape_targets
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 from cortex.testing.prometheus import INSTALL_HINT, PrometheusServer, prometheus_binary
 
 pytestmark = pytest.mark.slow

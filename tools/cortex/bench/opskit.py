@@ -1,7 +1,7 @@
 """``cortex bench ops-kit``: the alert rules and the Grafana dashboard, evaluated by a real
 Prometheus scraping a real cluster under load.
 
-A :class:`~cortex.cli.cluster.LocalCluster` (Redis, index, ingest, a gateway, ``--workers``
+A :class:`~cortex.devcluster.cluster.LocalCluster` (Redis, index, ingest, a gateway, ``--workers``
 sims; ``--pd`` makes them prefill/decode pairs) serves :class:`~cortex.bench.faults_load.
 LoadGenerator` load (shared system prompts, half streamed) while Prometheus (Debian's
 ``prometheus``) scrapes every service and every sim each second and evaluates
@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from cortex.bench.faults_load import LoadGenerator, LoopThread
 from cortex.bench.report import provenance, table
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 from cortex.testing.prometheus import PrometheusServer
 
 __all__ = ["KitCheck", "check", "panel_queries", "register", "scrape_targets",
