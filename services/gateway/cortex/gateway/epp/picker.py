@@ -12,9 +12,9 @@ in the request's metadata) restricts the choice; nothing eligible → 503, a ful
 (admission) → 429, a bad request → 400, as immediate responses with an OpenAI error body.
 
 On the response, Envoy reports the endpoint that served (``envoy.lb`` /
-``x-gateway-destination-endpoint-served``): the blocks the decision credited move there when
-a fallback served. The request counts as load on its worker (and holds an admission slot)
-until the response ends or the stream closes.
+``x-gateway-destination-endpoint-served``, or Envoy's ``upstream.address`` attribute): the
+blocks the decision credited move there when a fallback served. The request counts as load
+on its worker (and holds an admission slot) until the response ends or the stream closes.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
+UPSTREAM_ADDRESS = "upstream.address"
 MAX_ENDPOINTS = 4
 """Endpoints named per request: the choice and up to three fallbacks (Envoy's retries)."""
 
@@ -101,6 +102,20 @@ def _struct_value(metadata: base_pb2.Metadata, namespace: str, key: str) -> Any:
     if kind == "list_value":
         return [v.string_value for v in value.list_value.values]
     return value.string_value if kind == "string_value" else None
+
+
+def _served_address(req: ext.ProcessingRequest) -> str | None:
+    """The endpoint that served, as the data plane reports it: the protocol's
+    ``envoy.lb`` / ``x-gateway-destination-endpoint-served`` metadata, else Envoy's own
+    ``upstream.address`` attribute (``response_attributes`` of the ext_proc filter)."""
+    served = _struct_value(req.metadata_context, LB_NAMESPACE, SERVED)
+    if isinstance(served, str) and served:
+        return served
+    for attributes in req.attributes.values():
+        value = attributes.fields.get(UPSTREAM_ADDRESS)
+        if value is not None and value.WhichOneof("kind") == "string_value" and value.string_value:
+            return value.string_value
+    return None
 
 
 def _set_headers(pairs: Iterable[tuple[str, str]]) -> ext.HeaderMutation:
@@ -267,11 +282,11 @@ class PickerStream:
     # ---- the response ----
 
     def _on_response_headers(self, req: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
-        served = _struct_value(req.metadata_context, LB_NAMESPACE, SERVED)
+        served = _served_address(req)
         extra: list[tuple[str, str]] = []
         hit: int | None = None
         picked = self.picked
-        if isinstance(served, str) and served and picked is not None:
+        if served is not None and picked is not None:
             self.served = served
             worker = next((w for w in self.gw.pool if address_of(w.spec) == served), None)
             m = self.gw.metrics
