@@ -71,7 +71,8 @@ def _ext_proc(picker_cluster: str, body_mode: BodyMode, failure_mode_allow: bool
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
         "request_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "BUFFERED",
-        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "NONE",
+        # the answer passes the picker too: its usage is the prediction check
+        "response_body_mode": "FULL_DUPLEX_STREAMED" if duplex else "STREAMED",
         "request_trailer_mode": "SEND" if duplex else "SKIP",
         "response_trailer_mode": "SEND" if duplex else "SKIP",
     }

@@ -19,6 +19,7 @@ on its worker (and holds an admission slot) until the response ends or the strea
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from cortex.gateway.api.decision_headers import decision_headers
+from cortex.gateway.api.inference import check_prediction
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.request.payload import InferencePath, parse_body
 from cortex.gateway.routing.routed import Routed
@@ -52,6 +54,8 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
 UPSTREAM_ADDRESS = "upstream.address"
 MAX_ENDPOINTS = 4
+ANSWER_BYTES = 1 << 20
+"""Answer bytes kept to find the engine's usage (a larger answer counts as ``unknown``)."""
 """Endpoints named per request: the choice and up to three fallbacks (Envoy's retries)."""
 
 _Mode = processing_mode_pb2.ProcessingMode
@@ -110,11 +114,11 @@ def _served_address(req: ext.ProcessingRequest) -> str | None:
     ``upstream.address`` attribute (``response_attributes`` of the ext_proc filter)."""
     served = _struct_value(req.metadata_context, LB_NAMESPACE, SERVED)
     if isinstance(served, str) and served:
-        return served
+        return str(served)
     for attributes in req.attributes.values():
         value = attributes.fields.get(UPSTREAM_ADDRESS)
         if value is not None and value.WhichOneof("kind") == "string_value" and value.string_value:
-            return value.string_value
+            return str(value.string_value)
     return None
 
 
@@ -152,6 +156,8 @@ class PickerStream:
         self._duplex_response = False
         self._request_mode = _Mode.BUFFERED
         self._admitted = False
+        self._hit: int | None = None  # tokens credited to the endpoint that served
+        self._answer_seen: bytearray | None = None  # the answer so far (usage is at its end)
 
     def __repr__(self) -> str:
         chosen = self.picked.destination if self.picked else None
@@ -303,6 +309,7 @@ class PickerStream:
             if worker is not None:
                 extra = [(name.decode(), value.decode()) for name, value in
                          decision_headers(hit_tokens=hit, worker=worker.id)]
+                self._hit, self._answer_seen = hit, (bytearray() if hit is not None else None)
         common = ext.CommonResponse(header_mutation=_set_headers(extra)) if extra else None
         reply = ext.ProcessingResponse(response_headers=ext.HeadersResponse(response=common))
         if req.response_headers.end_of_stream:
@@ -311,7 +318,13 @@ class PickerStream:
 
     def _on_response_body(self, body: ext.HttpBody) -> list[ext.ProcessingResponse]:
         done = body.end_of_stream or body.end_of_stream_without_message
+        answer = self._answer_seen
+        if answer is not None:
+            answer += body.body
+            if len(answer) > ANSWER_BYTES:
+                self._answer_seen = None
         if done:
+            self._check_prediction()
             self.close()
         if not self._duplex_response:
             return [ext.ProcessingResponse(response_body=ext.BodyResponse())]
@@ -320,6 +333,17 @@ class PickerStream:
             body_mutation=ext.BodyMutation(streamed_response=ext.StreamedBodyResponse(
                 body=body.body, end_of_stream=body.end_of_stream)))
         return [ext.ProcessingResponse(response_body=ext.BodyResponse(response=common))]
+
+    def _check_prediction(self) -> None:
+        """The engine's cached tokens (the answer's usage) against the hit credited to the
+        endpoint that served, as the gateway's own path counts them."""
+        answer, self._answer_seen = self._answer_seen, None
+        picked = self.picked
+        if self._hit is None or picked is None or picked.routed is None:
+            return
+        obj = None if answer is None else answer_object(bytes(answer))
+        check_prediction(self.gw.metrics, picked.routed.model.reports_cached_tokens,
+                         self._hit, obj)
 
     def close(self) -> None:
         """The request ended: its load leaves the worker, its admission slot is freed."""
@@ -330,6 +354,25 @@ class PickerStream:
         if self._admitted:
             self._admitted = False
             self.gw.admission.release()
+
+
+def answer_object(answer: bytes) -> Any:
+    """The response object that carries the usage: a JSON body, or the last data event of
+    an SSE stream with a ``usage`` (``None`` when there is none)."""
+    if answer.lstrip()[:1] == b"{":
+        try:
+            return json.loads(answer)
+        except ValueError:
+            return None
+    for line in reversed(answer.splitlines()):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                event = json.loads(line[6:])
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("usage"):
+                return event
+    return None
 
 
 def metadata_of(values: Mapping[str, Mapping[str, Any]]) -> base_pb2.Metadata:
