@@ -188,7 +188,7 @@ def test_a_worker_that_never_becomes_routable_is_named_when_start_up_gives_up(
     dead = WorkerSpec(id="gone", url=f"http://127.0.0.1:{free_port()}", engine=Engine.VLLM,
                       model="m", block_size=16)
     spec = ClusterSpec(workers=0, port=0, external=(dead,), model="m", engine=Engine.VLLM,
-                       lease_ttl_s=3, ready_timeout_s=6)
+                       lease_ttl_s=3, ready_timeout_s=12)  # the gateway itself must be up first
     with pytest.raises(ClusterError) as caught:
         LocalCluster(spec, tmp_path / "logs").start()
     message = str(caught.value)
