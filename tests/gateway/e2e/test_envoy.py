@@ -241,3 +241,25 @@ def test_the_picker_dead_fails_closed_or_open(cluster: LocalCluster, picker: str
         finally:
             cluster.restart("gateway-0")
             cluster.wait_ready()
+
+
+def test_prefill_decode_pairs_go_through_the_gateway(tmp_path_factory: pytest.TempPathFactory
+                                                     ) -> None:
+    """One picked endpoint cannot run a prefill and a decode leg: for a model served by
+    pairs only, the picker refuses (503, saying where to send it) and the gateway serves it
+    disaggregated."""
+    if envoy_binary() is None:
+        pytest.skip(f"envoy not found: {INSTALL_HINT}")
+    picker = f"127.0.0.1:{free_port()}"
+    spec = ClusterSpec(workers=2, pd=True, gateways=1, port=0, zero_cost=True, lease_ttl_s=3,
+                       gateway_args=("--epp-port", picker.rsplit(":", 1)[1],
+                                     "--epp-host", "127.0.0.1"))
+    with LocalCluster(spec, tmp_path_factory.mktemp("envoy-pd")) as pd_cluster, \
+            EnvoyProxy(picker=picker, endpoints=list(endpoints(pd_cluster))) as proxy:
+        status, _, body = post(proxy.url, chat("a question for a pair"))
+        assert status == 503
+        error = json.loads(body)["error"]
+        assert "prefill/decode pairs" in error["message"]
+        assert "cortex-gateway" in error["message"]
+        status, headers, _ = post(pd_cluster.gateway_urls[0], chat("a question for a pair"))
+        assert status == 200 and headers["x-cortex-pd"] in ("disaggregated", "local_prefill")

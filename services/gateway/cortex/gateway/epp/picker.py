@@ -268,6 +268,7 @@ class PickerStream:
         if endpoint is None or not self._body:
             return self._any(allowed)
         request = gw.admit(endpoint, parse_body(bytes(self._body)))
+        self._refuse_disaggregated(request.model.name)
         await gw.admission.acquire()  # ServiceUnavailable: 429 queue full, 503 waited
         self._admitted = True
         deadline = time.monotonic() + self._timeout_s
@@ -275,6 +276,15 @@ class PickerStream:
         specs = [state.spec for scored in routed.decision.ranked[:MAX_ENDPOINTS]
                  if (state := gw.pool.get(scored.worker_id)) is not None]
         return _Picked(routed, tuple(specs))
+
+    def _refuse_disaggregated(self, model: str) -> None:
+        """A model served only by prefill/decode pairs: one picked endpoint cannot run both
+        legs, so such requests go through ``cortex-gateway`` (docs/kubernetes.md)."""
+        workers = [w for w in self.gw.pool if w.spec.model == model]
+        if workers and all(w.spec.role is not WorkerRole.REGULAR for w in workers):
+            raise ServiceUnavailable(
+                f"model {model!r} is served as prefill/decode pairs, which one picked endpoint "
+                "cannot express: send its requests through cortex-gateway")
 
     def _any(self, allowed: set[str]) -> _Picked:
         """A request that is no inference (no body, another path): the least loaded
