@@ -54,9 +54,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
 UPSTREAM_ADDRESS = "upstream.address"
 MAX_ENDPOINTS = 4
+"""Endpoints named per request: the choice and up to three fallbacks (Envoy's retries)."""
 ANSWER_BYTES = 1 << 20
 """Answer bytes kept to find the engine's usage (a larger answer counts as ``unknown``)."""
-"""Endpoints named per request: the choice and up to three fallbacks (Envoy's retries)."""
 
 _Mode = processing_mode_pb2.ProcessingMode
 _CONTINUE_AND_REPLACE = ext.CommonResponse.CONTINUE_AND_REPLACE
