@@ -53,10 +53,11 @@ def picker() -> str:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, picker: str) -> Iterator[LocalCluster]:
     spec = ClusterSpec(
-        workers=3, gateways=1, port=0, zero_cost=True, lease_ttl_s=3,
+        workers=3, gateways=1, port=0, zero_cost=True, lease_ttl_s=10,
         gateway_args=("--epp-port", picker.rsplit(":", 1)[1], "--epp-host", "127.0.0.1"),
         # one request in service, none waiting: the 429 case fills it; the health probe is
-        # slow enough that a worker killed now is still picked (its fallback then serves)
+        # slow enough (3 s, inside the 10 s lease) that a worker killed now is still picked
+        # (its fallback then serves)
         gateway_config={"admission": {"max_concurrent_requests": 1, "queue_size": 0},
                         "health": {"interval_s": 3.0}})
     with LocalCluster(spec, tmp_path_factory.mktemp("envoy")) as cluster:
