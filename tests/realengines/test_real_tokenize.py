@@ -60,7 +60,10 @@ def _deepseek(chat: dict[str, Any], thinking: bool | None) -> dict[str, Any]:
 
 DEEPSEEK_CHATS = [_deepseek(chat, thinking) for chat in CHATS[:4]
                   for thinking in (True, False, None)] + [
-    {**CHATS[1], "reasoning_effort": effort} for effort in ("none", "low", "max")]
+    # as a template variable: vLLM's /tokenize drops a request-level reasoning_effort (a
+    # chat-completions field), its encoder reads the variable
+    {**CHATS[1], "chat_template_kwargs": {"reasoning_effort": effort}}
+    for effort in ("none", "low", "max")]
 
 
 def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
@@ -71,7 +74,7 @@ def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
 
 def _ids(chats: list[Any]) -> list[str]:
     """``3-tools``, ``0-thinking=False``: what each chat exercises."""
-    shown = ("thinking", "reasoning_effort")
+    shown = ("thinking", "reasoning_effort")  # chat_template_kwargs are listed too
     return ["-".join([str(i), *sorted(f"{k}={v}" if k in shown else k for k, v in
                                       {**c, **c.get("chat_template_kwargs", {})}.items()
                                       if k not in ("messages", "chat_template_kwargs"))])

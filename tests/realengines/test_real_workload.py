@@ -43,7 +43,8 @@ def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
     in_flight = [o for o in tally.over if watch.in_flight(o)]
     report(phase, {**summary, "over_in_flight": len(in_flight)})
     found = [f"{phase}: failed {f}" for f in tally.failures[:3]]
-    found += [f"{phase}: over-predicted {o}" for o in tally.over if o not in in_flight][:5]
+    found += [f"{phase}: over-predicted {o}, its worker's removals (s before, blocks): "
+              f"{watch.recent(o)}" for o in tally.over if o not in in_flight][:5]
     if tally.exact < 0.99 * len(tally.outcomes):
         found.append(f"{phase}: {tally.exact} of {len(tally.outcomes)} exact")
     return found

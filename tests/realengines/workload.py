@@ -116,6 +116,13 @@ class EvictionWatch:
                      if start <= at <= outcome.sent_at)
         return math.ceil((outcome.predicted - outcome.cached) / BLOCK_TOKENS) <= blocks
 
+    def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, int]]:
+        """``(seconds before the request was sent, blocks)`` of its worker's removals in the
+        ``span_s`` around it (what a failure report shows)."""
+        return [(round(outcome.sent_at - at, 3), n)
+                for at, n in self.removed.get(outcome.worker, ())
+                if abs(outcome.sent_at - at) <= span_s]
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
