@@ -184,7 +184,8 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
 def _run_real(args: argparse.Namespace) -> int:
     chosen = (",".join(REAL_CONTENDERS) if args.contenders == ",".join(CONTENDERS)
               else args.contenders)
-    contenders = _choice(chosen, REAL_CONTENDERS, "contenders")
+    _choice(chosen, REAL_CONTENDERS, "contenders")
+    contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
     out = Path(args.out)
     run_real(out, contenders, requests=args.requests, conversations=args.conversations,
              replicas=args.replicas, seed=args.seed)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import random
@@ -38,7 +37,7 @@ from typing import Any
 
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
-from cortex.cli.supervisor import Supervisor
+from cortex.cli.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
@@ -157,10 +156,11 @@ async def _discover(urls: list[str]) -> list[Any]:
 def _peer_argv(contender: str, port: int, engines: list[VllmEngine]) -> list[str]:
     urls = [e.url for e in engines]
     if contender == "vllm_kv_aware":
-        events = [f"{e.url}=tcp://127.0.0.1:{e.events_port}" for e in engines]
-        replays = [f"{e.url}=tcp://127.0.0.1:{e.replay_port}" for e in engines]
-        return [*vllm_router_argv(port, "kv_aware", urls), "--kv-event-source", *events,
-                "--kv-event-replay-source", *replays,
+        sources = []  # one WORKER_URL=ENDPOINT per flag
+        for e in engines:
+            sources += ["--kv-event-source", f"{e.url}=tcp://127.0.0.1:{e.events_port}",
+                        "--kv-event-replay-source", f"{e.url}=tcp://127.0.0.1:{e.replay_port}"]
+        return [*vllm_router_argv(port, "kv_aware", urls), *sources,
                 "--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", "tiny-qwen"]
     policy = "cache_aware" if contender == "sglang_cache_aware" else "round_robin"
     return sglang_router_argv(port, policy, urls)
@@ -175,8 +175,13 @@ def _peers(contender: str, engines: list[VllmEngine], log_dir: Path, replicas: i
             port = free_port()
             child = supervisor.start(f"{contender}-{i}", _peer_argv(contender, port, engines))
             url = f"http://127.0.0.1:{port}"
-            wait_until(functools.partial(probe_http, url + "/v1/models"), 60, 0.1,
-                       f"{contender}-{i} ready")
+
+            def ready(child: Child = child, url: str = url) -> bool:
+                if not child.alive():
+                    raise ChildExited(f"{child.name} exited: {child.log_tail(500)}")
+                return probe_http(url + "/v1/models")
+
+            wait_until(ready, 60, 0.1, f"{contender}-{i} ready")
             urls.append(url)
             pids[f"{contender}-{i}"] = child.pid
         yield urls, pids
@@ -224,6 +229,8 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
             engine.launch()
         for engine in engines:
             engine.wait_healthy()
+        # first requests pay the engines' own warm-up: not any contender's
+        _workload([e.url for e in engines], 6, conversations, seed + 1)
         for contender in contenders:
             for engine in engines:
                 _post(engine.url + "/reset_prefix_cache")
