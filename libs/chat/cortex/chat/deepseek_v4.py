@@ -283,7 +283,7 @@ def render_deepseek_v4(messages: Sequence[Mapping[str, Any]],
         role = message.get("role")
         if following not in (None, "assistant"):
             continue
-        if role in ("user", "developer") or (role == "system"):
+        if role in ("user", "developer", "system"):
             opens_thinking = thinking and (not drop or i >= last_user)
             out.append(ASSISTANT + (THINK if opens_thinking else END_THINK))
     return "".join(out)
