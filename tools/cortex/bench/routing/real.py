@@ -6,7 +6,7 @@ a multi-turn workload evicts, KV events over ZMQ with a replay ROUTER). They sta
 contender gets them with an empty prefix cache (``/reset_prefix_cache``, vLLM's dev-mode
 route: the engine drops every cached block and says so with ``AllBlocksCleared``), then:
 
-- ``cortex`` — :class:`~cortex.cli.cluster.LocalCluster` (Redis, index, ingest, the gateways)
+- ``cortex`` — :class:`~cortex.devcluster.cluster.LocalCluster` (Redis, index, ingest, the gateways)
   with the worker specs discovery learns from the engines;
 - ``sglang_cache_aware`` / ``round_robin`` — ``sglang-router launch --policy …``;
 - ``vllm_kv_aware`` — ``vllm-router --policy kv_aware`` fed the engines' KV events
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from cortex.bench.routing.contenders import CpuMeter
-from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
-from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
+from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
