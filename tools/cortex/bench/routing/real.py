@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -87,17 +88,31 @@ class Conversations:
         self.sizes[i] = size
 
 
-def _stream(url: str, body: dict[str, Any]) -> tuple[Shot, str]:
-    """One streamed chat request: its :class:`Shot` and the answer's text."""
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    started = time.perf_counter()
-    ttft = None
-    text: list[str] = []
-    usage: dict[str, Any] = {}
-    with urllib.request.urlopen(request, timeout=120) as response:
+class Client:
+    """One keep-alive HTTP connection per router, as an SDK client holds them (a client
+    that closes after every answer makes a gateway's post-answer work race its close)."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, http.client.HTTPConnection] = {}
+
+    def stream(self, url: str, body: dict[str, Any]) -> tuple[Shot, str]:
+        """One streamed chat request: its :class:`Shot` and the answer's text."""
+        connection = self._connections.get(url)
+        if connection is None:
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            connection = self._connections[url] = http.client.HTTPConnection(
+                host, int(port), timeout=120)
+        started = time.perf_counter()
+        connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
         predicted = int(response.headers.get("x-cortex-cache-hit-tokens", "-1"))
-        for line in response:
+        ttft = None
+        text: list[str] = []
+        usage: dict[str, Any] = {}
+        while line := response.readline():
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
             chunk = json.loads(line[6:])
@@ -107,24 +122,32 @@ def _stream(url: str, body: dict[str, Any]) -> tuple[Shot, str]:
                     ttft = ttft if ttft is not None else time.perf_counter() - started
                     text.append(piece)
             usage = chunk.get("usage") or usage
-    details = usage.get("prompt_tokens_details") or {}
-    shot = Shot(ttft if ttft is not None else time.perf_counter() - started,
-                int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0),
-                predicted)
-    return shot, "".join(text)
+        details = usage.get("prompt_tokens_details") or {}
+        shot = Shot(ttft if ttft is not None else time.perf_counter() - started,
+                    int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0),
+                    predicted)
+        return shot, "".join(text)
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
 
 
 def _workload(urls: list[str], requests: int, conversations: int, seed: int) -> list[Shot]:
     chats = Conversations(conversations, seed)
     shots = []
-    for n in range(requests):
-        i, messages = chats.next()
-        body = {"model": "tiny-qwen", "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True,
-                "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
-        shot, answer = _stream(urls[n % len(urls)], body)
-        chats.answered(i, messages, answer, shot.prompt_tokens)
-        shots.append(shot)
+    client = Client()
+    try:
+        for n in range(requests):
+            i, messages = chats.next()
+            body = {"model": "tiny-qwen", "messages": messages, "stream": True,
+                    "stream_options": {"include_usage": True}, "ignore_eos": True,
+                    "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
+            shot, answer = client.stream(urls[n % len(urls)], body)
+            chats.answered(i, messages, answer, shot.prompt_tokens)
+            shots.append(shot)
+    finally:
+        client.close()
     return shots
 
 
