@@ -4,7 +4,8 @@ The engines are the real-engine suite's (:mod:`cortex.testing.vllm_engines`: vll
 the tiny random Qwen3 model with the Qwen3.5 tokenizer, block size 16, 512-block KV caches so
 a multi-turn workload evicts, KV events over ZMQ with a replay ROUTER). They start once; each
 contender gets them with an empty prefix cache (``/reset_prefix_cache``, vLLM's dev-mode
-route: the engine drops every cached block and says so with ``AllBlocksCleared``), then:
+route: the engine drops every cached block and says so with ``AllBlocksCleared``, which it
+publishes with its next step — so a one-token request follows), then:
 
 - ``cortex`` — :class:`~cortex.devcluster.cluster.LocalCluster` (Redis, index, ingest, the gateways)
   with the worker specs discovery learns from the engines;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -168,8 +170,18 @@ def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, repl
                        engine=Engine.VLLM, block_size=BLOCK_SIZE, lease_ttl_s=3,
                        gateways=replicas, gateway_config=config, ready_timeout_s=180)
     with LocalCluster(spec, log_dir) as cluster:
+        for url in cluster.gateway_urls:  # the encoder's parity probe is start-up work
+            with contextlib.suppress(TimeoutError):
+                wait_until(functools.partial(_encoder_chosen, url), 120, 0.5,
+                           "the gateway's fastokens probe")
         names = ("redis", "index", "ingest", *(f"gateway-{i}" for i in range(replicas)))
         yield list(cluster.gateway_urls), {n: cluster.process(n).pid for n in names}
+
+
+def _encoder_chosen(url: str) -> bool:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return 'encoder="fastokens"} 1.0' in text
 
 
 async def _discover(urls: list[str]) -> list[Any]:
@@ -257,6 +269,10 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
         for contender in contenders:
             for engine in engines:
                 _post(engine.url + "/reset_prefix_cache")
+                # the reset's AllBlocksCleared is published with the engine's next step:
+                # one step of a prompt shorter than a block (nothing cached) sends it
+                engine.call("/v1/completions", {"model": "tiny-qwen", "prompt": "hi",
+                                                "max_tokens": 1})
             deploy = _cortex(engines, found, run_dir / contender, replicas) \
                 if contender == "cortex" else _peers(contender, engines, run_dir / contender,
                                                      replicas)
