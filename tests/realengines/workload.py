@@ -32,7 +32,8 @@ __all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcom
 
 IN_FLIGHT_S = 0.1
 """How long before a request was sent an engine's eviction may still be on its way to the
-gateway's ledger replica (measured: a few ms; generous for 2 loaded cores)."""
+gateway's ledger replica (ZMQ, ingest, gRPC, the index, the replica stream: milliseconds
+normally; generous for 2 loaded cores, not measured)."""
 BLOCK_TOKENS = 16
 
 REPORT_ENV = "CORTEX_REALENGINE_REPORT"  # a JSON file the run's numbers are added to
