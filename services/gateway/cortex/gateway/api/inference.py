@@ -11,6 +11,10 @@ The exchange with the worker runs in its own task raced against ``http.disconnec
 client that goes away cancels it, which closes the upstream connection (the engine aborts
 the generation) and frees the worker's in-flight slot. The request's deadline
 (``upstream.request_timeout_s``) bounds routing (the index Match) and the upstream call.
+
+The decision headers, built in one place for every answer: the gateway's own responses
+(served, failed before a worker answered, rejected before routing) and the endpoint
+picker's response-header mutation (``docs/api.md`` lists them).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from cortex.gateway.api.decision_headers import NOT_ROUTED, decision_headers
 from cortex.gateway.config.gateway import Timeouts
 from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher, upstream_body
@@ -36,12 +39,14 @@ from cortex.gateway.http.messages import (
     send_bytes,
     send_error,
 )
+from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import (
     InferencePath,
     InferenceRequest,
     parse_body,
 )
-from cortex.gateway.routing.routed import Routed
+from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.scoring import PDOutcome
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
@@ -49,9 +54,55 @@ from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.gateway.upstream.sse import SSEForwarder, cached_tokens_of, sse_error_event
 from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 
-__all__ = ["InferenceHandler", "race_disconnect", "request_id_of"]
+__all__ = [
+    "NOT_ROUTED",
+    "InferenceHandler",
+    "check_prediction",
+    "decision_headers",
+    "race_disconnect",
+    "request_id_of",
+]
 
 log = logging.getLogger(__name__)
+
+
+# ---- decision_headers ----
+
+
+def decision_headers(*, hit_tokens: int | None = None, worker: str | None = None,
+                     mode: str | None = None, reason: str | None = None,
+                     attempts: int | None = None, pd: PDOutcome | None = None,
+                     pd_failed: bool = False) -> list[tuple[bytes, bytes]]:
+    """The ``x-cortex-*`` headers of the fields given (``None``: the header is left out),
+    in the order clients have always seen them. ``pd`` adds how a disaggregated model's
+    request was served; ``pd_failed`` says it was not served at all."""
+    headers: list[tuple[bytes, bytes]] = []
+    if hit_tokens is not None:
+        headers.append((b"x-cortex-cache-hit-tokens", str(hit_tokens).encode()))
+    if worker is not None:
+        headers.append((b"x-cortex-assigned-worker", worker.encode()))
+    if mode is not None:
+        headers.append((b"x-cortex-match-mode", mode.encode()))
+    if reason is not None:
+        headers.append((b"x-cortex-match-reason", reason.encode()))
+    if attempts is not None:
+        headers.append((b"x-cortex-attempts", str(attempts).encode()))
+    if pd is not None:
+        headers += [(b"x-cortex-pd", pd.mode.value.encode()),
+                    (b"x-cortex-prefill-worker", (pd.prefill or "none").encode()),
+                    (b"x-cortex-decode-worker", (pd.decode or "none").encode())]
+    elif pd_failed:
+        headers += [(b"x-cortex-pd", b"failed"), (b"x-cortex-prefill-worker", b"none"),
+                    (b"x-cortex-decode-worker", b"none")]
+    return headers
+
+
+NOT_ROUTED = decision_headers(hit_tokens=0, worker="none", mode="none")
+"""The headers of a request rejected before routing."""
+
+
+# ---- inference ----
+
 
 _ids = random.Random()  # request ids need to be unique, not unpredictable: no syscall each
 _SSE_HEADERS: Headers = [
@@ -430,28 +481,39 @@ class _Conversation:
 
     def _truth_check(self, opened: Opened, obj: Any) -> None:
         """Compare the engine's cached tokens with the hit the gateway predicted."""
-        metrics = self.gw.metrics
-        actual = cached_tokens_of(obj)
-        if actual is None and isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
-            if self.req.model.reports_cached_tokens:
-                actual = 0  # engines omit the details when nothing was cached
-        if actual is None:
-            metrics.child(metrics.prediction, "unknown").inc()
-            return
         predicted = opened.hit_tokens
-        metrics.predicted_tokens.inc(predicted)
-        metrics.actual_tokens.inc(actual)
-        if predicted > actual:
-            metrics.child(metrics.prediction, "over").inc()
-            metrics.overpredicted_tokens.observe(predicted - actual)
+        outcome, actual = check_prediction(self.gw.metrics, self.req.model.reports_cached_tokens,
+                                           predicted, obj)
+        if outcome == "over":
             log.info("cache hit over-predicted worker=%s request_id=%s predicted=%d actual=%d",
                      opened.worker.id, self.request_id, predicted, actual,
                      extra={"worker": opened.worker.id, "request_id": self.request_id})
-        elif predicted < actual:
-            metrics.child(metrics.prediction, "under").inc()
-            metrics.underpredicted_tokens.observe(actual - predicted)
-        else:
-            metrics.child(metrics.prediction, "exact").inc()
+
+
+def check_prediction(metrics: GatewayMetrics, reports_cached_tokens: bool, predicted: int,
+                     answer: Any) -> tuple[str, int | None]:
+    """Count the engine's cached prompt tokens in ``answer`` (a response object) against the
+    ``predicted`` hit (tokens): the outcome (``exact``, ``over``, ``under``, ``unknown``)
+    and the engine's number."""
+    actual = cached_tokens_of(answer)
+    if actual is None and isinstance(answer, dict) and isinstance(answer.get("usage"), dict):
+        if reports_cached_tokens:
+            actual = 0  # engines omit the details when nothing was cached
+    if actual is None:
+        metrics.child(metrics.prediction, "unknown").inc()
+        return "unknown", None
+    metrics.predicted_tokens.inc(predicted)
+    metrics.actual_tokens.inc(actual)
+    if predicted > actual:
+        metrics.child(metrics.prediction, "over").inc()
+        metrics.overpredicted_tokens.observe(predicted - actual)
+        return "over", actual
+    if predicted < actual:
+        metrics.child(metrics.prediction, "under").inc()
+        metrics.underpredicted_tokens.observe(actual - predicted)
+        return "under", actual
+    metrics.child(metrics.prediction, "exact").inc()
+    return "exact", actual
 
 
 def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:

@@ -19,12 +19,10 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.fleet.progress import ProgressWatch
+from cortex.gateway.fleet.pool import ProgressWatch, WorkerState
 from cortex.gateway.http import json_codec
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.routing.pairing import PDOutcome
-from cortex.gateway.routing.scoring import Decision
+from cortex.gateway.routing.scoring import Decision, PDOutcome
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
 from cortex.gateway.upstream.sse import EventRewrite, is_event_stream
 
@@ -92,7 +90,7 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     count on the worker's prefill queue (:attr:`WorkerState.prefilling`) until then.
     ``attempts``: its number among the request's attempts; ``mode``: the decision's (the
     first-byte histogram's label). ``watch``: fails the wait at once when it finds the
-    worker wedged (:mod:`cortex.gateway.fleet.progress`)."""
+    worker wedged (:mod:`cortex.gateway.fleet.pool`)."""
     breaker = worker.breaker
     breaker.on_attempt()
     slot = acquire_slot(worker, metrics)
@@ -109,7 +107,8 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
                 async with timer, stall:
                     response = await upstream.post(worker.spec.url.rstrip("/") + path, body,
                                                    headers, worker.spec)
-                    head, answer = await first_bytes(response, stream, retry_statuses)
+                    head, answer = await first_bytes(response, stream, retry_statuses,
+                                                     listed=path == "/generate")
         except TimeoutError:
             if stall.expired():
                 raise UpstreamFailure(FailureKind.WEDGED,
@@ -146,13 +145,13 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     return Opened(worker, response, head, attempts, metrics, slot, answer=answer)
 
 
-async def first_bytes(response: Response, stream: bool, retry_statuses: Collection[int]
-                      ) -> tuple[bytes, Any]:
-    """The whole body (and, for a 200, the JSON object it must be), or a stream's first
-    chunk (and ``None``); :class:`UpstreamFailure` for a retryable status, a stream that
-    ends before any byte, or a 200 that breaks the endpoint's promise (``bad_answer``: a
-    body that is not a JSON object, a streamed request answered otherwise than with the
-    engines' SSE)."""
+async def first_bytes(response: Response, stream: bool, retry_statuses: Collection[int],
+                      *, listed: bool = False) -> tuple[bytes, Any]:
+    """The whole body (and, for a 200, the JSON object it must be — or with ``listed``, a
+    batched SGLang ``/generate``, a list of them), or a stream's first chunk (and
+    ``None``); :class:`UpstreamFailure` for a retryable status, a stream that ends before
+    any byte, or a 200 that breaks the endpoint's promise (``bad_answer``: a body that is
+    not such JSON, a streamed request answered otherwise than with the engines' SSE)."""
     if response.status in retry_statuses:
         await response.read()
         raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
@@ -161,7 +160,7 @@ async def first_bytes(response: Response, stream: bool, retry_statuses: Collecti
         return await response.read(), None
     if not stream:
         body = await response.read()
-        answer = _json_object(body)
+        answer = json_answer(body, listed)
         if answer is None:
             raise UpstreamFailure(FailureKind.BAD_ANSWER, "a 200 that is not a JSON object")
         return body, answer
@@ -175,9 +174,14 @@ async def first_bytes(response: Response, stream: bool, retry_statuses: Collecti
     raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
+def json_answer(body: bytes, listed: bool = False) -> Any:
+    """``body`` as a JSON object (or, ``listed``, a non-empty list of them: a batched
+    ``/generate``); ``None`` when it is not."""
     try:
         obj = json_codec.loads(body)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) else None
+    if isinstance(obj, dict) or (listed and isinstance(obj, list) and obj
+                                 and all(isinstance(item, dict) for item in obj)):
+        return obj
+    return None

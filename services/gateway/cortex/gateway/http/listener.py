@@ -4,7 +4,7 @@ hypercorn accepts every connection it is offered, so the server asks this listen
 each one (and releases it when it closes); at a bound, a new one is answered with a 503
 ``Retry-After`` response and closed at once, instead of letting a flood of idle connections
 take every file descriptor of the process. A place is held only while the
-socket is open: :class:`~cortex.gateway.http.connection.GuardedConnection` closes one whose
+socket is open: :class:`~cortex.gateway.http.admission.GuardedConnection` closes one whose
 peer left, or that sent no request in time, at once.
 """
 

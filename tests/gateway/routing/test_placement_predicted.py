@@ -1,0 +1,102 @@
+"""Hot cache (staleness, invalidation) and predicted blocks (TTL side index)."""
+
+from __future__ import annotations
+
+from cortex.gateway.routing.placement import PredictedBlocks
+from cortex.ledger.match import Match, SourceMatch
+from cortex.ledger.model import LedgerState, Source
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def answer(*holders: tuple[str, int]) -> Match:
+    return Match(tuple(SourceMatch(Source(w, 0), b, LedgerState.READY) for w, b in holders), 1, 4)
+
+
+def test_predicted_blocks_credit_leading_chain_until_ttl() -> None:
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=2.0, clock=clock)
+    pred.credit("a", [10, 11, 12, 13])
+    assert pred.match([10, 11, 99]) == {"a": 2}
+    assert pred.match([99, 10]) == {}
+    pred.credit("b", [10, 11])
+    assert pred.match([10, 11, 12]) == {"a": 3, "b": 2}
+    clock.now += 2.5
+    assert pred.match([10, 11]) == {}
+    assert len(pred) == 0
+
+
+def test_predicted_refresh_outlives_the_older_credit() -> None:
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=2.0, clock=clock)
+    pred.credit("a", [1, 2, 3])
+    clock.now += 1.5
+    pred.credit("a", [1, 2])
+    clock.now += 1.0  # first credit expired, second still valid
+    assert pred.match([1, 2, 3]) == {"a": 2}
+
+
+def test_predicted_forget_worker_and_keys_and_bound() -> None:
+    pred = PredictedBlocks(ttl_s=10.0, max_keys=5, clock=Clock())
+    pred.credit("a", [1, 2, 3])
+    pred.credit("b", [1, 2, 3])
+    pred.forget_worker("a")
+    assert pred.match([1, 2, 3]) == {"b": 3}
+    pred.forget_keys("b", [2])
+    assert pred.match([1, 2, 3]) == {"b": 1}  # consecutive from the first block only
+    pred.credit("c", [7, 8, 9])  # over the bound: the oldest credit goes
+    assert pred.match([1]) == {}
+    assert pred.match([7, 8, 9]) == {"c": 3}
+
+
+def test_predicted_credit_handles_are_withdrawn_alone() -> None:
+    pred = PredictedBlocks(ttl_s=2.0, clock=Clock())
+    first = pred.credit("a", [1, 2, 3])
+    second = pred.credit("a", [1, 2, 7, 8])
+    moved = pred.credit("b", [1, 2, 7, 8])
+    assert first is not None and second is not None and moved is not None
+    pred.withdraw(second)  # that request moved to b: a keeps what another request credits
+    assert pred.match([1, 2, 3]) == {"a": 3, "b": 2}
+    assert pred.match([1, 2, 7, 8]) == {"a": 2, "b": 4}
+    pred.withdraw(second)  # idempotent
+    pred.withdraw(first)
+    assert pred.match([1, 2, 7, 8]) == {"b": 4}
+    assert len(pred) == 4 and "credits=4" in repr(pred)
+
+
+def test_predicted_withdrawal_restores_the_newest_older_credit_until_it_expires() -> None:
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=2.0, clock=clock)
+    pred.credit("a", [1, 2])
+    clock.now += 1.0
+    older = pred.credit("a", [1, 2, 3])
+    clock.now += 0.5
+    newest = pred.credit("a", [1, 2, 3, 4])
+    assert older is not None and newest is not None
+    pred.withdraw(newest)
+    assert pred.match([1, 2, 3, 4]) == {"a": 3}
+    clock.now += 0.6  # the first credit expired, the restored one still holds [1, 2, 3]
+    assert pred.match([1, 2, 3, 4]) == {"a": 3}
+    clock.now += 1.0
+    assert pred.match([1, 2, 3, 4]) == {} and len(pred) == 0
+
+
+def test_predicted_withdrawal_never_resurrects_evicted_or_forgotten_blocks() -> None:
+    pred = PredictedBlocks(ttl_s=2.0, clock=Clock())
+    pred.credit("a", [1, 2, 3])
+    pred.forget_keys("a", [3])  # the engine evicted block 3 ...
+    again = pred.credit("a", [1, 2, 3])  # ... a new request would compute it again ...
+    assert again is not None and pred.match([1, 2, 3]) == {"a": 3}
+    pred.withdraw(again)  # ... but failed: the older credit must not bring block 3 back
+    assert pred.match([1, 2, 3]) == {}  # under-predicts: never over
+    gone = pred.credit("b", [1, 2])
+    pred.forget_worker("b")
+    assert gone is not None and not gone.live
+    pred.withdraw(gone)
+    assert pred.match([1, 2]) == {}
