@@ -211,13 +211,17 @@ static int table_reserve(Tree *t, int64_t want) {
         PyErr_NoMemory();
         return -1;
     }
-    uint64_t *old = t->table;
+    PyMem_Free(t->table);
     t->table = fresh;
     t->shift = 64 - bits;
     t->tmask = ((uint64_t)1 << bits) - 1;
-    for (uint64_t i = 0; i < size; i++)
-        if (old[i]) table_put(t, t->key[(uint32_t)old[i] - 1], (int64_t)(uint32_t)old[i] - 1);
-    PyMem_Free(old);
+    /* re-insert from the columns in slot order: the keys are read sequentially (walking
+     * the old table read each one at a random slot, a cache miss per entry) */
+    for (int64_t slot = 0; slot < t->high; slot++) {
+        if (slot + PREFETCH_AHEAD < t->high && t->parent[slot + PREFETCH_AHEAD] != FREE)
+            prefetch_key(t, t->key[slot + PREFETCH_AHEAD]);
+        if (t->parent[slot] != FREE) table_put(t, t->key[slot], slot);
+    }
     return 0;
 }
 

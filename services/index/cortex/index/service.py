@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
@@ -214,7 +215,10 @@ class IndexService(IndexBase):
 
     # ---- ledger updates -------------------------------------------------------------------
 
-    def _apply(self, update: pb.LedgerUpdate, ingest_id: str) -> tuple[ApplyResult, Source | None]:
+    def _apply(self, update: pb.LedgerUpdate, ingest_id: str, counts: Counter[tuple[str, str]]
+               ) -> tuple[ApplyResult, Source | None]:
+        """Apply one update; ``counts[op, verdict]`` counts it (the metric is updated once
+        per batch: a labelled counter costs more than a small update's apply)."""
         op = update.WhichOneof("op") or "unset"
         try:
             core_update = update_from_pb(update)
@@ -237,7 +241,7 @@ class IndexService(IndexBase):
             result = self.core.apply(core_update, ingest_id)
             if result.error is not None:
                 log.warning("ledger update failed: %s (source=%s op=%s)", result.error, source, op)
-        self.metrics.updates.labels(op, result.verdict.value).inc()
+        counts[op, result.verdict.value] += 1
         return result, source
 
     async def sync_batches(
@@ -271,8 +275,9 @@ class IndexService(IndexBase):
                     started = slice_start = time.perf_counter()
                     back = self._heard(ingest_id)
                     resync: dict[Source, None] = {}
+                    counts: Counter[tuple[str, str]] = Counter()
                     for update in batch.updates:
-                        result, source = self._apply(update, ingest_id)
+                        result, source = self._apply(update, ingest_id, counts)
                         if result.request_resync and source is not None:
                             resync[source] = None
                         if time.perf_counter() - slice_start > self.config.apply_slice_s:
@@ -282,6 +287,8 @@ class IndexService(IndexBase):
                     if back:  # snapshots it owes and did not just send
                         resync.update(dict.fromkeys(self.core.snapshots_owed(back)))
                     applied += 1
+                    for (op, verdict), n in counts.items():
+                        metrics.updates.labels(op, verdict).inc(n)
                     metrics.update_batches.inc()
                     metrics.apply_seconds.observe(time.perf_counter() - started)
                     if resync:
