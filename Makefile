@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 # uv itself, pinned with its wheels' hashes, installed beside the project (not into the venv)
 UV := .tools/uv/bin/uv
 # one distribution per library and service, each with its own pyproject.toml (docs/layout.md)
-DISTRIBUTIONS := proto libs/hashing libs/chat libs/ledger libs/telemetry libs/edge libs/registry \
-	services/ingest services/index services/gateway tools
+DISTRIBUTIONS := proto libs/hashing libs/chat libs/kvevents libs/ledger libs/telemetry libs/edge \
+	libs/registry services/ingest services/index services/gateway tools tools/sim
 # never a Python interpreter fetched from the network; the venv at .venv whatever the caller's env
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
@@ -76,7 +76,7 @@ image-requirements: $(UV)
 lint: venv
 	$(BIN)/ruff check .
 
-TYPED_PACKAGES := cortex.hashing cortex.chat cortex.ledger cortex.telemetry cortex.edge cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.cli cortex.bench cortex.testing
+TYPED_PACKAGES := cortex.hashing cortex.chat cortex.kvevents cortex.ledger cortex.telemetry cortex.edge cortex.ingest cortex.registry cortex.index cortex.gateway cortex.sim cortex.devcluster cortex.bench cortex.testing
 
 typecheck: venv
 	$(BIN)/mypy $(addprefix -p ,$(TYPED_PACKAGES))

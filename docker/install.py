@@ -41,7 +41,7 @@ SERVERS = {
     "cortex-index": ("cortex.index.server",),
     "cortex-ingest": ("cortex.ingest.service",),
     "cortex-registry": ("cortex.registry.kubernetes.service",),
-    "cortex-tools": ("cortex.sim.server",),
+    "cortex-sim": ("cortex.sim.server",),
 }
 
 

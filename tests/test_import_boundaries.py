@@ -76,8 +76,9 @@ def owner(module: str) -> str:
 def test_every_library_service_and_the_tools_are_a_distribution(
     distributions: dict[str, Distribution],
 ) -> None:
-    assert {"cortex-api", "cortex-hashing", "cortex-chat", "cortex-ledger", "cortex-telemetry",
-            "cortex-edge", "cortex-registry", "cortex-tools", *SERVICES} == set(distributions)
+    assert {"cortex-api", "cortex-hashing", "cortex-chat", "cortex-kvevents", "cortex-ledger",
+            "cortex-telemetry", "cortex-edge", "cortex-registry", "cortex-sim", "cortex-tools",
+            *SERVICES} == set(distributions)
     shipped = [p for dist in distributions.values() for p in dist.packages()]
     assert len(shipped) == len(set(shipped)), "a package shipped by two distributions"
 

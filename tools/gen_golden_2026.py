@@ -1,6 +1,6 @@
 """Golden KV-event payloads of the 2026 features, encoded by the engines' own event classes.
 
-Writes ``tests/ingest/data/kv_event_payloads_2026.json`` (the format of
+Writes ``tests/kvevents/data/kv_event_payloads_2026.json`` (the format of
 ``kv_event_payloads.json``: engine, version, note, payload_hex, generic decode) from the
 released wheels of vLLM 0.33.0 and SGLang 0.5.23:
 
@@ -53,7 +53,7 @@ _KEEP_CLASSES = {"EventBatch", "KVCacheEvent", "BlockStored", "BlockRemoved",
 _KEEP_FUNCTIONS = {"kv_event_namespace_seed", "namespaced_block_hash"}
 _KEEP_IMPORTS = {"msgspec", "enum", "hashlib", "typing"}
 _TS = 1_700_000_000.25
-_OUT = Path(__file__).resolve().parents[1] / "tests/ingest/data/kv_event_payloads_2026.json"
+_OUT = Path(__file__).resolve().parents[1] / "tests/kvevents/data/kv_event_payloads_2026.json"
 
 
 def _module_source(wheels: Path, pattern: str, member: str) -> str:

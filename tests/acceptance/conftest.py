@@ -1,6 +1,6 @@
 """Helpers of the acceptance tests: whole clusters in child processes, as ``cortex up`` runs them.
 
-Every cluster is a :class:`cortex.cli.cluster.LocalCluster` (private redis-server, index,
+Every cluster is a :class:`cortex.devcluster.cluster.LocalCluster` (private redis-server, index,
 ingest, gateways, ``cortex sim`` workers on 127.0.0.1) with zero-cost sims and a short lease,
 so a test costs seconds. Requests go over real HTTP; decisions are read from the
 ``x-cortex-*`` headers and checked against what the engine reports (``cached_tokens``).
@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 from cortex.testing import wait_until_async
 
 LEASE_TTL_S = 3.0

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 from cortex.testing import wait_until_async
 
 from .conftest import LEASE_TTL_S, Client, acceptance_spec, chat, long_prompt, metric_sum

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 
 from .conftest import Client, acceptance_spec, chat, long_prompt
 

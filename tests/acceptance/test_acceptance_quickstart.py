@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 
 from .conftest import acceptance_spec
 

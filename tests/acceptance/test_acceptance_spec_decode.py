@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 from cortex.hashing import Engine
 from cortex.testing import wait_until_async
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cortex.bench.routing.balancer import haproxy_binary, haproxy_config, start_haproxy
-from cortex.cli.supervisor import Supervisor
+from cortex.devcluster.supervisor import Supervisor
 from cortex.sim.process import started_sims
 from cortex.sim.routes import SERVED_BY_HEADER
 

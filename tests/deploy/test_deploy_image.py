@@ -149,7 +149,7 @@ def test_each_install_has_the_console_script_and_every_data_file(
 def test_a_service_image_holds_its_service_and_libraries_only(sites: dict[str, Path]) -> None:
     services = {"gateway", "index", "ingest"}
     for image in services:
-        others = {f"cortex-{s}" for s in services - {image}} | {"cortex-tools"}
+        others = {f"cortex-{s}" for s in services - {image}} | {"cortex-tools", "cortex-sim"}
         assert f"cortex-{image}" in installed(sites[image])
         assert not others & set(installed(sites[image])), image
         assert not {s for s in services - {image}
@@ -325,10 +325,12 @@ def test_what_an_image_does_not_need_is_really_absent_there(
         "envoy.service.ext_proc.v3.external_processor_pb2"))
     assert not any(imports("gateway", m) for m in ("zmq", "msgpack", "cortex.index",
                                                     "cortex.ingest", "cortex.sim"))
-    assert all(imports("ingest", m) for m in ("zmq", "msgpack", "redis", "cortex.registry"))
+    assert all(imports("ingest", m) for m in ("zmq", "msgpack", "redis", "cortex.registry",
+                                               "cortex.kvevents"))
     assert not any(imports("ingest", m) for m in ("hypercorn", "tokenizers", "envoy",
                                                    "cortex.gateway", "cortex.index"))
     assert all(imports("index", m) for m in ("grpclib", "numpy", "cortex.ledger"))
     assert not any(imports("index", m) for m in ("zmq", "redis", "hypercorn", "tokenizers",
                                                   "cortex.gateway", "cortex.registry"))
-    assert imports("tools", "cortex.sim.server") and not imports("tools", "cortex.cli.nonexistent")
+    assert imports("tools", "cortex.sim.server") and imports("tools", "cortex.devcluster.up")
+    assert not imports("tools", "cortex.devcluster.nonexistent")

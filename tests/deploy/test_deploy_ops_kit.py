@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.slow
 

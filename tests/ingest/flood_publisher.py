@@ -16,7 +16,7 @@ import time
 import zmq
 
 from cortex.bench.ingest import make_workload, stamp
-from cortex.ingest.frames import pub_frames
+from cortex.kvevents.frames import pub_frames
 
 
 def main(port: int, rate: float, seconds: float) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cortex.edge.main import main
-from cortex.ingest.codec import AllBlocksCleared, BlockStored, EventBatch, encode_batch
+from cortex.kvevents.codec import AllBlocksCleared, BlockStored, EventBatch, encode_batch
 
 pytestmark = pytest.mark.timeout(30)
 

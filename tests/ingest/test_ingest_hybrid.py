@@ -11,15 +11,15 @@ import pytest
 
 from cortex.hashing import Engine, HashDomain
 from cortex.index.prefix_index import PrefixIndex
-from cortex.ingest.codec import BlockRemoved, BlockStored, EventBatch, encode_batch
 from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.kvevents.codec import BlockRemoved, BlockStored, EventBatch, encode_batch
 from cortex.ledger.model import LedgerState, LedgerUpdate, RemoveBlocks, Source, StoreBlocks
 
 pytestmark = pytest.mark.timeout(30)
 
 GOLDEN: list[dict[str, Any]] = json.loads(
-    (Path(__file__).with_name("data") / "kv_event_payloads_2026.json").read_text()
+    (Path(__file__).parents[1] / "kvevents" / "data" / "kv_event_payloads_2026.json").read_text()
 )
 DOMAIN = HashDomain("m", 16, Engine.VLLM)
 KEYS = DOMAIN.keys(list(range(1, 49)))

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 from cortex.hashing import Engine, HashDomain
-from cortex.ingest.codec import BlockStored, EventBatch, encode_batch
 from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.kvevents.codec import BlockStored, EventBatch, encode_batch
 from cortex.ledger.model import LedgerState, RemoveBlocks, Snapshot, StoreBlocks
 
 pytestmark = pytest.mark.timeout(30)
 
 GOLDEN: list[dict[str, Any]] = json.loads(
-    (Path(__file__).with_name("data") / "kv_event_payloads_2026.json").read_text()
+    (Path(__file__).parents[1] / "kvevents" / "data" / "kv_event_payloads_2026.json").read_text()
 )
 
 

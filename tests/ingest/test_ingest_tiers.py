@@ -8,7 +8,10 @@ from itertools import count
 import pytest
 
 from cortex.hashing import Engine, HashDomain
-from cortex.ingest.codec import (
+from cortex.ingest.media import tier_of
+from cortex.ingest.ops import SourceId
+from cortex.ingest.tracker import SourceTracker, TrackerConfig
+from cortex.kvevents.codec import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -16,9 +19,6 @@ from cortex.ingest.codec import (
     EventBatch,
     encode_batch,
 )
-from cortex.ingest.media import tier_of
-from cortex.ingest.ops import SourceId
-from cortex.ingest.tracker import SourceTracker, TrackerConfig
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,

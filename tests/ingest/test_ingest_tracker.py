@@ -7,7 +7,10 @@ from itertools import count
 import pytest
 
 from cortex.hashing import Engine, HashDomain, block_keys
-from cortex.ingest.codec import (
+from cortex.ingest.held import HeldBytes
+from cortex.ingest.ops import SourceId
+from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay, TrackerConfig
+from cortex.kvevents.codec import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -15,9 +18,6 @@ from cortex.ingest.codec import (
     EventBatch,
     encode_batch,
 )
-from cortex.ingest.held import HeldBytes
-from cortex.ingest.ops import SourceId
-from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay, TrackerConfig
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,

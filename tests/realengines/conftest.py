@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 from cortex.hashing import Engine
 from cortex.registry import Discovery, discover
 from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, VllmEngine, VllmInstall

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import decode_batch, encode_batch
+from cortex.kvevents.codec import decode_batch, encode_batch
 from cortex.sim.process import SimProcess
 from cortex.testing.vllm_engines import (
     BLOCK_SIZE,

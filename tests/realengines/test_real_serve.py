@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cortex.gateway.fleet.load import parse_vllm_metrics as parse_vllm_load_metrics
 from cortex.hashing import Engine
 from cortex.registry import discover
-from cortex.registry.engines import parse_vllm_cache_config, parse_vllm_load
+from cortex.registry.engines import parse_vllm_load, parse_vllm_metrics
 from cortex.testing import wait_until
 from cortex.testing.vllm_engines import BLOCK_SIZE, MAX_MODEL_LEN, TOPIC, VllmEngine, VllmInstall
 
@@ -45,9 +44,10 @@ def test_load_and_metrics_read_from_a_real_engine(engines: list[VllmEngine]) -> 
     engine = engines[0]
     status, body = engine.call("/metrics")
     assert status == 200
-    learned, problem = parse_vllm_cache_config(body.decode())
-    assert (learned, problem) == ({"block_size": BLOCK_SIZE, "hash_algo": "sha256"}, None)
-    assert parse_vllm_load_metrics(body.decode()) == (0, 0)  # what the gateway polls
+    said = parse_vllm_metrics(body.decode())
+    assert (said.learned, said.problem) == ({"block_size": BLOCK_SIZE, "hash_algo": "sha256"},
+                                            None)
+    assert said.load == (0, 0)  # what the gateway polls
     assert parse_vllm_load(json.loads(engine.call("/load")[1])) == 0
     long = {"model": engine.served_name, "prompt": "load " * 50, "max_tokens": 400,
             "ignore_eos": True}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cortex.chat import ChatTokenizer, render_args
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 from cortex.hashing import Engine
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 

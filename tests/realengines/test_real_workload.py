@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 from cortex.edge.probes import http_call
 from cortex.testing import wait_until
 from cortex.testing.vllm_engines import VllmEngine

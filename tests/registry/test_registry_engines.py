@@ -17,12 +17,19 @@ import pytest
 from cortex.hashing import Engine
 from cortex.registry import WorkerRole
 from cortex.registry.engines import (
+    LoadFormatError,
+    adapters_from_models,
+    context_length_from_models,
     looks_like_sglang,
+    parse_sglang_get_load,
+    parse_sglang_loads,
     parse_sglang_server_info,
     parse_v1_models,
-    parse_vllm_cache_config,
     parse_vllm_kv_event_sources,
     parse_vllm_load,
+    parse_vllm_metrics,
+    sglang_lookahead_from_server_info,
+    vllm_version_from_server_info,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -90,18 +97,62 @@ def test_vllm_models() -> None:
     assert (learned["engine"], learned["context_length"]) == (Engine.VLLM, 4096)
 
 
-def test_vllm_cache_config_info_from_the_real_metrics() -> None:
-    learned, problem = parse_vllm_cache_config((VLLM / "metrics.txt").read_text())
-    assert problem is None
-    assert learned == {"block_size": 16, "hash_algo": "sha256"}
+def test_vllm_cache_config_and_load_from_the_real_metrics() -> None:
+    said = parse_vllm_metrics((VLLM / "metrics.txt").read_text())
+    assert said.problem is None
+    assert said.learned == {"block_size": 16, "hash_algo": "sha256"}
+    assert said.load == (0, 0)  # the *_by_reason families are not counted twice
 
 
 def test_vllm_cache_config_problems() -> None:
-    assert parse_vllm_cache_config("vllm:num_requests_running 0\n") == (
-        {}, "no vllm:cache_config_info")
+    said = parse_vllm_metrics("vllm:num_requests_running 0\n")
+    assert (said.learned, said.problem) == ({}, "no vllm:cache_config_info")
     off = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="False"} 1.0\n'
-    learned, problem = parse_vllm_cache_config(off)
-    assert learned == {"block_size": 16} and problem and "prefix caching is off" in problem
+    said = parse_vllm_metrics(off)
+    assert said.learned == {"block_size": 16}
+    assert said.problem and "prefix caching is off" in said.problem
+
+
+def test_vllm_load_from_metrics_sums_label_sets() -> None:
+    text = ('# HELP x\nvllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
+            'vllm:num_requests_running{model_name="m",engine="1"} 1.0\n'
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 2.0\n')
+    assert parse_vllm_metrics(text).load == (4, 2)
+    assert parse_vllm_metrics("# nothing\n").load is None
+    assert parse_vllm_metrics("vllm:num_requests_running{} x\n").load is None
+
+
+def test_sglang_load_parsers() -> None:
+    assert parse_sglang_loads({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1},
+                                         {"num_running_reqs": 3, "num_waiting_reqs": 0}]}) == (5, 1)
+    assert parse_sglang_get_load([{"num_reqs": 4, "num_waiting_reqs": 2}]) == (4, 2)
+    assert parse_sglang_get_load({"num_reqs": 1}) == (1, 0)
+    for bad in ({"loads": [{"num_running_reqs": "x"}]}, {"loads": "x"}, {"loads": [3]}):
+        with pytest.raises(LoadFormatError):
+            parse_sglang_loads(bad)
+    with pytest.raises(LoadFormatError):
+        parse_sglang_get_load([{"num_reqs": float("nan")}])
+
+
+def test_context_length_and_adapters_of_one_model_in_v1_models() -> None:
+    models = {"object": "list", "data": [{"id": "m", "max_model_len": 32768},
+                                         {"id": "other", "max_model_len": 8},
+                                         {"id": "sql", "parent": "m"}]}
+    assert context_length_from_models(models, "m") == 32768
+    assert context_length_from_models({"data": [{"id": "served", "max_model_len": 99}]},
+                                      "m") == 99  # the only model, under another name
+    assert context_length_from_models(models, "absent") is None
+    assert context_length_from_models({"data": [{"id": "m", "max_model_len": True}]},
+                                      "m") is None
+    assert context_length_from_models([], "m") is None
+    assert adapters_from_models(models, "m") == frozenset({"sql"})
+    assert adapters_from_models({"error": "x"}, "m") is None
+
+
+def test_vllm_version_from_dev_server_info() -> None:
+    assert vllm_version_from_server_info({"system_env": {"vllm_version": " 0.32.0 "}}) == "0.32.0"
+    for bad in ({"system_env": {"vllm_version": ""}}, {"system_env": "x"}, [], None):
+        assert vllm_version_from_server_info(bad) is None
 
 
 def test_vllm_load() -> None:
@@ -112,6 +163,20 @@ def test_vllm_load() -> None:
 
 
 # ---- SGLang ----
+
+
+@pytest.mark.parametrize(("info", "lookahead"), [
+    ({"speculative_algorithm": "EAGLE3"}, 1),
+    ({"speculative_algorithm": "nextn"}, 1),
+    ({"speculative_algorithm": "EAGLE", "disable_radix_cache": True}, 0),
+    ({"speculative_algorithm": None}, 0),
+    ({"speculative_algorithm": "NGRAM"}, 0),
+    ({"speculative_algorithm": "MY_PLUGIN"}, None),
+    ({"context_length": 4096}, None),
+    ([], None),
+])
+def test_sglang_lookahead_from_server_info(info: object, lookahead: int | None) -> None:
+    assert sglang_lookahead_from_server_info(info) == lookahead
 
 def test_sglang_server_info_gives_every_field() -> None:
     learned = parse_sglang_server_info(sglang_server_info())

@@ -13,8 +13,8 @@ import pytest
 import zmq.asyncio
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import BlockStored
-from cortex.ingest.frames import ReplayEnd, parse_replay_reply, replay_request
+from cortex.kvevents.codec import BlockStored
+from cortex.kvevents.frames import ReplayEnd, parse_replay_reply, replay_request
 from cortex.sim.config import Role, TimingConfig
 from cortex.sim.dp import RankPicker
 from cortex.sim.server import SimServer

@@ -11,8 +11,8 @@ import zmq
 import zmq.asyncio
 
 from cortex.hashing import engine_event_ints
-from cortex.ingest.codec import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
-from cortex.ingest.frames import ReplayEnd, parse_replay_reply, replay_request
+from cortex.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from cortex.kvevents.frames import ReplayEnd, parse_replay_reply, replay_request
 from cortex.sim.server import SimServer
 from cortex.sim.testkit import EventSubscriber, StartSim, chat_body, mirror
 

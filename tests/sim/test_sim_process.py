@@ -12,8 +12,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from cortex.ingest.codec import AllBlocksCleared, decode_batch
-from cortex.ingest.frames import ReplayEnd, parse_replay_reply, replay_request
+from cortex.kvevents.codec import AllBlocksCleared, decode_batch
+from cortex.kvevents.frames import ReplayEnd, parse_replay_reply, replay_request
 from cortex.sim import cli
 from cortex.sim.process import SimProcess
 from cortex.testing import free_port

@@ -7,7 +7,6 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from cortex.gateway.fleet.engine_info import sglang_lookahead_from_server_info
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
@@ -15,20 +14,6 @@ from ..conftest import StartGateway, StartSim
 from .test_cluster import chat, cluster, wait_index_holds
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.mark.parametrize(("info", "lookahead"), [
-    ({"speculative_algorithm": "EAGLE3"}, 1),
-    ({"speculative_algorithm": "nextn"}, 1),
-    ({"speculative_algorithm": "EAGLE", "disable_radix_cache": True}, 0),
-    ({"speculative_algorithm": None}, 0),
-    ({"speculative_algorithm": "NGRAM"}, 0),
-    ({"speculative_algorithm": "MY_PLUGIN"}, None),
-    ({"context_length": 4096}, None),
-    ([], None),
-])
-def test_sglang_lookahead_from_server_info(info: object, lookahead: int | None) -> None:
-    assert sglang_lookahead_from_server_info(info) == lookahead
 
 
 async def test_sglang_eagle_mode_learned_from_server_info_routes_exact_kv(

@@ -5,10 +5,6 @@ from __future__ import annotations
 import pytest
 
 from cortex.gateway.config.gateway import BreakerConfig, ModelConfig
-from cortex.gateway.fleet.engine_info import (
-    context_length_from_models,
-    context_length_from_server_info,
-)
 from cortex.gateway.fleet.health import LeaseAction, ProbeResult, lease_action
 from cortex.gateway.fleet.pool import Eligible, Health, WorkerPool
 from cortex.hashing import Engine
@@ -88,21 +84,6 @@ def test_lease_action(result: ProbeResult, failing_for: float | None,
     assert worker is not None
     worker.failing_since = None if failing_for is None else 1000.0 - failing_for
     assert lease_action(worker, result, 1000.0, remove_after_s=30.0) is expected
-
-
-def test_context_length_parsers() -> None:
-    models = {"object": "list", "data": [{"id": "m", "max_model_len": 32768},
-                                         {"id": "other", "max_model_len": 8}]}
-    assert context_length_from_models(models, "m") == 32768
-    assert context_length_from_models({"data": [{"id": "served", "max_model_len": 99}]},
-                                      "m") == 99  # the only model, under another name
-    assert context_length_from_models(models, "absent") is None
-    assert context_length_from_models({"data": [{"id": "m", "max_model_len": True}]},
-                                      "m") is None
-    assert context_length_from_models([], "m") is None
-    assert context_length_from_server_info({"context_length": 131072}) == 131072
-    assert context_length_from_server_info({"context_length": -1}) is None
-    assert context_length_from_server_info("nope") is None
 
 
 def test_engine_load_is_discounted_by_our_requests_that_finished_since_the_poll() -> None:

@@ -11,13 +11,13 @@ import pytest
 from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.dispatch.dispatcher import upstream_body
 from cortex.gateway.errors import ClientError, ConfigError
-from cortex.gateway.fleet.engine_info import adapters_from_models
 from cortex.gateway.request.payload import (
     InferencePath,
     InferenceRequest,
     parse_body,
     parse_request,
 )
+from cortex.registry.engines import adapters_from_models
 
 pytestmark = pytest.mark.timeout(10)
 

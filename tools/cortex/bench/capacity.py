@@ -37,7 +37,7 @@ import aiohttp
 from cortex.bench.report import table
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.bench.routing.text import BlockText, Segment, WordVocabulary
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 
 __all__ = ["SizeResult", "fit_line", "register", "run"]
 

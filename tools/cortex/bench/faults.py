@@ -1,6 +1,6 @@
 """``cortex bench faults``: the fault suite of issue 14, as a tool.
 
-A ``cortex up``-style cluster (:class:`~cortex.cli.cluster.LocalCluster`: private Redis,
+A ``cortex up``-style cluster (:class:`~cortex.devcluster.cluster.LocalCluster`: private Redis,
 index, ingest, 2 gateways, 3 simulated SGLang workers) serves steady bounded load
 (:class:`~cortex.bench.faults_load.LoadGenerator`) and a canary that tells when exact-KV hits
 are served. Each fault of :mod:`cortex.bench.faults_catalogue` is injected in turn, from a
@@ -35,7 +35,7 @@ from cortex.bench.faults_catalogue import QUICK, Bench, Fault, wait_for
 from cortex.bench.faults_hostile import HOSTILE
 from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
 from cortex.bench.report import provenance, table
-from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["FAULTS", "Plan", "register", "run"]
 

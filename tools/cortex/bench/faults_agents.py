@@ -20,7 +20,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from cortex.ingest.frames import pub_frames
+from cortex.kvevents.frames import pub_frames
 
 __all__ = ["GarbageSource", "SlowBodyClients", "StallProxy"]
 

@@ -22,7 +22,7 @@ import aiohttp
 from cortex.bench.faults_agents import GarbageSource, SlowBodyClients, StallProxy
 from cortex.bench.faults_load import MODEL, Canary, LoadGenerator, LoopThread
 from cortex.bench.procstat import rss_mb
-from cortex.cli.cluster import LocalCluster
+from cortex.devcluster.cluster import LocalCluster
 from cortex.registry import RedisRegistry, WorkerSpec
 
 __all__ = ["FAULTS", "Bench", "Fault"]

@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.report import table
-from cortex.cli.supervisor import Supervisor
+from cortex.devcluster.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer

@@ -47,8 +47,8 @@ import aiohttp
 
 from cortex.bench.procstat import cpu_s
 from cortex.bench.report import table
-from cortex.cli.cluster import ClusterSpec, LocalCluster, probe_http
-from cortex.cli.supervisor import Child, Supervisor
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
+from cortex.devcluster.supervisor import Child, Supervisor
 from cortex.testing import free_port, sglang_router_argv, wait_until
 
 __all__ = ["register", "run"]

@@ -40,7 +40,7 @@ from typing import Any
 
 from cortex.bench.procstat import cpu_s, rss_bytes
 from cortex.bench.report import table
-from cortex.cli.supervisor import Child, Supervisor
+from cortex.devcluster.supervisor import Child, Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.testing import free_port, wait_until
 

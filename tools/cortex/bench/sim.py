@@ -33,8 +33,8 @@ import zmq.asyncio
 
 from cortex.bench.report import table
 from cortex.hashing import Engine
-from cortex.ingest.codec import decode_batch
-from cortex.ingest.frames import parse_pub
+from cortex.kvevents.codec import decode_batch
+from cortex.kvevents.frames import parse_pub
 from cortex.sim.cache import BlocksStored
 from cortex.sim.config import FaultConfig
 from cortex.sim.faults import FaultState

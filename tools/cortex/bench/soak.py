@@ -1,7 +1,7 @@
 """``cortex bench soak``: a local cluster under moderate load for a long time; does any
 service's memory grow?
 
-A :class:`~cortex.cli.cluster.LocalCluster` (Redis, index, ingest, one gateway, 3 simulated
+A :class:`~cortex.devcluster.cluster.LocalCluster` (Redis, index, ingest, one gateway, 3 simulated
 SGLang workers with small KV pools, so their caches fill and evict within the warm-up)
 serves :class:`~cortex.bench.faults_load.LoadGenerator` load for ``--minutes`` (30). Every
 ``--sample`` seconds the RSS of each process is read from ``/proc``. After the warm-up
@@ -24,7 +24,7 @@ from typing import Any
 from cortex.bench.faults_load import LoadGenerator, LoopThread
 from cortex.bench.procstat import rss_mb
 from cortex.bench.report import provenance, table
-from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["register", "slope_mb_per_10min"]
 

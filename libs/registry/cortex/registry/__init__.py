@@ -12,9 +12,9 @@
 """
 
 from cortex.registry.base import DEFAULT_TTL_S, Assertion, Listing, Registry, Tombstone
-from cortex.registry.discoverer import discover
-from cortex.registry.discovery import Discovery, default_worker_id
 from cortex.registry.endpoint import Endpoint, parse_endpoint
+from cortex.registry.engine_probe import discover
+from cortex.registry.engine_spec import Discovery, default_worker_id
 from cortex.registry.errors import DiscoveryError, RegistryError, RegistryUnavailable, SpecError
 from cortex.registry.lease import LeaseKeeper
 from cortex.registry.memory import MemoryRegistry

@@ -18,12 +18,19 @@ machines, SGLang from its source and golden payloads):
   (``EngineClient.get_kv_event_sources() -> dict[int, KVEventsConfig]`` in 0.32 and 0.33);
   the ``vllm:cache_config_info`` info gauge on ``GET /metrics`` (``block_size``,
   ``enable_prefix_caching``, ``prefix_caching_hash_algo``, ``num_gpu_blocks`` as label
-  strings); ``GET /load`` (``{"server_load": N}``, requests in flight, with
-  ``--enable-server-load-tracking``).
+  strings) and ``vllm:num_requests_{running,waiting}`` (the load the gateway polls);
+  ``GET /load`` (``{"server_load": N}``, requests in flight, with
+  ``--enable-server-load-tracking``); ``GET /server_info?config_format=json`` in dev mode
+  (``system_env.vllm_version``, which decides what PD pairs).
+- **SGLang** load: ``GET /v1/loads`` (``{loads: [{num_running_reqs, num_waiting_reqs, …}]}``),
+  the older ``GET /get_load`` (``[{num_reqs, num_waiting_reqs, …}]``), summed over DP ranks;
+  ``/server_info``'s server args say its speculative lookahead.
 
 Engines report their ZMQ publishers as *bind* addresses (``tcp://*:5557``): a subscriber
 reaches them at the worker's own host (:meth:`cortex.registry.Endpoint.at_host`).
 
+Discovery (:mod:`cortex.registry.engine_probe`) and the gateway's fleet code (engine info,
+the load poller) both read engines through these functions; neither parses an answer itself.
 Each ``parse_*`` of a self-description returns the spec fields it carries (a field set to
 ``None`` means "the engine says there is none", e.g. no replay endpoint; a field left out
 means "not said here"); :class:`cortex.registry.Discovery` merges them.
@@ -32,8 +39,10 @@ means "not said here"); :class:`cortex.registry.Discovery` merges them.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cortex.hashing import Engine
@@ -42,12 +51,20 @@ from cortex.registry.spec import WorkerRole
 __all__ = [
     "SGLANG_DEFAULT_BOOTSTRAP_PORT",
     "Learned",
+    "LoadFormatError",
+    "VllmMetrics",
+    "adapters_from_models",
+    "context_length_from_models",
     "looks_like_sglang",
+    "parse_sglang_get_load",
+    "parse_sglang_loads",
     "parse_sglang_server_info",
     "parse_v1_models",
-    "parse_vllm_cache_config",
     "parse_vllm_kv_event_sources",
     "parse_vllm_load",
+    "parse_vllm_metrics",
+    "sglang_lookahead_from_server_info",
+    "vllm_version_from_server_info",
 ]
 
 SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998  # what an SGLang prefill listens on when not told
@@ -55,6 +72,7 @@ _SGLANG_DEFAULT_ENDPOINT = "tcp://*:5557"  # the zmq publisher's default bind
 _OFF = (None, "", "null", "none")  # SGLang's "no publisher" spellings
 _CACHE_CONFIG = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
 _LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
+_SGLANG_EAGLE: frozenset[str] = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 
 Learned = dict[str, Any]
 """Spec fields one answer carries (``None``: the engine says there is none)."""
@@ -228,9 +246,27 @@ def _consecutive(endpoints: list[str]) -> str | None:
     return endpoints[0]
 
 
-def parse_vllm_cache_config(text: str) -> tuple[Learned, str | None]:
-    """``(fields, problem)`` from the ``vllm:cache_config_info`` labels of a ``/metrics``
-    text: ``block_size`` (tokens) and ``hash_algo`` (``prefix_caching_hash_algo``, what the
+@dataclass(frozen=True, slots=True)
+class VllmMetrics:
+    """What a vLLM ``/metrics`` text says: the spec fields of its ``vllm:cache_config_info``
+    labels and the problem with them (``None``: none), and its load (``None``: no readable
+    ``vllm:num_requests_*`` sample)."""
+
+    learned: Learned
+    problem: str | None
+    load: tuple[int, int] | None
+    """(running, waiting), summed over label sets."""
+
+
+def parse_vllm_metrics(text: str) -> VllmMetrics:
+    """A vLLM ``/metrics`` text: discovery reads its cache config, the gateway its load."""
+    learned, problem = _cache_config(text)
+    return VllmMetrics(learned, problem, _requests(text))
+
+
+def _cache_config(text: str) -> tuple[Learned, str | None]:
+    """``(fields, problem)`` from the ``vllm:cache_config_info`` labels:
+    ``block_size`` (tokens) and ``hash_algo`` (``prefix_caching_hash_algo``, what the
     engine hashes blocks with). The problem says when the gauge is missing or prefix caching
     is off (the engine then never reuses a block, so no prediction can hold)."""
     for match in _CACHE_CONFIG.finditer(text):
@@ -247,7 +283,112 @@ def parse_vllm_cache_config(text: str) -> tuple[Learned, str | None]:
     return {}, "no vllm:cache_config_info"
 
 
+def _requests(text: str) -> tuple[int, int] | None:
+    """(running, waiting) from ``vllm:num_requests_{running,waiting}``, summed over label
+    sets; ``None`` without a sample or with an unreadable one."""
+    totals = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+    seen = False
+    for line in text.splitlines():
+        if not line.startswith("vllm:num_requests_"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            try:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                return None
+            seen = True
+    if not seen:
+        return None
+    return int(totals["vllm:num_requests_running"]), int(totals["vllm:num_requests_waiting"])
+
+
 def parse_vllm_load(body: object) -> int | None:
     """Requests in flight from a ``/load`` body (``{"server_load": N}``), else ``None``."""
     load = body.get("server_load") if isinstance(body, Mapping) else None
     return _int(load, low=0)
+
+
+class LoadFormatError(ValueError):
+    """An engine's load report has an unexpected shape."""
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LoadFormatError(f"not a count: {value!r}")
+    return int(value)
+
+
+def parse_sglang_loads(obj: Any) -> tuple[int, int]:
+    """SGLang ``/v1/loads`` → (running, waiting) summed over DP ranks."""
+    loads = obj.get("loads") if isinstance(obj, dict) else None
+    if not isinstance(loads, list):
+        raise LoadFormatError("no 'loads' list")
+    running = waiting = 0
+    for rank in loads:
+        if not isinstance(rank, dict):
+            raise LoadFormatError("a 'loads' entry is not an object")
+        running += _count(rank.get("num_running_reqs", 0))
+        waiting += _count(rank.get("num_waiting_reqs", 0))
+    return running, waiting
+
+
+def parse_sglang_get_load(obj: Any) -> tuple[int, int]:
+    """SGLang ``/get_load`` (a list per DP rank, or one object) → (running, waiting)."""
+    ranks = obj if isinstance(obj, list) else [obj]
+    running = waiting = 0
+    for rank in ranks:
+        if not isinstance(rank, dict):
+            raise LoadFormatError("a load entry is not an object")
+        running += _count(rank.get("num_reqs", 0))
+        waiting += _count(rank.get("num_waiting_reqs", 0))
+    return running, waiting
+
+
+def context_length_from_models(obj: Any, model: str) -> int | None:
+    """``max_model_len`` of ``model`` in an OpenAI ``/v1/models`` answer (the only entry
+    when the served name differs)."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    entries = [e for e in data if isinstance(e, dict)]
+    named = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1
+                                                             else [])
+    return _int(named[0].get("max_model_len")) if named else None
+
+
+def adapters_from_models(obj: Any, model: str) -> frozenset[str] | None:
+    """LoRA adapters of ``model`` in a ``/v1/models`` answer: the entries whose ``parent`` is
+    ``model`` (vLLM ``serving_models.py::show_available_models``, SGLang
+    ``http_server.py::available_models`` list each loaded adapter so). ``None``: no list."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    return frozenset(e["id"] for e in data if isinstance(e, dict) and e.get("parent") == model
+                     and isinstance(e.get("id"), str) and e["id"])
+
+
+def vllm_version_from_server_info(obj: Any) -> str | None:
+    """vLLM ``/server_info``'s ``system_env.vllm_version``."""
+    env = obj.get("system_env") if isinstance(obj, dict) else None
+    version = env.get("vllm_version") if isinstance(env, dict) else None
+    return version.strip() or None if isinstance(version, str) else None
+
+
+def sglang_lookahead_from_server_info(obj: Any) -> int | None:
+    """Lookahead tokens of an SGLang worker's cache keys: 1 with an EAGLE radix cache, 0
+    without speculative decoding or radix cache, ``None`` when its answer does not say
+    (no server info, an algorithm registered by a plugin)."""
+    if not isinstance(obj, dict) or "speculative_algorithm" not in obj:
+        return None
+    if obj.get("disable_radix_cache") is True:
+        return 0
+    algorithm = obj.get("speculative_algorithm")
+    if algorithm is None or (isinstance(algorithm, str) and algorithm.upper() == "NONE"):
+        return 0
+    if not isinstance(algorithm, str):
+        return None
+    name = algorithm.upper()
+    if name in _SGLANG_EAGLE:
+        return 1
+    return 0 if name in {"STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK"} else None

@@ -29,7 +29,7 @@ from cortex.hashing import (
     vllm_block_hashes,
     vllm_event_int,
 )
-from cortex.ingest.codec import BlockHash, BlockStored
+from cortex.kvevents.codec import BlockHash, BlockStored
 
 __all__ = ["AUTO", "AlignmentChecker", "AlignmentOutcome", "MismatchCause"]
 

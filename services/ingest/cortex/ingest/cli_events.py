@@ -18,7 +18,7 @@ from functools import partial
 from typing import Final, TextIO
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import (
+from cortex.kvevents.codec import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from cortex.ingest.codec import BlockHash
 from cortex.ingest.ledger import Ledger
+from cortex.kvevents.codec import BlockHash
 
 __all__ = ["PREFIX_KINDS", "HybridGroups", "is_hybrid_store"]
 

@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 from cortex.hashing import Engine, HashDomain, lookahead_block_keys
 from cortex.ingest.alignment import AlignmentChecker
-from cortex.ingest.codec import BlockHash, BlockRemoved, BlockStored
 from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
 from cortex.ingest.stats import SourceStats, bump
+from cortex.kvevents.codec import BlockHash, BlockRemoved, BlockStored
 from cortex.ledger.model import RemoveBlocks, StoreBlocks, Tier
 
 __all__ = ["KeyMapper", "Misaligned", "Placed"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from cortex.ingest.codec import BlockHash
+from cortex.kvevents.codec import BlockHash
 
 __all__ = ["Ledger"]
 

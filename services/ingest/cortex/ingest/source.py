@@ -33,9 +33,9 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from cortex.edge.tasks import stop_tasks
-from cortex.ingest.codec import CodecError
-from cortex.ingest.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
 from cortex.ingest.tracker import AbortReplay, SourceTracker, StartReplay
+from cortex.kvevents.codec import CodecError
+from cortex.kvevents.frames import ReplayEnd, parse_pub, parse_replay_reply, replay_request
 from cortex.ledger.model import Op, Tier
 
 __all__ = ["SourceRunner"]

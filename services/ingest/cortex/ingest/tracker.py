@@ -46,14 +46,6 @@ import xxhash
 
 from cortex.hashing import HashDomain
 from cortex.ingest.alignment import AlignmentChecker
-from cortex.ingest.codec import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    CodecError,
-    EventBatch,
-    decode_batch,
-)
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.keymap import KeyMapper, Misaligned
 from cortex.ingest.media import tier_of
@@ -69,6 +61,14 @@ from cortex.ingest.replay import (
 from cortex.ingest.stats import SourceStats, bump
 from cortex.ingest.tier_ops import TierOps
 from cortex.ingest.tracker_config import TrackerConfig
+from cortex.kvevents.codec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CodecError,
+    EventBatch,
+    decode_batch,
+)
 from cortex.ledger.model import (
     ClearBlocks,
     LedgerState,

@@ -14,8 +14,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from cortex.cli.cluster import probe_http
-from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.devcluster.cluster import probe_http
+from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.testing import free_port, wait_until
 
 __all__ = ["HAPROXY_INSTALL", "BalancerMissing", "haproxy_binary", "haproxy_config",

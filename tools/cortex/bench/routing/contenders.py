@@ -1,6 +1,6 @@
 """The contenders, each started in front of its own fresh set of ``cortex sim`` workers.
 
-* ``cortex`` — the whole Cortex deployment (:class:`cortex.cli.cluster.LocalCluster`: private
+* ``cortex`` — the whole Cortex deployment (:class:`cortex.devcluster.cluster.LocalCluster`: private
   Redis, index, ingest, one gateway) with its documented default routing weights, or the
   ones given.
 * ``cortex_load_only`` — the same deployment with ``routing.weights.alpha = 0``: cache credit
@@ -38,8 +38,8 @@ from typing import Any
 
 from cortex.bench.procstat import cpu_s, machine_busy_s
 from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
-from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
-from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
+from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.registry import WorkerRole
 from cortex.testing import (
     free_port,

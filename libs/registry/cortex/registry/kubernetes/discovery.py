@@ -19,7 +19,7 @@ from typing import Any
 
 from cortex.edge.tasks import stop_tasks
 from cortex.registry.base import Registry
-from cortex.registry.discoverer import discover
+from cortex.registry.engine_probe import discover
 from cortex.registry.errors import RegistryUnavailable
 from cortex.registry.kubernetes.api import PodApi
 from cortex.registry.kubernetes.config import DiscoveryConfig

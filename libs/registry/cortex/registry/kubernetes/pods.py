@@ -20,7 +20,7 @@ cannot hold a model name like ``org/model``, annotations can):
 The worker id is ``<pod>.<namespace>``; the spec's labels record where it came from
 (``source``, ``k8s.namespace``, ``k8s.pod``, ``k8s.node``, ``discovered-by``).
 
-What the engine said about itself (:mod:`cortex.registry.discovery`, when the discovery
+What the engine said about itself (:mod:`cortex.registry.engine_spec`, when the discovery
 asks it) fills in what the pod does not say; the pod's annotations win. Event endpoints the
 engine reports as bind addresses arrive already at the pod's IP; the engine's hash
 algorithm becomes the ``hash_algo`` label.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cortex.hashing import Engine
-from cortex.registry.discovery import HASH_ALGO_LABEL
+from cortex.registry.engine_spec import HASH_ALGO_LABEL
 from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerRole, WorkerSpec
 

@@ -1,4 +1,5 @@
-"""What an engine says about its limits: the context length (parsers pure, fetch async).
+"""What an engine says about its limits, fetched (the answers' parsers are
+:mod:`cortex.registry.engines`): the context length, the adapters, the version, the lookahead.
 
 vLLM: ``GET /v1/models`` → the served model's ``max_model_len``. SGLang: ``GET
 /server_info`` (``/get_server_info`` before 0.4.7) → ``context_length``, else its
@@ -30,50 +31,18 @@ from typing import Any
 import aiohttp
 
 from cortex.hashing import Engine
+from cortex.registry.engines import (
+    adapters_from_models,
+    context_length_from_models,
+    parse_sglang_server_info,
+    sglang_lookahead_from_server_info,
+    vllm_version_from_server_info,
+)
 from cortex.registry.spec import WorkerSpec
 
-__all__ = ["EngineInfo", "adapters_from_models", "context_length_from_models",
-           "context_length_from_server_info", "fetch_engine_info", "fetch_sglang_lookahead",
-           "fetch_vllm_version", "sglang_lookahead_from_server_info",
-           "vllm_version_from_server_info"]
-
-_SGLANG_EAGLE: frozenset[str] = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
+__all__ = ["EngineInfo", "fetch_engine_info", "fetch_sglang_lookahead", "fetch_vllm_version"]
 
 log = logging.getLogger(__name__)
-
-
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
-
-
-def context_length_from_models(obj: Any, model: str) -> int | None:
-    """``max_model_len`` of ``model`` in an OpenAI ``/v1/models`` answer (the only entry
-    when the served name differs)."""
-    data = obj.get("data") if isinstance(obj, dict) else None
-    if not isinstance(data, list):
-        return None
-    entries = [e for e in data if isinstance(e, dict)]
-    named = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1
-                                                             else [])
-    return _positive_int(named[0].get("max_model_len")) if named else None
-
-
-def adapters_from_models(obj: Any, model: str) -> frozenset[str] | None:
-    """LoRA adapters of ``model`` in a ``/v1/models`` answer: the entries whose ``parent`` is
-    ``model`` (vLLM ``serving_models.py::show_available_models``, SGLang
-    ``http_server.py::available_models`` list each loaded adapter so). ``None``: no list."""
-    data = obj.get("data") if isinstance(obj, dict) else None
-    if not isinstance(data, list):
-        return None
-    return frozenset(e["id"] for e in data if isinstance(e, dict) and e.get("parent") == model
-                     and isinstance(e.get("id"), str) and e["id"])
-
-
-def context_length_from_server_info(obj: Any) -> int | None:
-    """SGLang ``/server_info``'s ``context_length``."""
-    return _positive_int(obj.get("context_length")) if isinstance(obj, dict) else None
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str,
@@ -108,8 +77,9 @@ async def fetch_engine_info(session: aiohttp.ClientSession, spec: WorkerSpec,
             found = None
             if spec.engine is Engine.SGLANG:
                 for path in ("/server_info", "/get_server_info"):
-                    found = context_length_from_server_info(await _get_json(
-                        session, base + path, headers))
+                    info = await _get_json(session, base + path, headers)
+                    if isinstance(info, Mapping):
+                        found = parse_sglang_server_info(info).get("context_length")
                     if found is not None:
                         break
             models = await _get_json(session, base + "/v1/models", headers)
@@ -120,13 +90,6 @@ async def fetch_engine_info(session: aiohttp.ClientSession, spec: WorkerSpec,
         log.debug("engine info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})
         return EngineInfo()
-
-
-def vllm_version_from_server_info(obj: Any) -> str | None:
-    """vLLM ``/server_info``'s ``system_env.vllm_version``."""
-    env = obj.get("system_env") if isinstance(obj, dict) else None
-    version = env.get("vllm_version") if isinstance(env, dict) else None
-    return version.strip() or None if isinstance(version, str) else None
 
 
 async def fetch_vllm_version(session: aiohttp.ClientSession, spec: WorkerSpec,
@@ -144,25 +107,6 @@ async def fetch_vllm_version(session: aiohttp.ClientSession, spec: WorkerSpec,
         log.debug("server info of worker=%s unavailable: %r", spec.id, exc,
                   extra={"worker": spec.id})
         return None
-
-
-def sglang_lookahead_from_server_info(obj: Any) -> int | None:
-    """Lookahead tokens of an SGLang worker's cache keys: 1 with an EAGLE radix cache, 0
-    without speculative decoding or radix cache, ``None`` when its answer does not say
-    (no server info, an algorithm registered by a plugin)."""
-    if not isinstance(obj, dict) or "speculative_algorithm" not in obj:
-        return None
-    if obj.get("disable_radix_cache") is True:
-        return 0
-    algorithm = obj.get("speculative_algorithm")
-    if algorithm is None or (isinstance(algorithm, str) and algorithm.upper() == "NONE"):
-        return 0
-    if not isinstance(algorithm, str):
-        return None
-    name = algorithm.upper()
-    if name in _SGLANG_EAGLE:
-        return 1
-    return 0 if name in {"STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK"} else None
 
 
 async def fetch_sglang_lookahead(session: aiohttp.ClientSession, spec: WorkerSpec,

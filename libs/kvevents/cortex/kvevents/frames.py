@@ -2,7 +2,7 @@
 
 Used by the ingest (SUB for the live stream, DEALER for replay) and by the simulator (PUB and
 replay ROUTER). Builders return the frames to hand to ``send_multipart``; parsers take the
-frames from ``recv_multipart`` and raise :class:`~cortex.ingest.codec.CodecError` for anything
+frames from ``recv_multipart`` and raise :class:`~cortex.kvevents.codec.CodecError` for anything
 that is not a well-formed message (never another exception).
 
 Live stream, PUB -> SUB: ``[topic, seq(8B BE), payload]``.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import CodecError
+from cortex.kvevents.codec import CodecError
 
 __all__ = [
     "REPLAY_END_SEQ",

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import CodecError
-from cortex.ingest.frames import (
+from cortex.kvevents.codec import CodecError
+from cortex.kvevents.frames import (
     REPLAY_END_SEQ,
     PubMessage,
     ReplayEnd,

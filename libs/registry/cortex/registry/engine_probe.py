@@ -1,4 +1,5 @@
-"""Ask a worker's engine about itself over HTTP (the thin shell of :mod:`.discovery`).
+"""Ask a worker's engine about itself over HTTP (the thin shell of
+:mod:`.engine_spec`, which merges the answers into a spec).
 
 ``await discover(url)`` reads SGLang's ``/server_info`` (else ``/get_server_info``), the
 OpenAI ``/v1/models``, and for vLLM ``/kv_event_sources`` and ``/metrics``. Every request has
@@ -15,14 +16,14 @@ from typing import Any
 import aiohttp
 
 from cortex.hashing import Engine
-from cortex.registry.discovery import Discovery
+from cortex.registry.engine_spec import Discovery
 from cortex.registry.engines import (
     Learned,
     looks_like_sglang,
     parse_sglang_server_info,
     parse_v1_models,
-    parse_vllm_cache_config,
     parse_vllm_kv_event_sources,
+    parse_vllm_metrics,
 )
 from cortex.registry.spec import WorkerSpec
 
@@ -150,10 +151,10 @@ async def _ask(probe: _Probe) -> tuple[list[tuple[str, Learned]], tuple[str, ...
     if metrics is not None and metrics[0] != 200:
         probe.problems.append(f"GET /metrics: HTTP {metrics[0]}")
     elif metrics is not None:
-        learned, problem = parse_vllm_cache_config(metrics[1].decode("utf-8", "replace"))
-        answers.append(("GET /metrics", learned))
-        if problem is not None:
-            probe.problems.append(f"GET /metrics: {problem}")
+        said = parse_vllm_metrics(metrics[1].decode("utf-8", "replace"))
+        answers.append(("GET /metrics", said.learned))
+        if said.problem is not None:
+            probe.problems.append(f"GET /metrics: {said.problem}")
     return answers, models
 
 

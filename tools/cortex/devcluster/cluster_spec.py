@@ -1,6 +1,6 @@
 """What ``cortex up`` starts (:class:`ClusterSpec`), what a started sim bound
 (:class:`WorkerInfo`), and the launcher's one error. Pure; re-exported by
-:mod:`cortex.cli.cluster`."""
+:mod:`cortex.devcluster.cluster`."""
 
 from __future__ import annotations
 

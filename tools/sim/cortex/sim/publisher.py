@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 
 from cortex.hashing import Engine
-from cortex.ingest import codec, frames
+from cortex.kvevents import codec, frames
 from cortex.sim.cache import BlocksRemoved, BlocksStored, CacheEvent
 from cortex.sim.faults import BatchFate, FaultState
 from cortex.sim.sockets import bind_tcp

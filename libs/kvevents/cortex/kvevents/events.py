@@ -1,5 +1,5 @@
 """The normalized KV-event model every decoder produces and the encoder writes, and the
-engines' wire field order (spec ``kv-events.md`` §2). See :mod:`cortex.ingest.codec`."""
+engines' wire field order (spec ``kv-events.md`` §2). See :mod:`cortex.kvevents.codec`."""
 
 from __future__ import annotations
 

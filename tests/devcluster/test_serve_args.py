@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cortex.cli.serve import (
+from cortex.devcluster.serve import (
     WORKER_KEY_ENV,
     WorkerArg,
     describe,

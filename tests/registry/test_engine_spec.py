@@ -10,12 +10,12 @@ import pytest
 
 from cortex.hashing import Engine
 from cortex.registry import Discovery, DiscoveryError, SpecError, default_worker_id
-from cortex.registry.discovery import HASH_ALGO_LABEL
+from cortex.registry.engine_spec import HASH_ALGO_LABEL
 from cortex.registry.engines import (
     parse_sglang_server_info,
     parse_v1_models,
-    parse_vllm_cache_config,
     parse_vllm_kv_event_sources,
+    parse_vllm_metrics,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -35,7 +35,7 @@ def vllm_discovered(url: str = "http://10.0.0.7:8101") -> Discovery:
     sources, _ = parse_vllm_kv_event_sources(
         json.loads((vllm / "kv_event_sources.json").read_text()))
     models, ids = parse_v1_models(json.loads((vllm / "v1_models.json").read_text()))
-    metrics, _ = parse_vllm_cache_config((vllm / "metrics.txt").read_text())
+    metrics = parse_vllm_metrics((vllm / "metrics.txt").read_text()).learned
     return Discovery.merge(url, [("GET /v1/models", models),
                                  ("GET /kv_event_sources", sources),
                                  ("GET /metrics", metrics)], models=ids)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import (
+from cortex.kvevents.codec import (
     ENCODER_VERSIONS,
     AllBlocksCleared,
     BlockRemoved,

@@ -1,5 +1,5 @@
 """``encode_batch``: events → the payload bytes a given engine version publishes (for the
-simulator and the golden tests); re-exported by :mod:`cortex.ingest.codec`."""
+simulator and the golden tests); re-exported by :mod:`cortex.kvevents.codec`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Final, Literal, TypeAlias
 import msgpack
 
 from cortex.hashing import Engine
-from cortex.ingest.events import (
+from cortex.kvevents.events import (
     CLEARED_TAG,
     REMOVED_TAG,
     SGLANG_REMOVED_FIELDS,

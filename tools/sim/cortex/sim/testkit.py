@@ -15,14 +15,14 @@ import zmq
 import zmq.asyncio
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import (
+from cortex.kvevents.codec import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     decode_batch,
 )
-from cortex.ingest.frames import parse_pub
+from cortex.kvevents.frames import parse_pub
 
 if TYPE_CHECKING:
     from cortex.sim.server import SimServer

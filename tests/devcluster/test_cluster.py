@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 from cortex.gateway.config.gateway import GatewayConfig
 from cortex.hashing import Engine
 from cortex.registry import WorkerRole

@@ -4,7 +4,7 @@
 ``--decode URL`` for a prefill/decode pool) asks every worker's engine about itself
 (:func:`cortex.registry.discover`), then starts the index, the ingest and the gateway as one
 process group with a private Redis (or ``--redis-url``) through
-:class:`cortex.cli.cluster.LocalCluster`, waits until every worker is routable, prints what
+:class:`cortex.devcluster.cluster.LocalCluster`, waits until every worker is routable, prints what
 runs where, and runs until Ctrl-C / SIGTERM. The flags follow sglang-router's where a knob
 means the same (``--host``, ``--port``, ``--api-key``, ``--max-concurrent-requests``,
 ``--queue-size``, ``--queue-timeout-secs``, ``--tokenizer-path``, ``--chat-template``,
@@ -50,7 +50,7 @@ class WorkerArg:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    from cortex.cli.cluster import DEFAULT_GATEWAY_PORT, LOOPBACK, ClusterSpec
+    from cortex.devcluster.cluster import DEFAULT_GATEWAY_PORT, LOOPBACK, ClusterSpec
 
     defaults = ClusterSpec()
     parser = subparsers.add_parser(
@@ -258,7 +258,7 @@ def with_worker_key(specs: Sequence[Any], args: argparse.Namespace) -> list[Any]
 
 def cluster_spec(specs: Sequence[Any], sections: Mapping[str, Any],
                  args: argparse.Namespace) -> Any:
-    from cortex.cli.cluster import ClusterSpec
+    from cortex.devcluster.cluster import ClusterSpec
 
     first = specs[0]
     return ClusterSpec(
@@ -270,7 +270,7 @@ def cluster_spec(specs: Sequence[Any], sections: Mapping[str, Any],
 
 
 def run(args: argparse.Namespace) -> int:
-    from cortex.cli.up import launch
+    from cortex.devcluster.up import launch
 
     try:
         workers = worker_args(args)

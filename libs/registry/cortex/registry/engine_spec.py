@@ -8,7 +8,7 @@ required field that nobody supplied raises :class:`DiscoveryError` naming it. An
 replay endpoint the engine reports as a bind address (``tcp://*:5557``, ``0.0.0.0``) is
 learned at the worker URL's host, so ``cortex workers add``, ``cortex serve`` and
 ``cortex discover-pods`` register where a subscriber connects. The HTTP side lives in
-:mod:`cortex.registry.discoverer`.
+:mod:`cortex.registry.engine_probe`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import BlockRemoved, BlockStored, decode_batch, encode_batch
+from cortex.kvevents.codec import BlockRemoved, BlockStored, decode_batch, encode_batch
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.ingest.codec import (
+from cortex.kvevents.codec import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -21,7 +21,7 @@ from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.process import SimProcess
 from cortex.testing import RedisServer, free_port, wait_until
 
-from .test_cli_up import Launcher, gone, printed_commands
+from .test_up import Launcher, gone, printed_commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -182,13 +182,13 @@ def test_serve_with_a_given_redis_registers_dp_workers_and_removes_them_at_exit(
 def test_a_worker_that_never_becomes_routable_is_named_when_start_up_gives_up(
     tmp_path: Path,
 ) -> None:
-    from cortex.cli.cluster import ClusterError, ClusterSpec, LocalCluster
+    from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster
     from cortex.hashing import Engine
 
     dead = WorkerSpec(id="gone", url=f"http://127.0.0.1:{free_port()}", engine=Engine.VLLM,
                       model="m", block_size=16)
     spec = ClusterSpec(workers=0, port=0, external=(dead,), model="m", engine=Engine.VLLM,
-                       lease_ttl_s=3, ready_timeout_s=6)
+                       lease_ttl_s=3, ready_timeout_s=12)  # the gateway itself must be up first
     with pytest.raises(ClusterError) as caught:
         LocalCluster(spec, tmp_path / "logs").start()
     message = str(caught.value)
@@ -201,8 +201,8 @@ def test_workers_without_kv_events_are_ready_when_the_gateway_routes_them(
 ) -> None:
     """No ledger to wait for: the gateway calls itself degraded (no_ready_ledger), routes by
     load, and start-up is done as soon as it does (it used to wait out the deadline)."""
-    from cortex.cli.cluster import ClusterSpec, LocalCluster
-    from cortex.cli.up import summary
+    from cortex.devcluster.cluster import ClusterSpec, LocalCluster
+    from cortex.devcluster.up import summary
     from cortex.hashing import Engine
 
     (sim,) = start_sims(("--engine", "vllm"),)
@@ -221,8 +221,8 @@ def test_a_ledger_that_does_not_come_is_waited_for_a_grace_then_routed_by_load(
 ) -> None:
     """An external worker whose events nobody publishes (a wrong endpoint, a firewall): the
     gateway serves it by load, so start-up ends after ``ledger_grace_s`` naming it."""
-    from cortex.cli.cluster import ClusterSpec, LocalCluster
-    from cortex.cli.up import summary
+    from cortex.devcluster.cluster import ClusterSpec, LocalCluster
+    from cortex.devcluster.up import summary
     from cortex.hashing import Engine
 
     (sim,) = start_sims(("--engine", "vllm"),)

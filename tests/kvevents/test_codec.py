@@ -1,4 +1,4 @@
-"""Decoding rules, hostile input and the per-version encoder of cortex.ingest.codec."""
+"""Decoding rules, hostile input and the per-version encoder of cortex.kvevents.codec."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import (
+from cortex.kvevents.codec import (
     ENCODER_VERSIONS,
     MAX_PAYLOAD_BYTES,
     AllBlocksCleared,

@@ -1,7 +1,7 @@
 """``cortex up``: a whole Cortex cluster on this machine, in one command.
 
 Starts a private ``redis-server``, the index, the ingest, one or more gateway replicas and
-simulated workers (:class:`cortex.cli.cluster.LocalCluster`), registers the workers, waits
+simulated workers (:class:`cortex.devcluster.cluster.LocalCluster`), registers the workers, waits
 until every part is ready, prints what runs where with a ready-to-paste ``curl``, and runs
 until Ctrl-C / SIGTERM, then stops everything. A process that crashes meanwhile is reported
 (with its log tail) and the rest keeps running. Exit codes: 0 after a clean stop, 1 when the
@@ -31,7 +31,7 @@ QUICKSTART_SYSTEM_PROMPT = (
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    from cortex.cli.cluster import DEFAULT_GATEWAY_PORT, ClusterSpec
+    from cortex.devcluster.cluster import DEFAULT_GATEWAY_PORT, ClusterSpec
 
     defaults = ClusterSpec()
     parser = subparsers.add_parser(
@@ -88,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> Any:
     """The :class:`ClusterSpec` of the command line (``ValueError`` when invalid)."""
-    from cortex.cli.cluster import ClusterSpec
+    from cortex.devcluster.cluster import ClusterSpec
 
     return ClusterSpec(
         workers=args.workers, engine=args.engine, pd=args.pd, gateways=args.gateways,
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 def launch(spec: Any, args: argparse.Namespace, command: str = "cortex up") -> int:
     """Run the cluster of ``spec`` until a signal (``args``: ``state_file``, ``log_dir``):
     the whole life of ``cortex up`` and ``cortex serve`` once their spec is built."""
-    from cortex.cli.cluster import ClusterError, LocalCluster
+    from cortex.devcluster.cluster import ClusterError, LocalCluster
 
     state_file = Path(args.state_file) if args.state_file else None
     if state_file is not None:

@@ -22,8 +22,8 @@ from typing import Final
 import msgpack
 
 from cortex.hashing import Engine
-from cortex.ingest.encoding import ENCODER_VERSIONS, encode_batch
-from cortex.ingest.events import (
+from cortex.kvevents.encoding import ENCODER_VERSIONS, encode_batch
+from cortex.kvevents.events import (
     CLEARED_TAG,
     REMOVED_ORDER,
     REMOVED_TAG,

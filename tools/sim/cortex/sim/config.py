@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from cortex.hashing import Engine
-from cortex.ingest.codec import ENCODER_VERSIONS
+from cortex.kvevents.codec import ENCODER_VERSIONS
 
 __all__ = [
     "DEFAULT_VERSIONS",

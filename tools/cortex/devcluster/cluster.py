@@ -8,7 +8,7 @@ is ready: the index serves, every worker's ledger is READY at the ingest, every 
 everything (process groups, SIGTERM then SIGKILL); children also die with the launcher.
 
 ```python
-from cortex.cli.cluster import ClusterSpec, LocalCluster
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster
 
 spec = ClusterSpec(workers=2, gateways=2, port=0, zero_cost=True, lease_ttl_s=3)
 with LocalCluster(spec, tmp_path) as cluster:
@@ -41,14 +41,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cortex.cli.cluster_spec import (
+from cortex.devcluster.cluster_spec import (
     DEFAULT_GATEWAY_PORT,
     LOOPBACK,
     ClusterError,
     ClusterSpec,
     WorkerInfo,
 )
-from cortex.cli.supervisor import Child, ChildExited, Supervisor
+from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.edge.probes import (
     bindable,
     http_call,
