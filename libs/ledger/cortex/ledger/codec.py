@@ -13,7 +13,7 @@ import contextlib
 import functools
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
