@@ -57,9 +57,18 @@ def top_frames(raw: Path, n: int = 15) -> tuple[int, list[tuple[str, float, floa
             inclusive[name] += int(count)
         own[frames[-1]] += int(count)
     rows = [(name, 100 * c / total, 100 * own[name] / total)
-            for name, c in inclusive.most_common() if "<module>" not in name
-            and not name.startswith(("run (", "run_forever", "_run_once", "_run (", "main ("))]
+            for name, c in inclusive.most_common() if not _scaffolding(name)]
     return total, rows[:n]
+
+
+def _scaffolding(name: str) -> bool:
+    """Frames every sample has (the interpreter's start, the event loop's run): they say
+    nothing about where the time goes."""
+    return (name.endswith(_LOOP_FILES) or "(<frozen" in name or "<module>" in name
+            or name.startswith(("serve (", "_main (", "main (", "run (")))
+
+
+_LOOP_FILES = ("(asyncio/base_events.py)", "(asyncio/runners.py)", "(asyncio/events.py)")
 
 
 def top_frames_table(raw: Path, n: int = 15) -> list[str]:
