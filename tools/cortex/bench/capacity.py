@@ -34,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from cortex.bench import pyspy
 from cortex.bench.report import table
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.bench.routing.text import BlockText, Segment, WordVocabulary
@@ -60,6 +61,10 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--turns", type=int, default=1,
                         help="turns per conversation (> 1: multi-turn chat, the history"
                              " resent each turn)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample ingest and index with py-spy while requests run (top"
+                             " frames in the report)")
+    parser.add_argument("--py-spy", default="", help="py-spy executable (default: on PATH)")
     parser.add_argument("--prefix-share", type=float, default=0.6,
                         help="fraction of each prompt that is its group's shared prefix")
     parser.add_argument("--groups", type=int, default=8, help="shared prefixes per size")
@@ -217,10 +222,18 @@ def _measure(cluster: LocalCluster, mode: str, text: BlockText, size: int,
                        args.turns)
     idle = _idle_cores(pids, args.idle_s)
     cached0, evicted0 = asyncio.run(_cache_counters(urls))
+    spies = []
+    if args.profile:  # the ledger pipeline, over the whole drive (its expected length)
+        seconds = len(prompts) / args.rate if args.rate else 30.0
+        spies = [pyspy.record(pyspy.find_py_spy(args.py_spy), pids[name], seconds,
+                              Path(args.out) / f"profile-{mode}-{size}-{name}.txt")
+                 for name in ("ingest", "index")]
     meter = CpuMeter(pids)
     errors = asyncio.run(_drive(cluster.gateway_urls[0], cluster.spec.model, prompts,
                                 args.concurrency, args.rate))
     measured = meter.stop()
+    for spy in spies:
+        spy.wait(60)
     cached1, evicted1 = asyncio.run(_cache_counters(urls))
     wall = measured["wall_s"]
     cpu = {name: max(measured["processes"][name] - idle[name] * wall, 0.0) for name in pids}
@@ -270,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         "kv_blocks": args.kv_blocks, "block_size": BLOCK_SIZE}
     doc = report_json(results, config)
     (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(report_markdown(doc), encoding="utf-8")
+    (out / "report.md").write_text(report_markdown(doc) + _profiles(out), encoding="utf-8")
     _plot(results, out / "cpu_per_request.png")
     print(f"report written to {out / 'report.md'}", file=sys.stderr)
     return 0 if all(r.errors == 0 for r in results) else 1
@@ -363,6 +376,16 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
     lines += ["", "![CPU per request](cpu_per_request.png)", "",
               "How these numbers become a cluster size: [../../scaling.md](../../scaling.md).",
               ""]
+    return "\n".join(lines)
+
+
+def _profiles(out: Path) -> str:
+    """The top frames of every profile the run recorded (``--profile``)."""
+    lines: list[str] = []
+    for raw in sorted(out.glob("profile-*.txt")):
+        mode, size, name = raw.stem.split("-")[1:4]
+        lines += [f"## Where the {name}'s time goes ({mode}, {int(size):,}-token prompts,"
+                  " py-spy)", "", *pyspy.top_frames_table(raw), ""]
     return "\n".join(lines)
 
 
