@@ -272,8 +272,9 @@ def run(args: argparse.Namespace) -> int:
                       f" {res.per_update_us('index'):.2f} µs, ingest"
                       f" {res.per_update_us('ingest'):.2f} µs per update)", file=sys.stderr)
     config = {"command": "cortex bench capacity " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-        if k not in ("func", "command", "benchmark") and v is not None),
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if k not in ("func", "command", "benchmark", "py_spy") and v not in (None, False)),
         "date": time.strftime("%Y-%m-%d"), "minutes": (time.monotonic() - started) / 60,
         "machine": f"{os.cpu_count()} cores ({platform.machine()}), Python"
                    f" {platform.python_version()}",
