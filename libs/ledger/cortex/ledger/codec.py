@@ -325,8 +325,6 @@ def ops_to_pb(ops: Iterable[ViewOp], out: pb.ReplicaBatch) -> None:
         op_to_pb(op, out.ops.add())
 
 
-
-
 # ---- matches (index -> gateway) -----------------------------------------------------------
 
 _OFFLOAD = frozenset(int(t) for t in OFFLOAD_TIERS)
