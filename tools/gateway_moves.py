@@ -2,7 +2,8 @@
 
 ``python tools/gateway_moves.py [PATH ...]`` rewrites, in every text file under the paths
 (default: the repository), each dotted module name ``cortex.gateway.<old>`` and each file path
-``cortex/gateway/<old>.py`` to its new place, in one pass (a name already rewritten is never
+``cortex/gateway/<old>.py`` to its new place (after the merges of one stage's halves, the
+module that holds its code now), in one pass (a name already rewritten is never
 rewritten again). Run it on a branch written against the flat layout to rebase it onto the
 subpackages. ``--move`` also performs the ``git mv`` (once, on the branch that made the move).
 """
@@ -84,6 +85,24 @@ RENAMED: Mapping[str, str] = {
     "tokens.tokenizing": "tokens.service",
 }
 
+# The merges of one stage's halves into its main module (code moved, not rewritten), after the
+# moves and renames: a branch written before them is rewritten to the main module.
+MERGED: Mapping[str, str] = {
+    "api.decision_headers": "api.inference",
+    "fleet.breaker": "fleet.pool",
+    "fleet.progress": "fleet.pool",
+    "http.connection": "http.admission",
+    "http.middleware": "http.messages",
+    "ledger.matching": "ledger.replica_client",
+    "request.limits": "request.payload",
+    "routing.observer": "routing.router",
+    "routing.pairing": "routing.scoring",
+    "routing.predicted": "routing.placement",
+    "routing.routed": "routing.router",
+    "tokens.cache": "tokens.prompt",
+    "tokens.segments": "tokens.prompt",
+}
+
 # What each stage is: the docstring of its package.
 STAGES: Mapping[str, str] = {
     "http": "HTTP in front of everything: the ASGI contract, the request view and responses, "
@@ -124,9 +143,6 @@ def _patterns(moves: Mapping[str, str]) -> tuple[re.Pattern[str], re.Pattern[str
 
 # Names that left a module after the moves: (module, name) -> the module that has it now.
 MOVED_NAMES: Mapping[tuple[str, str], str] = {
-    ("routing.router", "Routed"): "routing.routed",
-    ("routing.router", "StageTimings"): "routing.routed",
-    ("routing.router", "uncached"): "routing.routed",
     ("routing.router", "Placement"): "routing.placement",
 }
 
@@ -147,8 +163,10 @@ def _split_from_imports(text: str) -> str:
 
 def rewrite_text(text: str, moves: Mapping[str, str] | None = None) -> str:
     """``text`` with every old module name and file path of ``moves`` (default: the flat
-    names and the first move's renamed ones) replaced, in one pass."""
-    moves = {**MOVES, **RENAMED} if moves is None else moves
+    names, the first move's renamed ones and the merged ones) replaced, in one pass."""
+    if moves is None:
+        moves = {old: MERGED.get(new, new) for old, new in {**MOVES, **RENAMED}.items()}
+        moves.update(MERGED)
     dotted, path = _patterns(moves)
     text = _split_from_imports(dotted.sub(lambda m: "cortex.gateway." + moves[m.group(1)], text))
     return path.sub(

@@ -9,6 +9,9 @@ and prints:
   under ``TYPE_CHECKING`` (a cycle there is still a cycle for a reader);
 * the functions longer than ``--max-lines`` (default 80) in ``libs/`` and ``services/``,
   longest first, and the longest one;
+* the imports of a service's internals from outside it: a module of another distribution
+  (the tools, the sim) importing a ``cortex.gateway`` / ``cortex.index`` / ``cortex.ingest``
+  module other than the service's public package (its ``__init__``);
 * the gateway's modules per subpackage.
 """
 
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOTS = ("libs", "services", "proto/gen", "tools")
+SERVICES = ("cortex.gateway", "cortex.index", "cortex.ingest")
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -139,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
           f" (longest: {long[0][1]}, {long[0][0]} lines)")
     for n, f in over:
         print(f"  {n:4d} {f}")
+    internals = sorted({(name, used) for name, used_all in graph.items() for used in used_all
+                        for service in SERVICES
+                        if used.startswith(service + ".") and not name.startswith(service)})
+    print(f"imports of a service's internals from outside it: {len(internals)}"
+          f" in {len({name for name, _ in internals})} modules")
+    for name, used in internals:
+        print(f"  {name} -> {used}")
     stages = Counter(name.split(".")[2] if name.count(".") > 2 else "(top)"
                      for name, path in known.items()
                      if name.startswith("cortex.gateway.") and path.name != "__init__.py")

@@ -19,6 +19,7 @@ from cortex.bench.faults_load import Record
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(150)
 def test_quick_mode_injects_every_quick_fault_and_reports_it(tmp_path: Path) -> None:
     proc = subprocess.run(

@@ -19,7 +19,7 @@ from cortex.bench.routing.command import QUICK_VARIANT_CONTENDERS, QUICK_WORKLOA
 from cortex.bench.routing.contenders import CONTENDERS, VARIANT_ONLY
 from cortex.bench.routing.scenarios import VARIANTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 TRACES = Path(__file__).parent / "data" / "traces"
 """The first 30 s of each Mooncake trace (what ``--quick`` replays), so a clone runs it alone."""

@@ -13,6 +13,7 @@ from cortex.bench.soak import SERVICES, slope_mb_per_10min
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(150)
 def test_a_short_soak_samples_every_service_and_reports(tmp_path: Path) -> None:
     proc = subprocess.run(

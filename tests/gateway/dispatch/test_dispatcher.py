@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,10 +22,10 @@ from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
-from cortex.gateway.routing.pairing import PDMode
-from cortex.gateway.routing.routed import Routed
-from cortex.gateway.routing.router import Router
-from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
+from cortex.gateway.routing.router import Routed, Router
+from cortex.gateway.routing.scoring import PDMode
+from cortex.gateway.upstream.client import FailureKind
+from cortex.gateway.upstream.memory import EVENT, MemoryUpstream, Reply
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source
@@ -38,64 +37,6 @@ pytestmark = pytest.mark.timeout(20)
 
 MODEL = "m"
 BLOCK = 16
-EVENT = b'data: {"choices":[{"index":0,"text":"x"}]}\n\n'
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A scripted answer: ``fail`` raises at the send, ``hang`` never answers."""
-
-    status: int = 200
-    body: tuple[bytes, ...] = (EVENT, b"data: [DONE]\n\n")
-    retry_after_s: float | None = None
-    fail: FailureKind | None = None
-    hang: bool = False
-
-
-@dataclass(eq=False)
-class MemoryResponse:
-    status: int
-    parts: tuple[bytes, ...]
-    retry_after_s: float | None
-    content_type: str = "text/event-stream"
-    closed: bool = False
-
-    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]:
-        for part in self.parts:
-            yield part
-
-    async def read(self) -> bytes:
-        return b"".join(self.parts)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-@dataclass(eq=False)
-class MemoryUpstream:
-    """Workers answering from ``script`` (worker id → replies in order, the last repeats);
-    every send is kept in ``sent`` and every response in ``responses``."""
-
-    script: dict[str, list[Reply]]
-    sent: list[tuple[str, bytes]] = field(default_factory=list)
-    responses: list[MemoryResponse] = field(default_factory=list)
-
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str],
-                   worker: WorkerSpec | None = None) -> MemoryResponse:
-        assert worker is not None and url.startswith(worker.url)
-        self.sent.append((worker.id, body))
-        replies = self.script[worker.id]
-        reply = replies.pop(0) if len(replies) > 1 else replies[0]
-        if reply.hang:
-            await asyncio.Event().wait()
-        if reply.fail is not None:
-            raise UpstreamFailure(reply.fail, "scripted")
-        response = MemoryResponse(reply.status, reply.body, reply.retry_after_s)
-        self.responses.append(response)
-        return response
-
-    def reached(self) -> list[str]:
-        return [worker for worker, _ in self.sent]
 
 
 class ColdIndex:

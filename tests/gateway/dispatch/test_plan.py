@@ -9,10 +9,15 @@ import pytest
 from cortex.gateway.config.gateway import BreakerConfig, PDConfig, RoutingWeights
 from cortex.gateway.dispatch.plan import AttemptPlan, Fallback, LegFailure, PairPlan, Side
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable, UpstreamError
-from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.fleet.pool import Health, WorkerPool
-from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
-from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.fleet.pool import CircuitBreaker, Health, WorkerPool
+from cortex.gateway.routing.scoring import (
+    Candidate,
+    Decision,
+    LocalPrefill,
+    PairDecision,
+    Reason,
+    decide,
+)
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.ledger.model import LedgerState

@@ -16,7 +16,7 @@ import pytest
 
 from cortex.gateway.config.gateway import ModelConfig, ServerConfig
 from cortex.gateway.errors import relayed_error
-from cortex.gateway.request.limits import Limits, check_prompt_tokens, model_limits, prompt_chars
+from cortex.gateway.request.payload import Limits, check_prompt_tokens, model_limits, prompt_chars
 from cortex.gateway.server import GatewayServer
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.hashing import Engine

@@ -19,9 +19,8 @@ from cortex.gateway.config.gateway import (
     RegistryConfig,
 )
 from cortex.gateway.dispatch.pd.handoff import vllm_prefill_result
-from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.routing.pairing import connector_mismatch
+from cortex.gateway.fleet.pool import CircuitBreaker, WorkerState
+from cortex.gateway.routing.scoring import connector_mismatch
 from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.registry.spec import WorkerSpec

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(30)
 async def test_a_reachable_worker_is_routable_when_startup_ends(start_sim: StartSim) -> None:
     sim = await start_sim()
     registry = MemoryRegistry()
-    async with Runtime(gateway_config([spec_of(sim, "w0")]), registry=registry) as gw:
+    async with await Runtime.load(gateway_config([spec_of(sim, "w0")]),
+                                  registry=registry) as gw:
         assert gw.router is not None and gw.dispatcher is not None
         assert await registry.get("w0") == spec_of(sim, "w0")  # seeded
         worker = gw.pool.get("w0")
@@ -35,7 +36,7 @@ async def test_a_reachable_worker_is_routable_when_startup_ends(start_sim: Start
 async def test_without_a_reachable_worker_it_is_unavailable() -> None:
     dead = WorkerSpec(id="dead", url=f"http://127.0.0.1:{free_port()}", engine="sglang",
                       model=MODEL, block_size=16)  # type: ignore[arg-type]
-    async with Runtime(gateway_config([dead]), registry=MemoryRegistry()) as gw:
+    async with await Runtime.load(gateway_config([dead]), registry=MemoryRegistry()) as gw:
         state, _ = gw.readiness()
         assert state is Readiness.UNAVAILABLE
         assert gw.metrics.ready._value.get() == 0

@@ -10,7 +10,7 @@ from grpclib.client import Channel
 
 from cortex.gateway.config.gateway import IndexConfig as GatewayIndexConfig
 from cortex.gateway.ledger.index_client import IndexClient
-from cortex.gateway.ledger.matching import fold_sources
+from cortex.gateway.ledger.replica_client import fold_sources
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig

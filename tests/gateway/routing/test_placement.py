@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cortex.gateway.config.gateway import BreakerConfig
-from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.fleet.pool import CircuitBreaker, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.routing.placement import Placement
-from cortex.gateway.routing.predicted import PredictedBlocks
+from cortex.gateway.routing.placement import Placement, PredictedBlocks
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 

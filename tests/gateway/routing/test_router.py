@@ -18,8 +18,7 @@ from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, RoutingCon
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
-from cortex.gateway.routing.routed import Routed
-from cortex.gateway.routing.router import OFFLOAD_CHARS, Router
+from cortex.gateway.routing.router import OFFLOAD_CHARS, Routed, Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match, SourceMatch

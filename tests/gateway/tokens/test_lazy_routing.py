@@ -21,8 +21,7 @@ from cortex.gateway.config.gateway import (
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
-from cortex.gateway.routing.routed import Routed
-from cortex.gateway.routing.router import Router
+from cortex.gateway.routing.router import Routed, Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match, SourceMatch

@@ -18,9 +18,8 @@ from cortex.chat import ChatTokenizer, RenderArgs
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
-from cortex.gateway.tokens.cache import SegmentCache
 from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder, partition
-from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.prompt import PromptTokenizer, SegmentCache
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine
 

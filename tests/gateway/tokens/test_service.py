@@ -12,8 +12,7 @@ import pytest
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.limits import Limits
-from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
+from cortex.gateway.request.payload import InferencePath, InferenceRequest, Limits, parse_request
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
 

@@ -37,7 +37,7 @@ import numpy as np
 from cortex.bench.index import DOMAIN, Workload, make_workload, percentiles, sources, updates
 from cortex.bench.procstat import rss_bytes
 from cortex.bench.report import table
-from cortex.index.prefix_index import PrefixIndex
+from cortex.index import PrefixIndex
 from cortex.ledger import cores
 from cortex.ledger.codec import pb, update_from_pb, update_to_pb
 from cortex.ledger.replica import LedgerReplica, journal_batch, snapshot_batches

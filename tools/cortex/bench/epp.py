@@ -33,6 +33,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 
 from cortex.bench.report import provenance, table
+from cortex.gateway import GatewayServer
 from cortex.gateway.config.gateway import (
     GatewayConfig,
     HealthConfig,
@@ -44,9 +45,8 @@ from cortex.gateway.config.gateway import (
 )
 from cortex.gateway.epp.server import PROCESS, EppServer
 from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
-from cortex.gateway.server import GatewayServer
+from cortex.index import IndexServer
 from cortex.index.config import IndexConfig as IndexServerConfig
-from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import IndexTarget
 from cortex.ingest.service import IngestService

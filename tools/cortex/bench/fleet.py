@@ -45,6 +45,7 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.report import table
+from cortex.gateway import GatewayServer
 from cortex.gateway.config.gateway import (
     BreakerConfig,
     GatewayConfig,
@@ -54,7 +55,6 @@ from cortex.gateway.config.gateway import (
     ServerConfig,
 )
 from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
-from cortex.gateway.server import GatewayServer
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.config import SimConfig, TimingConfig
 from cortex.sim.server import SimServer

@@ -35,9 +35,7 @@ import numpy.typing as npt
 from cortex.bench.procstat import rss_bytes
 from cortex.bench.report import table
 from cortex.hashing import Engine, HashDomain
-from cortex.index.config import IndexConfig
-from cortex.index.prefix_index import PrefixIndex
-from cortex.index.server import IndexServer
+from cortex.index import IndexConfig, IndexServer, PrefixIndex
 from cortex.ledger import cores
 from cortex.ledger.cores import node_bytes
 from cortex.ledger.model import LedgerUpdate, Snapshot, Source, StoreBlocks

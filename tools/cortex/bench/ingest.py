@@ -43,8 +43,7 @@ import aiohttp
 from cortex.bench.report import table
 from cortex.devcluster.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
-from cortex.index.config import IndexConfig
-from cortex.index.server import IndexServer
+from cortex.index import IndexConfig, IndexServer
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.ledger.model import Source
 from cortex.registry import RedisRegistry, WorkerSpec

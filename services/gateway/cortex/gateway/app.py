@@ -20,8 +20,14 @@ from cortex.gateway.api.tokenize import AlignmentCheck, TokenizeHandler
 from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.http.asgi import Receive, Scope, Send
-from cortex.gateway.http.messages import ClientDisconnected, Request, send_bytes, send_error
-from cortex.gateway.http.middleware import PUBLIC_PATHS, Middleware
+from cortex.gateway.http.messages import (
+    PUBLIC_PATHS,
+    ClientDisconnected,
+    Middleware,
+    Request,
+    send_bytes,
+    send_error,
+)
 from cortex.gateway.request.payload import InferencePath
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tracebacks import TracebackLimiter
@@ -94,7 +100,8 @@ class App:
         message = await receive()
         assert message["type"] == "lifespan.startup"
         try:
-            gateway = Runtime(self.config, registry=self._registry, environ=self._environ)
+            gateway = await Runtime.load(self.config, registry=self._registry,
+                                         environ=self._environ)
             await gateway.__aenter__()
         except Exception as exc:
             log.exception("gateway startup failed")

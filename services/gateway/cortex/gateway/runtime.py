@@ -1,6 +1,10 @@
 """``Runtime``: one gateway process's state and background work, owned by one ``async with``.
 
-Startup order: tokenizers → registry → upstream session → ledger replica and index client →
+:meth:`Runtime.load` loads the tokenizers (off the event loop) and builds every part — the
+router, the dispatcher, the ledger clients — before anything starts, so a part is never
+missing while the app takes requests. Entering it starts them.
+
+Startup order: registry → upstream session → ledger replica and index client →
 static workers seeded (unless an operator removed them: a tombstone) → registry watcher →
 first health probes (so a gateway with reachable workers is ready when startup ends) →
 background loops (pool sync, probes, load polls, status). Shutdown unwinds the same stack;
@@ -16,12 +20,11 @@ import socket
 from collections.abc import Collection, Mapping
 from enum import StrEnum
 from types import TracebackType
-from typing import Any
 
 from cortex.chat import EncoderChoice
 from cortex.chat.encoder import hf_encoder
 from cortex.edge.tasks import stop_tasks
-from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
+from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
 from cortex.gateway.fleet.health import HealthMonitor
@@ -33,8 +36,7 @@ from cortex.gateway.http.auth import WorkerCredentials
 from cortex.gateway.ledger.index_client import IndexClient
 from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.limits import Limits, context_length_of, model_limits
-from cortex.gateway.request.payload import InferencePath, InferenceRequest, parse_request
+from cortex.gateway.request.payload import Admit
 from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
@@ -84,14 +86,42 @@ def _index_token(path: str) -> str | None:
         raise ConfigError(f"index.token_file: {exc}") from None
 
 
+async def load_tokenizers(config: GatewayConfig) -> dict[str, PromptTokenizer]:
+    """Each model's tokenizer, loaded in a worker thread. ``tokenize.encoder`` auto: with
+    ``tokenizers`` at once (the fastokens probe runs once the gateway started); fastokens:
+    probed first, a failure stops the start (:class:`ConfigError`)."""
+    choice = EncoderChoice(config.tokenize.encoder)
+    tokenizers: dict[str, PromptTokenizer] = {}
+    for model in config.models:
+        try:
+            tokenizer = await asyncio.to_thread(
+                PromptTokenizer.load, model.tokenizer, model.chat_template,
+                model.tokenize_cache_tokens,
+                encoder=EncoderChoice.HF if choice is EncoderChoice.AUTO else choice)
+        except ValueError as exc:  # tokenize.encoder fastokens and it is not exact
+            raise ConfigError(f"model {model.name}: {exc}") from None
+        if choice is EncoderChoice.AUTO:
+            tokenizer.use_encoder(hf_encoder(tokenizer.chat.tokenizer,
+                                             "auto: the fastokens probe is running"))
+        tokenizers[model.name] = tokenizer
+    return tokenizers
+
+
 class Runtime:
-    """Use as ``async with Runtime(config) as gw``; the ASGI app reads its parts.
+    """Use as ``async with await Runtime.load(config) as gw``; the ASGI app reads its parts.
 
     ``registry``: inject one (tests, a launcher sharing a MemoryRegistry); by default Redis
     when ``registry.redis_url`` is set, else an in-process registry.
     """
 
-    def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
+    @classmethod
+    async def load(cls, config: GatewayConfig, *, registry: Registry | None = None,
+                   environ: Mapping[str, str] | None = None) -> Runtime:
+        """A runtime with every part built, its tokenizers loaded first."""
+        return cls(config, await load_tokenizers(config), registry=registry, environ=environ)
+
+    def __init__(self, config: GatewayConfig, tokenizers: Mapping[str, PromptTokenizer], *,
+                 registry: Registry | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.api_keys = config.auth.load()  # ConfigError: a bad keys file
@@ -105,14 +135,30 @@ class Runtime:
         self.metrics.admission_waiting.set_function(lambda: admission.waiting)
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
-        self.tokenizers: dict[str, PromptTokenizer] = {}
+        self.tokenizers = dict(tokenizers)
+        for name, tokenizer in self.tokenizers.items():
+            self.metrics.tokenize_encoder.labels(model=name, encoder=tokenizer.encoder.name).set(1)
         self.upstream = UpstreamClient(config.upstream, self.credentials)
         self.addresses = config.discovery.address_policy
         self._refused: dict[str, WorkerSpec] = {}  # ignored specs, logged once each
         self.index: IndexClient | None = None
         self.replica: ReplicaClient | None = None
-        self._router: Router | None = None
-        self._dispatcher: Dispatcher | None = None
+        if config.index.targets:
+            token = _index_token(config.index.token_file)
+            if config.index.replica:
+                self.replica = ReplicaClient(
+                    config.index, tuple(m.domain.model for m in config.models), self.metrics,
+                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}",
+                    token=token)
+            self.index = IndexClient(config.index, self.metrics, self._on_ledgers,
+                                     self._poll_ledgers, token)
+        self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
+                             self.replica)
+        # every entry's request validation: inference, /admin/explain, the endpoint picker
+        self.admit = Admit(config, self.pool.context_length, self.pool.adapter_base)
+        self.limits = self.admit.limits
+        self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
+                                     self.metrics, config.pd)
         self.watcher: RegistryWatcher | None = None
         self.health: HealthMonitor | None = None
         self.loads: LoadPoller | None = None
@@ -126,26 +172,6 @@ class Runtime:
             export_timeout_s=tracing.export_timeout_s, batch_size=tracing.batch_size,
             max_queue=tracing.max_queue,
             attributes={"service.instance.id": config.gateway_id}) if tracing.enabled else None
-
-    @property
-    def router(self) -> Router:
-        """The router (built at start: the app takes requests only once started)."""
-        if self._router is None:
-            raise RuntimeError("the gateway is not started")
-        return self._router
-
-    @property
-    def dispatcher(self) -> Dispatcher:
-        """The dispatcher (built at start, with the router)."""
-        if self._dispatcher is None:
-            raise RuntimeError("the gateway is not started")
-        return self._dispatcher
-
-    def admit(self, endpoint: InferencePath, body: dict[str, Any]) -> InferenceRequest:
-        """A decoded body validated for ``endpoint`` the one way every entry does (inference,
-        ``/admin/explain``, the endpoint picker): against the config, the model's bounds and
-        the adapters the workers list. Raises :class:`ClientError`."""
-        return parse_request(endpoint, body, self.config, self.limits, self.pool.adapter_base)
 
     def drain(self) -> None:
         """Start draining: readiness turns 503 and answers close their connections, so
@@ -181,43 +207,16 @@ class Runtime:
 
     async def _start(self) -> None:
         config = self.config
-        choice = EncoderChoice(config.tokenize.encoder)
-        for model in config.models:
-            # auto: serve with tokenizers at once, probe fastokens in the background (1-5 s
-            # a model, not spent before the gateway is ready); fastokens: probe first, a
-            # failure stops the start
-            try:
-                tokenizer = await asyncio.to_thread(
-                    PromptTokenizer.load, model.tokenizer, model.chat_template,
-                    model.tokenize_cache_tokens,
-                    encoder=EncoderChoice.HF if choice is EncoderChoice.AUTO else choice)
-            except ValueError as exc:  # tokenize.encoder fastokens and it is not exact
-                raise ConfigError(f"model {model.name}: {exc}") from None
-            if choice is EncoderChoice.AUTO:
-                tokenizer.use_encoder(hf_encoder(tokenizer.chat.tokenizer,
-                                                 "auto: the fastokens probe is running"))
-            self.tokenizers[model.name] = tokenizer
-            self.metrics.tokenize_encoder.labels(
-                model=model.name, encoder=tokenizer.encoder.name).set(1)
-        if choice is EncoderChoice.AUTO:
+        if EncoderChoice(config.tokenize.encoder) is EncoderChoice.AUTO:
             self._tasks.append(asyncio.create_task(self._probe_encoders(),
                                                    name="gateway-encoder-probe"))
         if self._own_registry:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)
-        if config.index.targets:
-            token = _index_token(config.index.token_file)
-            if config.index.replica:
-                self.replica = await self._stack.enter_async_context(ReplicaClient(
-                    config.index, tuple(m.domain.model for m in config.models), self.metrics,
-                    self._on_replica_changes, replica_id=f"gateway@{socket.gethostname()}",
-                    token=token))
-            self.index = await self._stack.enter_async_context(IndexClient(
-                config.index, self.metrics, self._on_ledgers, self._poll_ledgers, token))
-        self._router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
-                              self.replica)
-        self._dispatcher = Dispatcher(self.pool, self.upstream, self._router, config.upstream,
-                                     self.metrics, config.pd)
+        if self.replica is not None:
+            await self._stack.enter_async_context(self.replica)
+        if self.index is not None:
+            await self._stack.enter_async_context(self.index)
         await self._seed()
         seeds = asyncio.create_task(UrlSeeder(config.discovery, self._seed_one).run(),
                                     name="gateway-seeds")
@@ -268,8 +267,7 @@ class Runtime:
         tasks, self._tasks = self._tasks, []
         await stop_tasks(tasks)
         await self._stack.aclose()
-        if self._router is not None:
-            self._router.close()
+        self.router.close()
         if self.tracing is not None:  # what is queued goes out (bounded by its timeout)
             await asyncio.to_thread(self.tracing.shutdown)
 
@@ -330,8 +328,8 @@ class Runtime:
             self.metrics.welcome_worker(worker_id)
         for worker_id in removed:
             self.metrics.forget_worker(worker_id)
-        if removed and self._router is not None:
-            self._router.forget_workers(removed)
+        if removed:
+            self.router.forget_workers(removed)
         return added
 
     async def _pool_loop(self) -> None:
@@ -380,8 +378,7 @@ class Runtime:
     # ---- index callbacks ----
 
     def _on_replica_changes(self, changes: ReplicaChanges) -> None:
-        if self._router is not None:
-            self._router.on_replica_changes(changes)
+        self.router.on_replica_changes(changes)
         self._on_ledgers(self._replica_states())
 
     def _poll_ledgers(self) -> bool:
@@ -403,13 +400,6 @@ class Runtime:
     def _on_ledgers(self, states: dict[str, LedgerState]) -> None:
         for worker in self.pool:
             worker.ledger = states.get(worker.id, LedgerState.UNSPECIFIED)
-
-    # ---- bounds ----
-
-    def limits(self, model: ModelConfig) -> Limits:
-        """``model``'s request bounds: its config, else what its workers' engines report."""
-        return model_limits(model, context_length_of(
-            w.context_length for w in self.pool if w.spec.model == model.name))
 
     # ---- status ----
 

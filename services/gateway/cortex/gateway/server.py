@@ -8,7 +8,7 @@ tests, the dev-cluster launcher and ``cortex gateway``.
 The listening socket is a :class:`~cortex.gateway.http.listener.CappedListener`: past
 ``server.max_connections`` open client connections (``server.max_connections_per_peer``
 from one address), a new one is answered 503 at once. Each connection is served by a
-:class:`~cortex.gateway.http.connection.GuardedConnection` (hypercorn's, with the header,
+:class:`~cortex.gateway.http.admission.GuardedConnection` (hypercorn's, with the header,
 write and peer-closed deadlines), so this module runs hypercorn's lifespan and accept loop
 itself instead of ``worker_serve``.
 """
@@ -29,7 +29,7 @@ from hypercorn.utils import wrap_app
 
 from cortex.gateway.app import App
 from cortex.gateway.config.gateway import GatewayConfig
-from cortex.gateway.http.connection import ConnectionDeadlines, GuardedConnection
+from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
 from cortex.gateway.http.listener import CappedListener
 from cortex.gateway.runtime import Runtime
 from cortex.registry import Registry

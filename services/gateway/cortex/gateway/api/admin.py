@@ -23,7 +23,7 @@ from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_json
 from cortex.gateway.request.payload import InferencePath, parse_body
-from cortex.gateway.routing.pairing import PairDecision, PDMode
+from cortex.gateway.routing.scoring import PairDecision, PDMode
 from cortex.gateway.runtime import Runtime
 from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
 

@@ -11,6 +11,10 @@ The exchange with the worker runs in its own task raced against ``http.disconnec
 client that goes away cancels it, which closes the upstream connection (the engine aborts
 the generation) and frees the worker's in-flight slot. The request's deadline
 (``upstream.request_timeout_s``) bounds routing (the index Match) and the upstream call.
+
+The decision headers, built in one place for every answer: the gateway's own responses
+(served, failed before a worker answered, rejected before routing) and the endpoint
+picker's response-header mutation (``docs/api.md`` lists them).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from cortex.gateway.api.decision_headers import NOT_ROUTED, decision_headers
 from cortex.gateway.config.gateway import Timeouts
 from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher, upstream_body
@@ -41,7 +44,8 @@ from cortex.gateway.request.payload import (
     InferenceRequest,
     parse_body,
 )
-from cortex.gateway.routing.routed import Routed
+from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.scoring import PDOutcome
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
@@ -49,9 +53,54 @@ from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 from cortex.gateway.upstream.sse import SSEForwarder, cached_tokens_of, sse_error_event
 from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 
-__all__ = ["InferenceHandler", "race_disconnect", "request_id_of"]
+__all__ = [
+    "NOT_ROUTED",
+    "InferenceHandler",
+    "decision_headers",
+    "race_disconnect",
+    "request_id_of",
+]
 
 log = logging.getLogger(__name__)
+
+
+# ---- decision_headers ----
+
+
+def decision_headers(*, hit_tokens: int | None = None, worker: str | None = None,
+                     mode: str | None = None, reason: str | None = None,
+                     attempts: int | None = None, pd: PDOutcome | None = None,
+                     pd_failed: bool = False) -> list[tuple[bytes, bytes]]:
+    """The ``x-cortex-*`` headers of the fields given (``None``: the header is left out),
+    in the order clients have always seen them. ``pd`` adds how a disaggregated model's
+    request was served; ``pd_failed`` says it was not served at all."""
+    headers: list[tuple[bytes, bytes]] = []
+    if hit_tokens is not None:
+        headers.append((b"x-cortex-cache-hit-tokens", str(hit_tokens).encode()))
+    if worker is not None:
+        headers.append((b"x-cortex-assigned-worker", worker.encode()))
+    if mode is not None:
+        headers.append((b"x-cortex-match-mode", mode.encode()))
+    if reason is not None:
+        headers.append((b"x-cortex-match-reason", reason.encode()))
+    if attempts is not None:
+        headers.append((b"x-cortex-attempts", str(attempts).encode()))
+    if pd is not None:
+        headers += [(b"x-cortex-pd", pd.mode.value.encode()),
+                    (b"x-cortex-prefill-worker", (pd.prefill or "none").encode()),
+                    (b"x-cortex-decode-worker", (pd.decode or "none").encode())]
+    elif pd_failed:
+        headers += [(b"x-cortex-pd", b"failed"), (b"x-cortex-prefill-worker", b"none"),
+                    (b"x-cortex-decode-worker", b"none")]
+    return headers
+
+
+NOT_ROUTED = decision_headers(hit_tokens=0, worker="none", mode="none")
+"""The headers of a request rejected before routing."""
+
+
+# ---- inference ----
+
 
 _ids = random.Random()  # request ids need to be unique, not unpredictable: no syscall each
 _SSE_HEADERS: Headers = [

@@ -67,7 +67,7 @@ class ServerConfig:
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.
 
-    Connections that never become requests (:mod:`cortex.gateway.http.connection`): one the
+    Connections that never become requests (:mod:`cortex.gateway.http.admission`): one the
     peer closed frees its place at once; ``header_timeout_s`` bounds the wait for the first
     request's headers on a new connection (closed after, no answer);
     ``max_connections_per_peer`` caps the connections of one client address (0 = no cap;
@@ -129,7 +129,7 @@ class ModelConfig:
     reports (``None``: the tokenizer's ``model_max_length``, else -1) and, when set, the
     context the request bounds use instead of the one learned from the engines.
 
-    Bounds (:mod:`cortex.gateway.request.limits`; ``None`` = learned from the engines' context
+    Bounds (:mod:`cortex.gateway.request.payload`; ``None`` = learned from the engines' context
     length): ``max_prompt_tokens`` rejects longer prompts, ``max_tokens`` larger requested
     completions (400). ``max_messages`` caps a chat request's messages.
     ``precheck_chars_per_token``: a text prompt longer than ``max_prompt_tokens`` times this
@@ -454,7 +454,7 @@ class UpstreamConfig:
     first event ends with an SSE error event and its upstream request is cancelled. Models
     may override the three (:class:`ModelConfig`).
 
-    Wedged workers (:mod:`cortex.gateway.fleet.progress`): an attempt that waited
+    Wedged workers (:mod:`cortex.gateway.fleet.pool`): an attempt that waited
     ``wedge_after_s`` for its first byte on a worker that sent nothing for as long gets the
     worker probed (a one-token streamed completion, ``wedge_probe_timeout_s`` for its first
     event); unanswered, every attempt waiting on the worker fails over at once

@@ -33,12 +33,10 @@ from cortex.gateway.dispatch.attempt import Opened, attempt
 from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.errors import ErrorCode, UpstreamError
-from cortex.gateway.fleet.pool import WorkerPool
-from cortex.gateway.fleet.progress import ProgressWatch
+from cortex.gateway.fleet.pool import ProgressWatch, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
-from cortex.gateway.routing.routed import Routed, uncached
-from cortex.gateway.routing.router import Router
+from cortex.gateway.routing.router import Routed, Router, uncached
 from cortex.gateway.upstream.client import FailureKind, Upstream, UpstreamFailure
 from cortex.hashing import Engine
 

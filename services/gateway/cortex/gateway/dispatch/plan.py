@@ -27,8 +27,7 @@ from typing import Protocol
 from cortex.gateway.config.gateway import PDConfig
 from cortex.gateway.errors import ErrorCode, GatewayError, ServiceUnavailable, UpstreamError
 from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.routing.pairing import LocalPrefill, PairDecision, compatible_pair
-from cortex.gateway.routing.scoring import Scored
+from cortex.gateway.routing.scoring import LocalPrefill, PairDecision, Scored, compatible_pair
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
 
 __all__ = ["BUSY_STATUSES", "AttemptPlan", "Fallback", "LegFailure", "Pair", "PairPlan", "Side",

@@ -33,10 +33,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from cortex.gateway.api.decision_headers import decision_headers
+from cortex.gateway.api.inference import decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.request.payload import InferencePath, parse_body
-from cortex.gateway.routing.routed import Routed
+from cortex.gateway.routing.router import Routed
 from cortex.gateway.runtime import Runtime
 from cortex.registry.spec import WorkerRole, WorkerSpec
 

@@ -9,22 +9,143 @@ renewed) stays while it is healthy here — the health monitor re-asserts its le
 next passing probe. A worker that leaves is *remembered* (its last spec) for
 ``forget_after_s`` so that it comes back when it answers again; a tombstone (an operator's
 removal) drops it and its memory at once.
+
+Per-worker circuit breaker (pure; the clock in seconds is injectable).
+``CLOSED`` → ``OPEN`` after ``failures`` failures within ``window_s``; after ``open_s`` it is
+``HALF_OPEN`` and admits one trial request at a time; ``half_open_successes`` successes in a
+row close it, any failure re-opens it.
+
+Wedged-worker detection for attempts waiting on their first byte (issue 32).
+A non-streamed answer's first byte is the whole answer, so ``response_timeout_s`` (was
+300 s, now 600 s: it bounds a legitimate generation) was the only bound on it, and a worker
+that stops generating while its health and load probes still answer kept requests that
+long. This watch tells a wedge from a long generation by asking the engine itself,
+through its inference path:
+
+- every byte a worker sends (a stream's chunk, a whole answer) is *progress*;
+- an attempt that has waited ``wedge_after_s`` for its first byte on a worker that made no
+  progress for as long makes that worker a *suspect*: it gets a probe, a streamed
+  one-token completion, which must produce its first event within
+  ``wedge_probe_timeout_s``;
+- a probe that answers is progress (a long generation goes on untouched); one that does not
+  marks the worker *wedged*: every attempt waiting on it fails at once (a worker failure:
+  counted, breaker, retried on the next worker — nothing was sent to the client yet).
+
+So a wedged worker costs a waiting request about ``wedge_after_s`` + the probe timeout +
+one check interval (defaults 4 + 8 + 1 s), not ``response_timeout_s``. The cost of a
+false alarm (an engine whose queue holds the probe past its timeout while nothing else it
+runs sends a byte) is a retry of the waiting attempts. ``wedge_after_s`` 0 turns the watch
+off. Prefill/decode pairs are not watched (their first-byte timeouts apply).
+
+:class:`ProgressWatch` is the bookkeeping (event-loop only, no I/O); :meth:`run` its loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
 from cortex.gateway.config.gateway import BreakerConfig, ModelConfig
-from cortex.gateway.fleet.breaker import CircuitBreaker
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.upstream.client import Upstream, UpstreamFailure
 from cortex.ledger.model import LedgerState
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
-__all__ = ["Eligible", "EngineLoad", "Health", "Remembered", "WorkerPool", "WorkerState"]
+__all__ = ["BreakerState", "CircuitBreaker", "Eligible", "EngineLoad", "Health", "ProgressWatch",
+           "Remembered", "WorkerPool", "WorkerState"]
+
+
+# ---- breaker ----
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """Counts a worker's request failures; :meth:`allows` says whether to route to it."""
+
+    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._failures: deque[float] = deque()
+        self._state = BreakerState.CLOSED
+        self._opened_at = 0.0
+        self._successes = 0
+        self._trial_out = False
+
+    @property
+    def state(self) -> BreakerState:
+        opened_for = self._clock() - self._opened_at
+        if self._state is BreakerState.OPEN and opened_for >= self.config.open_s:
+            self._state = BreakerState.HALF_OPEN
+            self._successes = 0
+            self._trial_out = False
+        return self._state
+
+    def allows(self) -> bool:
+        """May a request be routed here now (without claiming the half-open trial)?"""
+        state = self.state
+        return state is BreakerState.CLOSED or (
+            state is BreakerState.HALF_OPEN and not self._trial_out
+        )
+
+    def on_attempt(self) -> None:
+        """A request was sent: in half-open it is the trial, others wait for its outcome."""
+        if self.state is BreakerState.HALF_OPEN:
+            self._trial_out = True
+
+    def on_success(self) -> None:
+        state = self.state
+        if state is BreakerState.HALF_OPEN:
+            self._trial_out = False
+            self._successes += 1
+            if self._successes >= self.config.half_open_successes:
+                self._state = BreakerState.CLOSED
+                self._failures.clear()
+
+    def on_abandon(self) -> None:
+        """The request ended without a verdict (client went away): free the trial slot."""
+        self._trial_out = False
+
+    def on_failure(self) -> None:
+        now = self._clock()
+        state = self.state
+        if state is BreakerState.HALF_OPEN:
+            self._open(now)
+            return
+        if state is BreakerState.OPEN:
+            return
+        failures = self._failures
+        failures.append(now)
+        while failures and now - failures[0] > self.config.window_s:
+            failures.popleft()
+        if len(failures) >= self.config.failures:
+            self._open(now)
+
+    def _open(self, now: float) -> None:
+        self._state = BreakerState.OPEN
+        self._opened_at = now
+        self._trial_out = False
+        self._failures.clear()
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker({self.state.value}, recent_failures={len(self._failures)})"
+
+
+# ---- pool ----
+
 
 WATERMARK_LABEL = "cortex/high-watermark"
 
@@ -313,6 +434,13 @@ class WorkerPool:
         return [w for w in self._workers.values()
                 if w.spec.model == model and w.spec.role is role and w.routable()]
 
+    def context_length(self, model: str) -> int | None:
+        """The smallest context length (tokens) the engines of ``model``'s workers reported,
+        ``None`` when none did."""
+        known = [w.context_length for w in self._workers.values()
+                 if w.spec.model == model and w.context_length is not None]
+        return min(known) if known else None
+
     def adapter_base(self, name: str) -> str | None:
         """The base model of a LoRA adapter some worker lists (``None``: nobody does)."""
         return next((w.spec.model for w in self._workers.values() if name in w.adapters),
@@ -338,3 +466,137 @@ class WorkerPool:
         healthy = sum(1 for w in self._workers.values() if w.health is Health.HEALTHY)
         return (f"WorkerPool(workers={len(self._workers)}, healthy={healthy}, "
                 f"remembered={len(self._remembered)})")
+
+
+# ---- progress ----
+
+
+log = logging.getLogger(__name__)
+
+_CHECK_INTERVAL_S = 1.0
+
+
+@dataclass(slots=True)
+class _Worker:
+    progress_at: float  # monotonic s of the worker's last byte (or answered probe)
+    waiting: dict[int, tuple[float, Callable[[], None]]] = field(default_factory=dict)
+    probing: bool = False
+
+
+class ProgressWatch:
+    """``wedge_after_s`` / ``probe_timeout_s`` in seconds (``wedge_after_s`` 0: off)."""
+
+    def __init__(self, wedge_after_s: float, probe_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.wedge_after_s = wedge_after_s
+        self.probe_timeout_s = probe_timeout_s
+        self._clock = clock
+        self._workers: dict[str, _Worker] = {}
+        self._ids = itertools.count()
+        self.wedged_total = 0
+
+    def _entry(self, worker_id: str) -> _Worker:
+        entry = self._workers.get(worker_id)
+        if entry is None:
+            entry = self._workers[worker_id] = _Worker(self._clock())
+        return entry
+
+    def progressed(self, worker_id: str) -> None:
+        """``worker_id`` sent bytes now."""
+        entry = self._workers.get(worker_id)
+        if entry is not None:
+            entry.progress_at = self._clock()
+
+    @contextlib.contextmanager
+    def waiting(self, worker_id: str, on_wedged: Callable[[], None]) -> Iterator[None]:
+        """An attempt waits for its first byte from ``worker_id`` inside this block;
+        ``on_wedged`` is called (once at most) if the worker is found wedged meanwhile."""
+        if not self.wedge_after_s:
+            yield
+            return
+        entry = self._entry(worker_id)
+        key = next(self._ids)
+        entry.waiting[key] = (self._clock(), on_wedged)
+        try:
+            yield
+        finally:
+            entry.waiting.pop(key, None)
+            if not entry.waiting and not entry.probing and self._workers.get(worker_id) is entry:
+                del self._workers[worker_id]  # quiet workers cost nothing
+
+    def suspects(self) -> list[str]:
+        """Workers to probe now: an attempt waited ``wedge_after_s`` on each, and each sent
+        nothing for as long (and is not being probed already)."""
+        now = self._clock()
+        bound = now - self.wedge_after_s
+        return [worker_id for worker_id, entry in self._workers.items()
+                if not entry.probing and entry.progress_at <= bound
+                and any(since <= bound for since, _ in entry.waiting.values())]
+
+    def wedged(self, worker_id: str) -> int:
+        """Fail every attempt waiting on ``worker_id``; how many there were."""
+        entry = self._workers.get(worker_id)
+        if entry is None:
+            return 0
+        waiting, entry.waiting = entry.waiting, {}
+        for _, on_wedged in waiting.values():
+            on_wedged()
+        self.wedged_total += 1
+        return len(waiting)
+
+    async def run(self, pool: WorkerPool, upstream: Upstream, metrics: GatewayMetrics) -> None:
+        """Check for suspects every second and probe them, until cancelled."""
+        if not self.wedge_after_s:
+            return
+        probes: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(_CHECK_INTERVAL_S)
+                for worker_id in self.suspects():
+                    worker = pool.get(worker_id)
+                    if worker is None:
+                        continue
+                    self._workers[worker_id].probing = True
+                    task = asyncio.create_task(self._probe(worker, upstream, metrics))
+                    probes.add(task)
+                    task.add_done_callback(probes.discard)
+        finally:
+            for task in probes:
+                task.cancel()
+
+    async def _probe(self, worker: WorkerState, upstream: Upstream,
+                     metrics: GatewayMetrics) -> None:
+        body = json.dumps({"model": worker.spec.model, "prompt": "ping", "max_tokens": 1,
+                           "stream": True}).encode()
+        answered = False
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                response = await upstream.post(
+                    worker.spec.url.rstrip("/") + "/v1/completions", body,
+                    {"Content-Type": "application/json"}, worker.spec)
+                try:
+                    async for _ in response.chunks():
+                        answered = True  # its first event: the engine generates
+                        break
+                finally:
+                    response.close()
+        except (TimeoutError, UpstreamFailure):
+            pass
+        entry = self._workers.get(worker.id)
+        if entry is None:
+            return
+        entry.probing = False
+        if answered:
+            entry.progress_at = self._clock()
+            return
+        failed = self.wedged(worker.id)
+        metrics.worker(metrics.upstream_wedged, worker.id).inc()
+        log.warning("worker wedged: no first byte in %.1fs and no probe answer in %.1fs; "
+                    "%d waiting attempts fail over worker=%s", self.wedge_after_s,
+                    self.probe_timeout_s, failed, worker.id, extra={"worker": worker.id})
+        if not entry.waiting and self._workers.get(worker.id) is entry:
+            del self._workers[worker.id]
+
+    def __repr__(self) -> str:
+        return (f"ProgressWatch(watched={len(self._workers)}, wedge_after_s="
+                f"{self.wedge_after_s}, wedged_total={self.wedged_total})")

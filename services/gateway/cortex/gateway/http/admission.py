@@ -6,6 +6,20 @@ At most ``max_concurrent`` inference requests are in service in this process; up
 request finding the queue full is refused at once (429 ``queue_full``), one that waited too
 long gets 503 ``queue_timeout``; both carry ``Retry-After``. Waiting happens before the body
 is read, so the memory of queued requests stays in the sockets.
+
+One client connection: hypercorn's TCP server with the gateway's connection deadlines.
+hypercorn keeps a connection's keep-alive timer running after the peer closed it before a
+request: the socket then sits in CLOSE-WAIT, holding its place under
+``server.max_connections``, until the timer fires (75 s) — about 55 connects a second kept
+every client out. Here:
+
+- the peer closing (or a failed read) ends the connection at once, whatever timer runs;
+- a new connection gets ``header_timeout_s`` for its first request's headers (the
+  keep-alive timer applies between requests), then is closed without an answer;
+- a write the client does not take for ``write_timeout_s`` (it stopped reading) aborts the
+  connection: the request sees a disconnect and cancels its upstream call.
+
+Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
 """
 
 from __future__ import annotations
@@ -13,11 +27,80 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.events import Closed, Event, RawData, Updated
 
 from cortex.gateway.config.gateway import AdmissionConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "ConnectionDeadlines", "GuardedConnection"]
+
+
+# ---- connection ----
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionDeadlines:
+    """The deadlines of one connection (s), from ``server.*``."""
+
+    header_timeout_s: float
+    keep_alive_timeout_s: float
+    write_timeout_s: float
+
+
+class GuardedConnection(TCPServer):
+    """``await GuardedConnection(..., deadlines=..., on_timeout=...)`` serves one connection
+    (hypercorn's arguments first) until it closes."""
+
+    def __init__(self, *args: object, deadlines: ConnectionDeadlines,
+                 on_timeout: Callable[[str], None]) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.deadlines = deadlines
+        self._on_timeout = on_timeout
+        self._requests = 0
+        self._read_ended = False
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # nothing more can arrive: no timer may keep the socket (and its place) open
+        self._read_ended = True
+        await self.idle_task.stop()
+
+    async def _idle_timeout(self) -> None:
+        if not self._read_ended:
+            first = self._requests == 0
+            timeout = (self.deadlines.header_timeout_s if first
+                       else self.deadlines.keep_alive_timeout_s)
+            try:
+                await asyncio.wait_for(self.context.terminated.wait(), timeout)
+            except TimeoutError:
+                if first:
+                    self._on_timeout("header")
+        await asyncio.shield(self._initiate_server_close())
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated) and not event.idle:
+            self._requests += 1  # a request's headers arrived
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        try:
+            async with asyncio.timeout(self.deadlines.write_timeout_s):
+                await super().protocol_send(event)
+        except TimeoutError:
+            self._on_timeout("write")
+            self.writer.transport.abort()  # drops the unsent bytes; the read ends too
+            await self.protocol.handle(Closed())
+
+    def __repr__(self) -> str:
+        return (f"GuardedConnection(requests={self._requests}, "
+                f"read_ended={self._read_ended})")
+
+
+# ---- admission ----
 
 
 class Admission:

@@ -5,7 +5,7 @@ listening socket's ``accept``, so this subclass counts the connections it hands 
 one uncounts itself when it is closed) and, at a bound, answers a new one with a 503
 ``Retry-After`` response and closes it at once, instead of letting a flood of idle
 connections take every file descriptor of the process. A place is held only while the
-socket is open: :class:`~cortex.gateway.http.connection.GuardedConnection` closes one whose
+socket is open: :class:`~cortex.gateway.http.admission.GuardedConnection` closes one whose
 peer left, or that sent no request in time, at once.
 """
 

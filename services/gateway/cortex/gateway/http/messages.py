@@ -1,18 +1,42 @@
-"""Minimal ASGI HTTP helpers: a request view with a bounded body reader, and responses."""
+"""Minimal ASGI HTTP helpers: a request view with a bounded body reader, and responses.
+
+What every HTTP request passes before its route: client auth, CORS, the access log.
+:class:`Middleware` is built once from the config; :class:`Exchange` follows one request: it
+wraps ``send`` to learn the status and the decision headers (worker, match mode) of the answer,
+adds the CORS headers, and writes the access-log line when the answer is done.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote_plus
 
+from cortex.gateway.config.middleware import AccessLogConfig, CorsConfig
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
-from cortex.gateway.http.asgi import Receive, Scope, Send
-from cortex.telemetry.tracing import Span
+from cortex.gateway.http.asgi import Message, Receive, Scope, Send
+from cortex.gateway.http.auth import ApiKeys
+from cortex.gateway.metrics import GatewayMetrics
+from cortex.telemetry.tracing import Span, StatusCode
 
-__all__ = ["Headers", "Request", "send_bytes", "send_error", "send_json"]
+__all__ = [
+    "PUBLIC_PATHS",
+    "Exchange",
+    "Headers",
+    "Middleware",
+    "Request",
+    "send_bytes",
+    "send_error",
+    "send_json",
+]
+
+
+# ---- messages ----
+
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -121,3 +145,152 @@ async def send_error(send: Send, error: GatewayError,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     await send_bytes(send, error.status, error.body(), b"application/json",
                      [*extra, *error.headers()])
+
+
+# ---- middleware ----
+
+
+access_log = logging.getLogger("cortex.gateway.access")
+
+PUBLIC_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
+"""Answered without an API key: probes and scrapes come from the platform, not clients."""
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    code = ErrorCode.UNAUTHORIZED
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"www-authenticate", b'Bearer realm="cortex"'), *super().headers()]
+
+
+class Middleware:
+    """The config's auth, CORS and access-log settings, applied per request."""
+
+    def __init__(self, keys: ApiKeys, cors: CorsConfig, access: AccessLogConfig,
+                 metrics: GatewayMetrics, draining: Callable[[], bool] = lambda: False
+                 ) -> None:
+        self.keys = keys
+        # decided once: the keys and the CORS settings do not change while the app runs
+        self._auth = keys.enabled
+        self._cors = cors.enabled
+        self.draining = draining
+        self.cors = cors
+        self.access = access
+        self.metrics = metrics
+        self._access_level = logging.getLevelName(access.level.upper())
+        self._origins = frozenset(cors.allow_origins)
+        self._allow_headers = ", ".join(cors.allow_headers).encode()
+        self._allow_methods = ", ".join(cors.allow_methods).encode()
+        self._expose = ", ".join(cors.expose_headers).encode()
+
+    def authenticate(self, request: Request) -> None:
+        """Set ``request.key_id``; :class:`Unauthorized` (401) without an accepted key on a
+        path that needs one."""
+        if not self._auth or request.path in PUBLIC_PATHS \
+                or request.path.startswith("/admin/"):
+            return
+        header = request.headers.get("authorization")
+        key_id = self.keys.check(header)
+        if key_id is None:
+            reason = "missing" if header is None else "invalid"
+            self.metrics.auth_failures.labels(reason=reason).inc()
+            raise Unauthorized("missing API key: send Authorization: Bearer <key>"
+                               if header is None else "invalid API key")
+        request.key_id = key_id
+
+    # ---- CORS ----
+
+    def _allowed(self, origin: str | None) -> bool:
+        return origin is not None and ("*" in self._origins or origin in self._origins)
+
+    def cors_headers(self, origin: str | None) -> Headers:
+        """Headers for an answer to ``origin`` (none when CORS is off or it is not allowed)."""
+        if not self._allowed(origin):
+            return []
+        assert origin is not None
+        headers: Headers = [(b"access-control-allow-origin", origin.encode("latin-1")),
+                            (b"vary", b"Origin")]
+        if self.cors.allow_credentials:
+            headers.append((b"access-control-allow-credentials", b"true"))
+        if self._expose:
+            headers.append((b"access-control-expose-headers", self._expose))
+        return headers
+
+    def preflight(self, request: Request) -> Headers | None:
+        """The headers of a 204 answer (besides :meth:`cors_headers`, which the exchange
+        adds) when ``request`` is a CORS preflight from an allowed origin, else ``None``
+        (the request is routed like any other)."""
+        if request.method != "OPTIONS" or "access-control-request-method" not in request.headers:
+            return None
+        origin = request.headers.get("origin")
+        if not self._allowed(origin):
+            return None
+        return [(b"access-control-allow-methods", self._allow_methods),
+                (b"access-control-allow-headers", self._allow_headers),
+                (b"access-control-max-age", str(self.cors.max_age_s).encode())]
+
+    def exchange(self, request: Request, send: Send) -> Exchange:
+        return Exchange(self, request, send)
+
+
+class Exchange:
+    """One request's ``send``, wrapped: CORS headers in, status and decision headers out."""
+
+    __slots__ = ("_cors", "_middleware", "_send", "mode", "request", "started", "status", "worker")
+
+    def __init__(self, middleware: Middleware, request: Request, send: Send) -> None:
+        self._middleware = middleware
+        self.request = request
+        self._send = send
+        self._cors = (middleware.cors_headers(request.headers.get("origin"))
+                      if middleware._cors else [])
+        if middleware.draining():  # keep-alive clients reconnect, to a replica that stays
+            self._cors = [*self._cors, (b"connection", b"close")]
+        self.started = time.perf_counter()
+        self.status: int | None = None
+        self.worker = "none"
+        self.mode = "none"
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = message.get("headers", [])
+            for name, value in headers:
+                if name == b"x-cortex-assigned-worker":
+                    self.worker = value.decode("latin-1")
+                elif name == b"x-cortex-match-mode":
+                    self.mode = value.decode("latin-1")
+            if self._cors:
+                message = {**message, "headers": [*headers, *self._cors]}
+        await self._send(message)
+
+    def annotate(self, span: Span) -> None:
+        """Put what the answer said on the request's trace span."""
+        request = self.request
+        span.set_attributes({
+            "http.response.status_code": self.status if self.status is not None else 499,
+            "cortex.request_id": request.request_id or "", "cortex.worker": self.worker,
+            "cortex.match_mode": self.mode, "cortex.model": request.model or "",
+            "cortex.key_id": request.key_id or ""})
+        if self.status is not None and self.status >= 500:
+            span.set_status(StatusCode.ERROR)
+
+    def finish(self, request_id: str) -> None:
+        """The request is over (answered, or the client went away): log its line."""
+        middleware = self._middleware
+        request = self.request
+        if request.key_id is not None:
+            middleware.metrics.child(middleware.metrics.key_requests, request.key_id).inc()
+        if not middleware.access.enabled or request.path in middleware.access.skip_paths \
+                or not access_log.isEnabledFor(middleware._access_level):
+            return
+        status = self.status if self.status is not None else 499
+        latency_ms = round((time.perf_counter() - self.started) * 1000.0, 2)
+        access_log.log(
+            middleware._access_level, "%s %s %d %.2fms model=%s worker=%s mode=%s key=%s",
+            request.method, request.path, status, latency_ms, request.model or "-",
+            self.worker, self.mode, request.key_id or "-",
+            extra={"method": request.method, "path": request.path, "status": status,
+                   "latency_ms": latency_ms, "model": request.model, "worker": self.worker,
+                   "mode": self.mode, "request_id": request_id, "key_id": request.key_id})

@@ -23,6 +23,11 @@ one more active request (``WorkerState.pending``), so requests routed a moment l
 a simultaneous burst of one new prefix — follow it, and stop following it at its high
 watermark. The :class:`Placement` in :class:`Routed` lets dispatch move that credit when a
 failure before the first byte sends the request elsewhere.
+
+A routing outcome (:class:`Routed`) and the time each routing stage took (pure values).
+
+What a recorded routing decision adds to the metrics: the observer the router calls
+once per decision it records (explain records nothing).
 """
 
 from __future__ import annotations
@@ -39,15 +44,11 @@ from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeCo
 from cortex.gateway.dispatch.pd.handoff import sequence_count
 from cortex.gateway.errors import ServiceUnavailable
 from cortex.gateway.fleet.pool import Eligible, WorkerPool, WorkerState
-from cortex.gateway.ledger.matching import WorkerMatch, fold_sources, merge_matches
+from cortex.gateway.ledger.replica_client import WorkerMatch, fold_sources, merge_matches
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
-from cortex.gateway.routing.observer import RoutingMetrics
-from cortex.gateway.routing.pairing import PairDecision
-from cortex.gateway.routing.placement import Placement
-from cortex.gateway.routing.predicted import PredictedBlocks
-from cortex.gateway.routing.routed import Routed, StageTimings, uncached
-from cortex.gateway.routing.scoring import Candidate, Decision, Reason, decide
+from cortex.gateway.routing.placement import Placement, PredictedBlocks
+from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
 from cortex.gateway.tokens.lazy import Walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
@@ -56,8 +57,94 @@ from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 
-__all__ = ["OFFLOAD_CHARS", "TIE_BLOCKS", "TIE_TOLERANCE", "Matcher", "Router",
-           "lookahead_blocks"]
+__all__ = [
+    "OFFLOAD_CHARS",
+    "TIE_BLOCKS",
+    "TIE_TOLERANCE",
+    "Matcher",
+    "Routed",
+    "Router",
+    "RoutingMetrics",
+    "StageTimings",
+    "lookahead_blocks",
+    "uncached",
+]
+
+
+# ---- routed ----
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimings:
+    """Seconds spent per routing stage."""
+
+    tokenize: float
+    hash: float
+    match: float
+    score: float
+
+    @property
+    def total(self) -> float:
+        return self.tokenize + self.hash + self.match + self.score
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A routing outcome: the decision plus what it was computed from. For a model served
+    disaggregated, ``pd`` is the pair plan and ``decision`` its prefill ranking.
+    ``placement``: the decision's credit and counted load (dispatch moves them)."""
+
+    decision: Decision
+    model: ModelConfig
+    prompt_tokens: int
+    keys: list[int]  # every full block of the prompt (plain keys)
+    query_blocks: int  # blocks that could be hits (matched against the ledger)
+    match_source: str  # "replica" | "index" | "none"
+    index_version: int
+    timings: StageTimings
+    placement: Placement
+    pd: PairDecision | None = None
+    keysets: Mapping[int, list[int]] | None = None  # lookahead L > 0 -> the prompt's keys
+
+    def credited_tokens(self, worker_id: str) -> int:
+        """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
+        for scored in self.decision.ranked:
+            if scored.worker_id == worker_id:
+                return scored.credited_tokens
+        return 0
+
+
+def uncached(prompt_tokens: int, scored: Scored) -> int:
+    """Prompt tokens ``scored``'s worker will compute (what it holds is not computed, even
+    when the decision gave it no credit for it)."""
+    return max(prompt_tokens - PairDecision.held_tokens(scored), 0)
+
+
+# ---- observer ----
+
+
+class RoutingMetrics:
+    """Stage timings (seconds), the decision's mode and reason, the prompt's size (tokens)."""
+
+    __slots__ = ("_metrics",)
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def __call__(self, routed: Routed) -> None:
+        m, timings, decision = self._metrics, routed.timings, routed.decision
+        stage = m.routing_seconds
+        m.child(stage, "tokenize").observe(timings.tokenize)
+        m.child(stage, "hash").observe(timings.hash)
+        m.child(stage, "match").observe(timings.match)
+        m.child(stage, "score").observe(timings.score)
+        m.child(stage, "total").observe(timings.total)
+        m.child(m.decisions, decision.mode.value, decision.reason.value).inc()
+        m.prompt_tokens.observe(routed.prompt_tokens)
+
+
+# ---- router ----
+
 
 OFFLOAD_CHARS = TokenizeConfig().offload_chars
 """The default ``tokenize.offload_chars``: uncached prompt text (characters, ~1k tokens,
@@ -181,15 +268,7 @@ class Router:
         lazy = self._walk(req, eligible)
         ids = lazy.ids if lazy is not None else await self.tokens(req)
         t1 = time.perf_counter()
-        if lazy is None or lazy.complete:
-            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
-                    else lazy.keys)
-            query_blocks = max(len(ids) - 1, 0) // model.block_size
-            prompt_tokens = len(ids)
-        else:  # the prompt goes on past the walk: every walked block could be a hit
-            keys = lazy.keys
-            query_blocks = len(keys)
-            prompt_tokens = lazy.estimated_tokens(self.tokenization.ratios[model.name])
+        keys, query_blocks, prompt_tokens = self._keyed(req, ids, lazy)
         t2 = time.perf_counter()
         if not eligible.regular and eligible.pairs is None:
             raise _unavailable(req)
@@ -205,20 +284,42 @@ class Router:
         if record:
             self._take_effect(placement, plan, prompt_tokens)
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
-        if lazy is not None and not lazy.complete:
-            if record:  # the rest off the request path; the credit then covers every block
-                self._finish_later(req, lazy, placement)
-            else:  # explain reports the exact length and keys (outside its timings)
-                ids = lazy.finish(self.tokenizers[model.name])
-                keys = placement.keys = model.domain.keys(ids, req.lora_name, req.cache_salt)
-                query_blocks = max(len(ids) - 1, 0) // model.block_size
-                prompt_tokens = len(ids)
+        keys, query_blocks, prompt_tokens = self._rest_of_walk(
+            req, lazy, placement, record, (keys, query_blocks, prompt_tokens))
         routed = Routed(decision, model, prompt_tokens, keys, query_blocks, ledger.source,
                         ledger.version, timings, placement,
                         None if isinstance(plan, Decision) else plan, keysets)
         if record:
             self.observer(routed)
         return routed
+
+    def _keyed(self, req: InferenceRequest, ids: list[int],
+               lazy: Walk | None) -> tuple[list[int], int, int]:
+        """``(keys, query_blocks, prompt_tokens)`` of the prompt: its full blocks' keys, those
+        that could be hits, its length (estimated while the prompt goes on past the walk:
+        then every walked block could be a hit)."""
+        model = req.model
+        if lazy is None or lazy.complete:
+            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
+                    else lazy.keys)
+            return keys, max(len(ids) - 1, 0) // model.block_size, len(ids)
+        return (lazy.keys, len(lazy.keys),
+                lazy.estimated_tokens(self.tokenization.ratios[model.name]))
+
+    def _rest_of_walk(self, req: InferenceRequest, lazy: Walk | None, placement: Placement,
+                      record: bool, keyed: tuple[list[int], int, int]
+                      ) -> tuple[list[int], int, int]:
+        """The prompt past its walk: recorded, the rest is tokenized off the request path
+        (the credit then covers every block); explain reports the exact length and keys
+        (outside its timings). ``keyed``: what :meth:`_keyed` said of the walk."""
+        if lazy is None or lazy.complete:
+            return keyed
+        if record:
+            self._finish_later(req, lazy, placement)
+            return keyed
+        keyed = self._keyed(req, lazy.finish(self.tokenizers[req.model.name]), None)
+        placement.keys = keyed[0]
+        return keyed
 
     def _walk(self, req: InferenceRequest, eligible: Eligible) -> Walk | None:
         """The lazy walk of ``req``'s prompt (``tokenize.lazy``), or ``None`` where the

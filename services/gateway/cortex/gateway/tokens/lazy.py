@@ -4,7 +4,7 @@
 The ledger can only match a prefix some worker holds: past the first full block that no
 worker holds, every further token changes nothing about the match. :func:`walk` therefore
 takes a prompt's :class:`~cortex.gateway.tokens.prompt.EncodePlan` (its parts, split at the
-provably safe cuts of :mod:`cortex.gateway.tokens.segments`, cached pieces already filled in)
+provably safe cuts of :mod:`cortex.gateway.tokens.prompt`, cached pieces already filled in)
 and goes front to back: each part's ids are exact on their own, so after each part the ids so
 far are an exact prefix of the whole prompt's. As parts complete full blocks their keys are
 chained on, and ``deepest(keys)`` (the longest leading run of ``keys`` any worker holds, in
@@ -36,8 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
-from cortex.gateway.tokens.cache import SegmentKey
-from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
+from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer, SegmentKey
 from cortex.hashing import block_keys
 
 __all__ = ["BytesPerToken", "Walk", "held_prefix", "walk"]

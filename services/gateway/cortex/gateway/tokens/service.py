@@ -29,8 +29,12 @@ from cortex.chat import ChatError, EncoderChoice, RenderArgs, render_args
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.limits import check_prompt_tokens
-from cortex.gateway.request.payload import InferencePath, InferenceRequest, PromptKind
+from cortex.gateway.request.payload import (
+    InferencePath,
+    InferenceRequest,
+    PromptKind,
+    check_prompt_tokens,
+)
 from cortex.gateway.tokens.answers import chat_answers, completion_answers
 from cortex.gateway.tokens.heavylane import HeavyLane, TokenizerSpec
 from cortex.gateway.tokens.lazy import BytesPerToken, Deepest, Walk, walk

@@ -1,4 +1,4 @@
-"""Prefill/decode dispatch: run a :class:`~cortex.gateway.routing.pairing.PairDecision` up to
+"""Prefill/decode dispatch: run a :class:`~cortex.gateway.routing.scoring.PairDecision` up to
 the first byte (architecture §7, ``shared/spec/engines-and-pd.md`` §3-§4, ``docs/pd.md``).
 
 An attempt takes the best prefill worker not yet failed (cache affinity) and the least
@@ -63,9 +63,8 @@ from cortex.gateway.dispatch.plan import Fallback, LegFailure, PairPlan, Side
 from cortex.gateway.fleet.pool import WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
-from cortex.gateway.routing.pairing import LocalPrefill, PairDecision, PDMode, PDOutcome
-from cortex.gateway.routing.routed import Routed
-from cortex.gateway.routing.scoring import Scored
+from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.scoring import LocalPrefill, PairDecision, PDMode, PDOutcome, Scored
 from cortex.gateway.upstream.client import FailureKind, Upstream
 from cortex.gateway.upstream.sse import EventRewrite
 from cortex.hashing import Engine

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.api.decision_headers import NOT_ROUTED, decision_headers
+from cortex.gateway.api.inference import NOT_ROUTED, decision_headers
 from cortex.gateway.dispatch.pd.legs import error_in
-from cortex.gateway.routing.pairing import PDMode, PDOutcome
+from cortex.gateway.routing.scoring import PDMode, PDOutcome
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""Wedged-worker detection (cortex.gateway.fleet.progress): the bookkeeping with a fake
+"""Wedged-worker detection (cortex.gateway.fleet.pool): the bookkeeping with a fake
 clock, then real sims on 127.0.0.1 — a wedged worker (generation hangs, probes answer) and
 a legitimately long non-streamed generation under a short ``wedge_after_s``."""
 
@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from cortex.gateway.config.gateway import UpstreamConfig
-from cortex.gateway.fleet.progress import ProgressWatch
+from cortex.gateway.fleet.pool import ProgressWatch
 from cortex.sim.config import FaultConfig, TimingConfig
 
 from ..conftest import MODEL, StartGateway, StartSim, spec_of

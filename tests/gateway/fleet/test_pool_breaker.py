@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cortex.gateway.config.gateway import BreakerConfig
-from cortex.gateway.fleet.breaker import BreakerState, CircuitBreaker
+from cortex.gateway.fleet.pool import BreakerState, CircuitBreaker
 
 
 class Clock:

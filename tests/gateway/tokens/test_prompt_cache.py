@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex.gateway.tokens.cache import SegmentCache
+from cortex.gateway.tokens.prompt import SegmentCache
 
 
 def test_the_least_recently_used_segments_go_first_when_tokens_run_out() -> None:

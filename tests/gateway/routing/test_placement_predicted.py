@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex.gateway.routing.predicted import PredictedBlocks
+from cortex.gateway.routing.placement import PredictedBlocks
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source
 

@@ -10,10 +10,15 @@ from cortex.gateway.config.gateway import (
     PDConfig,
     RoutingWeights,
 )
-from cortex.gateway.fleet.breaker import CircuitBreaker
-from cortex.gateway.fleet.pool import Health, WorkerPool
-from cortex.gateway.routing.pairing import LocalPrefill, PairDecision
-from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide
+from cortex.gateway.fleet.pool import CircuitBreaker, Health, WorkerPool
+from cortex.gateway.routing.scoring import (
+    Candidate,
+    LocalPrefill,
+    MatchMode,
+    PairDecision,
+    Reason,
+    decide,
+)
 from cortex.hashing import Engine
 from cortex.ledger.model import LedgerState
 from cortex.registry import WorkerSpec

@@ -1,4 +1,4 @@
-"""Connection deadlines and bounds (cortex.gateway.http.connection, .listener) on real
+"""Connection deadlines and bounds (cortex.gateway.http.admission, .listener) on real
 sockets on 127.0.0.1: closed and idle connections give their place back at once or after
 ``server.header_timeout_s``; one address cannot take every place; oversized headers are 431;
 a client that stops reading loses its connection after ``server.write_timeout_s``."""

@@ -23,7 +23,7 @@ from cortex.ledger.codec import pb
 from cortex.ledger.model import Source
 from cortex.testing import wait_until_async
 
-from .conftest import MODEL, Fleet, index_config
+from ..conftest import MODEL, Fleet, index_config
 
 GRACE = 2.0
 

@@ -31,7 +31,7 @@ from cortex.registry import WorkerSpec
 from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.testing import free_port, wait_until_async
 
-from .conftest import MODEL, Fleet
+from ..conftest import MODEL, Fleet
 
 MiB = 1 << 20
 BIG_PROMPT = 180_000  # tokens: 11,250 blocks of 16, a batch of just under 1 MiB
@@ -156,7 +156,7 @@ async def test_a_quiet_source_stays_fresh_while_another_floods(fleet: Fleet) -> 
     first one took 4.3 s and the next did not arrive within 20 s."""
     quiet = await fleet.add_worker("quiet", block_size=4)
     port = free_port()
-    script = Path(__file__).with_name("flood_publisher.py")
+    script = Path(__file__).parents[1] / "flood_publisher.py"
     flood = await asyncio.create_subprocess_exec(
         sys.executable, str(script), str(port), "200000", "20", stdout=asyncio.subprocess.PIPE)
     try:

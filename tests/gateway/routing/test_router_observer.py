@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from cortex.gateway.config.gateway import ModelConfig, RoutingWeights
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.routing.observer import RoutingMetrics
-from cortex.gateway.routing.placement import Placement
-from cortex.gateway.routing.predicted import PredictedBlocks
-from cortex.gateway.routing.routed import Routed, StageTimings
+from cortex.gateway.routing.placement import Placement, PredictedBlocks
+from cortex.gateway.routing.router import Routed, RoutingMetrics, StageTimings
 from cortex.gateway.routing.scoring import Candidate, decide
 from cortex.ledger.model import LedgerState
 

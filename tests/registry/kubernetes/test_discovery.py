@@ -36,7 +36,7 @@ from cortex.testing.kubernetes import FakeKubernetesApi, Watch, fake_kubernetes_
 pytestmark = pytest.mark.timeout(60)
 
 RECORDING: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "data/kubernetes_pods.json").read_text())
+    (Path(__file__).parents[1] / "data/kubernetes_pods.json").read_text())
 A, B, C, D = (f"sglang-7c9d5f6b8-{s}.llm" for s in ("2xkqp", "9wlzt", "q4m7d", "zr8nb"))
 
 

@@ -16,7 +16,7 @@ from cortex.registry import WorkerSpec
 from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
 from cortex.testing import wait_until_async
 
-from .conftest import Fleet, Rank, Worker, consecutive_ports
+from ..conftest import Fleet, Rank, Worker, consecutive_ports
 
 
 def stat(ingest: IngestService, worker_id: str, rank: int = 0) -> object:
@@ -192,7 +192,7 @@ async def test_index_down_is_retried_while_others_keep_receiving(fleet: Fleet) -
     from cortex.index.server import IndexServer
     from cortex.testing import free_port
 
-    from .conftest import index_config
+    from ..conftest import index_config
 
     port = free_port()
     second = IndexServer(index_config(port))

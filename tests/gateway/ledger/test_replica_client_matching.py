@@ -3,7 +3,7 @@ prompt merged."""
 
 from __future__ import annotations
 
-from cortex.gateway.ledger.matching import fold_sources, merge_matches
+from cortex.gateway.ledger.replica_client import fold_sources, merge_matches
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source, Tier
 
