@@ -42,8 +42,9 @@ def _name(frame: str) -> str:
 
 
 def top_frames(raw: Path, n: int = 15) -> tuple[int, list[tuple[str, float, float]]]:
-    """``(samples, [(function, inclusive %, self %)])``, the ``n`` largest by inclusive share
-    among frames below the event loop's run (idle samples included)."""
+    """``(samples, [(function, inclusive %, self %)])``, the ``n`` largest by inclusive share,
+    leaving out the frames every sample has. py-spy samples by wall clock and skips idle
+    threads, so a thread preempted while runnable (a busy machine) still counts."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
