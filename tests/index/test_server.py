@@ -20,8 +20,11 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig
 from cortex.index.server import IndexServer
 from cortex.ledger import cores
+from cortex.ledger import tree as tree_module
 from cortex.ledger.client import IndexStub, match_request
 from cortex.ledger.codec import pb
+from cortex.ledger.model import Source
+from cortex.ledger.tree import RadixHashTree
 from cortex.testing import wait_until_async
 from cortex.testing.index_sync import SYNC_METHOD, LedgerUpdates, SyncSession
 
@@ -401,3 +404,29 @@ async def test_match_reports_offload_tiers_and_the_shared_tier(
     w0_match = {m.worker_id: m for m in reply.matches}["w0"]
     assert w0_match.matched_blocks == 2
     assert list(w0_match.tiers) == []  # block 2 is nowhere now: the run stops there
+
+
+async def test_removed_and_cleared_ledgers_are_swept_in_steps_never_credited(
+    index_server: IndexServer, channel: Channel, stub: IndexStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(RadixHashTree, "sync_clear_max", 8)  # 200 blocks count as large
+    monkeypatch.setattr(tree_module, "SWEEP_SLOTS", 16)
+    keys = DOMAIN.keys(prompt(200))
+    big, gone, other = (LedgerUpdates(w, DOMAIN) for w in ("big", "gone", "other"))
+    async with SyncSession(channel) as session:
+        await session.send([big.snapshot([], []), big.store(ROOT, keys),
+                            gone.snapshot([], []), gone.store(ROOT, keys),
+                            other.snapshot([], []), other.store(ROOT, keys[:3])])
+        view = index_server.core.view
+        steps = []
+        sweep = view.sweep
+        monkeypatch.setattr(view, "sweep", lambda: steps.append(1) or sweep())
+        await session.send([big.clear(), big.store(ROOT, keys[:2]), gone.remove_source()])
+        # the answer right after: the cleared ledger counts only what came after the clear
+        reply = await stub.match(match_request(DOMAIN.model, block_keys=keys))
+        assert by_worker(reply) == {("big", 0): (2, 32, 2), ("other", 0): (3, 48, 2)}
+        await wait_until_async(lambda: not view.retiring, timeout=5.0)
+    assert view.blocks_of(Source("big")) == 2 and view.retired == 0
+    assert view.blocks == 4  # the root placeholder and the three blocks still held
+    assert len(steps) >= 2 * 200 // 16  # a bounded step per loop turn

@@ -101,6 +101,7 @@ class Fleet:
         buffer_steps: int = 10_000,
         ttl_s: float | None = 60.0,
         hashes: Hashes = "fast",
+        url: str = "http://127.0.0.1:8000",
     ) -> Worker:
         """Start publishers for every rank and register the worker."""
         version = version or ("0.33.0" if engine is Engine.VLLM else "0.5.23")
@@ -120,7 +121,7 @@ class Fleet:
             ranks.append(Rank(pub, EngineCache(engine, block_size, capacity, hashes=hashes)))
         spec = WorkerSpec(
             id=worker_id,
-            url="http://127.0.0.1:8000",
+            url=url,
             engine=engine,
             model=MODEL,
             dp_size=dp_size,

@@ -585,3 +585,16 @@ def test_removal_releases_held_bytes() -> None:
     t.on_message(0, data[0], defer=True)
     t.remove("lease expired")
     assert total.total == 0 and t.held_bytes == 0
+
+
+def test_stores_past_the_capacity_bound_are_refused_counted_and_never_credited() -> None:
+    t = tracker()
+    t.bound(2)
+    t.take_ops()
+    t.on_message(0, payload(stored([11, 12], TOKENS[:8])))
+    t.on_message(1, payload(stored([13], TOKENS[8:], parent=12)))  # a third block: refused
+    assert t.take_ops() == [StoreBlocks(DOMAIN.root_key(), KEYS[:2])]
+    assert t.misbehaving and t.stats.ignored_blocks == {"over_capacity": 1}
+    assert len(t.ledger) == 2
+    t.on_message(2, payload(removed(12), stored([13], TOKENS[8:], parent=11)))  # room again
+    assert len(t.ledger) == 2 and t.stats.ignored_blocks == {"over_capacity": 1}

@@ -70,6 +70,43 @@ def test_clear_and_remove_source_reclaim_every_node() -> None:
     tree.check_invariants()
 
 
+def test_a_retired_ledger_stops_counting_at_once_and_drains_in_bounded_steps() -> None:
+    tree = new_tree(16)
+    tree.sync_clear_max = 10
+    tree.store(A, ROOT, chain(100, 400), now=1)
+    tree.store(B, ROOT, chain(100, 5), now=1)
+    old_bit = tree.bit_of(A)
+    assert tree.retire(A, rejoin=True) == 400  # a clear: A stays, under a fresh bit
+    assert tree.bit_of(A) != old_bit and tree.retiring and tree.retired == 400
+    assert counts(tree, chain(100, 400)) == {A: 0, B: 5}
+    tree.store(A, ROOT, chain(100, 3), now=2)  # what A stores after its clear counts
+    assert counts(tree, chain(100, 400)) == {A: 3, B: 5} and tree.blocks_of(A) == 3
+    tree.evict_older_than(cutoff=0)  # nothing that old; the retired holdings stay
+    steps = 0
+    while tree.sweep(slots=64):
+        steps += 1
+        assert tree.retired < 400
+        tree.check_invariants()
+    assert steps >= 5 and tree.retired == 0 and not tree.retiring
+    assert tree.nodes == 6 and tree.holdings == 8  # the root placeholder, B's five, A's three
+    assert tree.retire(B) == 5 and not tree.retiring  # small: cleared at once
+    assert tree.add_source(C) == old_bit  # the drained bit is reused
+    tree.check_invariants()
+
+
+def test_a_retired_ledger_can_be_evicted_before_it_is_drained() -> None:
+    tree = new_tree(16)
+    tree.sync_clear_max = 1
+    tree.store(A, ROOT, chain(100, 50), now=1)
+    tree.store(B, ROOT, chain(500, 5), now=9)
+    tree.remove_source(A)
+    eviction = tree.evict_older_than(cutoff=1)
+    assert eviction.nodes == 50 and eviction.dropped == ()  # the loss concerns nobody
+    assert tree.retired == 0
+    assert not tree.sweep() and tree.nodes == 6
+    tree.check_invariants()
+
+
 def test_recycled_slots_never_inherit_holders() -> None:
     tree = new_tree(16)
     tree.store(A, ROOT, chain(100, 10), now=1)
@@ -196,7 +233,8 @@ class NaiveModel:
 SOURCES = [Source("w0"), Source("w1"), Source("w1", 1), Source("w2")]
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["store", "store", "store", "remove", "clear", "drop", "match", "evict"]),
+        st.sampled_from(["store", "store", "store", "remove", "clear", "drop", "match", "evict",
+                         "retire", "leave", "drain"]),
         st.integers(0, len(SOURCES) - 1),
         st.integers(0, 10**6),
         st.integers(1, 12),
@@ -224,6 +262,7 @@ def test_random_operations_agree_with_the_naive_model(
         return out[::-1]
 
     tree, model = new_tree(16), NaiveModel()
+    tree.sync_clear_max = 2  # bigger ledgers are retired and drained in steps
     for step, (op, si, pick, length) in enumerate(script):
         source = SOURCES[si]
         full = path(pick % 40)
@@ -244,6 +283,14 @@ def test_random_operations_agree_with_the_naive_model(
         elif op == "drop":
             tree.remove_source(source)
             model.remove_source(source)
+        elif op == "retire":
+            tree.retire(source, rejoin=True)
+            model.clear(source)
+        elif op == "leave":
+            tree.retire(source)
+            model.remove_source(source)
+        elif op == "drain":
+            tree.sweep(slots=length)
         elif op == "evict":
             for s, k in tree.evict_older_than(cutoff=step - length).dropped:
                 model.remove(s, k.tolist())
@@ -256,7 +303,8 @@ def test_random_operations_agree_with_the_naive_model(
     for source in SOURCES:
         assert tree.keys_of(source) == model.held.get(source, set())
         tree.remove_source(source)
-    assert tree.nodes == 0
+    tree.settle()
+    assert tree.nodes == 0 and tree.holdings == 0 and not tree.retiring
 
 
 def test_match_of_a_large_tree_is_consistent_with_numpy_reference() -> None:

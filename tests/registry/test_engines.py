@@ -20,6 +20,8 @@ from cortex.registry.engines import (
     LoadFormatError,
     adapters_from_models,
     context_length_from_models,
+    kv_capacity_from_sglang_server_info,
+    kv_capacity_from_vllm_metrics,
     looks_like_sglang,
     parse_sglang_get_load,
     parse_sglang_loads,
@@ -243,3 +245,33 @@ def test_v1_models_picks_the_base_model_not_an_adapter() -> None:
     assert ids == ("meta-llama/Llama-3.1-8B-Instruct", "sql-lora")
     assert parse_v1_models({"object": "list", "data": []}) == ({}, ())
     assert parse_v1_models({"data": "nonsense"}) == ({}, ())
+
+
+VLLM_METRICS = (
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+    'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="8192",'
+    'prefix_caching_hash_algo="sha256"} 1.0\n'
+    "vllm:num_requests_running{engine=\"0\"} 0.0\n"
+)
+
+
+def test_vllm_capacity_is_the_gpu_pool_plus_a_cpu_pool_when_there_is_one() -> None:
+    assert kv_capacity_from_vllm_metrics((VLLM / "metrics.txt").read_text()) == 1024  # real
+    assert kv_capacity_from_vllm_metrics(VLLM_METRICS) == 8192
+    with_cpu = VLLM_METRICS.replace('num_cpu_blocks="None"', 'num_cpu_blocks="1000"')
+    assert kv_capacity_from_vllm_metrics(with_cpu) == 9192
+    no_gpu = VLLM_METRICS.replace('num_gpu_blocks="8192"', 'num_gpu_blocks="None"')
+    assert kv_capacity_from_vllm_metrics(no_gpu) is None
+    assert kv_capacity_from_vllm_metrics("vllm:num_requests_running 0.0\n") is None
+
+
+def test_sglang_capacity_is_the_token_pool_over_the_page_size() -> None:
+    capacity = kv_capacity_from_sglang_server_info
+    assert capacity({"max_total_num_tokens": 131072, "page_size": 16}) == 8192
+    assert capacity({"max_total_num_tokens": 100, "page_size": 16}) == 7
+    assert capacity({"max_total_num_tokens": 500}) == 500  # page size 1
+    assert capacity({"page_size": 16}) is None
+    assert capacity({"max_total_num_tokens": "many", "page_size": 16}) is None
+    assert capacity(["not", "an", "object"]) is None

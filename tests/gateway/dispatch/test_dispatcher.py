@@ -201,7 +201,7 @@ async def test_sglang_a_failed_prefill_is_retried_on_the_next_pair() -> None:
         assert routed.pd is not None
         p_first, p_second = (s.worker_id for s in routed.pd.prefill.ranked)
         upstream = MemoryUpstream({p_first: [Reply(fail=FailureKind.CONNECT)],
-                                   p_second: [Reply(body=(b'{"choices":[]}',))],
+                                   p_second: [Reply()],
                                    "d0": [Reply()], "r0": [Reply()]})
         opened = await open_one(router, upstream, routed)
         assert opened.pd is not None and opened.pd.mode is PDMode.DISAGGREGATED
@@ -212,6 +212,26 @@ async def test_sglang_a_failed_prefill_is_retried_on_the_next_pair() -> None:
         assert body["bootstrap_port"] == 8998 and "bootstrap_room" in body
         opened.close()
         # the prefill leg drains in its own task
+        await wait_until_async(lambda: idle(router), timeout=5, what="the legs settled")
+    finally:
+        router.close()
+
+
+async def test_a_leg_answering_a_broken_200_is_a_worker_failure_retried_on_the_next_pair(
+) -> None:
+    router = make_router(PD_WORKERS)
+    try:
+        routed = await route(router)
+        assert routed.pd is not None
+        p_first, p_second = (s.worker_id for s in routed.pd.prefill.ranked)
+        upstream = MemoryUpstream({p_first: [Reply(body=(b"this is not an event stream\n\n",))],
+                                   p_second: [Reply()], "d0": [Reply()], "r0": [Reply()]})
+        opened = await open_one(router, upstream, routed)
+        assert opened.pd is not None and opened.pd.mode is PDMode.DISAGGREGATED
+        assert (opened.pd.prefill, opened.attempts) == (p_second, 2)
+        errors = router.metrics.upstream_errors.labels(worker=p_first, kind="bad_answer")
+        assert errors._value.get() == 1
+        opened.close()
         await wait_until_async(lambda: idle(router), timeout=5, what="the legs settled")
     finally:
         router.close()

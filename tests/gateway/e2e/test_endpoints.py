@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from cortex.bench.answer_proxy import AnswerProxy, Shape
 from cortex.gateway.config.gateway import ModelConfig
 from cortex.gateway.config.middleware import CorsConfig
 from cortex.testing import wait_until_async
@@ -198,3 +199,27 @@ async def test_a_passthrough_model_with_a_fixed_upstream_needs_no_registered_wor
         assert resp.headers["x-cortex-assigned-worker"] == "upstream"
         assert resp.headers["x-cortex-match-mode"] == "passthrough"
     assert sim.engine.stats_dict()["requests_started"] == 1
+
+
+async def test_a_passthrough_answer_that_breaks_its_promise_is_a_502_never_relayed(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sim = await start_sim()
+    async with AnswerProxy(sim.url) as proxy:
+        model = ModelConfig(name=MODEL, block_size=BLOCK, passthrough=True,
+                            upstream_url=proxy.url)
+        gw = await start_gateway([], models=(model,))
+        body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        for shape, stream in ((Shape.NOT_JSON, False), (Shape.GARBAGE_SSE, True),
+                              (Shape.JSON_FOR_STREAM, True)):
+            proxy.shape = shape
+            async with http.post(gw.url + "/v1/chat/completions",
+                                 json={**body, "stream": stream}) as resp:
+                answer = await resp.read()
+                assert resp.status == 502, (shape, answer)
+                assert b"<html>" not in answer and b"not an event stream" not in answer
+        proxy.shape = None
+        async with http.post(gw.url + "/v1/chat/completions", json={**body, "stream": True}
+                             ) as resp:
+            assert resp.status == 200
+            assert (await resp.read()).decode().rstrip().endswith("data: [DONE]")

@@ -26,6 +26,7 @@ from cortex.index.server import IndexServer
 from cortex.ledger import cores
 from cortex.ledger.cores import node_bytes
 from cortex.ledger.grpc import LedgerCodec
+from cortex.ledger.tree import RadixHashTree
 from cortex.testing import free_port, wait_until_async
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
@@ -88,7 +89,9 @@ async def replica_gateway(start_sim: StartSim, start_gateway: StartGateway, targ
 
 async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(RadixHashTree, "sync_clear_max", 4)  # 7 blocks: a large clear
     tokens = prompt(1, 8)
     keys = DOMAIN.keys(tokens)
     async with IndexServer(index_config()) as index, ingest(index) as (session, w0):
@@ -102,6 +105,13 @@ async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
         await wait_until_async(lambda: credited(128), timeout=10, what="the replica synced")
         await session.send([w0.remove(keys[5:6])])
         await wait_until_async(lambda: credited(80), timeout=5, what="a removal replicated")
+        await session.send([w0.clear(), w0.store(DOMAIN.root_key(), keys[:1])])
+        await wait_until_async(lambda: credited(16), timeout=5, what="a clear replicated")
+        replica = gateway.gateway.replica
+        assert replica is not None  # the cleared ledger is swept off in the background
+        await wait_until_async(lambda: not replica.replica.view.retiring, timeout=5,
+                               what="the replica swept the cleared ledger")
+        assert replica.replica.view.blocks == 2 and await credited(16)
         await session.send([w0.set_state(3, "gap")])  # STALE: no credit
         await wait_until_async(lambda: credited(0), timeout=5, what="a state replicated")
         assert "cortex_index_match_requests_total{" not in index.metrics.render().decode()
@@ -110,6 +120,31 @@ async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
         assert body["ledger_core"] == cores.active() == "native"  # the default where built
         async with http.get(gateway.url + "/metrics") as resp:
             assert 'cortex_gateway_ledger_core{core="native"} 1.0' in await resp.text()
+
+
+async def test_a_removal_reaches_the_replica_without_waiting_for_the_flush_timer(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    """Stores may wait for ``replica_flush_s``; a loss may not (an engine's eviction races
+    the response it ends, and the next request must not be credited with the block).
+    With a flush timer far beyond the test's waits, the removal arrives at once, and the
+    store journaled before it with it."""
+    tokens = prompt(5, 8)
+    keys = DOMAIN.keys(tokens)
+    async with IndexServer(index_config(replica_flush_s=60.0)) as index, \
+            ingest(index) as (session, w0):
+        await session.send([w0.chain_snapshot([(DOMAIN.root_key(), keys[:4])])])
+        gateway = await replica_gateway(start_sim, start_gateway, index.target)
+
+        async def credited(tokens_held: int) -> bool:
+            found = await explain(http, gateway, tokens)
+            return found["match_source"] == "replica" and credit(found) == tokens_held
+
+        await wait_until_async(lambda: credited(64), timeout=10, what="the replica synced")
+        await session.send([w0.store(keys[3], keys[4:])])  # journaled; the timer runs
+        await session.send([w0.remove(keys[6:7])])
+        await wait_until_async(lambda: credited(96), timeout=5,
+                               what="the removal (and the store before it) replicated")
 
 
 async def test_a_gateway_started_before_the_index_syncs_when_it_comes(
@@ -241,3 +276,4 @@ async def test_a_guarded_index_replicates_to_the_gateway_holding_its_token(
         body = await ready(http, stranger)
         assert "no_replica" in body["degraded"]
         assert index.tokens.refused > 0
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from aiohttp import web
 
 from cortex.hashing import Engine
 from cortex.ingest.ops import SourceId
@@ -301,3 +302,31 @@ async def test_worker_registered_before_its_engine_is_up(fleet: Fleet) -> None:
     worker = Worker(spec, [Rank(pub, EngineCache(Engine.VLLM, 4, 400))])
     fleet.traffic(worker, 20)  # the first batches may beat the connection: replay covers
     await fleet.wait_converged(worker, ingest)
+
+
+async def test_a_worker_storing_past_its_reported_capacity_is_bounded(fleet: Fleet) -> None:
+    async def metrics(_: web.Request) -> web.Response:  # a vLLM whose pool holds 8 blocks
+        return web.Response(text='vllm:cache_config_info{block_size="4",num_cpu_blocks="None",'
+                                 'num_gpu_blocks="8"} 1.0\n')
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    fleet.stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    worker = await fleet.add_worker("w", url=f"http://127.0.0.1:{port}")
+    ingest = await fleet.ingest(capacity_margin=0.25)
+    source = SourceId("w", 0)
+    await wait_until_async(lambda: source in ingest.trackers, timeout=10, what="the source")
+    tracker = ingest.trackers[source]
+    await wait_until_async(lambda: tracker.max_blocks == 10, timeout=10, what="the bound")
+    fleet.traffic(worker, 40)
+    await wait_until_async(lambda: tracker.misbehaving, timeout=10, what="stores refused")
+    await wait_until_async(
+        lambda: len(fleet.keys_in(fleet.index[0], worker)) == len(tracker.ledger),
+        timeout=10, what="the index follows ingest")
+    assert 0 < len(fleet.keys_in(fleet.index[0], worker)) <= 10
+    assert tracker.stats.ignored_blocks["over_capacity"] > 0

@@ -2,7 +2,8 @@
 generation requests with a broken 200 (for ``cortex bench faults`` and the gateway tests).
 
 Everything else (health, load, models, the generation requests while disarmed) is relayed
-to the worker as it comes, so the gateway keeps the proxy in its pool. The shapes
+to the worker as it comes, so the gateway keeps the proxy in its pool; ``server_info``
+fields, when set, override the worker's own (a worker that reports another capacity). The shapes
 (:class:`Shape`) are what issue 32 saw reach clients as 200s, plus a huge answer.
 """
 
@@ -39,6 +40,8 @@ class AnswerProxy:
         self.upstream = upstream.rstrip("/")
         self.huge_bytes = huge_bytes
         self.shape: Shape | None = None
+        self.server_info: dict[str, object] = {}
+        """Fields that override the worker's own in its ``/server_info`` answer."""
         self.answered = 0
         self.url = ""
         self._runner: web.AppRunner | None = None
@@ -68,6 +71,11 @@ class AnswerProxy:
             self.answered += 1
             stream = bool(json.loads(body or b"{}").get("stream"))
             return await self._broken(request, self.shape, stream)
+        if self.server_info and request.path == "/server_info":
+            assert self._session is not None
+            async with self._session.get(self.upstream + request.path_qs) as upstream:
+                info = await upstream.json(content_type=None)
+            return web.json_response({**info, **self.server_info})
         return await self._relay(request, body)
 
     async def _broken(self, request: web.Request, shape: Shape, stream: bool

@@ -34,14 +34,16 @@ from cortex.bench.faults_catalogue import FAULTS as CATALOGUE
 from cortex.bench.faults_catalogue import QUICK, Bench, Fault, wait_for
 from cortex.bench.faults_hostile import HOSTILE
 from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
+from cortex.bench.faults_removal import OverCapacity, SourceRemoval
 from cortex.bench.report import provenance, table
 from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["FAULTS", "Plan", "register", "run"]
 
-FAULTS: tuple[type[Fault], ...] = (*HOSTILE, *CATALOGUE)
-"""Every case: issue 32's hostile clients and broken workers (they leave the cluster whole),
-then issue 14's."""
+FAULTS: tuple[type[Fault], ...] = (*HOSTILE, SourceRemoval, OverCapacity,
+                                     *CATALOGUE)
+"""Every case: issue 32's hostile clients, broken workers and the large source's removal
+(they leave the cluster whole), then issue 14's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ notes say what a client that did nothing wrong saw during the fault:
 - :class:`BrokenAnswers`: a worker answering each broken shape of
   :class:`~cortex.bench.answer_proxy.Shape` in turn.
 
+- :class:`StoppedReader`: a client asking for a long streamed answer that never reads it
+  (the gateway's write timeout must free the connection and end the upstream request).
 - :class:`SmallBounds`: one request each against the smaller bounds — a 100 kB header
   (431), a worker registered on the cloud metadata address (400), a 256 MiB gRPC message
   to the index (refused from its length prefix; the index's RSS is sampled).
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import random
+import socket
 import time
 import urllib.request
 from collections import Counter
@@ -52,7 +55,7 @@ from cortex.ledger.grpc import bearer, method
 from cortex.registry import WorkerSpec
 
 __all__ = ["HOSTILE", "BrokenAnswers", "ConnectFlood", "GoodClient", "HugeAnswer",
-           "LongGeneration", "SmallBounds", "WedgedWorker"]
+           "LongGeneration", "SmallBounds", "StoppedReader", "WedgedWorker"]
 
 
 @dataclass
@@ -256,6 +259,40 @@ class BrokenAnswers(ProxiedWorker):
             'kind="bad_answer"')
 
 
+class StoppedReader(Fault):
+    """A client that asks for a long streamed answer and never reads it: the gateway must
+    abort the connection after ``server.write_timeout_s`` (60 s; the upstream request is
+    cancelled with it), while everyone else is served."""
+
+    name, title, hold = ("stopped_reader", "a client that stops reading a long streamed "
+                         "answer", "none")
+
+    def inject(self, b: Bench) -> None:
+        url = b.cluster.gateway_urls[0]
+        metric = "cortex_gateway_connections_timed_out_total"
+        before = _gauge(url, metric, 'phase="write"') or 0.0
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 100_000,
+                           "ignore_eos": True,
+                           "messages": [{"role": "user", "content": "go on"}]}).encode()
+        started = time.monotonic()
+        try:
+            client.connect((host, int(port)))
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                           b"content-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                           % len(body) + body)  # then reads nothing
+            aborted = wait_for(lambda: (_gauge(url, metric, 'phase="write"') or 0.0) > before,
+                               240.0, 0.5)
+        finally:
+            client.close()
+        self.notes["connection aborted by the gateway after s"] = (
+            None if aborted is None else round(time.monotonic() - started, 1))
+        self.notes["write timeouts counted"] = (_gauge(url, metric, 'phase="write"') or 0.0
+                                                ) - before
+
+
 class SmallBounds(Fault):
     name, title, hold = ("small_bounds", "a 100 kB header, a worker on the metadata address, "
                          "a 256 MiB gRPC message", "none")
@@ -369,5 +406,5 @@ def _gauge(url: str, name: str, label: str = "") -> float | None:
 
 
 HOSTILE = (ConnectFlood, BrokenAnswers, HugeAnswer, SmallBounds, WedgedWorker,
-           LongGeneration)
+           LongGeneration, StoppedReader)
 """The cases of this module, in the order they run."""

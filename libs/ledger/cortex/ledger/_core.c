@@ -546,23 +546,36 @@ static PyObject *Tree_remove(Tree *t, PyObject *args) {
     return out;
 }
 
+/* Take ``bit`` off the slots [lo, hi) (reclaiming what it leaves dead); returns how many. */
+static int64_t clear_slots(Tree *t, Py_ssize_t bit, int64_t lo, int64_t hi) {
+    int64_t word = bit >> 6, dropped = 0;
+    uint64_t mask = (uint64_t)1 << (bit & 63);
+    if (hi > t->high) hi = t->high;
+    for (int64_t slot = lo < 0 ? 0 : lo; slot < hi && dropped < t->held[bit]; slot++) {
+        uint64_t *cell = t->holders + slot * t->words + word;
+        if (*cell & mask) {
+            *cell &= ~mask;
+            dropped++;
+            reclaim(t, slot);
+        }
+    }
+    t->held[bit] -= dropped;
+    return dropped;
+}
+
 static PyObject *Tree_clear(Tree *t, PyObject *args) {
     Py_ssize_t bit;
     if (!PyArg_ParseTuple(args, "n", &bit)) return NULL;
     if (check_bit(t, bit) < 0) return NULL;
-    int64_t dropped = t->held[bit];
-    if (!dropped) return PyLong_FromLong(0);
-    int64_t word = bit >> 6;
-    uint64_t mask = (uint64_t)1 << (bit & 63);
-    for (int64_t slot = 0; slot < t->high; slot++) {
-        uint64_t *cell = t->holders + slot * t->words + word;
-        if (*cell & mask) {
-            *cell &= ~mask;
-            reclaim(t, slot);
-        }
-    }
-    t->held[bit] = 0;
-    return PyLong_FromLongLong(dropped);
+    return PyLong_FromLongLong(clear_slots(t, bit, 0, t->high));
+}
+
+/* clear_range(bit, lo, hi): ``clear`` of the slots [lo, hi) only (a removal in steps). */
+static PyObject *Tree_clear_range(Tree *t, PyObject *args) {
+    Py_ssize_t bit, lo, hi;
+    if (!PyArg_ParseTuple(args, "nnn", &bit, &lo, &hi)) return NULL;
+    if (check_bit(t, bit) < 0) return NULL;
+    return PyLong_FromLongLong(clear_slots(t, bit, lo, hi));
 }
 
 /* counts[bit] = the count of consecutive leading keys bit holds (64 * words of them);
@@ -993,6 +1006,7 @@ static PyMethodDef Tree_methods[] = {
     {"store_chain", (PyCFunction)Tree_store_chain, METH_VARARGS, NULL},
     {"remove", (PyCFunction)Tree_remove, METH_VARARGS, NULL},
     {"clear", (PyCFunction)Tree_clear, METH_VARARGS, NULL},
+    {"clear_range", (PyCFunction)Tree_clear_range, METH_VARARGS, NULL},
     {"match", (PyCFunction)Tree_match, METH_VARARGS, NULL},
     {"match_roster", (PyCFunction)Tree_match_roster, METH_VARARGS, NULL},
     {"touch", (PyCFunction)Tree_touch, METH_VARARGS, NULL},

@@ -79,6 +79,9 @@ class NativeTree(RadixHashTree):
         bit = self._bit_of.get(source)
         return 0 if bit is None else self._tree.held(bit)
 
+    def _held_at(self, bit: int) -> int:
+        return self._tree.held(bit)
+
     def __contains__(self, key: object) -> bool:
         try:
             k = operator.index(key)  # type: ignore[arg-type]  # any integer, as a dict does
@@ -137,6 +140,9 @@ class NativeTree(RadixHashTree):
         bit = self._bit_of.get(source)
         return 0 if bit is None else self._tree.clear(bit)
 
+    def _clear_range(self, bit: int, lo: int, hi: int) -> int:
+        return self._tree.clear_range(bit, lo, hi)
+
     def touch(self, keys: Keys, now: int) -> int:
         return self._tree.touch(keys, now)
 
@@ -191,7 +197,10 @@ class NativeTree(RadixHashTree):
     # ---- copies --------------------------------------------------------------------------
 
     def columns(self) -> TreeColumns:
-        dump = self._tree.dump()
+        self.settle()
+        return self._columns(self._tree.dump())
+
+    def _columns(self, dump: dict[str, bytearray]) -> TreeColumns:
         return TreeColumns(
             keys=_words(dump["key"]),
             parents=np.frombuffer(dump["parent"], np.int32),
@@ -210,11 +219,11 @@ class NativeTree(RadixHashTree):
 
     def check_invariants(self) -> None:
         dump = self._tree.dump()
-        columns = self.columns()
+        columns = self._columns(dump)
         live = np.flatnonzero(columns.parents != -2)
         assert len(live) == self.nodes, "table and live slots disagree"
         for slot, key in zip(live.tolist(), columns.keys[live].tolist(), strict=True):
             assert self._tree.slot_of(key) == slot, "key table disagrees"
         check_columns(columns, np.frombuffer(dump["children"], np.int32),
                       np.frombuffer(dump["free"], np.int32).astype(np.int64),
-                      np.frombuffer(dump["held"], np.int64))
+                      np.frombuffer(dump["held"], np.int64), self._retired)

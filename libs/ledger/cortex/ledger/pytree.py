@@ -201,17 +201,17 @@ class PythonTree(SlotColumns):
 
     def clear(self, source: Source) -> int:
         bit = self._bit_of.get(source)
-        if bit is None:
-            return 0
-        dropped = int(self._held[bit])
-        if not dropped:
+        return 0 if bit is None else self._clear_range(bit, 0, self._high)
+
+    def _clear_range(self, bit: int, lo: int, hi: int) -> int:
+        if not self._held[bit]:
             return 0
         word, mask = bit >> 6, _U64(1 << (bit & 63))
-        rows = np.flatnonzero(self._holders[: self._high, word] & mask)
+        rows = lo + np.flatnonzero(self._holders[lo:min(hi, self._high), word] & mask)
         self._holders[rows, word] &= ~mask
-        self._held[bit] = 0
+        self._held[bit] -= len(rows)
         self._reclaim(self._dead(rows))
-        return dropped
+        return len(rows)
 
     # ---- queries -------------------------------------------------------------------------
 

@@ -103,6 +103,9 @@ class SlotColumns(RadixHashTree):
         bit = self._bit_of.get(source)
         return 0 if bit is None else int(self._held[bit])
 
+    def _held_at(self, bit: int) -> int:
+        return int(self._held[bit])
+
     def __contains__(self, key: object) -> bool:
         return key in self._slot_of
 
@@ -203,6 +206,10 @@ class SlotColumns(RadixHashTree):
     def columns(self) -> TreeColumns:
         """A copy of every slot handed out so far (free ones included), and the source of
         each holder bit: what :meth:`from_columns` rebuilds the same tree from."""
+        self.settle()
+        return self._columns()
+
+    def _columns(self) -> TreeColumns:
         hi = self._high
         return TreeColumns(
             keys=self._key[:hi].copy(),
@@ -238,5 +245,5 @@ class SlotColumns(RadixHashTree):
         assert len(live) == len(self._slot_of), "dict and live slots disagree"
         for slot in live.tolist():
             assert self._slot_of[int(self._key[slot])] == slot, "key column disagrees"
-        check_columns(self.columns(), self._children[:hi], self._free[: self._nfree],
-                      self._held)
+        check_columns(self._columns(), self._children[:hi], self._free[: self._nfree],
+                      self._held, self._retired)

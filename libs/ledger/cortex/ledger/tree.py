@@ -24,7 +24,7 @@ the caller's clock.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,8 +35,17 @@ from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
 
-__all__ = ["FREE", "NO_PARENT", "Eviction", "Keys", "RadixHashTree", "TreeColumns",
-           "no_eviction", "validate_columns"]
+__all__ = [
+    "FREE",
+    "NO_PARENT",
+    "SWEEP_SLOTS",
+    "Eviction",
+    "Keys",
+    "RadixHashTree",
+    "TreeColumns",
+    "no_eviction",
+    "validate_columns",
+]
 
 NO_PARENT = -1
 """Parent slot of a node whose parent block is not in the tree."""
@@ -44,6 +53,11 @@ FREE = -2
 """Parent slot of a free slot."""
 
 _U64 = np.uint64
+
+SWEEP_SLOTS = 16384
+"""Slots one :meth:`RadixHashTree.sweep` step scans, and the holdings up to which a source
+is dropped at once instead: a step is a few ms in the compiled core (more in the pure-Python
+one), where clearing a million-block source at once took 50-340 ms."""
 
 Keys = Sequence[int] | npt.NDArray[np.uint64]
 """A batch of block keys: ints (a list, a decoded update's ``array('Q')``) or a uint64 array
@@ -116,9 +130,11 @@ def validate_columns(columns: TreeColumns) -> npt.NDArray[np.int64]:
 
 
 def check_columns(columns: TreeColumns, children: npt.NDArray[np.int32],
-                  free: npt.NDArray[np.int64], held: npt.NDArray[np.int64]) -> None:
+                  free: npt.NDArray[np.int64], held: npt.NDArray[np.int64],
+                  retired: Collection[int] = ()) -> None:
     """Raise ``AssertionError`` when a tree's columns disagree with each other (tests;
-    O(slots)): child counts, free stack, dead nodes kept, holding counters."""
+    O(slots)): child counts, free stack, dead nodes kept, holding counters (``retired``
+    bits, being drained, may hold blocks without a source)."""
     parent, holders = columns.parents, columns.holders
     hi = len(parent)
     live = np.flatnonzero(parent != FREE)
@@ -135,7 +151,7 @@ def check_columns(columns: TreeColumns, children: npt.NDArray[np.int32],
     counts = bits.sum(axis=0, dtype=np.int64)
     assert np.array_equal(counts, held), "holding counters wrong"
     for bit, source in enumerate(columns.sources):
-        if source is None:
+        if source is None and bit not in retired:
             assert counts[bit] == 0, "a free bit holds blocks"
 
 
@@ -145,8 +161,9 @@ class RadixHashTree(ABC):
     Contract:
 
     * ``store`` / ``store_pairs`` make a source hold blocks; ``remove`` / ``clear`` /
-      ``remove_source`` drop holdings; a node without holders and children is reclaimed at
-      once (placeholders included).
+      ``remove_source`` / ``retire`` drop holdings; a node without holders and children is
+      reclaimed at once (placeholders included), except after ``retire``: its bit leaves the
+      roster at once and ``sweep`` takes its holdings off, a bounded step at a time.
     * ``match(keys)`` gives, per registered source, the count of consecutive leading ``keys``
       it holds.
     * ``evict_older_than(cutoff)`` / ``evict_keys(keys)`` forget whole old subtrees for every
@@ -163,12 +180,15 @@ class RadixHashTree(ABC):
 
     core: ClassVar[str]
     """The core's name (``native`` / ``python``: logs, /admin, metrics)."""
+    sync_clear_max: int = SWEEP_SLOTS
+    """:meth:`retire` clears up to this many holdings at once (tests lower it)."""
 
     def __init__(self, initial_capacity: int = 1024) -> None:
         del initial_capacity  # the cores size their columns
         self._bit_of: dict[Source, int] = {}
         self._source_at: list[Source | None] = [None] * 64
         self._free_bits: list[int] = list(range(63, -1, -1))  # pop() yields the lowest
+        self._retired: dict[int, int] = {}  # retired bit -> next slot sweep() scans
 
     def __repr__(self) -> str:
         return (
@@ -264,14 +284,80 @@ class RadixHashTree(ABC):
                 yield bit, source
 
     def remove_source(self, source: Source) -> int:
-        """Clear ``source`` and release its bit; returns dropped holdings."""
-        dropped = self.clear(source)
-        bit = self._bit_of.pop(source, None)
-        if bit is not None:
-            self._source_at[bit] = None
-            self._free_bits.append(bit)
-            self._free_bits.sort(reverse=True)
-        return dropped
+        """Drop ``source`` and its bit (:meth:`retire`); returns its holdings."""
+        return self.retire(source)
+
+    def retire(self, source: Source, *, rejoin: bool = False) -> int:
+        """``source`` holds nothing from now on as far as every query can tell; returns the
+        holdings it had. With ``rejoin`` it stays registered (a clear), else it leaves.
+
+        Up to :attr:`sync_clear_max` holdings are cleared at once; more (a million-block pool
+        takes ~50 ms and more to clear) stay under the source's old bit, which leaves the
+        roster at once and is taken off by :meth:`sweep`, a bounded step per call, then
+        reused; the source rejoins under a fresh bit."""
+        bit = self._bit_of.get(source)
+        if bit is None:
+            return 0
+        held = self._held_at(bit)
+        if held <= self.sync_clear_max:
+            self.clear(source)
+            if not rejoin:
+                self._release(source)
+            return held
+        self._release(source, keep_bit=True)
+        self._retired[bit] = 0
+        if rejoin:
+            self.add_source(source)
+        return held
+
+    def _release(self, source: Source, keep_bit: bool = False) -> None:
+        bit = self._bit_of.pop(source)
+        self._source_at[bit] = None
+        if not keep_bit:
+            self._free_bit(bit)
+
+    def _free_bit(self, bit: int) -> None:
+        self._free_bits.append(bit)
+        self._free_bits.sort(reverse=True)  # pop() yields the lowest
+
+    @property
+    def retiring(self) -> bool:
+        """Whether retired bits remain to :meth:`sweep`."""
+        return bool(self._retired)
+
+    @property
+    def retired(self) -> int:
+        """Holdings of retired bits not yet taken off (blocks)."""
+        return sum(self._held_at(bit) for bit in self._retired)
+
+    def sweep(self, slots: int = 0) -> bool:
+        """Take a retired bit off the next ``slots`` slots (0: :data:`SWEEP_SLOTS`),
+        reclaiming what that leaves dead; returns whether retired holdings remain. Bounded
+        work: call it once per loop turn until it returns False."""
+        for bit, lo in self._retired.items():
+            hi = lo + (slots or SWEEP_SLOTS)
+            self._clear_range(bit, lo, hi)
+            if hi >= self.capacity or not self._held_at(bit):
+                del self._retired[bit]
+                self._free_bit(bit)
+            else:
+                self._retired[bit] = hi
+            break
+        return bool(self._retired)
+
+    def settle(self) -> None:
+        """Finish every sweep now (a whole-tree copy needs it; O(slots))."""
+        while self.sweep(max(self.capacity, 1)):
+            pass
+
+    @abstractmethod
+    def _held_at(self, bit: int) -> int:
+        """Holdings of source bit ``bit``."""
+
+    @abstractmethod
+    def _clear_range(self, bit: int, lo: int, hi: int) -> int:
+        """Take ``bit`` off the slots ``[lo, hi)``, reclaiming what it leaves dead; returns
+        the holdings dropped."""
 
     def _adopt_sources(self, sources: list[Source | None]) -> None:
         """Take the roster of a copied tree (``sources[bit]``, see :class:`TreeColumns`)."""
@@ -392,12 +478,13 @@ class RadixHashTree(ABC):
             return _NO_EVICTION, []
         dropped: list[tuple[Source, npt.NDArray[np.uint64]]] = []
         lost: list[tuple[int, int]] = []
-        for bit, source in self.bits():
+        for bit, source in [*self.bits(), *((b, None) for b in self._retired)]:
             held = (rows[:, bit >> 6] & _U64(1 << (bit & 63))) != 0
             count = int(np.count_nonzero(held))
             if count:
                 lost.append((bit, count))
-                dropped.append((source, keys[held]))
+                if source is not None:  # a retired bit's loss concerns nobody
+                    dropped.append((source, keys[held]))
         return Eviction(keys, tuple(dropped)), lost
 
     # ---- copies --------------------------------------------------------------------------
@@ -405,7 +492,8 @@ class RadixHashTree(ABC):
     @abstractmethod
     def columns(self) -> TreeColumns:
         """A copy of every slot handed out so far (free ones included), and the source of
-        each holder bit: what :meth:`from_columns` rebuilds the same tree from."""
+        each holder bit: what :meth:`from_columns` rebuilds the same tree from (retired
+        bits are drained first: :meth:`settle`)."""
 
     @classmethod
     def from_columns(cls, columns: TreeColumns) -> RadixHashTree:

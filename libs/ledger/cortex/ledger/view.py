@@ -314,14 +314,36 @@ class LedgerView:
 
     def clear(self, source: Source) -> int:
         """``source`` holds nothing (it stays attached); returns the holdings dropped (0,
-        and no journal record, when it is not attached or holds nothing)."""
+        and no journal record, when it is not attached or holds nothing). A large ledger
+        is taken off later by :meth:`sweep` (:meth:`RadixHashTree.retire`): no query
+        credits it from now on."""
         place = self.places.get(source)
         if place is None:
             return 0
-        dropped = self.trees[place.domain].clear(source)
+        dropped = self.trees[place.domain].retire(source, rejoin=True)
         if dropped:
+            self._rosters.pop(place.domain, None)  # its bit may have changed
             self._log(place.domain, Clear(source))
         return dropped
+
+    @property
+    def retiring(self) -> bool:
+        """Whether :meth:`sweep` has work."""
+        return any(t.retiring for t in self.trees.values())
+
+    @property
+    def retired(self) -> int:
+        """Holdings of cleared or detached sources still to be taken off (blocks)."""
+        return sum(t.retired for t in self.trees.values())
+
+    def sweep(self, slots: int = 0) -> bool:
+        """One bounded step of taking cleared and detached ledgers off their trees
+        (:meth:`RadixHashTree.sweep`); returns whether more steps are needed. The owner
+        calls it once per loop turn while it returns True: removing a million-block source
+        never holds the loop for more than a step. Not journaled: a replica sweeps its own
+        copy, and no answer depends on how far either got."""
+        busy = [t for t in self.trees.values() if t.retiring]
+        return bool(busy) and (busy[0].sweep(slots) or len(busy) > 1)
 
     def evict_older_than(self, domain: HashDomain, cutoff: int) -> Eviction:
         """The memory budget: evict ``domain``'s subtrees whose recency is <= ``cutoff``."""

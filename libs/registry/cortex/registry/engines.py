@@ -55,6 +55,8 @@ __all__ = [
     "VllmMetrics",
     "adapters_from_models",
     "context_length_from_models",
+    "kv_capacity_from_sglang_server_info",
+    "kv_capacity_from_vllm_metrics",
     "looks_like_sglang",
     "parse_sglang_get_load",
     "parse_sglang_loads",
@@ -392,3 +394,24 @@ def sglang_lookahead_from_server_info(obj: Any) -> int | None:
     if name in _SGLANG_EAGLE:
         return 1
     return 0 if name in {"STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK"} else None
+
+
+def kv_capacity_from_vllm_metrics(text: str) -> int | None:
+    """Blocks a vLLM engine (one DP rank) can hold: ``vllm:cache_config_info``'s
+    ``num_gpu_blocks`` plus ``num_cpu_blocks`` when that is a number (``"None"`` without a
+    CPU pool); ``None`` when the gauge or its GPU count is missing."""
+    for match in _CACHE_CONFIG.finditer(text):
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
+        gpu, cpu = labels.get("num_gpu_blocks", ""), labels.get("num_cpu_blocks", "")
+        if gpu.isdigit():
+            return int(gpu) + (int(cpu) if cpu.isdigit() else 0)
+    return None
+
+
+def kv_capacity_from_sglang_server_info(info: object) -> int | None:
+    """Blocks an SGLang engine (one DP rank) can hold: ``/server_info``'s
+    ``max_total_num_tokens`` (the scheduler's KV pool in tokens) over ``page_size``."""
+    if not isinstance(info, Mapping):
+        return None
+    tokens, page = _int(info.get("max_total_num_tokens")), _int(info.get("page_size")) or 1
+    return None if tokens is None else math.ceil(tokens / page)

@@ -84,6 +84,8 @@ class IndexService(IndexBase):
         self._flush: asyncio.TimerHandle | None = None
         self._receivers: set[asyncio.Task[Any]] = set()  # tasks awaiting a stream's message
         self._drain_cancelled: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._losses_flushed = 0  # ``core.changes.appended`` at the last replica flush
 
     def __repr__(self) -> str:
         return (
@@ -144,6 +146,8 @@ class IndexService(IndexBase):
         for task in self._receivers - self._drain_cancelled:
             self._drain_cancelled.add(task)
             task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
 
     async def wait_idle(self) -> None:
         """Until no call is in flight."""
@@ -151,16 +155,37 @@ class IndexService(IndexBase):
 
     def notify(self) -> None:
         """The core changed: change-feed subscribers wake up, and the journal goes to the
-        replicas within ``replica_flush_s`` (changes applied meanwhile join the same batch:
-        one message per replica instead of one per Sync batch)."""
-        if self._flush is None and self.replicas.subscribers:
-            self._flush = asyncio.get_running_loop().call_later(
-                self.config.replica_flush_s, self._flush_replicas)
+        replicas. Stores wait up to ``replica_flush_s`` (changes applied meanwhile join the
+        same batch: one message per replica instead of one per Sync batch); a change that
+        makes a replica optimistic (blocks lost, a source cleared or no longer READY) goes
+        out now, with what the journal holds before it: a request routed meanwhile would
+        be credited with blocks the engine no longer has. Ledgers the change retired are
+        swept in the background."""
+        if self.replicas.subscribers:
+            if self.core.changes.appended != self._losses_flushed:
+                if self._flush is not None:
+                    self._flush.cancel()
+                self._flush_replicas()
+            elif self._flush is None:
+                self._flush = asyncio.get_running_loop().call_later(
+                    self.config.replica_flush_s, self._flush_replicas)
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.core.view.retiring and (self._sweeper is None or self._sweeper.done()):
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(),
+                                                                   name="ledger-sweep")
+
+    async def _sweep(self) -> None:
+        """Take removed and cleared ledgers off the trees, one bounded step per loop turn
+        (:meth:`LedgerView.sweep`): Match and Sync are served between the steps."""
+        while True:
+            if not self.core.view.sweep():
+                return
+            await asyncio.sleep(0)  # one loop turn between steps
 
     def _flush_replicas(self) -> None:
         self._flush = None
+        self._losses_flushed = self.core.changes.appended
         self.replicas.flush()
 
     async def _wait(self, event: asyncio.Event, timeout: float | None) -> None:

@@ -84,6 +84,13 @@ class IngestConfig:
     """vLLM workers' PYTHONHASHSEED for the alignment check."""
     tombstone_ttl_s: float = 600.0
     """A removed worker stays out this long."""
+    capacity_margin: float = 0.25
+    """A source is credited with at most its worker's reported KV capacity (vLLM
+    ``cache_config_info``, SGLang ``/server_info``) times 1 + this; beyond, its stores are
+    refused and counted (``ignored_blocks{reason="over_capacity"}``)."""
+    capacity_tier_blocks: int = 0
+    """Blocks of offload tiers the engines do not report (e.g. a disk tier), added to that
+    bound."""
     forwarder: ForwarderConfig = field(default_factory=ForwarderConfig)
 
     def __post_init__(self) -> None:
@@ -120,6 +127,8 @@ class IngestConfig:
             raise ConfigError("max_pending_bytes must be <= max_held_bytes")
         if self.align_every < 0:
             raise ConfigError("align_every must be >= 0 (0 = off)")
+        if self.capacity_margin < 0 or self.capacity_tier_blocks < 0:
+            raise ConfigError("capacity_margin and capacity_tier_blocks must be >= 0")
         if self.hash_algo != AUTO and self.hash_algo not in VLLM_HASH_ALGOS:
             raise ConfigError(
                 f"hash_algo {self.hash_algo!r} must be 'auto' or one of {list(VLLM_HASH_ALGOS)}"

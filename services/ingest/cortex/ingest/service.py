@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 
+import aiohttp
 import zmq.asyncio
 from aiohttp import web
 
@@ -30,6 +31,7 @@ from cortex.edge.http import start_ops_http
 from cortex.edge.tasks import stop_tasks
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
+from cortex.ingest.capacity import block_bound, fetch_capacity
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import EpochClock, IndexForwarder
 from cortex.ingest.held import HeldBytes
@@ -369,10 +371,25 @@ class IngestService:
             self._runners[source] = runner
             self._tombstones.pop(source, None)
             runners.append(runner)
-        self.sessions[spec.id] = WorkerSession(spec, runners)
+        session = self.sessions[spec.id] = WorkerSession(spec, runners)
+        session.tasks.append(asyncio.create_task(
+            self._bound(spec, [r.tracker for r in runners]), name=f"capacity-{spec.id}"))
         log.info("worker=%s added: %s %s, %d rank(s), events %s, replay %s", spec.id,
                  spec.engine.value, spec.model, spec.dp_size, spec.kv_events,
                  spec.replay or "none", extra={"worker": spec.id})
+
+    async def _bound(self, spec: WorkerSpec, trackers: list[SourceTracker]) -> None:
+        """Bound ``trackers`` by the capacity ``spec``'s worker reports (asked once, at
+        start; a worker that does not say stays unbounded)."""
+        cfg = self.config
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
+            capacity = await fetch_capacity(http, spec)
+        bound = block_bound(capacity, cfg.capacity_margin, cfg.capacity_tier_blocks)
+        for tracker in trackers:
+            tracker.bound(bound)
+        log.info("worker=%s capacity %s blocks per rank: ledgers bounded at %s", spec.id,
+                 capacity if capacity is not None else "not reported", bound or "none",
+                 extra={"worker": spec.id})
 
     async def _drop_worker(self, worker_id: str, reason: str) -> None:
         session = self.sessions[worker_id]

@@ -142,6 +142,8 @@ class SourceTracker:
         self._commands: list[Command] = []
         self._decode_error_logged = False
         self._connected_before = False
+        self.max_blocks = 0  # the bound of its ledger over every tier (0: none; bound())
+        self.misbehaving = False  # it stored past the bound
 
     def __repr__(self) -> str:
         return (
@@ -507,9 +509,13 @@ class SourceTracker:
         events = stats.events
         keymap = self.keymap
         ops = self._ops
+        bound = self.max_blocks
         for event in batch.events:
             if type(event) is BlockStored:
                 events["BlockStored"] = events.get("BlockStored", 0) + 1
+                if bound and keymap.blocks + len(event.block_hashes) > bound:
+                    self._over_capacity(len(event.block_hashes))
+                    continue
                 tier = tier_of(event.medium)
                 placed = keymap.stored(event, tier)
                 if placed is None or tier is None:
@@ -538,6 +544,21 @@ class SourceTracker:
                 bump(events, "AllBlocksCleared")
                 bump(stats.clears, "all_blocks_cleared")
                 self._clear_all()
+
+    def bound(self, max_blocks: int) -> None:
+        """Credit the source with at most ``max_blocks`` blocks over every tier (its
+        worker's reported capacity with a margin; 0: no bound)."""
+        self.max_blocks = max_blocks
+
+    def _over_capacity(self, blocks: int) -> None:
+        """A store past the bound: refused (never mapped, so never credited) and counted;
+        the first one marks the source misbehaving, loudly."""
+        bump(self.stats.ignored_blocks, "over_capacity", blocks)
+        if not self.misbehaving:
+            self.misbehaving = True
+            log.warning("source %s misbehaving: stores past its worker's capacity (%d blocks "
+                        "with the margin) are refused", self.source, self.max_blocks,
+                        extra=self._log_fields)
 
     def _clear_all(self) -> None:
         """``AllBlocksCleared``: every tier holding blocks is cleared (same epoch)."""

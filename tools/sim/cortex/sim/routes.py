@@ -210,7 +210,7 @@ class SimRoutes:
             "model_path": cfg.model, "tokenizer_path": self.engine.chat.source,
             "served_model_name": cfg.model, "host": cfg.host, "port": self.ports.get("http"),
             "version": cfg.engine_version, "page_size": cfg.block_size,
-            "context_length": cfg.max_model_len, "max_total_tokens":
+            "context_length": cfg.max_model_len, "max_total_num_tokens":
                 cfg.kv_capacity_blocks * cfg.block_size,
             "max_running_requests": cfg.max_running, "tp_size": 1, "dp_size": cfg.dp_size,
             "pp_size": 1,

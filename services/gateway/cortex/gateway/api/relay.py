@@ -4,8 +4,10 @@ Two kinds: the endpoints it does not route by cache (``/v1/embeddings``, ``/v1/r
 ``/v1/score``, ``/v1/responses``, ``/v1/messages``), and every inference request of a model
 configured ``passthrough`` (an upstream scheduler places them: single scheduling authority).
 Either goes to the least loaded routable worker of the body's ``model`` (the model's
-``upstream_url`` when set), retried on the next one while nothing was answered; the answer
-is relayed as it comes, with ``x-cortex-match-mode: passthrough``.
+``upstream_url`` when set), retried on the next one while nothing was answered; a 200 that
+breaks the endpoint's promise (a JSON answer that is not JSON, a streamed request answered
+otherwise than with SSE) is a worker failure like any (``bad_answer``: counted, breaker,
+retried); the answer is relayed as it comes, with ``x-cortex-match-mode: passthrough``.
 
 The engines keep a ``/v1/responses`` response in process memory, so everything about it goes
 where it was produced: :class:`ResponseOwners` learns ``id → worker`` from the answers (JSON
@@ -21,7 +23,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,7 @@ from cortex.gateway.http.messages import (
 from cortex.gateway.request.payload import parse_body
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure, UpstreamResponse
+from cortex.gateway.upstream.sse import is_event_stream
 from cortex.telemetry.tracing import Span, SpanKind, trace_headers
 
 __all__ = ["RELAYED_PATHS", "RelayHandler", "ResponseOwners", "least_loaded", "response_id_of"]
@@ -270,13 +273,13 @@ class RelayHandler:
         timeouts = Timeouts.of(model, upstream_cfg) if model is not None else Timeouts(
             upstream_cfg.first_byte_timeout_s, upstream_cfg.response_timeout_s,
             upstream_cfg.stream_idle_timeout_s)
-        opened: tuple[_Target, UpstreamResponse, int | None] | None = None
+        opened: tuple[_Target, UpstreamResponse, int | None, bytes] | None = None
         last: UpstreamFailure | None = None
         for attempt, target in enumerate(targets[:upstream_cfg.max_attempts]):
             if attempt:
                 self.metrics.retries.labels(reason=last.kind.value if last else "unknown").inc()
-            result = await self._attempt(target, method, path, body, headers,
-                                         timeouts.first_byte_s)
+            result = await self._attempt(target, method, path, body, headers, timeouts,
+                                         stream)
             if isinstance(result, UpstreamFailure):
                 last = result
                 continue
@@ -290,7 +293,7 @@ class RelayHandler:
                      else UpstreamError("the worker failed to answer"))
             await send_error(send, error, [*base, *_not_sent()])
             return error.status
-        target, response, slot = opened
+        target, response, slot, head = opened
         if span is not None:
             span.set_attributes({"cortex.worker": target.name,
                                  "http.response.status_code": response.status})
@@ -299,7 +302,7 @@ class RelayHandler:
                  (b"x-cortex-cache-hit-tokens", b"0")]
         try:
             sent = await race_disconnect(request.receive, self._answer(
-                send, target, response, base, path, stream, timeouts.stream_idle_s))
+                send, target, response, head, base, path, stream, timeouts.stream_idle_s))
             return 499 if sent else response.status
         finally:
             response.close()
@@ -307,9 +310,11 @@ class RelayHandler:
                 release_slot(target.worker, self.metrics, slot)
 
     async def _attempt(self, target: _Target, method: str, path: str, body: bytes | None,
-                       headers: dict[str, str], first_byte_s: float
-                       ) -> tuple[UpstreamResponse, int | None] | UpstreamFailure:
-        """Send to ``target`` and wait for its headers; a retryable status is a failure."""
+                       headers: dict[str, str], timeouts: Timeouts, stream: bool
+                       ) -> tuple[UpstreamResponse, int | None, bytes] | UpstreamFailure:
+        """Send to ``target`` and wait for its headers, and for a 200 its first bytes
+        (:func:`checked_head`); a retryable status or a broken 200 is a failure."""
+        first_byte_s = timeouts.first_byte_s
         worker = target.worker
         slot = None
         if worker is not None:
@@ -325,6 +330,11 @@ class RelayHandler:
                 await response.read()
                 raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
                                       response.status)
+            head = b""
+            if response.status == 200:
+                async with asyncio.timeout(timeouts.first_byte_s if stream
+                                           else timeouts.response_s):
+                    head = await checked_head(response, stream)
         except (UpstreamFailure, TimeoutError) as exc:
             failure = exc if isinstance(exc, UpstreamFailure) else UpstreamFailure(
                 FailureKind.TIMEOUT, f"no answer in {first_byte_s}s")
@@ -347,10 +357,11 @@ class RelayHandler:
             raise
         if worker is not None:
             worker.breaker.on_success()
-        return response, slot
+        return response, slot, head
 
     async def _answer(self, send: Send, target: _Target, response: UpstreamResponse,
-                      base: Headers, path: str, stream: bool, idle_s: float) -> None:
+                      head: bytes, base: Headers, path: str, stream: bool, idle_s: float
+                      ) -> None:
         if response.status >= 500:
             try:
                 body = await response.read()
@@ -365,7 +376,7 @@ class RelayHandler:
                                 *base]})
         seen = b""
         try:
-            async for chunk in response.chunks(idle_s if stream else None):
+            async for chunk in _chained(head, response, idle_s if stream else None):
                 if owner is not None and len(seen) < _SNIFF_BYTES:
                     seen += chunk
                     found = _sniff_stream(seen) if stream else None
@@ -389,6 +400,42 @@ class RelayHandler:
 
     def __repr__(self) -> str:
         return f"RelayHandler({self.owners!r})"
+
+
+async def checked_head(response: UpstreamResponse, stream: bool) -> bytes:
+    """The first bytes of a 200, which must keep the endpoint's promise — a streamed
+    request's must be the engines' SSE, a JSON answer's must open a JSON object or array
+    (what every relayed endpoint answers; the rest is relayed as it comes, unbuffered) —
+    else :class:`UpstreamFailure` ``bad_answer`` (retried: nothing was relayed yet). Other
+    content types (none of the relayed endpoints promises one) pass unread."""
+    if stream and not response.content_type.startswith("text/event-stream"):
+        raise UpstreamFailure(FailureKind.BAD_ANSWER,
+                              f"a {response.content_type!r} answer to a streamed request")
+    if not stream and not response.content_type.startswith("application/json"):
+        return b""
+    head = b""
+    async for chunk in response.chunks():
+        head += chunk
+        start = head.lstrip()[:1]
+        if stream and not is_event_stream(head):
+            raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that is not SSE")
+        if stream or start:
+            if not stream and start not in (b"{", b"["):
+                raise UpstreamFailure(FailureKind.BAD_ANSWER,
+                                      "a 200 application/json that is not JSON")
+            return head
+    if stream:
+        raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
+    raise UpstreamFailure(FailureKind.BAD_ANSWER, "an empty 200 application/json")
+
+
+async def _chained(head: bytes, response: UpstreamResponse, idle_s: float | None
+                   ) -> AsyncIterator[bytes]:
+    """``head`` (already read by :func:`checked_head`), then the rest of the answer."""
+    if head:
+        yield head
+    async for chunk in response.chunks(idle_s):
+        yield chunk
 
 
 def _endpoint_label(path: str) -> str:

@@ -107,7 +107,8 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
                 async with timer, stall:
                     response = await upstream.post(worker.spec.url.rstrip("/") + path, body,
                                                    headers, worker.spec)
-                    head, answer = await first_bytes(response, stream, retry_statuses)
+                    head, answer = await first_bytes(response, stream, retry_statuses,
+                                                     listed=path == "/generate")
         except TimeoutError:
             if stall.expired():
                 raise UpstreamFailure(FailureKind.WEDGED,
@@ -144,13 +145,13 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     return Opened(worker, response, head, attempts, metrics, slot, answer=answer)
 
 
-async def first_bytes(response: Response, stream: bool, retry_statuses: Collection[int]
-                      ) -> tuple[bytes, Any]:
-    """The whole body (and, for a 200, the JSON object it must be), or a stream's first
-    chunk (and ``None``); :class:`UpstreamFailure` for a retryable status, a stream that
-    ends before any byte, or a 200 that breaks the endpoint's promise (``bad_answer``: a
-    body that is not a JSON object, a streamed request answered otherwise than with the
-    engines' SSE)."""
+async def first_bytes(response: Response, stream: bool, retry_statuses: Collection[int],
+                      *, listed: bool = False) -> tuple[bytes, Any]:
+    """The whole body (and, for a 200, the JSON object it must be — or with ``listed``, a
+    batched SGLang ``/generate``, a list of them), or a stream's first chunk (and
+    ``None``); :class:`UpstreamFailure` for a retryable status, a stream that ends before
+    any byte, or a 200 that breaks the endpoint's promise (``bad_answer``: a body that is
+    not such JSON, a streamed request answered otherwise than with the engines' SSE)."""
     if response.status in retry_statuses:
         await response.read()
         raise UpstreamFailure(FailureKind.STATUS, f"status {response.status}",
@@ -159,7 +160,7 @@ async def first_bytes(response: Response, stream: bool, retry_statuses: Collecti
         return await response.read(), None
     if not stream:
         body = await response.read()
-        answer = _json_object(body)
+        answer = json_answer(body, listed)
         if answer is None:
             raise UpstreamFailure(FailureKind.BAD_ANSWER, "a 200 that is not a JSON object")
         return body, answer
@@ -173,9 +174,14 @@ async def first_bytes(response: Response, stream: bool, retry_statuses: Collecti
     raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
+def json_answer(body: bytes, listed: bool = False) -> Any:
+    """``body`` as a JSON object (or, ``listed``, a non-empty list of them: a batched
+    ``/generate``); ``None`` when it is not."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) else None
+    if isinstance(obj, dict) or (listed and isinstance(obj, list) and obj
+                                 and all(isinstance(item, dict) for item in obj)):
+        return obj
+    return None

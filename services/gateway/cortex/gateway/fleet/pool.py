@@ -35,7 +35,12 @@ So a wedged worker costs a waiting request about ``wedge_after_s`` + the probe t
 one check interval (defaults 4 + 8 + 1 s), not ``response_timeout_s``. The cost of a
 false alarm (an engine whose queue holds the probe past its timeout while nothing else it
 runs sends a byte) is a retry of the waiting attempts. ``wedge_after_s`` 0 turns the watch
-off. Prefill/decode pairs are not watched (their first-byte timeouts apply).
+off. Prefill/decode pairs are not watched: the probe is a plain completion, which a
+prefill-only or decode-only engine cannot answer alone (an SGLang prefill waits for its
+decode's bootstrap, a decode for the KV transfer; vLLM's need ``kv_transfer_params``), so
+probing them would call every PD worker wedged. Their legs keep their own bounds
+(``pd.prefill_timeout_s`` 60 s, ``pd.decode_timeout_s`` 300 s); a pair-aware probe is still
+to be built.
 
 :class:`ProgressWatch` is the bookkeeping (event-loop only, no I/O); :meth:`run` its loop.
 """

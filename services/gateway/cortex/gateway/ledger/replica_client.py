@@ -174,6 +174,7 @@ class ReplicaClient:
         self._clock = clock
         self._target = 0
         self._task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return (f"ReplicaClient(targets={self.config.targets}, connected={self.connected}, "
@@ -197,9 +198,9 @@ class ReplicaClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            await stop_tasks([task])
+        tasks = [t for t in (self._task, self._sweeper) if t is not None]
+        self._task = self._sweeper = None
+        await stop_tasks(tasks)
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -265,6 +266,16 @@ class ReplicaClient:
             self._on_changes(changes)
         if changes.reset or not was_synced:
             self._publish_state()
+        if replica.view.retiring and (self._sweeper is None or self._sweeper.done()):
+            self._sweeper = asyncio.create_task(self._sweep(), name="replica-sweep")
+
+    async def _sweep(self) -> None:
+        """Take removed and cleared ledgers off the replica's trees, one bounded step per
+        loop turn (:meth:`LedgerView.sweep`), so requests are routed between the steps."""
+        while True:
+            if not self.replica.view.sweep():
+                return
+            await asyncio.sleep(0)  # one loop turn between steps
 
     async def _touch_loop(self, stream: _Stream) -> None:
         while True:

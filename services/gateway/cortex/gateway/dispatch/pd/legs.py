@@ -3,8 +3,9 @@ response, its breaker verdict) and the one call that sends a leg up to what the 
 before the first byte (:mod:`cortex.gateway.dispatch.pd.dispatcher` runs the pair).
 
 A leg's failure is a value (:class:`~cortex.gateway.dispatch.plan.LegFailure`), not an exception: a
-connection error, a timeout, a retryable status, or a 200 whose answer is an error object
-(an error as the stream's first event, or an error body).
+connection error, a timeout, a retryable status, a 200 that is not what the endpoint promises
+(``bad_answer``, as on the regular path), or a 200 whose answer is an error object (an error
+as the stream's first event, or an error body).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cortex.gateway.dispatch.attempt import acquire_slot, release_slot
+from cortex.gateway.dispatch.attempt import acquire_slot, json_answer, release_slot
 from cortex.gateway.dispatch.plan import LegFailure, Side
 from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
-from cortex.gateway.upstream.sse import first_event_error, has_complete_event
+from cortex.gateway.upstream.sse import first_event_error, has_complete_event, is_event_stream
 
-__all__ = ["ERROR_EVENT", "Answer", "Leg", "Verdict", "call", "error_in"]
+__all__ = ["ERROR_EVENT", "Answer", "Leg", "Verdict", "bad_answer", "call", "error_in"]
 
 ERROR_EVENT = "error_event"
 """Failure kind of a leg whose answer is an error object (status 200, error in the body)."""
@@ -134,6 +135,10 @@ async def call(upstream: Upstream, metrics: GatewayMetrics, leg: Leg, *, path: s
         answer.failure = LegFailure(leg.side, leg.worker.id, FailureKind.STATUS.value,
                                     detail=f"status {answer.status}", status=answer.status,
                                     retry_after_s=response.retry_after_s)
+    elif answer.status == 200 and (broken := bad_answer(
+            response.content_type, answer.data, stream, listed=path == "/generate")):
+        answer.failure = LegFailure(leg.side, leg.worker.id, FailureKind.BAD_ANSWER.value,
+                                    detail=broken)
     elif answer.status == 200 and error_in(answer.data, stream):
         answer.failure = LegFailure(leg.side, leg.worker.id, ERROR_EVENT,
                                     detail="the answer is an error object")
@@ -141,6 +146,20 @@ async def call(upstream: Upstream, metrics: GatewayMetrics, leg: Leg, *, path: s
         metrics.worker(metrics.upstream_ttfb, leg.worker.id, mode).observe(
             time.perf_counter() - leg.started)
     return answer
+
+
+def bad_answer(content_type: str, data: bytes, stream: bool, *, listed: bool = False
+               ) -> str | None:
+    """Why a leg's 200 is not what its endpoint promises (None: it is): a body that is not a
+    JSON object (``listed``: nor a list of them, a batched ``/generate``), a streamed leg
+    answered otherwise than with the engines' SSE (``data``: its first event, or the whole
+    of a prefill leg) — what the regular path calls ``bad_answer``
+    (:func:`cortex.gateway.dispatch.attempt.first_bytes`)."""
+    if stream:
+        if not content_type.startswith("text/event-stream"):
+            return f"a {content_type!r} answer to a streamed request"
+        return None if is_event_stream(data) else "a stream that is not SSE"
+    return None if json_answer(data, listed) is not None else "a 200 that is not a JSON object"
 
 
 def error_in(data: bytes, stream: bool) -> bool:
