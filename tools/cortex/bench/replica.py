@@ -108,9 +108,7 @@ async def _replica(target: str, seconds: float) -> None:
     exactness check against the index's Match, as JSON on stdout."""
     import numpy as np
 
-    from cortex.gateway import IndexConfig
-    from cortex.gateway.ledger.replica_client import ReplicaClient
-    from cortex.gateway.metrics import GatewayMetrics
+    from cortex.gateway import GatewayMetrics, IndexConfig, ReplicaClient
     from cortex.ledger.client import IndexStub, index_channel, match_request
 
     lags: list[float] = []

@@ -52,14 +52,24 @@ from cortex.chat import (
     default_tokenizer_dir,
     render_args,
 )
-from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
-from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.payload import InferencePath, parse_request
-from cortex.gateway.routing.router import Router
-from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
-from cortex.gateway.tokens.prompt import PromptTokenizer
-from cortex.gateway.tokens.service import Tokenization, next_turn
+from cortex.gateway import (
+    BytesPerToken,
+    EngineLoad,
+    GatewayConfig,
+    GatewayMetrics,
+    Health,
+    InferencePath,
+    ModelConfig,
+    PromptTokenizer,
+    Router,
+    Tokenization,
+    TokenizeConfig,
+    WorkerPool,
+    held_prefix,
+    next_turn,
+    parse_request,
+    walk,
+)
 from cortex.hashing import Engine, HashDomain
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.replica import LedgerReplica
