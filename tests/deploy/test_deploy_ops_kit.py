@@ -1,4 +1,5 @@
-"""The ops kit (alert rules, Grafana dashboard) only uses metrics the services really export.
+"""The ops kit (alert rules, Grafana dashboard) only uses metrics the services really export,
+and a real Prometheus scraping a loaded cluster fills every panel and fires no alert.
 
 A cluster of real processes serves a few requests; then the gateway's, the index's and the
 ingest's ``/metrics`` are scraped, and every ``cortex_*`` name in the alert rules and the
@@ -6,20 +7,29 @@ dashboard must be among them. Labels used in selectors and ``by``/``without`` cl
 checked too wherever the scrape has samples of the metric (a labelled family that never
 fired is declared without samples, so its label names are unknown). Every alert also has a
 runbook entry in docs/operations.md.
+
+Then Prometheus (Debian's package) scrapes the same cluster every second under a short load
+and evaluates the rules; every panel query and every alert go through its HTTP API
+(:func:`cortex.bench.opskit.check`; ``cortex bench ops-kit`` is the longer run).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from cortex.bench.faults_load import LoadGenerator, LoopThread
+from cortex.bench.opskit import KitCheck, check_until_healthy, scrape_targets
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster
+from cortex.testing.prometheus import INSTALL_HINT, PrometheusServer, prometheus_binary
 
 pytestmark = pytest.mark.slow
 
@@ -53,26 +63,52 @@ def scrape(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The gateway's, the index's and the ingest's /metrics after a few requests."""
-    spec = ClusterSpec(workers=2, gateways=1, port=0, zero_cost=True, lease_ttl_s=3)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One prefill and one decode worker: the PD panels have data too."""
+    spec = ClusterSpec(workers=2, pd=True, gateways=1, port=0, zero_cost=True, lease_ttl_s=3)
     with LocalCluster(spec, tmp_path_factory.mktemp("cluster")) as cluster:
-        system = "The ops kit's assistant. " * 40
-        for i in range(3):
-            body = json.dumps({"model": spec.model, "max_tokens": 4, "stream": i == 2,
-                               "messages": [{"role": "system", "content": system},
-                                            {"role": "user", "content": f"question {i}"}]})
-            request = urllib.request.Request(
-                cluster.gateway_urls[0] + "/v1/chat/completions", data=body.encode(),
-                headers={"content-type": "application/json"})
-            with urllib.request.urlopen(request, timeout=30) as response:
-                assert response.status == 200
-                response.read()
-        state = cluster.state()
-        texts = [scrape(state["gateways"][0]["metrics_url"]),
-                 scrape(state["index"]["metrics_url"]),
-                 scrape(state["ingest"]["metrics_url"])]
-    return "\n".join(texts)
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def scraped(cluster: LocalCluster) -> str:
+    """The gateway's, the index's and the ingest's /metrics after a few requests."""
+    system = "The ops kit's assistant. " * 40
+    for i in range(3):
+        body = json.dumps({"model": cluster.spec.model, "max_tokens": 4, "stream": i == 2,
+                           "messages": [{"role": "system", "content": system},
+                                        {"role": "user", "content": f"question {i}"}]})
+        request = urllib.request.Request(
+            cluster.gateway_urls[0] + "/v1/chat/completions", data=body.encode(),
+            headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+            response.read()
+    state = cluster.state()
+    return "\n".join([scrape(state["gateways"][0]["metrics_url"]),
+                      scrape(state["index"]["metrics_url"]),
+                      scrape(state["ingest"]["metrics_url"])])
+
+
+@pytest.fixture(scope="module")
+def prometheus_verdict(cluster: LocalCluster, scraped: str) -> KitCheck:
+    """A real Prometheus over the cluster (after ``scraped``, whose counts are exact) under
+    a short load: every panel and alert evaluated once each has data, or after 20 s."""
+    if prometheus_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"prometheus not found on PATH in CI: {INSTALL_HINT}")
+        pytest.skip(f"prometheus not found on PATH: {INSTALL_HINT}")
+    with PrometheusServer(scrape_targets(cluster.state()),
+                          rule_files=[REPO / "deploy/prometheus/alerts.yml"]) as prometheus, \
+            LoopThread() as loop:
+        load = LoadGenerator(list(cluster.gateway_urls), clients=2, rate=20.0, timeout_s=10.0)
+        loop.call(load.start())
+        try:
+            verdict = check_until_healthy(prometheus, DASHBOARD, "10s", timeout_s=20.0)
+        finally:
+            loop.call(load.stop())
+    assert load.records and all(record.ok for record in load.records), load.records
+    return verdict
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +206,29 @@ def test_the_time_to_first_byte_panel_has_data_after_traffic(scraped: str) -> No
                           scraped, re.MULTILINE)
     assert sum(float(count) for _, count in upstream) == 3
     for labels, _ in upstream:
-        assert re.search(r'worker="worker-\d+"', labels) and 'mode="' in labels, labels
+        assert re.search(r'worker="(?:prefill|decode)-\d+"', labels) and 'mode="' in labels, labels
     ttft = dict(re.findall(r'^cortex_gateway_ttft_seconds_count\{([^}]*)\} (\S+)$', scraped,
                            re.MULTILINE))
     assert sum(float(v) for k, v in ttft.items() if 'stream="true"' in k) == 1
     assert sum(float(v) for k, v in ttft.items() if 'stream="false"' in k) == 2
+
+
+def test_every_dashboard_query_has_data_in_prometheus(prometheus_verdict: KitCheck) -> None:
+    assert len(prometheus_verdict.panels) == len(dashboard_expressions())
+    assert not prometheus_verdict.empty_panels, "\n".join(prometheus_verdict.empty_panels)
+    # NaN only where a quantile had no event in the window (the index's Match, which
+    # gateways with a synced replica do not call)
+    for query in prometheus_verdict.nan_panels:
+        assert "histogram_quantile(" in query, query
+
+
+def test_no_alert_fires_on_the_healthy_cluster(prometheus_verdict: KitCheck) -> None:
+    names = {name for name, *_ in prometheus_verdict.alerts}
+    assert len(names) == len(rule_expressions())  # Prometheus loaded every rule
+    assert not prometheus_verdict.rule_errors
+    assert not prometheus_verdict.firing, "\n".join(prometheus_verdict.firing)
+    # the ones that watch a quantity present on every cluster do see it
+    live = {name for name, _, operand, _ in prometheus_verdict.alerts if operand}
+    assert {"CortexLedgerNotReady", "CortexTargetDown", "CortexGatewayNotReady",
+            "CortexIndexNotServing", "CortexIngestIndexStreamDown",
+            "CortexExactRoutingOff"} <= live, live

@@ -28,6 +28,8 @@ from cortex.ledger.client import IndexStub, index_channel
 from cortex.ledger.codec import pb
 from cortex.sim.process import SimProcess
 from cortex.testing import RedisServer, wait_until
+from cortex.testing.envoy import INSTALL_HINT as ENVOY_HINT
+from cortex.testing.envoy import envoy_binary
 
 pytestmark = pytest.mark.slow
 
@@ -246,7 +248,10 @@ def test_workers_0_runs_the_services_for_workers_registered_by_hand(
         def routable() -> bool:
             ready = subprocess.run(["curl", "-s", gateway + "/health/ready"],
                                    capture_output=True, text=True, timeout=10)
-            return '"status": "ready"' in ready.stdout
+            try:
+                return bool(json.loads(ready.stdout)["status"] == "ready")
+            except (ValueError, KeyError, TypeError):
+                return False  # not answering yet
 
         wait_until(routable, timeout=20, interval=0.1, what="the gateway to route to it")
         body = json.dumps({"model": state["model"], "max_tokens": 4,
@@ -305,7 +310,31 @@ def test_a_taken_gateway_port_is_refused_with_the_fix(launch: Any) -> None:
     assert "--port 0" in up.stderr()
 
 
+def test_up_envoy_puts_a_real_envoy_in_front_of_the_picker(launch: Any) -> None:
+    if envoy_binary() is None:
+        pytest.skip(f"envoy not found: {ENVOY_HINT}")
+    up = launch("--envoy", workers="2")
+    state = up.wait_state()
+    envoy = state["envoy"]
+    assert envoy["body_mode"] == "duplex" and envoy["url"] in up.stdout()
+    curl, _ = printed_commands(up.stdout())
+    assert envoy["url"] in curl
+    answers = [subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
+                              timeout=30).stdout.lower() for _ in range(2)]
+    for answer in answers:
+        assert answer.startswith("http/1.1 200") and "server: envoy" in answer
+    workers = [re.findall(r"x-cortex-assigned-worker: (\S+)", a) for a in answers]
+    assert workers[0] == workers[1] and workers[0][0] in ("worker-0", "worker-1")
+    assert int(re.findall(r"x-cortex-cache-hit-tokens: (\d+)", answers[1])[0]) > 0
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.wait_exit() == 0
+    assert gone(envoy["pid"])
+
+
 def test_invalid_arguments_exit_2(launch: Any) -> None:
     up = launch("--pd", workers="1")
     assert up.wait_exit() == 2
     assert "pd: a prefill/decode pool needs workers >= 2" in up.stderr()
+    up = launch("--envoy", "--pd", workers="2")
+    assert up.wait_exit() == 2
+    assert "prefill/decode pairs go through the gateway" in up.stderr()

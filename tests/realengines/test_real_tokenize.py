@@ -1,7 +1,7 @@
 """The token ids Cortex routes on against the real engine's ``/tokenize``: the Qwen3.5 chat
 template (through the gateway's ``/tokenize`` and through ``cortex.chat`` directly) and the
-DeepSeek-V4 prompt encoder vLLM runs with ``--tokenizer-mode deepseek_v4``, thinking on and
-off (``cortex.chat``'s default tokenizer and template)."""
+DeepSeek-V4 prompt encoder vLLM runs with ``--tokenizer-mode deepseek_v4``, thinking on, off
+and by default, and reasoning efforts (``cortex.chat.deepseek_v4``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cortex.chat import ChatTokenizer, render_args
+from cortex.chat.deepseek_v4 import DEEPSEEK_V4_TEMPLATE
 from cortex.devcluster.cluster import LocalCluster
 from cortex.hashing import Engine
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
@@ -52,22 +53,17 @@ CHATS: list[Any] = [  # bodies, or pytest.param of one with a known difference
                                                {"type": "text", "text": "part two"}]}]},
 ]
 
-_THINKING = pytest.mark.xfail(strict=True, reason=(
-    "found by this suite: vLLM 0.32's deepseek_v4 encoder gives thinking mode reasoning "
-    "effort 'high' by default, an ~80-token 'Reasoning Effort' preamble cortex.chat's "
-    "template does not write"))
-_DSML_TOOLS = pytest.mark.xfail(strict=True, reason=(
-    "found by this suite: vLLM 0.32's deepseek_v4 encoder renders tools as DSML "
-    "('## Tools' + <|DSML|tool_calls> blocks in the system message); cortex.chat's "
-    "template renders the V3 tool format"))
+def _deepseek(chat: dict[str, Any], thinking: bool | None) -> dict[str, Any]:
+    """``thinking`` None: the encoder's default (on)."""
+    return chat if thinking is None else {**chat, "chat_template_kwargs": {"thinking": thinking}}
 
 
-def _deepseek(chat: dict[str, Any], thinking: bool) -> Any:
-    marks = [_THINKING] if thinking else [_DSML_TOOLS] if "tools" in chat else []
-    return pytest.param({**chat, "chat_template_kwargs": {"thinking": thinking}}, marks=marks)
-
-
-DEEPSEEK_CHATS = [_deepseek(chat, thinking) for chat in CHATS[:4] for thinking in (True, False)]
+DEEPSEEK_CHATS = [_deepseek(chat, thinking) for chat in CHATS[:4]
+                  for thinking in (True, False, None)] + [
+    # as a template variable: vLLM's /tokenize drops a request-level reasoning_effort (a
+    # chat-completions field), its encoder reads the variable
+    {**CHATS[1], "chat_template_kwargs": {"reasoning_effort": effort}}
+    for effort in ("none", "low", "max")]
 
 
 def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
@@ -78,11 +74,11 @@ def engine_ids(engine: VllmEngine, body: dict[str, Any]) -> list[int]:
 
 def _ids(chats: list[Any]) -> list[str]:
     """``3-tools``, ``0-thinking=False``: what each chat exercises."""
-    bodies = [c if isinstance(c, dict) else c.values[0] for c in chats]
-    return ["-".join([str(i), *sorted(f"{k}={v}" if k == "thinking" else k for k, v in
+    shown = ("thinking", "reasoning_effort")  # chat_template_kwargs are listed too
+    return ["-".join([str(i), *sorted(f"{k}={v}" if k in shown else k for k, v in
                                       {**c, **c.get("chat_template_kwargs", {})}.items()
                                       if k not in ("messages", "chat_template_kwargs"))])
-            for i, c in enumerate(bodies)]
+            for i, c in enumerate(chats)]
 
 
 @pytest.mark.parametrize("chat", CHATS, ids=_ids(CHATS))
@@ -116,7 +112,8 @@ def deepseek(install: VllmInstall, tmp_path_factory: pytest.TempPathFactory,
 @pytest.mark.parametrize("chat", DEEPSEEK_CHATS, ids=_ids(DEEPSEEK_CHATS))
 def test_cortex_chat_encodes_deepseek_v4_as_vllms_encoder(deepseek: VllmEngine,
                                                           chat: dict[str, Any]) -> None:
-    tokenizer = ChatTokenizer.load()  # the DeepSeek-V4 tokenizer and the repo's template
+    # the DeepSeek-V4 tokenizer and cortex.chat's model of vLLM's deepseek_v4 encoder
+    tokenizer = ChatTokenizer.load(chat_template=DEEPSEEK_V4_TEMPLATE)
     ours = tokenizer.encode_chat(render_args(chat, Engine.VLLM))
     theirs = engine_ids(deepseek, chat)
     assert ours == theirs, (tokenizer.decode(ours)[:400], tokenizer.decode(theirs)[:400])

@@ -15,7 +15,7 @@ from cortex.testing import wait_until
 from cortex.testing.vllm_engines import VllmEngine
 
 from .conftest import get_json
-from .workload import ChatWorkload, Tally, report
+from .workload import ChatWorkload, EvictionWatch, Tally, report
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
@@ -35,13 +35,16 @@ def ingest_counter(cluster: LocalCluster, name: str, label: str = "") -> float:
                if label in labels)
 
 
-def problems(tally: Tally, phase: str) -> list[str]:
-    """What is wrong with a phase (failed requests, over-predictions, < 99 % exact); its
-    numbers are reported either way, so every phase runs and is measured."""
+def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
+    """What is wrong with a phase (failed requests, over-predictions not explained by an
+    eviction in flight, < 99 % exact); its numbers are reported either way, so every phase
+    runs and is measured."""
     summary = tally.summary()
-    report(phase, summary)
+    in_flight = [o for o in tally.over if watch.in_flight(o)]
+    report(phase, {**summary, "over_in_flight": len(in_flight)})
     found = [f"{phase}: failed {f}" for f in tally.failures[:3]]
-    found += [f"{phase}: over-predicted {o}" for o in tally.over[:5]]
+    found += [f"{phase}: over-predicted {o}, its worker's removals (s before, blocks): "
+              f"{watch.recent(o)}" for o in tally.over if o not in in_flight][:5]
     if tally.exact < 0.99 * len(tally.outcomes):
         found.append(f"{phase}: {tally.exact} of {len(tally.outcomes)} exact")
     return found
@@ -50,10 +53,19 @@ def problems(tally: Tally, phase: str) -> list[str]:
 def test_random_chat_workload_is_predicted_exactly(
     cluster: LocalCluster, engines: list[VllmEngine],
 ) -> None:
+    watch = EvictionWatch({f"vllm-{i}": f"tcp://127.0.0.1:{e.events_port}"
+                           for i, e in enumerate(engines)})
+    try:
+        _workload(cluster, engines, watch)
+    finally:
+        watch.close()
+
+
+def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionWatch) -> None:
     workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32)
     workload.run(80)
     warm = workload.tally
-    found = problems(warm, "warm")
+    found = problems(warm, "warm", watch)
     assert sum(o.cached for o in warm.outcomes) > 0
     assert len(warm.summary()["by_worker"]) == 2  # both engines served
     evicted = ingest_counter(cluster, "blocks", 'op="removed"')
@@ -73,7 +85,7 @@ def test_random_chat_workload_is_predicted_exactly(
     cluster.wait_ready(timeout_s=60)
     workload.tally = Tally()
     workload.run(45)
-    found += problems(workload.tally, "after_ingest_restart")
+    found += problems(workload.tally, "after_ingest_restart", watch)
     assert ingest_counter(cluster, "replays") > 0  # the fresh ingest asked the ROUTERs
 
     # an engine killed and started again on the same ports: an empty cache, seq from 0
@@ -86,7 +98,7 @@ def test_random_chat_workload_is_predicted_exactly(
                what="the restarted engine's ledger to be ready again")
     workload.run(60)
     after = workload.tally
-    found += problems(after, "after_engine_restart")
+    found += problems(after, "after_engine_restart", watch)
     report("engine_restart", {"startup_s": victim.startup_s})
     assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()
     assert found == []

@@ -10,15 +10,31 @@ a hit the engine did not have, the one error routing must never make).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPORT_ENV", "ChatWorkload", "Outcome", "Tally", "post", "report"]
+import zmq
+
+from cortex.hashing import Engine
+from cortex.kvevents.codec import BlockRemoved, CodecError, decode_batch
+from cortex.kvevents.frames import parse_pub
+
+__all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Tally",
+           "post", "report"]
+
+IN_FLIGHT_S = 0.1
+"""How long before a request was sent an engine's eviction may still be on its way to the
+gateway's ledger replica (ZMQ, ingest, gRPC, the index, the replica stream: milliseconds
+normally; generous for 2 loaded cores, not measured)."""
+BLOCK_TOKENS = 16
 
 REPORT_ENV = "CORTEX_REALENGINE_REPORT"  # a JSON file the run's numbers are added to
 
@@ -48,6 +64,7 @@ class Outcome:
     predicted: int
     cached: int
     attempts: int
+    sent_at: float = 0.0  # time.monotonic()
 
     @property
     def exact(self) -> bool:
@@ -56,6 +73,63 @@ class Outcome:
     @property
     def over(self) -> bool:
         return self.predicted > self.cached
+
+
+class EvictionWatch:
+    """``BlockRemoved`` arrivals per worker, from a SUB on each engine's event endpoint (a
+    thread; :meth:`close` ends it)."""
+
+    def __init__(self, endpoints: dict[str, str]) -> None:
+        self._ctx = zmq.Context()
+        self._subs: dict[zmq.Socket[bytes], str] = {}
+        for worker, endpoint in endpoints.items():
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(endpoint)
+            self._subs[sub] = worker
+        self.removed: dict[str, list[tuple[float, int]]] = {w: [] for w in endpoints}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="eviction-watch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for sub in self._subs:
+            poller.register(sub, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sub, _ in poller.poll(100):
+                frames = sub.recv_multipart()
+                try:
+                    batch = decode_batch(parse_pub(frames).payload, Engine.VLLM)
+                except CodecError:
+                    continue
+                blocks = sum(len(e.block_hashes) for e in batch.events
+                             if type(e) is BlockRemoved)
+                if blocks:
+                    self.removed[self._subs[sub]].append(
+                        (time.monotonic(), blocks))
+
+    def in_flight(self, outcome: Outcome) -> bool:
+        """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted in
+        the :data:`IN_FLIGHT_S` before it was sent."""
+        start = outcome.sent_at - IN_FLIGHT_S
+        blocks = sum(n for at, n in self.removed.get(outcome.worker, ())
+                     if start <= at <= outcome.sent_at)
+        return math.ceil((outcome.predicted - outcome.cached) / BLOCK_TOKENS) <= blocks
+
+    def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, int]]:
+        """``(seconds before the request was sent, blocks)`` of its worker's removals in the
+        ``span_s`` around it (what a failure report shows)."""
+        return [(round(outcome.sent_at - at, 3), n)
+                for at, n in self.removed.get(outcome.worker, ())
+                if abs(outcome.sent_at - at) <= span_s]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sub in self._subs:
+            sub.close(linger=0)
+        self._ctx.term()
 
 
 @dataclass
@@ -126,6 +200,7 @@ class ChatWorkload:
                                 "temperature": 0}
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
+        sent_at = time.monotonic()
         status, headers, raw = post(self.url + "/v1/chat/completions", body)
         if status != 200:
             self.tally.failures.append((self.turn, status, raw[:300].decode(errors="replace")))
@@ -139,7 +214,7 @@ class ChatWorkload:
             prompt_tokens=int(usage["prompt_tokens"]),
             predicted=int(headers.get("x-cortex-cache-hit-tokens", "0")),
             cached=int(details.get("cached_tokens") or 0),
-            attempts=int(headers.get("x-cortex-attempts", "1"))))
+            attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at))
 
 
 def post(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:

@@ -122,6 +122,31 @@ async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
             assert 'cortex_gateway_ledger_core{core="native"} 1.0' in await resp.text()
 
 
+async def test_a_removal_reaches_the_replica_without_waiting_for_the_flush_timer(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    """Stores may wait for ``replica_flush_s``; a loss may not (an engine's eviction races
+    the response it ends, and the next request must not be credited with the block).
+    With a flush timer far beyond the test's waits, the removal arrives at once, and the
+    store journaled before it with it."""
+    tokens = prompt(5, 8)
+    keys = DOMAIN.keys(tokens)
+    async with IndexServer(index_config(replica_flush_s=60.0)) as index, \
+            ingest(index) as (session, w0):
+        await session.send([w0.chain_snapshot([(DOMAIN.root_key(), keys[:4])])])
+        gateway = await replica_gateway(start_sim, start_gateway, index.target)
+
+        async def credited(tokens_held: int) -> bool:
+            found = await explain(http, gateway, tokens)
+            return found["match_source"] == "replica" and credit(found) == tokens_held
+
+        await wait_until_async(lambda: credited(64), timeout=10, what="the replica synced")
+        await session.send([w0.store(keys[3], keys[4:])])  # journaled; the timer runs
+        await session.send([w0.remove(keys[6:7])])
+        await wait_until_async(lambda: credited(96), timeout=5,
+                               what="the removal (and the store before it) replicated")
+
+
 async def test_a_gateway_started_before_the_index_syncs_when_it_comes(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:

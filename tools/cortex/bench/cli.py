@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "capacity": "cortex.bench.capacity",
     "core": "cortex.bench.core",
     "epp": "cortex.bench.epp",
+    "ops-kit": "cortex.bench.opskit",
 }
 
 

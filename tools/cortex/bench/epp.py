@@ -9,7 +9,8 @@ the answer naming the endpoint, in ``BUFFERED`` and in ``FULL_DUPLEX_STREAMED`` 
 on the same requests, is the floor: the rest is gRPC and the protocol. One picked request
 is forwarded to its endpoint first, so the ledger holds the prefix (matches have work to do).
 
-The report goes to ``--out`` (``docs/bench/epp.md``).
+The report goes to ``--out`` (``docs/bench/epp.md``). ``--envoy`` runs a real Envoy with
+the picker against the gateway's own proxy path instead (:mod:`cortex.bench.epp_envoy`).
 """
 
 from __future__ import annotations
@@ -32,24 +33,26 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
+from cortex.bench.epp_envoy import register_options, run_from
 from cortex.bench.report import provenance, table
-from cortex.gateway import GatewayServer
-from cortex.gateway.config.gateway import (
+from cortex.gateway import (
+    EPP_PROCESS,
+    EppServer,
     GatewayConfig,
+    GatewayServer,
     HealthConfig,
     IndexConfig,
+    InferencePath,
     LoadConfig,
     ModelConfig,
     RegistryConfig,
     ServerConfig,
+    parse_body,
+    parse_request,
 )
-from cortex.gateway.epp.server import PROCESS, EppServer
-from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
+from cortex.index import IndexConfig as IndexServerConfig
 from cortex.index import IndexServer
-from cortex.index.config import IndexConfig as IndexServerConfig
-from cortex.ingest.config import IngestConfig
-from cortex.ingest.forwarder import IndexTarget
-from cortex.ingest.service import IngestService
+from cortex.ingest import IndexTarget, IngestConfig, IngestService
 from cortex.registry import WorkerSpec
 from cortex.sim.config import SimConfig, TimingConfig
 from cortex.sim.server import SimServer
@@ -71,7 +74,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="approximate tokens of the shared system prompt")
     parser.add_argument("--workers", type=int, default=3, help="simulated workers")
     parser.add_argument("--out", type=Path, default=Path("docs/bench/epp.md"))
-    parser.set_defaults(func=lambda args: asyncio.run(run(args)))
+    register_options(parser)
+    parser.set_defaults(func=lambda args: run_from(args) if args.envoy
+                        else asyncio.run(run(args)))
 
 
 def _body(system: str, i: int) -> dict[str, Any]:
@@ -113,7 +118,7 @@ async def _pick(stub: ext_grpc.ExternalProcessorStub, body: bytes, duplex: bool)
 
 async def _pick_grpclib(channel: Channel, body: bytes) -> None:
     """A full-duplex pick from a grpclib client: what the grpcio client's own cost is."""
-    async with channel.request(PROCESS, Cardinality.STREAM_STREAM, ext.ProcessingRequest,
+    async with channel.request(EPP_PROCESS, Cardinality.STREAM_STREAM, ext.ProcessingRequest,
                                ext.ProcessingResponse) as stream:
         headers = ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
             base_pb2.HeaderValue(key=":path", raw_value=_PATH)]))

@@ -11,6 +11,7 @@ cluster could not start, 2 on invalid arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -70,6 +71,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gateways.add_argument("--host", default=defaults.host,
                           help="gateways' bind address (0.0.0.0 to reach them from elsewhere; "
                                "default %(default)s)")
+    gateways.add_argument("--envoy", nargs="?", const="duplex", choices=["buffered", "duplex"],
+                          default=None, metavar="MODE",
+                          help="put a real Envoy in front (make envoy): the gateway serves the "
+                               "endpoint picker, Envoy calls it over ext_proc with request body "
+                               "mode MODE (duplex: FULL_DUPLEX_STREAMED, the default; buffered) "
+                               "and forwards to the worker it names (docs/kubernetes.md)")
     gateways.add_argument("--lease-ttl", type=float, default=defaults.lease_ttl_s, metavar="S",
                           help="worker registry lease (s), renewed by the gateways' probes "
                                "(default %(default)s)")
@@ -89,14 +96,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def spec_from_args(args: argparse.Namespace) -> Any:
     """The :class:`ClusterSpec` of the command line (``ValueError`` when invalid)."""
     from cortex.devcluster.cluster import ClusterSpec
+    from cortex.testing import free_port
 
+    gateway_args: tuple[str, ...] = ()
+    if getattr(args, "envoy", None):
+        if args.gateways != 1 or args.pd:
+            raise ValueError("--envoy: one gateway (it serves the picker) and regular workers "
+                             "(prefill/decode pairs go through the gateway: docs/kubernetes.md)")
+        gateway_args = ("--epp-host", "127.0.0.1", "--epp-port", str(free_port()))
     return ClusterSpec(
         workers=args.workers, engine=args.engine, pd=args.pd, gateways=args.gateways,
         port=args.port, host=args.host, redis_url=args.redis_url, model=args.model,
         block_size=args.block_size, kv_capacity_blocks=args.kv_capacity_blocks,
         max_running=args.max_running, zero_cost=args.zero_cost,
         sim_args=tuple(shlex.split(args.sim_args)), lease_ttl_s=args.lease_ttl,
-        ready_timeout_s=args.ready_timeout)
+        ready_timeout_s=args.ready_timeout, gateway_args=gateway_args)
 
 
 class _Stop(BaseException):
@@ -137,8 +151,10 @@ def launch(spec: Any, args: argparse.Namespace, command: str = "cortex up") -> i
     print(f"{command}: starting (logs in {log_dir}) ...", flush=True)
     started = time.monotonic()
     try:
-        with LocalCluster(spec, log_dir) as cluster:
+        with LocalCluster(spec, log_dir) as cluster, contextlib.ExitStack() as stack:
             state = cluster.state()
+            if getattr(args, "envoy", None):
+                state["envoy"] = _start_envoy(stack, spec, state, args.envoy)
             if state_file is not None:
                 _write_json(state_file, state)
             print(summary(state, time.monotonic() - started, command), flush=True)
@@ -155,6 +171,23 @@ def launch(spec: Any, args: argparse.Namespace, command: str = "cortex up") -> i
         if state_file is not None:
             state_file.unlink(missing_ok=True)
     return 0  # pragma: no cover - _watch only returns by a signal
+
+
+def _start_envoy(stack: contextlib.ExitStack, spec: Any, state: dict[str, Any],
+                 mode: str) -> dict[str, Any]:
+    """Envoy in front of the picker the gateway serves (``--epp-port``), routing to the
+    workers; what it is, for the state file."""
+    from urllib.parse import urlsplit
+
+    from cortex.testing.envoy import EnvoyProxy
+
+    args = list(spec.gateway_args)
+    picker = f"127.0.0.1:{args[args.index('--epp-port') + 1]}"
+    endpoints = [urlsplit(w["url"]).netloc for w in state["workers"]]
+    proxy = stack.enter_context(EnvoyProxy(picker=picker, endpoints=endpoints, body_mode=mode))
+    return {"url": proxy.url, "admin_url": f"http://127.0.0.1:{proxy.admin_port}",
+            "picker": picker, "body_mode": mode, "pid": proxy.pid,
+            "config": proxy.config}
 
 
 def _watch(cluster: Any, command: str) -> None:
@@ -232,6 +265,10 @@ def summary(state: dict[str, Any], seconds: float, command: str = "cortex up") -
                      f"metrics {state['ingest']['metrics_url']}"))
     if state["redis"]:
         rows.append(("redis", state["redis"]["url"], ""))
+    envoy = state.get("envoy")
+    if envoy:
+        rows.append(("envoy", envoy["url"], f"ext_proc to the picker {envoy['picker']} "
+                     f"({envoy['body_mode']}), admin {envoy['admin_url']}"))
     for w in workers:
         events = (f"events {w['kv_events']}, replay {w['replay']}" if w["kv_events"]
                   else "no KV events: routed by load only")
@@ -249,20 +286,23 @@ def summary(state: dict[str, Any], seconds: float, command: str = "cortex up") -
                   "(engine, model, block size and event endpoints are read from the worker's",
                   "own endpoints; flags such as --model or --kv-events tcp://HOST:PORT win)"]
     if gateways:
-        url = gateways[0]["url"]
+        url = envoy["url"] if envoy else gateways[0]["url"]
         body = json.dumps({"model": state["model"], "max_tokens": 16, "messages": [
             {"role": "system", "content": QUICKSTART_SYSTEM_PROMPT},
             {"role": "user", "content": "What does a KV-cache-aware router do?"}]})
+        second = ("x-cortex-cache-hit-tokens > 0 (through Envoy: the picker routed it)" if envoy
+                  else "x-cortex-match-mode: exact_kv")
         lines += [
             "",
             "Try it, twice (the x-cortex-* response headers say which worker served the",
             "request, how it was routed and how many prompt tokens were already cached there;",
-            "the second run lands on the same worker with x-cortex-match-mode: exact_kv):",
+            f"the second run lands on the same worker with {second}):",
             f"  curl -si {url}/v1/chat/completions -H 'content-type: application/json' \\",
             f"    -d '{body}'",
             "",
             "Why a worker was chosen (admin API; the token is in the gateway configs):",
-            f"  curl -s {url}/admin/explain -H 'authorization: Bearer {state['admin_token']}' \\",
+            f"  curl -s {gateways[0]['url']}/admin/explain "
+            f"-H 'authorization: Bearer {state['admin_token']}' \\",
             f"    -d '{body}'",
         ]
     lines += ["", "Ctrl-C stops everything."]

@@ -23,6 +23,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from cortex.chat.conversation import ContentFormat, build_conversation, content_format
+from cortex.chat.deepseek_v4 import template_from_text
 from cortex.chat.encoder import Encoder, EncoderChoice, hf_encoder, select_encoder
 from cortex.chat.errors import ChatError
 from cortex.chat.request import RenderArgs, render_args
@@ -158,7 +159,7 @@ class ChatTokenizer:
                     else config_template(config))
         chat = cls(
             tokenizer=_read_tokenizer(file),
-            template=ChatTemplate(text if text is not None else load_chat_template()),
+            template=template_from_text(text if text is not None else load_chat_template()),
             special_tokens=special_tokens_map(config),
             source=str(file.parent),
             model_max_length=_max_length(config),

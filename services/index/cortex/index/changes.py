@@ -84,6 +84,8 @@ class ChangeLog:
         self._weight = 0
         self.dropped = 0
         """Records dropped for space since start."""
+        self.appended = 0
+        """Records added since start (replica flushes compare it: a loss goes out at once)."""
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -103,6 +105,7 @@ class ChangeLog:
         """Add a record (versions must not decrease); drop the oldest beyond the bounds."""
         self._ring.append(change)
         self._weight += change.size
+        self.appended += 1
         while len(self._ring) > 1 and (
             self._weight > self.max_keys or len(self._ring) > self.max_records
         ):

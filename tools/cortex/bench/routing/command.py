@@ -38,6 +38,7 @@ from cortex.bench.report import package_version
 from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary
 from cortex.bench.routing.bounds import shape_prompts
 from cortex.bench.routing.contenders import CONTENDERS, VARIANT_ONLY, SimSetup, cpu_split
+from cortex.bench.routing.real import REAL_CONTENDERS, run_real, write_report
 from cortex.bench.routing.report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing.runner import RunPlan, run_workload
 from cortex.bench.routing.scenarios import VARIANTS, Variant
@@ -167,7 +168,32 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="let every process use every core (default: each contender's"
                              " routing tier on the first CPU, workers and the load generator"
                              " on the others)")
+    parser.add_argument("--real-engines", action="store_true",
+                        help="two real vLLM engines instead of sims (make real-engines-setup);"
+                             " contenders: " + ", ".join(REAL_CONTENDERS) + "; writes "
+                             "real-<contender>.json and real-engines.md/.png to --out")
+    parser.add_argument("--requests", type=int, default=150,
+                        help="real engines: requests per contender")
+    parser.add_argument("--conversations", type=int, default=32,
+                        help="real engines: conversations the requests are drawn from")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="real engines: routers per contender (Cortex: gateways)")
     parser.set_defaults(func=run)
+
+
+def _run_real(args: argparse.Namespace) -> int:
+    chosen = (",".join(REAL_CONTENDERS) if args.contenders == ",".join(CONTENDERS)
+              else args.contenders)
+    _choice(chosen, REAL_CONTENDERS, "contenders")
+    contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
+    out = Path(args.out)
+    run_real(out, contenders, requests=args.requests, conversations=args.conversations,
+             replicas=args.replicas, seed=args.seed)
+    command = ("cortex bench routing --real-engines --requests "
+               f"{args.requests} --conversations {args.conversations} --replicas "
+               f"{args.replicas} --contenders <one>")
+    print(f"report: {write_report(out, command)}")
+    return 0
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -319,6 +345,8 @@ def cortex_weights(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.real_engines:
+        return _run_real(args)
     started = time.monotonic()
     profile = _profile(args)
     names = _choice(args.workloads or ",".join(QUICK_WORKLOADS if args.quick else WORKLOADS),

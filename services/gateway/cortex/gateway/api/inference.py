@@ -20,7 +20,6 @@ picker's response-header mutation (``docs/api.md`` lists them).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -31,6 +30,7 @@ from cortex.gateway.config.gateway import Timeouts
 from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Message, Receive, Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -39,6 +39,7 @@ from cortex.gateway.http.messages import (
     send_bytes,
     send_error,
 )
+from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import (
     InferencePath,
     InferenceRequest,
@@ -56,6 +57,7 @@ from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 __all__ = [
     "NOT_ROUTED",
     "InferenceHandler",
+    "check_prediction",
     "decision_headers",
     "race_disconnect",
     "request_id_of",
@@ -479,28 +481,39 @@ class _Conversation:
 
     def _truth_check(self, opened: Opened, obj: Any) -> None:
         """Compare the engine's cached tokens with the hit the gateway predicted."""
-        metrics = self.gw.metrics
-        actual = cached_tokens_of(obj)
-        if actual is None and isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
-            if self.req.model.reports_cached_tokens:
-                actual = 0  # engines omit the details when nothing was cached
-        if actual is None:
-            metrics.child(metrics.prediction, "unknown").inc()
-            return
         predicted = opened.hit_tokens
-        metrics.predicted_tokens.inc(predicted)
-        metrics.actual_tokens.inc(actual)
-        if predicted > actual:
-            metrics.child(metrics.prediction, "over").inc()
-            metrics.overpredicted_tokens.observe(predicted - actual)
+        outcome, actual = check_prediction(self.gw.metrics, self.req.model.reports_cached_tokens,
+                                           predicted, obj)
+        if outcome == "over":
             log.info("cache hit over-predicted worker=%s request_id=%s predicted=%d actual=%d",
                      opened.worker.id, self.request_id, predicted, actual,
                      extra={"worker": opened.worker.id, "request_id": self.request_id})
-        elif predicted < actual:
-            metrics.child(metrics.prediction, "under").inc()
-            metrics.underpredicted_tokens.observe(actual - predicted)
-        else:
-            metrics.child(metrics.prediction, "exact").inc()
+
+
+def check_prediction(metrics: GatewayMetrics, reports_cached_tokens: bool, predicted: int,
+                     answer: Any) -> tuple[str, int | None]:
+    """Count the engine's cached prompt tokens in ``answer`` (a response object) against the
+    ``predicted`` hit (tokens): the outcome (``exact``, ``over``, ``under``, ``unknown``)
+    and the engine's number."""
+    actual = cached_tokens_of(answer)
+    if actual is None and isinstance(answer, dict) and isinstance(answer.get("usage"), dict):
+        if reports_cached_tokens:
+            actual = 0  # engines omit the details when nothing was cached
+    if actual is None:
+        metrics.child(metrics.prediction, "unknown").inc()
+        return "unknown", None
+    metrics.predicted_tokens.inc(predicted)
+    metrics.actual_tokens.inc(actual)
+    if predicted > actual:
+        metrics.child(metrics.prediction, "over").inc()
+        metrics.overpredicted_tokens.observe(predicted - actual)
+        return "over", actual
+    if predicted < actual:
+        metrics.child(metrics.prediction, "under").inc()
+        metrics.underpredicted_tokens.observe(actual - predicted)
+        return "under", actual
+    metrics.child(metrics.prediction, "exact").inc()
+    return "exact", actual
 
 
 def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
@@ -514,6 +527,6 @@ def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
 
 def _json_or_none(data: bytes) -> Any:
     try:
-        return json.loads(data)
+        return json_codec.loads(data)
     except ValueError:
         return None

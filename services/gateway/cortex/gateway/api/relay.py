@@ -20,7 +20,6 @@ or the stream's first events) and pins follow-ups (``previous_response_id``),
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -41,6 +40,7 @@ from cortex.gateway.errors import (
     relayed_error,
 )
 from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -104,7 +104,7 @@ def _sniff_stream(data: bytes) -> str | None:
     for line in data.split(b"\n"):
         if line.startswith(b"data:"):
             try:
-                found = response_id_of(json.loads(line[5:]))
+                found = response_id_of(json_codec.loads(line[5:]))
             except ValueError:
                 continue
             if found is not None:
@@ -402,7 +402,7 @@ class RelayHandler:
                                                     ErrorCode.UPSTREAM_STREAM_ERROR.value)})
         if owner is not None and not stream:
             try:
-                found = response_id_of(json.loads(seen))
+                found = response_id_of(json_codec.loads(seen))
             except ValueError:
                 found = None
             if found is not None:

