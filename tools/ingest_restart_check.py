@@ -9,7 +9,7 @@ lists each over-prediction with its time after the kill, next to the index's log
 that tell when the old ingest was declared lost and when the new one connected.
 
 Choose the unlucky moments with ``--grace`` (the index's ``--ingest-grace-s``) against the
-ingest's start-up time (~1.5–4 s here): a grace shorter than ``--dead-s`` plus start-up
+ingest's start-up time (~1.5-4 s here): a grace shorter than ``--dead-s`` plus start-up
 makes the index lose the ingest before the new one connects (issue #28). Over-predictions
 *while* the ingest is dead are expected (a dead ingest's ledger keeps its credit for the
 grace); those after the new ingest connected are the bug class this tool looks for.
@@ -119,7 +119,8 @@ def main() -> None:
             "index": index_events(Path(logs) / "index.log", killed),
         }, indent=1))
         # the ingest's ledgers against the engines' caches, once quiet
-        ingest = urllib.request.urlopen(cluster.ingest_url + "/metrics").read().decode()
+        url = f"{cluster.ingest_url}/metrics"
+        ingest = urllib.request.urlopen(url).read().decode()
         print([line for line in ingest.splitlines()
                if line.startswith("cortex_ingest_ledger_blocks")])
 
