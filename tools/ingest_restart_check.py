@@ -118,7 +118,7 @@ def main() -> None:
                                  f"{o['predicted']} cached {o['cached']}" for o in over],
             "index": index_events(Path(logs) / "index.log", killed),
         }, indent=1))
-        # the ingest's ledgers against the engines' caches, once quiet
+        # the ingest's ledger sizes (each sim's /sim/cache lists what it holds)
         url = f"{cluster.ingest_url}/metrics"
         ingest = urllib.request.urlopen(url).read().decode()
         print([line for line in ingest.splitlines()
