@@ -25,6 +25,17 @@ def test_prompts_share_a_group_prefix_and_have_the_size_asked() -> None:
     assert words == [round(2048 * 0.6), 2048 - round(2048 * 0.6)]
 
 
+def test_multi_turn_prompts_resend_the_history_with_a_new_turn() -> None:
+    chat = load_chat_tokenizer()
+    text = BlockText(WordVocabulary.from_tokenizer(chat.tokenizer), 512)
+    prompts = _prompts(text, 1024, requests=6, share=0.5, groups=1, first_block=0, turns=3)
+    first, second, third = prompts[0], prompts[2], prompts[4]  # one conversation's turns
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant",
+                                          "user"]
+    assert second[:2] == first and third[:4] == second
+    assert prompts[1][1] != first[1]  # the other conversation
+
+
 def test_report_derives_per_request_and_per_update_costs() -> None:
     cpu = {"gateway-0": 3.0, "gateway-1": 1.0, "index": 0.5, "ingest": 2.0, "redis": 0.0}
     res = SizeResult("replica", 4096, 100, 0, 10.0, cpu, stored_blocks=90_000,
@@ -36,4 +47,5 @@ def test_report_derives_per_request_and_per_update_costs() -> None:
                               "groups": 8, "kv_blocks": 1, "block_size": 16})
     assert doc["modes"]["replica"]["us_per_update"]["ingest"] == pytest.approx(20.0)
     assert doc["sizes"][0]["updates_per_request"] == 1000
-    assert "| replica | 4,096 | 100 | 20.00 | 5.00 | 1,000 |" in report_markdown(doc)
+    assert doc["sizes"][0]["pipeline_ms_per_request"] == pytest.approx(25.0)
+    assert "| replica | 4,096 | 100 | 20.00 | 5.00 | 25.00 | 1,000 |" in report_markdown(doc)

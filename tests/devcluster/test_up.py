@@ -248,7 +248,10 @@ def test_workers_0_runs_the_services_for_workers_registered_by_hand(
         def routable() -> bool:
             ready = subprocess.run(["curl", "-s", gateway + "/health/ready"],
                                    capture_output=True, text=True, timeout=10)
-            return '"status": "ready"' in ready.stdout
+            try:
+                return bool(json.loads(ready.stdout)["status"] == "ready")
+            except (ValueError, KeyError, TypeError):
+                return False  # not answering yet
 
         wait_until(routable, timeout=20, interval=0.1, what="the gateway to route to it")
         body = json.dumps({"model": state["model"], "max_tokens": 4,

@@ -65,7 +65,30 @@ def test_a_bad_setting_found_at_start_is_2_and_a_start_failure_1(
     assert "cortex demo: invalid configuration: cannot read the token file" in \
         capsys.readouterr().err
     assert serve("demo", parse(), {}, lambda: 1, taken) == 1
-    assert capsys.readouterr().err.startswith("cortex demo: cannot start: ")
+    assert capsys.readouterr().err.splitlines()[-1].startswith("cortex demo: cannot start: ")
+
+
+@pytest.mark.parametrize(("wanted", "loop_module"), [("auto", "uvloop"), ("uvloop", "uvloop"),
+                                                     ("asyncio", "asyncio")])
+def test_the_service_runs_on_the_event_loop_named_and_logs_it(
+    wanted: str, loop_module: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    seen: list[str] = []
+
+    async def main(config: object, stop: asyncio.Event) -> None:
+        seen.append(type(asyncio.get_running_loop()).__module__.split(".")[0])
+
+    assert serve("demo", parse(), {"CORTEX_EVENT_LOOP": wanted}, lambda: 1, main) == 0
+    assert seen == [loop_module]
+    assert f"event loop: {loop_module}" in capsys.readouterr().err
+
+
+def test_an_unknown_event_loop_is_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    async def main(config: object, stop: asyncio.Event) -> None:
+        raise AssertionError("must not start")
+
+    assert serve("demo", parse(), {"CORTEX_EVENT_LOOP": "trio"}, lambda: 1, main) == 2
+    assert "invalid configuration: event loop 'trio'" in capsys.readouterr().err
 
 
 def test_logging_flag_then_environment_then_the_service_default() -> None:

@@ -102,6 +102,7 @@ class Fleet:
         ttl_s: float | None = 60.0,
         hashes: Hashes = "fast",
         url: str = "http://127.0.0.1:8000",
+        credential: str | None = None,
     ) -> Worker:
         """Start publishers for every rank and register the worker."""
         version = version or ("0.33.0" if engine is Engine.VLLM else "0.5.23")
@@ -128,6 +129,7 @@ class Fleet:
             kv_events=f"tcp://127.0.0.1:{pub_base}",
             replay=None if replay_base is None else f"tcp://127.0.0.1:{replay_base}",
             block_size=block_size if registered_block_size == -1 else registered_block_size,
+            credential=credential,
         )
         await self.registry.register(spec, ttl_s)
         worker = Worker(spec, ranks)
@@ -146,10 +148,12 @@ class Fleet:
         base.update(overrides)
         return IngestConfig(**base)  # type: ignore[arg-type]
 
-    async def ingest(self, **overrides: object) -> IngestService:
+    async def ingest(self, environ: dict[str, str] | None = None,
+                     **overrides: object) -> IngestService:
         """An ingest process feeding every index of the fleet (closed with the test)."""
         return await self.stack.enter_async_context(
-            IngestService(self.ingest_config(**overrides), registry=self.registry))
+            IngestService(self.ingest_config(**overrides), registry=self.registry,
+                          environ=environ))
 
     # ---- workload ----
 

@@ -218,6 +218,12 @@ async def test_a_passthrough_answer_that_breaks_its_promise_is_a_502_never_relay
                 answer = await resp.read()
                 assert resp.status == 502, (shape, answer)
                 assert b"<html>" not in answer and b"not an event stream" not in answer
+        proxy.shape = Shape.LATE_GARBAGE_SSE  # after the first byte: an error event ends it
+        async with http.post(gw.url + "/v1/chat/completions", json={**body, "stream": True}
+                             ) as resp:
+            answer = await resp.read()
+            assert resp.status == 200 and b"not an event stream" not in answer
+            assert b'"upstream_stream_error"' in answer and answer.endswith(b"data: [DONE]\n\n")
         proxy.shape = None
         async with http.post(gw.url + "/v1/chat/completions", json={**body, "stream": True}
                              ) as resp:

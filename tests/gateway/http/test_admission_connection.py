@@ -10,8 +10,10 @@ import socket
 
 import aiohttp
 import pytest
+from hypercorn.events import RawData
 
 from cortex.gateway.config.gateway import ServerConfig
+from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
 from cortex.gateway.server import GatewayServer
 from cortex.testing import wait_until_async
 
@@ -144,3 +146,44 @@ async def test_a_client_that_stops_reading_loses_its_connection(
                                what="the request ended")
     finally:
         client.close()
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.closing = False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class _Writer:
+    """What GuardedConnection writes through: each ``write`` is one send."""
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+        self.sends: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sends.append(data)
+
+
+async def test_bytes_written_in_one_turn_of_the_loop_go_out_in_one_send() -> None:
+    writer = _Writer()
+    deadlines = ConnectionDeadlines(1.0, 1.0, 1.0)
+    conn = GuardedConnection(None, asyncio.get_running_loop(), None, None, None, None, writer,
+                             deadlines=deadlines, on_timeout=lambda phase: None)
+    await conn.protocol_send(RawData(b"HTTP/1.1 200 OK\r\n\r\n"))  # headers
+    await conn.protocol_send(RawData(b"data: first\n\n"))  # the first event
+    assert writer.sends == []  # not yet: the step goes on
+    await asyncio.sleep(0)  # the loop turns: flushed, not held
+    assert writer.sends == [b"HTTP/1.1 200 OK\r\n\r\ndata: first\n\n"]
+    await conn.protocol_send(RawData(b"data: next\n\n"))
+    await asyncio.sleep(0)
+    assert writer.sends[1:] == [b"data: next\n\n"]
+    await conn.protocol_send(RawData(b"late"))
+    writer.transport.closing = True  # the connection closed meanwhile: nothing is written
+    await asyncio.sleep(0)
+    assert len(writer.sends) == 2

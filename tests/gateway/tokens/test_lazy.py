@@ -123,3 +123,21 @@ def test_the_ratio_learns_bytes_per_token() -> None:
     assert ratio.tokens_of(400) == 100 and ratio.tokens_of(0) == 0
     ratio.observe(10, 0)  # nothing encoded: nothing learned
     assert ratio.ratio == pytest.approx(4.0, rel=1e-3)
+
+
+def test_a_prompt_whose_pieces_are_cached_is_taken_whole_and_asked_once() -> None:
+    tok = base(EncoderChoice.HF).fork()
+    text = prose(random.Random(8), 2_000)
+    asks: list[int] = []
+
+    def nobody(keys: list[int]) -> int:
+        asks.append(len(keys))
+        return 0
+
+    first = walk(tok, tok.plan(text, True), 7, BLOCK, nobody)
+    assert not first.complete and asks == [len(first.keys)]  # stopped at the first ask
+    first.finish(tok)  # the rest into the segment cache
+    asks.clear()
+    again = walk(tok, tok.plan(text, True), 7, BLOCK, nobody)
+    assert again.complete and again.ids == tok.encode(text, True)
+    assert asks == [len(again.keys)]  # nothing to encode: no ask before the end

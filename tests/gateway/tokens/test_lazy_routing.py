@@ -1,7 +1,8 @@
 """With ``tokenize.lazy`` the router decides as with whole prompts: the same worker, the same
 credit per candidate, on a random workload against an in-process ledger (device and host
-tiers); explain reports the exact length and keys; a recorded decision's credit covers
-every block once the rest is encoded."""
+tiers) and predicted blocks (a recent decision's, partly covering a prompt); explain reports
+the exact length and keys; a recorded decision's credit covers every block once the rest is
+encoded."""
 
 from __future__ import annotations
 
@@ -40,13 +41,14 @@ class Ledger:
 
     version = 1
 
-    def __init__(self) -> None:
+    def __init__(self, workers: tuple[str, ...] = WORKERS) -> None:
+        self.workers = workers  # those with a ledger (none: no source has synced yet)
         self.device: dict[str, set[int]] = {w: set() for w in WORKERS}
         self.host: dict[str, set[int]] = {w: set() for w in WORKERS}
 
     def match(self, domain: HashDomain, keys: list[int]) -> Match:
         out = []
-        for worker in WORKERS:
+        for worker in self.workers:
             device = 0
             while device < len(keys) and keys[device] in self.device[worker]:
                 device += 1
@@ -68,7 +70,8 @@ class Replica:
 
 def make_router(ledger: Ledger, lazy: bool) -> Router:
     config = GatewayConfig(models=(ModelConfig(name=MODEL, block_size=BLOCK),),
-                           routing=RoutingConfig(), tokenize=TokenizeConfig(lazy=lazy))
+                           routing=RoutingConfig(predicted_ttl_s=3600),  # none expire
+                           tokenize=TokenizeConfig(lazy=lazy))
     pool = WorkerPool(config.breaker)
     pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.SGLANG,
                              model=MODEL, block_size=BLOCK) for i, w in enumerate(WORKERS)})
@@ -102,6 +105,7 @@ async def test_lazy_and_full_routing_decide_the_same_on_a_random_workload() -> N
     systems = [prose(rng, rng.randint(100, 1500)) for _ in range(3)]
     sent: list[dict[str, Any]] = []
     walks: list[bool] = []  # complete?
+    predicted_credits = 0
     walk = lazy.tokenization.walk
 
     def recorded(*args: Any) -> Any:
@@ -125,15 +129,22 @@ async def test_lazy_and_full_routing_decide_the_same_on_a_random_workload() -> N
             assert b.decision.chosen.worker_id == a.decision.chosen.worker_id
             assert b.decision.reason == a.decision.reason
             assert credits(b) == credits(a)
+            predicted_credits += any(s.candidate.predicted_tokens for s in a.decision.ranked)
             assert (b.prompt_tokens, b.keys, b.query_blocks) == (
                 a.prompt_tokens, a.keys, a.query_blocks)  # explain: exact after the walk
-            # some worker computed it: the ledger learns its keys, partly in host memory
+            # some worker computed it: the ledger learns its keys, partly in host memory; and
+            # sometimes it was just routed to another: both gateways predict some of its blocks
             worker = rng.choice(WORKERS)
             cut = rng.randint(0, len(a.keys))
             ledger.device[worker].update(a.keys[:cut])
             ledger.host[worker].update(a.keys[cut:rng.randint(cut, len(a.keys))])
+            if rng.random() < 0.3:
+                routed_to, predicted = rng.choice(WORKERS), a.keys[:rng.randint(0, len(a.keys))]
+                for router in (full, lazy):
+                    router.predicted.credit(routed_to, predicted)
             sent.append(body)
         assert len(walks) == 80 and walks.count(False) >= 10 and walks.count(True) >= 10
+        assert predicted_credits >= 5  # predictions decided some candidates' credit
     finally:
         full.close()
         lazy.close()
@@ -157,5 +168,16 @@ async def test_a_recorded_lazy_decision_credits_every_block_once_the_rest_is_enc
             await asyncio.sleep(0.01)
         assert router.predicted.match(whole) == {chosen: len(whole)}
         assert routed.placement.keys == whole
+    finally:
+        router.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_walk_with_no_ledger_and_no_prediction_stops_at_the_first_blocks() -> None:
+    router = make_router(Ledger(workers=()), True)  # no source synced, nothing predicted
+    try:
+        text = prose(random.Random(6), 2_000)
+        routed = await router.route(request(router, {"prompt": text}), time.monotonic() + 30)
+        assert 0 < len(routed.keys) < 50 and routed.decision.chosen.worker_id in WORKERS
     finally:
         router.close()

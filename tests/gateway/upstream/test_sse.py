@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cortex.gateway.upstream import sse
 from cortex.gateway.upstream.sse import (
+    EventStreamCheck,
     SSEForwarder,
     cached_tokens_of,
     is_event_stream,
@@ -110,8 +113,46 @@ def test_anything_else_is_not(head: bytes) -> None:
     assert not is_event_stream(head)
 
 
+def test_a_relayed_stream_is_checked_across_chunk_borders() -> None:
+    check = EventStreamCheck()
+    halves = GOOD[:7], GOOD[7:]
+    assert check.feed(halves[0]) and check.feed(halves[1]) and check.feed(b"da")
+    assert check.feed(b"ta: [DONE]\n\n")
+    broken = EventStreamCheck()
+    assert broken.feed(GOOD) and not broken.feed(b"this is not an event stream\n\n")
+
+
 def test_the_forwarder_flags_and_withholds_a_malformed_event() -> None:
     forwarder = SSEForwarder(strip_usage=False)
     assert forwarder.feed(GOOD) == GOOD and not forwarder.malformed
     assert forwarder.feed(b"this is not an event stream\n\n") == b""
     assert forwarder.malformed
+
+
+def _well_formed_by_lines(block: bytes) -> bool:
+    """The rule line by line (the reference the regex is checked against)."""
+    for line in block.replace(b"\r\n", b"\n").split(b"\n"):
+        if not line:
+            continue
+        if line.startswith(b"data:"):
+            payload = line[5:].lstrip(b" ")
+            if not payload.startswith(b"{") and payload != b"[DONE]":
+                return False
+        elif not line.startswith((b"data:", b":", b"event:", b"id:", b"retry:")):
+            return False
+    return True
+
+
+def test_well_formed_agrees_with_the_rule_line_by_line() -> None:
+    rng = random.Random(5)
+    pieces = [b"data: ", b"data:", b"data:  ", b"{", b'"x": 1}', b"[DONE]", b"[DONE]x", b": ",
+              b"event: m", b"id: 3", b"retry: 9", b"\n", b"\r\n", b"\r", b"\n\n", b"hi",
+              b" ", b"da", b"ta:", b"}", b"\xff"]
+    agreed = accepted = 0
+    for _ in range(3000):
+        block = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        expected = _well_formed_by_lines(block)
+        assert sse._well_formed(block) == expected, block
+        agreed += 1
+        accepted += expected
+    assert agreed == 3000 and 300 < accepted < 2700  # both answers were exercised

@@ -305,7 +305,16 @@ async def test_worker_registered_before_its_engine_is_up(fleet: Fleet) -> None:
 
 
 async def test_a_worker_storing_past_its_reported_capacity_is_bounded(fleet: Fleet) -> None:
-    async def metrics(_: web.Request) -> web.Response:  # a vLLM whose pool holds 8 blocks
+    """The capacity is read with the worker's credential, again after a 503 (a worker not
+    ready yet); the source past it is refused and shown misbehaving on /metrics."""
+    asked: list[str | None] = []
+
+    async def metrics(request: web.Request) -> web.Response:  # a vLLM whose pool holds 8
+        asked.append(request.headers.get("Authorization"))
+        if len(asked) == 1:
+            return web.Response(status=503)
+        if request.headers.get("Authorization") != "Bearer k1":  # never: asked again, no bound
+            return web.Response(status=401)
         return web.Response(text='vllm:cache_config_info{block_size="4",num_cpu_blocks="None",'
                                  'num_gpu_blocks="8"} 1.0\n')
 
@@ -317,8 +326,8 @@ async def test_a_worker_storing_past_its_reported_capacity_is_bounded(fleet: Fle
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    worker = await fleet.add_worker("w", url=f"http://127.0.0.1:{port}")
-    ingest = await fleet.ingest(capacity_margin=0.25)
+    worker = await fleet.add_worker("w", url=f"http://127.0.0.1:{port}", credential="env:KEY")
+    ingest = await fleet.ingest({"KEY": "k1"}, capacity_margin=0.25)
     source = SourceId("w", 0)
     await wait_until_async(lambda: source in ingest.trackers, timeout=10, what="the source")
     tracker = ingest.trackers[source]
@@ -330,3 +339,7 @@ async def test_a_worker_storing_past_its_reported_capacity_is_bounded(fleet: Fle
         timeout=10, what="the index follows ingest")
     assert 0 < len(fleet.keys_in(fleet.index[0], worker)) <= 10
     assert tracker.stats.ignored_blocks["over_capacity"] > 0
+    assert asked == ["Bearer k1", "Bearer k1"]  # a 503, then the answer: asked no more
+    text = ingest.metrics.render().decode()
+    assert 'cortex_ingest_source_over_capacity{dp_rank="0",worker="w"} 1.0' in text
+    assert 'cortex_ingest_source_block_bound{dp_rank="0",worker="w"} 10.0' in text

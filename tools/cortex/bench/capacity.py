@@ -34,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from cortex.bench import pyspy
 from cortex.bench.report import table
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.bench.routing.text import BlockText, Segment, WordVocabulary
@@ -43,6 +44,7 @@ __all__ = ["SizeResult", "fit_line", "register", "run"]
 
 SERVICES = ("gateway-0", "gateway-1", "index", "ingest", "redis")
 UPDATE_COSTS = ("gateway-1", "index", "ingest", "redis")
+PIPELINE = ("ingest", "index", "redis")  # the ledger pipeline behind the gateways
 BLOCK_SIZE = 16
 
 
@@ -53,6 +55,16 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="prompt sizes in tokens, comma separated")
     parser.add_argument("--requests", type=int, default=120, help="requests per size")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="requests/s, open loop (0: --concurrency in flight, as fast as"
+                             " they go)")
+    parser.add_argument("--turns", type=int, default=1,
+                        help="turns per conversation (> 1: multi-turn chat, the history"
+                             " resent each turn)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample ingest and index with py-spy while requests run (top"
+                             " frames in the report)")
+    parser.add_argument("--py-spy", default="", help="py-spy executable (default: on PATH)")
     parser.add_argument("--prefix-share", type=float, default=0.6,
                         help="fraction of each prompt that is its group's shared prefix")
     parser.add_argument("--groups", type=int, default=8, help="shared prefixes per size")
@@ -112,9 +124,14 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def _prompts(text: BlockText, size: int, requests: int, share: float, groups: int,
-             first_block: int) -> list[list[dict[str, str]]]:
+             first_block: int, turns: int = 1) -> list[list[dict[str, str]]]:
     """Chat messages: a group's system prompt (``share`` of ``size`` tokens) + a unique
-    user turn; fresh block ids from ``first_block`` on so sizes never share a prefix."""
+    user turn; fresh block ids from ``first_block`` on so sizes never share a prefix.
+
+    With ``turns`` > 1 the requests are conversations of that many turns, interleaved
+    (request ``i`` is turn ``i // conversations`` of conversation ``i % conversations``):
+    each turn repeats the conversation so far, a short assistant answer and a new user turn
+    of the same size (a multi-turn chat: the history is a cached prefix)."""
     b = text.tokens_per_block
     shared = max(b, round(size * share))
     own = max(b, size - shared)
@@ -124,37 +141,57 @@ def _prompts(text: BlockText, size: int, requests: int, share: float, groups: in
         blocks = tuple(range(next_id, next_id + -(-shared // b)))
         next_id += len(blocks)
         systems.append(text.text(Segment(blocks, shared)))
+    conversations = max(1, -(-requests // max(1, turns)))
+    histories: list[list[dict[str, str]]] = [
+        [{"role": "system", "content": systems[c % groups]}] for c in range(conversations)]
     out = []
     for i in range(requests):
+        history = histories[i % conversations]
+        if len(history) > 1:  # the previous turn's answer
+            blocks = (next_id,)
+            next_id += 1
+            history.append({"role": "assistant", "content": text.text(Segment(blocks, b))})
         blocks = tuple(range(next_id, next_id + -(-own // b)))
         next_id += len(blocks)
-        out.append([{"role": "system", "content": systems[i % groups]},
-                    {"role": "user", "content": text.text(Segment(blocks, own))}])
+        history.append({"role": "user", "content": text.text(Segment(blocks, own))})
+        out.append(list(history))
     return out
 
 
 async def _drive(url: str, model: str, prompts: Sequence[list[dict[str, str]]],
-                 concurrency: int) -> int:
-    """Send every prompt (``concurrency`` at a time); the number that failed."""
+                 concurrency: int, rate: float = 0.0) -> int:
+    """Send every prompt (``concurrency`` at a time, or with ``rate`` > 0 one every
+    ``1 / rate`` s whatever is in flight: an ordinary open-loop load); the number that
+    failed."""
     errors = 0
     queue = list(reversed(prompts))
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def client() -> None:
+        async def send(messages: list[dict[str, str]]) -> None:
             nonlocal errors
-            while queue:
-                messages = queue.pop()
-                body = {"model": model, "messages": messages, "max_tokens": 4,
-                        "ignore_eos": True}
-                try:
-                    async with session.post(url + "/v1/chat/completions", json=body) as resp:
-                        await resp.read()
-                        errors += resp.status != 200
-                except (aiohttp.ClientError, TimeoutError):
-                    errors += 1
+            body = {"model": model, "messages": messages, "max_tokens": 4,
+                    "ignore_eos": True}
+            try:
+                async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                    await resp.read()
+                    errors += resp.status != 200
+            except (aiohttp.ClientError, TimeoutError):
+                errors += 1
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        async def client() -> None:
+            while queue:
+                await send(queue.pop())
+
+        if rate <= 0:
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+            return errors
+        started = time.perf_counter()
+        tasks = []
+        for i, messages in enumerate(prompts):
+            await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
+            tasks.append(asyncio.create_task(send(messages)))
+        await asyncio.gather(*tasks)
     return errors
 
 
@@ -181,13 +218,22 @@ def _measure(cluster: LocalCluster, mode: str, text: BlockText, size: int,
              args: argparse.Namespace, first_block: int) -> SizeResult:
     pids = {name: cluster.process(name).pid for name in SERVICES}
     urls = [w.url for w in cluster.workers.values()]
-    prompts = _prompts(text, size, args.requests, args.prefix_share, args.groups, first_block)
+    prompts = _prompts(text, size, args.requests, args.prefix_share, args.groups, first_block,
+                       args.turns)
     idle = _idle_cores(pids, args.idle_s)
     cached0, evicted0 = asyncio.run(_cache_counters(urls))
+    spies = []
+    if args.profile:  # the ledger pipeline, over the whole drive (its expected length)
+        seconds = len(prompts) / args.rate if args.rate else 30.0
+        spies = [pyspy.record(pyspy.find_py_spy(args.py_spy), pids[name], seconds,
+                              Path(args.out) / f"profile-{mode}-{size}-{name}.txt")
+                 for name in ("ingest", "index")]
     meter = CpuMeter(pids)
     errors = asyncio.run(_drive(cluster.gateway_urls[0], cluster.spec.model, prompts,
-                                args.concurrency))
+                                args.concurrency, args.rate))
     measured = meter.stop()
+    for spy in spies:
+        spy.wait(60)
     cached1, evicted1 = asyncio.run(_cache_counters(urls))
     wall = measured["wall_s"]
     cpu = {name: max(measured["processes"][name] - idle[name] * wall, 0.0) for name in pids}
@@ -226,17 +272,19 @@ def run(args: argparse.Namespace) -> int:
                       f" {res.per_update_us('index'):.2f} µs, ingest"
                       f" {res.per_update_us('ingest'):.2f} µs per update)", file=sys.stderr)
     config = {"command": "cortex bench capacity " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-        if k not in ("func", "command", "benchmark") and v is not None),
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if k not in ("func", "command", "benchmark", "py_spy") and v not in (None, False)),
         "date": time.strftime("%Y-%m-%d"), "minutes": (time.monotonic() - started) / 60,
         "machine": f"{os.cpu_count()} cores ({platform.machine()}), Python"
                    f" {platform.python_version()}",
-        "workers": args.workers, "concurrency": args.concurrency,
+        "workers": args.workers, "concurrency": args.concurrency, "rate": args.rate,
+        "turns": args.turns,
         "prefix_share": args.prefix_share, "groups": args.groups,
         "kv_blocks": args.kv_blocks, "block_size": BLOCK_SIZE}
     doc = report_json(results, config)
     (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(report_markdown(doc), encoding="utf-8")
+    (out / "report.md").write_text(report_markdown(doc) + _profiles(out), encoding="utf-8")
     _plot(results, out / "cpu_per_request.png")
     print(f"report written to {out / 'report.md'}", file=sys.stderr)
     return 0 if all(r.errors == 0 for r in results) else 1
@@ -274,6 +322,8 @@ def report_json(results: Sequence[SizeResult], config: Mapping[str, Any]) -> dic
                    "gateway_request_path_ms": round(r.request_path_ms, 3),
                    "gateway0_ms_per_request": round(r.per_request_ms("gateway-0"), 3),
                    "index_ms_per_request": round(r.per_request_ms("index"), 3),
+                   "pipeline_ms_per_request": round(sum(
+                       r.per_request_ms(p) for p in PIPELINE), 3),
                    "updates_per_request": round(r.updates / r.requests, 1) if r.requests else 0,
                    "us_per_update": {p: round(r.per_update_us(p), 3) for p in UPDATE_COSTS}}
                   for r in results],
@@ -290,7 +340,7 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
         "",
         f"One cluster: Redis, index, ingest, two gateways, {cfg['workers']} zero-cost SGLang"
         f" sims (page {cfg['block_size']} tokens, {cfg['kv_blocks']:,} blocks each). Chat"
-        f" requests, {cfg['concurrency']} in flight, each a shared system prompt"
+        f" requests, {_load(cfg)}, each a shared system prompt"
         f" ({cfg['prefix_share']:.0%} of its tokens, {cfg['groups']} groups) and a unique user"
         " turn, all to gateway-0. *replica* mode: both gateways apply every ledger update to"
         " their replica; gateway-1 serves nothing, so its CPU is the update cost, and"
@@ -300,10 +350,12 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
         " CPU figure is above the process's own idle baseline (health probes, lease renewal,"
         " polling). Updates = blocks stored + blocks evicted.", "",
         *table(("mode", "prompt tokens", "requests", "gateway request path ms CPU / request",
-                "index ms / request", "updates / request",
+                "index ms / request", "ingest + index + Redis ms / request",
+                "updates / request",
                 "µs per update: gateway replica · index · ingest · Redis"),
                [(s["mode"], f"{s['prompt_tokens']:,}", s["requests"],
                  f"{s['gateway_request_path_ms']:.2f}", f"{s['index_ms_per_request']:.2f}",
+                 f"{s['pipeline_ms_per_request']:.2f}",
                  f"{s['updates_per_request']:,.0f}",
                  " · ".join(f"{s['us_per_update'][p]:.2f}"
                             for p in ("gateway-1", "index", "ingest", "redis")))
@@ -326,6 +378,24 @@ def report_markdown(doc: Mapping[str, Any]) -> str:
               "How these numbers become a cluster size: [../../scaling.md](../../scaling.md).",
               ""]
     return "\n".join(lines)
+
+
+def _profiles(out: Path) -> str:
+    """The top frames of every profile the run recorded (``--profile``)."""
+    lines: list[str] = []
+    for raw in sorted(out.glob("profile-*.txt")):
+        mode, size, name = raw.stem.split("-")[1:4]
+        lines += [f"## Where the {name}'s time goes ({mode}, {int(size):,}-token prompts,"
+                  " py-spy)", "", *pyspy.top_frames_table(raw), ""]
+    return "\n".join(lines)
+
+
+def _load(cfg: Mapping[str, Any]) -> str:
+    """How the requests were sent, in words."""
+    turns = cfg.get("turns", 1)
+    load = (f"{cfg['rate']:g} req/s open loop" if cfg.get("rate")
+            else f"{cfg['concurrency']} in flight")
+    return load + (f", conversations of {turns} turns (history resent)" if turns > 1 else "")
 
 
 def _plot(results: Sequence[SizeResult], path: Path) -> None:

@@ -35,23 +35,24 @@ from grpclib.const import Cardinality
 
 from cortex.bench.epp_envoy import register_options, run_from
 from cortex.bench.report import provenance, table
-from cortex.gateway import GatewayServer
-from cortex.gateway.config.gateway import (
+from cortex.gateway import (
+    EPP_PROCESS,
+    EppServer,
     GatewayConfig,
+    GatewayServer,
     HealthConfig,
     IndexConfig,
+    InferencePath,
     LoadConfig,
     ModelConfig,
     RegistryConfig,
     ServerConfig,
+    parse_body,
+    parse_request,
 )
-from cortex.gateway.epp.server import PROCESS, EppServer
-from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
+from cortex.index import IndexConfig as IndexServerConfig
 from cortex.index import IndexServer
-from cortex.index.config import IndexConfig as IndexServerConfig
-from cortex.ingest.config import IngestConfig
-from cortex.ingest.forwarder import IndexTarget
-from cortex.ingest.service import IngestService
+from cortex.ingest import IndexTarget, IngestConfig, IngestService
 from cortex.registry import WorkerSpec
 from cortex.sim.config import SimConfig, TimingConfig
 from cortex.sim.server import SimServer
@@ -117,7 +118,7 @@ async def _pick(stub: ext_grpc.ExternalProcessorStub, body: bytes, duplex: bool)
 
 async def _pick_grpclib(channel: Channel, body: bytes) -> None:
     """A full-duplex pick from a grpclib client: what the grpcio client's own cost is."""
-    async with channel.request(PROCESS, Cardinality.STREAM_STREAM, ext.ProcessingRequest,
+    async with channel.request(EPP_PROCESS, Cardinality.STREAM_STREAM, ext.ProcessingRequest,
                                ext.ProcessingResponse) as stream:
         headers = ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
             base_pb2.HeaderValue(key=":path", raw_value=_PATH)]))

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.faults_answers import ANSWERS
 from cortex.bench.faults_catalogue import FAULTS as CATALOGUE
 from cortex.bench.faults_catalogue import QUICK, Bench, Fault, wait_for
 from cortex.bench.faults_hostile import HOSTILE
@@ -40,10 +41,10 @@ from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["FAULTS", "Plan", "register", "run"]
 
-FAULTS: tuple[type[Fault], ...] = (*HOSTILE, SourceRemoval, OverCapacity,
+FAULTS: tuple[type[Fault], ...] = (*HOSTILE, *ANSWERS, SourceRemoval, OverCapacity,
                                      *CATALOGUE)
-"""Every case: issue 32's hostile clients, broken workers and the large source's removal
-(they leave the cluster whole), then issue 14's."""
+"""Every case: issue 32's hostile clients, broken workers (also on PD legs and passthrough
+models) and the large source's removal (they leave the cluster whole), then issue 14's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,8 +54,13 @@ from cortex.ledger.codec import pb
 from cortex.ledger.grpc import bearer, method
 from cortex.registry import WorkerSpec
 
-__all__ = ["HOSTILE", "BrokenAnswers", "ConnectFlood", "GoodClient", "HugeAnswer",
-           "LongGeneration", "SmallBounds", "StoppedReader", "WedgedWorker"]
+__all__ = ["BROKEN_SHAPES", "HOSTILE", "BrokenAnswers", "ConnectFlood", "GoodClient",
+           "HugeAnswer", "LongGeneration", "SmallBounds", "StoppedReader", "WedgedWorker",
+           "answer_outcome", "metric_sum"]
+
+BROKEN_SHAPES = ((Shape.NOT_JSON, False), (Shape.GARBAGE_SSE, True),
+                 (Shape.LATE_GARBAGE_SSE, True), (Shape.JSON_FOR_STREAM, True))
+"""Each broken 200 of issue 32, with whether the request that meets it is streamed."""
 
 
 @dataclass
@@ -134,7 +139,7 @@ class ConnectFlood(Fault):
         flood = connect_and_close(host, int(port), self.count)
         self.notes["flood"], self.notes["good requests"] = b.loop.call(
             _probed(url, flood), timeout_s=120)
-        self.notes["gateway connections open after"] = _gauge(
+        self.notes["gateway connections open after"] = metric_sum(
             url, "cortex_gateway_connections_open")
 
 
@@ -172,7 +177,7 @@ class WedgedWorker(SimFault):
         self.notes["non-streamed probes"] = dict(outcomes)
         self.notes["slowest non-streamed probe (s)"] = round(
             max(p.slowest_s for p in self.probes), 2)
-        self.notes["wedges detected"] = _gauge(b.cluster.gateway_urls[0],
+        self.notes["wedges detected"] = metric_sum(b.cluster.gateway_urls[0],
                                                "cortex_gateway_upstream_wedged_total")
 
 
@@ -214,7 +219,7 @@ class ProxiedWorker(Fault):
             before = self.proxy.answered
             body = {"model": MODEL, "max_tokens": 4, "stream": stream, "messages": [
                 {"role": "user", "content": f"probe {i} {self.name} " * (i % 7 + 1)}]}
-            outcome = b.loop.call(_outcome(url, body), timeout_s=120)
+            outcome = b.loop.call(answer_outcome(url, body), timeout_s=120)
             if self.proxy.answered > before:
                 return outcome
         return f"the proxy answered none of {tries}"
@@ -249,12 +254,11 @@ class BrokenAnswers(ProxiedWorker):
 
     def inject(self, b: Bench) -> None:
         proxy = self.start_proxy(b)
-        for shape, stream in ((Shape.NOT_JSON, False), (Shape.GARBAGE_SSE, True),
-                              (Shape.LATE_GARBAGE_SSE, True), (Shape.JSON_FOR_STREAM, True)):
+        for shape, stream in BROKEN_SHAPES:
             proxy.shape = shape
             self.notes[shape.value] = self.until_answered(b, stream=stream)
         proxy.shape = None
-        self.notes["bad_answer failures counted"] = _gauge(
+        self.notes["bad_answer failures counted"] = metric_sum(
             b.cluster.gateway_urls[0], "cortex_gateway_upstream_errors_total",
             'kind="bad_answer"')
 
@@ -270,7 +274,7 @@ class StoppedReader(Fault):
     def inject(self, b: Bench) -> None:
         url = b.cluster.gateway_urls[0]
         metric = "cortex_gateway_connections_timed_out_total"
-        before = _gauge(url, metric, 'phase="write"') or 0.0
+        before = metric_sum(url, metric, 'phase="write"') or 0.0
         host, port = url.removeprefix("http://").rsplit(":", 1)
         client = socket.socket()
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
@@ -283,13 +287,13 @@ class StoppedReader(Fault):
             client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
                            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n"
                            % len(body) + body)  # then reads nothing
-            aborted = wait_for(lambda: (_gauge(url, metric, 'phase="write"') or 0.0) > before,
+            aborted = wait_for(lambda: (metric_sum(url, metric, 'phase="write"') or 0.0) > before,
                                240.0, 0.5)
         finally:
             client.close()
         self.notes["connection aborted by the gateway after s"] = (
             None if aborted is None else round(time.monotonic() - started, 1))
-        self.notes["write timeouts counted"] = (_gauge(url, metric, 'phase="write"') or 0.0
+        self.notes["write timeouts counted"] = (metric_sum(url, metric, 'phase="write"') or 0.0
                                                 ) - before
 
 
@@ -348,7 +352,7 @@ async def _huge_grpc(target: str, token: str) -> str:
     return "answered"
 
 
-async def _outcome(url: str, body: dict[str, Any]) -> str:
+async def answer_outcome(url: str, body: dict[str, Any]) -> str:
     """What the client got: status, error code, and for a 200 whether it carried garbage."""
     try:
         async with aiohttp.ClientSession() as session, session.post(
@@ -392,7 +396,7 @@ async def _long_post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[
     return f"HTTP {resp.status}", tokens
 
 
-def _gauge(url: str, name: str, label: str = "") -> float | None:
+def metric_sum(url: str, name: str, label: str = "") -> float | None:
     """The sum of a metric's series of the gateway at ``url`` (those whose labels hold
     ``label``)."""
     try:

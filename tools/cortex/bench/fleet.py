@@ -45,16 +45,18 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.report import table
-from cortex.gateway import GatewayServer
-from cortex.gateway.config.gateway import (
+from cortex.gateway import (
     BreakerConfig,
     GatewayConfig,
+    GatewayServer,
     HealthConfig,
+    InferencePath,
     ModelConfig,
     RegistryConfig,
     ServerConfig,
+    parse_body,
+    parse_request,
 )
-from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.config import SimConfig, TimingConfig
 from cortex.sim.server import SimServer

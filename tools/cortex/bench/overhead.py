@@ -19,7 +19,9 @@ This process only sends requests. Three measurements, same run, same requests:
    with aiohttp and nothing else (server + client), ``cortex gateway`` without an index
    (routing by load: no ledger at all) and ``cortex gateway`` with its replica off (a gRPC
    Match per request: the baseline of the replica) — each process configured like the
-   gateway.
+   gateway, on the same event loop (``CORTEX_EVENT_LOOP``, :mod:`cortex.edge.loop`).
+5. With ``--profile``: py-spy samples the gateway during section 3's closed loop; the top
+   frames go into the report (the raw stacks beside it, ``<out>.profile.txt``).
 
 The report goes to ``--out`` (``docs/bench/overhead.md``).
 """
@@ -46,9 +48,11 @@ from typing import Any
 import aiohttp
 
 from cortex.bench.procstat import cpu_s
+from cortex.bench.profile import Frame, Profile, frames_table
 from cortex.bench.report import table
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, Supervisor
+from cortex.edge.loop import choose_loop
 from cortex.testing import free_port, sglang_router_argv, wait_until
 
 __all__ = ["register", "run"]
@@ -71,6 +75,8 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--no-router", action="store_true", help="skip sglang-router")
     parser.add_argument("--no-floors", action="store_true",
                         help="skip the CPU breakdown (bare hypercorn, bare proxy, no index)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the gateway with py-spy under the closed loop")
     parser.add_argument("--out", default="docs/bench/overhead.md", help="report path")
     parser.set_defaults(func=run)
 
@@ -372,7 +378,7 @@ def floor_main() -> None:
         hc.include_server_header = False
         await serve(app, hc)  # type: ignore[arg-type]
 
-    asyncio.run(main())
+    choose_loop(os.environ.get("CORTEX_EVENT_LOOP", "auto")).run(main())
 
 
 @dataclass
@@ -390,7 +396,11 @@ REPLICA_OFF = "cortex gateway, gRPC Match (replica off)"
 
 async def floors(c: Cluster, concurrency: int, duration: float) -> dict[str, Floor]:
     """The same closed loop against each breakdown server, started one at a time."""
-    base = {**c.gateway_config(), "gateway_id": "gateway-floor"}
+    config = c.gateway_config()
+    # the encoder the cluster's gateway chose after its background probe, chosen at start:
+    # the probe's CPU must not land in the closed loop measured
+    base = {**config, "gateway_id": "gateway-floor",
+            "tokenize": {**config.get("tokenize", {}), "encoder": "fastokens"}}
     no_index = {**base, "index": {"targets": []}}
     match_rpc = {**base, "index": {**base["index"], "replica": False}}
     out: dict[str, Floor] = {}
@@ -432,11 +442,18 @@ async def _bench(args: argparse.Namespace) -> str:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             routing, prompt_tokens = await decisions(session, c, args.decisions)
             lat = await latency(session, c, args.latency_requests)
-        rates = {name: await throughput(c, urls, args.concurrency, args.duration)
-                 for name, urls in _targets(c).items()}
+        rates: dict[str, Throughput] = {}
+        profile: tuple[list[Frame], int] | None = None
+        for name, urls in _targets(c).items():
+            if name == "cortex" and args.profile:
+                with Profile(c.pids["gateway"], Path(args.out + ".profile.txt")) as spy:
+                    rates[name] = await throughput(c, urls, args.concurrency, args.duration)
+                profile = spy.top(20)
+            else:
+                rates[name] = await throughput(c, urls, args.concurrency, args.duration)
         breakdown = ({} if args.no_floors
                      else await floors(c, args.concurrency, args.duration))
-    return _report(args, routing, prompt_tokens, lat, rates, breakdown)
+    return _report(args, routing, prompt_tokens, lat, rates, breakdown, profile)
 
 
 def _breakdown_text(breakdown: dict[str, Floor], gw_cpu_ms: float) -> str:
@@ -461,15 +478,18 @@ def _fmt(ms: float) -> str:
 
 def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]],
             prompt_tokens: int, lat: dict[str, list[float]], rates: dict[str, Throughput],
-            breakdown: dict[str, Floor]) -> str:
+            breakdown: dict[str, Floor], profile: tuple[list[Frame], int] | None = None) -> str:
     lines = [
         "# Gateway overhead",
         "",
         f"`cortex bench overhead --duration {args.duration:g} --concurrency {args.concurrency}"
-        f" --latency-requests {args.latency_requests} --decisions {args.decisions}`",
+        f" --latency-requests {args.latency_requests} --decisions {args.decisions}"
+        f"{' --profile' if args.profile else ''}`",
         "",
         f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}),"
-        f" Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}. Every component"
+        f" Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, event loop"
+        f" {choose_loop(os.environ.get('CORTEX_EVENT_LOOP', 'auto')).name} (every Cortex"
+        " service and the breakdown servers). Every component"
         " is its own process on 127.0.0.1 (redis, index, ingest, 2 zero-cost SGLang sims,"
         " the gateway, sglang-router 0.3.2 with `--policy cache_aware`); all share the same"
         " cores with the load generator.",
@@ -558,6 +578,22 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
                    [(name, f"{f.rate:.0f}", f.errors, f"{f.cpu_ms:.3f}", f"{f.index_cpu_ms:.3f}")
                     for name, f in breakdown.items()]),
             "",
+            f"Gateway CPU per streamed request / the hypercorn + aiohttp relay floor:"
+            f" **{gw_cpu_ms / breakdown['hypercorn + aiohttp relay'].cpu_ms:.2f}x**"
+            " (target <= 1.5x).",
+            "",
+        ]
+    if profile is not None:
+        frames, samples = profile
+        lines += [
+            "## 5. Where the gateway's CPU goes, by function (py-spy)",
+            "",
+            f"py-spy (`record --nonblocking --rate 200`) on the gateway during section 3's"
+            f" closed loop: {samples:,} samples. *self*: share of samples with the function on"
+            " top of the stack; *total*: with it anywhere on the stack.",
+            "",
+            *table(("function", "self %", "total %"), frames_table(frames), "lrr"),
+            "",
         ]
     lines += [
         "## Where the time goes",
@@ -565,11 +601,11 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         f"- **Warm decisions** match on the gateway's own ledger replica ({match:.3f} ms"
         " p50: in process, no RPC) after tokenizing only the new question; *repeat* is the"
         f" same request again ({repeat:.3f} ms total).",
-        f"- **Never-seen prompts** pay the tokenizer: {tokenize_cold:.2f} ms for"
-        f" ~{prompt_tokens:,} new tokens, inside Hugging Face `tokenizers` (its pre-tokenizer"
-        " regexes alone cost about as much as the whole encode). Splitting the text for"
-        " `encode_batch` on both cores was measured and rejected: under load its thread"
-        " pool stalls (30+ ms outliers).",
+        f"- **Never-seen prompts**: {tokenize_cold:.2f} ms of tokenizing for ~{prompt_tokens:,}"
+        " new tokens: the gateway encodes only up to the first block no worker holds"
+        " (`tokenize.lazy`, on by default) with the encoder its load-time parity probe chose"
+        " (`fastokens` for this tokenizer), and the rest after the decision, off the request"
+        " path.",
         f"- **Throughput**: {gw_cpu_ms:.2f} ms of gateway CPU per streamed request"
         f" ({_breakdown_text(breakdown, gw_cpu_ms)}). The index spends"
         f" {index_cpu_ms:.3f} ms of CPU per routed request (it answers no Match: that is"

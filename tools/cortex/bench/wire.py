@@ -36,8 +36,8 @@ import numpy as np
 from cortex.bench.report import cpu_model, package_version, table
 from cortex.bench.timed import add_timed_parser, timed_main
 from cortex.hashing import Engine, HashDomain, pack_keys, pack_tokens
-from cortex.index.convert import match_args, match_reply
-from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
+from cortex.index import match_args, match_reply
+from cortex.ingest import UpdateEncoder, encode_batch_bytes
 from cortex.ledger.codec import op_from_pb, pb, update_from_pb
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source

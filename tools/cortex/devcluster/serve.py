@@ -239,7 +239,7 @@ def gateway_sections(specs: Sequence[Any], args: argparse.Namespace) -> dict[str
         sections["upstream"] = {"request_timeout_s": args.request_timeout_secs}
         sections["server"] = {"read_timeout_s": args.request_timeout_secs + 60.0}
     if args.api_key:
-        from cortex.gateway.http.auth import hash_key
+        from cortex.gateway import hash_key
 
         # the gateway keeps only the digest; the key itself reaches it in the environment
         sections["auth"] = {"keys": [{"id": "serve", "hash": hash_key(args.api_key)}]}

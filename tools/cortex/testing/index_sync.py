@@ -52,7 +52,11 @@ class LedgerUpdates:
                                seq=self.seq, **op)  # type: ignore[arg-type]
 
     def store(self, parent_key: int, keys: Sequence[int]) -> pb.LedgerUpdate:
-        return self._next(store=pb.StoreBlocks(parent_key=parent_key, keys_le=pack_keys(keys)))
+        return self.store_packed(parent_key, pack_keys(keys))
+
+    def store_packed(self, parent_key: int, keys_le: bytes) -> pb.LedgerUpdate:
+        """A store of keys already packed (uint64 little-endian)."""
+        return self._next(store=pb.StoreBlocks(parent_key=parent_key, keys_le=keys_le))
 
     def remove(self, keys: Sequence[int]) -> pb.LedgerUpdate:
         return self._next(remove=pb.RemoveBlocks(keys_le=pack_keys(keys)))
@@ -138,11 +142,22 @@ class SyncSession:
 
     async def send(self, updates: Sequence[pb.LedgerUpdate]) -> pb.SyncReply:
         """Send one batch and wait for its reply."""
+        await self.post(updates)
+        return await self.reply()
+
+    async def post(self, updates: Sequence[pb.LedgerUpdate]) -> None:
+        """Send one batch without waiting for its reply (:meth:`reply` takes replies in
+        order: an ingest keeps a few batches in flight)."""
         if self._stream is None:
             raise RuntimeError("SyncSession is not open")
         await self._stream.send_message(
             pb.UpdateBatch(ingest_id=self.ingest_id, updates=list(updates))
         )
+
+    async def reply(self) -> pb.SyncReply:
+        """The reply to the oldest batch sent and not yet answered."""
+        if self._stream is None:
+            raise RuntimeError("SyncSession is not open")
         reply = await self._stream.recv_message()
         if reply is None:
             raise ConnectionError("Sync stream ended without a reply")

@@ -167,6 +167,23 @@ static inline int64_t find(const Tree *t, uint64_t key) {
     }
 }
 
+/* ``find`` that also says where an absent key goes: ``*hole`` is the empty entry its probe
+ * ended on (valid until the table next changes). */
+static inline int64_t find_or_hole(const Tree *t, uint64_t key, uint64_t *hole) {
+    uint32_t tag = (uint32_t)key;
+    for (uint64_t i = home(t, key);; i = (i + 1) & t->tmask) {
+        uint64_t e = t->table[i];
+        if (!e) {
+            *hole = i;
+            return -1;
+        }
+        if ((uint32_t)(e >> 32) == tag) {
+            int64_t slot = (int64_t)(uint32_t)e - 1;
+            if (t->key[slot] == key) return slot;
+        }
+    }
+}
+
 /* Start loading the table line ``key`` probes first: independent lookups then overlap their
  * cache misses instead of paying them one after another. */
 #define PREFETCH_AHEAD 8
@@ -211,13 +228,17 @@ static int table_reserve(Tree *t, int64_t want) {
         PyErr_NoMemory();
         return -1;
     }
-    uint64_t *old = t->table;
+    PyMem_Free(t->table);
     t->table = fresh;
     t->shift = 64 - bits;
     t->tmask = ((uint64_t)1 << bits) - 1;
-    for (uint64_t i = 0; i < size; i++)
-        if (old[i]) table_put(t, t->key[(uint32_t)old[i] - 1], (int64_t)(uint32_t)old[i] - 1);
-    PyMem_Free(old);
+    /* re-insert from the columns in slot order: the keys are read sequentially (walking
+     * the old table read each one at a random slot, a cache miss per entry) */
+    for (int64_t slot = 0; slot < t->high; slot++) {
+        if (slot + PREFETCH_AHEAD < t->high && t->parent[slot + PREFETCH_AHEAD] != FREE)
+            prefetch_key(t, t->key[slot + PREFETCH_AHEAD]);
+        if (t->parent[slot] != FREE) table_put(t, t->key[slot], slot);
+    }
     return 0;
 }
 
@@ -266,8 +287,9 @@ static inline int held_any(const Tree *t, int64_t slot) {
     return 0;
 }
 
-/* A node for ``key`` under ``parent`` (a slot or NO_PARENT); room was reserved. */
-static int64_t new_slot(Tree *t, uint64_t key, int32_t parent, uint64_t now) {
+/* A node for ``key`` under ``parent`` (a slot or NO_PARENT) at the table's empty entry
+ * ``hole`` (from ``find_or_hole``); room was reserved. */
+static int64_t new_slot_at(Tree *t, uint64_t key, int32_t parent, uint64_t now, uint64_t hole) {
     int64_t slot = t->nfree ? t->free_[--t->nfree] : t->high++;
     t->key[slot] = key;
     t->parent[slot] = parent;
@@ -275,7 +297,7 @@ static int64_t new_slot(Tree *t, uint64_t key, int32_t parent, uint64_t now) {
     t->recency[slot] = now;
     memset(t->holders + slot * t->words, 0, 8 * (size_t)t->words);
     if (parent >= 0) t->children[parent]++;
-    table_put(t, key, slot);
+    t->table[hole] = ((uint64_t)(uint32_t)key << 32) | (uint64_t)(slot + 1);
     t->nodes++;
     return slot;
 }
@@ -436,14 +458,15 @@ static PyObject *store_batch(Tree *t, Py_ssize_t bit, const uint64_t *parents, u
     int64_t fresh = 0, pslot = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) prefetch_key(t, keys[i + PREFETCH_AHEAD]);
+        uint64_t hole = 0;
         if (parents || i == 0) {
             uint64_t pk = parents ? parents[i] : chain;
-            pslot = find(t, pk);
-            if (pslot < 0) pslot = new_slot(t, pk, NO_PARENT, now); /* a placeholder root */
+            pslot = find_or_hole(t, pk, &hole);
+            if (pslot < 0) pslot = new_slot_at(t, pk, NO_PARENT, now, hole); /* a placeholder */
         }
-        int64_t slot = find(t, keys[i]);
+        int64_t slot = find_or_hole(t, keys[i], &hole);
         if (slot < 0)
-            slot = new_slot(t, keys[i], (int32_t)pslot, now);
+            slot = new_slot_at(t, keys[i], (int32_t)pslot, now, hole);
         else if (t->parent[slot] == NO_PARENT)
             link_orphan(t, slot, pslot);
         uint64_t *cell = t->holders + slot * t->words + word;

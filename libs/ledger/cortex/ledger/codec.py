@@ -13,7 +13,8 @@ import contextlib
 import functools
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -108,9 +109,10 @@ def keys_from_le(data: bytes, field: str) -> npt.NDArray[np.uint64]:
     return keys
 
 
-def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> KeyList:
+def _key_list(msg: Any, packed: bytes, field: str) -> KeyList:
     """The keys of an update from its ``*_le`` twin (wins when set: one copy into an
-    ``array('Q')``, no int object per key) or the repeated field."""
+    ``array('Q')``, no int object per key) or the repeated field ``field`` of ``msg`` (read
+    only when the twin is empty: even an empty repeated field costs a container)."""
     if packed:
         if len(packed) % 8:
             raise InvalidArgument(f"{field}_le length {len(packed)} is not a multiple of 8")
@@ -119,7 +121,7 @@ def _key_list(repeated: Sequence[int], packed: bytes, field: str) -> KeyList:
         if _BIG_ENDIAN:  # pragma: no cover - the wire is little-endian
             keys.byteswap()
         return keys
-    return list(repeated)
+    return list(getattr(msg, field.rpartition(".")[2]))
 
 
 def state_from_pb(value: int, field: str) -> LedgerState:
@@ -189,10 +191,10 @@ def _op(update: pb.LedgerUpdate) -> Op:
     which = update.WhichOneof("op")
     if which == "store":
         m = update.store
-        return StoreBlocks(m.parent_key, _key_list(m.keys, m.keys_le, "store.keys"))
+        return StoreBlocks(m.parent_key, _key_list(m, m.keys_le, "store.keys"))
     if which == "remove":
         m2 = update.remove
-        return RemoveBlocks(_key_list(m2.keys, m2.keys_le, "remove.keys"))
+        return RemoveBlocks(_key_list(m2, m2.keys_le, "remove.keys"))
     if which == "clear":
         return ClearBlocks(update.clear.reason)
     if which == "state":
@@ -202,8 +204,8 @@ def _op(update: pb.LedgerUpdate) -> Op:
         return SetState(state, update.state.reason)
     if which == "snapshot":
         s = update.snapshot
-        parents = _key_list(s.parent_keys, s.parent_keys_le, "snapshot.parent_keys")
-        keys = _key_list(s.keys, s.keys_le, "snapshot.keys")
+        parents = _key_list(s, s.parent_keys_le, "snapshot.parent_keys")
+        keys = _key_list(s, s.keys_le, "snapshot.keys")
         if len(parents) != len(keys):
             raise InvalidArgument(f"snapshot has {len(parents)} parent keys for {len(keys)} keys")
         state = state_from_pb(s.state, "snapshot.state")
@@ -321,7 +323,6 @@ def op_from_pb(msg: pb.ReplicaOp) -> ViewOp:
 def ops_to_pb(ops: Iterable[ViewOp], out: pb.ReplicaBatch) -> None:
     for op in ops:
         op_to_pb(op, out.ops.add())
-
 
 
 # ---- matches (index -> gateway) -----------------------------------------------------------

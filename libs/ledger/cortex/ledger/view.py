@@ -246,6 +246,9 @@ class LedgerView:
         """Place ``source`` in ``domain``'s tree with ``state`` (a source placed in another
         domain moves, its blocks dropped). Idempotent; returns the tree."""
         place = self.places.get(source)
+        if place is not None and place.state is state and place.reason == reason and (
+                place.domain is domain or place.domain == domain):
+            return self.trees[domain]  # the common case (every update publishes its source)
         if place is not None and place.domain != domain:
             self.detach(source)
             place = None

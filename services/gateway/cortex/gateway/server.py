@@ -123,12 +123,21 @@ class GatewayServer:
         connections: set[asyncio.Task[None]] = set()
 
         async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peer = _peer(writer.get_extra_info("peername"))
+            refusal = sock.admit(peer)
+            if refusal is not None:
+                writer.write(refusal)  # small: fits the empty send buffer
+                writer.close()
+                return
             task = asyncio.current_task()
             if task is not None:
                 connections.add(task)
                 task.add_done_callback(connections.discard)
-            await GuardedConnection(app, loop, config, context, state, reader, writer,
-                                    deadlines=deadlines, on_timeout=self._timed_out)
+            try:
+                await GuardedConnection(app, loop, config, context, state, reader, writer,
+                                        deadlines=deadlines, on_timeout=self._timed_out)
+            finally:
+                sock.release(peer)
 
         listening = await asyncio.start_server(connected, sock=sock, backlog=config.backlog)
         try:
@@ -190,3 +199,8 @@ class GatewayServer:
 
     def __repr__(self) -> str:
         return f"GatewayServer(url={self.url!r}, running={self.app.gateway is not None})"
+
+
+def _peer(address: object) -> str:
+    """A client's address as the per-peer bound counts it (its host)."""
+    return str(address[0]) if isinstance(address, tuple) else str(address)

@@ -14,17 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cortex.index.config import IndexConfig
+    from cortex.index.convert import match_args, match_reply
     from cortex.index.prefix_index import PrefixIndex
     from cortex.index.server import IndexServer
     from cortex.ledger.tree import RadixHashTree
 
-__all__ = ["IndexConfig", "IndexServer", "PrefixIndex", "RadixHashTree"]
+__all__ = [
+    "IndexConfig", "IndexServer", "PrefixIndex", "RadixHashTree", "match_args", "match_reply",
+]
 
 _WHERE = {
     "IndexConfig": "cortex.index.config",
     "IndexServer": "cortex.index.server",
     "PrefixIndex": "cortex.index.prefix_index",
     "RadixHashTree": "cortex.ledger.tree",
+    "match_args": "cortex.index.convert",
+    "match_reply": "cortex.index.convert",
 }
 
 

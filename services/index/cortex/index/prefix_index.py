@@ -229,7 +229,6 @@ class PrefixIndex:
         source = update.source
         place = self.view.places.get(source)
         old_domain = place.domain if place is not None else None
-        was_held = self.view.blocks_of(source)
         admission = self.ledger.admit(update, now)
         verdict = admission.verdict
         if verdict is Verdict.DUPLICATE or verdict is Verdict.STALE:
@@ -238,7 +237,7 @@ class PrefixIndex:
             rec = self.ledger.get(source)
             assert rec is not None
             changed = admission.left_ready
-            if admission.discard and was_held:
+            if admission.discard and self.view.blocks_of(source):
                 self.view.clear(source)
                 changed = True
             self._publish(source)
@@ -247,7 +246,7 @@ class PrefixIndex:
                 self._log_cleared(old_domain or rec.domain, source)
             return ApplyResult(verdict, admission.request_resync)
         try:
-            self._apply_op(update, old_domain, was_held, admission.left_ready, now)
+            self._apply_op(update, old_domain, admission.left_ready, now)
         except InvalidArgument as exc:
             failed = self.ledger.failed(source, update.domain, str(exc), now)
             self._publish(source)
@@ -321,7 +320,6 @@ class PrefixIndex:
         self,
         update: LedgerUpdate,
         old_domain: HashDomain | None,
-        was_held: int,
         left_ready: bool,
         now: float,
     ) -> None:
@@ -338,6 +336,7 @@ class PrefixIndex:
             return
         if isinstance(op, Snapshot):
             # into the snapshot's domain (blocks of another are dropped), empty, until applied
+            was_held = view.blocks_of(source)
             view.attach(source, domain, LedgerState.SYNCING, op.reason)
             view.clear(source, replaced=True)
             self._bump()

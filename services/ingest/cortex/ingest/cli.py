@@ -105,7 +105,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: IngestConfig, stop: asyncio.Event) -> None:
-    async with IngestService(config) as service:
+    async with IngestService(config, environ=os.environ) as service:
         log.info("ingest %s running; metrics on port %s", config.ingest_id,
                  service.metrics_port)
         await stop.wait()

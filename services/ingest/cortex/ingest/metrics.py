@@ -61,6 +61,10 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}source_disconnects": "Event-socket disconnects (also: a message over the size limit).",
     f"{P}last_applied_timestamp_seconds": "Unix time the source's last batch was applied.",
     f"{P}source_connected": "1 while the source's event socket is connected.",
+    f"{P}source_block_bound": "Most blocks the source may be credited with (its worker's "
+                              "reported capacity with the margin and tiers; 0: no bound).",
+    f"{P}source_over_capacity": "1 while the source is misbehaving: it stored past its "
+                                "bound (the excess refused; until the bound is read again).",
     # per index replica (label: index)
     f"{P}index_up": "1 while the Sync stream to the index replica is open.",
     f"{P}index_queue_depth": "Updates waiting to be sent to the index replica.",
@@ -203,6 +207,8 @@ def _source_states(runners: Mapping[SourceId, SourceRunner]) -> Iterator[Metric]
     disconnects = _counter(f"{P}source_disconnects", src)
     applied_at = _gauge(f"{P}last_applied_timestamp_seconds", src)
     connected = _gauge(f"{P}source_connected", src)
+    block_bound = _gauge(f"{P}source_block_bound", src)
+    over_capacity = _gauge(f"{P}source_over_capacity", src)
     now = time.time()
     for source, runner in runners.items():
         t = runner.tracker
@@ -226,9 +232,11 @@ def _source_states(runners: Mapping[SourceId, SourceRunner]) -> Iterator[Metric]
         if s.last_applied_unix_s is not None:
             applied_at.add_metric(lv, s.last_applied_unix_s)
         connected.add_metric(lv, 1.0 if runner.connected else 0.0)
+        block_bound.add_metric(lv, t.max_blocks)
+        over_capacity.add_metric(lv, 1.0 if t.misbehaving else 0.0)
     yield from (
         batches, blocks, state, ledger_blocks, tier_blocks, lag, pending, held, backlog,
-        dropped, disconnects, applied_at, connected,
+        dropped, disconnects, applied_at, connected, block_bound, over_capacity,
     )
 
 def _forwarders(forwarders: Sequence[IndexForwarder]) -> Iterator[Metric]:

@@ -31,7 +31,7 @@ from cortex.edge.http import start_ops_http
 from cortex.edge.tasks import stop_tasks
 from cortex.hashing import VLLM_HASH_ALGOS, HashDomain
 from cortex.ingest.alignment import AUTO
-from cortex.ingest.capacity import block_bound, fetch_capacity
+from cortex.ingest.capacity import ask_capacity, block_bound
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import EpochClock, IndexForwarder
 from cortex.ingest.held import HeldBytes
@@ -50,6 +50,7 @@ from cortex.registry import (
     WorkerSpec,
 )
 from cortex.registry.addresses import AddressPolicy
+from cortex.registry.credentials import WorkerCredentials
 
 __all__ = ["IngestService", "WorkerSession"]
 
@@ -96,6 +97,11 @@ class WorkerSession:
         self.spec = spec
         self.wiring = _Wiring.of(spec)
         self.runners = runners
+        # set when the capacity must be read again: the worker restarted (a source saw its
+        # seq go back) or its URL or credential changed
+        self.capacity_stale = asyncio.Event()
+        for runner in runners:
+            runner.tracker.on_restart = self.capacity_stale.set
         self.tasks = [
             asyncio.create_task(runner.run(), name=f"source-{runner.source}")
             for runner in runners
@@ -113,7 +119,8 @@ class WorkerSession:
 class IngestService:
     """See the module docstring. ``registry`` overrides ``config.redis_url`` (tests pass a
     ``MemoryRegistry``); a registry passed in is not closed by the service. ``wall_clock_us``
-    replaces the wall clock (µs) the epochs start from (tests step it back)."""
+    replaces the wall clock (µs) the epochs start from (tests step it back). ``environ``
+    resolves the workers' ``env:`` credentials (the CLI passes its environment)."""
 
     def __init__(
         self,
@@ -121,10 +128,12 @@ class IngestService:
         *,
         registry: Registry | None = None,
         wall_clock_us: Callable[[], int] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if registry is None and config.redis_url is None:
             raise ValueError("IngestService needs config.redis_url or a registry")
         self.config = config
+        self.credentials = WorkerCredentials(environ or {})
         self._refused: dict[str, WorkerSpec] = {}  # specs on a refused address, logged once
         self._own_registry = registry is None
         self.registry: Registry = registry or RedisRegistry(
@@ -309,6 +318,8 @@ class IngestService:
                 await self._drop_worker(wid, "spec changed")
                 self._start_worker(spec)
             else:
+                if (session.spec.url, session.spec.credential) != (spec.url, spec.credential):
+                    session.capacity_stale.set()
                 session.spec = spec
 
     def _allowed(self, worker_id: str, spec: WorkerSpec) -> bool:
@@ -372,24 +383,30 @@ class IngestService:
             self._tombstones.pop(source, None)
             runners.append(runner)
         session = self.sessions[spec.id] = WorkerSession(spec, runners)
-        session.tasks.append(asyncio.create_task(
-            self._bound(spec, [r.tracker for r in runners]), name=f"capacity-{spec.id}"))
+        session.tasks.append(asyncio.create_task(self._bound(session),
+                                                 name=f"capacity-{spec.id}"))
         log.info("worker=%s added: %s %s, %d rank(s), events %s, replay %s", spec.id,
                  spec.engine.value, spec.model, spec.dp_size, spec.kv_events,
                  spec.replay or "none", extra={"worker": spec.id})
 
-    async def _bound(self, spec: WorkerSpec, trackers: list[SourceTracker]) -> None:
-        """Bound ``trackers`` by the capacity ``spec``'s worker reports (asked once, at
-        start; a worker that does not say stays unbounded)."""
+    async def _bound(self, session: WorkerSession) -> None:
+        """Bound ``session``'s sources by the capacity its worker reports: asked until it
+        answers (:func:`ask_capacity`), again whenever ``capacity_stale`` is set; a worker
+        whose answer does not say stays unbounded. Runs until the session stops."""
         cfg = self.config
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
-            capacity = await fetch_capacity(http, spec)
-        bound = block_bound(capacity, cfg.capacity_margin, cfg.capacity_tier_blocks)
-        for tracker in trackers:
-            tracker.bound(bound)
-        log.info("worker=%s capacity %s blocks per rank: ledgers bounded at %s", spec.id,
-                 capacity if capacity is not None else "not reported", bound or "none",
-                 extra={"worker": spec.id})
+            while True:
+                session.capacity_stale.clear()
+                spec = session.spec
+                capacity = await ask_capacity(
+                    http, spec, lambda: self.credentials.headers(session.spec))
+                bound = block_bound(capacity, cfg.capacity_margin, cfg.capacity_tier_blocks)
+                for runner in session.runners:
+                    runner.tracker.bound(bound)
+                log.info("worker=%s capacity %s blocks per rank: ledgers bounded at %s",
+                         spec.id, capacity if capacity is not None else "not reported",
+                         bound or "none", extra={"worker": spec.id})
+                await session.capacity_stale.wait()
 
     async def _drop_worker(self, worker_id: str, reason: str) -> None:
         session = self.sessions[worker_id]

@@ -143,7 +143,8 @@ class SourceTracker:
         self._decode_error_logged = False
         self._connected_before = False
         self.max_blocks = 0  # the bound of its ledger over every tier (0: none; bound())
-        self.misbehaving = False  # it stored past the bound
+        self.misbehaving = False  # it stored past the bound (since the last bound())
+        self.on_restart: Callable[[], None] | None = None  # called when the publisher restarts
 
     def __repr__(self) -> str:
         return (
@@ -411,6 +412,8 @@ class SourceTracker:
         self._recent.clear()
         self._reset("seq_reset")
         self.expected = 0  # a new publisher counts from 0
+        if self.on_restart is not None:
+            self.on_restart()
 
     def _begin_replay(self, start: int, until: int | None, kind: ReplayKind) -> None:
         self._replay = Replay(start=start, until=until, kind=kind)
@@ -547,8 +550,10 @@ class SourceTracker:
 
     def bound(self, max_blocks: int) -> None:
         """Credit the source with at most ``max_blocks`` blocks over every tier (its
-        worker's reported capacity with a margin; 0: no bound)."""
+        worker's reported capacity with a margin; 0: no bound). A new bound is a new
+        assessment: ``misbehaving`` clears (the refused blocks stay counted)."""
         self.max_blocks = max_blocks
+        self.misbehaving = False
 
     def _over_capacity(self, blocks: int) -> None:
         """A store past the bound: refused (never mapped, so never credited) and counted;

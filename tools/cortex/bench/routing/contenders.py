@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -301,6 +303,24 @@ def _balanced(supervisor: Supervisor, urls: list[str], log_dir: Path, pids: dict
     return url
 
 
+def _encoders_chosen(cluster: LocalCluster) -> bool:
+    for url in cluster.gateway_urls:
+        request = urllib.request.Request(url + "/admin/models", headers={
+            "Authorization": f"Bearer {cluster.admin_token}"})
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            models = json.loads(resp.read())["models"]
+        if any("probe is running" in m["encoder_reason"] for m in models):
+            return False
+    return True
+
+
+def _wait_encoders(cluster: LocalCluster) -> None:
+    """Until every gateway has chosen its encoders (``tokenize.encoder: auto`` serves at once
+    and probes ``fastokens`` in the background, 1-15 s here): a deployment is measured
+    warmed up, as it serves after its first seconds."""
+    wait_until(functools.partial(_encoders_chosen, cluster), 120, 0.25, "encoder choice")
+
+
 @contextlib.contextmanager
 def deploy(contender: str, sims: SimSetup, log_dir: Path,
            cortex_weights: Mapping[str, float] | None = None,
@@ -323,6 +343,7 @@ def deploy(contender: str, sims: SimSetup, log_dir: Path,
                                      gateways=topology.routers, pd=topology.pd), log_dir)
         gateways = [f"gateway-{i}" for i in range(topology.routers)]
         try:
+            _wait_encoders(cluster)
             with Supervisor(log_dir / "balancer") as supervisor:
                 pids = {name: cluster.process(name).pid
                         for name in ("redis", "index", "ingest", *gateways, *cluster.workers)}

@@ -236,7 +236,7 @@ class AdminHandler:
             ],
             "timings_ms": {"tokenize": t.tokenize * 1e3, "hash": t.hash * 1e3,
                            "match": t.match * 1e3, "score": t.score * 1e3,
-                           "total": t.total * 1e3},
+                           "total": t.total * 1e3, "cpu": t.cpu * 1e3},
         }
         if routed.pd is not None:
             explained["pd"] = self._explain_pd(routed.pd)

@@ -20,7 +20,6 @@ picker's response-header mutation (``docs/api.md`` lists them).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -31,6 +30,7 @@ from cortex.gateway.config.gateway import Timeouts
 from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Message, Receive, Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -527,6 +527,6 @@ def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
 
 def _json_or_none(data: bytes) -> Any:
     try:
-        return json.loads(data)
+        return json_codec.loads(data)
     except ValueError:
         return None

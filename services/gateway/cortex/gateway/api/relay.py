@@ -7,7 +7,9 @@ Either goes to the least loaded routable worker of the body's ``model`` (the mod
 ``upstream_url`` when set), retried on the next one while nothing was answered; a 200 that
 breaks the endpoint's promise (a JSON answer that is not JSON, a streamed request answered
 otherwise than with SSE) is a worker failure like any (``bad_answer``: counted, breaker,
-retried); the answer is relayed as it comes, with ``x-cortex-match-mode: passthrough``.
+retried); the answer is relayed as it comes, with ``x-cortex-match-mode: passthrough``, a
+stream checked event by event: one that breaks off SSE later is a counted failure too, ended
+with an ``upstream_stream_error`` event (garbage is never relayed).
 
 The engines keep a ``/v1/responses`` response in process memory, so everything about it goes
 where it was produced: :class:`ResponseOwners` learns ``id → worker`` from the answers (JSON
@@ -18,7 +20,6 @@ or the stream's first events) and pins follow-ups (``previous_response_id``),
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -39,6 +40,7 @@ from cortex.gateway.errors import (
     relayed_error,
 )
 from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -50,7 +52,7 @@ from cortex.gateway.http.messages import (
 from cortex.gateway.request.payload import parse_body
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure, UpstreamResponse
-from cortex.gateway.upstream.sse import is_event_stream
+from cortex.gateway.upstream.sse import EventStreamCheck, is_event_stream, sse_error_event
 from cortex.telemetry.tracing import Span, SpanKind, trace_headers
 
 __all__ = ["RELAYED_PATHS", "RelayHandler", "ResponseOwners", "least_loaded", "response_id_of"]
@@ -102,7 +104,7 @@ def _sniff_stream(data: bytes) -> str | None:
     for line in data.split(b"\n"):
         if line.startswith(b"data:"):
             try:
-                found = response_id_of(json.loads(line[5:]))
+                found = response_id_of(json_codec.loads(line[5:]))
             except ValueError:
                 continue
             if found is not None:
@@ -375,8 +377,11 @@ class RelayHandler:
                     "headers": [(b"content-type", response.content_type.encode("latin-1")),
                                 *base]})
         seen = b""
+        check = EventStreamCheck() if stream and response.status == 200 else None
         try:
             async for chunk in _chained(head, response, idle_s if stream else None):
+                if check is not None and not check.feed(chunk):
+                    raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that broke off SSE")
                 if owner is not None and len(seen) < _SNIFF_BYTES:
                     seen += chunk
                     found = _sniff_stream(seen) if stream else None
@@ -389,9 +394,15 @@ class RelayHandler:
                         extra={"worker": target.name})
             if target.worker is not None:
                 target.worker.breaker.on_failure()
+                self.metrics.worker(self.metrics.upstream_errors, target.worker.id,
+                                    failure.kind.value).inc()
+            if stream:  # a stream ends with an error event, as on the routed path
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": sse_error_event("the worker failed while streaming",
+                                                    ErrorCode.UPSTREAM_STREAM_ERROR.value)})
         if owner is not None and not stream:
             try:
-                found = response_id_of(json.loads(seen))
+                found = response_id_of(json_codec.loads(seen))
             except ValueError:
                 found = None
             if found is not None:

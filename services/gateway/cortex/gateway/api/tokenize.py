@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +33,7 @@ from cortex.chat import (
 from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_bytes
 from cortex.gateway.request.payload import parse_body
@@ -62,7 +62,7 @@ def _model(body: Mapping[str, Any], config: GatewayConfig) -> ModelConfig:
 
 def _dumps(obj: Any) -> bytes:
     # the engines' JSON: compact, non-ASCII as is (FastAPI's JSONResponse, orjson)
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return json_codec.dumps(obj)
 
 
 async def tokenize(tokenization: Tokenization, config: GatewayConfig,

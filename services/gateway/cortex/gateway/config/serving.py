@@ -576,7 +576,7 @@ class TokenizeConfig:
     """
 
     encoder: str = "auto"
-    lazy: bool = False
+    lazy: bool = True
     workers: int = 0
     pool: str = "threads"
     offload_chars: int = 4_096

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cortex.gateway.fleet.pool import ProgressWatch, WorkerState
+from cortex.gateway.http import json_codec
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.scoring import Decision, PDOutcome
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
@@ -178,7 +178,7 @@ def json_answer(body: bytes, listed: bool = False) -> Any:
     """``body`` as a JSON object (or, ``listed``, a non-empty list of them: a batched
     ``/generate``); ``None`` when it is not."""
     try:
-        obj = json.loads(body)
+        obj = json_codec.loads(body)
     except (ValueError, RecursionError):
         return None
     if isinstance(obj, dict) or (listed and isinstance(obj, list) and obj

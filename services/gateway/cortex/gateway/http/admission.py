@@ -17,7 +17,10 @@ every client out. Here:
 - a new connection gets ``header_timeout_s`` for its first request's headers (the
   keep-alive timer applies between requests), then is closed without an answer;
 - a write the client does not take for ``write_timeout_s`` (it stopped reading) aborts the
-  connection: the request sees a disconnect and cancels its upstream call.
+  connection: the request sees a disconnect and cancels its upstream call;
+- bytes written in one turn of the event loop go out in one ``send``: a response's headers
+  and its first event, its last event and the end of the chunked body. They are joined, not
+  held: the flush runs right after the step that wrote them, before the loop polls again.
 
 Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
 """
@@ -62,6 +65,7 @@ class GuardedConnection(TCPServer):
         self._on_timeout = on_timeout
         self._requests = 0
         self._read_ended = False
+        self._unsent: list[bytes] = []  # written this turn of the loop, flushed at its end
 
     async def _read_data(self) -> None:
         await super()._read_data()
@@ -85,15 +89,34 @@ class GuardedConnection(TCPServer):
         if isinstance(event, Updated) and not event.idle:
             self._requests += 1  # a request's headers arrived
         if not isinstance(event, RawData):
+            self._flush()  # a close must not overtake bytes written before it
             await super().protocol_send(event)
             return
+        if not self._unsent:
+            self.loop.call_soon(self._flush)
+        self._unsent.append(event.data)
+        if not self.writer.transport.get_write_buffer_size():
+            return  # everything flushed so far is in the kernel: nothing to wait for
         try:
-            async with asyncio.timeout(self.deadlines.write_timeout_s):
-                await super().protocol_send(event)
+            async with self.send_lock, asyncio.timeout(self.deadlines.write_timeout_s):
+                await self.writer.drain()  # the client's window, as of the last flush
+        except (ConnectionError, RuntimeError):
+            await self.protocol.handle(Closed())
         except TimeoutError:
             self._on_timeout("write")
             self.writer.transport.abort()  # drops the unsent bytes; the read ends too
             await self.protocol.handle(Closed())
+
+    async def _close(self) -> None:
+        self._flush()  # what the last turn wrote goes out before the end of the stream
+        await super()._close()
+
+    def _flush(self) -> None:
+        """Write what this turn of the loop produced, in one piece."""
+        unsent, self._unsent = self._unsent, []
+        if not unsent or self.writer.transport.is_closing():
+            return  # closing: the read side ends the connection
+        self.writer.write(unsent[0] if len(unsent) == 1 else b"".join(unsent))
 
     def __repr__(self) -> str:
         return (f"GuardedConnection(requests={self._requests}, "

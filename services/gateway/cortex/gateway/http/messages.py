@@ -9,7 +9,6 @@ adds the CORS headers, and writes the access-log line when the answer is done.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +17,7 @@ from urllib.parse import unquote_plus
 
 from cortex.gateway.config.middleware import AccessLogConfig, CorsConfig
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
+from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Message, Receive, Scope, Send
 from cortex.gateway.http.auth import ApiKeys
 from cortex.gateway.metrics import GatewayMetrics
@@ -138,7 +138,7 @@ async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
 
 async def send_json(send: Send, status: int, obj: Any,
                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send_bytes(send, status, json.dumps(obj).encode(), b"application/json", extra)
+    await send_bytes(send, status, json_codec.dumps(obj), b"application/json", extra)
 
 
 async def send_error(send: Send, error: GatewayError,

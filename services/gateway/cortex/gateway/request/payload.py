@@ -41,6 +41,7 @@ from typing import Any
 from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
+from cortex.gateway.http import json_codec
 
 __all__ = ["Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
            "check_prompt_tokens", "model_limits", "parse_body", "parse_request", "prompt_chars",
@@ -228,6 +229,18 @@ def _bad_json(message: str) -> ClientError:
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object of a request body (strict UTF-8, no lone surrogates)."""
+    try:  # the C codec takes only what is valid; the rest is parsed again to say why not
+        body = json_codec.loads(raw)
+    except json_codec.JSONDecodeError:
+        body = _parse_invalid(raw)
+    if not isinstance(body, dict):
+        raise _bad_json("request body must be a JSON object")
+    return body
+
+
+def _parse_invalid(raw: bytes) -> Any:
+    """Why a body the C codec refused is not valid (a :class:`ClientError`), or its value
+    where the standard library takes what the C codec did not."""
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -236,8 +249,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise _bad_json("request body is nested too deeply") from None
     except ValueError:
         raise _bad_json("request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise _bad_json("request body must be a JSON object")
     if _SURROGATE_ESCAPE.search(raw) and _holds_lone_surrogate(body):
         raise _bad_json("request body holds a lone UTF-16 surrogate (\\ud800-\\udfff "
                         "escape without its pair)")

@@ -49,7 +49,7 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.placement import Placement, PredictedBlocks
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
-from cortex.gateway.tokens.lazy import Walk
+from cortex.gateway.tokens.lazy import LeadingRuns, Walk
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain, block_keys
@@ -76,12 +76,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class StageTimings:
-    """Seconds spent per routing stage."""
+    """Seconds spent per routing stage (wall time), and ``cpu``: the CPU seconds the
+    decision took on its thread (wall minus it is waiting: for the GIL, for a core)."""
 
     tokenize: float
     hash: float
     match: float
     score: float
+    cpu: float = 0.0
 
     @property
     def total(self) -> float:
@@ -263,7 +265,7 @@ class Router:
         ``allowed``: only these worker ids may be chosen (an endpoint picker's subset).
         """
         model = req.model
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
         lazy = self._walk(req, eligible)
         ids = lazy.ids if lazy is not None else await self.tokens(req)
@@ -283,7 +285,8 @@ class Router:
         placement = self.placement(keys, keysets)
         if record:
             self._take_effect(placement, plan, prompt_tokens)
-        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3,
+                               time.thread_time() - cpu0)
         keys, query_blocks, prompt_tokens = self._rest_of_walk(
             req, lazy, placement, record, (keys, query_blocks, prompt_tokens))
         routed = Routed(decision, model, prompt_tokens, keys, query_blocks, ledger.source,
@@ -329,21 +332,28 @@ class Router:
         if (not self.config.tokenize.lazy or eligible.pairs is not None or replica is None
                 or not replica.usable or any(w.kv_lookahead for w in eligible.everyone())):
             return None
-        model = req.model
+        domain = req.model.domain
         ledger = replica.replica
         predicted = self.predicted
+        # each key matched once: per rank, and per worker predicted
+        ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
+        predictions: LeadingRuns[str] = LeadingRuns()
 
         def deepest(keys: list[int]) -> int:
+            new = keys[ranks.asked:]
             # a rank's host and disk tiers add blocks after its device prefix: their sum
             # bounds its leading run from above (over-estimating only walks further)
             held: dict[tuple[str, int], int] = {}
-            for match in ledger.match(model.domain, keys).sources:
-                rank = (match.worker_id, match.dp_rank)
-                held[rank] = held.get(rank, 0) + match.blocks
-            return max(*held.values(), *predicted.match(keys).values(), 0)
+            if new and ranks.growing():
+                for match in ledger.match(domain, new).sources:
+                    rank = (match.worker_id, match.dp_rank)
+                    held[rank] = held.get(rank, 0) + match.blocks
+            ranks.extend(held, len(new))
+            predictions.extend(predicted.match(new) if predictions.growing() else {}, len(new))
+            return max(ranks.deepest, predictions.deepest)
 
         return self.tokenization.walk(
-            req, model.domain.root_key(req.lora_name, req.cache_salt), deepest)
+            req, domain.root_key(req.lora_name, req.cache_salt), deepest)
 
     def _finish_later(self, req: InferenceRequest, lazy: Walk, placement: Placement) -> None:
         """Encode the rest of a walked prompt off the request path; once done, the

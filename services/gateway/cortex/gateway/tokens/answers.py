@@ -9,9 +9,10 @@ prompt. A response that cannot be read yields no answer; nothing here raises.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
+
+from cortex.gateway.http import json_codec
 
 __all__ = ["chat_answers", "completion_answers", "stream_objects"]
 
@@ -27,7 +28,7 @@ def stream_objects(events: bytes) -> Iterator[dict[str, Any]]:
         if not data or data == b"[DONE]":
             continue
         try:
-            obj = json.loads(data)
+            obj = json_codec.loads(data)
         except ValueError:
             continue
         if isinstance(obj, dict):

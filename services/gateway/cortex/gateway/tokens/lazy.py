@@ -33,13 +33,14 @@ keys; the predicted-block credit of a recorded decision covers the walked blocks
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer, SegmentKey
 from cortex.hashing import block_keys
 
-__all__ = ["BytesPerToken", "Walk", "held_prefix", "walk"]
+__all__ = ["BytesPerToken", "LeadingRuns", "Walk", "held_prefix", "walk"]
 
 MIN_NEW_BLOCKS = 4
 """New full blocks the walk collects before it asks the ledger again (at least). A walk that
@@ -58,6 +59,41 @@ def held_prefix(keys: Sequence[int], held: Container[int]) -> int:
             break
         count += 1
     return count
+
+
+H = TypeVar("H", bound=Hashable)
+
+
+class LeadingRuns(Generic[H]):
+    """Per holder, the leading blocks it holds of a key chain that only grows (the walk's
+    keys), asked for the keys added since the last time only: a holder's run over the
+    longer chain is its run so far, plus its run over the new keys if it held every key so
+    far. The walk then matches each key once, not the whole chain at every ask."""
+
+    __slots__ = ("asked", "runs")
+
+    def __init__(self) -> None:
+        self.asked = 0  # keys of the chain asked for so far
+        self.runs: dict[H, int] = {}
+
+    def growing(self) -> bool:
+        """Whether some holder (any, before the first ask) held every key so far."""
+        return self.asked == 0 or self.asked in self.runs.values()
+
+    def extend(self, new_runs: Mapping[H, int], count: int) -> None:
+        """``count`` more keys asked for; ``new_runs``: each holder's leading run of them."""
+        asked, runs = self.asked, self.runs
+        for holder, run in new_runs.items():
+            if runs.get(holder, 0) == asked:
+                runs[holder] = asked + run
+        self.asked = asked + count
+
+    @property
+    def deepest(self) -> int:
+        return max(self.runs.values(), default=0)
+
+    def __repr__(self) -> str:
+        return f"LeadingRuns(asked={self.asked}, deepest={self.deepest})"
 
 
 class BytesPerToken:
@@ -180,10 +216,12 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
         if ratio is not None and encoded:
             ratio.observe(encoded, len(w.ids) - before)
         full = len(w.ids) // block_size
-        # ask the ledger again once the new blocks are a fair share of the known ones: a
-        # match walks from the root, so asking after every part would be quadratic (the walk
+        # ask the ledger only before text must be encoded (parts whose ids are known cost
+        # nothing to take), and once the new blocks are a fair share of the known ones:
+        # keying and asking after every part would cost more than it saves (the walk
         # overshoots the stop by at most an eighth plus a few blocks)
-        if full - len(w.keys) >= max(MIN_NEW_BLOCKS, len(w.keys) // 8):
+        if (i + 1 < len(parts) and isinstance(parts[i + 1], str)
+                and full - len(w.keys) >= max(MIN_NEW_BLOCKS, len(w.keys) // 8)):
             start = len(w.keys) * block_size
             w.keys += block_keys(w.ids[start:full * block_size], block_size,
                                  w.keys[-1] if w.keys else root)

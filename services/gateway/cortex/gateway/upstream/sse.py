@@ -16,13 +16,15 @@ Parsing JSON per chunk is avoided: a cheap substring test selects the few events
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EventRewrite", "SSEForwarder", "cached_tokens_of", "first_event_error",
-           "has_complete_event", "is_event_stream", "sse_error_event"]
+from cortex.gateway.http import json_codec
+
+__all__ = ["EventRewrite", "EventStreamCheck", "SSEForwarder", "cached_tokens_of",
+           "first_event_error", "has_complete_event", "is_event_stream", "sse_error_event"]
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
@@ -30,40 +32,56 @@ _DONE = b"[DONE]"
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
+_LINE = rb"(?:data: *(?:\{[^\n]*|\[DONE\])|(?::|event:|id:|retry:)[^\n]*)?"
+_WELL_FORMED = re.compile(rb"(?:" + _LINE + rb"\r?\n)*" + _LINE)
+
+
 def _well_formed(block: bytes) -> bool:
     """Whether every line of complete events is an SSE field and every data line holds a
-    JSON object or ``[DONE]`` (what the engines' streams promise): a cheap look at the
-    first byte of each line, no parsing."""
-    for line in block.replace(b"\r\n", b"\n").split(b"\n"):
-        if not line:
-            continue
-        if line.startswith(b"data:"):
-            payload = line[5:].lstrip(b" ")
-            if not payload.startswith(b"{") and payload != _DONE:
-                return False
-        elif not line.startswith(_FIELDS):
-            return False
-    return True
+    JSON object or ``[DONE]`` (what the engines' streams promise): a look at the start of
+    each line (one C regex over the block), no parsing."""
+    return _WELL_FORMED.fullmatch(block) is not None
+
+
+def _events_end(data: bytes) -> int:
+    """Where the complete events of ``data`` end (0: none is complete)."""
+    end = 0
+    for sep in _SEPARATORS:
+        at = data.rfind(sep)
+        if at >= 0:
+            end = max(end, at + len(sep))
+    return end
 
 
 def is_event_stream(head: bytes) -> bool:
     """Whether a stream's first bytes can be the start of the engines' SSE: its complete
     events well formed, the partial one starting like a field."""
-    end = 0
-    for sep in _SEPARATORS:
-        at = head.rfind(sep)
-        if at >= 0:
-            end = max(end, at + len(sep))
+    end = _events_end(head)
     if not _well_formed(head[:end]):
         return False
     rest = head[end:].lstrip(b"\r\n")[:6]
     return not rest or any(rest.startswith(f) or f.startswith(rest) for f in _FIELDS)
 
 
+class EventStreamCheck:
+    """Whether a stream relayed chunk by chunk stays the engines' SSE (:func:`is_event_stream`
+    over each chunk and the partial event before it; only that partial event is kept)."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        data = self._partial + chunk
+        if not is_event_stream(data):
+            return False
+        self._partial = data[_events_end(data):]
+        return True
+
+
 def sse_error_event(message: str, code: str, kind: str = "server_error") -> bytes:
     """An in-stream error in the engines' shape, followed by ``[DONE]``."""
-    payload = json.dumps({"error": {"message": message, "type": kind, "code": code}})
-    return b"data: " + payload.encode() + b"\n\ndata: [DONE]\n\n"
+    payload = json_codec.dumps({"error": {"message": message, "type": kind, "code": code}})
+    return b"data: " + payload + b"\n\ndata: [DONE]\n\n"
 
 
 def cached_tokens_of(obj: Any) -> int | None:
@@ -124,7 +142,7 @@ def has_complete_event(data: bytes) -> bool:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return json_codec.dumps(obj)
 
 
 def _is_done(block: bytes) -> bool:
@@ -138,7 +156,7 @@ def _json_of(data: bytes | None) -> dict[str, Any] | None:
     if not data:
         return None
     try:
-        obj = json.loads(data)
+        obj = json_codec.loads(data)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
