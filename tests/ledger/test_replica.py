@@ -37,6 +37,7 @@ from cortex.ledger.model import (
 from cortex.ledger.replica import (
     LedgerReplica,
     OutOfSync,
+    ReplicaChanges,
     ReplicaState,
     journal_batch,
     snapshot_batches,
@@ -256,6 +257,34 @@ def test_snapshot_larger_than_one_batch_is_assembled() -> None:
         replica.apply(wire(batch, seq))
     got = sorted((s, b) for s, b, _ in replica.match(domain, keys).sources)
     assert got == [(s, 5000 * (i + 1)) for i, s in enumerate(devices)]
+
+
+def journal_changes(link: Link) -> ReplicaChanges:
+    """Send what ``link``'s index journaled since the last call; what the replica lost."""
+    link.seq += 1
+    ops = [op for _, op in link.core.take_journal()]
+    return link.replica.apply(wire(journal_batch(ops, link.index_id, link.core.version, 1.0),
+                                   link.seq))
+
+
+def test_a_snapshot_after_a_lost_ingest_reports_the_source_cleared() -> None:
+    """Once its ingest is lost the index holds nothing for a source, so the restarted
+    ingest's snapshot replaces an empty ledger. It may still stand for removals nobody
+    journaled (blocks stored and evicted while no ingest forwarded them): the replica must
+    report the source cleared, or a gateway keeps predicting the evicted blocks."""
+    core = PrefixIndex(start_version=1, ingest_grace_s=1.0)
+    domain, source = DOMAINS[0], SOURCES[0]
+    root, keys = domain.root_key(), list(range(1, 9))
+    core.apply(LedgerUpdate(source, domain, 1, 0, Snapshot([root, *keys[:-1]], keys)), "ingest")
+    core.ingest_heard("ingest", 0.0)
+    link = Link(core, LedgerReplica(), "i")
+    assert core.expire_ingests(2.0) == [("ingest", [source])]  # silent past the grace
+    assert journal_changes(link).cleared == {source}
+    # the restarted ingest's snapshot: the engine evicted keys[4:] meanwhile
+    core.apply(LedgerUpdate(source, domain, 2, 0, Snapshot([root, *keys[:3]], keys[:4])),
+               "ingest")
+    assert journal_changes(link).cleared == {source}
+    assert [(s, b) for s, b, _ in link.replica.match(domain, keys).sources] == [(source, 4)]
 
 
 def test_out_of_order_batches_are_refused_and_leave_the_view() -> None:

@@ -312,17 +312,24 @@ class LedgerView:
             self._log(domain, Remove(source, dropped))
         return dropped
 
-    def clear(self, source: Source) -> int:
+    def clear(self, source: Source, *, replaced: bool = False) -> int:
         """``source`` holds nothing (it stays attached); returns the holdings dropped (0,
         and no journal record, when it is not attached or holds nothing). A large ledger
         is taken off later by :meth:`sweep` (:meth:`RadixHashTree.retire`): no query
-        credits it from now on."""
+        credits it from now on.
+
+        ``replaced``: a snapshot replaces the ledger, so the clear is journaled even when
+        it held nothing here. The snapshot may stand for removals nobody journaled (its
+        blocks were dropped while its ingest was lost, or while it awaited the snapshot):
+        a replica reports the source cleared, so what its owner derived from the old
+        ledger (a gateway's predicted blocks) goes too."""
         place = self.places.get(source)
         if place is None:
             return 0
         dropped = self.trees[place.domain].retire(source, rejoin=True)
         if dropped:
             self._rosters.pop(place.domain, None)  # its bit may have changed
+        if dropped or replaced:
             self._log(place.domain, Clear(source))
         return dropped
 

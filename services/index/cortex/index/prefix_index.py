@@ -338,7 +338,7 @@ class PrefixIndex:
             # into the snapshot's domain (blocks of another are dropped), empty, until applied
             was_held = view.blocks_of(source)
             view.attach(source, domain, LedgerState.SYNCING, op.reason)
-            view.clear(source)
+            view.clear(source, replaced=True)
             self._bump()
             if was_held or left_ready:
                 self._log_cleared(old_domain or domain, source)
