@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from cortex.testing.procs import die_with, free_port, wait_until
+from cortex.testing.procs import die_with, free_port, stop_process, wait_until
 
 __all__ = ["INSTALL_HINT", "EnvoyProxy", "envoy_binary", "envoy_config"]
 
@@ -247,12 +247,7 @@ class EnvoyProxy:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc, 10)
 
     def __enter__(self) -> EnvoyProxy:
         try:

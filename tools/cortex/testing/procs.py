@@ -79,6 +79,16 @@ async def wait_until_async(
         await asyncio.sleep(interval)
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM ``proc``, SIGKILL it if it is still running after ``grace_s`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 def _port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
@@ -141,12 +151,7 @@ class RedisServer:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc, 5)
 
     def __enter__(self) -> RedisServer:
         self.start()

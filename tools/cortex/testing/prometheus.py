@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cortex.testing.procs import die_with, free_port, wait_until
+from cortex.testing.procs import die_with, free_port, stop_process, wait_until
 
 __all__ = ["PrometheusError", "PrometheusServer", "prometheus_binary"]
 
@@ -103,12 +103,7 @@ class PrometheusServer:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc, 10)
 
     def log_tail(self, chars: int = 2000) -> str:
         try:
