@@ -26,17 +26,13 @@ on ``PATH``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import tempfile
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
-from cortex.testing.procs import die_with, free_port, stop_process, wait_until
+from cortex.testing.procs import ProgramProcess, free_port
 
 __all__ = ["INSTALL_HINT", "EnvoyProxy", "envoy_binary", "envoy_config"]
 
@@ -180,7 +176,7 @@ def envoy_config(*, picker: str, endpoints: Sequence[str], port: int, admin_port
     }
 
 
-class EnvoyProxy:
+class EnvoyProxy(ProgramProcess):
     """Runs Envoy with :func:`envoy_config`; ``url`` serves once ``__enter__`` returns."""
 
     def __init__(self, *, picker: str, endpoints: Sequence[str], binary: str | None = None,
@@ -188,52 +184,21 @@ class EnvoyProxy:
         found = binary or envoy_binary()
         if found is None:
             raise FileNotFoundError(f"envoy not found: {INSTALL_HINT}")
+        super().__init__("envoy")
         self.binary = found
         self.port = free_port()
         self.admin_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = envoy_config(picker=picker, endpoints=endpoints, port=self.port,
                                    admin_port=self.admin_port, **options)
-        self._dir = tempfile.TemporaryDirectory(prefix="cortex-envoy-")
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
-    @property
-    def log_path(self) -> Path:
-        return Path(self._dir.name, "envoy.log")
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     def start(self, timeout: float = 30.0) -> None:
-        path = Path(self._dir.name, "envoy.json")
+        path = self.work_dir / "envoy.json"
         path.write_text(json.dumps(self.config, indent=2))
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [self.binary, "-c", str(path), "--log-level", "warn",
-                 "--base-id", str(self.admin_port),  # its own shared memory: several at once
-                 "--concurrency", "1", "--disable-hot-restart"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=die_with(os.getpid()))
-        proc = self._proc
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"envoy exited with {proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready",
-                                            timeout=1) as response:
-                    return bool(response.status == 200)
-            except OSError:
-                return False
-
-        wait_until(ready, timeout, interval=0.05, what=f"envoy on port {self.port}")
+        self._launch([self.binary, "-c", str(path), "--log-level", "warn",
+                      "--base-id", str(self.admin_port),  # its own shared memory: several at once
+                      "--concurrency", "1", "--disable-hot-restart"],
+                     f"http://127.0.0.1:{self.admin_port}/ready", timeout)
 
     def stats(self, prefix: str = "") -> dict[str, int]:
         """Envoy's counters and gauges (``/stats``), those starting with ``prefix``."""
@@ -243,25 +208,5 @@ class EnvoyProxy:
         return {s["name"]: int(s["value"]) for s in stats
                 if "value" in s and s["name"].startswith(prefix)}
 
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        stop_process(proc, 10)
-
-    def __enter__(self) -> EnvoyProxy:
-        try:
-            self.start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-        self._dir.cleanup()
-
     def __repr__(self) -> str:
-        state = "running" if self._proc is not None and self._proc.poll() is None else "stopped"
-        return f"EnvoyProxy({self.url}, {state})"
+        return f"EnvoyProxy({self.url}, {'running' if self.running() else 'stopped'})"

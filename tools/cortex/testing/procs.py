@@ -12,9 +12,11 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 __all__ = ["RedisServer", "die_with", "free_port", "wait_until", "wait_until_async"]
 
@@ -95,6 +97,81 @@ def _port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+class ProgramProcess:
+    """A program run as a child for a test or a benchmark, with its own temporary directory
+    (``work_dir``: its files and ``<name>.log``), ready once its health URL answers 200.
+    Subclasses write their files in :meth:`start` and call :meth:`_launch`."""
+
+    def __init__(self, name: str, grace_s: float = 10.0) -> None:
+        self.name = name
+        self.grace_s = grace_s
+        self._dir = tempfile.TemporaryDirectory(prefix=f"cortex-{name}-")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self._dir.name)
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 30.0) -> None:
+        raise NotImplementedError
+
+    def _launch(self, argv: list[str], ready_url: str, timeout: float,
+                error: type[Exception] = RuntimeError) -> None:
+        """Start ``argv`` (output to :attr:`log_path`; it dies with this process) and wait
+        until ``ready_url`` answers 200; ``error`` with the log tail if it exits first."""
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT,
+                                          preexec_fn=die_with(os.getpid()))
+        proc = self._proc
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise error(f"{self.name} exited with {proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=1) as response:
+                    return bool(response.status == 200)
+            except OSError:
+                return False
+
+        wait_until(ready, timeout, interval=0.05, what=f"{self.name} ({ready_url})")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            stop_process(proc, self.grace_s)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+        self._dir.cleanup()
 
 
 class RedisServer:

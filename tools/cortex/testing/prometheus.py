@@ -14,19 +14,15 @@ enough samples). Queries go through the HTTP API exactly as Grafana's do.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from cortex.testing.procs import die_with, free_port, stop_process, wait_until
+from cortex.testing.procs import ProgramProcess, free_port
 
 __all__ = ["PrometheusError", "PrometheusServer", "prometheus_binary"]
 
@@ -42,7 +38,7 @@ def prometheus_binary(name: str = "prometheus") -> str | None:
     return shutil.which(name)
 
 
-class PrometheusServer:
+class PrometheusServer(ProgramProcess):
     """Starts ``prometheus`` with ``targets`` (job name → ``host:port`` list, ``/metrics``)
     and ``rule_files``; ``url`` is ready once ``__enter__`` returns."""
 
@@ -51,14 +47,13 @@ class PrometheusServer:
         binary = prometheus_binary()
         if binary is None:
             raise FileNotFoundError(f"prometheus not found on PATH: {INSTALL_HINT}")
+        super().__init__("prometheus")
         self.binary = binary
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets = {job: list(hosts) for job, hosts in targets.items()}
         self.rule_files = [Path(f).resolve() for f in rule_files]
         self.interval_s = interval_s
-        self._dir = tempfile.TemporaryDirectory(prefix="cortex-prometheus-")
-        self._proc: subprocess.Popen[bytes] | None = None
 
     def config(self) -> dict[str, Any]:
         """The configuration it runs with (``prometheus.yml``'s content)."""
@@ -71,45 +66,13 @@ class PrometheusServer:
                                for job, hosts in self.targets.items()],
         }
 
-    @property
-    def log_path(self) -> Path:
-        return Path(self._dir.name, "prometheus.log")
-
     def start(self, timeout: float = 30.0) -> None:
-        config = Path(self._dir.name, "prometheus.yml")
+        config = self.work_dir / "prometheus.yml"
         config.write_text(json.dumps(self.config(), indent=2))  # JSON is YAML
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [self.binary, f"--config.file={config}",
-                 f"--storage.tsdb.path={self._dir.name}/data",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=die_with(os.getpid()))
-        proc = self._proc
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {proc.returncode}:\n"
-                                      f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as response:
-                    return bool(response.status == 200)
-            except OSError:
-                return False
-
-        wait_until(ready, timeout, interval=0.05, what=f"prometheus on port {self.port}")
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        stop_process(proc, 10)
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        self._launch([self.binary, f"--config.file={config}",
+                      f"--storage.tsdb.path={self.work_dir}/data",
+                      f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                     self.url + "/-/ready", timeout, error=PrometheusError)
 
     def api(self, path: str, **params: str) -> Any:
         """``GET /api/v1/<path>``'s ``data``; :class:`PrometheusError` on an error answer."""
@@ -142,19 +105,6 @@ class PrometheusServer:
         """Every loaded rule with its last evaluation (``health``, ``lastError``)."""
         return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]
 
-    def __enter__(self) -> PrometheusServer:
-        try:
-            self.start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-        self._dir.cleanup()
-
     def __repr__(self) -> str:
-        state = "running" if self._proc is not None and self._proc.poll() is None else "stopped"
+        state = "running" if self.running() else "stopped"
         return f"PrometheusServer({self.url}, jobs={list(self.targets)}, {state})"
