@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from cortex.gateway.config.gateway import UpstreamConfig
-from cortex.gateway.fleet.pool import ProgressWatch
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.sim.config import FaultConfig, TimingConfig
 
 from ..conftest import MODEL, StartGateway, StartSim, spec_of

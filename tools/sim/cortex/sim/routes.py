@@ -250,13 +250,15 @@ class SimRoutes:
     @staticmethod
     def _load_of(engine: SimEngine) -> LoadSnapshot:
         cache = engine.cache
+        now = time.monotonic()
         return LoadSnapshot(
             running=engine.running, waiting=engine.waiting, kv_usage=engine.kv_usage,
-            used_tokens=cache.used_blocks * cache.block_size,
+            used_tokens=max(0, cache.used_blocks * cache.block_size
+                            - engine.undecoded_tokens(now)),
             total_tokens=cache.capacity * cache.block_size,
             prefix_query_tokens=cache.query_tokens, prefix_hit_tokens=cache.hit_tokens,
             prompt_tokens=engine.stats.prompt_tokens,
-            generation_tokens=engine.stats.generation_tokens,
+            generation_tokens=engine.generated_tokens(now),
             finished_requests=engine.stats.requests_finished,
         )
 

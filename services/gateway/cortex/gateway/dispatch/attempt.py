@@ -19,7 +19,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex.gateway.fleet.pool import ProgressWatch, WorkerState
+from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.http import json_codec
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.scoring import Decision, PDOutcome
@@ -90,7 +91,7 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     count on the worker's prefill queue (:attr:`WorkerState.prefilling`) until then.
     ``attempts``: its number among the request's attempts; ``mode``: the decision's (the
     first-byte histogram's label). ``watch``: fails the wait at once when it finds the
-    worker wedged (:mod:`cortex.gateway.fleet.pool`)."""
+    worker wedged (:mod:`cortex.gateway.fleet.progress`)."""
     breaker = worker.breaker
     breaker.on_attempt()
     slot = acquire_slot(worker, metrics)

@@ -32,7 +32,8 @@ from cortex.gateway.dispatch.attempt import Opened, attempt
 from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.errors import ErrorCode, UpstreamError
-from cortex.gateway.fleet.pool import ProgressWatch, WorkerPool
+from cortex.gateway.fleet.pool import WorkerPool
+from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.http import json_codec
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
@@ -93,7 +94,8 @@ class Dispatcher:
         self.watch = ProgressWatch(config.wedge_after_s, config.wedge_probe_timeout_s)
         self.pairs = PairDispatcher(pool, upstream, metrics, pd or PDConfig(),
                                     retry_statuses=config.retry_statuses,
-                                    commit=router.commit, fallback=self.open_fallback)
+                                    commit=router.commit, fallback=self.open_fallback,
+                                    watch=self.watch)
 
     async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
                    trace: Mapping[str, str] | None = None) -> Opened:
