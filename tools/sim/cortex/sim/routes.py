@@ -576,7 +576,7 @@ class SimRoutes:
                 return self._error(str(exc))
         elif request.method != "GET":
             return self._error("use GET, POST or DELETE", 405, "MethodNotAllowed")
-        self._faults_changed.set()
+        self.notify_faults_changed()
         return web.json_response(self.faults.snapshot())
 
     async def _sim_restart(self, _: web.Request) -> web.Response:
@@ -584,4 +584,7 @@ class SimRoutes:
         return web.json_response(self.state())
 
     def notify_faults_changed(self) -> None:
+        cap = self.faults.config.max_running
+        for engine in self.engines:
+            engine.admission.limit(cap or engine.config.max_running)
         self._faults_changed.set()

@@ -72,6 +72,12 @@ class AdmissionQueue:
         """Retry the head of the queue (call after freeing cache memory)."""
         self._pump()
 
+    def limit(self, max_running: int) -> None:
+        """From now on at most ``max_running`` requests in service (those running above it
+        finish; none is admitted until they did)."""
+        self._max_running = max_running
+        self._pump()
+
     def _pump(self) -> None:
         changed = False
         while self._waiters and self.running < self._max_running:
