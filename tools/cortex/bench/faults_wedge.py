@@ -9,7 +9,10 @@ default ``upstream.wedge_after_s`` 4 s / ``wedge_probe_timeout_s`` 8 s and load 
   each, so the last ones wait 15 s in the engine's queue, past ``wedge_after_s`` + the probe
   timeout, with no byte for them — a probe would queue behind them too. The engines'
   counters move, so nothing may be failed over (``wedged`` failures, wedges detected, and
-  requests the sims saw beyond the 16 — a probe or a retry — must all be 0).
+  requests the sims saw beyond the 16 — a probe or a retry — must all be 0). The vLLM case
+  then runs the same burst as a control, on fresh sims behind a gateway whose load poll is
+  off (``load.poll_interval_s`` 3600 s: no work mark, the probe alone decides — the watch as
+  it was before the progress signal).
 - :class:`WedgedPDDecode` (vLLM): a prefill, two decodes, one regular worker; one decode's
   generation hangs while its ``/metrics`` answers (``http_down``). A PD leg cannot be probed,
   so its engine's flat counters alone must fail it within ``wedge_after_s`` + the probe
@@ -34,6 +37,7 @@ from cortex.gateway import (
     GatewayConfig,
     GatewayServer,
     HealthConfig,
+    LoadConfig,
     ModelConfig,
     ServerConfig,
 )
@@ -60,7 +64,7 @@ class _SideCluster(Fault):
 
     def inject(self, b: Bench) -> None:
         self.stack = contextlib.AsyncExitStack()
-        self.url = b.loop.call(self._start(), timeout_s=60)
+        self.url = b.loop.call(self._start(LoadConfig()), timeout_s=60)
         self.run(b)
 
     def run(self, b: Bench) -> None:
@@ -69,7 +73,7 @@ class _SideCluster(Fault):
     def repair(self, b: Bench) -> None:
         b.loop.call(self.stack.aclose(), timeout_s=60)
 
-    async def _start(self) -> str:
+    async def _start(self, load: LoadConfig) -> str:
         specs = []
         self.sims: dict[str, SimServer] = {}
         for i, (role, faults) in enumerate(self.workers()):
@@ -87,7 +91,7 @@ class _SideCluster(Fault):
             models=(ModelConfig(name=MODEL, block_size=_BLOCK, engine=self.engine),),
             server=ServerConfig(host="127.0.0.1", port=0),
             health=HealthConfig(interval_s=60.0, timeout_s=2.0),  # probed once, at start
-            workers=tuple(specs))))
+            load=load, workers=tuple(specs))))
         pool = server.gateway.pool
         await wait_until_async(lambda: sum(1 for w in pool if w.routable()) == len(specs),
                                timeout=30, what="every worker of the side gateway routable")
@@ -127,18 +131,28 @@ class SaturatedWorkers(_SideCluster):
     def workers(self) -> list[tuple[WorkerRole, FaultConfig]]:
         return [(WorkerRole.REGULAR, FaultConfig(max_running=self.cap))] * 2
 
+    control = True
+
     def run(self, b: Bench) -> None:
+        self.burst(b, "")
+        if self.control:
+            self.url = b.loop.call(self._start(LoadConfig(poll_interval_s=3600.0)),
+                                   timeout_s=60)
+            self.burst(b, "control, load poll off: ")
+
+    def burst(self, b: Bench, prefix: str) -> None:
         async def burst() -> list[tuple[str, float]]:
             return await asyncio.gather(*(_post(self.url, _chat(f"busy {i}", self.tokens),
                                                 120.0) for i in range(self.requests)))
 
         answers = b.loop.call(burst(), timeout_s=180)
-        self.notes["answers"] = dict(Counter(outcome for outcome, _ in answers))
-        self.notes["slowest (s)"] = round(max(took for _, took in answers), 1)
-        self.notes["wedges detected"] = self.counted("cortex_gateway_upstream_wedged_total")
-        self.notes["wedged failovers"] = self.counted("cortex_gateway_upstream_errors_total",
-                                                      'kind="wedged"')
-        self.notes["requests the sims saw beyond the burst (probes, retries)"] = sum(
+        self.notes[prefix + "answers"] = dict(Counter(outcome for outcome, _ in answers))
+        self.notes[prefix + "slowest (s)"] = round(max(took for _, took in answers), 1)
+        self.notes[prefix + "wedges detected"] = self.counted(
+            "cortex_gateway_upstream_wedged_total")
+        self.notes[prefix + "wedged failovers"] = self.counted(
+            "cortex_gateway_upstream_errors_total", 'kind="wedged"')
+        self.notes[prefix + "requests the sims saw beyond the burst (probes, retries)"] = sum(
             s.engine.stats.requests_started for s in self.sims.values()) - self.requests
 
 
@@ -146,6 +160,7 @@ class SaturatedSGLangWorkers(SaturatedWorkers):
     name, title = ("saturated_worker_sglang", "saturated SGLang workers (queue 15 s, no byte "
                    "for the waiting requests): not wedged")
     engine = Engine.SGLANG
+    control = False
 
 
 class WedgedPDDecode(_SideCluster):
