@@ -143,38 +143,13 @@ class ProgressWatch:
         return max(signs, default=float("-inf"))
 
     def check(self, worked_at: WorkedAt) -> Checked:
-        """Regular workers to probe now (an attempt waited ``wedge_after_s`` on each, and
-        each made no progress for as long, and is not being probed), and PD legs to fail now
-        (neither the leg's worker nor its partner made progress for ``wedge_after_s`` +
-        ``probe_timeout_s``), failed here."""
-        now = self._clock()
-        probe: list[str] = []
-        wedged: dict[str, int] = {}
-        for worker_id, entry in list(self._workers.items()):
-            last = self._last_progress(worker_id, worked_at)
-            stale_legs = []
-            for key, waiter in entry.waiting.items():
-                quiet_since = max(waiter.since, last)
-                if waiter.probe:
-                    if entry.probing is None and now - quiet_since >= self.wedge_after_s \
-                            and worker_id not in probe:
-                        probe.append(worker_id)
-                    continue
-                if waiter.partner is not None:
-                    quiet_since = max(quiet_since,
-                                      self._last_progress(waiter.partner, worked_at))
-                if now - quiet_since >= self.wedge_after_s + self.probe_timeout_s:
-                    stale_legs.append(key)
-            if stale_legs:
-                for key in stale_legs:
-                    entry.waiting.pop(key).on_wedged()
-                wedged[worker_id] = len(stale_legs)
-                self.wedged_total += 1
-                self._drop_if_quiet(worker_id, entry)
-        return Checked(probe, wedged)
+        """What to do now: the :meth:`suspects` to probe, and the PD legs failed here (see
+        :meth:`fail_silent_legs`)."""
+        return Checked(self.suspects(worked_at), self.fail_silent_legs(worked_at))
 
     def suspects(self, worked_at: WorkedAt = lambda _: None) -> list[str]:
-        """The regular workers :meth:`check` would probe now (without failing any leg)."""
+        """Regular workers to probe now: an attempt waited ``wedge_after_s`` on each, each
+        made no progress for as long, and none is being probed already."""
         now = self._clock()
         found = []
         for worker_id, entry in self._workers.items():
@@ -185,6 +160,34 @@ class ProgressWatch:
                    for w in entry.waiting.values()):
                 found.append(worker_id)
         return found
+
+    def fail_silent_legs(self, worked_at: WorkedAt) -> dict[str, int]:
+        """Fail the PD legs whose worker and partner both made no progress for
+        ``wedge_after_s`` + ``probe_timeout_s`` (nor since the leg began waiting);
+        worker id → legs failed."""
+        now = self._clock()
+        window = self.wedge_after_s + self.probe_timeout_s
+        wedged: dict[str, int] = {}
+        for worker_id, entry in list(self._workers.items()):
+            last = self._last_progress(worker_id, worked_at)
+            silent = []
+            for key, waiter in entry.waiting.items():
+                if waiter.probe:
+                    continue
+                quiet_since = max(waiter.since, last)
+                if waiter.partner is not None:
+                    quiet_since = max(quiet_since,
+                                      self._last_progress(waiter.partner, worked_at))
+                if now - quiet_since >= window:
+                    silent.append(key)
+            if not silent:
+                continue
+            for key in silent:
+                entry.waiting.pop(key).on_wedged()
+            wedged[worker_id] = len(silent)
+            self.wedged_total += 1
+            self._drop_if_quiet(worker_id, entry)
+        return wedged
 
     def probe_started(self, worker_id: str) -> None:
         self._entry(worker_id).probing = self._clock()
