@@ -63,7 +63,7 @@ def test_load_and_metrics_read_from_a_real_engine(engines: list[VllmEngine]) -> 
 def test_the_work_mark_moves_while_a_non_streamed_answer_is_generated(
     engines: list[VllmEngine],
 ) -> None:
-    """What the gateway's wedge watch relies on (``fleet/progress.py``): a real engine's
+    """What the gateway's wedge watch relies on (``dispatch/attempt.py``): a real engine's
     ``vllm:prompt_tokens_total`` + ``vllm:generation_tokens_total`` advance step by step
     while a non-streamed answer (no byte until it ends) is generated, not when it ends."""
     engine = engines[0]

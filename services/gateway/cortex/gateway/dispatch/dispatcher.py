@@ -28,12 +28,11 @@ import logging
 from collections.abc import Mapping
 
 from cortex.gateway.config.gateway import PDConfig, Timeouts, UpstreamConfig
-from cortex.gateway.dispatch.attempt import Opened, attempt
+from cortex.gateway.dispatch.attempt import Opened, ProgressWatch, attempt
 from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.errors import ErrorCode, UpstreamError
 from cortex.gateway.fleet.pool import WorkerPool
-from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.http.messages import json_dumps
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest

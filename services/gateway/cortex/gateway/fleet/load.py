@@ -3,7 +3,7 @@
 SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: ``GET /metrics``
 (``vllm:num_requests_{running,waiting}``). Values are summed over DP ranks. The same answer
 carries the engine's work mark (token counters, or SGLang's KV tokens in use), which the
-wedge watch (:mod:`cortex.gateway.fleet.progress`) reads: a poll costs the engine no queue
+wedge watch (:mod:`cortex.gateway.dispatch.attempt`) reads: a poll costs the engine no queue
 slot, so a saturated worker still shows it works.
 """
 

@@ -15,7 +15,7 @@ Per-worker circuit breaker (pure; the clock in seconds is injectable).
 ``HALF_OPEN`` and admits one trial request at a time; ``half_open_successes`` successes in a
 row close it, any failure re-opens it.
 
-Wedged-worker detection (:mod:`cortex.gateway.fleet.progress`) reads
+Wedged-worker detection (:mod:`cortex.gateway.dispatch.attempt`) reads
 :attr:`WorkerState.worked_at`, which the load poller keeps.
 """
 

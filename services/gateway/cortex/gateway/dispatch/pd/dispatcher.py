@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from cortex.gateway.config.gateway import PDConfig
-from cortex.gateway.dispatch.attempt import Opened
+from cortex.gateway.dispatch.attempt import Opened, ProgressWatch
 from cortex.gateway.dispatch.pd.handoff import (
     bootstrap_host,
     bootstrap_room,
@@ -61,7 +61,6 @@ from cortex.gateway.dispatch.pd.handoff import (
 from cortex.gateway.dispatch.pd.legs import Answer, Leg, Verdict, call
 from cortex.gateway.dispatch.plan import Fallback, LegFailure, PairPlan, Side
 from cortex.gateway.fleet.pool import WorkerPool, WorkerState
-from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.router import Routed
@@ -118,7 +117,7 @@ class PairDispatcher:
         self._fallback_opener = fallback
         self._rng = rng or random.SystemRandom()
         self._refused_logged: set[tuple[str, str]] = set()  # pairs warned about
-        self.watch = watch  # fails legs whose pair makes no progress (fleet.progress)
+        self.watch = watch  # fails legs whose pair makes no progress (dispatch.attempt)
 
     # ---- the attempt loop ----
 

@@ -18,10 +18,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cortex.gateway.dispatch.attempt import acquire_slot, json_answer, release_slot
+from cortex.gateway.dispatch.attempt import ProgressWatch, acquire_slot, json_answer, release_slot
 from cortex.gateway.dispatch.plan import LegFailure, Side
 from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
 from cortex.gateway.upstream.sse import first_event_error, has_complete_event, is_event_stream
@@ -111,7 +110,7 @@ async def call(upstream: Upstream, metrics: GatewayMetrics, leg: Leg, *, path: s
     values; the leg's response stays open (for the caller to settle or hand over).
     ``mode``: the decision's (the first-byte histogram's label). ``watch``: fails the leg
     as ``wedged`` when neither its worker's engine nor its ``partner``'s (the pair's other
-    worker) made progress for the watch's PD window (:mod:`cortex.gateway.fleet.progress`)."""
+    worker) made progress for the watch's PD window (:mod:`cortex.gateway.dispatch.attempt`)."""
     url = leg.worker.spec.url.rstrip("/") + path
     answer = Answer(leg)
     stall = asyncio.timeout(None)  # expires when the watch finds the leg wedged

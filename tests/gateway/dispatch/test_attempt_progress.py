@@ -1,4 +1,4 @@
-"""Wedged-worker detection (cortex.gateway.fleet.progress): the bookkeeping with a fake
+"""Wedged-worker detection (cortex.gateway.dispatch.attempt): the bookkeeping with a fake
 clock, then real sims on 127.0.0.1 — a wedged worker (generation hangs, probes answer), a
 legitimately long non-streamed generation under a short ``wedge_after_s``, and a saturated
 worker whose queue outlasts it (busy, not wedged: its token counters move)."""
@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from cortex.gateway.config.gateway import BreakerConfig, UpstreamConfig
+from cortex.gateway.dispatch.attempt import ProgressWatch
 from cortex.gateway.fleet.pool import CircuitBreaker, WorkerState
-from cortex.gateway.fleet.progress import ProgressWatch
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.sim.config import FaultConfig, TimingConfig
