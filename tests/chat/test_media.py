@@ -1,0 +1,176 @@
+"""Media items: image sizes, placeholder counts and block extra keys against vLLM 0.32's own
+code (golden vectors from ``tools/realengines/media_reference.py``), identifiers, rendering."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex.chat import ChatTokenizer, render_args
+from cortex.chat.imagesize import image_size
+from cortex.chat.media import (
+    MediaItem,
+    Modality,
+    common_prefix,
+    media_items,
+    media_prompt,
+    sentinel_args,
+    stamp_identifiers,
+)
+from cortex.chat.vision import VisionConfig, load_vision_config
+from cortex.hashing import (
+    Engine,
+    MediaSpan,
+    media_block_keys,
+    media_extra_keys,
+    vllm_block_hashes,
+    vllm_event_int,
+    vllm_hash_extras,
+)
+
+DATA = Path(__file__).parent / "data"
+REFERENCE = json.loads((DATA / "media_vllm_reference.json").read_text())
+QWEN = DATA / "qwen3.5"
+PAD, VSTART = 248056, 248053
+QWEN25 = VisionConfig("qwen2_5_vl", PAD, 248057, 14, 2, 3136, 1003520)
+QWEN3 = VisionConfig("qwen3_vl", PAD, 248057, 16, 2, 65536, 16777216)
+
+
+@pytest.fixture(scope="module")
+def chat() -> ChatTokenizer:
+    return ChatTokenizer.load(QWEN)
+
+
+def _images() -> list[dict[str, Any]]:
+    return list(REFERENCE["images"])
+
+
+@pytest.mark.parametrize("row", _images(), ids=lambda r: r["name"])
+def test_image_size_and_placeholders_match_vllm(row: dict[str, Any]) -> None:
+    data = base64.b64decode(row["b64"])
+    size = image_size(data)
+    assert size == tuple(row["vllm_size"])
+    assert QWEN25.image_tokens(*size) == row["qwen2_5_vl_tokens"]
+    assert QWEN3.image_tokens(*size) == row["qwen3_vl_tokens"]
+
+
+def test_unreadable_headers_are_unknown() -> None:
+    assert image_size(b"") is None
+    assert image_size(b"\x89PNG\r\n\x1a\n" + b"\0" * 8) is None
+    assert image_size(b"\xff\xd8\xff\xda\0\2") is None  # scan before any frame header
+    assert image_size(b"not an image") is None
+    png = base64.b64decode(_images()[0]["b64"])
+    exif = png[:-12] + b"\0\0\0\0eXIf\0\0\0\0" + png[-12:]  # Pillow would rotate by it
+    assert image_size(exif) is None
+
+
+@pytest.mark.parametrize("row", REFERENCE["blocks"], ids=lambda r: r["name"])
+def test_block_extra_keys_and_hashes_match_vllm(row: dict[str, Any]) -> None:
+    size = row["block_size"]
+    spans = [MediaSpan(ident, off, n) for ident, off, n in row["spans"]]
+    blocks = len(row["tokens"]) // size
+    media = media_extra_keys(spans, blocks, size)
+    event = [None if (p := media.get(i)) is None else [list(pair) for pair in p]
+             for i in range(blocks)]
+    assert event == row["event_extra_keys"]
+    extras = [vllm_hash_extras(media.get(i, ())) for i in range(blocks)]
+    hashes = vllm_block_hashes(row["tokens"], size, extra_keys=extras)
+    assert [vllm_event_int(h) for h in hashes] == row["event_ints"]
+
+
+def test_vllm_takes_the_uuid_verbatim_only_without_processor_kwargs() -> None:
+    ids = REFERENCE["identifiers"]
+    assert ids["identifier"] == ids["uuid"]
+    assert ids["identifier_with_processor_kwargs"] != ids["uuid"]
+    body = {"mm_processor_kwargs": {"max_pixels": 1}, "messages": [
+        {"role": "user", "content": [_image_part(0)]}]}
+    assert media_items(body, QWEN25) == (MediaItem(0, 0, Modality.IMAGE),)
+
+
+def test_media_keys_tell_images_apart_and_keep_plain_blocks() -> None:
+    tokens = [1] * 16 + [PAD] * 32
+    a = media_block_keys(tokens, 16, 7, media_extra_keys([MediaSpan("a", 16, 32)], 3, 16))
+    b = media_block_keys(tokens, 16, 7, media_extra_keys([MediaSpan("b", 16, 32)], 3, 16))
+    shifted = media_block_keys(tokens, 16, 7, media_extra_keys([MediaSpan("a", 17, 31)], 3, 16))
+    assert a[0] == b[0] == shifted[0]  # the text block is plain
+    assert a[1] != b[1] and a[1] != shifted[1] and a[2] != b[2]
+    assert media_block_keys(tokens, 16, 7, {}) != a
+
+
+def _image_part(index: int, fmt: str = "png") -> dict[str, Any]:
+    row = next(r for r in _images() if r["name"].startswith(fmt))
+    data = base64.b64decode(row["b64"])
+    if index:
+        data = data + bytes([index])  # other bytes, same header: another image
+    url = f"data:image/{fmt};base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _body(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": [
+        {"role": "system", "content": "You look at pictures."},
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}, *parts]}]}
+
+
+def test_items_identifiers_and_stamping() -> None:
+    body = _body(_image_part(0), _image_part(1), _image_part(0),
+                 {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                 {"type": "image_url", "image_url": {"url": "data:,x"}, "uuid": "mine"},
+                 {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}})
+    items = media_items(body, QWEN25)
+    assert [i.modality for i in items] == [Modality.IMAGE] * 5 + [Modality.VIDEO]
+    assert items[0].identifier == items[2].identifier != items[1].identifier
+    assert items[0].tokens == 8 and items[0].keyed
+    assert items[3].identifier is None  # URLs are not immutable unless configured
+    assert media_items(body, QWEN25, immutable_urls=True)[3].identifier.startswith("url-")
+    assert items[4].identifier == "mine" and not items[4].stamp and items[4].tokens is None
+    stamp_identifiers(body, items)
+    parts = body["messages"][1]["content"]
+    assert parts[1]["uuid"] == items[0].identifier and "uuid" not in parts[4]
+    assert parts[5]["uuid"] == "mine"
+
+
+def test_media_prompt_expands_the_rendered_placeholders(chat: ChatTokenizer) -> None:
+    body = _body(_image_part(0), {"type": "text", "text": "and"}, _image_part(1))
+    ids = chat.encode_chat(render_args(body, Engine.VLLM))
+    assert ids.count(PAD) == 2
+    items = media_items(body, QWEN25)
+    prompt = media_prompt(ids, items, QWEN25)
+    first = ids.index(PAD)
+    assert prompt.plain_tokens == first and ids[first - 1] == VSTART
+    assert prompt.spans is not None and [s.length for s in prompt.spans] == [8, 8]
+    assert len(prompt.ids) == len(ids) + 14
+    assert prompt.spans[0].offset == first
+    assert prompt.ids[prompt.spans[1].offset : prompt.spans[1].offset + 8] == [PAD] * 8
+    # an item without a size (a URL): nothing past the first placeholder is exact
+    url = _body(_image_part(0), {"type": "image_url", "image_url": {"url": "https://x"}})
+    partial = media_prompt(chat.encode_chat(render_args(url, Engine.VLLM)),
+                           media_items(url, QWEN25, immutable_urls=True), QWEN25)
+    assert partial.spans is None and partial.plain_tokens == first
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.SGLANG])
+def test_sentinel_rendering_finds_the_plain_prefix(chat: ChatTokenizer, engine: Engine) -> None:
+    body = _body(_image_part(0))
+    args = render_args(body, engine)
+    ids = chat.encode_chat(args)
+    other = chat.encode_chat(sentinel_args(args))
+    assert common_prefix(ids, other) == ids.index(VSTART)
+
+
+def test_load_vision_config(tmp_path: Path) -> None:
+    assert load_vision_config(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_vl", "image_token_id": PAD, "video_token_id": 248057,
+        "vision_config": {"patch_size": 16, "spatial_merge_size": 2}}))
+    with pytest.raises(ValueError, match="preprocessor_config"):
+        load_vision_config(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"shortest_edge": 65536, "longest_edge": 16777216}}))
+    assert load_vision_config(tmp_path) == QWEN3
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert load_vision_config(tmp_path) is None
