@@ -126,7 +126,7 @@ def test_items_identifiers_and_stamping() -> None:
     assert items[0].identifier == items[2].identifier != items[1].identifier
     assert items[0].tokens == 8 and items[0].keyed
     assert items[3].identifier is None  # URLs are not immutable unless configured
-    assert media_items(body, QWEN25, immutable_urls=True)[3].identifier.startswith("url-")
+    assert str(media_items(body, QWEN25, immutable_urls=True)[3].identifier).startswith("url-")
     assert items[4].identifier == "mine" and not items[4].stamp and items[4].tokens is None
     stamp_identifiers(body, items)
     parts = body["messages"][1]["content"]

@@ -364,7 +364,7 @@ def _text_or_tokens(value: Any, name: str, add_special_tokens: bool = True) -> P
         "token id lists", name)
 
 
-def _chat(body: Mapping[str, Any], model: ModelConfig) -> Prompt:
+def _chat(body: dict[str, Any], model: ModelConfig) -> Prompt:
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > model.max_messages:
         raise _invalid(f"'messages' holds {len(messages)} messages, over this model's limit "

@@ -26,7 +26,8 @@ async def media_keys(req: InferenceRequest, ids: list[int],
                      encode: Callable[[RenderArgs], Awaitable[list[int]]]
                      ) -> tuple[list[int], int, int]:
     """``(keys, query_blocks, prompt_tokens)`` of a media prompt whose rendered ids (one
-    placeholder per item) are ``ids``; ``encode(args)``: the ids of another rendering."""
+    placeholder per item) are ``ids`` (none: not renderable here, nothing is keyed);
+    ``encode(args)``: the ids of another rendering (raises ``ClientError`` like the first)."""
     model = req.model
     size = model.block_size
     prompt = media_prompt(ids, req.prompt.media, model.vision)
@@ -37,7 +38,7 @@ async def media_keys(req: InferenceRequest, ids: list[int],
         keys = media_block_keys(prompt.ids, size, root, media)
         return keys, max(tokens - 1, 0) // size, tokens
     plain = prompt.plain_tokens
-    if model.vision is None and req.prompt.chat is not None:
+    if model.vision is None and req.prompt.chat is not None and ids:
         other = await encode(sentinel_args(req.prompt.chat))
         plain = common_prefix(ids, other)
     keys = model.domain.keys(prompt.ids[:plain], req.lora_name, req.cache_salt)

@@ -42,7 +42,7 @@ from typing import Protocol
 
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.dispatch.pd.handoff import sequence_count
-from cortex.gateway.errors import ServiceUnavailable
+from cortex.gateway.errors import ClientError, ServiceUnavailable
 from cortex.gateway.fleet.pool import Eligible, WorkerPool, WorkerState
 from cortex.gateway.ledger.replica_client import WorkerMatch, fold_sources, merge_matches
 from cortex.gateway.metrics import GatewayMetrics
@@ -269,7 +269,12 @@ class Router:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
         lazy = self._walk(req, eligible)
-        ids = lazy.ids if lazy is not None else await self.tokens(req)
+        try:
+            ids = lazy.ids if lazy is not None else await self.tokens(req)
+        except ClientError:
+            if not req.prompt.media:
+                raise
+            ids = []  # a template that cannot render these media: the engine decides
         t1 = time.perf_counter()
         if req.prompt.media:
             keys, query_blocks, prompt_tokens = await media_keys(
