@@ -33,7 +33,7 @@ from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.errors import ErrorCode, UpstreamError
 from cortex.gateway.fleet.pool import ProgressWatch, WorkerPool
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import json_dumps
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
 from cortex.gateway.routing.router import Routed, Router, uncached
@@ -52,14 +52,14 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     server takes the adapter from ``lora_path``; ``model`` it only echoes). A body whose
     media parts got identifiers (``uuid``) is sent as re-serialized."""
     if req.prompt.stamped:
-        raw = json_codec.dumps(req.body)
+        raw = json_dumps(req.body)
     if (req.adapter is not None and req.model.engine is Engine.SGLANG
             and "lora_path" not in req.body):
         body = {**req.body, "lora_path": req.adapter}
         if req.stream and not req.wants_usage and req.endpoint is not InferencePath.GENERATE:
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}
-        return json_codec.dumps(body)
+        return json_dumps(body)
     if not req.stream or req.wants_usage or req.endpoint is InferencePath.GENERATE:
         return raw
     if "stream_options" not in req.body:
@@ -71,7 +71,7 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True
     body["stream_options"] = options
-    return json_codec.dumps(body)
+    return json_dumps(body)
 
 
 class Dispatcher:
