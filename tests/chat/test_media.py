@@ -14,6 +14,7 @@ import pytest
 from cortex.chat import ChatTokenizer, render_args
 from cortex.chat.media import (
     MediaItem,
+    MediaPrompt,
     Modality,
     common_prefix,
     media_items,
@@ -115,3 +116,13 @@ def test_sentinel_rendering_finds_the_plain_prefix(chat: ChatTokenizer, engine: 
     ids = chat.encode_chat(args)
     other = chat.encode_chat(sentinel_args(args))
     assert common_prefix(ids, other) == ids.index(VSTART)
+
+
+def test_placeholders_the_ids_do_not_show_leave_the_prefix_unknown(chat: ChatTokenizer) -> None:
+    # a string-content template: vLLM writes its own placeholder strings before the text
+    body = _body(_image_part(0))
+    text_only = chat.encode_chat(render_args(_body(), Engine.VLLM))
+    items = media_items(body, QWEN25)
+    assert media_prompt(text_only, items, QWEN25).plain_tokens is None
+    assert media_prompt(text_only, items, None).plain_tokens is None
+    assert media_prompt([], items, QWEN25) == MediaPrompt([], None, None)

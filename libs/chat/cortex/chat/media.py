@@ -155,11 +155,12 @@ def stamp_identifiers(body: dict[str, Any], items: Sequence[MediaItem]) -> None:
 class MediaPrompt:
     """A media prompt as the engine computes it: ``ids`` (placeholders expanded where
     ``spans`` are known), ``spans`` (every item's run; ``None``: not all are known) and
-    ``plain_tokens``: how many leading tokens are plain text (exact by construction)."""
+    ``plain_tokens``: how many leading tokens are plain text (exact by construction;
+    ``None``: not known from the ids, see :func:`sentinel_args`)."""
 
     ids: list[int]
     spans: tuple[MediaSpan, ...] | None
-    plain_tokens: int
+    plain_tokens: int | None
 
 
 def media_prompt(ids: Sequence[int], items: Sequence[MediaItem],
@@ -168,15 +169,18 @@ def media_prompt(ids: Sequence[int], items: Sequence[MediaItem],
     chat template writes) to each item's run. Exact only when the model's family is known,
     every item is an image with an identifier and a size, and the rendered prompt holds one
     placeholder per item; else ``spans`` is ``None`` and ``plain_tokens`` stops at the
-    first placeholder (``0`` when the placeholder token is not known: the caller finds
-    the text prefix another way)."""
+    first placeholder, or is ``None`` when the ids do not hold one placeholder per item (an
+    unknown family; a string-content template, where vLLM writes its own placeholder strings
+    before the message's text)."""
     if vision is None:
-        return MediaPrompt(list(ids), None, 0)
+        return MediaPrompt(list(ids), None, None)
     marks = [k for k, token in enumerate(ids) if token in vision.placeholder_ids]
-    first = marks[0] if marks else len(ids)
+    if not items or len(marks) != len(items):
+        return MediaPrompt(list(ids), None, None)
+    first = marks[0]
     images = [k for k in marks if ids[k] == vision.image_token_id]
-    if (not items or len(images) != len(marks) or len(marks) != len(items)
-            or not all(item.keyed and item.modality is Modality.IMAGE for item in items)):
+    if len(images) != len(marks) or not all(item.keyed and item.modality is Modality.IMAGE
+                                            for item in items):
         return MediaPrompt(list(ids), None, first)
     out: list[int] = []
     spans: list[MediaSpan] = []

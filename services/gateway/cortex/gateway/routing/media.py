@@ -5,9 +5,10 @@
   with the media pairs vLLM puts on each block (:func:`cortex.hashing.media_block_keys`);
   the ingest keys the engine's stores the same way, so a repeated image is an exact hit.
 - Otherwise only the blocks before the first media placeholder are keyed (plain tokens, exact
-  by construction); the rest of the prompt is routed by load. Without a known placeholder
-  token the plain prefix is where the prompt's ids and those of a rendering with the first
-  item replaced by a sentinel character part.
+  by construction); the rest of the prompt is routed by load. Where the ids do not show
+  the placeholders (an unknown family, a string-content template) the plain prefix is where
+  the prompt's ids and those of a rendering with the first item replaced by a sentinel
+  character part stop agreeing.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ async def media_keys(req: InferenceRequest, ids: list[int],
         keys = media_block_keys(prompt.ids, size, root, media)
         return keys, max(tokens - 1, 0) // size, tokens
     plain = prompt.plain_tokens
-    if model.vision is None and req.prompt.chat is not None and ids:
-        other = await encode(sentinel_args(req.prompt.chat))
-        plain = common_prefix(ids, other)
+    if plain is None:
+        plain = 0
+        if req.prompt.chat is not None and ids:
+            plain = common_prefix(ids, await encode(sentinel_args(req.prompt.chat)))
     keys = model.domain.keys(prompt.ids[:plain], req.lora_name, req.cache_salt)
     return keys, len(keys), tokens
