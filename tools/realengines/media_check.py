@@ -81,16 +81,18 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         return answer
 
 
-def _stores(sub: zmq.Socket[bytes], want_blocks: int, timeout_s: float) -> list[bytes]:
-    """The event payloads until ``want_blocks`` blocks were stored (or the timeout)."""
-    payloads: list[bytes] = []
+def _stores(sub: zmq.Socket[bytes], want_blocks: int, timeout_s: float
+            ) -> list[tuple[int, bytes]]:
+    """``(seq, payload)`` of the event batches until ``want_blocks`` blocks were stored (or
+    the timeout)."""
+    payloads: list[tuple[int, bytes]] = []
     seen = 0
     deadline = time.monotonic() + timeout_s
     while seen < want_blocks and time.monotonic() < deadline:
         if not sub.poll(200):
             continue
         message = frames.parse_pub(sub.recv_multipart())
-        payloads.append(message.payload)
+        payloads.append((message.seq, message.payload))
         for event in decode_batch(message.payload, Engine.VLLM).events:
             if isinstance(event, BlockStored):
                 seen += len(event.block_hashes)
@@ -103,6 +105,7 @@ def main() -> int:
     ap.add_argument("--events", default="tcp://127.0.0.1:5691")
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--model", default="tiny-qwen-vl")
+    ap.add_argument("--out", type=Path, help="also write the JSON report here")
     args = ap.parse_args()
     vision = load_vision_config(args.model_dir)
     assert vision is not None, "not a Qwen-VL model directory"
@@ -149,8 +152,8 @@ def main() -> int:
         stored_tokens: list[int] = []
         stored_extras: list[Any] = []
         engine_ints: list[int | bytes] = []
-        for payload in payloads:
-            tracker.on_message(0, payload)
+        for seq, payload in payloads:
+            tracker.on_message(seq, payload)
             for event in decode_batch(payload, Engine.VLLM).events:
                 if isinstance(event, BlockStored):
                     stored_tokens.extend(event.token_ids)
@@ -185,12 +188,17 @@ def main() -> int:
                 failures.append(f"{name}: {check}")
         if row["prompt_tokens"] != row["gateway_prompt_tokens"]:
             failures.append(f"{name}: prompt tokens")
+        if new_blocks and not ingest_keys:
+            failures.append(f"{name}: the ingest placed none of the stored blocks")
         if credit * BLOCK != cached:
             failures.append(f"{name}: credit {credit * BLOCK} != cached {cached}")
         held.update(zip(ingest_keys, engine_ints, strict=False))
     report = {"engine": args.url, "model_dir": str(args.model_dir), "rows": rows,
               "failures": failures}
-    print(json.dumps(report, indent=1))
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
     sub.close(0)
     return 1 if failures else 0
 
