@@ -242,9 +242,17 @@ class PrefixCache:
         return self._hasher.digests(tokens, _lora_seed(lora))
 
     def lookup(self, tokens: Sequence[int], lora: str | None = None,
-               media: Mapping[int, BlockMedia] | None = None) -> int:
-        """Cached prefix of ``tokens`` in tokens (block-aligned), without pinning."""
-        return self._match(self.digests(tokens, lora, media), len(tokens)) * self.block_size
+               media: Sequence[MediaSpan] = ()) -> int:
+        """Cached prefix of ``tokens`` in tokens (block-aligned), without pinning;
+        ``media``: the prompt's placeholder runs (see :meth:`admit`)."""
+        pairs = self._media_pairs(tokens, media)
+        return self._match(self.digests(tokens, lora, pairs), len(tokens)) * self.block_size
+
+    def _media_pairs(self, prompt: Sequence[int], media: Sequence[MediaSpan]
+                     ) -> dict[int, BlockMedia]:
+        if not media:
+            return {}
+        return media_extra_keys(media, blocks_for(len(prompt), self.block_size), self.block_size)
 
     def blocks(self) -> Iterator[CachedBlock]:
         """Every cached block (snapshot order: insertion)."""
@@ -283,8 +291,7 @@ class PrefixCache:
         make room: the caller waits for running requests to finish. ``media``: the
         prompt's media placeholder runs (vLLM: their identifiers are in the blocks' hashes).
         """
-        pairs = (media_extra_keys(media, blocks_for(len(prompt), self.block_size),
-                                  self.block_size) if media else {})
+        pairs = self._media_pairs(prompt, media)
         digests = self.digests(prompt, lora, pairs)
         matched = self._match(digests, len(prompt))
         loaded = 0
