@@ -11,8 +11,9 @@ It records, for images written by Pillow in several formats and sizes:
 - the size vLLM sees (``vllm.multimodal.media.image.ImageMediaIO.load_bytes``: Pillow plus
   EXIF orientation);
 - the placeholder tokens: ``prod(image_grid_thw) // merge_size**2`` from the Hugging Face
-  Qwen2-VL image processor (the Pillow backend: this machine has no CPU torchvision, which
-  vLLM's own ``qwen2_vl`` module imports), for Qwen2.5-VL settings (the model directory's)
+  Qwen2-VL image processor (its Pillow backend, which needs no torchvision; the real engine
+  check, ``media_check.py``, runs the torchvision one), for Qwen2.5-VL settings (the model
+  directory's)
   and Qwen3-VL settings (patch 16, 65536..16777216 pixels);
 
 and, for prompts with placeholder runs, the per-block extra keys and block hashes of
