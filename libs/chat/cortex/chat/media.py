@@ -117,15 +117,17 @@ def _image_item(i: int, j: int, part: Mapping[str, Any], vision: VisionConfig | 
 
 
 def media_items(body: Mapping[str, Any], vision: VisionConfig | None = None,
-                immutable_urls: bool = False) -> tuple[MediaItem, ...]:
+                immutable_urls: bool = False, *, identify: bool = True
+                ) -> tuple[MediaItem, ...]:
     """The media parts of a chat ``body`` in prompt order (none: ``()``). ``vision``: the
     model's processor settings (``None``: placeholder runs are not computed); a request
     with ``mm_processor_kwargs`` / ``media_io_kwargs`` gets no identifiers (the engine
-    hashes those into its own)."""
+    hashes those into its own), nor does any with ``identify`` false (an engine that takes
+    none: nothing is decoded or hashed)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return ()
-    own = not body.get("mm_processor_kwargs") and not body.get("media_io_kwargs")
+    own = identify and not body.get("mm_processor_kwargs") and not body.get("media_io_kwargs")
     items: list[MediaItem] = []
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, Mapping) else None

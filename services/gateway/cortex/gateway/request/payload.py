@@ -373,8 +373,9 @@ def _chat(body: dict[str, Any], model: ModelConfig) -> Prompt:
         args = render_args(body, model.engine)
     except ChatError as exc:
         raise _invalid(str(exc), exc.param) from None
-    media = media_items(body, model.vision, model.immutable_urls)
-    stamped = model.engine is Engine.VLLM and any(item.stamp for item in media)
+    vllm = model.engine is Engine.VLLM  # SGLang's OpenAI routes take no identifier
+    media = media_items(body, model.vision, model.immutable_urls, identify=vllm)
+    stamped = vllm and any(item.stamp for item in media)
     if stamped:  # vLLM takes a part's uuid as the item's identifier in its block hashes
         stamp_identifiers(body, media)
     return Prompt(PromptKind.CHAT, chat=args, media=media, stamped=stamped)
