@@ -281,7 +281,7 @@ class SimEngine:
         async with self._transfer_server.room(seq.bootstrap_room) as ticket:
             await ticket.wait_handshake(self.config.bootstrap_timeout_s)
             lease = await self.admission.acquire(seq.prompt_ids, len(seq.prompt_ids) + 1,
-                                                 req.lora)
+                                                 req.lora, req.media)
             try:
                 await self._prefill(len(seq.prompt_ids) - lease.cached_tokens,
                                     lease.loaded_tokens)
@@ -302,7 +302,8 @@ class SimEngine:
     async def _run_local(self, req: GenRequest, seq: SequenceSpec, plan: GenerationPlan,
                          leg: Leg, started: float, emit: Emit | None) -> SequenceResult:
         prompt = seq.prompt_ids
-        lease = await self.admission.acquire(prompt, len(prompt) + len(plan), req.lora)
+        lease = await self.admission.acquire(prompt, len(prompt) + len(plan), req.lora,
+                                             req.media)
         keep_lease = False
         try:
             cached = lease.cached_tokens

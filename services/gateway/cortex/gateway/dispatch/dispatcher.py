@@ -49,7 +49,10 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     """The body to send: the client's bytes, or with ``stream_options.include_usage`` set
     when the gateway needs the usage chunk the client did not ask for, and, for an SGLang
     model addressed by a LoRA adapter's name, ``lora_path`` naming it (SGLang's OpenAI
-    server takes the adapter from ``lora_path``; ``model`` it only echoes)."""
+    server takes the adapter from ``lora_path``; ``model`` it only echoes). A body whose
+    media parts got identifiers (``uuid``) is sent as re-serialized."""
+    if req.prompt.stamped:
+        raw = json_dumps(req.body)
     if (req.adapter is not None and req.model.engine is Engine.SGLANG
             and "lora_path" not in req.body):
         body = {**req.body, "lora_path": req.adapter}
