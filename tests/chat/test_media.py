@@ -19,9 +19,9 @@ from cortex.chat.media import (
     common_prefix,
     media_items,
     media_prompt,
-    sentinel_args,
     stamp_identifiers,
 )
+from cortex.chat.request import sentinel_args
 from cortex.chat.vision import VisionConfig
 from cortex.hashing import (
     Engine,

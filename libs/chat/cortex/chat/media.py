@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cortex.chat.imagesize import image_size
 from cortex.chat.vision import VisionConfig
 from cortex.hashing import MediaSpan
 
-if TYPE_CHECKING:  # request.py imports MEDIA_PARTS from here
-    from cortex.chat.request import RenderArgs
-
-__all__ = ["MEDIA_PARTS", "SENTINEL", "MediaItem", "MediaPrompt", "Modality", "common_prefix",
-           "media_items", "media_prompt", "sentinel_args", "stamp_identifiers"]
+__all__ = ["MEDIA_PARTS", "SENTINEL", "TEMPLATE_MEDIA", "MediaItem", "MediaPrompt", "Modality",
+           "common_prefix", "media_items", "media_prompt", "stamp_identifiers"]
 
 
 class Modality(StrEnum):
@@ -55,7 +51,7 @@ MEDIA_PARTS: Mapping[str, Modality] = {
 
 # media parts as the engines' parsers hand them to the template (vLLM: {"type": modality};
 # SGLang keeps the client's part)
-_TEMPLATE_MEDIA = frozenset({"image", "video", "audio", *MEDIA_PARTS})
+TEMPLATE_MEDIA = frozenset({"image", "video", "audio", *MEDIA_PARTS})
 _MAX_DATA_URL_CHARS = 64 << 20  # past this the engine decides alone; nothing is keyed
 
 
@@ -200,23 +196,6 @@ def media_prompt(ids: Sequence[int], items: Sequence[MediaItem],
 SENTINEL = "\ue000"
 """A private-use character no template writes: stands in for the first media item when the
 gateway looks for the plain-text prefix of a prompt whose placeholders it does not know."""
-
-
-def sentinel_args(args: RenderArgs) -> RenderArgs:
-    """``args`` with its first media part replaced by a text part holding
-    :data:`SENTINEL`: the token ids of both renderings agree exactly on the prompt's plain
-    prefix, up to where the template first writes something of that item."""
-    messages = list(args.messages)
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, tuple):
-            continue
-        for j, part in enumerate(content):
-            if part.get("type") in _TEMPLATE_MEDIA:
-                parts = (*content[:j], {"type": "text", "text": SENTINEL}, *content[j + 1:])
-                messages[i] = {**message, "content": parts}
-                return dataclasses.replace(args, messages=tuple(messages))
-    return args
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -25,16 +25,17 @@ template (see :mod:`cortex.chat.conversation`). Raises :class:`InvalidChatReques
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cortex.chat.errors import InvalidChatRequest
-from cortex.chat.media import MEDIA_PARTS
+from cortex.chat.media import MEDIA_PARTS, SENTINEL, TEMPLATE_MEDIA
 from cortex.hashing import Engine
 
-__all__ = ["RenderArgs", "render_args", "text_add_special_tokens"]
+__all__ = ["RenderArgs", "render_args", "sentinel_args", "text_add_special_tokens"]
 
 _SGLANG_ROLES = frozenset({"system", "assistant", "tool", "function", "developer",
                            "latest_reminder"})
@@ -380,3 +381,21 @@ def text_add_special_tokens(body: Mapping[str, Any], engine: Engine) -> bool:
     if Engine(engine) is Engine.VLLM:
         return _flag(body, "add_special_tokens", True)
     return True
+
+
+def sentinel_args(args: RenderArgs) -> RenderArgs:
+    """``args`` with its first media part replaced by a text part holding
+    :data:`~cortex.chat.media.SENTINEL`: the token ids of both renderings agree exactly on
+    the prompt's plain prefix, up to where the template first writes something of that
+    item."""
+    messages = list(args.messages)
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, tuple):
+            continue
+        for j, part in enumerate(content):
+            if part.get("type") in TEMPLATE_MEDIA:
+                parts = (*content[:j], {"type": "text", "text": SENTINEL}, *content[j + 1:])
+                messages[i] = {**message, "content": parts}
+                return dataclasses.replace(args, messages=tuple(messages))
+    return args

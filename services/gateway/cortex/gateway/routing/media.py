@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from cortex.chat import RenderArgs
-from cortex.chat.media import common_prefix, media_prompt, sentinel_args
+from cortex.chat.media import common_prefix, media_prompt
+from cortex.chat.request import sentinel_args
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.hashing import Engine, media_block_keys, media_extra_keys
 
