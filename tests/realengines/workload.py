@@ -65,6 +65,9 @@ class Outcome:
     cached: int
     attempts: int
     sent_at: float = 0.0  # time.monotonic()
+    match_mode: str = ""  # x-cortex-match-mode
+    match_reason: str = ""  # x-cortex-match-reason (absent: "")
+    request_id: str = ""  # x-request-id (the gateway's log lines name it)
 
     @property
     def exact(self) -> bool:
@@ -214,7 +217,10 @@ class ChatWorkload:
             prompt_tokens=int(usage["prompt_tokens"]),
             predicted=int(headers.get("x-cortex-cache-hit-tokens", "0")),
             cached=int(details.get("cached_tokens") or 0),
-            attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at))
+            attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at,
+            match_mode=headers.get("x-cortex-match-mode", ""),
+            match_reason=headers.get("x-cortex-match-reason", ""),
+            request_id=headers.get("x-request-id", "")))
 
 
 def post(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
