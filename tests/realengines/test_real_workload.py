@@ -15,7 +15,7 @@ from cortex.testing import wait_until
 from cortex.testing.vllm_engines import VllmEngine
 
 from .conftest import get_json
-from .workload import ChatWorkload, EvictionWatch, Outcome, Tally, report
+from .workload import IN_FLIGHT_S, ChatWorkload, EvictionWatch, Outcome, Tally, report
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
@@ -33,6 +33,29 @@ def ingest_counter(cluster: LocalCluster, name: str, label: str = "") -> float:
     assert status == 200 and isinstance(text, str)
     return sum(float(value) for labels, value in re.findall(pattern, text, re.MULTILINE)
                if label in labels)
+
+
+def lag_over(url: str, histogram: str, seconds: float = IN_FLIGHT_S) -> dict[str, float]:
+    """How many of a ``/metrics`` histogram's observations took more than ``seconds`` (one
+    of its bucket bounds), of all: the measured side of :data:`IN_FLIGHT_S`."""
+    status, text = http_call(url)
+    assert status == 200 and isinstance(text, str)
+    buckets = {float(le): float(v) for le, v in re.findall(
+        rf'^{histogram}_bucket\{{le="([^"]+)"\}} (\S+)$', text, re.MULTILINE)}
+    if not buckets:
+        return {"observed": 0.0, f"over_{seconds}s": 0.0}
+    total = buckets[float("inf")]
+    return {"observed": total, f"over_{seconds}s": total - buckets[seconds]}
+
+
+def report_lags(cluster: LocalCluster, phase: str) -> None:
+    """The event path's measured lags so far: engine stamp → ingest applied, and index
+    applied → this gateway's replica applied (counts over :data:`IN_FLIGHT_S`)."""
+    assert cluster.ingest_url is not None
+    report(f"{phase}_lags", {
+        "ingest": lag_over(cluster.ingest_url + "/metrics", "cortex_ingest_lag_seconds"),
+        "replica": lag_over(cluster.gateway_urls[0] + "/metrics",
+                            "cortex_gateway_replica_lag_seconds")})
 
 
 def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
@@ -53,7 +76,8 @@ def describe(outcome: Outcome, watch: EvictionWatch) -> str:
     """An over-prediction with everything a diagnosis starts from: the outcome (match mode
     and reason, request id for the gateway's log) and its worker's removals around it."""
     return (f"over-predicted by {outcome.predicted - outcome.cached} tokens: {outcome}; "
-            f"its worker's removals (s before it was sent, blocks): {watch.recent(outcome)}")
+            f"its worker's removals (s before it was sent: arrived, engine-stamped; blocks): "
+            f"{watch.recent(outcome)}")
 
 
 def fail_on(found: list[str]) -> None:
@@ -80,6 +104,7 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     workload.run(80)
     warm = workload.tally
     found = problems(warm, "warm", watch)
+    report_lags(cluster, "warm")
     assert sum(o.cached for o in warm.outcomes) > 0
     assert len(warm.summary()["by_worker"]) == 2  # both engines served
     evicted = ingest_counter(cluster, "blocks", 'op="removed"')
@@ -114,6 +139,7 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     workload.run(60)
     after = workload.tally
     found += problems(after, "after_engine_restart", watch)
+    report_lags(cluster, "after_engine_restart")
     report("engine_restart", {"startup_s": victim.startup_s})
     assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()
     fail_on(found)

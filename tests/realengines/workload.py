@@ -27,13 +27,14 @@ from cortex.hashing import Engine
 from cortex.kvevents.codec import BlockRemoved, CodecError, decode_batch
 from cortex.kvevents.frames import parse_pub
 
-__all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Tally",
-           "post", "report"]
+__all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Removal",
+           "Tally", "post", "report"]
 
 IN_FLIGHT_S = 0.1
 """How long before a request was sent an engine's eviction may still be on its way to the
 gateway's ledger replica (ZMQ, ingest, gRPC, the index, the replica stream: milliseconds
-normally; generous for 2 loaded cores, not measured)."""
+normally; generous for 2 loaded cores; the run reports the ingest's and the replica's lag
+histograms next to it)."""
 BLOCK_TOKENS = 16
 
 REPORT_ENV = "CORTEX_REALENGINE_REPORT"  # a JSON file the run's numbers are added to
@@ -64,7 +65,7 @@ class Outcome:
     predicted: int
     cached: int
     attempts: int
-    sent_at: float = 0.0  # time.monotonic()
+    sent_at: float = 0.0  # time.time(): comparable with the engines' batch timestamps
     match_mode: str = ""  # x-cortex-match-mode
     match_reason: str = ""  # x-cortex-match-reason (absent: "")
     request_id: str = ""  # x-request-id (the gateway's log lines name it)
@@ -76,6 +77,15 @@ class Outcome:
     @property
     def over(self) -> bool:
         return self.predicted > self.cached
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """A batch with ``BlockRemoved`` events, as the watch received it (wall clock, s)."""
+
+    arrived: float  # when the watch's SUB got it
+    stamped: float  # the engine's batch timestamp (taken from its scheduler, before publishing)
+    blocks: int
 
 
 class EvictionWatch:
@@ -90,7 +100,7 @@ class EvictionWatch:
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.connect(endpoint)
             self._subs[sub] = worker
-        self.removed: dict[str, list[tuple[float, int]]] = {w: [] for w in endpoints}
+        self.removed: dict[str, list[Removal]] = {w: [] for w in endpoints}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="eviction-watch")
         self._thread.start()
@@ -102,6 +112,7 @@ class EvictionWatch:
         while not self._stop.is_set():
             for sub, _ in poller.poll(100):
                 frames = sub.recv_multipart()
+                arrived = time.time()
                 try:
                     batch = decode_batch(parse_pub(frames).payload, Engine.VLLM)
                 except CodecError:
@@ -109,23 +120,27 @@ class EvictionWatch:
                 blocks = sum(len(e.block_hashes) for e in batch.events
                              if type(e) is BlockRemoved)
                 if blocks:
-                    self.removed[self._subs[sub]].append(
-                        (time.monotonic(), blocks))
+                    self.removed[self._subs[sub]].append(Removal(arrived, batch.ts, blocks))
 
     def in_flight(self, outcome: Outcome) -> bool:
-        """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted in
-        the :data:`IN_FLIGHT_S` before it was sent."""
+        """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted
+        before the request was sent (the engine stamped the batch before) that had not
+        reached a subscriber :data:`IN_FLIGHT_S` before it: still on their way through
+        ingest, index and replica, or not even published by the engine yet (its publisher
+        thread sends a batch after the scheduler step that took it; no router can know)."""
         start = outcome.sent_at - IN_FLIGHT_S
-        blocks = sum(n for at, n in self.removed.get(outcome.worker, ())
-                     if start <= at <= outcome.sent_at)
+        blocks = sum(r.blocks for r in self.removed.get(outcome.worker, ())
+                     if r.stamped <= outcome.sent_at and r.arrived >= start)
         return math.ceil((outcome.predicted - outcome.cached) / BLOCK_TOKENS) <= blocks
 
-    def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, int]]:
-        """``(seconds before the request was sent, blocks)`` of its worker's removals in the
-        ``span_s`` around it (what a failure report shows)."""
-        return [(round(outcome.sent_at - at, 3), n)
-                for at, n in self.removed.get(outcome.worker, ())
-                if abs(outcome.sent_at - at) <= span_s]
+    def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, float, int]]:
+        """``(s before the request was sent: the batch arrived, the engine stamped it;
+        blocks)`` of its worker's removals in the ``span_s`` around it (what a failure report
+        shows; negative: after)."""
+        sent = outcome.sent_at
+        return [(round(sent - r.arrived, 3), round(sent - r.stamped, 3), r.blocks)
+                for r in self.removed.get(outcome.worker, ())
+                if abs(sent - r.arrived) <= span_s or abs(sent - r.stamped) <= span_s]
 
     def close(self) -> None:
         self._stop.set()
@@ -203,7 +218,7 @@ class ChatWorkload:
                                 "temperature": 0}
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
-        sent_at = time.monotonic()
+        sent_at = time.time()
         status, headers, raw = post(self.url + "/v1/chat/completions", body)
         if status != 200:
             self.tally.failures.append((self.turn, status, raw[:300].decode(errors="replace")))
