@@ -100,7 +100,8 @@ def test_random_chat_workload_is_predicted_exactly(
 
 
 def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionWatch) -> None:
-    workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32)
+    workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32,
+                            admin_token=cluster.admin_token)
     workload.run(80)
     warm = workload.tally
     found = problems(warm, "warm", watch)

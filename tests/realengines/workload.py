@@ -69,6 +69,10 @@ class Outcome:
     match_mode: str = ""  # x-cortex-match-mode
     match_reason: str = ""  # x-cortex-match-reason (absent: "")
     request_id: str = ""  # x-request-id (the gateway's log lines name it)
+    explained: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per worker ``(index_tokens, predicted_tokens)`` of ``/admin/explain`` just before the
+    request was sent (with an admin token): whether an excess came from the ledger or from
+    the gateway's predicted blocks."""
 
     @property
     def exact(self) -> bool:
@@ -184,8 +188,10 @@ class ChatWorkload:
     (prompt tokens). Sequential: each prediction is checked against a settled cache."""
 
     def __init__(self, gateway_url: str, model: str, *, seed: int = 28, conversations: int = 24,
-                 stream_share: float = 0.3, max_tokens: int = 3200) -> None:
+                 stream_share: float = 0.3, max_tokens: int = 3200,
+                 admin_token: str | None = None) -> None:
         self.url = gateway_url.rstrip("/")
+        self.admin_token = admin_token
         self.model = model
         self.rng = random.Random(seed)
         self.stream_share = stream_share
@@ -218,6 +224,7 @@ class ChatWorkload:
                                 "temperature": 0}
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
+        explained = self._explain(body)
         sent_at = time.time()
         status, headers, raw = post(self.url + "/v1/chat/completions", body)
         if status != 200:
@@ -235,13 +242,25 @@ class ChatWorkload:
             attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at,
             match_mode=headers.get("x-cortex-match-mode", ""),
             match_reason=headers.get("x-cortex-match-reason", ""),
-            request_id=headers.get("x-request-id", "")))
+            request_id=headers.get("x-request-id", ""), explained=explained))
+
+    def _explain(self, body: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        """The gateway's view of ``body`` per worker (empty without an admin token)."""
+        if self.admin_token is None:
+            return {}
+        status, _, raw = post(self.url + "/admin/explain", body,
+                              {"Authorization": f"Bearer {self.admin_token}"})
+        assert status == 200, raw[:300]
+        return {c["worker"]: (int(c["index_tokens"]), int(c["predicted_tokens"]))
+                for c in json.loads(raw)["candidates"]}
 
 
-def post(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+def post(url: str, body: Any, headers: dict[str, str] | None = None
+         ) -> tuple[int, dict[str, str], bytes]:
     """A JSON POST: ``(status, lower-cased headers, body)``; HTTP errors are answers too."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return (int(response.status), {k.lower(): v for k, v in response.headers.items()},
