@@ -58,6 +58,35 @@ def report_lags(cluster: LocalCluster, phase: str) -> None:
                             "cortex_gateway_replica_lag_seconds")})
 
 
+def ingest_ledger(cluster: LocalCluster, worker_id: str) -> float:
+    """Blocks in the ingest's ledger of ``worker_id`` (rank 0, device)."""
+    assert cluster.ingest_url is not None
+    status, text = http_call(cluster.ingest_url + "/metrics")
+    assert status == 200 and isinstance(text, str)
+    found = re.findall(r'^cortex_ingest_ledger_blocks\{([^}]*)\} (\S+)$', text, re.MULTILINE)
+    return sum(float(v) for labels, v in found
+               if f'worker="{worker_id}"' in labels and 'dp_rank="0"' in labels)
+
+
+def ledger_matches_engine(cluster: LocalCluster, watch: EvictionWatch, worker_id: str,
+                          phase: str) -> list[str]:
+    """Once the cluster is idle, the ingest's ledger of a worker the watch saw from its
+    start holds as many blocks as the engine published it holds (a stale block would make
+    it larger); reported either way."""
+    try:
+        wait_until(lambda: ingest_ledger(cluster, worker_id) == watch.held_blocks(worker_id),
+                   timeout=5, interval=0.1, what=f"{worker_id}'s ledger to match its engine")
+    except TimeoutError:
+        pass  # reported below
+    numbers = {"engine": watch.held_blocks(worker_id),
+               "ingest": ingest_ledger(cluster, worker_id)}
+    report(f"{phase}_ledger_{worker_id}", numbers)
+    if numbers["ingest"] != numbers["engine"]:
+        return [f"{phase}: {worker_id}'s ledger holds {numbers['ingest']:.0f} blocks, its "
+                f"engine published {numbers['engine']} held"]
+    return []
+
+
 def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
     """What is wrong with a phase (failed requests, over-predictions not explained by an
     eviction in flight, < 99 % exact), each in full; its numbers are reported either way, so
@@ -140,6 +169,7 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     workload.run(60)
     after = workload.tally
     found += problems(after, "after_engine_restart", watch)
+    found += ledger_matches_engine(cluster, watch, "vllm-1", "after_engine_restart")
     report_lags(cluster, "after_engine_restart")
     report("engine_restart", {"startup_s": victim.startup_s})
     assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()

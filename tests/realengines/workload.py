@@ -24,7 +24,13 @@ from typing import Any
 import zmq
 
 from cortex.hashing import Engine
-from cortex.kvevents.codec import BlockRemoved, CodecError, decode_batch
+from cortex.kvevents.codec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CodecError,
+    decode_batch,
+)
 from cortex.kvevents.frames import parse_pub
 
 __all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Removal",
@@ -94,7 +100,8 @@ class Removal:
 
 class EvictionWatch:
     """``BlockRemoved`` arrivals per worker, from a SUB on each engine's event endpoint (a
-    thread; :meth:`close` ends it)."""
+    thread; :meth:`close` ends it), and the blocks each engine said it holds since the
+    watch subscribed (``held``: stored minus removed, emptied by ``AllBlocksCleared``)."""
 
     def __init__(self, endpoints: dict[str, str]) -> None:
         self._ctx = zmq.Context()
@@ -105,6 +112,8 @@ class EvictionWatch:
             sub.connect(endpoint)
             self._subs[sub] = worker
         self.removed: dict[str, list[Removal]] = {w: [] for w in endpoints}
+        self.held: dict[str, set[object]] = {w: set() for w in endpoints}
+        self._held_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="eviction-watch")
         self._thread.start()
@@ -121,10 +130,25 @@ class EvictionWatch:
                     batch = decode_batch(parse_pub(frames).payload, Engine.VLLM)
                 except CodecError:
                     continue
-                blocks = sum(len(e.block_hashes) for e in batch.events
-                             if type(e) is BlockRemoved)
+                worker = self._subs[sub]
+                held = self.held[worker]
+                blocks = 0
+                with self._held_lock:
+                    for event in batch.events:
+                        if type(event) is BlockStored:
+                            held.update(event.block_hashes)
+                        elif type(event) is BlockRemoved:
+                            blocks += len(event.block_hashes)
+                            held.difference_update(event.block_hashes)
+                        elif type(event) is AllBlocksCleared:
+                            held.clear()
                 if blocks:
-                    self.removed[self._subs[sub]].append(Removal(arrived, batch.ts, blocks))
+                    self.removed[worker].append(Removal(arrived, batch.ts, blocks))
+
+    def held_blocks(self, worker: str) -> int:
+        """How many blocks ``worker``'s engine said it holds since the watch subscribed."""
+        with self._held_lock:
+            return len(self.held[worker])
 
     def in_flight(self, outcome: Outcome) -> bool:
         """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted
