@@ -161,6 +161,7 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     # an engine killed and started again on the same ports: an empty cache, seq from 0
     victim = engines[1]
     victim.kill()
+    watch.restarted("vllm-1")
     workload.tally = Tally()
     workload.run(10)  # routed to the survivor
     victim.start()

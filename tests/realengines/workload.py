@@ -145,6 +145,12 @@ class EvictionWatch:
                 if blocks:
                     self.removed[worker].append(Removal(arrived, batch.ts, blocks))
 
+    def restarted(self, worker: str) -> None:
+        """``worker``'s engine was killed: what it held is gone (it publishes no
+        ``AllBlocksCleared`` for that)."""
+        with self._held_lock:
+            self.held[worker].clear()
+
     def held_blocks(self, worker: str) -> int:
         """How many blocks ``worker``'s engine said it holds since the watch subscribed."""
         with self._held_lock:
