@@ -78,12 +78,11 @@ def ledger_matches_engine(cluster: LocalCluster, watch: EvictionWatch, worker_id
                    timeout=5, interval=0.1, what=f"{worker_id}'s ledger to match its engine")
     except TimeoutError:
         pass  # reported below
-    numbers = {"engine": watch.held_blocks(worker_id),
-               "ingest": ingest_ledger(cluster, worker_id)}
-    report(f"{phase}_ledger_{worker_id}", numbers)
-    if numbers["ingest"] != numbers["engine"]:
-        return [f"{phase}: {worker_id}'s ledger holds {numbers['ingest']:.0f} blocks, its "
-                f"engine published {numbers['engine']} held"]
+    engine, ingest = watch.held_blocks(worker_id), ingest_ledger(cluster, worker_id)
+    report(f"{phase}_ledger_{worker_id}", {"engine": engine, "ingest": ingest})
+    if ingest != engine:
+        return [f"{phase}: {worker_id}'s ledger holds {ingest:.0f} blocks, its engine "
+                f"published {engine} held"]
     return []
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,9 @@ class Removal:
 class EvictionWatch:
     """``BlockRemoved`` arrivals per worker, from a SUB on each engine's event endpoint (a
     thread; :meth:`close` ends it), and the blocks each engine said it holds since the
-    watch subscribed (``held``: stored minus removed, emptied by ``AllBlocksCleared``)."""
+    watch subscribed (``held``: copies per hash, stored minus removed — vLLM reports each
+    physical copy of a hash, as the ingest's ledger counts them — emptied by
+    ``AllBlocksCleared``)."""
 
     def __init__(self, endpoints: dict[str, str]) -> None:
         self._ctx = zmq.Context()
@@ -112,7 +115,7 @@ class EvictionWatch:
             sub.connect(endpoint)
             self._subs[sub] = worker
         self.removed: dict[str, list[Removal]] = {w: [] for w in endpoints}
-        self.held: dict[str, set[object]] = {w: set() for w in endpoints}
+        self.held: dict[str, Counter[object]] = {w: Counter() for w in endpoints}
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="eviction-watch")
@@ -139,7 +142,9 @@ class EvictionWatch:
                             held.update(event.block_hashes)
                         elif type(event) is BlockRemoved:
                             blocks += len(event.block_hashes)
-                            held.difference_update(event.block_hashes)
+                            held.subtract(event.block_hashes)
+                            for gone in [h for h in event.block_hashes if held[h] <= 0]:
+                                del held[gone]
                         elif type(event) is AllBlocksCleared:
                             held.clear()
                 if blocks:
@@ -152,7 +157,8 @@ class EvictionWatch:
             self.held[worker].clear()
 
     def held_blocks(self, worker: str) -> int:
-        """How many blocks ``worker``'s engine said it holds since the watch subscribed."""
+        """How many distinct blocks ``worker``'s engine said it holds since the watch
+        subscribed."""
         with self._held_lock:
             return len(self.held[worker])
 
