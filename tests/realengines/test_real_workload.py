@@ -92,7 +92,12 @@ def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
     every phase runs and is measured."""
     summary = tally.summary()
     in_flight = [o for o in tally.over if watch.in_flight(o)]
-    report(phase, {**summary, "over_in_flight": len(in_flight)})
+    # requests sent while their worker's removals of the last 0.5 s may still be in flight
+    # (turn, worker, predicted, cached, removals): how exposed the phase was to the window
+    exposed = [(o.turn, o.worker, o.predicted, o.cached, near)
+               for o in tally.outcomes
+               if (near := [r for r in watch.recent(o, span_s=0.5) if r[1] >= 0])]
+    report(phase, {**summary, "over_in_flight": len(in_flight), "exposed": exposed})
     found = [f"{phase}: failed {f}" for f in tally.failures]
     found += [f"{phase}: {describe(o, watch)}" for o in tally.over if o not in in_flight]
     if tally.exact < 0.99 * len(tally.outcomes):
