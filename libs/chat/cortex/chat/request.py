@@ -10,7 +10,8 @@
   (default true), ``continue_final_message``, ``documents`` and ``reasoning_effort`` override
   the same names in ``chat_template_kwargs``; both flags true is an error; a per-request
   ``chat_template`` is refused; the rendered text is tokenized with the request's
-  ``add_special_tokens`` (default false).
+  ``add_special_tokens`` (default false); media parts (``image_url`` …) are kept as
+  ``{"type": "image"}`` (``"video"``, ``"audio"``), never refused here.
 - **SGLang**: roles are SGLang's (case-insensitive), unset fields dropped, assistant tool-call
   ``arguments`` must be JSON objects; ``tools`` go to the template only when ``tool_choice`` is
   not ``"none"`` (a named ``tool_choice`` keeps only that tool); the generation prompt is
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortex.chat.errors import InvalidChatRequest
+from cortex.chat.media import MEDIA_PARTS
 from cortex.hashing import Engine
 
 __all__ = ["RenderArgs", "render_args", "text_add_special_tokens"]
@@ -112,7 +114,10 @@ def _content(message: Mapping[str, Any], where: str, engine: Engine) -> Any:
                 raise _invalid(f"{where}.content: a text part needs a string 'text'")
             parts.append({"type": "text", "text": part["text"]})
         elif engine is Engine.VLLM:
-            raise _invalid(f"{where}.content: '{part['type']}' parts need a multimodal model")
+            # vLLM's parser: a media part reaches the template as {"type": modality}; the
+            # engine (not the gateway) refuses media a text-only model cannot take
+            modality = MEDIA_PARTS.get(part["type"])
+            parts.append({"type": modality.value} if modality is not None else dict(part))
         else:
             parts.append(dict(part))  # SGLang drops or keeps them by template format
     return tuple(parts)
