@@ -10,7 +10,9 @@ Python), measured on the same bytes:
    applied by :class:`PrefixIndex` (sequencing, view, journal) and the journal encoded once
    into ReplicaBatch bytes: CPU per stored block and blocks per CPU second;
 3. **replica**: those ReplicaBatch bytes decoded and applied by a :class:`LedgerReplica`
-   (a gateway's copy): CPU per block;
+   (a gateway's copy): CPU per block; with the compiled core also op by op
+   (``wire_replay=False``, the path before a batch's stores went to the core in one call),
+   for the ratio between the two;
 4. **Match** through the index's core: 256 keys, 64 workers, p50/p99;
 5. **memory**: the RSS growth of the index per distinct block; with ``--big N`` also of one
    compiled tree of N blocks (the pure core is projected from its 1M figure: it would need
@@ -56,6 +58,7 @@ class CoreRun:
     index_rate: float = 0.0
     index_us: float = 0.0
     replica_us: float = 0.0
+    replica_per_op_us: float = 0.0
     match: tuple[float, float] = (0.0, 0.0)
     rss_per_block: float = 0.0
     estimate_per_block: float = 0.0
@@ -103,12 +106,14 @@ def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
     index = PrefixIndex(memory_budget_bytes=0, start_version=1)
     index.start_journal()
     replica = LedgerReplica()
-    replica.begin()
+    per_op = LedgerReplica(wire_replay=False)  # the same with the compiled core: op by op
     seq = 0
-    for batch in snapshot_batches(index.view, (), "bench", index.version):
-        seq += 1
-        batch.seq = seq
-        replica.apply(batch)
+    for follower in (replica, per_op):
+        follower.begin()
+        for seq, batch in enumerate(snapshot_batches(index.view, (), "bench", index.version),
+                                    1):
+            batch.seq = seq
+            follower.apply(batch)
     journal: list[bytes] = []
 
     def feed() -> None:
@@ -130,16 +135,20 @@ def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
     run.rss_per_block = (rss1 - rss0 - kept) / stats.blocks
     run.estimate_per_block = stats.bytes_estimate / stats.blocks
 
-    def follow() -> None:
-        nonlocal seq
-        for data in journal:
+    def follow(follower: LedgerReplica) -> None:
+        for at, data in enumerate(journal, seq + 1):
             batch = pb.ReplicaBatch.FromString(data)
-            seq += 1
-            batch.seq = seq
-            replica.apply(batch)
+            batch.seq = at
+            follower.apply(batch)
 
-    _, cpu = timed(follow)
+    _, cpu = timed(lambda: follow(replica))
     run.replica_us = cpu / work.stored_blocks * 1e6
+    if run.core is cores.Core.NATIVE:
+        _, cpu = timed(lambda: follow(per_op))
+        run.replica_per_op_us = cpu / work.stored_blocks * 1e6
+        for keys in queries[:50]:
+            assert per_op.match(DOMAIN, keys).sources == replica.match(DOMAIN, keys).sources
+    del per_op
     for keys in queries[:50]:  # the replica answers as the index does
         assert (replica.match(DOMAIN, keys).sources
                 == index.match(DOMAIN.model, block_keys=keys).sources)
@@ -199,6 +208,9 @@ def rows(native: CoreRun, python: CoreRun, big: tuple[float, int] | None
     yield ("replica CPU per block (decode + apply)", f"{native.replica_us:.3f} µs",
            f"{python.replica_us:.3f} µs", ratio(python.replica_us, native.replica_us),
            "≤ 0.25 µs")
+    yield ("replica CPU per block, op by op (compiled core; before: no batch replay)",
+           f"{native.replica_per_op_us:.3f} µs", "", ratio(native.replica_per_op_us,
+                                                          native.replica_us), "")
     yield ("Match, 256 keys, 64 workers, p50 / p99", f"{native.match[0]:.1f} / "
            f"{native.match[1]:.1f} µs", f"{python.match[0]:.1f} / {python.match[1]:.1f} µs",
            ratio(python.match[0], native.match[0]), "p50 ≤ 10 µs")
