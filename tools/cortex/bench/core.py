@@ -148,7 +148,6 @@ def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
         run.replica_per_op_us = cpu / work.stored_blocks * 1e6
         for keys in queries[:50]:
             assert per_op.match(DOMAIN, keys).sources == replica.match(DOMAIN, keys).sources
-    del per_op
     for keys in queries[:50]:  # the replica answers as the index does
         assert (replica.match(DOMAIN, keys).sources
                 == index.match(DOMAIN.model, block_keys=keys).sources)

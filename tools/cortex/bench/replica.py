@@ -16,6 +16,10 @@ Measured:
    index's ``Match`` over gRPC (mismatches are counted and reported, never hidden);
 5. **in-process match**: a replica's match time for a 256-block query.
 
+``--baseline``: each rate runs twice, first with replicas applying every op one by one
+(``LedgerReplica(wire_replay=False)``, the path before a batch's stores went to the compiled
+core in one call), then as a gateway does: the report gives both and their ratio.
+
 Writes ``docs/bench/replica.md`` and ``replica.png`` (``--out``).
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -103,13 +108,15 @@ async def _feeder(target: str, rate: float, seconds: float, blocks: int, per_bat
     print(json.dumps({"blocks": sent, "seconds": time.perf_counter() - started}), flush=True)
 
 
-async def _replica(target: str, seconds: float) -> None:
+async def _replica(target: str, seconds: float, per_op: bool = False) -> None:
     """A gateway's replica client for ``seconds``; then lag samples, match time and an
-    exactness check against the index's Match, as JSON on stdout."""
+    exactness check against the index's Match, as JSON on stdout. ``per_op``: its replica
+    applies every op one by one (the baseline)."""
     import numpy as np
 
     from cortex.gateway import GatewayMetrics, IndexConfig, ReplicaClient
     from cortex.ledger.client import IndexStub, index_channel, match_request
+    from cortex.ledger.replica import LedgerReplica
 
     lags: list[float] = []
 
@@ -121,6 +128,8 @@ async def _replica(target: str, seconds: float) -> None:
 
     client = Measured(IndexConfig(targets=(target,)), (DOMAIN.model,), GatewayMetrics(),
                       lambda changes: None, replica_id=f"bench-{os.getpid()}")
+    if per_op:
+        client.replica = LedgerReplica(wire_replay=False)
     rss0 = rss_bytes(os.getpid()) or 0
     async with client:
         await asyncio.sleep(seconds)
@@ -175,6 +184,7 @@ class RateResult:
     queries: int
     index_bytes_per_block: float
     profiles: dict[str, Path] = field(default_factory=dict)  # process -> raw py-spy stacks
+    per_op: bool = False  # the baseline: replicas applying op by op
 
 
 def _child(sup: Supervisor, name: str, *args: str) -> Child:
@@ -194,9 +204,10 @@ def _result(child: Child, timeout: float) -> dict[str, Any]:
 
 
 def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch: int,
-             seed: int, profile: tuple[str, Path] | None = None) -> RateResult:
+             seed: int, profile: tuple[str, Path] | None = None, per_op: bool = False
+             ) -> RateResult:
     """One rate; ``profile`` = (py-spy, directory): the index and the first replica are
-    sampled over the feeding window."""
+    sampled over the feeding window. ``per_op``: the replicas apply op by op."""
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="cortex-bench-replica-") as logs, \
@@ -206,8 +217,8 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
             "--metrics-port", str(metrics_port), "--log-level", "WARNING",
             "--memory-budget-bytes", "0"])
         wait_until(lambda: _port_open(port), 30, 0.05, "index")
-        children = [_child(sup, f"replica-{i}", "replica", target, str(seconds + 2))
-                    for i in range(replicas)]
+        children = [_child(sup, f"replica-{i}", "replica", target, str(seconds + 2),
+                           *(["per-op"] if per_op else [])) for i in range(replicas)]
         wait_until(lambda: _subscribers(metrics_port) == replicas, 30, 0.05,
                    "the replicas to subscribe")
         procs = [index, *children]
@@ -217,7 +228,8 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
         spies, profiles = [], {}
         if profile is not None:
             for name, proc in (("index", index), ("replica", children[0])):
-                profiles[name] = profile[1] / f"replica-{name}-{rate:.0f}.txt"
+                tag = "-per-op" if per_op else ""
+                profiles[name] = profile[1] / f"replica-{name}-{rate:.0f}{tag}.txt"
                 spies.append(pyspy.record(profile[0], proc.pid, seconds, profiles[name]))
         fed = _result(feeder, seconds + 60)
         cpu1 = {p.pid: cpu_s(p.pid) or 0.0 for p in procs}
@@ -241,6 +253,7 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
         queries=sum(o["queries"] for o in outs),
         index_bytes_per_block=index_rss / held,
         profiles=profiles,
+        per_op=per_op,
     )
 
 
@@ -277,17 +290,23 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         f"updates a batch), {replicas} replica processes (a gateway's `ReplicaClient` each), "
         "all on 127.0.0.1 and one machine: the replicas compete with the index for the cores.",
         "",
-        *table(("offered blocks/s", "sent", "achieved blocks/s", "lag p50", "p99", "max",
-                "index CPU / block", "replica CPU / block", "replica RSS / block",
-                "match (256 keys)",
-                "answers ≠ index"),
-               [(f"{r.rate:,.0f}", f"{r.blocks:,}", f"{r.blocks / r.seconds:,.0f}",
+        *table(("offered blocks/s", "replicas apply", "sent", "achieved blocks/s", "lag p50",
+                "p99", "max", "index CPU / block", "replica CPU / block",
+                "replica RSS / block", "match (256 keys)", "answers ≠ index"),
+               [(f"{r.rate:,.0f}", "op by op (baseline)" if r.per_op else "batch (default)",
+                 f"{r.blocks:,}", f"{r.blocks / r.seconds:,.0f}",
                  f"{r.lag_p50_ms:.1f} ms",
                  f"{r.lag_p99_ms:.1f} ms", f"{r.lag_max_ms:.0f} ms",
                  f"{r.index_cpu_us_per_block:.2f} µs", f"{r.replica_cpu_us_per_block:.2f} µs",
                  f"{r.replica_bytes_per_block:.0f} B", f"{r.match_us:.0f} µs",
-                 f"{r.mismatches} of {r.queries}") for r in results], "r" * 11),
+                 f"{r.mismatches} of {r.queries}") for r in results], "rl" + "r" * 10),
     ]
+    pairs = [(b, r) for b, r in itertools.pairwise(results)
+             if b.per_op and not r.per_op and b.rate == r.rate]
+    if pairs:
+        lines += ["", "Replica CPU per block, op by op / batch (same run, same rate): " + ", ".join(
+            f"{r.rate:,.0f}/s: {b.replica_cpu_us_per_block / r.replica_cpu_us_per_block:.2f}x"
+            for b, r in pairs) + "."]
     lines += [
         "",
         "- **lag**: a replica applying a live batch, minus the index's `applied_unix_s` for",
@@ -306,10 +325,13 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         "",
     ]
     last = results[-1]
-    for name, raw in last.profiles.items():
-        if raw.exists():
-            lines += [f"## Where the {name}'s time goes at {last.rate:,.0f} blocks/s offered "
-                      "(py-spy)", "", *pyspy.top_frames_table(raw), ""]
+    shown = [r for r in results if r.rate == last.rate]
+    for r in shown:
+        for name, raw in r.profiles.items():
+            how = " (replicas op by op)" if r.per_op else ""
+            if raw.exists():
+                lines += [f"## Where the {name}'s time goes at {r.rate:,.0f} blocks/s offered"
+                          f"{how} (py-spy)", "", *pyspy.top_frames_table(raw), ""]
     return "\n".join(lines)
 
 
@@ -344,8 +366,8 @@ def _main(args: argparse.Namespace) -> int:
             asyncio.run(_feeder(target, float(rate), float(seconds), int(blocks),
                                 int(per_batch), int(seed)))
         else:
-            target, seconds = rest
-            asyncio.run(_replica(target, float(seconds)))
+            target, seconds, *how = rest
+            asyncio.run(_replica(target, float(seconds), per_op=how == ["per-op"]))
         return 0
     rates = [float(r) for r in args.rates.split(",")]
     results = []
@@ -353,12 +375,15 @@ def _main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     profile = (pyspy.find_py_spy(args.py_spy), out) if args.profile else None
     for i, rate in enumerate(rates):
-        print(f"rate {rate:,.0f} blocks/s ...", flush=True)
-        result = run_rate(rate, args.replicas, args.seconds, args.blocks_per_update,
-                          args.updates_per_batch, i, profile)
-        print(f"  lag p50 {result.lag_p50_ms:.1f} ms p99 {result.lag_p99_ms:.1f} ms, "
-              f"{result.mismatches} mismatches", flush=True)
-        results.append(result)
+        for per_op in (True, False) if args.baseline else (False,):
+            how = " (replicas op by op)" if per_op else ""
+            print(f"rate {rate:,.0f} blocks/s{how} ...", flush=True)
+            result = run_rate(rate, args.replicas, args.seconds, args.blocks_per_update,
+                              args.updates_per_batch, i, profile, per_op)
+            print(f"  lag p50 {result.lag_p50_ms:.1f} ms p99 {result.lag_p99_ms:.1f} ms, "
+                  f"replica {result.replica_cpu_us_per_block:.2f} µs/block, "
+                  f"{result.mismatches} mismatches", flush=True)
+            results.append(result)
     command = "cortex bench replica " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
     (out / "replica.md").write_text(render(results, args.replicas, args.blocks_per_update,
                                            args.updates_per_batch, command.strip()),
@@ -384,6 +409,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample the index and one replica with py-spy (top frames in "
                              "the report)")
     parser.add_argument("--py-spy", default="", help="py-spy executable (default: on PATH)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="run each rate first with replicas applying op by op (ratios)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
 
 

@@ -23,6 +23,7 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
 from cortex.hashing import HashDomain
+from cortex.ledger import cores
 from cortex.ledger.codec import (
     domain_from_pb,
     domain_to_pb,
@@ -34,7 +35,6 @@ from cortex.ledger.codec import (
     source_to_pb,
     state_from_pb,
 )
-from cortex.ledger import cores
 from cortex.ledger.cores import tree_from_columns
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match
