@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "_keymap.h"
 #include "_wire.h"
 
 #define NO_PARENT (-1)
@@ -1384,6 +1385,8 @@ done:
 static PyMethodDef core_functions[] = {
     {"plan_replica_ops", (PyCFunction)plan_replica_ops, METH_O, NULL},
     {"replay_replica_ops", (PyCFunction)replay_replica_ops, METH_VARARGS, NULL},
+    {"keymap_store", (PyCFunction)keymap_store, METH_VARARGS, NULL},
+    {"keymap_remove", (PyCFunction)keymap_remove, METH_VARARGS, NULL},
     {NULL},
 };
 
