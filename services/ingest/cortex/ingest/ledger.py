@@ -22,13 +22,15 @@ from cortex.ledger import cores
 try:
     from cortex.ledger._core import keymap_remove, keymap_store
 except ImportError:  # the compiled core is not built (cores logs it): Python loops only
-    keymap_remove = keymap_store = None
+    _BUILT = False
+else:
+    _BUILT = True
 
 __all__ = ["Ledger"]
 
 
 def _compiled() -> bool:
-    return keymap_store is not None and cores.active() is cores.Core.NATIVE
+    return _BUILT and cores.active() is cores.Core.NATIVE
 
 
 class Ledger:
