@@ -1278,14 +1278,15 @@ done:
 /* Room for ``n`` keys in ``*buf`` (of ``*cap``); the wire's little-endian words copied in. */
 static const uint64_t *wire_keys(const uint8_t *batch, int64_t at, int64_t n, uint64_t **buf,
                                  int64_t *cap) {
-    if (n > *cap) {
-        uint64_t *more = PyMem_Realloc(*buf, (size_t)n * 8);
+    if (n > *cap || !*buf) { /* never NULL, even for no keys: NULL is the error return */
+        int64_t want = n > 0 ? n : 1;
+        uint64_t *more = PyMem_Realloc(*buf, (size_t)want * 8);
         if (!more) {
             PyErr_NoMemory();
             return NULL;
         }
         *buf = more;
-        *cap = n;
+        *cap = want;
     }
     const uint8_t *p = batch + at;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -1343,14 +1344,15 @@ static PyObject *replay_replica_ops(PyObject *module, PyObject *args) {
         if (!k) goto done;
         uint64_t now = tick + (uint64_t)i + 1;
         if (op->kind == OP_REMOVE) {
-            if (op->n > dropped_cap) {
-                uint64_t *more = PyMem_Realloc(dropped, (size_t)op->n * 8);
+            if (op->n > dropped_cap || !dropped) {
+                int64_t want = op->n > 0 ? op->n : 1;
+                uint64_t *more = PyMem_Realloc(dropped, (size_t)want * 8);
                 if (!more) {
                     PyErr_NoMemory();
                     goto done;
                 }
                 dropped = more;
-                dropped_cap = op->n;
+                dropped_cap = want;
             }
             int64_t gone = remove_keys(t, bit, k, op->n, dropped);
             if (gone) {
