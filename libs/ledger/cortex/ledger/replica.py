@@ -306,8 +306,9 @@ class LedgerReplica:
         replica's version. The deepest block any source matched is remembered for
         :meth:`take_touched`."""
         self._tick += 1
-        matches = Match.of(self.view.match(domain, keys, self._tick), self.version, len(keys),
-                           domain)
+        view = self.view
+        matches = Match.of(view.match(domain, keys, self._tick), self.version, len(keys),
+                           domain, shared_tier=view.has_shared_tier(domain))
         deepest = matches.deepest
         if deepest:
             touched = self._touched.setdefault(domain, set())
