@@ -225,8 +225,13 @@ class LedgerView:
     def has_shared_tier(self, domain: HashDomain) -> bool:
         """Whether a source of the shared tier is attached in ``domain`` (when none is, a
         match's shared prefix is 0 without looking: :meth:`Match.of`'s ``shared_tier``)."""
-        tree = self.trees.get(domain)
-        return tree is not None and self._roster(domain, tree)[3]
+        cached = self._rosters.get(domain)  # a match just cached it: one lookup
+        if cached is None:
+            tree = self.trees.get(domain)
+            if tree is None:
+                return False
+            cached = self._roster(domain, tree)
+        return cached[3]
 
     def _roster(self, domain: HashDomain, tree: RadixHashTree) -> _Roster:
         """``(bit, source, place)`` of the domain's attached sources, whether any is an
