@@ -28,6 +28,7 @@ from cortex.chat import (
     tokenize_response,
 )
 from cortex.hashing import Engine
+from cortex.sim import named_events as named
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
 from cortex.sim.admin import cache_listing, sim_state
@@ -56,6 +57,7 @@ _DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's explicit data-parallel rank
 SERVED_BY_HEADER = "x-cortex-sim-port"
 """Response header of every generation: the HTTP port of the worker that served it."""
 _STALL_CHECK_S = 0.2  # a stalled stream notices its client left within this (s)
+_NAMED = (Endpoint.MESSAGES, Endpoint.RESPONSES)  # answered with named SSE events
 
 
 class _StreamCut(Exception):
@@ -108,6 +110,8 @@ class SimRoutes:
         r.add_get("/v1/models", self._models)
         r.add_post("/v1/chat/completions", self._generation(proto.parse_chat))
         r.add_post("/v1/completions", self._generation(proto.parse_completion))
+        r.add_post("/v1/messages", self._generation(proto.parse_messages))
+        r.add_post("/v1/responses", self._generation(proto.parse_responses))
         r.add_get("/metrics", self._metrics)
         r.add_get("/version", self._version)
         r.add_post("/tokenize", self._tokenize)
@@ -435,6 +439,8 @@ class SimRoutes:
         params = results[0].kv_transfer_params if results else None
         if params is not None:
             extra["kv_transfer_params"] = dict(params)
+        if req.endpoint in _NAMED:
+            return named.named_response(req, results[0], self.config.engine)
         if req.endpoint is Endpoint.CHAT:
             return shape.chat_response(req, results, self.shaping, extra)
         if req.endpoint is Endpoint.COMPLETIONS:
@@ -473,18 +479,42 @@ class SimRoutes:
             await resp.write(data)
             sent += 1
 
+        numbered = 0  # Responses events carry a sequence number
+        opened = False
+
+        async def write_named(events: list[dict[str, Any]]) -> None:
+            nonlocal numbered
+            if req.endpoint is Endpoint.RESPONSES:
+                events = named.numbered(events, numbered)
+                numbered += len(events)
+            for event in events:
+                await write(named.event_bytes(event))
+
         async def emit(result: SequenceResult, done: int) -> None:
+            nonlocal opened
             async with lock:
+                if req.endpoint in _NAMED:
+                    events = [] if opened else named.opening_events(req, result, engine)
+                    opened = True
+                    await write_named([*events, *named.piece_events(
+                        req, result.plan.pieces[done - 1])])
+                    return
                 for chunk in self._chunks(req, result, done):
                     await write(_sse(chunk))
 
+        engine = self.config.engine
         try:
             await self._stall(request, 0)
             results = await self._run_all(req, emit)
             async with lock:
-                if req.include_usage and req.endpoint is not Endpoint.GENERATE:
-                    await write(_sse(shape.usage_chunk(req, results)))
-                await write(b"data: [DONE]\n\n")
+                if req.endpoint in _NAMED:
+                    last = results[0]
+                    await write_named([*([] if opened else named.opening_events(
+                        req, last, engine)), *named.closing_events(req, last, engine)])
+                else:
+                    if req.include_usage and req.endpoint is not Endpoint.GENERATE:
+                        await write(_sse(shape.usage_chunk(req, results)))
+                    await write(b"data: [DONE]\n\n")
         except _StreamCut:
             log.info("fault: cut the stream of %s after %d chunks", req.request_id, sent)
             if request.transport is not None:

@@ -35,7 +35,7 @@ from cortex.gateway.errors import ErrorCode, UpstreamError
 from cortex.gateway.fleet.pool import ProgressWatch, WorkerPool
 from cortex.gateway.http import json_codec
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.payload import InferencePath, InferenceRequest
+from cortex.gateway.request.payload import AGENT_PATHS, InferencePath, InferenceRequest
 from cortex.gateway.routing.router import Routed, Router, uncached
 from cortex.gateway.upstream.client import FailureKind, Upstream, UpstreamFailure
 from cortex.hashing import Engine
@@ -49,7 +49,10 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     """The body to send: the client's bytes, or with ``stream_options.include_usage`` set
     when the gateway needs the usage chunk the client did not ask for, and, for an SGLang
     model addressed by a LoRA adapter's name, ``lora_path`` naming it (SGLang's OpenAI
-    server takes the adapter from ``lora_path``; ``model`` it only echoes)."""
+    server takes the adapter from ``lora_path``; ``model`` it only echoes). Messages and
+    Responses requests go as the client sent them."""
+    if req.endpoint in AGENT_PATHS:
+        return raw
     if (req.adapter is not None and req.model.engine is Engine.SGLANG
             and "lora_path" not in req.body):
         body = {**req.body, "lora_path": req.adapter}
