@@ -135,12 +135,12 @@ def responses_request(rng: random.Random, i: int) -> dict[str, Any]:
     return body
 
 
-def messages_corpus(n: int = 220, seed: int = 29, *, system_role: bool = False
+def messages_corpus(n: int = 300, seed: int = 29, *, system_role: bool = False
                     ) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [messages_request(rng, i, system_role=system_role) for i in range(n)]
 
 
-def responses_corpus(n: int = 220, seed: int = 29) -> list[dict[str, Any]]:
+def responses_corpus(n: int = 240, seed: int = 29) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [responses_request(rng, i) for i in range(n)]

@@ -424,7 +424,9 @@ def _sglang_tool_contents(content: Any) -> tuple[list[Any], str]:
         elif kind in ("image", "tool_reference", "search_result"):
             raise UnmodelledRequest(f"a tool_result holding a {kind!r} item")
     text = "\n".join(part["text"] for part in parts)
-    return ([part["text"] for part in parts] if parts else [""]), text
+    if not parts:
+        return [""], text
+    return [parts[0]["text"] if len(parts) == 1 else parts], text
 
 
 def _sglang_chat_body(body: Mapping[str, Any], options: MessagesOptions) -> dict[str, Any]:
