@@ -173,12 +173,14 @@ async def test_followups_stay_pinned_and_unmodelled_requests_are_relayed(
                 async with http.post(c.gateway.url + "/v1/responses", json={
                         "model": MODEL, "previous_response_id": response_id,
                         "input": "and now?"}) as resp:
+                    assert resp.status == 200, await resp.text()
                     assert resp.headers["x-cortex-assigned-worker"] == owner
                     assert resp.headers["x-cortex-match-mode"] == "passthrough"
 
         # a Responses 'custom' tool is not modelled: relayed by load, answered by the engine
         custom = {**body, "tools": [{"type": "custom", "name": "apply_patch"}]}
         async with http.post(c.gateway.url + "/v1/responses", json=custom) as resp:
+            assert resp.status == 200
             assert resp.headers["x-cortex-match-mode"] == "passthrough"
 
         # what the engine rejects is a 400 before routing

@@ -27,6 +27,8 @@ from cortex.chat import (
     tokenize_query,
     tokenize_response,
 )
+from cortex.chat.errors import UnmodelledRequest
+from cortex.chat.responses_api import responses_chat_body
 from cortex.hashing import Engine
 from cortex.sim import named_events as named
 from cortex.sim import protocol as proto
@@ -97,6 +99,9 @@ class SimRoutes:
         self._faults_changed = asyncio.Event()
         self.shutting_down = False
         self.seen: dict[str, str] = {}  # the last request's trace context (``traceparent``)
+        self.auxiliary = AuxiliaryRoutes(config.model, lambda: {
+            SERVED_BY_HEADER: str(self.ports.get("http"))})
+        self._generate_responses = self._generation(proto.parse_responses)
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -111,7 +116,7 @@ class SimRoutes:
         r.add_post("/v1/chat/completions", self._generation(proto.parse_chat))
         r.add_post("/v1/completions", self._generation(proto.parse_completion))
         r.add_post("/v1/messages", self._generation(proto.parse_messages))
-        r.add_post("/v1/responses", self._generation(proto.parse_responses))
+        r.add_post("/v1/responses", self._responses)
         r.add_get("/metrics", self._metrics)
         r.add_get("/version", self._version)
         r.add_post("/tokenize", self._tokenize)
@@ -131,8 +136,7 @@ class SimRoutes:
             r.add_get("/server_info", self._vllm_server_info)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             add_vllm_discovery_routes(r, self.config, self.ports)
-        AuxiliaryRoutes(self.config.model, lambda: {
-            SERVED_BY_HEADER: str(self.ports.get("http"))}).add_to(app)
+        self.auxiliary.add_to(app)
         r.add_get("/sim/state", self._sim_state)
         r.add_get("/sim/cache", self._sim_cache)
         r.add_route("*", "/sim/faults", self._sim_faults)
@@ -368,6 +372,23 @@ class SimRoutes:
             return self._error("the request body must be a JSON object")
         return body
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """A stateless ``/v1/responses`` request is a generation; a follow-up by
+        ``previous_response_id``, or a request whose conversion ``cortex.chat`` does not
+        model (every SGLang one), gets the kept-responses stand-in answer."""
+        try:
+            body = await request.json(loads=json.loads)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if isinstance(body, dict):
+            try:
+                responses_chat_body(body, self.config.engine)
+            except UnmodelledRequest:
+                return await self.auxiliary.reply(request)
+            except ChatError:
+                pass  # the generation path answers it
+        return await self._generate_responses(request)
+
     def _generation(self, parse: Parser) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             body = await self._json(request)
@@ -460,8 +481,10 @@ class SimRoutes:
         except TransferError as exc:
             log.warning("request %s aborted: %s", req.request_id, exc)
             return self._error(str(exc), 500, "InternalServerError")
-        return web.json_response(self._body(req, results),
-                                 headers=self._source_headers(results, headers))
+        body = self._body(req, results)
+        if req.endpoint is Endpoint.RESPONSES:
+            self.auxiliary.keep(body)
+        return web.json_response(body, headers=self._source_headers(results, headers))
 
     async def _stream(self, request: web.Request, req: GenRequest, headers: dict[str, str]
                       ) -> web.StreamResponse:
@@ -509,8 +532,11 @@ class SimRoutes:
             async with lock:
                 if req.endpoint in _NAMED:
                     last = results[0]
+                    closing = named.closing_events(req, last, engine)
+                    if req.endpoint is Endpoint.RESPONSES:
+                        self.auxiliary.keep(closing[-1]["response"])
                     await write_named([*([] if opened else named.opening_events(
-                        req, last, engine)), *named.closing_events(req, last, engine)])
+                        req, last, engine)), *closing])
                 else:
                     if req.include_usage and req.endpoint is not Endpoint.GENERATE:
                         await write(_sse(shape.usage_chunk(req, results)))
