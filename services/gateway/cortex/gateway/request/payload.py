@@ -44,7 +44,7 @@ from cortex.chat.messages_api import MessagesOptions, messages_chat_body
 from cortex.chat.responses_api import responses_chat_body
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import JSONDecodeError, json_loads
 
 __all__ = ["AGENT_PATHS", "Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
            "Unmodelled",
@@ -249,8 +249,8 @@ def _bad_json(message: str) -> ClientError:
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object of a request body (strict UTF-8, no lone surrogates)."""
     try:  # the C codec takes only what is valid; the rest is parsed again to say why not
-        body = json_codec.loads(raw)
-    except json_codec.JSONDecodeError:
+        body = json_loads(raw)
+    except JSONDecodeError:
         body = _parse_invalid(raw)
     if not isinstance(body, dict):
         raise _bad_json("request body must be a JSON object")
