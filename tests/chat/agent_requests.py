@@ -6,9 +6,16 @@ short tool results, thinking on or off; ``n`` requests from ``seed``.
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import random
+from pathlib import Path
 from typing import Any
+
+from cortex.chat import ChatError, ChatPrompt, ChatTokenizer, render_args
+from cortex.chat.errors import UnmodelledRequest
+from cortex.hashing import Engine
 
 _WORDS = ("the repo build test file function error line patch diff module import config "
           "server token cache worker route request answer stream event usage prefix block "
@@ -144,3 +151,60 @@ def messages_corpus(n: int = 300, seed: int = 29, *, system_role: bool = False
 def responses_corpus(n: int = 240, seed: int = 29) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [responses_request(rng, i) for i in range(n)]
+
+
+# ---- the engines' own conversions of these corpora (tools/realengines/agent_goldens.py) ----
+
+DATA = Path(__file__).parent / "data"
+
+
+@functools.cache
+def golden() -> dict[str, Any]:
+    with gzip.open(DATA / "agent_apis.json.gz", "rt", encoding="utf-8") as f:
+        loaded: dict[str, Any] = json.load(f)
+    return loaded
+
+
+@functools.cache
+def tokenizer(name: str) -> ChatTokenizer:
+    return ChatTokenizer.load(DATA / "qwen3.5" if name == "qwen3.5" else None)
+
+
+def prompt_or_error(make: Any) -> ChatPrompt | Exception:
+    """What the engine tokenizes (its ids are ``encode_prompt`` of it, a pure function: equal
+    prompts are equal ids), or the refusal."""
+    try:
+        result: ChatPrompt = make()
+    except (ChatError, UnmodelledRequest) as exc:
+        return exc
+    return result
+
+
+
+
+def count_mismatches(api: str, template: str, engine: str, ours: Any) -> tuple[int, int, int]:
+    """``(compared, refused, mismatches)`` of ``ours(chat, body)`` (Cortex's prompt of a
+    body) against the engine's conversion in the golden file: what the engine refused (or
+    its converted chat the template refuses) Cortex must refuse too."""
+    data = golden()
+    chat = tokenizer(template)
+    kind = Engine(engine)
+    compared = refused = mismatches = 0
+    for i, (body, theirs) in enumerate(zip(data[api], data["templates"][template][engine][api],
+                                           strict=True)):
+        mine = prompt_or_error(lambda b=body: ours(chat, b))
+        if "error" in theirs:
+            assert isinstance(mine, ChatError), (i, theirs["error"], mine)
+            refused += 1
+            continue
+        expected = prompt_or_error(lambda t=theirs: chat.prompt(render_args(t, kind)))
+        if isinstance(expected, Exception):
+            assert isinstance(mine, ChatError), (i, expected)
+            refused += 1
+            continue
+        compared += 1
+        mismatches += mine != expected
+        if compared % 25 == 1:  # and the ids themselves, now and then
+            assert isinstance(mine, ChatPrompt) and isinstance(expected, ChatPrompt)
+            assert chat.encode_prompt(mine) == chat.encode_prompt(expected)
+    return compared, refused, mismatches

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,9 @@ from cortex.devcluster.cluster import LocalCluster
 from cortex.hashing import Engine
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
+from ..chat.agent_requests import messages_corpus, responses_corpus
 from .conftest import model_dir
 from .workload import post, report
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "chat"))
-from agent_requests import messages_corpus, responses_corpus
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 

@@ -5,8 +5,8 @@
 to (or its refusal), per chat template whose probes differ (Qwen3.5: inline system messages
 merged; DeepSeek-V4: not): vLLM 0.32 through ``agent_reference.py`` (the real engines'
 interpreter), SGLang 0.5.23 through ``sglang_agent_reference.py`` (its wheel, see there).
-``tests/chat/test_agent_apis.py`` then checks Cortex's conversion against them without
-either engine. Run from the project root::
+``tests/chat/test_messages_api.py`` / ``test_responses_api.py`` then check Cortex's
+conversion against them without either engine. Run from the project root::
 
     .venv/bin/python tools/realengines/agent_goldens.py /tmp/sgl /tmp/sgl-deps
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import json_loads
 from cortex.gateway.upstream.sse import EventStreamCheck
 
 __all__ = ["NamedEventStream"]
@@ -53,7 +53,7 @@ class NamedEventStream:
 
     def _event(self, data: bytes) -> None:
         try:
-            obj = json_codec.loads(data)
+            obj = json_loads(data)
         except ValueError:
             return
         if not isinstance(obj, dict):

@@ -1,27 +1,20 @@
-"""Messages / Responses conversions against each engine's own code: zero token mismatches.
+"""Anthropic Messages → the engine's chat request (``cortex.chat.messages_api``).
 
-``data/agent_apis.json.gz`` holds an agent-shaped corpus (long system prompt and tool
-schema, tool_use / tool_result turns, thinking on and off; 300 Messages and 240 Responses
-bodies) and what vLLM 0.32's and SGLang 0.5.23's own conversion code made of each body — run
-offline by ``tools/realengines/agent_goldens.py`` — for two chat templates whose probes
-differ. For every body, Cortex's ids (:func:`messages_render_args` /
-:func:`responses_render_args` + ``encode_chat``) must equal the ids of the engine's chat
-request (its rendering by ``render_args`` + ``encode_chat`` is checked against
-``transformers`` in ``test_chat_engine_exactness``), and what the engine refused Cortex
-refuses. The real vLLM check is ``tests/realengines/test_real_agent_apis.py``.
+The corpus check: ``agent_requests`` holds 300 agent-shaped Messages bodies (long system
+prompt and tool schema, tool_use / tool_result turns, thinking enabled / disabled / absent,
+billing headers, late system reminders) and what vLLM 0.32's and SGLang 0.5.23's own
+conversion code made of each (``data/agent_apis.json.gz``, written by
+``tools/realengines/agent_goldens.py``), for two templates whose probes differ. Cortex's
+prompt must equal the prompt of the engine's chat request for every body (0 mismatches),
+and what the engine refused Cortex refuses. Against a running vLLM:
+``tests/realengines/test_real_agent_apis.py``.
 """
 
 from __future__ import annotations
 
-import functools
-import gzip
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from cortex.chat import ChatError, ChatPrompt, ChatTokenizer, render_args
+from cortex.chat import ChatError
 from cortex.chat.errors import UnmodelledRequest
 from cortex.chat.messages_api import (
     MessagesOptions,
@@ -30,70 +23,24 @@ from cortex.chat.messages_api import (
     messages_options,
     messages_render_args,
 )
-from cortex.chat.responses_api import responses_chat_body, responses_render_args
 from cortex.hashing import Engine
 
-DATA = Path(__file__).parent / "data"
+from .agent_requests import count_mismatches, golden, tokenizer
 
 
-@functools.cache
-def golden() -> dict[str, Any]:
-    with gzip.open(DATA / "agent_apis.json.gz", "rt", encoding="utf-8") as f:
-        loaded: dict[str, Any] = json.load(f)
-    return loaded
-
-
-@functools.cache
-def tokenizer(name: str) -> ChatTokenizer:
-    return ChatTokenizer.load(DATA / "qwen3.5" if name == "qwen3.5" else None)
-
-
-def prompt_or_error(make: Any) -> ChatPrompt | Exception:
-    """What the engine tokenizes (its ids are ``encode_prompt`` of it, a pure function: equal
-    prompts are equal ids), or the refusal."""
-    try:
-        result: ChatPrompt = make()
-    except (ChatError, UnmodelledRequest) as exc:
-        return exc
-    return result
-
-
-CASES = [(t, e, a) for t in ("qwen3.5", "deepseek_v4") for e in ("vllm", "sglang")
-         for a in ("messages", "responses") if not (e == "sglang" and a == "responses")]
-
-
-@pytest.mark.parametrize(("template", "engine", "api"), CASES)
-def test_zero_token_mismatches_against_the_engines_conversion(template: str, engine: str,
-                                                              api: str) -> None:
-    data = golden()
-    chat = tokenizer(template)
-    ref = data["templates"][template][engine]
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("template", ["qwen3.5", "deepseek_v4"])
+def test_zero_token_mismatches_against_the_engines_conversion(template: str,
+                                                              engine: str) -> None:
     kind = Engine(engine)
-    options = messages_options(chat, kind)
+    options = messages_options(tokenizer(template), kind)
+    ref = golden()["templates"][template][engine]
     assert options.merge_inline_system == ref["merge_inline_system"]
-    if engine == "vllm":
+    if kind is Engine.VLLM:
         assert options.disabled_thinking_effort == ref["disabled_thinking_effort"]
-    compared = refused = mismatches = 0
-    for i, (body, theirs) in enumerate(zip(data[api], ref[api], strict=True)):
-        if api == "messages":
-            mine = prompt_or_error(lambda b=body: chat.prompt(
-                messages_render_args(b, kind, options)))
-        else:
-            mine = prompt_or_error(lambda b=body: chat.prompt(responses_render_args(b, kind)))
-        if "error" in theirs:
-            assert isinstance(mine, ChatError), (i, theirs["error"], mine)
-            refused += 1
-            continue
-        expected = prompt_or_error(lambda t=theirs: chat.prompt(render_args(t, kind)))
-        if isinstance(expected, Exception):  # the template refuses the converted chat
-            assert isinstance(mine, ChatError), (i, expected)
-            refused += 1
-            continue
-        compared += 1
-        mismatches += mine != expected
-        if compared % 25 == 1:  # and the ids themselves, now and then
-            assert isinstance(mine, ChatPrompt)
-            assert chat.encode_prompt(mine) == chat.encode_prompt(expected)
+    compared, refused, mismatches = count_mismatches(
+        "messages", template, engine,
+        lambda chat, body: chat.prompt(messages_render_args(body, kind, options)))
     assert mismatches == 0
     assert compared >= 200, (compared, refused)
 
@@ -191,33 +138,3 @@ def test_messages_rejections_and_unmodelled(engine: Engine) -> None:
                                              "name": "web_search"}]}, engine)
 
 
-def test_responses_conversion_details() -> None:
-    body = {"model": "m", "instructions": "I", "reasoning": {"effort": "none"}, "input": [
-        {"type": "reasoning", "id": "r", "summary": [{"type": "summary_text", "text": "s"}]},
-        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c", "output": "o"},
-        {"type": "message", "role": "assistant", "status": "incomplete",
-         "content": [{"type": "output_text", "text": "par"}]}],
-        "tools": [{"type": "function", "name": "f", "parameters": {}},
-                  {"type": "web_search_preview"}]}
-    chat = responses_chat_body(body, Engine.VLLM)
-    assert chat["messages"] == [
-        {"role": "system", "content": "I"},
-        {"role": "assistant", "reasoning": "s", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-        {"role": "tool", "content": "o", "tool_call_id": "c"},
-        {"role": "assistant", "content": "par"}]
-    assert (chat["add_generation_prompt"], chat["continue_final_message"]) == (False, True)
-    assert chat["reasoning_effort"] == "none"
-    assert [t["function"]["name"] for t in chat["tools"]] == ["f"]
-    args = render_args(chat, Engine.VLLM)
-    assert args.template_kwargs["enable_thinking"] is False
-    for unmodelled in ({**body, "previous_response_id": "resp_1"},
-                       {**body, "tools": [{"type": "custom", "name": "patch"}]}):
-        with pytest.raises(UnmodelledRequest):
-            responses_chat_body(unmodelled, Engine.VLLM)
-    with pytest.raises(UnmodelledRequest):
-        responses_chat_body({"model": "m", "input": "hi"}, Engine.SGLANG)
-    with pytest.raises(ChatError):
-        responses_chat_body({"model": "m", "input": [{"type": "item_reference", "id": "x"}]},
-                            Engine.VLLM)
