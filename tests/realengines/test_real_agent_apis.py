@@ -57,10 +57,20 @@ def _reference(install: VllmInstall, job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _validated(message: dict[str, Any]) -> dict[str, Any]:
+    """A Responses chat message as the chat request models validate it: without the item's
+    ``type``, ``input_text`` parts as ``text`` parts (vLLM parses both the same way)."""
+    out = {k: v for k, v in message.items() if k != "type"}
+    if isinstance(out.get("content"), list):
+        out["content"] = [{**p, "type": "text"} if p.get("type") == "input_text" else p
+                          for p in out["content"]]
+    return out
+
+
 def _tokenize_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
     """A chat request as ``/tokenize`` takes it: a request-level ``reasoning_effort`` (which
     ``/tokenize`` drops) moved into the template variables, as chat completions merge it."""
-    body = {"model": model, **chat}
+    body = {"model": model, **chat, "messages": [_validated(m) for m in chat["messages"]]}
     effort = body.pop("reasoning_effort", None)
     if effort is not None:
         kwargs = dict(body.get("chat_template_kwargs") or {})
@@ -68,6 +78,12 @@ def _tokenize_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
         kwargs.setdefault("enable_thinking", effort != "none")
         body["chat_template_kwargs"] = kwargs
     return body
+
+
+def _servable(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as this engine serves it: it runs without ``--enable-auto-tool-choice``, so
+    a request with tools says ``tool_choice: none`` (vLLM renders the tools all the same)."""
+    return {**body, "tool_choice": {"type": "none"}} if body.get("tools") else body
 
 
 def _ours(make: Any) -> list[int] | None:
@@ -83,7 +99,7 @@ def test_messages_ids_equal_the_engines(install: VllmInstall, engines: list[Vllm
     engine = engines[0]
     chat = _tokenizer(install)
     options = messages_options(chat, Engine.VLLM)
-    bodies = _named(messages_corpus(), engine.served_name)
+    bodies = [_servable(b) for b in _named(messages_corpus(), engine.served_name)]
     ref = _reference(install, {"messages": bodies,
                                "merge_inline_system": options.merge_inline_system,
                                "disabled_thinking_effort": options.disabled_thinking_effort})
@@ -155,7 +171,7 @@ def test_the_engine_reports_the_prompt_tokens_cortex_computes(
         bodies = _named(responses_corpus(30, seed=7), engine.served_name)
     for body in bodies:
         if api == "messages":
-            body = {**body, "max_tokens": 1}
+            body = _servable({**body, "max_tokens": 1})
             body.pop("thinking", None)
             ours = _ours(lambda b=body: chat.encode_chat(messages_render_args(
                 b, Engine.VLLM, options)))
@@ -178,8 +194,8 @@ def test_the_engine_reports_the_prompt_tokens_cortex_computes(
 
 def test_the_gateway_routes_messages_on_exact_kv(cluster: LocalCluster,
                                                  engines: list[VllmEngine]) -> None:
-    body = {**messages_corpus(1, seed=99)[0], "model": engines[0].served_name,
-            "max_tokens": 1}
+    body = _servable({**messages_corpus(1, seed=99)[0], "model": engines[0].served_name,
+                      "max_tokens": 1})
     body.pop("thinking", None)
     url = cluster.gateway_urls[0] + "/v1/messages"
     status, first, raw = post(url, body)
