@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from cortex.gateway.config.gateway import Timeouts
@@ -503,7 +503,7 @@ class _Conversation:
         progressed = self._dispatcher.watch.progressed
         worker_id = opened.worker.id
 
-        async def chunks() -> Any:
+        async def chunks() -> AsyncIterator[bytes]:
             if opened.head:
                 yield opened.head
             async for chunk in opened.response.chunks(idle_s):
