@@ -429,6 +429,49 @@ def _sglang_tool_contents(content: Any) -> tuple[list[Any], str]:
     return [parts[0]["text"] if len(parts) == 1 else parts], text
 
 
+def _sglang_content(message: Mapping[str, Any], chat: list[dict[str, Any]]) -> None:
+    """Append the chat messages of one block-list message to ``chat``."""
+    role = message["role"]
+    blocks = message["content"]
+    if role == "assistant" and any(b["type"] == "redacted_thinking" for b in blocks):
+        raise _invalid("Anthropic redacted_thinking history is not supported")
+    # without a reasoning parser, earlier thinking is dropped (SGLang logs a warning)
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for block in blocks:
+        kind = block["type"]
+        if kind in ("thinking", "redacted_thinking"):
+            continue
+        if kind == "text" and block.get("text") is not None:
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind in ("image", "search_result", "document"):
+            raise UnmodelledRequest(f"a {kind!r} content block")
+        elif kind == "tool_use":
+            calls.append(_tool_call(block, f"call_{uuid.uuid4().hex}"))
+        elif kind == "tool_result":
+            contents, text = _sglang_tool_contents(block.get("content"))
+            call_id = block.get("tool_use_id") or block.get("id") or ""
+            if role == "user":
+                if parts:  # what came before the result stays before it
+                    chat.append({"role": "user", "content": parts[0]["text"]
+                                 if len(parts) == 1 else list(parts)})
+                    parts.clear()
+                chat += [{"role": "tool", "tool_call_id": call_id, "content": content}
+                         for content in contents]
+            else:
+                parts.append({"type": "text", "text": f"Tool result: {text}"})
+    out: dict[str, Any] = {"role": role}
+    if calls:
+        out["tool_calls"] = calls
+    if parts:
+        out["content"] = parts[0]["text"] if len(parts) == 1 else parts
+    elif not calls:
+        if role == "user":
+            return  # only tool results: their messages are in already
+        out["content"] = ""  # an empty assistant turn keeps its place
+    chat.append(out)
+
+
 def _sglang_chat_body(body: Mapping[str, Any], options: MessagesOptions) -> dict[str, Any]:
     messages = _messages(body, _SGLANG_ROLES)
     system = _system_blocks(body)
@@ -452,46 +495,7 @@ def _sglang_chat_body(body: Mapping[str, Any], options: MessagesOptions) -> dict
         if isinstance(message["content"], str):
             chat.append({"role": role, "content": message["content"]})
             continue
-        blocks = message["content"]
-        if role == "assistant" and any(b["type"] == "redacted_thinking" for b in blocks):
-            raise _invalid("Anthropic redacted_thinking history is not supported")
-        # without a reasoning parser, earlier thinking is dropped (SGLang logs a warning)
-        parts: list[dict[str, Any]] = []
-        calls: list[dict[str, Any]] = []
-        for block in blocks:
-            kind = block["type"]
-            if kind in ("thinking", "redacted_thinking"):
-                continue
-            if kind == "text" and block.get("text") is not None:
-                parts.append({"type": "text", "text": block["text"]})
-            elif kind in ("image", "search_result", "document"):
-                raise UnmodelledRequest(f"a {kind!r} content block")
-            elif kind == "tool_use":
-                calls.append(_tool_call(block, f"call_{uuid.uuid4().hex}"))
-            elif kind == "tool_result":
-                contents, text = _sglang_tool_contents(block.get("content"))
-                call_id = block.get("tool_use_id") or block.get("id") or ""
-                if role == "user":
-                    if parts:  # what came before the result stays before it
-                        chat.append({"role": "user", "content": parts[0]["text"]
-                                     if len(parts) == 1 else list(parts)})
-                        parts.clear()
-                    chat += [{"role": "tool", "tool_call_id": call_id, "content": content}
-                             for content in contents]
-                else:
-                    parts.append({"type": "text", "text": f"Tool result: {text}"})
-        out: dict[str, Any] = {"role": role}
-        if calls:
-            out["tool_calls"] = calls
-        if parts:
-            out["content"] = parts[0]["text"] if len(parts) == 1 else parts
-        elif calls:
-            pass
-        elif role == "user":
-            continue
-        else:
-            out["content"] = ""
-        chat.append(out)
+        _sglang_content(message, chat)
     result: dict[str, Any] = {"messages": chat}
     thinking = _thinking(body)
     if thinking is not None and thinking != "disabled":
