@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.chat import ChatError, render_args
+from cortex.chat import ChatError, RenderArgs, render_args
 from cortex.chat.errors import UnmodelledRequest
 from cortex.chat.responses_api import responses_chat_body, responses_render_args
 from cortex.hashing import Engine
 
-from .agent_requests import count_mismatches
+from .agent_requests import count_mismatches, tokenizer
 
 
 @pytest.mark.parametrize("template", ["qwen3.5", "deepseek_v4"])
@@ -56,3 +56,16 @@ def test_responses_conversion_details() -> None:
     with pytest.raises(ChatError):
         responses_chat_body({"model": "m", "input": [{"type": "item_reference", "id": "x"}]},
                             Engine.VLLM)
+
+
+def test_developer_messages_become_system_where_the_template_lacks_the_role() -> None:
+    # found by the real-engine test: vLLM 0.32 converts them (renderers/hf.py) and merges
+    # the system messages into one, for a template that never names 'developer' (Qwen3.5)
+    chat = tokenizer("qwen3.5")
+    body = {"model": "m", "instructions": "I", "input": [
+        {"type": "message", "role": "developer",
+         "content": [{"type": "input_text", "text": "D"}]},
+        {"role": "user", "content": "hi"}]}
+    expected = RenderArgs.of(Engine.VLLM, [{"role": "system", "content": "I\n\nD"},
+                                           {"role": "user", "content": "hi"}])
+    assert chat.render(responses_render_args(body, Engine.VLLM)) == chat.render(expected)

@@ -81,9 +81,11 @@ def _tokenize_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def _servable(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` as this engine serves it: it runs without ``--enable-auto-tool-choice``, so
-    a request with tools says ``tool_choice: none`` (vLLM renders the tools all the same)."""
-    return {**body, "tool_choice": {"type": "none"}} if body.get("tools") else body
+    """``body`` as this engine serves it: it runs without ``--enable-auto-tool-choice`` or a
+    tool parser, so a request with tools says ``tool_choice: none`` (vLLM renders the tools
+    all the same) and one without tools says none."""
+    out = {k: v for k, v in body.items() if k != "tool_choice"}
+    return {**out, "tool_choice": {"type": "none"}} if body.get("tools") else out
 
 
 def _ours(make: Any) -> list[int] | None:
