@@ -1,7 +1,10 @@
 """Engine-reported load: the poller (the answers' parsers are :mod:`cortex.registry.engines`).
 
 SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: ``GET /metrics``
-(``vllm:num_requests_{running,waiting}``). Values are summed over DP ranks.
+(``vllm:num_requests_{running,waiting}``). Values are summed over DP ranks. The same answer
+carries the engine's work mark (token counters, or SGLang's KV tokens in use), which the
+wedge watch (:mod:`cortex.gateway.dispatch.attempt`) reads: a poll costs the engine no queue
+slot, so a saturated worker still shows it works.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine
 from cortex.registry.engines import (
     LoadFormatError,
+    WorkMark,
     parse_sglang_get_load,
     parse_sglang_loads,
     parse_vllm_metrics,
+    sglang_work_from_get_load,
+    sglang_work_from_loads,
+    vllm_work_from_metrics,
 )
 from cortex.registry.spec import WorkerSpec
 
@@ -62,33 +69,37 @@ class LoadPoller:
         number = worker.load_poll_begun()
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                running, waiting = await self._fetch(worker)
+                running, waiting, work = await self._fetch(worker)
         except (TimeoutError, aiohttp.ClientError, LoadFormatError, ValueError) as exc:
             self.metrics.load_polls.labels(result="error").inc()
             log.debug("load poll failed worker=%s: %r", worker.id, exc, extra={"worker": worker.id})
             return
-        worker.load_polled(number, running, waiting, sent)
+        worker.load_polled(number, running, waiting, sent, work)
         self.metrics.load_polls.labels(result="ok").inc()
         self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
         self.metrics.worker(self.metrics.worker_engine_waiting, worker.id).set(waiting)
 
-    async def _fetch(self, worker: WorkerState) -> tuple[int, int]:
+    async def _fetch(self, worker: WorkerState) -> tuple[int, int, WorkMark | None]:
+        """(running, waiting, work mark) from the worker's engine."""
         base = worker.spec.url.rstrip("/")
         headers = self._auth(worker.spec)
         if worker.spec.engine is Engine.VLLM:
             async with self.session.get(base + "/metrics", headers=headers) as resp:
                 resp.raise_for_status()
-                load = parse_vllm_metrics(await resp.text()).load
+                text = await resp.text()
+                load = parse_vllm_metrics(text).load
                 if load is None:
                     raise LoadFormatError("no readable vllm:num_requests_* samples")
-                return load
+                return (*load, vllm_work_from_metrics(text))
         if worker.id not in self._legacy:
             async with self.session.get(base + "/v1/loads", headers=headers) as resp:
                 if resp.status == 404:
                     self._legacy.add(worker.id)
                 else:
                     resp.raise_for_status()
-                    return parse_sglang_loads(json.loads(await resp.read()))
+                    obj = json.loads(await resp.read())
+                    return (*parse_sglang_loads(obj), sglang_work_from_loads(obj))
         async with self.session.get(base + "/get_load", headers=headers) as resp:
             resp.raise_for_status()
-            return parse_sglang_get_load(json.loads(await resp.read()))
+            obj = json.loads(await resp.read())
+            return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
