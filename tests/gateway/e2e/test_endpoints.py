@@ -77,7 +77,7 @@ async def test_cors_is_off_by_default_and_answers_configured_origins(
         assert resp.status == 200 and "Access-Control-Allow-Origin" not in resp.headers
 
 
-async def test_embeddings_rerank_score_and_messages_are_relayed_to_a_worker_of_the_model(
+async def test_embeddings_rerank_score_are_relayed_and_messages_routed_to_a_worker_of_the_model(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:
     sim = await start_sim()
@@ -94,7 +94,9 @@ async def test_embeddings_rerank_score_and_messages_are_relayed_to_a_worker_of_t
     for path, body in calls:
         async with http.post(gw.url + path, json=body) as resp:
             assert resp.status == 200, (path, await resp.text())
-            assert resp.headers["x-cortex-match-mode"] == "passthrough"
+            # /v1/messages is routed on its tokens (no index here: by load)
+            assert resp.headers["x-cortex-match-mode"] == (
+                "load_aware" if path == "/v1/messages" else "passthrough")
             assert resp.headers["x-cortex-assigned-worker"] == "w1"
             assert resp.headers["x-request-id"]
             answers[path] = await resp.json()
@@ -107,11 +109,13 @@ async def test_embeddings_rerank_score_and_messages_are_relayed_to_a_worker_of_t
         events = await sse_data(resp)
     assert [e["type"] for e in events][0::len(events) - 1] == ["message_start", "message_stop"]
 
+    started = sim.engine.stats_dict()["requests_started"]  # the two /v1/messages
+    assert started == 2
     for body, status, code in (({"input": "x"}, 400, "invalid_request"),
                                ({"model": "gpt-9", "input": "x"}, 404, "model_not_found")):
         async with http.post(gw.url + "/v1/embeddings", json=body) as resp:
             assert resp.status == status and (await resp.json())["error"]["code"] == code
-            assert sim.engine.stats_dict()["requests_started"] == 0
+            assert sim.engine.stats_dict()["requests_started"] == started
     async with http.get(gw.url + "/metrics") as resp:
         metrics = await resp.text()
     assert ('cortex_gateway_requests_total{endpoint="/v1/embeddings",model="cortex-sim",'

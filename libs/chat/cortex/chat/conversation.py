@@ -194,11 +194,48 @@ def _sglang_message(message: Mapping[str, Any], fmt: ContentFormat) -> dict[str,
     return out
 
 
-def build_conversation(args: RenderArgs, fmt: ContentFormat) -> Conversation:
-    """What the template renders for ``args`` given the template's content format."""
+def mentions_developer(template: str) -> bool:
+    """vLLM's test of whether a Jinja chat template knows the ``developer`` role: the quoted
+    word appears in it."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def _developer_as_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM (0.32 ``renderers/hf.py``) for a template that does not know ``developer``:
+    developer messages become system ones (without ``tools``), then, when a system message
+    is not first or not alone, every system text (parts' texts joined by a newline) is
+    merged by a blank line into one leading system message."""
+    converted = [{k: v for k, v in m.items() if k != "tools"} | {"role": "system"}
+                 if m["role"] == "developer" else m for m in messages]
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for i, message in enumerate(converted):
+        if message["role"] != "system":
+            others.append(message)
+            continue
+        merge = merge or i > 0 or bool(texts)
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(p["text"] if isinstance(p, dict) else p for p in content
+                                if isinstance(p, str) or (isinstance(p, dict) and "text" in p))
+        if content:
+            texts.append(content)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
+
+
+def build_conversation(args: RenderArgs, fmt: ContentFormat,
+                       developer_role: bool = True) -> Conversation:
+    """What the template renders for ``args`` given the template's content format;
+    ``developer_role``: whether the template knows that role (vLLM converts it to
+    ``system`` otherwise)."""
     if args.engine is Engine.VLLM:
-        return Conversation([_vllm_message(m, fmt) for m in args.messages],
-                            continue_final_message=args.continue_final_message)
+        messages = [_vllm_message(m, fmt) for m in args.messages]
+        if not developer_role and any(m["role"] == "developer" for m in messages):
+            messages = _developer_as_system(messages)
+        return Conversation(messages, continue_final_message=args.continue_final_message)
     messages = [_sglang_message(m, fmt) for m in args.messages]
     suffix = ""
     last = messages[-1]

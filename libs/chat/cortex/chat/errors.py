@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ChatError", "InvalidChatRequest", "TemplateError"]
+__all__ = ["ChatError", "InvalidChatRequest", "TemplateError", "UnmodelledRequest"]
 
 
 class ChatError(ValueError):
@@ -26,3 +26,9 @@ class InvalidChatRequest(ChatError):
 
 class TemplateError(ChatError):
     """The chat template could not render these messages (``raise_exception``, bad types)."""
+
+
+class UnmodelledRequest(Exception):
+    """A valid request whose conversion to the engine's chat input is not modelled here
+    (e.g. a Responses ``custom`` tool): not the client's fault. Callers forward it without
+    computing its tokens (the gateway routes it by load)."""

@@ -22,7 +22,12 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from cortex.chat.conversation import ContentFormat, build_conversation, content_format
+from cortex.chat.conversation import (
+    ContentFormat,
+    build_conversation,
+    content_format,
+    mentions_developer,
+)
 from cortex.chat.deepseek_v4 import template_from_text
 from cortex.chat.encoder import Encoder, EncoderChoice, hf_encoder, select_encoder
 from cortex.chat.errors import ChatError
@@ -229,10 +234,17 @@ class ChatTokenizer:
             fmt = self._formats[engine] = content_format(self.template, engine)
         return fmt
 
+    def _developer_role(self) -> bool:
+        """Whether the template takes ``developer`` messages as they are (vLLM's Jinja
+        renderer converts them otherwise; a template written in code takes them)."""
+        return type(self.template) is not ChatTemplate or mentions_developer(
+            self.template.text)
+
     def prompt(self, args: RenderArgs) -> ChatPrompt:
         """What the engine tokenizes for ``args`` (see :class:`ChatPrompt`). Raises
         ``TemplateError``."""
-        conversation = build_conversation(args, self.content_format(args.engine))
+        conversation = build_conversation(args, self.content_format(args.engine),
+                                          self._developer_role())
         text = self.template.render(
             conversation.messages,
             tools=args.tools,

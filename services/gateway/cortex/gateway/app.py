@@ -56,14 +56,15 @@ class App:
         self._tracebacks = TracebackLimiter()
 
     def _build_routes(self, gw: Runtime) -> None:
-        inference = InferenceHandler(gw, self._tracebacks)
+        relay = self._relay = RelayHandler(gw)
+        inference = InferenceHandler(gw, self._tracebacks, relay=relay.post,
+                                     learn=relay.owners.learn)
         ops = self._ops = OpsHandler(gw)
         admin = AdminHandler(gw)
         tokens = TokenizeHandler(gw)
         self._middleware = Middleware(gw.api_keys, self.config.cors, self.config.access_log,
                                       gw.metrics, lambda: gw.draining)
 
-        relay = self._relay = RelayHandler(gw)
         passthrough = frozenset(m.name for m in self.config.models if m.passthrough)
 
         def infer(endpoint: InferencePath) -> Handler:
@@ -74,12 +75,22 @@ class App:
                     await inference(request, send, endpoint)
             return handle
 
+        def agent(endpoint: InferencePath) -> Handler:
+            async def handle(request: Request, send: Send) -> None:
+                if await relay.by_load(request, passthrough):
+                    await relay.post(request, send)
+                else:
+                    await inference(request, send, endpoint)
+            return handle
+
         self._routes = {
             InferencePath.CHAT.value: {"POST": infer(InferencePath.CHAT)},
             InferencePath.COMPLETIONS.value: {"POST": infer(InferencePath.COMPLETIONS)},
             InferencePath.GENERATE.value: {"POST": infer(InferencePath.GENERATE)},
             "/v1/models": {"GET": lambda r, s: ops.models(s)},
             **{path: {"POST": relay.post} for path in RELAYED_PATHS},
+            InferencePath.MESSAGES.value: {"POST": agent(InferencePath.MESSAGES)},
+            InferencePath.RESPONSES.value: {"POST": agent(InferencePath.RESPONSES)},
             "/tokenize": {"POST": tokens.tokenize},
             "/detokenize": {"POST": tokens.detokenize},
             "/health": {"GET": lambda r, s: ops.health(s)},

@@ -23,8 +23,9 @@ from types import TracebackType
 
 from cortex.chat import EncoderChoice
 from cortex.chat.encoder import hf_encoder
+from cortex.chat.messages_api import MessagesOptions, messages_options
 from cortex.edge.tasks import stop_tasks
-from cortex.gateway.config.gateway import GatewayConfig
+from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.dispatch.dispatcher import Dispatcher
 from cortex.gateway.errors import ConfigError
 from cortex.gateway.fleet.health import HealthMonitor
@@ -136,6 +137,7 @@ class Runtime:
         self.registry: Registry = registry or self._make_registry()
         self._own_registry = registry is None
         self.tokenizers = dict(tokenizers)
+        self._probed: dict[str, MessagesOptions] = {}
         for name, tokenizer in self.tokenizers.items():
             self.metrics.tokenize_encoder.labels(model=name, encoder=tokenizer.encoder.name).set(1)
         self.upstream = UpstreamClient(config.upstream, self.credentials)
@@ -155,7 +157,8 @@ class Runtime:
         self.router = Router(config, self.pool, self.tokenizers, self.index, self.metrics,
                              self.replica)
         # every entry's request validation: inference, /admin/explain, the endpoint picker
-        self.admit = Admit(config, self.pool.context_length, self.pool.adapter_base)
+        self.admit = Admit(config, self.pool.context_length, self.pool.adapter_base,
+                           self._messages_options)
         self.limits = self.admit.limits
         self.dispatcher = Dispatcher(self.pool, self.upstream, self.router, config.upstream,
                                      self.metrics, config.pd)
@@ -396,6 +399,15 @@ class Runtime:
             if states.get(source.worker_id) is not LedgerState.READY:
                 states[source.worker_id] = state
         return states
+
+    def _messages_options(self, model: ModelConfig) -> MessagesOptions:
+        """What ``model``'s engine probes from its chat template for ``/v1/messages``
+        (computed once per model)."""
+        found = self._probed.get(model.name)
+        if found is None:
+            found = self._probed[model.name] = messages_options(
+                self.tokenizers[model.name].chat, model.engine)
+        return found
 
     def _on_ledgers(self, states: dict[str, LedgerState]) -> None:
         for worker in self.pool:

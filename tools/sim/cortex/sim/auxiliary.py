@@ -1,10 +1,13 @@
-"""The sim's answers beyond generation: its ``--api-key`` check, and minimal embeddings,
-rerank, score, responses and messages endpoints (enough for a gateway to relay them).
+"""The sim's answers beyond generation: its ``--api-key`` check, minimal embeddings,
+rerank and score endpoints (enough for a gateway to relay them), and the store of
+``/v1/responses`` answers.
 
 What they answer is deterministic and small: an embedding is derived from the input's
-hash, a rerank/score from word overlap; a response is kept in this process's memory (as
-the engines keep theirs) so that ``GET /v1/responses/{id}``, its cancel and a follow-up's
-``previous_response_id`` work only on the worker that produced it.
+hash, a rerank/score from word overlap. A response is kept in this process's memory (as
+the engines keep theirs: :meth:`AuxiliaryRoutes.keep`) so that ``GET /v1/responses/{id}``,
+its cancel and a follow-up's ``previous_response_id`` work only on the worker that produced
+it; a follow-up (or what ``cortex.chat`` does not model) is answered here with a fixed
+text (a stateless request is a generation, ``cortex.sim.routes``).
 """
 
 from __future__ import annotations
@@ -84,9 +87,9 @@ def _sse(event: str | None, obj: Any) -> bytes:
 
 
 class AuxiliaryRoutes:
-    """``/v1/embeddings``, ``/v1/rerank``, ``/v1/score``, ``/v1/responses`` (with GET and
-    cancel by id) and ``/v1/messages`` of one sim serving ``model``; ``answer``: the text
-    every generated answer is."""
+    """``/v1/embeddings``, ``/v1/rerank``, ``/v1/score``, ``GET /v1/responses/{id}`` and its
+    cancel of one sim serving ``model``, and :meth:`reply` (a ``previous_response_id``);
+    ``answer``: the text such an answer is."""
 
     def __init__(self, model: str, served_by: Callable[[], dict[str, str]],
                  answer: str = "A short simulated answer.") -> None:
@@ -102,10 +105,14 @@ class AuxiliaryRoutes:
         r.add_post("/v1/embeddings", self._embeddings)
         r.add_post("/v1/rerank", self._rerank)
         r.add_post("/v1/score", self._score)
-        r.add_post("/v1/responses", self._create_response)
         r.add_get("/v1/responses/{id}", self._get_response)
         r.add_post("/v1/responses/{id}/cancel", self._cancel_response)
-        r.add_post("/v1/messages", self._messages)
+
+    def keep(self, response: dict[str, Any]) -> None:
+        """Remember a response (the most recent ``_KEPT_RESPONSES``)."""
+        self.responses[response["id"]] = response
+        while len(self.responses) > _KEPT_RESPONSES:
+            self.responses.popitem(last=False)
 
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}_{self._salt}{next(self._ids):08d}"
@@ -178,7 +185,10 @@ class AuxiliaryRoutes:
 
     # ---- responses: kept in this process, like the engines keep theirs ----
 
-    async def _create_response(self, request: web.Request) -> web.StreamResponse:
+    async def reply(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses`` the sim does not generate (a follow-up by
+        ``previous_response_id``: 404 unless that response is kept here): a fixed answer,
+        kept."""
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
@@ -193,9 +203,7 @@ class AuxiliaryRoutes:
                         {"type": "output_text", "text": self.answer}]}],
                     "usage": {"input_tokens": len(_text_of(body.get("input")).split()),
                               "output_tokens": len(self.answer.split())}}
-        self.responses[response_id] = response
-        while len(self.responses) > _KEPT_RESPONSES:
-            self.responses.popitem(last=False)
+        self.keep(response)
         if body.get("stream") is not True:
             return self._json(response)
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",
@@ -225,38 +233,3 @@ class AuxiliaryRoutes:
             return self._error("response not found", 404)
         found["status"] = "cancelled"
         return self._json(found)
-
-    async def _messages(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        if isinstance(body, web.Response):
-            return body
-        if not isinstance(body.get("messages"), list) or not isinstance(
-                body.get("max_tokens"), int):
-            return self._error("messages (a list) and max_tokens are required")
-        words = self.answer.split()[:max(1, body["max_tokens"])]
-        message = {"id": self._new_id("msg"), "type": "message", "role": "assistant",
-                   "model": self.model, "content": [{"type": "text", "text": " ".join(words)}],
-                   "stop_reason": "end_turn", "stop_sequence": None,
-                   "usage": {"input_tokens": len(_text_of(body["messages"]).split()),
-                             "output_tokens": len(words)}}
-        if body.get("stream") is not True:
-            return self._json(message)
-        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                             **self._served_by()})
-        await stream.prepare(request)
-        await stream.write(_sse("message_start", {"type": "message_start", "message": {
-            **message, "content": []}}))
-        await stream.write(_sse("content_block_start", {
-            "type": "content_block_start", "index": 0,
-            "content_block": {"type": "text", "text": ""}}))
-        for word in words:
-            await stream.write(_sse("content_block_delta", {
-                "type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": word + " "}}))
-        await stream.write(_sse("content_block_stop", {"type": "content_block_stop",
-                                                        "index": 0}))
-        await stream.write(_sse("message_delta", {"type": "message_delta", "delta": {
-            "stop_reason": "end_turn"}, "usage": {"output_tokens": len(words)}}))
-        await stream.write(_sse("message_stop", {"type": "message_stop"}))
-        await stream.write_eof()
-        return stream

@@ -21,7 +21,10 @@ from enum import StrEnum
 from typing import Any
 
 from cortex.chat import ChatError, ChatTokenizer, render_args, text_add_special_tokens
+from cortex.chat.errors import UnmodelledRequest
 from cortex.chat.media import media_items
+from cortex.chat.messages_api import MessagesOptions, messages_chat_body, messages_options
+from cortex.chat.responses_api import responses_chat_body
 from cortex.chat.vision import VisionConfig, load_vision_config
 from cortex.hashing import Engine, MediaSpan
 from cortex.sim.logprobs import LogprobRequest
@@ -38,6 +41,8 @@ __all__ = [
     "parse_chat",
     "parse_completion",
     "parse_generate",
+    "parse_messages",
+    "parse_responses",
 ]
 
 _MAX_ROOM = 2**63 - 1
@@ -50,6 +55,8 @@ class Endpoint(StrEnum):
     CHAT = "chat"
     COMPLETIONS = "completions"
     GENERATE = "generate"
+    MESSAGES = "messages"  # Anthropic Messages
+    RESPONSES = "responses"  # OpenAI Responses (stateless)
 
 
 class RequestError(Exception):
@@ -333,6 +340,54 @@ def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: 
         media=media,
         **_common(body),
     )
+
+
+_PROBED: dict[int, MessagesOptions] = {}  # id(template) -> what the engine probes once
+
+
+def _agent(endpoint: Endpoint, body: Mapping[str, Any], tokenizer: ChatTokenizer,
+           served_model: str, request_id: str | None, engine: Engine, max_tokens: str
+           ) -> GenRequest:
+    """A Messages / Responses request: converted to the chat the engine renders."""
+    try:
+        if endpoint is Endpoint.MESSAGES:
+            key = id(tokenizer.template)
+            options = _PROBED.get(key)
+            if options is None:
+                options = _PROBED[key] = messages_options(tokenizer, engine)
+            chat = messages_chat_body(body, engine, options)
+        else:
+            chat = responses_chat_body(body, engine)
+        prompt = tuple(tokenizer.encode_chat(render_args(chat, engine)))
+    except ChatError as exc:
+        raise RequestError(str(exc), param=exc.param) from exc
+    except UnmodelledRequest as exc:
+        raise RequestError(f"not modelled by the simulator: {exc}", param="messages") from exc
+    prefix = "msg_" if endpoint is Endpoint.MESSAGES else "resp_"
+    return GenRequest(
+        endpoint=endpoint,
+        request_id=request_id or f"{prefix}{uuid.uuid4().hex}",
+        model=_check_model(body, served_model),
+        sequences=_sequences([prompt], 1, body),
+        max_tokens=_get_int(body, max_tokens, None, 1),
+        **{**_common(body), "include_usage": False},
+    )
+
+
+def parse_messages(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: str,
+                   request_id: str | None = None, *, engine: Engine = Engine.SGLANG
+                   ) -> GenRequest:
+    """Parse ``/v1/messages``: the engine's conversion to a chat, rendered, tokenized."""
+    return _agent(Endpoint.MESSAGES, body, tokenizer, served_model, request_id, engine,
+                  "max_tokens")
+
+
+def parse_responses(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: str,
+                    request_id: str | None = None, *, engine: Engine = Engine.SGLANG
+                    ) -> GenRequest:
+    """Parse a stateless ``/v1/responses`` request like :func:`parse_messages`."""
+    return _agent(Endpoint.RESPONSES, body, tokenizer, served_model, request_id, engine,
+                  "max_output_tokens")
 
 
 def _prompt_list(value: Any, tokenizer: ChatTokenizer, name: str, add_special_tokens: bool

@@ -27,7 +27,10 @@ from cortex.chat import (
     tokenize_query,
     tokenize_response,
 )
+from cortex.chat.errors import UnmodelledRequest
+from cortex.chat.responses_api import responses_chat_body
 from cortex.hashing import Engine
+from cortex.sim import named_events as named
 from cortex.sim import protocol as proto
 from cortex.sim import responses as shape
 from cortex.sim.admin import cache_listing, sim_state
@@ -56,6 +59,7 @@ _DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's explicit data-parallel rank
 SERVED_BY_HEADER = "x-cortex-sim-port"
 """Response header of every generation: the HTTP port of the worker that served it."""
 _STALL_CHECK_S = 0.2  # a stalled stream notices its client left within this (s)
+_NAMED = (Endpoint.MESSAGES, Endpoint.RESPONSES)  # answered with named SSE events
 
 
 class _StreamCut(Exception):
@@ -95,6 +99,9 @@ class SimRoutes:
         self._faults_changed = asyncio.Event()
         self.shutting_down = False
         self.seen: dict[str, str] = {}  # the last request's trace context (``traceparent``)
+        self.auxiliary = AuxiliaryRoutes(config.model, lambda: {
+            SERVED_BY_HEADER: str(self.ports.get("http"))})
+        self._generate_responses = self._generation(proto.parse_responses)
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -108,6 +115,8 @@ class SimRoutes:
         r.add_get("/v1/models", self._models)
         r.add_post("/v1/chat/completions", self._generation(proto.parse_chat))
         r.add_post("/v1/completions", self._generation(proto.parse_completion))
+        r.add_post("/v1/messages", self._generation(proto.parse_messages))
+        r.add_post("/v1/responses", self._responses)
         r.add_get("/metrics", self._metrics)
         r.add_get("/version", self._version)
         r.add_post("/tokenize", self._tokenize)
@@ -127,8 +136,7 @@ class SimRoutes:
             r.add_get("/server_info", self._vllm_server_info)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             add_vllm_discovery_routes(r, self.config, self.ports)
-        AuxiliaryRoutes(self.config.model, lambda: {
-            SERVED_BY_HEADER: str(self.ports.get("http"))}).add_to(app)
+        self.auxiliary.add_to(app)
         r.add_get("/sim/state", self._sim_state)
         r.add_get("/sim/cache", self._sim_cache)
         r.add_route("*", "/sim/faults", self._sim_faults)
@@ -366,6 +374,23 @@ class SimRoutes:
             return self._error("the request body must be a JSON object")
         return body
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """A stateless ``/v1/responses`` request is a generation; a follow-up by
+        ``previous_response_id``, or a request whose conversion ``cortex.chat`` does not
+        model (every SGLang one), gets the kept-responses stand-in answer."""
+        try:
+            body = await request.json(loads=json.loads)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if isinstance(body, dict):
+            try:
+                responses_chat_body(body, self.config.engine)
+            except UnmodelledRequest:
+                return await self.auxiliary.reply(request)
+            except ChatError:
+                pass  # the generation path answers it
+        return await self._generate_responses(request)
+
     def _generation(self, parse: Parser) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             body = await self._json(request)
@@ -437,6 +462,8 @@ class SimRoutes:
         params = results[0].kv_transfer_params if results else None
         if params is not None:
             extra["kv_transfer_params"] = dict(params)
+        if req.endpoint in _NAMED:
+            return named.named_response(req, results[0], self.config.engine)
         if req.endpoint is Endpoint.CHAT:
             return shape.chat_response(req, results, self.shaping, extra)
         if req.endpoint is Endpoint.COMPLETIONS:
@@ -456,8 +483,10 @@ class SimRoutes:
         except TransferError as exc:
             log.warning("request %s aborted: %s", req.request_id, exc)
             return self._error(str(exc), 500, "InternalServerError")
-        return web.json_response(self._body(req, results),
-                                 headers=self._source_headers(results, headers))
+        body = self._body(req, results)
+        if req.endpoint is Endpoint.RESPONSES:
+            self.auxiliary.keep(body)
+        return web.json_response(body, headers=self._source_headers(results, headers))
 
     async def _stream(self, request: web.Request, req: GenRequest, headers: dict[str, str]
                       ) -> web.StreamResponse:
@@ -475,18 +504,45 @@ class SimRoutes:
             await resp.write(data)
             sent += 1
 
+        numbered = 0  # Responses events carry a sequence number
+        opened = False
+
+        async def write_named(events: list[dict[str, Any]]) -> None:
+            nonlocal numbered
+            if req.endpoint is Endpoint.RESPONSES:
+                events = named.numbered(events, numbered)
+                numbered += len(events)
+            for event in events:
+                await write(named.event_bytes(event))
+
         async def emit(result: SequenceResult, done: int) -> None:
+            nonlocal opened
             async with lock:
+                if req.endpoint in _NAMED:
+                    events = [] if opened else named.opening_events(req, result, engine)
+                    opened = True
+                    await write_named([*events, *named.piece_events(
+                        req, result.plan.pieces[done - 1])])
+                    return
                 for chunk in self._chunks(req, result, done):
                     await write(_sse(chunk))
 
+        engine = self.config.engine
         try:
             await self._stall(request, 0)
             results = await self._run_all(req, emit)
             async with lock:
-                if req.include_usage and req.endpoint is not Endpoint.GENERATE:
-                    await write(_sse(shape.usage_chunk(req, results)))
-                await write(b"data: [DONE]\n\n")
+                if req.endpoint in _NAMED:
+                    last = results[0]
+                    closing = named.closing_events(req, last, engine)
+                    if req.endpoint is Endpoint.RESPONSES:
+                        self.auxiliary.keep(closing[-1]["response"])
+                    await write_named([*([] if opened else named.opening_events(
+                        req, last, engine)), *closing])
+                else:
+                    if req.include_usage and req.endpoint is not Endpoint.GENERATE:
+                        await write(_sse(shape.usage_chunk(req, results)))
+                    await write(b"data: [DONE]\n\n")
         except _StreamCut:
             log.info("fault: cut the stream of %s after %d chunks", req.request_id, sent)
             if request.transport is not None:

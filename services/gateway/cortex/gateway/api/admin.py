@@ -22,7 +22,7 @@ from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceU
 from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_json
-from cortex.gateway.request.payload import InferencePath, parse_body
+from cortex.gateway.request.payload import InferencePath, Unmodelled, parse_body
 from cortex.gateway.routing.scoring import PairDecision, PDMode
 from cortex.gateway.runtime import Runtime
 from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
@@ -30,7 +30,8 @@ from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
 __all__ = ["AdminHandler"]
 
 _ENDPOINTS = {"chat": InferencePath.CHAT, "completions": InferencePath.COMPLETIONS,
-              "generate": InferencePath.GENERATE}
+              "generate": InferencePath.GENERATE, "messages": InferencePath.MESSAGES,
+              "responses": InferencePath.RESPONSES}
 
 
 def _worker_json(w: WorkerState, now: float, stale_after_s: float) -> dict[str, Any]:
@@ -177,8 +178,9 @@ class AdminHandler:
                                     "tombstone": {"ttl_s": for_s} if tombstone else None})
 
     async def explain(self, request: Request, send: Send) -> None:
-        """Body: the inference request; endpoint from ``?endpoint=chat|completions|generate``,
-        else inferred (``messages`` → chat, ``prompt`` → completions, else generate)."""
+        """Body: the inference request; endpoint from
+        ``?endpoint=chat|completions|generate|messages|responses``, else inferred
+        (``messages`` → chat, ``prompt`` → completions, else generate)."""
         body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
         name = request.query_params.get("endpoint")
         if name is not None:
@@ -190,7 +192,10 @@ class AdminHandler:
             endpoint = (InferencePath.CHAT if "messages" in body
                         else InferencePath.COMPLETIONS if "prompt" in body
                         else InferencePath.GENERATE)
-        req = self.gw.admit(endpoint, body)
+        try:
+            req = self.gw.admit(endpoint, body)
+        except Unmodelled as exc:
+            raise ClientError(f"relayed by load, not routed on tokens: {exc}") from None
         router = self.gw.router
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s
         routed = await router.route(req, deadline, record=False)

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from cortex.gateway.config.gateway import Timeouts
@@ -41,8 +41,10 @@ from cortex.gateway.http.messages import (
 )
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import (
+    AGENT_PATHS,
     InferencePath,
     InferenceRequest,
+    Unmodelled,
     parse_body,
 )
 from cortex.gateway.routing.router import Routed
@@ -51,6 +53,7 @@ from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
+from cortex.gateway.upstream.named_events import NamedEventStream
 from cortex.gateway.upstream.sse import SSEForwarder, cached_tokens_of, sse_error_event
 from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 
@@ -146,14 +149,28 @@ class _StatusSent:
         await self.send(message)
 
 
-class InferenceHandler:
-    """``POST /v1/chat/completions``, ``/v1/completions``, ``/generate``."""
+_RELAY = -1  # _handle's answer for a request to relay by load (nothing sent yet)
 
-    def __init__(self, gateway: Runtime, tracebacks: TracebackLimiter | None = None) -> None:
+Relay = Callable[[Request, Send], Awaitable[None]]
+
+
+class InferenceHandler:
+    """``POST /v1/chat/completions``, ``/v1/completions``, ``/generate``, and
+    ``/v1/messages`` / stateless ``/v1/responses`` (routed on the chat the engine converts
+    them to; what that conversion does not model goes to ``relay``, by load).
+
+    ``learn(response_id, worker_id)``: told the owner of every ``/v1/responses`` answer
+    (follow-ups by ``previous_response_id`` are pinned to it)."""
+
+    def __init__(self, gateway: Runtime, tracebacks: TracebackLimiter | None = None,
+                 relay: Relay | None = None,
+                 learn: Callable[[str, str], None] | None = None) -> None:
         self.gw = gateway
         self.metrics = gateway.metrics
         self.config = gateway.config
         self._tracebacks = tracebacks or TracebackLimiter()
+        self.relay = relay
+        self.learn = learn
 
     async def __call__(self, request: Request, send: Send, endpoint: InferencePath) -> None:
         started = time.perf_counter()
@@ -175,9 +192,12 @@ class InferenceHandler:
         finally:
             status = sent.status if sent.status is not None else unanswered
             model = request.model or "unknown"
-            m.child(m.requests, endpoint.value, str(status), model).inc()
-            m.child(m.request_seconds, endpoint.value, model).observe(
-                time.perf_counter() - started)
+            if unanswered != _RELAY:
+                m.child(m.requests, endpoint.value, str(status), model).inc()
+                m.child(m.request_seconds, endpoint.value, model).observe(
+                    time.perf_counter() - started)
+        if unanswered == _RELAY and self.relay is not None:
+            await self.relay(request, send)
 
     async def _admitted(self, send: Send, base: Headers) -> bool:
         """Wait for a slot (admission control); ``False`` when refused (answered)."""
@@ -250,6 +270,12 @@ class InferenceHandler:
             self.metrics.rejected.labels(code=exc.code.value).inc()
             await send_error(send, exc, [*base, *NOT_ROUTED])
             return exc.status
+        except Unmodelled as why:
+            if self.relay is None:
+                raise
+            log.debug("relayed by load request_id=%s: %s", request_id, why,
+                      extra={"request_id": request_id})
+            return _RELAY
         if log.isEnabledFor(logging.DEBUG):
             decision = routed.decision
             log.debug("routed request_id=%s worker=%s mode=%s reason=%s hit_tokens=%d",
@@ -260,7 +286,7 @@ class InferenceHandler:
         try:
             body = upstream_body(req, raw)
             exchange = _Conversation(self.gw, req, routed, body, request_id, base, send, deadline,
-                                 started, request)
+                                 started, request, self.learn)
             if await race_disconnect(request.receive, exchange.run()):
                 self.metrics.client_disconnects.inc()
                 log.info("client disconnected request_id=%s worker=%s", request_id,
@@ -310,8 +336,10 @@ class _Conversation:
 
     def __init__(self, gw: Runtime, req: InferenceRequest, routed: Routed, body: bytes,
                  request_id: str, base: Headers, send: Send, deadline: float,
-                 started: float, request: Request) -> None:
+                 started: float, request: Request,
+                 learn: Callable[[str, str], None] | None = None) -> None:
         self.gw = gw
+        self.learn = learn if req.endpoint is InferencePath.RESPONSES else None
         self.request = request
         self.req = req
         self.routed = routed
@@ -359,10 +387,16 @@ class _Conversation:
                     answer = (opened.answer if opened.answer is not None
                               else _json_or_none(opened.head))
                     self._truth_check(opened, answer)
-                    self._tokenization.feed_answer(self.req, obj=answer)
+                    if self.req.endpoint in AGENT_PATHS:
+                        self._learn_owner(_response_id(answer), opened)
+                    else:
+                        self._tokenization.feed_answer(self.req, obj=answer)
                     return
                 streaming = True
-                await self._stream(opened)
+                if self.req.endpoint in AGENT_PATHS:
+                    await self._stream_named(opened)
+                else:
+                    await self._stream(opened)
         except TimeoutError:
             self.status = 504
             if streaming:
@@ -458,6 +492,46 @@ class _Conversation:
         self._truth_check(opened, holder)
         tokenization.feed_answer(req, events=forwarder.kept)
 
+    async def _stream_named(self, opened: Opened) -> None:
+        """A Messages / Responses stream: relayed untouched, its usage checked at the end."""
+        send = self.send
+        events = NamedEventStream()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*_SSE_HEADERS, *self._headers(opened)]})
+        first = True
+        idle_s = Timeouts.of(self.req.model, self.gw.config.upstream).stream_idle_s
+        progressed = self._dispatcher.watch.progressed
+        worker_id = opened.worker.id
+
+        async def chunks() -> AsyncIterator[bytes]:
+            if opened.head:
+                yield opened.head
+            async for chunk in opened.response.chunks(idle_s):
+                progressed(worker_id)
+                yield chunk
+
+        async for chunk in chunks():
+            out = events.feed(chunk)
+            if events.malformed:
+                raise UpstreamFailure(FailureKind.BAD_ANSWER,
+                                      "an event that is not the engines' SSE")
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+            if first:
+                self._first_byte_sent("true", opened)
+                first = False
+            if events.response_id is not None:
+                self._learn_owner(events.response_id, opened)
+        if not events.done:
+            raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before its last event")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._truth_check(opened, events.usage_holder)
+
+    def _learn_owner(self, response_id: str | None, opened: Opened) -> None:
+        """Remember the worker holding a ``/v1/responses`` answer (once)."""
+        if self.learn is not None and response_id is not None:
+            self.learn(response_id, opened.worker.id)
+            self.learn = None
+
     @property
     def _dispatcher(self) -> Dispatcher:
         dispatcher = self.gw.dispatcher
@@ -523,6 +597,11 @@ def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
     if forwarder.malformed:
         raise UpstreamFailure(FailureKind.BAD_ANSWER, "an event that is not the engines' SSE")
     return out
+
+
+def _response_id(answer: Any) -> str | None:
+    found = answer.get("id") if isinstance(answer, dict) else None
+    return found if isinstance(found, str) and 0 < len(found) <= 256 else None
 
 
 def _json_or_none(data: bytes) -> Any:

@@ -1,7 +1,9 @@
 """Passthrough: requests the gateway forwards without tokenizing or KV/PD decisions.
 
-Two kinds: the endpoints it does not route by cache (``/v1/embeddings``, ``/v1/rerank``,
-``/v1/score``, ``/v1/responses``, ``/v1/messages``), and every inference request of a model
+Three kinds: the endpoints it does not route by cache (``/v1/embeddings``, ``/v1/rerank``,
+``/v1/score``); the ``/v1/messages`` and ``/v1/responses`` requests :meth:`RelayHandler.by_load`
+keeps from exact routing (follow-ups by ``previous_response_id``, prefill/decode fleets, and
+what the chat conversion does not model); and every inference request of a model
 configured ``passthrough`` (an upstream scheduler places them: single scheduling authority).
 Either goes to the least loaded routable worker of the body's ``model`` (the model's
 ``upstream_url`` when set), retried on the next one while nothing was answered; a 200 that
@@ -25,7 +27,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,13 +56,14 @@ from cortex.gateway.request.payload import parse_body
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure, UpstreamResponse
 from cortex.gateway.upstream.sse import EventStreamCheck, is_event_stream, sse_error_event
+from cortex.registry import WorkerRole
 from cortex.telemetry.tracing import Span, SpanKind, trace_headers
 
 __all__ = ["RELAYED_PATHS", "RelayHandler", "ResponseOwners", "least_loaded", "response_id_of"]
 
 log = logging.getLogger(__name__)
 
-RELAYED_PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/responses", "/v1/messages")
+RELAYED_PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score")
 _SNIFF_BYTES = 64 * 1024  # a stream's response id is in its first event: look no further
 _FORWARDED = ("accept", "anthropic-version", "anthropic-beta")
 _MODE = (b"x-cortex-match-mode", b"passthrough")
@@ -148,6 +151,24 @@ class RelayHandler:
     async def post(self, request: Request, send: Send) -> None:
         """``POST`` one of :data:`RELAYED_PATHS`: to a worker of the body's model."""
         await self._admitted(request, send, self._post(request, send))
+
+    async def by_load(self, request: Request, passthrough: Collection[str]) -> bool:
+        """Whether a ``/v1/messages`` or ``/v1/responses`` request is relayed by load rather
+        than routed on its tokens: a follow-up by ``previous_response_id`` (its owner holds
+        the history), a model configured ``passthrough``, a prefill/decode fleet (the
+        disaggregated legs speak chat, not these APIs). A body that cannot be read or parsed
+        is left to the routed path, which answers it."""
+        try:
+            body = parse_body(await request.body(self.gw.config.server.max_body_bytes))
+        except (ClientDisconnected, GatewayError):
+            return False
+        model = body.get("model")
+        if model in passthrough:
+            return True
+        if self.gw.config.pd.enabled and isinstance(model, str) and self.gw.pool.candidates(
+                model, WorkerRole.PREFILL):
+            return True
+        return request.path == "/v1/responses" and body.get("previous_response_id") is not None
 
     async def responses_by_id(self, request: Request, send: Send) -> None:
         """``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to its owner."""

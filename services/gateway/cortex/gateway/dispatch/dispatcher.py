@@ -35,7 +35,7 @@ from cortex.gateway.errors import ErrorCode, UpstreamError
 from cortex.gateway.fleet.pool import WorkerPool
 from cortex.gateway.http.messages import json_dumps
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.request.payload import InferencePath, InferenceRequest
+from cortex.gateway.request.payload import AGENT_PATHS, InferencePath, InferenceRequest
 from cortex.gateway.routing.router import Routed, Router, uncached
 from cortex.gateway.upstream.client import FailureKind, Upstream, UpstreamFailure
 from cortex.hashing import Engine
@@ -49,8 +49,11 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     """The body to send: the client's bytes, or with ``stream_options.include_usage`` set
     when the gateway needs the usage chunk the client did not ask for, and, for an SGLang
     model addressed by a LoRA adapter's name, ``lora_path`` naming it (SGLang's OpenAI
-    server takes the adapter from ``lora_path``; ``model`` it only echoes). A body whose
-    media parts got identifiers (``uuid``) is sent as re-serialized."""
+    server takes the adapter from ``lora_path``; ``model`` it only echoes). Messages and
+    Responses requests go as the client sent them. A body whose media parts got identifiers
+    (``uuid``) is sent as re-serialized."""
+    if req.endpoint in AGENT_PATHS:
+        return raw
     if req.prompt.stamped:
         raw = json_dumps(req.body)
     if (req.adapter is not None and req.model.engine is Engine.SGLANG

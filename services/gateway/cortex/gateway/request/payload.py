@@ -39,13 +39,17 @@ from enum import StrEnum
 from typing import Any
 
 from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
+from cortex.chat.errors import UnmodelledRequest
 from cortex.chat.media import MediaItem, media_items, stamp_identifiers
+from cortex.chat.messages_api import MessagesOptions, messages_chat_body
+from cortex.chat.responses_api import responses_chat_body
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http.messages import JSONDecodeError, json_loads
 from cortex.hashing import Engine
 
-__all__ = ["Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
+__all__ = ["AGENT_PATHS", "Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
+           "Unmodelled",
            "check_prompt_tokens", "model_limits", "parse_body", "parse_request", "prompt_chars",
            "requested_tokens"]
 
@@ -173,6 +177,19 @@ class InferencePath(StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     GENERATE = "/generate"
+    MESSAGES = "/v1/messages"  # Anthropic Messages: converted to a chat, as the engine does
+    RESPONSES = "/v1/responses"  # stateless OpenAI Responses: likewise
+
+
+AGENT_PATHS = (InferencePath.MESSAGES, InferencePath.RESPONSES)
+"""The endpoints whose body the engine converts to a chat request before rendering it: the
+gateway routes them on that chat, forwards the client's bytes untouched and relays the
+engine's named SSE events as they come."""
+
+
+class Unmodelled(Exception):
+    """A valid Messages / Responses request whose conversion the gateway does not model
+    (:class:`cortex.chat.errors.UnmodelledRequest`): relay it by load, as before."""
 
 
 class PromptKind(StrEnum):
@@ -222,8 +239,10 @@ class InferenceRequest:
     @property
     def prompt_param(self) -> str:
         """The field holding the prompt (where a length error points)."""
-        if self.endpoint is InferencePath.CHAT:
+        if self.endpoint in (InferencePath.CHAT, InferencePath.MESSAGES):
             return "messages"
+        if self.endpoint is InferencePath.RESPONSES:
+            return "input"
         if self.endpoint is InferencePath.COMPLETIONS:
             return "prompt"
         return "input_ids" if self.prompt.kind is PromptKind.TOKENS else "text"
@@ -388,6 +407,28 @@ def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
         raise _invalid(str(exc), exc.param) from None
 
 
+def _agent(endpoint: InferencePath, body: dict[str, Any], model: ModelConfig,
+           options: MessagesOptions) -> dict[str, Any]:
+    """The chat body the engine converts a Messages / Responses ``body`` to, with the
+    completion bound under the chat name (``max_tokens``)."""
+    try:
+        if endpoint is InferencePath.MESSAGES:
+            chat = messages_chat_body(body, model.engine, options)
+            wanted = body.get("max_tokens")
+        else:
+            chat = responses_chat_body(body, model.engine)
+            wanted = body.get("max_output_tokens")
+            if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int)):
+                raise _invalid("'max_output_tokens' must be an integer", "max_output_tokens")
+    except ChatError as exc:
+        raise _invalid(str(exc), exc.param) from None
+    except UnmodelledRequest as exc:
+        raise Unmodelled(str(exc)) from None
+    if wanted is not None:
+        chat["max_tokens"] = wanted
+    return chat
+
+
 class Admit:
     """``admit(endpoint, body)``: a decoded body validated for ``endpoint`` the one way every
     entry does (inference, ``/admin/explain``, the endpoint picker): against the config, the
@@ -396,16 +437,20 @@ class Admit:
     ``context_length(model)``: the smallest context length the model's engines reported;
     ``adapters(name)``: the base model of a LoRA adapter the workers list (the pool's)."""
 
-    __slots__ = ("_adapters", "_context_length", "config")
+    __slots__ = ("_adapters", "_context_length", "_messages_options", "config")
 
     def __init__(self, config: GatewayConfig, context_length: Callable[[str], int | None],
-                 adapters: Callable[[str], str | None]) -> None:
+                 adapters: Callable[[str], str | None],
+                 messages_options: Callable[[ModelConfig], MessagesOptions] | None = None
+                 ) -> None:
         self.config = config
         self._context_length = context_length
         self._adapters = adapters
+        self._messages_options = messages_options
 
     def __call__(self, endpoint: InferencePath, body: dict[str, Any]) -> InferenceRequest:
-        return parse_request(endpoint, body, self.config, self.limits, self._adapters)
+        return parse_request(endpoint, body, self.config, self.limits, self._adapters,
+                             self._messages_options)
 
     def limits(self, model: ModelConfig) -> Limits:
         """``model``'s request bounds: its config, else what its workers' engines report."""
@@ -414,12 +459,29 @@ class Admit:
 
 def parse_request(endpoint: InferencePath, body: dict[str, Any], config: GatewayConfig,
                   limits: Callable[[ModelConfig], Limits] | None = None,
-                  adapters: Callable[[str], str | None] | None = None) -> InferenceRequest:
+                  adapters: Callable[[str], str | None] | None = None,
+                  messages_options: Callable[[ModelConfig], MessagesOptions] | None = None
+                  ) -> InferenceRequest:
     """Validate a decoded body for ``endpoint``, and against the model's bounds
     (``limits(model)``; none by default); ``adapters(name)``: the base model of a LoRA
-    adapter the workers list. Raises :class:`ClientError`."""
+    adapter the workers list; ``messages_options(model)``: what the model's engine probed
+    from its template for ``/v1/messages``. Raises :class:`ClientError`, and
+    :class:`Unmodelled` for a Messages / Responses request to relay by load.
+
+    A Messages / Responses request is held as the chat body its engine converts it to
+    (``body``; the client's bytes are what is forwarded), always streaming its usage."""
     model, adapter = _model(body, config, endpoint is not InferencePath.GENERATE, adapters)
-    if endpoint is InferencePath.CHAT:
+    agent = endpoint in AGENT_PATHS
+    if agent:
+        stream = _bool(body, "stream")
+        probed = messages_options(model) if messages_options is not None else MessagesOptions()
+        salt = _optional_str(body, "cache_salt")
+        body = _agent(endpoint, body, model, probed)
+        if salt is not None:
+            body["cache_salt"] = salt
+        if stream:
+            body["stream"] = True
+    if endpoint is InferencePath.CHAT or agent:
         prompt = _chat(body, model)
         _count(body, "max_completion_tokens", 0)
     elif endpoint is InferencePath.COMPLETIONS:
@@ -443,7 +505,7 @@ def parse_request(endpoint: InferencePath, body: dict[str, Any], config: Gateway
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _invalid("'stream_options' must be an object", "stream_options")
-    wants_usage = bool(options and options.get("include_usage"))
+    wants_usage = agent or bool(options and options.get("include_usage"))
     bounds = limits(model) if limits is not None else Limits()
     req = InferenceRequest(
         endpoint=endpoint,

@@ -87,16 +87,20 @@ def sse_error_event(message: str, code: str, kind: str = "server_error") -> byte
 def cached_tokens_of(obj: Any) -> int | None:
     """The engine's cached prompt tokens in a response object, or ``None`` if absent.
 
-    OpenAI shape: ``usage.prompt_tokens_details.cached_tokens``; SGLang native:
-    ``meta_info.cached_tokens``. ``usage`` present without details counts as 0 only for the
-    caller to decide (``None`` here)."""
+    OpenAI shape: ``usage.prompt_tokens_details.cached_tokens``; Responses:
+    ``usage.input_tokens_details.cached_tokens``; Anthropic Messages:
+    ``usage.cache_read_input_tokens``; SGLang native: ``meta_info.cached_tokens``. ``usage``
+    present without details counts as 0 only for the caller to decide (``None`` here)."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            return int(details["cached_tokens"])
+        for name in ("prompt_tokens_details", "input_tokens_details"):
+            details = usage.get(name)
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                return int(details["cached_tokens"])
+        if isinstance(usage.get("cache_read_input_tokens"), int):
+            return int(usage["cache_read_input_tokens"])
     meta = obj.get("meta_info")
     if isinstance(meta, dict) and isinstance(meta.get("cached_tokens"), int):
         return int(meta["cached_tokens"])

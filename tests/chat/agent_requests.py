@@ -1,0 +1,210 @@
+"""Agent-shaped request corpora for the Messages and Responses conversions (deterministic).
+
+Each request has a long system prompt and a tool schema, 1-12 turns of text, tool calls and
+short tool results, thinking on or off; ``n`` requests from ``seed``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from cortex.chat import ChatError, ChatPrompt, ChatTokenizer, render_args
+from cortex.chat.errors import UnmodelledRequest
+from cortex.hashing import Engine
+
+_WORDS = ("the repo build test file function error line patch diff module import config "
+          "server token cache worker route request answer stream event usage prefix block "
+          "naïve 数据 emoji 🙂 \\n quoted \"x\" tab\t").split(" ")
+
+
+def _text(rng: random.Random, words: int) -> str:
+    out = " ".join(rng.choice(_WORDS) for _ in range(words))
+    if rng.random() < 0.2:
+        out = "\n\n" + out
+    if rng.random() < 0.2:
+        out += "\n"
+    return out
+
+
+def _tools(rng: random.Random) -> list[dict[str, Any]]:
+    names = ["bash", "read_file", "edit_file", "grep", "web_fetch", "todo_write"]
+    tools = []
+    for name in names[:rng.randint(1, len(names))]:
+        properties = {f"arg{i}": {"type": rng.choice(["string", "integer", "boolean"]),
+                                  "description": _text(rng, 6)} for i in range(rng.randint(1, 4))}
+        schema: dict[str, Any] = {"properties": properties, "required": sorted(properties)[:1]}
+        if rng.random() < 0.8:
+            schema = {"type": "object", **schema}
+        tools.append({"name": name, "description": _text(rng, 30), "input_schema": schema})
+    return tools
+
+
+def _args(rng: random.Random) -> dict[str, Any]:
+    return {"command": _text(rng, 4), "n": rng.randint(0, 9), "flag": rng.random() < 0.5}
+
+
+def messages_request(rng: random.Random, i: int, *, system_role: bool = False
+                     ) -> dict[str, Any]:
+    """One Anthropic Messages body; ``system_role``: some turns carry ``system`` messages
+    (vLLM accepts them)."""
+    tools = _tools(rng)
+    body: dict[str, Any] = {"model": "m", "max_tokens": rng.choice([1024, 4096, 8192, 32000])}
+    if rng.random() < 0.5:
+        body["system"] = _text(rng, 120)
+    else:
+        body["system"] = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; "
+                           f"cch={i:05x};"}] * (rng.random() < 0.5) + [
+            {"type": "text", "text": _text(rng, 80), "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": _text(rng, 40)}]
+    if rng.random() < 0.9:
+        body["tools"] = tools
+    if rng.random() < 0.3:
+        body["tool_choice"] = rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "none"}])
+    thinking = rng.random()
+    if thinking < 0.3:
+        body["thinking"] = {"type": "enabled", "budget_tokens": 2048}
+    elif thinking < 0.5:
+        body["thinking"] = {"type": "disabled"}
+    if rng.random() < 0.3:
+        body["stop_sequences"] = ["\n\nHuman:"]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": _text(rng, 20)}]
+    for turn in range(rng.randint(0, 11)):
+        call_id = f"toolu_{i:03d}_{turn:02d}"
+        blocks: list[dict[str, Any]] = []
+        if thinking < 0.3 and rng.random() < 0.7:
+            blocks.append({"type": "thinking", "thinking": _text(rng, 15), "signature": "sig"})
+        if rng.random() < 0.6:
+            blocks.append({"type": "text", "text": _text(rng, 12)})
+        name = tools[rng.randrange(len(tools))]["name"]
+        blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": _args(rng)})
+        messages.append({"role": "assistant", "content": blocks})
+        result: Any = _text(rng, rng.randint(1, 25))
+        if rng.random() < 0.3:
+            result = [{"type": "text", "text": _text(rng, 5)},
+                      {"type": "text", "text": _text(rng, 5)}]
+        user: list[dict[str, Any]] = [{"type": "tool_result", "tool_use_id": call_id,
+                                       "content": result}]
+        if rng.random() < 0.3:
+            user.append({"type": "text", "text": _text(rng, 8)})
+        messages.append({"role": "user", "content": user})
+        if system_role and rng.random() < 0.2:
+            messages.append({"role": "system", "content": "<system-reminder>"
+                             + _text(rng, 6) + "</system-reminder>"})
+            messages.append({"role": "user", "content": _text(rng, 4)})
+    if rng.random() < 0.3:
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "Sure"}]})
+        messages.append({"role": "user", "content": [{"type": "text", "text": _text(rng, 6)}]})
+    body["messages"] = messages
+    return body
+
+
+def responses_request(rng: random.Random, i: int) -> dict[str, Any]:
+    """One stateless Responses body, as Codex sends it."""
+    body: dict[str, Any] = {"model": "m", "store": False, "instructions": _text(rng, 120)}
+    if rng.random() < 0.9:
+        body["tools"] = [{"type": "function", "name": t["name"], "description": t["description"],
+                          "parameters": {"type": "object", **t["input_schema"]},
+                          "strict": rng.choice([False, True, None])}
+                         for t in _tools(rng)]
+        for tool in body["tools"]:
+            if tool["strict"] is None:
+                del tool["strict"]
+    if rng.random() < 0.5:
+        body["reasoning"] = {"effort": rng.choice(["low", "medium", "high", "none"])}
+    items: list[dict[str, Any]] = []
+    if rng.random() < 0.1:
+        items.append({"type": "message", "role": "developer",
+                      "content": [{"type": "input_text", "text": _text(rng, 30)}]})
+    items.append({"type": "message", "role": "user",
+                  "content": [{"type": "input_text", "text": _text(rng, 20)}]})
+    for turn in range(rng.randint(0, 11)):
+        call_id = f"call_{i:03d}_{turn:02d}"
+        if rng.random() < 0.5:
+            items.append({"type": "reasoning", "id": f"rs_{i}_{turn}", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": _text(rng, 12)}]})
+        items.append({"type": "function_call", "call_id": call_id, "name": "bash",
+                      "arguments": json.dumps(_args(rng))})
+        items.append({"type": "function_call_output", "call_id": call_id,
+                      "output": _text(rng, rng.randint(1, 25))})
+        if rng.random() < 0.3:
+            items.append({"type": "message", "role": "assistant", "id": f"msg_{i}_{turn}",
+                          "status": "completed",
+                          "content": [{"type": "output_text", "text": _text(rng, 10),
+                                       "annotations": []}]})
+            items.append({"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": _text(rng, 6)}]})
+    body["input"] = items
+    return body
+
+
+def messages_corpus(n: int = 300, seed: int = 29, *, system_role: bool = False
+                    ) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [messages_request(rng, i, system_role=system_role) for i in range(n)]
+
+
+def responses_corpus(n: int = 240, seed: int = 29) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [responses_request(rng, i) for i in range(n)]
+
+
+# ---- the engines' own conversions of these corpora (tools/realengines/agent_goldens.py) ----
+
+DATA = Path(__file__).parent / "data"
+
+
+@functools.cache
+def golden() -> dict[str, Any]:
+    with gzip.open(DATA / "agent_apis.json.gz", "rt", encoding="utf-8") as f:
+        loaded: dict[str, Any] = json.load(f)
+    return loaded
+
+
+@functools.cache
+def tokenizer(name: str) -> ChatTokenizer:
+    return ChatTokenizer.load(DATA / "qwen3.5" if name == "qwen3.5" else None)
+
+
+def prompt_or_error(make: Any) -> ChatPrompt | Exception:
+    """What the engine tokenizes (its ids are ``encode_prompt`` of it, a pure function: equal
+    prompts are equal ids), or the refusal."""
+    try:
+        result: ChatPrompt = make()
+    except (ChatError, UnmodelledRequest) as exc:
+        return exc
+    return result
+
+
+
+
+def count_mismatches(api: str, template: str, engine: str, ours: Any) -> tuple[int, int, int]:
+    """``(compared, refused, mismatches)`` of ``ours(chat, body)`` (Cortex's prompt of a
+    body) against the engine's conversion in the golden file: what the engine refused (or
+    its converted chat the template refuses) Cortex must refuse too."""
+    data = golden()
+    chat = tokenizer(template)
+    kind = Engine(engine)
+    compared = refused = mismatches = 0
+    for i, (body, theirs) in enumerate(zip(data[api], data["templates"][template][engine][api],
+                                           strict=True)):
+        mine = prompt_or_error(lambda b=body: ours(chat, b))
+        if "error" in theirs:
+            assert isinstance(mine, ChatError), (i, theirs["error"], mine)
+            refused += 1
+            continue
+        expected = prompt_or_error(lambda t=theirs: chat.prompt(render_args(t, kind)))
+        if isinstance(expected, Exception):
+            assert isinstance(mine, ChatError), (i, expected)
+            refused += 1
+            continue
+        compared += 1
+        mismatches += mine != expected
+        if compared % 25 == 1:  # and the ids themselves, now and then
+            assert isinstance(mine, ChatPrompt) and isinstance(expected, ChatPrompt)
+            assert chat.encode_prompt(mine) == chat.encode_prompt(expected)
+    return compared, refused, mismatches
