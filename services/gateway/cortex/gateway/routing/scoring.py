@@ -2,8 +2,9 @@
 
 ``score(w) = alpha*credit(w) - beta*busy(w) - gamma*queued(w) - delta*prefilling(w)
 - kv_pressure*pressure(w)*uncached(w)`` where a worker's cache credit is its longest READY
-prefix (index ledger, predicted blocks or its session's previous turn; a prefix continued in the worker's host / disk tier counts those
-tokens times ``host_hit`` / ``disk_hit``, the shared tier not at all), withheld when the
+prefix (index ledger, predicted blocks or its session's previous turn; a prefix continued
+in the worker's host / disk tier counts those tokens times ``host_hit`` / ``disk_hit``, the
+shared tier not at all), withheld when the
 worker is at or over its high-watermark — affinity yields to load for that worker only —
 and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
 answering (the prefill queue ahead).
