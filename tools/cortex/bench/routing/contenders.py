@@ -12,7 +12,8 @@
 * ``sglang_cache_aware`` / ``sglang_round_robin`` — ``sglang-router launch --policy …`` from
   PyPI with its defaults, in front of bare sims (no Redis, index or ingest running).
 * ``vllm_cache_aware`` — ``vllm-router --policy cache_aware`` (the vLLM project's Rust router,
-  PyPI) with its defaults, in front of bare sims.
+  PyPI) with its defaults, in front of bare sims; ``vllm_consistent_hash`` its session policy
+  (requests with the same ``X-Session-ID`` go to the same worker; opt-in).
 
 A :class:`Topology` changes the shape: ``replicas`` router replicas behind HAProxy (Cortex:
 that many gateways sharing one index; peers: that many independent router processes), or a
@@ -53,6 +54,7 @@ from cortex.testing import (
 
 __all__ = [
     "CONTENDERS",
+    "OPT_IN",
     "VARIANT_ONLY",
     "CpuMeter",
     "Deployment",
@@ -66,7 +68,10 @@ __all__ = [
 ]
 
 CONTENDERS = ("cortex", "cortex_load_only", "cortex_gpu_only", "sglang_cache_aware",
-              "sglang_round_robin", "vllm_cache_aware")
+              "sglang_round_robin", "vllm_cache_aware", "vllm_consistent_hash")
+OPT_IN = ("vllm_consistent_hash",)
+"""Contenders that run only when ``--contenders`` names them (``vllm-router``'s session
+policy: it hashes ``X-Session-ID``, useful on the agent workload only)."""
 VARIANT_ONLY = ("cortex_gpu_only",)
 """Contenders that run only in the variants naming them (GPU-only crediting differs from
 ``cortex`` only where the workers have host tiers)."""
