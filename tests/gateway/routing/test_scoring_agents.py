@@ -142,3 +142,12 @@ def test_a_full_pool_keeps_a_prompt_it_mostly_holds() -> None:
     full = cand("full", kv_pressure=1.0, index_tokens=1024)
     d = decide([full, cand("free")], W, prompt_tokens=4096)
     assert (d.chosen.worker_id, d.reason) == ("free", Reason.LOAD_OUTWEIGHS_HIT)
+
+
+def test_a_new_session_weighs_the_sessions_living_on_a_worker_as_its_home() -> None:
+    # a 1,250-token agent prompt is held by "a", home to 3 live sessions; "b" holds nothing
+    a, b = cand("a", index_tokens=1250, sessions=3), cand("b")
+    assert decide([a, b], W).chosen.worker_id == "a"  # a turn without a new session
+    d = decide([a, b], W, prefix_key=5, tie_tolerance=1.0, new_session=True)
+    assert d.chosen.worker_id == "b"  # 3 x 8 x 64 = 1,536 > 1,250
+    assert busy(a, W, new_session=True) == 24.0

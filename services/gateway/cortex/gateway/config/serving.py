@@ -243,7 +243,10 @@ class RoutingWeights:
 
     ``session``: a live agent session between turns, in running requests: a worker's load
     is at least ``session`` times the other sessions whose last turn it served (0: paced
-    agents read idle between turns). ``kv_pressure``: the extra cost, per uncached prompt
+    agents read idle between turns). ``session_home``: the same weight when the request
+    starts a session (names one the gateway does not know): where its first turn goes, its
+    next turns follow, so the sessions already living on a worker weigh for as long as it
+    does. ``kv_pressure``: the extra cost, per uncached prompt
     token, of a worker whose KV pool is full (scaled by how far past
     ``routing.kv_full_fraction`` it is): storing a new prefix there evicts another.
     """
@@ -255,11 +258,13 @@ class RoutingWeights:
     host_hit: float = 0.75
     disk_hit: float = 0.25
     session: float = 1.0
+    session_home: float = 8.0
     kv_pressure: float = 1.0
 
     def __post_init__(self) -> None:
         non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
-                     delta=self.delta, session=self.session, kv_pressure=self.kv_pressure)
+                     delta=self.delta, session=self.session, session_home=self.session_home,
+                     kv_pressure=self.kv_pressure)
         for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"routing.weights.{name}: must be within [0, 1], got {value}")

@@ -52,6 +52,11 @@ class RequestTerms:
         if session is not None:
             self.hint = terms.table.hint(model, session, keys)
 
+    @property
+    def new_session(self) -> bool:
+        """The request names a session the table does not know (its first turn)."""
+        return self.session is not None and self.hint is None
+
     def candidate(self, worker: WorkerState) -> AgentFields:
         """The agent fields of ``worker``'s candidate for this request."""
         terms = self._terms

@@ -12,7 +12,11 @@ answering (the prefill queue ahead).
 Paced agents: ``busy(w) = max(active(w), session*sessions(w))`` where ``sessions`` counts the
 other live agent sessions whose last turn went to ``w`` (:mod:`.sessions`): between turns
 an agent runs nothing, yet its next turn comes back to the prefix ``w`` holds, so its worker
-must not read as idle to the next new session.
+must not read as idle to the next new session. The first turn of a session (``new_session``)
+weighs them ``session_home`` each instead: it chooses the worker every later turn follows,
+so the sessions living there share it with this one for as long as it runs, not just now
+(a shared system prompt is worth replicating once rather than piling every session onto
+its first holder).
 
 KV occupancy: ``pressure(w)`` rises from 0 to 1 as the ledger's device blocks of ``w`` go
 from ``kv_full_fraction`` of its capacity to all of it (:func:`kv_pressure`); ``uncached(w)``
@@ -269,10 +273,12 @@ def _creditable(c: Candidate, weights: RoutingWeights) -> int:
     return max(c.index_tokens + host + disk, c.predicted_tokens, c.session_tokens)
 
 
-def busy(c: Candidate, weights: RoutingWeights) -> float:
+def busy(c: Candidate, weights: RoutingWeights, new_session: bool = False) -> float:
     """The requests the load term counts on a worker: those running, or its other live
-    agent sessions (weighted by ``session``) when more — they are between turns, not gone."""
-    return max(float(c.active), weights.session * c.sessions)
+    agent sessions (weighted by ``session``, or ``session_home`` for a session's first turn)
+    when more — they are between turns, not gone."""
+    per = weights.session_home if new_session else weights.session
+    return max(float(c.active), per * c.sessions)
 
 
 def kv_pressure(blocks: int, capacity: int | None, knee: float) -> float:
@@ -309,6 +315,7 @@ def decide(
     prefix_key: int | None = None,
     tie_tolerance: float = 0.0,
     prompt_tokens: int = 0,
+    new_session: bool = False,
 ) -> Decision:
     """Rank ``candidates`` (non-empty) and pick one.
 
@@ -318,6 +325,8 @@ def decide(
     within ``tie_tolerance`` active requests (score units of ``beta``) of the best one are
     ordered by :func:`rendezvous_weight` of it (the session's worker first).
     ``prompt_tokens``: the prompt's length, for the KV-pressure term (0: no such term).
+    ``new_session``: the request starts a session (its live-session weight is
+    ``session_home``).
     """
     if not candidates:
         raise ValueError("decide() needs at least one candidate")
@@ -325,7 +334,7 @@ def decide(
     scored: list[tuple[Scored, int]] = []
     for i, c in enumerate(candidates):
         tokens, credit, note = _credit(c, cache_off, weights)
-        score = (weights.alpha * credit - weights.beta * busy(c, weights)
+        score = (weights.alpha * credit - weights.beta * busy(c, weights, new_session)
                  - weights.gamma * c.queued - weights.delta * c.prefilling)
         if c.kv_pressure and prompt_tokens:
             uncached = max(prompt_tokens - c.held_tokens, 0)
