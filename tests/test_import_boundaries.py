@@ -116,3 +116,19 @@ def test_no_service_requires_another_service(distributions: dict[str, Distributi
     requiring = {dist.name: sorted(dist.declared(extras=True) & (set(SERVICES) - {dist.name}))
                  for dist in distributions.values() if dist.name != "cortex-tools"}
     assert not any(requiring.values()), requiring  # only the tools drive every service
+
+
+def test_other_distributions_reach_a_service_only_through_its_package(
+    distributions: dict[str, Distribution],
+) -> None:
+    # the tools drive every service, but through what each exports from its __init__ (the
+    # stages a benchmark runs included), so a service's modules can move without breaking them
+    services = {package for name in SERVICES for package in distributions[name].packages()}
+    reaching = set()
+    for dist in distributions.values():
+        own = dist.packages()
+        for path in dist.sources():
+            for module in imports(path):
+                if owner(module) in services - own and module != owner(module):
+                    reaching.add(f"{path.relative_to(ROOT)}: {module}")
+    assert not reaching, "imports of a service's internals:\n" + "\n".join(sorted(reaching))

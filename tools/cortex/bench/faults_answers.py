@@ -25,9 +25,9 @@ from cortex.bench.answer_proxy import AnswerProxy
 from cortex.bench.faults_catalogue import Bench, Fault
 from cortex.bench.faults_hostile import BROKEN_SHAPES, answer_outcome, metric_sum
 from cortex.bench.faults_load import MODEL
-from cortex.gateway import GatewayServer
-from cortex.gateway.config.gateway import (
+from cortex.gateway import (
     GatewayConfig,
+    GatewayServer,
     HealthConfig,
     ModelConfig,
     PDConfig,

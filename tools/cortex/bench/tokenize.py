@@ -16,7 +16,7 @@ encoders (``tokenize.encoder``: Hugging Face ``tokenizers`` and ``fastokens``):
    processes; then p50 / p99 of each request's wall time under a burst of 16 concurrent
    never-seen prompts.
 3. **Lazy walk**: the decision's tokenize + hash stages for a never-seen 13k-token chat
-   prompt, full encode vs the ledger-guided walk (:mod:`cortex.gateway.tokens.lazy`), for a
+   prompt, full encode vs the ledger-guided walk (:mod:`cortex.gateway.tokens.prompt`), for a
    prompt no worker holds and one whose first 8k tokens a worker holds (routed by another
    gateway: this one's segment cache never saw it).
 4. **Routing decision**: ``Router.route`` (what ``POST /admin/explain`` times and reports as

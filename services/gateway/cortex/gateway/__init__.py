@@ -16,6 +16,7 @@ from cortex.gateway.config.gateway import (
     IndexConfig,
     LoadConfig,
     ModelConfig,
+    PDConfig,
     RegistryConfig,
     RoutingConfig,
     RoutingWeights,
@@ -33,8 +34,7 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_body, parse_request
 from cortex.gateway.routing.router import Router
 from cortex.gateway.server import GatewayServer
-from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
-from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.prompt import BytesPerToken, PromptTokenizer, held_prefix, walk
 from cortex.gateway.tokens.service import Tokenization, next_turn
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "InferencePath",
     "LoadConfig",
     "ModelConfig",
+    "PDConfig",
     "PromptTokenizer",
     "RegistryConfig",
     "ReplicaClient",

@@ -18,13 +18,13 @@ from cortex.gateway.api.relay import RELAYED_PATHS, RelayHandler
 from cortex.gateway.api.tokenize import AlignmentCheck, TokenizeHandler
 from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
-from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Receive, Scope, Send
 from cortex.gateway.http.messages import (
     PUBLIC_PATHS,
     ClientDisconnected,
     Middleware,
     Request,
+    json_loads,
     send_bytes,
     send_error,
 )
@@ -202,7 +202,7 @@ async def _model_of(request: Request, config: GatewayConfig) -> str | None:
     it has none or is not JSON (the inference handler then says what is wrong)."""
     try:
         raw = await request.body(config.server.max_body_bytes)
-        name = json_codec.loads(raw).get("model")
+        name = json_loads(raw).get("model")
     except (ClientDisconnected, ValueError, UnicodeDecodeError, AttributeError,
             RecursionError):
         return None

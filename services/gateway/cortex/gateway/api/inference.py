@@ -30,12 +30,12 @@ from cortex.gateway.config.gateway import Timeouts
 from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher, upstream_body
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
-from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Message, Receive, Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
     Headers,
     Request,
+    json_loads,
     send_bytes,
     send_error,
 )
@@ -527,6 +527,6 @@ def _checked(forwarder: SSEForwarder, chunk: bytes) -> bytes:
 
 def _json_or_none(data: bytes) -> Any:
     try:
-        return json_codec.loads(data)
+        return json_loads(data)
     except ValueError:
         return None

@@ -40,12 +40,12 @@ from cortex.gateway.errors import (
     relayed_error,
 )
 from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
     Headers,
     Request,
+    json_loads,
     send_bytes,
     send_error,
 )
@@ -104,7 +104,7 @@ def _sniff_stream(data: bytes) -> str | None:
     for line in data.split(b"\n"):
         if line.startswith(b"data:"):
             try:
-                found = response_id_of(json_codec.loads(line[5:]))
+                found = response_id_of(json_loads(line[5:]))
             except ValueError:
                 continue
             if found is not None:
@@ -402,7 +402,7 @@ class RelayHandler:
                                                     ErrorCode.UPSTREAM_STREAM_ERROR.value)})
         if owner is not None and not stream:
             try:
-                found = response_id_of(json_codec.loads(seen))
+                found = response_id_of(json_loads(seen))
             except ValueError:
                 found = None
             if found is not None:

@@ -33,9 +33,12 @@ from cortex.chat import (
 from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
-from cortex.gateway.http import json_codec
 from cortex.gateway.http.asgi import Send
-from cortex.gateway.http.messages import Request, send_bytes
+from cortex.gateway.http.messages import (
+    Request,
+    json_dumps,
+    send_bytes,
+)
 from cortex.gateway.request.payload import parse_body
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
@@ -59,10 +62,6 @@ def _model(body: Mapping[str, Any], config: GatewayConfig) -> ModelConfig:
                           status=404, param="model")
     return model
 
-
-def _dumps(obj: Any) -> bytes:
-    # the engines' JSON: compact, non-ASCII as is (FastAPI's JSONResponse, orjson)
-    return json_codec.dumps(obj)
 
 
 async def tokenize(tokenization: Tokenization, config: GatewayConfig,
@@ -97,7 +96,7 @@ class TokenizeHandler:
 
     async def tokenize(self, request: Request, send: Send) -> None:
         answer = await tokenize(self.tokenization, self.gw.config, await self._body(request))
-        await send_bytes(send, 200, _dumps(answer), b"application/json")
+        await send_bytes(send, 200, json_dumps(answer), b"application/json")
 
     async def detokenize(self, request: Request, send: Send) -> None:
         body = await self._body(request)
@@ -109,7 +108,7 @@ class TokenizeHandler:
                               param=exc.param) from None
         chat = self.tokenization.tokenizers[model.name].chat
         texts = [chat.decode(ids, query.skip_special_tokens) for ids in query.tokens]
-        await send_bytes(send, 200, _dumps(detokenize_response(query, texts)),
+        await send_bytes(send, 200, json_dumps(detokenize_response(query, texts)),
                          b"application/json")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortex.gateway.fleet.pool import ProgressWatch, WorkerState
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import json_loads
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.scoring import Decision, PDOutcome
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
@@ -178,7 +178,7 @@ def json_answer(body: bytes, listed: bool = False) -> Any:
     """``body`` as a JSON object (or, ``listed``, a non-empty list of them: a batched
     ``/generate``); ``None`` when it is not."""
     try:
-        obj = json_codec.loads(body)
+        obj = json_loads(body)
     except (ValueError, RecursionError):
         return None
     if isinstance(obj, dict) or (listed and isinstance(obj, list) and obj

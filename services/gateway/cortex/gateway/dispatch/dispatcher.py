@@ -33,7 +33,7 @@ from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.errors import ErrorCode, UpstreamError
 from cortex.gateway.fleet.pool import ProgressWatch, WorkerPool
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import json_dumps
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
 from cortex.gateway.routing.router import Routed, Router, uncached
@@ -56,7 +56,7 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
         if req.stream and not req.wants_usage and req.endpoint is not InferencePath.GENERATE:
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}
-        return json_codec.dumps(body)
+        return json_dumps(body)
     if not req.stream or req.wants_usage or req.endpoint is InferencePath.GENERATE:
         return raw
     if "stream_options" not in req.body:
@@ -68,7 +68,7 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True
     body["stream_options"] = options
-    return json_codec.dumps(body)
+    return json_dumps(body)
 
 
 class Dispatcher:

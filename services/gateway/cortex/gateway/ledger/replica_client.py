@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Generic, TypeVar
 
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
@@ -32,6 +33,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import IndexConfig
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.hashing import HashDomain
 from cortex.ledger.client import index_channel
 from cortex.ledger.codec import pb
 from cortex.ledger.grpc import bearer, method
@@ -39,12 +41,71 @@ from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Tier
 from cortex.ledger.replica import LedgerReplica, OutOfSync, ReplicaChanges, touch_request
 
-__all__ = ["ReplicaClient", "WorkerMatch", "fold_sources", "merge_matches"]
+__all__ = ["LeadingRuns", "ReplicaClient", "WorkerMatch", "fold_sources", "merge_matches",
+           "walk_depth"]
 
 log = logging.getLogger(__name__)
 
 
 # ---- matching ----
+
+H = TypeVar("H", bound=Hashable)
+
+
+class LeadingRuns(Generic[H]):
+    """Per holder, the leading blocks it holds of a key chain that only grows (the walk's
+    keys), asked for the keys added since the last time only: a holder's run over the
+    longer chain is its run so far, plus its run over the new keys if it held every key so
+    far. The walk then matches each key once, not the whole chain at every ask."""
+
+    __slots__ = ("asked", "runs")
+
+    def __init__(self) -> None:
+        self.asked = 0  # keys of the chain asked for so far
+        self.runs: dict[H, int] = {}
+
+    def growing(self) -> bool:
+        """Whether some holder (any, before the first ask) held every key so far."""
+        return self.asked == 0 or self.asked in self.runs.values()
+
+    def extend(self, new_runs: Mapping[H, int], count: int) -> None:
+        """``count`` more keys asked for; ``new_runs``: each holder's leading run of them."""
+        asked, runs = self.asked, self.runs
+        for holder, run in new_runs.items():
+            if runs.get(holder, 0) == asked:
+                runs[holder] = asked + run
+        self.asked = asked + count
+
+    @property
+    def deepest(self) -> int:
+        return max(self.runs.values(), default=0)
+
+    def __repr__(self) -> str:
+        return f"LeadingRuns(asked={self.asked}, deepest={self.deepest})"
+
+
+def walk_depth(ledger: LedgerReplica, domain: HashDomain,
+               predicted: Callable[[list[int]], Mapping[str, int]]) -> Callable[[list[int]], int]:
+    """The lazy walk's question (``tokens/prompt.py`` ``walk``): of a key chain that only
+    grows, the leading blocks the best-placed holder has, a DP rank in ``ledger`` or a worker
+    in ``predicted``. Each key is matched once: per rank, and per worker predicted."""
+    ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
+    predictions: LeadingRuns[str] = LeadingRuns()
+
+    def deepest(keys: list[int]) -> int:
+        new = keys[ranks.asked:]
+        # a rank's host and disk tiers add blocks after its device prefix: their sum bounds
+        # its leading run from above (over-estimating only walks further)
+        held: dict[tuple[str, int], int] = {}
+        if new and ranks.growing():
+            for match in ledger.match(domain, new).sources:
+                rank = (match.worker_id, match.dp_rank)
+                held[rank] = held.get(rank, 0) + match.blocks
+        ranks.extend(held, len(new))
+        predictions.extend(predicted(new) if predictions.growing() else {}, len(new))
+        return max(ranks.deepest, predictions.deepest)
+
+    return deepest
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from typing import Any
 from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import JSONDecodeError, json_loads
 
 __all__ = ["Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
            "check_prompt_tokens", "model_limits", "parse_body", "parse_request", "prompt_chars",
@@ -230,8 +230,8 @@ def _bad_json(message: str) -> ClientError:
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object of a request body (strict UTF-8, no lone surrogates)."""
     try:  # the C codec takes only what is valid; the rest is parsed again to say why not
-        body = json_codec.loads(raw)
-    except json_codec.JSONDecodeError:
+        body = json_loads(raw)
+    except JSONDecodeError:
         body = _parse_invalid(raw)
     if not isinstance(body, dict):
         raise _bad_json("request body must be a JSON object")

@@ -44,13 +44,17 @@ from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeCo
 from cortex.gateway.dispatch.pd.handoff import sequence_count
 from cortex.gateway.errors import ServiceUnavailable
 from cortex.gateway.fleet.pool import Eligible, WorkerPool, WorkerState
-from cortex.gateway.ledger.replica_client import WorkerMatch, fold_sources, merge_matches
+from cortex.gateway.ledger.replica_client import (
+    WorkerMatch,
+    fold_sources,
+    merge_matches,
+    walk_depth,
+)
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.placement import Placement, PredictedBlocks
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
-from cortex.gateway.tokens.lazy import LeadingRuns, Walk
-from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ledger.match import Match
@@ -333,25 +337,7 @@ class Router:
                 or not replica.usable or any(w.kv_lookahead for w in eligible.everyone())):
             return None
         domain = req.model.domain
-        ledger = replica.replica
-        predicted = self.predicted
-        # each key matched once: per rank, and per worker predicted
-        ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
-        predictions: LeadingRuns[str] = LeadingRuns()
-
-        def deepest(keys: list[int]) -> int:
-            new = keys[ranks.asked:]
-            # a rank's host and disk tiers add blocks after its device prefix: their sum
-            # bounds its leading run from above (over-estimating only walks further)
-            held: dict[tuple[str, int], int] = {}
-            if new and ranks.growing():
-                for match in ledger.match(domain, new).sources:
-                    rank = (match.worker_id, match.dp_rank)
-                    held[rank] = held.get(rank, 0) + match.blocks
-            ranks.extend(held, len(new))
-            predictions.extend(predicted.match(new) if predictions.growing() else {}, len(new))
-            return max(ranks.deepest, predictions.deepest)
-
+        deepest = walk_depth(replica.replica, domain, self.predicted.match)
         return self.tokenization.walk(
             req, domain.root_key(req.lora_name, req.cache_salt), deepest)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import json_loads
 
 __all__ = ["chat_answers", "completion_answers", "stream_objects"]
 
@@ -28,7 +28,7 @@ def stream_objects(events: bytes) -> Iterator[dict[str, Any]]:
         if not data or data == b"[DONE]":
             continue
         try:
-            obj = json_codec.loads(data)
+            obj = json_loads(data)
         except ValueError:
             continue
         if isinstance(obj, dict):

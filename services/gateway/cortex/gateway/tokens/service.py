@@ -12,7 +12,7 @@ gateway process, shared by routing, ``/tokenize`` and answer feeding):
 - after a response ends, its answer is encoded into the cache on a feeder thread, as the
   next turn will resend it (:meth:`feed_answer`);
 - :meth:`walk` encodes a prompt only as far as the ledger match can reach
-  (:mod:`cortex.gateway.tokens.lazy`), :meth:`finish_later` the rest on the feeder thread
+  (:mod:`cortex.gateway.tokens.prompt`), :meth:`finish_later` the rest on the feeder thread
   (shed, and counted, when ``feed_queue`` jobs already wait).
 """
 
@@ -37,9 +37,15 @@ from cortex.gateway.request.payload import (
 )
 from cortex.gateway.tokens.answers import chat_answers, completion_answers
 from cortex.gateway.tokens.heavylane import HeavyLane, TokenizerSpec
-from cortex.gateway.tokens.lazy import BytesPerToken, Deepest, Walk, walk
 from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder
-from cortex.gateway.tokens.prompt import EncodePlan, PromptTokenizer
+from cortex.gateway.tokens.prompt import (
+    BytesPerToken,
+    Deepest,
+    EncodePlan,
+    PromptTokenizer,
+    Walk,
+    walk,
+)
 
 __all__ = ["Tokenization", "next_turn"]
 
@@ -172,7 +178,7 @@ class Tokenization:
 
     def walk(self, req: InferenceRequest, root: int, deepest: Deepest) -> Walk | None:
         """``req``'s prompt encoded as far as the match can reach (``root``: the chain root
-        of its plain keys; ``deepest``: see :func:`~cortex.gateway.tokens.lazy.walk`), on
+        of its plain keys; ``deepest``: see :func:`~cortex.gateway.tokens.prompt.walk`), on
         the event loop; ``None`` where the walk does not apply (token prompts, heavy chat
         requests): use :meth:`tokens`. A prompt whose length bound might not fit the
         model's limits is encoded fully and checked exactly.

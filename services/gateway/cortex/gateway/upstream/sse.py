@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cortex.gateway.http import json_codec
+from cortex.gateway.http.messages import json_dumps, json_loads
 
 __all__ = ["EventRewrite", "EventStreamCheck", "SSEForwarder", "cached_tokens_of",
            "first_event_error", "has_complete_event", "is_event_stream", "sse_error_event"]
@@ -80,7 +80,7 @@ class EventStreamCheck:
 
 def sse_error_event(message: str, code: str, kind: str = "server_error") -> bytes:
     """An in-stream error in the engines' shape, followed by ``[DONE]``."""
-    payload = json_codec.dumps({"error": {"message": message, "type": kind, "code": code}})
+    payload = json_dumps({"error": {"message": message, "type": kind, "code": code}})
     return b"data: " + payload + b"\n\ndata: [DONE]\n\n"
 
 
@@ -116,7 +116,7 @@ class EventRewrite:
         if self.marker not in data:
             return data
         obj = _json_of(data)
-        return data if obj is None else _dumps(self.apply(obj))
+        return data if obj is None else json_dumps(self.apply(obj))
 
 
 def first_event_error(data: bytes) -> dict[str, Any] | None:
@@ -141,9 +141,6 @@ def has_complete_event(data: bytes) -> bool:
     return any(sep in data for sep in _SEPARATORS)
 
 
-def _dumps(obj: Any) -> bytes:
-    return json_codec.dumps(obj)
-
 
 def _is_done(block: bytes) -> bool:
     """Whether a ``data: [DONE]`` line is in ``block`` (at a line start: JSON strings cannot
@@ -156,7 +153,7 @@ def _json_of(data: bytes | None) -> dict[str, Any] | None:
     if not data:
         return None
     try:
-        obj = json_codec.loads(data)
+        obj = json_loads(data)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
@@ -278,7 +275,7 @@ class SSEForwarder:
                 continue
             newline = b"\r\n" if sep == b"\r\n\r\n" else b"\n"
             others = [line for line in event.split(newline) if not line.startswith(b"data:")]
-            events[i] = newline.join([*others, b"data: " + _dumps(rewrite.apply(obj))])
+            events[i] = newline.join([*others, b"data: " + json_dumps(rewrite.apply(obj))])
         return sep.join(events)
 
     def _drop_usage_chunk(self, block: bytes) -> bytes:

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from cortex.chat import EncoderChoice, render_args
-from cortex.gateway.tokens.lazy import BytesPerToken, held_prefix, walk
-from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.gateway.tokens.prompt import BytesPerToken, PromptTokenizer, held_prefix, walk
 from cortex.hashing import Engine, HashDomain
 
 BLOCK = 16

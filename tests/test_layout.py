@@ -1,0 +1,50 @@
+"""Tests mirror the code (docs/layout.md): every module of a library, a service or the
+simulator has a unit test file named after it (``tests/<part>/**/test_<module>*.py``), or a
+row of docs/layout.md's table saying where it is tested instead."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TREES = ("libs", "services", "tools/sim")
+
+
+def _expand(name: str) -> list[str]:
+    """``kubernetes/{api,config}.py`` → ``kubernetes/api.py``, ``kubernetes/config.py``."""
+    parts = re.split(r"\{([^}]*)\}", name)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in itertools.product(*choices)]
+
+
+def _excused() -> set[tuple[str, str]]:
+    """``(part, module path)`` pairs the layout table names, e.g. ``("gateway", "app.py")``."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    excused = set()
+    for row in text.splitlines():
+        cells = row.split("|")
+        if len(cells) < 3 or "`" not in cells[1]:
+            continue
+        part = cells[1].split()[0]
+        for name in re.findall(r"`([^`]+\.py)`", cells[1]):
+            excused.update((part, module) for module in _expand(name))
+    return excused
+
+
+def test_every_module_has_its_test_file_or_a_reason() -> None:
+    excused = _excused()
+    untested = []
+    for tree in TREES:
+        for path in sorted((ROOT / tree).rglob("cortex/*/**/*.py")):
+            if path.name == "__init__.py" or ".egg-info" in str(path):
+                continue
+            inner = path.parts[path.parts.index("cortex") + 1:]
+            part, module = inner[0], "/".join(inner[1:])
+            tests = ROOT / "tests" / part
+            if any(tests.rglob(f"test_{path.stem}*.py")) or (part, module) in excused:
+                continue
+            untested.append(f"{part}: {module}")
+    assert not untested, ("modules with neither a test file nor a row in docs/layout.md:\n"
+                          + "\n".join(untested))
