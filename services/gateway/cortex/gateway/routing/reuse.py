@@ -69,12 +69,14 @@ class Reuse:
                 "reuse_given_up": self.given_up, "reuse_delivered": self.delivered}
 
 
-def reuse_of(decision: Decision, worker_id: str) -> Reuse:
+def reuse_of(decision: Decision, worker_id: str, unranked: int | None = None) -> Reuse:
     """``available`` and ``captured`` of ``decision`` when ``worker_id`` serves the request
-    (the decision's choice, or a fallback after it failed)."""
-    best = None
-    available = 0
-    captured = 0
+    (the decision's choice, or a fallback after it failed). ``unranked``: what
+    ``worker_id`` holds when the decision did not rank it (a PD decode worker prefilling
+    itself: its credited hit)."""
+    ranked = any(s.worker_id == worker_id for s in decision.ranked)
+    captured = unranked if unranked is not None and not ranked else 0
+    available, best = captured, None
     for scored in decision.ranked:
         held = PairDecision.held_tokens(scored)
         if held > available:

@@ -123,6 +123,11 @@ class SessionTable:
                      and keys[n - 1] == turn.last_key)
         return SessionHint(turn.worker_id, n if continues else 0)
 
+    def blocks(self, model: str, session: str) -> int:
+        """How many prompt blocks the session's last turn sent (0: unknown, or evicted)."""
+        turn = self._turns.get((model, session))
+        return turn.blocks if turn is not None and turn.last_key is not None else 0
+
     def live(self, worker_id: str, besides: tuple[str, str] | None = None) -> int:
         """Sessions whose last turn was routed to ``worker_id`` within ``live_s``, not
         counting ``besides`` (``(model, session)``: the request's own)."""
