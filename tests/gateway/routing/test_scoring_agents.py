@@ -151,3 +151,11 @@ def test_a_new_session_weighs_the_sessions_living_on_a_worker_as_its_home() -> N
     d = decide([a, b], W, prefix_key=5, tie_tolerance=1.0, new_session=True)
     assert d.chosen.worker_id == "b"  # 3 x 8 x 64 = 1,536 > 1,250
     assert busy(a, W, new_session=True) == 24.0
+
+
+def test_a_little_kv_pressure_is_not_undone_by_the_tie_band() -> None:
+    # 0.1 x 300 uncached tokens = 30 < one active request (64): yet never a tie
+    a, b = cand("a", kv_pressure=0.1), cand("b")
+    for key in range(20):
+        d = decide([a, b], W, prefix_key=key, tie_tolerance=1.0, prompt_tokens=300)
+        assert d.chosen.worker_id == "b"

@@ -390,12 +390,14 @@ def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
     """``ranked`` with its uncredited candidates within ``band`` of the best score moved to
     the front, the shortest prefill queue first and rendezvous order among equal queues;
     ``True`` when there were several to choose from; the session's worker, if tied, goes
-    first. A worker at its high watermark never ties with one below it: the hash must not
-    undo shedding."""
+    first. A worker at its high watermark never ties with one below it, nor a worker whose
+    KV pool is filling up with one that has room: the hash must not undo shedding."""
     top = ranked[0]
     best, under = top.score, _under_watermark(top.candidate)
+    roomy = not top.candidate.kv_pressure
     tied = [s for s in ranked if not s.credited_tokens and best - s.score <= band
-            and (_under_watermark(s.candidate) or not under)]
+            and (_under_watermark(s.candidate) or not under)
+            and (not s.candidate.kv_pressure or not roomy)]
     if len(tied) < 2:
         return ranked, False
     tied.sort(key=lambda s: (not s.candidate.session, s.candidate.prefilling,
