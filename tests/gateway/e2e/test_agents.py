@@ -16,7 +16,6 @@ from ..conftest import MODEL, StartGateway, StartSim
 from .test_cluster import SYSTEM, cluster
 
 
-
 def reuse_of(headers: dict[str, str]) -> dict[str, str]:
     fields = (part.strip().partition("=") for part in headers["x-cortex-reuse"].split(";"))
     return {k: v for k, _, v in fields}
@@ -57,7 +56,8 @@ async def test_a_sessions_turns_stay_home_and_reuse_is_accounted(
         assert all(len(workers) == 1 for workers in homes.values()), homes
         metrics = await (await http.get(c.gateway.url + "/metrics")).text()
         assert 'cortex_gateway_session_hints_total{outcome="kept"} 9.0' in metrics
-        assert 'kind="delivered"' in metrics and "cortex_gateway_reuse_prompt_tokens_total" in metrics
+        assert 'kind="delivered"' in metrics
+        assert "cortex_gateway_reuse_prompt_tokens_total" in metrics
 
 
 async def test_a_full_kv_pool_does_not_get_a_new_prefix_while_another_has_room(
