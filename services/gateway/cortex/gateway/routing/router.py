@@ -544,9 +544,10 @@ class Router:
         replica = self.replica
         if replica is None or not replica.usable:
             return None
-        view = replica.replica.view
+        ledger = replica.replica
 
-        def blocks(worker: WorkerState) -> int:
+        def blocks(worker: WorkerState) -> int:  # asked only of workers with a capacity
+            view = ledger.view
             return sum(view.blocks_of(Source(worker.id, rank, Tier.DEVICE))
                        for rank in range(worker.spec.dp_size))
 
