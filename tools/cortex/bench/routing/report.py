@@ -390,7 +390,8 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
 
 _COLORS = {"cortex": "#1f6feb", "cortex_load_only": "#8cb4f5", "cortex_gpu_only": "#5a7fb8",
            "sglang_cache_aware": "#d1495b", "sglang_round_robin": "#edae49",
-           "vllm_cache_aware": "#2e933c", "vllm_consistent_hash": "#7b9e3c"}
+           "vllm_cache_aware": "#2e933c", "vllm_consistent_hash": "#7b9e3c",
+           "cortex_no_agents": "#3d5a80"}
 
 
 def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:
