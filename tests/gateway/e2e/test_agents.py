@@ -5,9 +5,11 @@ new prefix while another has free blocks."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import aiohttp
+import pytest
 
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
@@ -36,8 +38,9 @@ def turns(session: str, n: int) -> list[dict[str, Any]]:
 
 async def test_a_sessions_turns_stay_home_and_reuse_is_accounted(
     redis_server: RedisServer, index_server: IndexServer, start_sim: StartSim,
-    start_gateway: StartGateway, http: aiohttp.ClientSession,
+    start_gateway: StartGateway, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="cortex.gateway.access")
     sims = {f"w{i}": await start_sim() for i in range(2)}
     async with cluster(redis_server, index_server, sims, start_gateway, http) as c:
         homes: dict[str, set[str]] = {}
@@ -56,6 +59,14 @@ async def test_a_sessions_turns_stay_home_and_reuse_is_accounted(
         assert all(len(workers) == 1 for workers in homes.values()), homes
         metrics = await (await http.get(c.gateway.url + "/metrics")).text()
         assert 'cortex_gateway_session_hints_total{outcome="kept"} 9.0' in metrics
+        access = [r for r in caplog.records if r.name == "cortex.gateway.access"
+                  and getattr(r, "path", "") == "/v1/chat/completions"]
+        assert len(access) == 12
+        for record in access:
+            fields = record.__dict__
+            assert fields["reuse_delivered"] <= fields["reuse_captured"] <= fields[
+                "reuse_available"]
+            assert "reuse_captured=" in record.getMessage()
         assert 'kind="delivered"' in metrics
         assert "cortex_gateway_reuse_prompt_tokens_total" in metrics
 
