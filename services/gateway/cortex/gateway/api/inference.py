@@ -348,15 +348,19 @@ class _Conversation:
     def _reuse(self, opened: Opened | None) -> Reuse:
         """The request's reuse accounting where it is served (``opened``; before that: the
         decision's choice), with what the engine delivered once the answer said."""
-        routed = self.routed
-        decision, worker, hit = routed.decision, routed.decision.chosen.worker_id, None
+        decision, hit = self.routed.decision, None
         if opened is not None:
-            decision = opened.decision or decision
-            pd = opened.pd
-            worker = pd.prefill if pd is not None and pd.prefill else opened.worker.id
-            hit = opened.hit_tokens
-        reuse = reuse_of(decision, worker, hit)
+            decision, hit = opened.decision or decision, opened.hit_tokens
+        reuse = reuse_of(decision, self._cache_worker(opened), hit)
         return reuse if self.delivered is None else reuse.with_delivered(self.delivered)
+
+    def _cache_worker(self, opened: Opened | None) -> str:
+        """The worker whose cache the prompt met: the one that served, or a pair's prefill
+        worker (before an answer: the decision's choice)."""
+        if opened is None:
+            return self.routed.decision.chosen.worker_id
+        pd = opened.pd
+        return pd.prefill if pd is not None and pd.prefill else opened.worker.id
 
     async def run(self) -> None:
         dispatcher = self.gw.dispatcher
@@ -508,12 +512,13 @@ class _Conversation:
                                            predicted, obj)
         self.delivered = actual
         reuse = self._reuse(opened)
-        count_reuse(self.gw.metrics, self.req.model.name, opened.worker.id, reuse,
+        worker = self._cache_worker(opened)
+        count_reuse(self.gw.metrics, self.req.model.name, worker, reuse,
                     self.routed.prompt_tokens)
         self.request.log_fields.update(reuse.log_fields())
         agents = self.routed.agents
-        if agents is not None and opened.worker.id != self.routed.decision.chosen.worker_id:
-            agents.served_by(opened.worker.id)
+        if agents is not None and worker != self.routed.decision.chosen.worker_id:
+            agents.served_by(worker)  # a fallback: the session lives there now
         if outcome == "over":
             log.info("cache hit over-predicted worker=%s request_id=%s predicted=%d actual=%d",
                      opened.worker.id, self.request_id, predicted, actual,
