@@ -1,8 +1,9 @@
 import socket
+from pathlib import Path
 
 import pytest
 
-from cortex.testing import RedisServer, free_port, wait_until
+from cortex.testing import RedisServer, free_port, free_stable_port, wait_until
 
 
 def test_redis_server_answers_ping_and_stops(redis_server: RedisServer) -> None:
@@ -24,3 +25,12 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_stable_port_is_bindable_and_outside_the_ephemeral_range() -> None:
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(20):
+        port = free_stable_port()
+        assert not low <= port <= high
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

@@ -8,6 +8,7 @@ from cortex.testing.procs import (
     RedisServer,
     die_with,
     free_port,
+    free_stable_port,
     wait_until,
     wait_until_async,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "RedisServer",
     "die_with",
     "free_port",
+    "free_stable_port",
     "peer_program",
     "sglang_router_argv",
     "vllm_router_argv",

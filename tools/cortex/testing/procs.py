@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -18,7 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-__all__ = ["RedisServer", "die_with", "free_port", "wait_until", "wait_until_async"]
+__all__ = ["RedisServer", "die_with", "free_port", "free_stable_port", "wait_until",
+           "wait_until_async"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,6 +49,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_stable_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port outside the kernel's ephemeral range, for a server that is killed and
+    started again on the same port (a restarted engine): a port from :func:`free_port` is an
+    ephemeral one, so while its server is down any outgoing connection may be given it as
+    its source port, and a client that keeps reconnecting to it (ZMQ does) can even connect
+    to itself (TCP simultaneous open on 127.0.0.1), so the restart finds it taken. Ports
+    below the ephemeral range are handed to no one; this picks one at random and checks
+    that it binds."""
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(low, 10_001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host)
 
 
 def wait_until(
