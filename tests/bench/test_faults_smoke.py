@@ -60,7 +60,7 @@ def test_exact_recovery_is_measured_from_the_last_miss() -> None:
 
 def test_every_fault_has_a_unique_name_and_the_quick_ones_exist() -> None:
     names = [f.name for f in FAULTS]
-    assert len(names) == len(set(names)) == 22
+    assert len(names) == len(set(names)) == 26
     assert set(QUICK) <= set(names)
 
 

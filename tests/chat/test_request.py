@@ -77,8 +77,12 @@ def test_vllm_messages_tools_and_tool_call_arguments() -> None:
     args = render_args(body({"role": "assistant", "content": "", "tool_calls": [empty]},
                             add_generation_prompt=False), Engine.VLLM)
     assert args.messages[0]["tool_calls"][0]["function"]["arguments"] == {}
-    with pytest.raises(InvalidChatRequest, match="multimodal"):
-        render_args(body({"role": "user", "content": [{"type": "image_url"}]}), Engine.VLLM)
+    # media parts are never refused: vLLM's parser hands the template {"type": modality}
+    media = render_args(body({"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "input_audio", "input_audio": {}}, {"type": "video_url"}]}), Engine.VLLM)
+    assert media.messages[0]["content"] == ({"type": "text", "text": "a"}, {"type": "image"},
+                                            {"type": "audio"}, {"type": "video"})
 
 
 def test_sglang_messages_are_its_model_dumps() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
 from grpclib.const import Cardinality, Handler, Status
-from grpclib.exceptions import GRPCError
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.server import Stream
 
 from cortex.hashing import Engine, HashDomain, unpack_keys
@@ -420,3 +421,47 @@ async def test_a_guarded_index_takes_updates_only_with_its_peer_token(tmp_path: 
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_stream_failure_while_stopping_leaves_no_unretrieved_task_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The index resets the stream (the reply task ends with StreamTerminatedError) as the
+    ingest stops (the forwarder is cancelled while it stops its sender): the error is the
+    stream's, not asyncio's "Task exception was never retrieved"."""
+    unretrieved: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    sender_stopping, sender_may_stop = asyncio.Event(), asyncio.Event()
+
+    async def reset_by_index(_: object) -> None:
+        raise StreamTerminatedError("Stream reset by remote party, error_code: 0")
+
+    async def slow_to_stop(_: object) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            sender_stopping.set()
+            await sender_may_stop.wait()
+            raise
+
+    try:
+        async with serving(recorder, port):
+            forwarder = IndexForwarder(IndexTarget("127.0.0.1", port), ingest_id="t",
+                                       ledgers=ledgers)
+            monkeypatch.setattr(forwarder, "_recv_loop", reset_by_index)
+            monkeypatch.setattr(forwarder, "_send_loop", slow_to_stop)
+            task = asyncio.create_task(forwarder.run())
+            await asyncio.wait_for(sender_stopping.wait(), timeout=10)
+            task.cancel()  # the ingest stops now
+            await asyncio.sleep(0)
+            sender_may_stop.set()
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+            del task, forwarder  # their frames hold the reply task
+        gc.collect()  # an unretrieved task error is reported when the task is collected
+        await asyncio.sleep(0)
+        assert [c["message"] for c in unretrieved] == []
+    finally:
+        loop.set_exception_handler(None)

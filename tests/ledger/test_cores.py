@@ -182,3 +182,26 @@ def test_native_core_reads_strided_arrays_and_numpy_ints_like_lists() -> None:
     for tree in (by_array, by_scalars):
         assert tree.keys_of(Source("a")) == by_list.keys_of(Source("a"))
         assert tree.match(keys[::-1][::-1], now=2) == by_list.match(keys.tolist(), now=2)
+
+
+def test_trees_past_the_huge_page_threshold_grow_shrink_and_widen_alike() -> None:
+    """A tree whose columns pass 2 MiB lives in its own mappings (huge pages) in the
+    compiled core: growing them (mremap), widening the holder bitsets past 64 sources and
+    freeing them must keep every answer equal to the pure core's."""
+    rng = np.random.default_rng(5)
+    chains = rng.integers(1, 1 << 63, (2_000, 160), np.uint64)  # 320k keys: 2.5 MiB of keys
+    sources = [Source(f"w{i}") for i in range(70)]  # a second holder word
+    trees = [NativeTree(), PythonTree()]
+    for tree in trees:
+        for i, chain in enumerate(chains):
+            tree.store(sources[i % 70], 7, chain, i)
+        tree.remove(sources[0], chains[0][80:])
+        assert tree.words == 2 and tree.nodes == 320_000 + 1 - 80  # + the parent, 7
+    native, python = trees
+    for chain in chains[:50]:
+        assert native.match(chain, 9) == python.match(chain, 9)
+    assert native.keys_of(sources[3]) == python.keys_of(sources[3])
+    native.check_invariants()
+    copy = cores.tree_type(cores.Core.NATIVE).from_columns(native.columns())
+    assert copy.match(chains[1], 1) == python.match(chains[1], 1)
+    del copy, native  # unmapped

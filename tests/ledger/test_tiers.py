@@ -84,3 +84,16 @@ def test_removing_from_one_tier_keeps_the_others() -> None:
     v.clear(HOST)
     got = counts(v)
     assert (got[W], got[HOST]) == (2, 0)
+
+
+def test_a_view_knows_whether_its_domain_has_a_shared_tier() -> None:
+    v = view()
+    v.store(SHARED, ROOT, KEYS[:3], 0)
+    assert v.has_shared_tier(DOMAIN)
+    assert Match.of(v.match(DOMAIN, KEYS, 2), 0, len(KEYS),
+                    shared_tier=v.has_shared_tier(DOMAIN)).shared_blocks == 3
+    v.detach(SHARED)  # the cached roster goes with it
+    assert not v.has_shared_tier(DOMAIN)
+    assert not v.has_shared_tier(HashDomain("other", 4, Engine.VLLM))
+    assert Match.of(v.match(DOMAIN, KEYS, 3), 0, len(KEYS),
+                    shared_tier=v.has_shared_tier(DOMAIN)).shared_blocks == 0

@@ -16,7 +16,7 @@ import pytest
 
 from cortex.hashing import Engine
 from cortex.registry import discover
-from cortex.registry.engines import parse_vllm_load, parse_vllm_metrics
+from cortex.registry.engines import parse_vllm_load, parse_vllm_metrics, vllm_work_from_metrics
 from cortex.testing import wait_until
 from cortex.testing.vllm_engines import BLOCK_SIZE, MAX_MODEL_LEN, TOPIC, VllmEngine, VllmInstall
 
@@ -58,6 +58,46 @@ def test_load_and_metrics_read_from_a_real_engine(engines: list[VllmEngine]) -> 
                    timeout=30, interval=0.02, what="/load to count the request in flight")
     finally:
         running.join(120)
+
+
+def test_the_work_mark_moves_while_a_non_streamed_answer_is_generated(
+    engines: list[VllmEngine],
+) -> None:
+    """What the gateway's wedge watch relies on (``dispatch/attempt.py``): a real engine's
+    ``vllm:prompt_tokens_total`` + ``vllm:generation_tokens_total`` advance step by step
+    while a non-streamed answer (no byte until it ends) is generated, not when it ends."""
+    engine = engines[0]
+
+    def mark() -> tuple[float, ...] | None:
+        return vllm_work_from_metrics(engine.call("/metrics")[1].decode())
+
+    before = mark()
+    assert before is not None
+    long = {"model": engine.served_name, "prompt": "count " * 20, "max_tokens": 3000,
+            "ignore_eos": True}
+    done = threading.Event()
+
+    def generate() -> None:
+        engine.call("/v1/completions", long, timeout_s=300)
+        done.set()
+
+    running = threading.Thread(target=generate)
+    running.start()
+    seen: list[tuple[float, ...] | None] = [before]
+
+    def moved() -> bool:
+        now = mark()
+        if now != seen[-1]:
+            seen.append(now)
+        return len(seen) >= 4 or done.is_set()
+
+    try:
+        wait_until(moved, timeout=120, interval=0.05, what="the counters to move thrice")
+        assert not done.is_set(), f"the answer ended before the mark moved thrice: {seen}"
+    finally:
+        running.join(300)
+    final = mark()
+    assert final is not None and final[0] >= before[0] + 3000
 
 
 def test_cortex_serve_is_ready_soon_after_the_engines(

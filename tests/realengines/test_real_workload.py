@@ -15,7 +15,7 @@ from cortex.testing import wait_until
 from cortex.testing.vllm_engines import VllmEngine
 
 from .conftest import get_json
-from .workload import ChatWorkload, EvictionWatch, Tally, report
+from .workload import IN_FLIGHT_S, ChatWorkload, EvictionWatch, Outcome, Tally, report
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
@@ -35,19 +35,90 @@ def ingest_counter(cluster: LocalCluster, name: str, label: str = "") -> float:
                if label in labels)
 
 
+def lag_over(url: str, histogram: str, seconds: float = IN_FLIGHT_S) -> dict[str, float]:
+    """How many of a ``/metrics`` histogram's observations took more than ``seconds`` (one
+    of its bucket bounds), of all: the measured side of :data:`IN_FLIGHT_S`."""
+    status, text = http_call(url)
+    assert status == 200 and isinstance(text, str)
+    buckets = {float(le): float(v) for le, v in re.findall(
+        rf'^{histogram}_bucket\{{le="([^"]+)"\}} (\S+)$', text, re.MULTILINE)}
+    if not buckets:
+        return {"observed": 0.0, f"over_{seconds}s": 0.0}
+    total = buckets[float("inf")]
+    return {"observed": total, f"over_{seconds}s": total - buckets[seconds]}
+
+
+def report_lags(cluster: LocalCluster, phase: str) -> None:
+    """The event path's measured lags so far: engine stamp → ingest applied, and index
+    applied → this gateway's replica applied (counts over :data:`IN_FLIGHT_S`)."""
+    assert cluster.ingest_url is not None
+    report(f"{phase}_lags", {
+        "ingest": lag_over(cluster.ingest_url + "/metrics", "cortex_ingest_lag_seconds"),
+        "replica": lag_over(cluster.gateway_urls[0] + "/metrics",
+                            "cortex_gateway_replica_lag_seconds")})
+
+
+def ingest_ledger(cluster: LocalCluster, worker_id: str) -> float:
+    """Blocks in the ingest's ledger of ``worker_id`` (rank 0, device)."""
+    assert cluster.ingest_url is not None
+    status, text = http_call(cluster.ingest_url + "/metrics")
+    assert status == 200 and isinstance(text, str)
+    found = re.findall(r'^cortex_ingest_ledger_blocks\{([^}]*)\} (\S+)$', text, re.MULTILINE)
+    return sum(float(v) for labels, v in found
+               if f'worker="{worker_id}"' in labels and 'dp_rank="0"' in labels)
+
+
+def ledger_matches_engine(cluster: LocalCluster, watch: EvictionWatch, worker_id: str,
+                          phase: str) -> list[str]:
+    """Once the cluster is idle, the ingest's ledger of a worker the watch saw from its
+    start holds as many blocks as the engine published it holds (a stale block would make
+    it larger); reported either way."""
+    try:
+        wait_until(lambda: ingest_ledger(cluster, worker_id) == watch.held_blocks(worker_id),
+                   timeout=5, interval=0.1, what=f"{worker_id}'s ledger to match its engine")
+    except TimeoutError:
+        pass  # reported below
+    engine, ingest = watch.held_blocks(worker_id), ingest_ledger(cluster, worker_id)
+    report(f"{phase}_ledger_{worker_id}", {"engine": engine, "ingest": ingest})
+    if ingest != engine:
+        return [f"{phase}: {worker_id}'s ledger holds {ingest:.0f} blocks, its engine "
+                f"published {engine} held"]
+    return []
+
+
 def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
     """What is wrong with a phase (failed requests, over-predictions not explained by an
-    eviction in flight, < 99 % exact); its numbers are reported either way, so every phase
-    runs and is measured."""
+    eviction in flight, < 99 % exact), each in full; its numbers are reported either way, so
+    every phase runs and is measured."""
     summary = tally.summary()
     in_flight = [o for o in tally.over if watch.in_flight(o)]
-    report(phase, {**summary, "over_in_flight": len(in_flight)})
-    found = [f"{phase}: failed {f}" for f in tally.failures[:3]]
-    found += [f"{phase}: over-predicted {o}, its worker's removals (s before, blocks): "
-              f"{watch.recent(o)}" for o in tally.over if o not in in_flight][:5]
+    # requests sent while their worker's removals of the last 0.5 s may still be in flight
+    # (turn, worker, predicted, cached, removals): how exposed the phase was to the window
+    exposed = [(o.turn, o.worker, o.predicted, o.cached, near)
+               for o in tally.outcomes
+               if (near := [r for r in watch.recent(o, span_s=0.5) if r[1] >= 0])]
+    report(phase, {**summary, "over_in_flight": len(in_flight), "exposed": exposed})
+    found = [f"{phase}: failed {f}" for f in tally.failures]
+    found += [f"{phase}: {describe(o, watch)}" for o in tally.over if o not in in_flight]
     if tally.exact < 0.99 * len(tally.outcomes):
         found.append(f"{phase}: {tally.exact} of {len(tally.outcomes)} exact")
     return found
+
+
+def describe(outcome: Outcome, watch: EvictionWatch) -> str:
+    """An over-prediction with everything a diagnosis starts from: the outcome (match mode
+    and reason, request id for the gateway's log) and its worker's removals around it."""
+    return (f"over-predicted by {outcome.predicted - outcome.cached} tokens: {outcome}; "
+            f"its worker's removals (s before it was sent: arrived, engine-stamped; blocks): "
+            f"{watch.recent(outcome)}")
+
+
+def fail_on(found: list[str]) -> None:
+    """Fail with every problem on its own line (an ``assert found == []`` diff is cut
+    short by pytest), and add them to the run's report."""
+    report("problems", {"count": len(found), "problems": found})
+    if found:
+        pytest.fail(f"{len(found)} problem(s):\n" + "\n".join(found), pytrace=False)
 
 
 def test_random_chat_workload_is_predicted_exactly(
@@ -62,10 +133,12 @@ def test_random_chat_workload_is_predicted_exactly(
 
 
 def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionWatch) -> None:
-    workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32)
+    workload = ChatWorkload(cluster.gateway_urls[0], "tiny-qwen", conversations=32,
+                            admin_token=cluster.admin_token)
     workload.run(80)
     warm = workload.tally
     found = problems(warm, "warm", watch)
+    report_lags(cluster, "warm")
     assert sum(o.cached for o in warm.outcomes) > 0
     assert len(warm.summary()["by_worker"]) == 2  # both engines served
     evicted = ingest_counter(cluster, "blocks", 'op="removed"')
@@ -79,7 +152,8 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     outage = workload.tally
     # not asserted: for the index's ingest grace (5 s, docs/index.md "Ingest liveness") a
     # dead ingest's ledgers keep their credit, so an eviction meanwhile can be over-predicted
-    report("during_ingest_outage", outage.summary())
+    report("during_ingest_outage", {**outage.summary(),
+                                    "over": [describe(o, watch) for o in outage.over]})
     found += [f"during_ingest_outage: failed {f}" for f in outage.failures]
     cluster.restart("ingest")
     cluster.wait_ready(timeout_s=60)
@@ -91,6 +165,7 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     # an engine killed and started again on the same ports: an empty cache, seq from 0
     victim = engines[1]
     victim.kill()
+    watch.restarted("vllm-1")
     workload.tally = Tally()
     workload.run(10)  # routed to the survivor
     victim.start()
@@ -99,6 +174,8 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     workload.run(60)
     after = workload.tally
     found += problems(after, "after_engine_restart", watch)
+    found += ledger_matches_engine(cluster, watch, "vllm-1", "after_engine_restart")
+    report_lags(cluster, "after_engine_restart")
     report("engine_restart", {"startup_s": victim.startup_s})
     assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()
-    assert found == []
+    fail_on(found)

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,16 +25,23 @@ from typing import Any
 import zmq
 
 from cortex.hashing import Engine
-from cortex.kvevents.codec import BlockRemoved, CodecError, decode_batch
+from cortex.kvevents.codec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CodecError,
+    decode_batch,
+)
 from cortex.kvevents.frames import parse_pub
 
-__all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Tally",
-           "post", "report"]
+__all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Removal",
+           "Tally", "post", "report"]
 
 IN_FLIGHT_S = 0.1
 """How long before a request was sent an engine's eviction may still be on its way to the
 gateway's ledger replica (ZMQ, ingest, gRPC, the index, the replica stream: milliseconds
-normally; generous for 2 loaded cores, not measured)."""
+normally; generous for 2 loaded cores; the run reports the ingest's and the replica's lag
+histograms next to it)."""
 BLOCK_TOKENS = 16
 
 REPORT_ENV = "CORTEX_REALENGINE_REPORT"  # a JSON file the run's numbers are added to
@@ -64,7 +72,14 @@ class Outcome:
     predicted: int
     cached: int
     attempts: int
-    sent_at: float = 0.0  # time.monotonic()
+    sent_at: float = 0.0  # time.time(): comparable with the engines' batch timestamps
+    match_mode: str = ""  # x-cortex-match-mode
+    match_reason: str = ""  # x-cortex-match-reason (absent: "")
+    request_id: str = ""  # x-request-id (the gateway's log lines name it)
+    explained: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per worker ``(index_tokens, predicted_tokens)`` of ``/admin/explain`` just before the
+    request was sent (with an admin token): whether an excess came from the ledger or from
+    the gateway's predicted blocks."""
 
     @property
     def exact(self) -> bool:
@@ -75,9 +90,21 @@ class Outcome:
         return self.predicted > self.cached
 
 
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """A batch with ``BlockRemoved`` events, as the watch received it (wall clock, s)."""
+
+    arrived: float  # when the watch's SUB got it
+    stamped: float  # the engine's batch timestamp (taken from its scheduler, before publishing)
+    blocks: int
+
+
 class EvictionWatch:
     """``BlockRemoved`` arrivals per worker, from a SUB on each engine's event endpoint (a
-    thread; :meth:`close` ends it)."""
+    thread; :meth:`close` ends it), and the blocks each engine said it holds since the
+    watch subscribed (``held``: copies per hash, stored minus removed — vLLM reports each
+    physical copy of a hash, as the ingest's ledger counts them — emptied by
+    ``AllBlocksCleared``)."""
 
     def __init__(self, endpoints: dict[str, str]) -> None:
         self._ctx = zmq.Context()
@@ -87,7 +114,9 @@ class EvictionWatch:
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.connect(endpoint)
             self._subs[sub] = worker
-        self.removed: dict[str, list[tuple[float, int]]] = {w: [] for w in endpoints}
+        self.removed: dict[str, list[Removal]] = {w: [] for w in endpoints}
+        self.held: dict[str, Counter[object]] = {w: Counter() for w in endpoints}
+        self._held_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="eviction-watch")
         self._thread.start()
@@ -99,30 +128,59 @@ class EvictionWatch:
         while not self._stop.is_set():
             for sub, _ in poller.poll(100):
                 frames = sub.recv_multipart()
+                arrived = time.time()
                 try:
                     batch = decode_batch(parse_pub(frames).payload, Engine.VLLM)
                 except CodecError:
                     continue
-                blocks = sum(len(e.block_hashes) for e in batch.events
-                             if type(e) is BlockRemoved)
+                worker = self._subs[sub]
+                held = self.held[worker]
+                blocks = 0
+                with self._held_lock:
+                    for event in batch.events:
+                        if type(event) is BlockStored:
+                            held.update(event.block_hashes)
+                        elif type(event) is BlockRemoved:
+                            blocks += len(event.block_hashes)
+                            held.subtract(event.block_hashes)
+                            for gone in [h for h in event.block_hashes if held[h] <= 0]:
+                                del held[gone]
+                        elif type(event) is AllBlocksCleared:
+                            held.clear()
                 if blocks:
-                    self.removed[self._subs[sub]].append(
-                        (time.monotonic(), blocks))
+                    self.removed[worker].append(Removal(arrived, batch.ts, blocks))
+
+    def restarted(self, worker: str) -> None:
+        """``worker``'s engine was killed: what it held is gone (it publishes no
+        ``AllBlocksCleared`` for that)."""
+        with self._held_lock:
+            self.held[worker].clear()
+
+    def held_blocks(self, worker: str) -> int:
+        """How many distinct blocks ``worker``'s engine said it holds since the watch
+        subscribed."""
+        with self._held_lock:
+            return len(self.held[worker])
 
     def in_flight(self, outcome: Outcome) -> bool:
-        """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted in
-        the :data:`IN_FLIGHT_S` before it was sent."""
+        """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted
+        before the request was sent (the engine stamped the batch before) that had not
+        reached a subscriber :data:`IN_FLIGHT_S` before it: still on their way through
+        ingest, index and replica, or not even published by the engine yet (its publisher
+        thread sends a batch after the scheduler step that took it; no router can know)."""
         start = outcome.sent_at - IN_FLIGHT_S
-        blocks = sum(n for at, n in self.removed.get(outcome.worker, ())
-                     if start <= at <= outcome.sent_at)
+        blocks = sum(r.blocks for r in self.removed.get(outcome.worker, ())
+                     if r.stamped <= outcome.sent_at and r.arrived >= start)
         return math.ceil((outcome.predicted - outcome.cached) / BLOCK_TOKENS) <= blocks
 
-    def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, int]]:
-        """``(seconds before the request was sent, blocks)`` of its worker's removals in the
-        ``span_s`` around it (what a failure report shows)."""
-        return [(round(outcome.sent_at - at, 3), n)
-                for at, n in self.removed.get(outcome.worker, ())
-                if abs(outcome.sent_at - at) <= span_s]
+    def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, float, int]]:
+        """``(s before the request was sent: the batch arrived, the engine stamped it;
+        blocks)`` of its worker's removals in the ``span_s`` around it (what a failure report
+        shows; negative: after)."""
+        sent = outcome.sent_at
+        return [(round(sent - r.arrived, 3), round(sent - r.stamped, 3), r.blocks)
+                for r in self.removed.get(outcome.worker, ())
+                if abs(sent - r.arrived) <= span_s or abs(sent - r.stamped) <= span_s]
 
     def close(self) -> None:
         self._stop.set()
@@ -166,8 +224,10 @@ class ChatWorkload:
     (prompt tokens). Sequential: each prediction is checked against a settled cache."""
 
     def __init__(self, gateway_url: str, model: str, *, seed: int = 28, conversations: int = 24,
-                 stream_share: float = 0.3, max_tokens: int = 3200) -> None:
+                 stream_share: float = 0.3, max_tokens: int = 3200,
+                 admin_token: str | None = None) -> None:
         self.url = gateway_url.rstrip("/")
+        self.admin_token = admin_token
         self.model = model
         self.rng = random.Random(seed)
         self.stream_share = stream_share
@@ -200,7 +260,8 @@ class ChatWorkload:
                                 "temperature": 0}
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
-        sent_at = time.monotonic()
+        explained = self._explain(body)
+        sent_at = time.time()
         status, headers, raw = post(self.url + "/v1/chat/completions", body)
         if status != 200:
             self.tally.failures.append((self.turn, status, raw[:300].decode(errors="replace")))
@@ -214,13 +275,28 @@ class ChatWorkload:
             prompt_tokens=int(usage["prompt_tokens"]),
             predicted=int(headers.get("x-cortex-cache-hit-tokens", "0")),
             cached=int(details.get("cached_tokens") or 0),
-            attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at))
+            attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at,
+            match_mode=headers.get("x-cortex-match-mode", ""),
+            match_reason=headers.get("x-cortex-match-reason", ""),
+            request_id=headers.get("x-request-id", ""), explained=explained))
+
+    def _explain(self, body: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        """The gateway's view of ``body`` per worker (empty without an admin token)."""
+        if self.admin_token is None:
+            return {}
+        status, _, raw = post(self.url + "/admin/explain", body,
+                              {"Authorization": f"Bearer {self.admin_token}"})
+        assert status == 200, raw[:300]
+        return {c["worker"]: (int(c["index_tokens"]), int(c["predicted_tokens"]))
+                for c in json.loads(raw)["candidates"]}
 
 
-def post(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+def post(url: str, body: Any, headers: dict[str, str] | None = None
+         ) -> tuple[int, dict[str, str], bytes]:
     """A JSON POST: ``(status, lower-cased headers, body)``; HTTP errors are answers too."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return (int(response.status), {k.lower(): v for k, v in response.headers.items()},

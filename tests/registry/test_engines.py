@@ -31,7 +31,10 @@ from cortex.registry.engines import (
     parse_vllm_load,
     parse_vllm_metrics,
     sglang_lookahead_from_server_info,
+    sglang_work_from_get_load,
+    sglang_work_from_loads,
     vllm_version_from_server_info,
+    vllm_work_from_metrics,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -134,6 +137,31 @@ def test_sglang_load_parsers() -> None:
             parse_sglang_loads(bad)
     with pytest.raises(LoadFormatError):
         parse_sglang_get_load([{"num_reqs": float("nan")}])
+
+
+def test_vllm_work_is_its_prompt_and_generation_token_counters() -> None:
+    # the real 0.32 capture: both counters at 0, beside *_by_source_total and *_created
+    assert vllm_work_from_metrics((VLLM / "metrics.txt").read_text()) == (0.0,)
+    text = ('vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0\n'
+            'vllm:prompt_tokens_total{engine="1",model_name="m"} 20.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",source="local_compute"} 9.0\n'
+            'vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9\n'
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 7.0\n')
+    assert vllm_work_from_metrics(text) == (127.0,)
+    assert vllm_work_from_metrics("vllm:num_requests_running 0\n") is None
+    assert vllm_work_from_metrics("vllm:generation_tokens_total{} nan\n") is None
+    assert vllm_work_from_metrics("vllm:generation_tokens_total{} x\n") is None
+
+
+def test_sglang_work_is_each_ranks_kv_tokens_in_use_and_running_requests() -> None:
+    loads = {"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 9, "num_used_tokens": 300},
+                       {"num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 0}]}
+    assert sglang_work_from_loads(loads) == (300, 2, 0, 0)  # waiting arrivals are no work
+    assert sglang_work_from_loads({"loads": [{"num_running_reqs": 2}]}) is None
+    assert sglang_work_from_loads({"loads": [{"num_used_tokens": "x"}]}) is None
+    assert sglang_work_from_loads({"loads": []}) is None
+    assert sglang_work_from_get_load([{"num_reqs": 4, "num_tokens": 50}]) == (50, 4)
+    assert sglang_work_from_get_load({"num_reqs": 1}) is None
 
 
 def test_context_length_and_adapters_of_one_model_in_v1_models() -> None:

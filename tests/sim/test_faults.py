@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from cortex.sim.config import TimingConfig
 from cortex.sim.testkit import StartSim, chat_body
 from cortex.testing import wait_until_async
 
@@ -40,6 +41,27 @@ async def test_http_down_hangs_generation_until_cleared(start_sim: StartSim,
         assert resp.status == 200 and (await resp.json())["fault_paths"] == "generation"
     async with await pending as resp:
         assert resp.status == 200
+
+
+async def test_max_running_saturates_the_engine_until_cleared(start_sim: StartSim,
+                                                              http: aiohttp.ClientSession
+                                                              ) -> None:
+    sim = await start_sim(engine="vllm", timing=TimingConfig(
+        prefill_overhead_ms=0.0, prefill_ms_per_uncached_token=0.0, decode_ms_per_token=5.0))
+    await set_faults(http, sim.url, max_running=1)
+    body = {"model": "cortex-sim", "prompt": "hi", "max_tokens": 400, "ignore_eos": True}
+    answers = [asyncio.ensure_future(http.post(sim.url + "/v1/completions", json=body))
+               for _ in range(3)]
+    await wait_until_async(lambda: (sim.engine.running, sim.engine.waiting) == (1, 2),
+                           timeout=5.0, what="one running, two queued")
+    async with http.delete(sim.url + "/sim/faults") as resp:  # the configured cap again
+        assert resp.status == 200 and (await resp.json())["max_running"] is None
+    await wait_until_async(lambda: sim.engine.waiting == 0, timeout=5.0, what="all admitted")
+    for answer in answers:
+        async with await answer as resp:
+            assert resp.status == 200
+    async with http.post(sim.url + "/sim/faults", json={"max_running": 0}) as resp:
+        assert resp.status == 400
 
 
 async def test_error_rate_and_latency_hit_their_scope(start_sim: StartSim,
@@ -120,8 +142,6 @@ async def test_stream_stalls_after_k_chunks_until_cleared_or_the_client_leaves(
 
 async def test_client_disconnect_releases_the_request(start_sim: StartSim,
                                                       http: aiohttp.ClientSession) -> None:
-    from cortex.sim.config import TimingConfig
-
     sim = await start_sim(engine="sglang", timing=TimingConfig(decode_ms_per_token=50))
     async with http.post(sim.url + "/generate",
                          json={"text": "hello", "stream": True,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
 import pytest
 
+from cortex.registry.engines import sglang_work_from_loads, vllm_work_from_metrics
+from cortex.sim.config import TimingConfig
 from cortex.sim.testkit import StartSim, chat_body
+from cortex.testing import wait_until_async
 
 LONG = "Tell me everything about the long and winding history of the Roman empire, please. " * 3
 
@@ -192,3 +196,41 @@ async def test_flush_refuses_while_busy_then_clears(start_sim: StartSim,
     async with http.post(sim.url + "/flush_cache") as resp:
         assert resp.status == 200
     assert sim.engine.cache.cached_blocks == 0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_the_work_counters_move_while_a_long_answer_is_generated(
+    engine: str, start_sim: StartSim, http: aiohttp.ClientSession,
+) -> None:
+    # like a real engine's: vLLM counts each token at the step that made it, SGLang's KV
+    # tokens in use grow as it decodes; neither waits for the request to end
+    sim = await start_sim(engine=engine, timing=TimingConfig(
+        prefill_overhead_ms=0.0, prefill_ms_per_uncached_token=0.0, decode_ms_per_token=10.0))
+
+    async def mark() -> tuple[float, ...] | None:
+        if engine == "vllm":
+            async with http.get(sim.url + "/metrics") as resp:
+                return vllm_work_from_metrics(await resp.text())
+        async with http.get(sim.url + "/v1/loads") as resp:
+            return sglang_work_from_loads(await resp.json())
+
+    before = await mark()
+    request = asyncio.create_task(post(http, sim.url + "/v1/completions", {
+        "model": "cortex-sim", "prompt": LONG, "max_tokens": 300, "ignore_eos": True}))
+    await wait_until_async(lambda: sim.engine.running == 1, timeout=5.0,
+                           what="the generation to start")
+    seen = [await mark()]
+
+    async def moved() -> bool:
+        now = await mark()
+        if now == seen[-1]:
+            return False
+        seen.append(now)
+        return True
+
+    for _ in range(3):  # a 3 s answer: the mark changes again and again before it ends
+        await wait_until_async(moved, timeout=1.0, interval=0.05, what="the mark to change")
+    assert not request.done()
+    assert before not in seen
+    status, _ = await request
+    assert status == 200

@@ -97,6 +97,60 @@ def make_qwen(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
                 pad=_token_id(tok, "<|endoftext|>"), seed=1234)
 
 
+# A Qwen2.5-VL-shaped model: the text body above plus a 2-block vision tower (hidden 64,
+# patch 14, merge 2: 28 x 28 pixels per placeholder token), with the Qwen3.5 tokenizer, whose
+# template renders an image part as <|vision_start|><|image_pad|><|vision_end|>.
+QWEN_VL_PREPROCESSOR: dict[str, Any] = {
+    "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+    "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
+    "min_pixels": 3136, "max_pixels": 1003520,
+    "size": {"shortest_edge": 3136, "longest_edge": 1003520},
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+    "rescale_factor": 0.00392156862745098, "resample": 3,
+}
+
+
+def make_qwen_vl(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    out = root / "model-qwen-vl"
+    if not _fresh(out, force):
+        return
+    (out / "tokenizer.json").write_bytes(gzip.decompress(
+        (tokenizer_dir / "tokenizer.json.gz").read_bytes()))
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    tok = out / "tokenizer.json"
+    vocab = max(QWEN_VOCAB, _round_up(_top_id(tok) + 1))
+    ids = {name: _token_id(tok, f"<|{name}|>") for name in
+           ("image_pad", "video_pad", "vision_start", "vision_end")}
+    eos, pad = _token_id(tok, "<|im_end|>"), _token_id(tok, "<|endoftext|>")
+    text = {k: v for k, v in _BODY.items() if k != "head_dim"}
+    text.update(vocab_size=vocab, eos_token_id=eos, pad_token_id=pad,
+                rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})
+    vision = {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "window_size": 112, "fullatt_block_indexes": [1], "out_hidden_size": 128,
+              "in_channels": 3, "hidden_act": "silu"}
+    torch.manual_seed(2025)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision,
+                              image_token_id=ids["image_pad"], video_token_id=ids["video_pad"],
+                              vision_start_token_id=ids["vision_start"],
+                              vision_end_token_id=ids["vision_end"],
+                              tie_word_embeddings=True)
+    config.dtype = torch.bfloat16
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "preprocessor_config.json").write_text(json.dumps(QWEN_VL_PREPROCESSOR, indent=1))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": eos, "pad_token_id": pad, "do_sample": False}, indent=1) + "\n")
+    params = sum(p.numel() for p in model.parameters())
+    print(f"  {out}: vocab {vocab}, {params / 1e6:.1f} M parameters, ids {ids}")
+
+
 def make_deepseek(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
     out = root / "model-deepseek"
     if not _fresh(out, force):
@@ -122,8 +176,12 @@ def main() -> None:
     parser.add_argument("--qwen-tokenizer", type=Path, required=True)
     parser.add_argument("--deepseek-tokenizer", type=Path)
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--qwen-vl", action="store_true",
+                        help="also build model-qwen-vl (a tiny Qwen2.5-VL-shaped model)")
     args = parser.parse_args()
     make_qwen(args.root, args.qwen_tokenizer, args.force)
+    if args.qwen_vl:
+        make_qwen_vl(args.root, args.qwen_tokenizer, args.force)
     if args.deepseek_tokenizer is not None:
         make_deepseek(args.root, args.deepseek_tokenizer, args.force)
 

@@ -224,6 +224,10 @@ async def test_a_passthrough_answer_that_breaks_its_promise_is_a_502_never_relay
             answer = await resp.read()
             assert resp.status == 200 and b"not an event stream" not in answer
             assert b'"upstream_stream_error"' in answer and answer.endswith(b"data: [DONE]\n\n")
+        # each broken answer is a counted failure of the fixed upstream (worker "upstream")
+        failures = gw.gateway.metrics.registry.get_sample_value(
+            "cortex_gateway_upstream_errors_total", {"worker": "upstream", "kind": "bad_answer"})
+        assert failures == 4
         proxy.shape = None
         async with http.post(gw.url + "/v1/chat/completions", json={**body, "stream": True}
                              ) as resp:

@@ -20,11 +20,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config.gateway import HealthConfig, ModelConfig, PDConfig
+from cortex.gateway.config.gateway import HealthConfig, ModelConfig, PDConfig, UpstreamConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.registry.spec import WorkerRole
+from cortex.sim.config import TimingConfig
 from cortex.sim.process import SimProcess
 from cortex.sim.server import SimServer
 from cortex.testing import wait_until_async
@@ -34,6 +35,7 @@ from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
 SIM_TIMEOUT_S = 30.0
 FAST = PDConfig(prefill_timeout_s=5.0, decode_timeout_s=5.0, max_attempts=2)
 QUIET = HealthConfig(interval_s=60.0, timeout_s=1.0)
+WATCH = UpstreamConfig(wedge_after_s=0.3, wedge_probe_timeout_s=0.5)  # a PD window of 0.8 s
 """Probed once at start: HTTP faults armed afterwards hit requests, not health probes."""
 
 
@@ -320,3 +322,51 @@ async def test_pd_vllm_decode_killed_without_regular_workers_is_a_clear_502(
         assert status == 502 and json.loads(body)["error"]["code"] == "decode_server_error"
         # the prefill succeeded and handed its KV over: no second pair is tried
         assert headers["x-cortex-pd"] == "failed"
+
+
+def wedged(gw: GatewayServer, worker: str) -> float:
+    value = gw.gateway.metrics.registry.get_sample_value(
+        "cortex_gateway_upstream_wedged_total", {"worker": worker})
+    return 0.0 if value is None else value
+
+
+async def test_pd_wedged_decode_is_found_by_its_flat_counters_and_falls_back(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    prefill = await start_sim(engine="vllm", role="prefill")
+    decode = await start_sim(engine="vllm", role="decode")
+    regular = await start_sim(engine="vllm")
+    pd = PDConfig(prefill_timeout_s=30.0, decode_timeout_s=30.0)  # far above the window
+    gw = await start_gateway([spec_of(prefill, "p0", role="prefill"),
+                              spec_of(decode, "d0", role="decode"), spec_of(regular, "r0")],
+                             models=models("vllm"), pd=pd, upstream=WATCH, health=QUIET)
+    decode.set_faults(http_down=True)  # its /metrics answers, its counters stay flat
+    started = time.monotonic()
+    status, headers, body = await post(http, gw, chat("a wedged decode"))
+    elapsed = time.monotonic() - started
+    assert status == 200, body
+    assert headers["x-cortex-pd"] == "fallback_regular"
+    assert elapsed < 5.0  # 0.8 s of silence + a 1 s check, not the 30 s leg timeout
+    assert wedged(gw, "d0") == 1 and wedged(gw, "p0") == 0
+
+
+async def test_pd_saturated_decode_is_not_taken_for_a_wedge(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    prefill = await start_sim(engine="vllm", role="prefill")
+    # one request decodes at a time, 20 ms a token: each 80-token answer takes 1.6 s, twice
+    # the window, with no byte for the others meanwhile; the decode's counters move
+    decode = await start_sim(engine="vllm", role="decode", max_running=1,
+                             timing=TimingConfig(prefill_ms_per_uncached_token=0.0,
+                                                 prefill_overhead_ms=0.0,
+                                                 decode_ms_per_token=20.0))
+    gw = await start_gateway([spec_of(prefill, "p0", role="prefill"),
+                              spec_of(decode, "d0", role="decode")],
+                             models=models("vllm"), pd=FAST, upstream=WATCH, health=QUIET)
+    answers = await asyncio.gather(*(post(http, gw, chat(f"busy {i}", max_tokens=80,
+                                                         ignore_eos=True))
+                                     for i in range(3)))
+    assert [(status, headers["x-cortex-pd"]) for status, headers, _ in answers] == [
+        (200, "disaggregated")] * 3
+    assert wedged(gw, "d0") == 0 and wedged(gw, "p0") == 0
+    assert decode.engine.stats.requests_started == 3

@@ -10,7 +10,11 @@ Python), measured on the same bytes:
    applied by :class:`PrefixIndex` (sequencing, view, journal) and the journal encoded once
    into ReplicaBatch bytes: CPU per stored block and blocks per CPU second;
 3. **replica**: those ReplicaBatch bytes decoded and applied by a :class:`LedgerReplica`
-   (a gateway's copy): CPU per block;
+   (a gateway's copy): CPU per block; with the compiled core also op by op
+   (``wire_replay=False``, the path before a batch's stores went to the core in one call),
+   for the ratio between the two; and in a steady state (``--churn`` batches, each storing
+   32 new 32-block chains and removing the 32 stored 8 batches earlier: the tree keeps its
+   size, as once the engines' pools are full), CPU per update (block stored or removed);
 4. **Match** through the index's core: 256 keys, 64 workers, p50/p99;
 5. **memory**: the RSS growth of the index per distinct block; with ``--big N`` also of one
    compiled tree of N blocks (the pure core is projected from its 1M figure: it would need
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from cortex.bench.index import DOMAIN, Workload, make_workload, percentiles, sources, updates
 from cortex.bench.procstat import rss_bytes
@@ -40,7 +45,9 @@ from cortex.bench.report import table
 from cortex.index import PrefixIndex
 from cortex.ledger import cores
 from cortex.ledger.codec import pb, update_from_pb, update_to_pb
+from cortex.ledger.model import Source
 from cortex.ledger.replica import LedgerReplica, journal_batch, snapshot_batches
+from cortex.ledger.view import Remove, Store, ViewOp
 
 __all__ = ["register", "run"]
 
@@ -56,6 +63,9 @@ class CoreRun:
     index_rate: float = 0.0
     index_us: float = 0.0
     replica_us: float = 0.0
+    replica_per_op_us: float = 0.0
+    churn_us: float = 0.0
+    churn_per_op_us: float = 0.0
     match: tuple[float, float] = (0.0, 0.0)
     rss_per_block: float = 0.0
     estimate_per_block: float = 0.0
@@ -98,17 +108,45 @@ def tree_apply(work: Workload) -> float:
     return work.stored_blocks / cpu
 
 
+CHURN_CHAINS, CHURN_LENGTH, CHURN_LAG = 32, 32, 8
+
+
+def churn_journal(work: Workload, batches: int) -> list[bytes]:
+    """ReplicaBatch bytes of a steady state: batch i stores 32 new chains of 32 random keys
+    (each under the last key of one of the workload's chains, from its worker) and removes
+    the chains batch i - 8 stored."""
+    rng = np.random.default_rng(11)
+    srcs = sources(work.workers)
+    out: list[bytes] = []
+    stored: list[list[tuple[Source, npt.NDArray[np.uint64]]]] = []
+    for i in range(batches):
+        ops: list[ViewOp] = []
+        mine = []
+        for _ in range(CHURN_CHAINS):
+            w, _, keys = work.stores[int(rng.integers(len(work.stores)))]
+            chain = rng.integers(1, 2**64 - 1, CHURN_LENGTH, np.uint64)
+            mine.append((srcs[w], chain))
+            ops.append(Store(srcs[w], int(keys[-1]), chain))
+        if i >= CHURN_LAG:
+            ops += [Remove(source, chain) for source, chain in stored[i - CHURN_LAG]]
+        stored.append(mine)
+        out.append(journal_batch(ops, "bench", 1, 1.0).SerializeToString())
+    return out
+
+
 def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
-                      queries: list[list[int]]) -> None:
+                      queries: list[list[int]], churn_batches: int = 0) -> None:
     index = PrefixIndex(memory_budget_bytes=0, start_version=1)
     index.start_journal()
     replica = LedgerReplica()
-    replica.begin()
+    per_op = LedgerReplica(wire_replay=False)  # the same with the compiled core: op by op
     seq = 0
-    for batch in snapshot_batches(index.view, (), "bench", index.version):
-        seq += 1
-        batch.seq = seq
-        replica.apply(batch)
+    for follower in (replica, per_op):
+        follower.begin()
+        for seq, batch in enumerate(snapshot_batches(index.view, (), "bench", index.version),
+                                    1):
+            batch.seq = seq
+            follower.apply(batch)
     journal: list[bytes] = []
 
     def feed() -> None:
@@ -130,19 +168,47 @@ def index_and_replica(work: Workload, batches: list[bytes], run: CoreRun,
     run.rss_per_block = (rss1 - rss0 - kept) / stats.blocks
     run.estimate_per_block = stats.bytes_estimate / stats.blocks
 
-    def follow() -> None:
-        nonlocal seq
-        for data in journal:
+    def follow(follower: LedgerReplica) -> None:
+        for at, data in enumerate(journal, seq + 1):
             batch = pb.ReplicaBatch.FromString(data)
-            seq += 1
-            batch.seq = seq
-            replica.apply(batch)
+            batch.seq = at
+            follower.apply(batch)
 
-    _, cpu = timed(follow)
+    _, cpu = timed(lambda: follow(replica))
     run.replica_us = cpu / work.stored_blocks * 1e6
+    if run.core is cores.Core.NATIVE:
+        _, cpu = timed(lambda: follow(per_op))
+        run.replica_per_op_us = cpu / work.stored_blocks * 1e6
+        for keys in queries[:50]:
+            assert per_op.match(DOMAIN, keys).sources == replica.match(DOMAIN, keys).sources
     for keys in queries[:50]:  # the replica answers as the index does
         assert (replica.match(DOMAIN, keys).sources
                 == index.match(DOMAIN.model, block_keys=keys).sources)
+    if churn_batches:
+        churn = churn_journal(work, churn_batches)
+        base = seq + len(journal)
+        warm, timed_part = churn[:CHURN_LAG], churn[CHURN_LAG:]
+        updates_timed = (len(timed_part) * 2 * CHURN_CHAINS * CHURN_LENGTH)
+        followers = [replica, per_op] if run.core is cores.Core.NATIVE else [replica]
+        for follower in followers:
+            for at, data in enumerate(warm, base + 1):
+                batch = pb.ReplicaBatch.FromString(data)
+                batch.seq = at
+                follower.apply(batch)
+
+        def churned(follower: LedgerReplica) -> None:
+            for at, data in enumerate(timed_part, base + CHURN_LAG + 1):
+                batch = pb.ReplicaBatch.FromString(data)
+                batch.seq = at
+                follower.apply(batch)
+
+        _, cpu = timed(lambda: churned(replica))
+        run.churn_us = cpu / updates_timed * 1e6
+        if run.core is cores.Core.NATIVE:
+            _, cpu = timed(lambda: churned(per_op))
+            run.churn_per_op_us = cpu / updates_timed * 1e6
+            for keys in queries[:50]:
+                assert per_op.match(DOMAIN, keys).sources == replica.match(DOMAIN, keys).sources
     for keys in queries[:200]:
         index.match(DOMAIN.model, block_keys=keys)
     samples = []
@@ -170,14 +236,14 @@ def big_tree_bytes(blocks: int, workers: int) -> tuple[float, int]:
 
 
 def measure(core: cores.Core, work: Workload, batches: list[bytes],
-            queries: list[list[int]]) -> CoreRun:
+            queries: list[list[int]], churn_batches: int = 0) -> CoreRun:
     cores.use(core)
     run = CoreRun(core)
     print(f"core {core}: tree apply ...", flush=True)
     run.tree_rate = tree_apply(work)
     gc.collect()
     print(f"core {core}: index + replica + match ...", flush=True)
-    index_and_replica(work, batches, run, queries)
+    index_and_replica(work, batches, run, queries, churn_batches)
     gc.collect()
     return run
 
@@ -199,6 +265,16 @@ def rows(native: CoreRun, python: CoreRun, big: tuple[float, int] | None
     yield ("replica CPU per block (decode + apply)", f"{native.replica_us:.3f} µs",
            f"{python.replica_us:.3f} µs", ratio(python.replica_us, native.replica_us),
            "≤ 0.25 µs")
+    yield ("replica CPU per block, op by op (compiled core; before: no batch replay)",
+           f"{native.replica_per_op_us:.3f} µs", "", ratio(native.replica_per_op_us,
+                                                          native.replica_us), "")
+    if native.churn_us:
+        yield ("replica CPU per update, steady state (stores = removals, the tree keeps its "
+               "size): batch replay", f"{native.churn_us:.3f} µs",
+               f"{python.churn_us:.3f} µs", ratio(python.churn_us, native.churn_us),
+               "≤ 0.25 µs")
+        yield ("same, op by op (compiled core)", f"{native.churn_per_op_us:.3f} µs", "",
+               ratio(native.churn_per_op_us, native.churn_us), "")
     yield ("Match, 256 keys, 64 workers, p50 / p99", f"{native.match[0]:.1f} / "
            f"{native.match[1]:.1f} µs", f"{python.match[0]:.1f} / {python.match[1]:.1f} µs",
            ratio(python.match[0], native.match[0]), "p50 ≤ 10 µs")
@@ -215,14 +291,15 @@ def rows(native: CoreRun, python: CoreRun, big: tuple[float, int] | None
 
 def write_report(path: Path, args: argparse.Namespace, native: CoreRun, python: CoreRun,
                  big: tuple[float, int] | None, work: Workload, seconds: float) -> None:
-    command = f"cortex bench core --blocks {args.blocks}" + (
+    command = f"cortex bench core --blocks {args.blocks} --churn {args.churn}" + (
         f" --big {args.big}" if args.big else "")
     lines = [
         "# `cortex bench core`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, numpy {np.__version__}. Generated by `{command}` "
-        f"in {seconds:.0f} s.",
+        f"in {seconds:.0f} s; load average {os.getloadavg()[1]:.1f} over its last 5 minutes "
+        "(other processes sharing the cores slow both cores' figures alike).",
         "",
         f"Workload: {work.distinct_blocks:,} distinct blocks, {len(work.stores):,} StoreBlocks "
         f"chains ({work.stored_blocks:,} blocks stored) over {work.workers} workers, in "
@@ -248,8 +325,8 @@ def run(args: argparse.Namespace) -> int:
     work = make_workload(args.blocks, args.workers, args.queries)
     batches = update_batches(work)
     queries = [q.tolist() for q in work.queries]
-    native = measure(cores.Core.NATIVE, work, batches, queries)
-    python = measure(cores.Core.PYTHON, work, batches, queries)
+    native = measure(cores.Core.NATIVE, work, batches, queries, args.churn)
+    python = measure(cores.Core.PYTHON, work, batches, queries, args.churn)
     cores.use(cores.Core.NATIVE)
     big = big_tree_bytes(args.big, args.workers) if args.big else None
     for row in rows(native, python, big):
@@ -267,5 +344,7 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--queries", type=int, default=5000, help="Match queries")
     parser.add_argument("--big", type=int, default=0,
                         help="also measure one compiled tree of this many blocks (bytes)")
+    parser.add_argument("--churn", type=int, default=300,
+                        help="steady-state replica batches (stores and removals; 0: none)")
     parser.add_argument("--out", default="docs/bench/core.md", help="report path")
     parser.set_defaults(func=run)

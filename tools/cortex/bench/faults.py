@@ -36,15 +36,17 @@ from cortex.bench.faults_catalogue import QUICK, Bench, Fault, wait_for
 from cortex.bench.faults_hostile import HOSTILE
 from cortex.bench.faults_load import Canary, LoadGenerator, LoopThread, Record
 from cortex.bench.faults_removal import OverCapacity, SourceRemoval
+from cortex.bench.faults_wedge import WEDGE
 from cortex.bench.report import provenance, table
 from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster
 
 __all__ = ["FAULTS", "Plan", "register", "run"]
 
-FAULTS: tuple[type[Fault], ...] = (*HOSTILE, *ANSWERS, SourceRemoval, OverCapacity,
+FAULTS: tuple[type[Fault], ...] = (*HOSTILE, *ANSWERS, *WEDGE, SourceRemoval, OverCapacity,
                                      *CATALOGUE)
 """Every case: issue 32's hostile clients, broken workers (also on PD legs and passthrough
-models) and the large source's removal (they leave the cluster whole), then issue 14's."""
+models), busy and wedged workers on side gateways, and the large source's removal (they
+leave the cluster whole), then issue 14's."""
 
 
 @dataclass(frozen=True, slots=True)

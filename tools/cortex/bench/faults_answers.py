@@ -10,6 +10,9 @@ this process, on the bench's loop, beside the cluster; zero-cost sims):
   answered 502.
 - :class:`BrokenPassthroughAnswers`: a ``passthrough`` model over two registered workers,
   one behind a proxy: relayed unbuffered, yet a broken 200 is never relayed.
+- :class:`BrokenFixedUpstreamAnswers`: a ``passthrough`` model whose fixed ``upstream_url``
+  is a proxy: no worker, no breaker, yet every broken 200 is a 502 and counted (as worker
+  ``upstream``).
 
 Each shape of :data:`~cortex.bench.faults_hostile.BROKEN_SHAPES` is sent until a proxy
 answered a request; the note is what that client got, then the ``bad_answer`` failures the
@@ -126,5 +129,22 @@ class BrokenPassthroughAnswers(SideGateway):
     model = ModelConfig(name=MODEL, block_size=_BLOCK, passthrough=True)
 
 
-ANSWERS = (BrokenPDAnswers, BrokenPassthroughAnswers)
+class BrokenFixedUpstreamAnswers(SideGateway):
+    name, title = ("broken_answers_upstream_url", "a passthrough model's fixed upstream_url "
+                   "answering broken 200s")
+
+    async def _start(self) -> str:
+        sim = await self.stack.enter_async_context(SimServer(SimConfig(
+            port=0, kv_events_port=0, replay_port=None, model=MODEL, block_size=_BLOCK,
+            timing=TimingConfig(zero_cost=True))))
+        proxy = await self.stack.enter_async_context(AnswerProxy(sim.url))
+        self.proxies.append(proxy)
+        server = await self.stack.enter_async_context(GatewayServer(GatewayConfig(
+            models=(ModelConfig(name=MODEL, block_size=_BLOCK, passthrough=True,
+                                upstream_url=proxy.url),),
+            server=ServerConfig(host="127.0.0.1", port=0))))
+        return server.url
+
+
+ANSWERS = (BrokenPDAnswers, BrokenPassthroughAnswers, BrokenFixedUpstreamAnswers)
 """The cases of this module, in the order they run."""

@@ -25,6 +25,7 @@ from cortex.hashing import Engine
 __all__ = ["ContentFormat", "Conversation", "build_conversation", "content_format"]
 
 _MEDIA_WORDS = ("image", "audio", "video", "vision")
+_VLLM_MEDIA = frozenset({"image", "audio", "video"})  # media parts as vLLM's parser gives them
 
 
 class ContentFormat(StrEnum):
@@ -153,7 +154,12 @@ def _vllm_message(message: Mapping[str, Any], fmt: ContentFormat) -> dict[str, A
     content = message.get("content")
     texts = [] if content is None else [content] if isinstance(content, str) else _texts(content)
     if fmt is ContentFormat.STRING:
+        # vLLM writes its model's placeholder strings for media before the text here:
+        # unknown to the gateway, which then keys only what precedes this message
         out["content"] = "\n".join(texts)
+    elif isinstance(content, tuple):
+        out["content"] = [part for part in content if part.get("type") == "text"
+                          or part.get("type") in _VLLM_MEDIA]
     else:
         out["content"] = [{"type": "text", "text": text} for text in texts]
     return out

@@ -10,7 +10,8 @@
   (default true), ``continue_final_message``, ``documents`` and ``reasoning_effort`` override
   the same names in ``chat_template_kwargs``; both flags true is an error; a per-request
   ``chat_template`` is refused; the rendered text is tokenized with the request's
-  ``add_special_tokens`` (default false).
+  ``add_special_tokens`` (default false); media parts (``image_url`` …) are kept as
+  ``{"type": "image"}`` (``"video"``, ``"audio"``), never refused here.
 - **SGLang**: roles are SGLang's (case-insensitive), unset fields dropped, assistant tool-call
   ``arguments`` must be JSON objects; ``tools`` go to the template only when ``tool_choice`` is
   not ``"none"`` (a named ``tool_choice`` keeps only that tool); the generation prompt is
@@ -24,15 +25,17 @@ template (see :mod:`cortex.chat.conversation`). Raises :class:`InvalidChatReques
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cortex.chat.errors import InvalidChatRequest
+from cortex.chat.media import MEDIA_PARTS, SENTINEL, TEMPLATE_MEDIA
 from cortex.hashing import Engine
 
-__all__ = ["RenderArgs", "render_args", "text_add_special_tokens"]
+__all__ = ["RenderArgs", "render_args", "sentinel_args", "text_add_special_tokens"]
 
 _SGLANG_ROLES = frozenset({"system", "assistant", "tool", "function", "developer",
                            "latest_reminder"})
@@ -112,7 +115,10 @@ def _content(message: Mapping[str, Any], where: str, engine: Engine) -> Any:
                 raise _invalid(f"{where}.content: a text part needs a string 'text'")
             parts.append({"type": "text", "text": part["text"]})
         elif engine is Engine.VLLM:
-            raise _invalid(f"{where}.content: '{part['type']}' parts need a multimodal model")
+            # vLLM's parser: a media part reaches the template as {"type": modality}; the
+            # engine (not the gateway) refuses media a text-only model cannot take
+            modality = MEDIA_PARTS.get(part["type"])
+            parts.append({"type": modality.value} if modality is not None else dict(part))
         else:
             parts.append(dict(part))  # SGLang drops or keeps them by template format
     return tuple(parts)
@@ -375,3 +381,21 @@ def text_add_special_tokens(body: Mapping[str, Any], engine: Engine) -> bool:
     if Engine(engine) is Engine.VLLM:
         return _flag(body, "add_special_tokens", True)
     return True
+
+
+def sentinel_args(args: RenderArgs) -> RenderArgs:
+    """``args`` with its first media part replaced by a text part holding
+    :data:`~cortex.chat.media.SENTINEL`: the token ids of both renderings agree exactly on
+    the prompt's plain prefix, up to where the template first writes something of that
+    item."""
+    messages = list(args.messages)
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, tuple):
+            continue
+        for j, part in enumerate(content):
+            if part.get("type") in TEMPLATE_MEDIA:
+                parts = (*content[:j], {"type": "text", "text": SENTINEL}, *content[j + 1:])
+                messages[i] = {**message, "content": parts}
+                return dataclasses.replace(args, messages=tuple(messages))
+    return args

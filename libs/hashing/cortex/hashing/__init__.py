@@ -2,6 +2,7 @@
 
 - :mod:`cortex.hashing.keys`: the Cortex key chain (``HashDomain``, ``block_keys``).
 - :mod:`cortex.hashing.engines`: vLLM / SGLang block hashes and the ints they publish.
+- :mod:`cortex.hashing.media`: media items (vLLM multimodal extra keys) in block keys.
 - :mod:`cortex.hashing.packing`: token / key byte layouts shared with the wire.
 - :mod:`cortex.hashing.vectors`: golden vectors and the build self-check.
 """
@@ -29,6 +30,14 @@ from cortex.hashing.keys import (
     lookahead_root,
     root_key,
 )
+from cortex.hashing.media import (
+    BlockMedia,
+    MediaSpan,
+    media_block_keys,
+    media_extra_keys,
+    media_pairs,
+    vllm_hash_extras,
+)
 from cortex.hashing.packing import (
     MAX_TOKEN,
     TokenInput,
@@ -44,15 +53,20 @@ __all__ = [
     "MAX_TOKEN",
     "VLLM_DEFAULT_SEED",
     "VLLM_HASH_ALGOS",
+    "BlockMedia",
     "Engine",
     "ExtraKeys",
     "HashDomain",
+    "MediaSpan",
     "TokenInput",
     "block_keys",
     "domain_seed",
     "engine_event_ints",
     "lookahead_block_keys",
     "lookahead_root",
+    "media_block_keys",
+    "media_extra_keys",
+    "media_pairs",
     "pack_keys",
     "pack_tokens",
     "root_key",
@@ -65,5 +79,6 @@ __all__ = [
     "vllm_block_hashes",
     "vllm_event_int",
     "vllm_extra_keys",
+    "vllm_hash_extras",
     "vllm_none_hash",
 ]

@@ -24,7 +24,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#include "_keymap.h"
+#include "_wire.h"
 
 #define NO_PARENT (-1)
 #define FREE (-2)
@@ -149,6 +154,72 @@ static PyObject *words_out(const void *src, Py_ssize_t words) {
     return out;
 }
 
+/* ---- column memory ---------------------------------------------------------------------- */
+
+/* Column and table memory. A large one is its own anonymous mapping advised to use
+ * transparent huge pages: a growing tree faulted its fresh memory in 4 KiB at a time (a third
+ * of a store's time went to the kernel), and every probe of a random key into a table of
+ * millions missed the TLB. A header before the data says which kind a block is (the mapped
+ * size; 0 for malloc). Allocation failures return NULL without an exception. */
+#define HUGE_BYTES ((size_t)2 << 20)
+#define COL_HEADER ((size_t)64)
+
+static size_t huge_round(size_t n) { return (n + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1); }
+
+static void *col_alloc(size_t n, int zero) {
+    size_t total = n + COL_HEADER, mapped = 0;
+    char *base;
+#if defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
+    if (total >= HUGE_BYTES) {
+        mapped = huge_round(total);
+        base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+        madvise(base, mapped, MADV_HUGEPAGE); /* advice: no huge pages is no error */
+    } else
+#endif
+    {
+        base = zero ? calloc(1, total) : malloc(total);
+        if (!base) return NULL;
+    }
+    *(size_t *)base = mapped;
+    return base + COL_HEADER;
+}
+
+static void col_free(void *p) {
+    if (!p) return;
+    char *base = (char *)p - COL_HEADER;
+    size_t mapped = *(size_t *)base;
+    if (mapped)
+        munmap(base, mapped);
+    else
+        free(base);
+}
+
+/* ``p`` (of which the first ``used`` bytes matter) with room for ``n`` bytes. */
+static void *col_realloc(void *p, size_t used, size_t n) {
+    char *base = (char *)p - COL_HEADER;
+    size_t mapped = *(size_t *)base;
+    if (!mapped && n + COL_HEADER < HUGE_BYTES) {
+        base = realloc(base, n + COL_HEADER);
+        return base ? base + COL_HEADER : NULL;
+    }
+#if defined(MREMAP_MAYMOVE) && defined(MADV_HUGEPAGE)
+    if (mapped) { /* the kernel moves the pages: no copy */
+        size_t want = huge_round(n + COL_HEADER);
+        char *moved = mremap(base, mapped, want, MREMAP_MAYMOVE);
+        if (moved == MAP_FAILED) return NULL;
+        madvise(moved, want, MADV_HUGEPAGE);
+        *(size_t *)moved = want;
+        return moved + COL_HEADER;
+    }
+#endif
+    void *q = col_alloc(n, 0);
+    if (!q) return NULL;
+    memcpy(q, p, used < n ? used : n);
+    col_free(p);
+    return q;
+}
+
 /* ---- the key -> slot table --------------------------------------------------------------- */
 
 static inline uint64_t home(const Tree *t, uint64_t key) {
@@ -223,12 +294,12 @@ static int table_reserve(Tree *t, int64_t want) {
     if ((uint64_t)want * 4 <= size * 3) return 0;
     int bits = 64 - t->shift;
     while (((uint64_t)1 << bits) * 3 < (uint64_t)want * 4) bits++;
-    uint64_t *fresh = PyMem_Calloc((size_t)1 << bits, 8);
+    uint64_t *fresh = col_alloc(((size_t)1 << bits) * 8, 1);
     if (!fresh) {
         PyErr_NoMemory();
         return -1;
     }
-    PyMem_Free(t->table);
+    col_free(t->table);
     t->table = fresh;
     t->shift = 64 - bits;
     t->tmask = ((uint64_t)1 << bits) - 1;
@@ -244,8 +315,8 @@ static int table_reserve(Tree *t, int64_t want) {
 
 /* ---- slots ------------------------------------------------------------------------------- */
 
-static int grow_column(void **col, int64_t cap, size_t item) {
-    void *p = PyMem_Realloc(*col, (size_t)cap * item);
+static int grow_column(void **col, int64_t old_cap, int64_t cap, size_t item) {
+    void *p = col_realloc(*col, (size_t)old_cap * item, (size_t)cap * item);
     if (!p) {
         PyErr_NoMemory();
         return -1;
@@ -267,12 +338,13 @@ static int reserve(Tree *t, int64_t extra) {
     if (need > t->cap) {
         int64_t cap = t->cap * 2 > need ? t->cap * 2 : need;
         if (cap > INT32_MAX) cap = INT32_MAX;
-        if (grow_column((void **)&t->key, cap, 8) < 0 ||
-            grow_column((void **)&t->parent, cap, 4) < 0 ||
-            grow_column((void **)&t->children, cap, 4) < 0 ||
-            grow_column((void **)&t->recency, cap, 8) < 0 ||
-            grow_column((void **)&t->holders, cap, 8 * (size_t)t->words) < 0 ||
-            grow_column((void **)&t->free_, cap, 4) < 0)
+        int64_t old = t->cap;
+        if (grow_column((void **)&t->key, old, cap, 8) < 0 ||
+            grow_column((void **)&t->parent, old, cap, 4) < 0 ||
+            grow_column((void **)&t->children, old, cap, 4) < 0 ||
+            grow_column((void **)&t->recency, old, cap, 8) < 0 ||
+            grow_column((void **)&t->holders, old, cap, 8 * (size_t)t->words) < 0 ||
+            grow_column((void **)&t->free_, old, cap, 4) < 0)
             return -1;
         t->cap = cap;
         t->free_cap = cap; /* never more free slots than slots: frees need no allocation */
@@ -355,15 +427,15 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kw) {
     t->words = 1;
     t->shift = 64 - 4;
     t->tmask = 15;
-    t->key = PyMem_Malloc((size_t)cap * 8);
-    t->parent = PyMem_Malloc((size_t)cap * 4);
-    t->children = PyMem_Malloc((size_t)cap * 4);
-    t->recency = PyMem_Malloc((size_t)cap * 8);
-    t->holders = PyMem_Malloc((size_t)cap * 8);
-    t->free_ = PyMem_Malloc((size_t)cap * 4);
+    t->key = col_alloc((size_t)cap * 8, 0);
+    t->parent = col_alloc((size_t)cap * 4, 0);
+    t->children = col_alloc((size_t)cap * 4, 0);
+    t->recency = col_alloc((size_t)cap * 8, 0);
+    t->holders = col_alloc((size_t)cap * 8, 0);
+    t->free_ = col_alloc((size_t)cap * 4, 0);
     t->free_cap = cap;
     t->held = PyMem_Calloc(64, 8);
-    t->table = PyMem_Calloc(16, 8);
+    t->table = col_alloc(16 * 8, 1);
     if (!t->key || !t->parent || !t->children || !t->recency || !t->holders || !t->free_ ||
         !t->held || !t->table) {
         PyErr_NoMemory();
@@ -373,14 +445,14 @@ static int Tree_init(Tree *t, PyObject *args, PyObject *kw) {
 }
 
 static void Tree_dealloc(Tree *t) {
-    PyMem_Free(t->key);
-    PyMem_Free(t->parent);
-    PyMem_Free(t->children);
-    PyMem_Free(t->recency);
-    PyMem_Free(t->holders);
-    PyMem_Free(t->free_);
+    col_free(t->key);
+    col_free(t->parent);
+    col_free(t->children);
+    col_free(t->recency);
+    col_free(t->holders);
+    col_free(t->free_);
     PyMem_Free(t->held);
-    PyMem_Free(t->table);
+    col_free(t->table);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -456,6 +528,7 @@ static PyObject *store_batch(Tree *t, Py_ssize_t bit, const uint64_t *parents, u
     int64_t word = bit >> 6;
     uint64_t mask = (uint64_t)1 << (bit & 63);
     int64_t fresh = 0, pslot = -1;
+    for (Py_ssize_t i = 0; i < n && i < PREFETCH_AHEAD; i++) prefetch_key(t, keys[i]);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) prefetch_key(t, keys[i + PREFETCH_AHEAD]);
         uint64_t hole = 0;
@@ -514,6 +587,28 @@ static PyObject *Tree_store_chain(Tree *t, PyObject *args) {
     return out;
 }
 
+/* Take ``bit`` off ``keys`` (a checked bit); the keys it held go to ``dropped`` (room for
+ * ``n``), their count is returned. */
+static int64_t remove_keys(Tree *t, Py_ssize_t bit, const uint64_t *keys, Py_ssize_t n,
+                           uint64_t *dropped) {
+    int64_t word = bit >> 6, out = 0;
+    uint64_t mask = (uint64_t)1 << (bit & 63);
+    for (Py_ssize_t i = 0; i < n && i < PREFETCH_AHEAD; i++) prefetch_key(t, keys[i]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) prefetch_key(t, keys[i + PREFETCH_AHEAD]);
+        int64_t slot = find(t, keys[i]);
+        if (slot < 0) continue;
+        uint64_t *cell = t->holders + slot * t->words + word;
+        if (!(*cell & mask)) continue;
+        *cell &= ~mask;
+        dropped[out++] = keys[i];
+        /* a held ancestor later in the batch still has its bit: reclaiming stops below it */
+        reclaim(t, slot);
+    }
+    t->held[bit] -= out;
+    return out;
+}
+
 static PyObject *Tree_remove(Tree *t, PyObject *args) {
     Py_ssize_t bit;
     PyObject *ko;
@@ -526,20 +621,7 @@ static PyObject *Tree_remove(Tree *t, PyObject *args) {
         keys_release(&keys);
         return PyErr_NoMemory();
     }
-    int64_t word = bit >> 6, n = 0;
-    uint64_t mask = (uint64_t)1 << (bit & 63);
-    for (Py_ssize_t i = 0; i < keys.n; i++) {
-        if (i + PREFETCH_AHEAD < keys.n) prefetch_key(t, keys.p[i + PREFETCH_AHEAD]);
-        int64_t slot = find(t, keys.p[i]);
-        if (slot < 0) continue;
-        uint64_t *cell = t->holders + slot * t->words + word;
-        if (!(*cell & mask)) continue;
-        *cell &= ~mask;
-        dropped[n++] = keys.p[i];
-        /* a held ancestor later in the batch still has its bit: reclaiming stops below it */
-        reclaim(t, slot);
-    }
-    t->held[bit] -= n;
+    int64_t n = remove_keys(t, bit, keys.p, keys.n, dropped);
     keys_release(&keys);
     PyObject *out = words_out(dropped, n);
     PyMem_Free(dropped);
@@ -816,17 +898,17 @@ static PyObject *Tree_evict_keys(Tree *t, PyObject *ko) {
 
 static PyObject *Tree_widen(Tree *t, PyObject *noargs) {
     int64_t words = t->words, cap = t->cap;
-    uint64_t *holders = PyMem_Calloc((size_t)cap * (size_t)(words + 1), 8);
+    uint64_t *holders = col_alloc((size_t)cap * (size_t)(words + 1) * 8, 1);
     int64_t *held = PyMem_Calloc((size_t)(64 * (words + 1)), 8);
     if (!holders || !held) {
-        PyMem_Free(holders);
+        col_free(holders);
         PyMem_Free(held);
         return PyErr_NoMemory();
     }
     for (int64_t s = 0; s < t->high; s++)
         memcpy(holders + s * (words + 1), t->holders + s * words, 8 * (size_t)words);
     memcpy(held, t->held, 8 * 64 * (size_t)words);
-    PyMem_Free(t->holders);
+    col_free(t->holders);
     PyMem_Free(t->held);
     t->holders = holders;
     t->held = held;
@@ -1038,9 +1120,282 @@ static PyTypeObject TreeType = {
     .tp_getset = Tree_getset,
 };
 
+/* ---- a ReplicaBatch's ops, applied from its wire bytes ----------------------------------- */
+
+/* A gateway replica applies every block stored anywhere in the cluster; decoding each op into
+ * Python objects cost more than storing its blocks. plan_replica_ops reads a batch's ops into
+ * an OpPlan per op (one pass, nothing applied); replay_replica_ops then stores and removes
+ * their keys straight from the batch's bytes. Only the canonical encoding of store,
+ * store_pairs and remove ops is planned here: any other op, and any op whose encoding is
+ * unusual (a repeated or unknown field, a key list that is not whole words, pair lists of
+ * two lengths), is OP_PYTHON: the caller applies it through the protobuf runtime and the
+ * pure-Python path, which stays the one definition of what such an op means. */
+
+enum { OP_PYTHON = 0, OP_STORE = 1, OP_STORE_PAIRS = 2, OP_REMOVE = 3 };
+
+typedef struct {
+    int32_t kind;
+    int32_t source; /* index of the op's Source bytes among the batch's distinct ones */
+    uint64_t parent; /* OP_STORE: the chain's parent key */
+    int64_t keys;    /* byte offset of keys_le in the batch */
+    int64_t pkeys;   /* OP_STORE_PAIRS: byte offset of parent_keys_le */
+    int64_t n;       /* keys */
+} OpPlan;
+
+#define F_REPLICA_OPS 8
+#define F_OP_SOURCE 1
+#define F_OP_STORE 11
+#define F_OP_STORE_PAIRS 12
+#define F_OP_REMOVE 13
+
+/* The kind of one ReplicaOp's body (its keys located in ``plan``), OP_PYTHON when unusual. */
+static int32_t plan_body(const uint8_t *batch, uint32_t which, const uint8_t *p, size_t len,
+                         OpPlan *plan) {
+    WireReader r = {p, p + len};
+    WireField f;
+    int got;
+    int seen_parent = 0, seen_keys = 0, seen_pkeys = 0;
+    size_t keys_len = 0, pkeys_len = 0;
+    plan->parent = 0;
+    plan->keys = plan->pkeys = 0;
+    while ((got = wire_next(&r, &f)) == 1) {
+        if (which == F_OP_STORE && f.number == 1 && f.type == 1 && !seen_parent++) {
+            plan->parent = f.value;
+        } else if (((which == F_OP_STORE && f.number == 3) ||
+                    (which != F_OP_STORE && f.number == 2)) && f.type == 2 && !seen_keys++) {
+            plan->keys = f.data - batch;
+            keys_len = f.len;
+        } else if (which == F_OP_STORE_PAIRS && f.number == 1 && f.type == 2 && !seen_pkeys++) {
+            plan->pkeys = f.data - batch;
+            pkeys_len = f.len;
+        } else {
+            return OP_PYTHON;
+        }
+    }
+    if (got < 0 || keys_len % 8) return OP_PYTHON;
+    if (which == F_OP_STORE_PAIRS && pkeys_len != keys_len) return OP_PYTHON;
+    plan->n = (int64_t)(keys_len / 8);
+    return which == F_OP_STORE ? OP_STORE : which == F_OP_STORE_PAIRS ? OP_STORE_PAIRS
+                                                                        : OP_REMOVE;
+}
+
+/* One ReplicaOp: its kind, and the span of its Source message (NULL when absent). */
+static int32_t plan_op(const uint8_t *batch, const uint8_t *p, size_t len, OpPlan *plan,
+                       const uint8_t **source, size_t *source_len) {
+    WireReader r = {p, p + len};
+    WireField f, body = {0};
+    int got, sources = 0, bodies = 0;
+    *source = NULL;
+    *source_len = 0;
+    while ((got = wire_next(&r, &f)) == 1) {
+        if (f.number == F_OP_SOURCE && f.type == 2) {
+            *source = f.data;
+            *source_len = f.len;
+            sources++;
+        } else if ((f.number == F_OP_STORE || f.number == F_OP_STORE_PAIRS ||
+                    f.number == F_OP_REMOVE) && f.type == 2) {
+            body = f;
+            bodies++;
+        } else {
+            return OP_PYTHON; /* attach, clear, detach, evict, or anything unknown */
+        }
+    }
+    if (got < 0 || sources > 1 || bodies != 1) return OP_PYTHON;
+    return plan_body(batch, body.number, body.data, body.len, plan);
+}
+
+/* plan_replica_ops(batch) -> (plan, sources): an OpPlan per op of the ReplicaBatch bytes
+ * ``batch``, and the distinct Source messages (bytes) its planned ops name,
+ * b"" for an op without one. ValueError when the bytes are not a protobuf message. */
+static PyObject *plan_replica_ops(PyObject *module, PyObject *data) {
+    if (!PyBytes_Check(data))
+        return PyErr_Format(PyExc_TypeError, "plan_replica_ops: bytes needed");
+    const uint8_t *batch = (const uint8_t *)PyBytes_AS_STRING(data);
+    WireReader r = {batch, batch + PyBytes_GET_SIZE(data)};
+    WireField f;
+    int got;
+    Py_ssize_t n = 0, cap = 64;
+    OpPlan *plans = PyMem_Malloc((size_t)cap * sizeof(OpPlan));
+    PyObject *index = PyDict_New(), *sources = PyList_New(0), *out = NULL;
+    if (!plans || !index || !sources) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    while ((got = wire_next(&r, &f)) == 1) {
+        if (f.number != F_REPLICA_OPS) continue;
+        if (f.type != 2) {
+            PyErr_SetString(PyExc_ValueError, "replica batch: ops is not a message");
+            goto done;
+        }
+        if (n == cap) {
+            OpPlan *more = PyMem_Realloc(plans, (size_t)(cap *= 2) * sizeof(OpPlan));
+            if (!more) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            plans = more;
+        }
+        OpPlan *plan = &plans[n++];
+        const uint8_t *src;
+        size_t src_len;
+        plan->kind = plan_op(batch, f.data, f.len, plan, &src, &src_len);
+        plan->source = -1;
+        if (plan->kind == OP_PYTHON) continue;
+        PyObject *key = PyBytes_FromStringAndSize((const char *)src, (Py_ssize_t)src_len);
+        if (!key) goto done;
+        PyObject *known = PyDict_GetItemWithError(index, key);
+        if (known) {
+            plan->source = (int32_t)PyLong_AsLong(known);
+        } else if (!PyErr_Occurred()) {
+            PyObject *at = PyLong_FromSsize_t(PyList_GET_SIZE(sources));
+            int failed = !at || PyDict_SetItem(index, key, at) < 0 ||
+                         PyList_Append(sources, key) < 0;
+            plan->source = (int32_t)(PyList_GET_SIZE(sources) - 1);
+            Py_XDECREF(at);
+            if (failed) {
+                Py_DECREF(key);
+                goto done;
+            }
+        }
+        Py_DECREF(key);
+        if (PyErr_Occurred()) goto done;
+    }
+    if (got < 0) {
+        PyErr_SetString(PyExc_ValueError, "replica batch: malformed protobuf");
+        goto done;
+    }
+    PyObject *bytes = PyByteArray_FromStringAndSize((const char *)plans,
+                                                    n * (Py_ssize_t)sizeof(OpPlan));
+    if (bytes) out = PyTuple_Pack(2, bytes, sources);
+    Py_XDECREF(bytes);
+done:
+    PyMem_Free(plans);
+    Py_XDECREF(index);
+    Py_XDECREF(sources);
+    return out;
+}
+
+/* Room for ``n`` keys in ``*buf`` (of ``*cap``); the wire's little-endian words copied in. */
+static const uint64_t *wire_keys(const uint8_t *batch, int64_t at, int64_t n, uint64_t **buf,
+                                 int64_t *cap) {
+    if (n > *cap || !*buf) { /* never NULL, even for no keys: NULL is the error return */
+        int64_t want = n > 0 ? n : 1;
+        uint64_t *more = PyMem_Realloc(*buf, (size_t)want * 8);
+        if (!more) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        *buf = more;
+        *cap = want;
+    }
+    const uint8_t *p = batch + at;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(*buf, p, (size_t)n * 8);
+#else
+    for (int64_t i = 0; i < n; i++) (*buf)[i] = wire_le64(p + 8 * i);
+#endif
+    return *buf;
+}
+
+/* replay_replica_ops(batch, plan, start, targets, tick) -> (stop, removed): apply the planned
+ * ops from ``start`` in order, op i at recency tick + i + 1, until one the caller must apply
+ * (OP_PYTHON, or a source whose entry in ``targets`` is None; else ``(Tree, bit)``): ``stop``
+ * is its index (the plan's length when all were applied). ``removed``: (source index, the
+ * keys it no longer holds as a bytearray) per remove op that dropped any. A store refused by
+ * its tree raises ValueError, the ops before it applied. */
+static PyObject *replay_replica_ops(PyObject *module, PyObject *args) {
+    PyObject *data, *targets;
+    Py_buffer pv;
+    Py_ssize_t start;
+    unsigned long long tick;
+    if (!PyArg_ParseTuple(args, "O!y*nO!K", &PyBytes_Type, &data, &pv, &start, &PyList_Type,
+                          &targets, &tick))
+        return NULL;
+    const uint8_t *batch = (const uint8_t *)PyBytes_AS_STRING(data);
+    int64_t size = PyBytes_GET_SIZE(data);
+    const OpPlan *plans = pv.buf;
+    Py_ssize_t n = pv.len / (Py_ssize_t)sizeof(OpPlan), i = start < 0 ? 0 : start;
+    uint64_t *keys = NULL, *parents = NULL, *dropped = NULL;
+    int64_t keys_cap = 0, parents_cap = 0, dropped_cap = 0;
+    PyObject *removed = PyList_New(0), *out = NULL;
+    if (!removed) goto done;
+    for (; i < n; i++) {
+        const OpPlan *op = &plans[i];
+        if (op->kind == OP_PYTHON) break;
+        if (op->source < 0 || op->source >= PyList_GET_SIZE(targets) || op->n < 0 ||
+            op->keys < 0 || op->keys > size || op->n > (size - op->keys) / 8 ||
+            (op->kind == OP_STORE_PAIRS &&
+             (op->pkeys < 0 || op->pkeys > size || op->n > (size - op->pkeys) / 8))) {
+            PyErr_SetString(PyExc_ValueError, "replay_replica_ops: the plan is not this batch's");
+            goto done;
+        }
+        PyObject *target = PyList_GET_ITEM(targets, op->source);
+        if (target == Py_None) break;
+        if (!PyTuple_Check(target) || PyTuple_GET_SIZE(target) != 2 ||
+            !PyObject_TypeCheck(PyTuple_GET_ITEM(target, 0), &TreeType)) {
+            PyErr_SetString(PyExc_TypeError, "replay_replica_ops: targets are (Tree, bit)");
+            goto done;
+        }
+        Tree *t = (Tree *)PyTuple_GET_ITEM(target, 0);
+        Py_ssize_t bit = PyLong_AsSsize_t(PyTuple_GET_ITEM(target, 1));
+        if (bit == -1 && PyErr_Occurred()) goto done;
+        if (check_bit(t, bit) < 0) goto done;
+        const uint64_t *k = wire_keys(batch, op->keys, op->n, &keys, &keys_cap);
+        if (!k) goto done;
+        uint64_t now = tick + (uint64_t)i + 1;
+        if (op->kind == OP_REMOVE) {
+            if (op->n > dropped_cap || !dropped) {
+                int64_t want = op->n > 0 ? op->n : 1;
+                uint64_t *more = PyMem_Realloc(dropped, (size_t)want * 8);
+                if (!more) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                dropped = more;
+                dropped_cap = want;
+            }
+            int64_t gone = remove_keys(t, bit, k, op->n, dropped);
+            if (gone) {
+                PyObject *item = Py_BuildValue("(iN)", op->source, words_out(dropped, gone));
+                if (!item || PyList_Append(removed, item) < 0) {
+                    Py_XDECREF(item);
+                    goto done;
+                }
+                Py_DECREF(item);
+            }
+            continue;
+        }
+        const uint64_t *pk = NULL;
+        if (op->kind == OP_STORE_PAIRS) {
+            pk = wire_keys(batch, op->pkeys, op->n, &parents, &parents_cap);
+            if (!pk) goto done;
+        }
+        PyObject *fresh = store_batch(t, bit, pk, op->parent, k, op->n, now);
+        if (!fresh) goto done;
+        Py_DECREF(fresh);
+    }
+    out = Py_BuildValue("(nO)", i, removed);
+done:
+    PyBuffer_Release(&pv);
+    PyMem_Free(keys);
+    PyMem_Free(parents);
+    PyMem_Free(dropped);
+    Py_XDECREF(removed);
+    return out;
+}
+
+static PyMethodDef core_functions[] = {
+    {"plan_replica_ops", (PyCFunction)plan_replica_ops, METH_O, NULL},
+    {"replay_replica_ops", (PyCFunction)replay_replica_ops, METH_VARARGS, NULL},
+    {"keymap_store", (PyCFunction)keymap_store, METH_VARARGS, NULL},
+    {"keymap_remove", (PyCFunction)keymap_remove, METH_VARARGS, NULL},
+    {NULL},
+};
+
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, "cortex.ledger._core",
-    "The radix hash tree's columns and hot loops in C (see cortex.ledger.native).", -1, NULL,
+    "The radix hash tree's columns and hot loops in C (see cortex.ledger.native).", -1,
+    core_functions,
 };
 
 PyMODINIT_FUNC PyInit__core(void) {

@@ -5,7 +5,7 @@ results are bytearrays of native-endian uint64 (``np.frombuffer``). ``bit`` is a
 ``ValueError`` for a bad bit, bad keys or a batch that is not parents-first (nothing changed).
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,3 +46,13 @@ class Tree:
     def dump(self) -> dict[str, bytearray]: ...
     def load(self, keys: Buffer, parents: Buffer, holders: Buffer, words: int, /) -> None: ...
 
+
+def plan_replica_ops(batch: bytes, /) -> tuple[bytearray, list[bytes]]: ...
+def replay_replica_ops(batch: bytes, plan: Buffer, start: int,
+                       targets: list[tuple[Tree, int] | None], tick: int, /
+                       ) -> tuple[int, list[tuple[int, bytearray]]]: ...
+def keymap_store(key_of: dict[Any, int], parent_of: dict[int, int], dup_hash: dict[Any, int],
+                 dup_key: dict[int, int], hashes: Sequence[Any], keys: Sequence[int],
+                 parent_key: int, /) -> None: ...
+def keymap_remove(key_of: dict[Any, int], parent_of: dict[int, int], dup_hash: dict[Any, int],
+                  dup_key: dict[int, int], hashes: Iterable[Any], /) -> tuple[list[int], int]: ...

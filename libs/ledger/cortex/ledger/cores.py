@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
+from cortex.ledger.model import Source
 from cortex.ledger.pytree import PythonTree
 from cortex.ledger.tree import RadixHashTree, TreeColumns
 
 __all__ = ["Core", "NativeMissing", "active", "available", "describe", "new_tree", "node_bytes",
-           "tree_from_columns", "tree_type", "use"]
+           "plan_ops", "replica_target", "tree_from_columns", "tree_type", "use"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class NativeMissing(RuntimeError):
 _TYPES: dict[Core, type[RadixHashTree]] = {Core.PYTHON: PythonTree}
 _missing = ""
 try:
-    from cortex.ledger.native import NativeTree
+    from cortex.ledger.native import NativeTree, PlannedOps, Target
 except ImportError as exc:  # the extension was not built
     _missing = str(exc)
     log.warning(
@@ -82,6 +83,24 @@ def new_tree(initial_capacity: int = 1024) -> RadixHashTree:
 def tree_from_columns(columns: TreeColumns) -> RadixHashTree:
     """A copied tree (:meth:`RadixHashTree.from_columns`) in the active core."""
     return _TYPES[_active].from_columns(columns)
+
+
+def plan_ops(raw: bytes) -> PlannedOps | None:
+    """A replica batch's ops planned by the compiled core (:class:`PlannedOps`), when it is
+    the active core; None otherwise, and when ``raw`` is not a protobuf message (the caller
+    then takes the per-op path, which reports what is wrong)."""
+    if _active is not Core.NATIVE:
+        return None
+    try:
+        return PlannedOps(raw)
+    except ValueError:
+        return None
+
+
+def replica_target(tree: RadixHashTree, source: Source) -> Target | None:
+    """The compiled tree and bit a planned op of ``source`` applies to
+    (:meth:`PlannedOps.target`); None with the pure-Python core."""
+    return PlannedOps.target(tree, source) if Core.NATIVE in _TYPES else None
 
 
 def describe() -> dict[str, str]:

@@ -64,10 +64,11 @@ class Match:
 
     @classmethod
     def of(cls, sources: Iterable[SourceMatch], version: int, query_blocks: int,
-           domain: HashDomain | None = None) -> Match:
-        """The match of ``sources``, its shared-tier prefix taken from them."""
+           domain: HashDomain | None = None, *, shared_tier: bool = True) -> Match:
+        """The match of ``sources``, its shared-tier prefix taken from them (``shared_tier``
+        False: the caller knows none of them is of the shared tier, so it is 0)."""
         held = tuple(sources)
-        return cls(held, version, query_blocks, domain, _shared(held))
+        return cls(held, version, query_blocks, domain, _shared(held) if shared_tier else 0)
 
     def blocks_of(self, worker_id: str, dp_rank: int = 0, tier: Tier = Tier.DEVICE) -> int:
         """Matched blocks of one source (0 when absent)."""

@@ -17,18 +17,24 @@ import numpy as np
 import numpy.typing as npt
 
 from cortex.ledger._core import Tree as _CoreTree
+from cortex.ledger._core import plan_replica_ops, replay_replica_ops
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.tree import Eviction, Keys, RadixHashTree, TreeColumns, check_columns
 
-__all__ = ["NativeTree"]
+__all__ = ["NativeTree", "PlannedOps", "Target"]
 
 _U64 = np.uint64
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
 # key 8 + parent 4 + children 4 + recency 8 + the table's 8 B entries at their mean load
 # (between 3/8 and 3/4: ~2 entries per node)
 _BYTES_PER_NODE = 8 + 4 + 4 + 8 + 16
+
+
+# one planned op of a ReplicaBatch (``OpPlan`` in _core.c)
+_OP_PLAN = np.dtype([("kind", "=i4"), ("source", "=i4"), ("parent", "=u8"), ("keys", "=i8"),
+                     ("pkeys", "=i8"), ("n", "=i8")])
 
 
 def _words(buf: bytearray) -> npt.NDArray[np.uint64]:
@@ -227,3 +233,51 @@ class NativeTree(RadixHashTree):
         check_columns(columns, np.frombuffer(dump["children"], np.int32),
                       np.frombuffer(dump["free"], np.int32).astype(np.int64),
                       np.frombuffer(dump["held"], np.int64), self._retired)
+
+
+Target = tuple[_CoreTree, int]
+"""What a planned op applies to: a compiled tree and its source's holder bit."""
+
+
+class PlannedOps:
+    """A ReplicaBatch's ops read from its bytes by the compiled core, to be applied without a
+    Python object per op (see :meth:`cortex.ledger.replica.LedgerReplica.apply`).
+
+    :attr:`sources` are the distinct ``Source`` messages (bytes; ``b""`` when an op has none)
+    of the ops the core applies; :attr:`python_ops` the indices of the others (attach,
+    clear, detach, evict, and any op encoded unusually), which the caller applies through
+    the protobuf runtime. ``ValueError`` when ``raw`` is not a protobuf message."""
+
+    __slots__ = ("_plan", "_raw", "count", "python_ops", "sources")
+
+    def __init__(self, raw: bytes) -> None:
+        plan, self.sources = plan_replica_ops(raw)
+        self._raw, self._plan = raw, plan
+        kinds = np.frombuffer(plan, _OP_PLAN)["kind"]
+        self.count = len(kinds)
+        self.python_ops: list[int] = np.flatnonzero(kinds == 0).tolist()
+
+    def __repr__(self) -> str:
+        return (f"PlannedOps(ops={self.count}, python_ops={len(self.python_ops)}, "
+                f"sources={len(self.sources)})")
+
+    @staticmethod
+    def target(tree: RadixHashTree, source: Source) -> Target | None:
+        """What an op of ``source`` (placed in ``tree``) applies to; None when the tree is
+        not a compiled one or does not know the source (the caller applies that op)."""
+        if not isinstance(tree, NativeTree):
+            return None
+        bit = tree._bit_of.get(source)
+        return None if bit is None else (tree._tree, bit)
+
+    def replay(self, start: int, targets: list[Target | None], tick: int
+               ) -> tuple[int, list[tuple[int, npt.NDArray[np.uint64]]]]:
+        """Apply the ops from ``start`` (op i at recency ``tick + i + 1``) up to the first
+        the caller must apply; returns its index (:attr:`count` when none is left) and, per
+        remove op that dropped blocks, (index in :attr:`sources`, the keys dropped).
+        :class:`InvalidArgument` when a tree refuses a store (the ops before it applied)."""
+        try:
+            stop, removed = replay_replica_ops(self._raw, self._plan, start, targets, tick)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        return stop, [(at, _words(keys)) for at, keys in removed]

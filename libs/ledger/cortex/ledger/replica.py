@@ -16,11 +16,14 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
 
 from cortex.hashing import HashDomain
+from cortex.ledger import cores
 from cortex.ledger.codec import (
     domain_from_pb,
     domain_to_pb,
@@ -38,6 +41,9 @@ from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.tree import TreeColumns
 from cortex.ledger.view import Keys, LedgerView, Place, ViewOp
+
+if TYPE_CHECKING:
+    from cortex.ledger.native import PlannedOps, Target
 
 __all__ = [
     "LedgerReplica",
@@ -148,9 +154,15 @@ class LedgerReplica:
     Call :meth:`begin` when a stream opens, :meth:`apply` with each batch in order,
     :meth:`lost` when it breaks. :meth:`match` answers like the index's Match. ``clock``
     (monotonic seconds) stamps the last batch for the owner's staleness rules.
+
+    With the compiled core active, a live batch's stores and removals are applied from its
+    bytes in one call (:class:`~cortex.ledger.native.PlannedOps`), other ops one by one as
+    the pure-Python path does; ``wire_replay=False`` takes that path for every op (the
+    benchmarks' baseline; the answers are the same).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *,
+                 wire_replay: bool = True) -> None:
         self.view = LedgerView()
         self.state = ReplicaState.EMPTY
         self.index_id = ""
@@ -159,6 +171,7 @@ class LedgerReplica:
         self.last_batch_s: float | None = None
         self.applied_unix_s = 0.0
         self._clock = clock
+        self._wire_replay = wire_replay
         self._expect = 1
         self._loading: _Loading | None = None
         self._tick = 0
@@ -236,17 +249,55 @@ class LedgerReplica:
         return ReplicaChanges(reset=True)
 
     def _replay(self, batch: pb.ReplicaBatch) -> ReplicaChanges:
-        ops = [op_from_pb(op) for op in batch.ops]  # all validated before any applies
-        changes = ReplicaChanges()
-        view = self.view
-        for op in ops:
-            self._tick += 1
-            effect = view.replay(op, self._tick)
-            changes.removed.extend(effect.removed)
-            changes.cleared.update(effect.cleared)
+        planned = None
+        if (self._wire_replay and batch.ops and cores.active() is cores.Core.NATIVE
+                and self.view.journal is None):
+            planned = cores.plan_ops(batch.SerializeToString())
+        if planned is not None:
+            changes = self._replay_planned(batch, planned)
+        else:
+            ops = [op_from_pb(op) for op in batch.ops]  # all validated before any applies
+            changes = ReplicaChanges()
+            view = self.view
+            for op in ops:
+                self._tick += 1
+                effect = view.replay(op, self._tick)
+                changes.removed.extend(effect.removed)
+                changes.cleared.update(effect.cleared)
         if batch.applied_unix_s:
             self.applied_unix_s = batch.applied_unix_s
         return changes
+
+    def _replay_planned(self, batch: pb.ReplicaBatch, planned: PlannedOps) -> ReplicaChanges:
+        """:meth:`_replay` with the planned ops applied by the compiled core: the same
+        validation before anything applies, the same order, ticks and changes."""
+        sources = [_source_of(raw) for raw in planned.sources]
+        decoded = {i: op_from_pb(batch.ops[i]) for i in planned.python_ops}
+        changes = ReplicaChanges()
+        view, tick, count, start = self.view, self._tick, planned.count, 0
+        try:
+            while start < count:
+                targets = [self._target(source) for source in sources]
+                stop, removed = planned.replay(start, targets, tick)
+                changes.removed.extend((sources[at], keys) for at, keys in removed)
+                if stop >= count:
+                    break
+                op = decoded.get(stop)
+                if op is None:  # a planned op the core left to Python (an unplaced source)
+                    op = op_from_pb(batch.ops[stop])
+                effect = view.replay(op, tick + stop + 1)
+                changes.removed.extend(effect.removed)
+                changes.cleared.update(effect.cleared)
+                start = stop + 1
+        finally:
+            self._tick = tick + count
+        return changes
+
+    def _target(self, source: Source) -> Target | None:
+        """The compiled tree and bit ``source``'s ops apply to (None: the per-op path)."""
+        place = self.view.places.get(source)
+        tree = None if place is None else self.view.trees.get(place.domain)
+        return None if tree is None else cores.replica_target(tree, source)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -255,8 +306,9 @@ class LedgerReplica:
         replica's version. The deepest block any source matched is remembered for
         :meth:`take_touched`."""
         self._tick += 1
-        matches = Match.of(self.view.match(domain, keys, self._tick), self.version, len(keys),
-                           domain)
+        view = self.view
+        matches = Match.of(view.match(domain, keys, self._tick), self.version, len(keys),
+                           domain, shared_tier=view.has_shared_tier(domain))
         deepest = matches.deepest
         if deepest:
             touched = self._touched.setdefault(domain, set())
@@ -281,6 +333,15 @@ def touch_request(touched: dict[HashDomain, list[int]]) -> pb.ReplicaRequest:
         t = msg.touched.add(keys_le=keys_to_le(keys))
         domain_to_pb(domain, t.domain)
     return msg
+
+
+def _source_of(raw: bytes) -> Source:
+    """The validated source of a planned op's ``Source`` message bytes."""
+    try:
+        msg = pb.Source.FromString(raw)
+    except DecodeError:
+        raise InvalidArgument("source is not a Source message") from None
+    return source_from_pb(msg)
 
 
 def _fill(loading: _Loading, chunk: pb.TreeChunk) -> None:

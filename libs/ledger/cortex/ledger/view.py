@@ -111,7 +111,8 @@ class Evict:
 
 ViewOp = Attach | Detach | Store | StorePairs | Remove | Clear | Evict
 
-_Roster = tuple[list[tuple[int, Source, "Place"]], bool, list[tuple[int, Source, LedgerState]]]
+_Roster = tuple[list[tuple[int, Source, "Place"]], bool, list[tuple[int, Source, LedgerState]],
+                bool]
 
 Journaled = tuple[str, ViewOp]
 """A journal entry: the model the change concerns, and the change."""
@@ -209,7 +210,7 @@ class LedgerView:
         tree = self.trees.get(domain)
         if tree is None:
             return []
-        roster, offload, states = self._roster(domain, tree)
+        roster, offload, states, _ = self._roster(domain, tree)
         if not offload:  # the common case: the tree builds the answer
             if candidate_workers:
                 states = [r for r in states if r[1].worker_id in candidate_workers]
@@ -221,17 +222,29 @@ class LedgerView:
         _extend_by_tiers(tree, keys, roster, counts, out)
         return out
 
+    def has_shared_tier(self, domain: HashDomain) -> bool:
+        """Whether a source of the shared tier is attached in ``domain`` (when none is, a
+        match's shared prefix is 0 without looking: :meth:`Match.of`'s ``shared_tier``)."""
+        cached = self._rosters.get(domain)  # a match just cached it: one lookup
+        if cached is None:
+            tree = self.trees.get(domain)
+            if tree is None:
+                return False
+            cached = self._roster(domain, tree)
+        return cached[3]
+
     def _roster(self, domain: HashDomain, tree: RadixHashTree) -> _Roster:
         """``(bit, source, place)`` of the domain's attached sources, whether any is an
-        offload tier, and ``(bit, source, state)`` of each (cached until a source of the
-        domain attaches, changes state or leaves: a match's per-source work is only
-        building its answer)."""
+        offload tier, ``(bit, source, state)`` of each, and whether any is of the shared
+        tier (cached until a source of the domain attaches, changes state or leaves: a
+        match's per-source work is only building its answer)."""
         cached = self._rosters.get(domain)
         if cached is None:
             places = self.places
             roster = [(bit, s, places[s]) for bit, s in tree.bits() if s in places]
             cached = (roster, any(s.tier in OFFLOAD_TIERS for _, s, _ in roster),
-                      [(bit, s, p.state) for bit, s, p in roster])
+                      [(bit, s, p.state) for bit, s, p in roster],
+                      any(s.tier is Tier.SHARED for _, s, _ in roster))
             self._rosters[domain] = cached
         return cached
 

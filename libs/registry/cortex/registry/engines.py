@@ -25,6 +25,12 @@ machines, SGLang from its source and golden payloads):
 - **SGLang** load: ``GET /v1/loads`` (``{loads: [{num_running_reqs, num_waiting_reqs, …}]}``),
   the older ``GET /get_load`` (``[{num_reqs, num_waiting_reqs, …}]``), summed over DP ranks;
   ``/server_info``'s server args say its speculative lookahead.
+- **Work marks** (:data:`WorkMark`, the gateway's wedge watch): what in a load answer moves
+  while the engine computes. vLLM: ``vllm:prompt_tokens_total`` + ``vllm:generation_tokens_total``
+  (counters: a prompt's tokens at its first token, every generated token at the step that
+  made it, ``vllm/v1/metrics``); SGLang, whose scheduler answers the load itself between
+  batches: each rank's KV tokens in use (``num_used_tokens``, allocated token by token as it
+  decodes; ``num_tokens`` in ``/get_load``) and running requests.
 
 Engines report their ZMQ publishers as *bind* addresses (``tcp://*:5557``): a subscriber
 reaches them at the worker's own host (:meth:`cortex.registry.Endpoint.at_host`).
@@ -53,6 +59,7 @@ __all__ = [
     "Learned",
     "LoadFormatError",
     "VllmMetrics",
+    "WorkMark",
     "adapters_from_models",
     "context_length_from_models",
     "kv_capacity_from_sglang_server_info",
@@ -67,7 +74,10 @@ __all__ = [
     "parse_vllm_load",
     "parse_vllm_metrics",
     "sglang_lookahead_from_server_info",
+    "sglang_work_from_get_load",
+    "sglang_work_from_loads",
     "vllm_version_from_server_info",
+    "vllm_work_from_metrics",
 ]
 
 SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998  # what an SGLang prefill listens on when not told
@@ -346,6 +356,61 @@ def parse_sglang_get_load(obj: Any) -> tuple[int, int]:
         running += _count(rank.get("num_reqs", 0))
         waiting += _count(rank.get("num_waiting_reqs", 0))
     return running, waiting
+
+
+WorkMark = tuple[float, ...]
+"""What an engine's load answer says of the work it did: equal marks from two polls mean it
+computed nothing in between, a different one that it did (compared, never ordered)."""
+
+_WORK_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def vllm_work_from_metrics(text: str) -> WorkMark | None:
+    """Prompt plus generated tokens so far (``vllm:prompt_tokens_total``,
+    ``vllm:generation_tokens_total``, summed over label sets); ``None`` without a sample or
+    with an unreadable one."""
+    total = 0.0
+    seen = False
+    for line in text.splitlines():
+        if not line.startswith(_WORK_COUNTERS):
+            continue
+        if line.split("{", 1)[0].split(" ", 1)[0] not in _WORK_COUNTERS:
+            continue  # vllm:prompt_tokens_total_by_source… and the like
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            return None
+        if not math.isfinite(value):
+            return None
+        total += value
+        seen = True
+    return (total,) if seen else None
+
+
+def sglang_work_from_loads(obj: Any) -> WorkMark | None:
+    """Each rank's KV tokens in use and running requests from ``/v1/loads``; ``None`` when
+    a rank does not say its ``num_used_tokens``."""
+    loads = obj.get("loads") if isinstance(obj, dict) else None
+    return _sglang_work(loads, "num_used_tokens", "num_running_reqs")
+
+
+def sglang_work_from_get_load(obj: Any) -> WorkMark | None:
+    """The same from the older ``/get_load`` (``num_tokens``, ``num_reqs``)."""
+    return _sglang_work(obj if isinstance(obj, list) else [obj], "num_tokens", "num_reqs")
+
+
+def _sglang_work(ranks: object, tokens: str, requests: str) -> WorkMark | None:
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    mark: list[float] = []
+    for rank in ranks:
+        if not isinstance(rank, dict) or tokens not in rank:
+            return None
+        try:
+            mark += [_count(rank[tokens]), _count(rank.get(requests, 0))]
+        except LoadFormatError:
+            return None
+    return tuple(mark)
 
 
 def context_length_from_models(obj: Any, model: str) -> int | None:

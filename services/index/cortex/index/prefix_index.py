@@ -469,7 +469,8 @@ class PrefixIndex:
         self._tick += 1
         wanted = set(candidate_workers) if candidate_workers else ()
         matches = self.view.match(domain, keys, self._tick, wanted)
-        return Match.of(matches, self.version, query_blocks, domain)
+        return Match.of(matches, self.version, query_blocks, domain,
+                        shared_tier=self.view.has_shared_tier(domain))
 
     def workers(self, model: str = "") -> list[WorkerView]:
         """Every known source (tombstones included) of ``model`` (empty = all models)."""

@@ -4,7 +4,11 @@ the core's journal.
 The core journals every change of its :class:`~cortex.ledger.view.LedgerView` while a
 replica is subscribed. :meth:`ReplicaHub.flush` takes the journal, encodes it once per
 distinct model filter and queues the bytes on every subscriber; each stream then prefixes
-its own ``seq`` header (protobuf merges concatenated messages) and sends. A subscriber whose
+its own ``seq`` header (protobuf merges concatenated messages) and sends. Batches that queued
+up while a stream was sending go out as one message (up to ``merge_bytes``): merged, their ops
+follow each other in order and the last one's ``version`` and ``applied_unix_s`` stand, so a
+replica applies what it would have applied batch by batch, with one write and one wake-up
+instead of several. A subscriber whose
 queue would pass ``max_bytes`` is cut off (``overflowed``): its stream ends and the replica
 resyncs from a snapshot, so a slow gateway costs bounded memory and never slows the others.
 
@@ -31,10 +35,13 @@ __all__ = ["ReplicaHub", "Subscriber"]
 class Subscriber:
     """One replica stream's queue of encoded batches (bytes), bounded by ``max_bytes``."""
 
-    def __init__(self, models: frozenset[str], replica_id: str, max_bytes: int) -> None:
+    def __init__(self, models: frozenset[str], replica_id: str, max_bytes: int,
+                 merge_bytes: int = 1 << 20) -> None:
         self.models = models
         self.replica_id = replica_id
         self.max_bytes = max_bytes
+        self.merge_bytes = merge_bytes
+        self.merged = 0  # batches sent inside another's message
         self.queued_bytes = 0
         self.overflowed = False
         self.sent = 0
@@ -58,7 +65,8 @@ class Subscriber:
         self._ready.set()
 
     async def get(self, timeout: float) -> bytes | None:
-        """The next queued batch, or None after ``timeout`` seconds (or on overflow)."""
+        """The queued batches as one (merged up to ``merge_bytes``; a larger one alone), or
+        None after ``timeout`` seconds (or on overflow)."""
         if not self._items and not self.overflowed:
             self._ready.clear()
             try:
@@ -68,8 +76,17 @@ class Subscriber:
                 return None
         if not self._items:
             return None
-        data = self._items.popleft()
-        self.queued_bytes -= len(data)
+        items = self._items
+        data = items.popleft()
+        size = len(data)
+        if items and size + len(items[0]) <= self.merge_bytes:
+            parts = [data]
+            while items and size + len(items[0]) <= self.merge_bytes:
+                parts.append(items.popleft())
+                size += len(parts[-1])
+            self.merged += len(parts) - 1
+            data = b"".join(parts)
+        self.queued_bytes -= size
         return data
 
 
@@ -94,7 +111,7 @@ class ReplicaHub:
                   ) -> tuple[Subscriber, Iterator[pb.ReplicaBatch]]:
         """A new subscriber and its snapshot (copied now; numbered by the caller)."""
         self.flush()
-        sub = Subscriber(models, replica_id, self.queue_bytes)
+        sub = Subscriber(models, replica_id, self.queue_bytes, self.chunk_bytes)
         self.subscribers.add(sub)
         self.core.start_journal()
         batches = snapshot_batches(self.core.view, models, self.index_id, self.core.version,

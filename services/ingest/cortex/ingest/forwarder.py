@@ -275,6 +275,10 @@ class IndexForwarder:
             self._connected()
             replies = asyncio.ensure_future(self._recv_loop(stream))
             sender = asyncio.ensure_future(self._send_loop(stream))
+            for task in (replies, sender):
+                # One ending with the stream's failure is re-raised below, unless the forwarder
+                # is being stopped meanwhile (then nobody asks: not an unretrieved error).
+                task.add_done_callback(_retrieved)
             try:
                 done, _ = await asyncio.wait(
                     {replies, sender}, return_when=asyncio.FIRST_COMPLETED
@@ -504,3 +508,10 @@ class IndexForwarder:
                          extra={"worker": source.worker_id, "source": str(source)})
                 self._owe_snapshot(source)
             self._wake.set()
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """Mark ``task``'s exception as retrieved (asyncio logs one nobody retrieved)."""
+    if not task.cancelled():
+        task.exception()
+

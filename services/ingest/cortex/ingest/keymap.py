@@ -41,7 +41,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from cortex.hashing import Engine, HashDomain, lookahead_block_keys
+from cortex.hashing import (
+    BlockMedia,
+    Engine,
+    HashDomain,
+    lookahead_block_keys,
+    media_block_keys,
+    media_pairs,
+)
 from cortex.ingest.alignment import AlignmentChecker
 from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
@@ -271,7 +278,12 @@ class KeyMapper:
                 self.stats.unknown_parent_blocks += count
                 return None
             parent = found
-        keys = lookahead_block_keys(event.token_ids, size, lookahead, parent, tail)
+        media = _media_of(event)
+        if media and lookahead:
+            self._ignore("extra_keys", count)
+            return None
+        keys = (media_block_keys(event.token_ids, size, parent, media) if media
+                else lookahead_block_keys(event.token_ids, size, lookahead, parent, tail))
         ledger.store(hashes, keys, parent)
         return StoreBlocks(parent, keys)
 
@@ -446,7 +458,7 @@ def _chain_extras(event: BlockStored, engine: Engine) -> tuple[str | None, str |
     salt = event.cache_salt
     extras = event.extra_keys
     if extras:
-        leftover = [key for key in _keys_of(extras[0]) if key != lora]
+        leftover = [key for key in _keys_of(extras[0]) if key != lora and not _is_media(key)]
         if engine is Engine.VLLM and salt is None and len(leftover) == 1 and isinstance(
             leftover[0], str
         ):
@@ -463,9 +475,25 @@ def _has_foreign_extras(event: BlockStored, *, skip_first: bool = False) -> bool
     for index, keys in enumerate(event.extra_keys or ()):
         if skip_first and index == 0:
             continue
-        if any(key != lora for key in _keys_of(keys)):
+        if any(key != lora and not _is_media(key) for key in _keys_of(keys)):
             return True
     return False
+
+
+def _is_media(key: object) -> bool:
+    """A vLLM multimodal pair ``(identifier, offset in the block)``."""
+    return media_pairs((key,)) not in (None, ())
+
+
+def _media_of(event: BlockStored) -> dict[int, BlockMedia]:
+    """The store's blocks that carry media pairs (index in the store → pairs); Cortex keys
+    fold them in (:func:`cortex.hashing.media_block_keys`), as the gateway does."""
+    out: dict[int, BlockMedia] = {}
+    for index, keys in enumerate(event.extra_keys or ()):
+        pairs = tuple(key for key in _keys_of(keys) if _is_media(key))
+        if pairs:
+            out[index] = pairs  # type: ignore[assignment]  # checked by _is_media
+    return out
 
 
 def _keys_of(block_extras: object) -> tuple[object, ...]:

@@ -5,6 +5,11 @@ Cortex key computed from the event's tokens, so a ``BlockRemoved`` can be applie
 each key's parent for snapshots. Both maps count copies: vLLM can cache two physical blocks
 with one hash and reports each store and each eviction, and two engine hashes could map to
 one key; a key leaves the ledger only when its last holder does.
+
+:meth:`Ledger.store` and :meth:`Ledger.remove` run their per-block loops in the ledger's
+compiled core (``keymap_store`` / ``keymap_remove`` of ``cortex.ledger._core``: the same dict
+operations in the same order, without the interpreter's work per block) when it is the
+process's active core (:mod:`cortex.ledger.cores`), in Python otherwise.
 """
 
 from __future__ import annotations
@@ -12,8 +17,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from cortex.kvevents.codec import BlockHash
+from cortex.ledger import cores
+
+try:
+    from cortex.ledger._core import keymap_remove, keymap_store
+except ImportError:  # the compiled core is not built (cores logs it): Python loops only
+    _BUILT = False
+else:
+    _BUILT = True
 
 __all__ = ["Ledger"]
+
+
+def _compiled() -> bool:
+    return _BUILT and cores.active() is cores.Core.NATIVE
 
 
 class Ledger:
@@ -64,6 +81,10 @@ class Ledger:
     def store(self, hashes: Sequence[BlockHash], keys: Sequence[int], parent_key: int) -> None:
         """Record a chain: ``keys[i]`` is the key of ``hashes[i]``, chained after
         ``parent_key``."""
+        if _compiled():
+            keymap_store(self._key_of, self._parent_of, self._dup_hash, self._dup_key, hashes,
+                         keys, parent_key)
+            return
         key_of, parent_of = self._key_of, self._parent_of
         parent = parent_key
         for engine_hash, key in zip(hashes, keys, strict=True):
@@ -91,6 +112,11 @@ class Ledger:
     def remove(self, hashes: Iterable[BlockHash]) -> tuple[list[int], int]:
         """Drop one copy of each hash; return (keys no longer held, hashes not in the
         ledger)."""
+        if _compiled():
+            dead_keys: list[int]
+            dead_keys, missing = keymap_remove(self._key_of, self._parent_of, self._dup_hash,
+                                               self._dup_key, hashes)
+            return dead_keys, missing
         dead: list[int] = []
         unknown = 0
         for engine_hash in hashes:

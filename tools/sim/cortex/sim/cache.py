@@ -32,10 +32,11 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from cortex.hashing import BlockMedia, MediaSpan, media_extra_keys
 from cortex.sim.host import HostBlock, HostPool
 
 __all__ = [
@@ -54,8 +55,10 @@ __all__ = [
 class BlockHasher(Protocol):
     """The engine's block hash: chained digests of full blocks, and their event ids."""
 
-    def digests(self, tokens: Sequence[int], parent: bytes | None) -> list[bytes]:
-        """Digests of the full blocks of ``tokens`` chained from ``parent`` (None = root)."""
+    def digests(self, tokens: Sequence[int], parent: bytes | None,
+                media: Mapping[int, BlockMedia] | None = None) -> list[bytes]:
+        """Digests of the full blocks of ``tokens`` chained from ``parent`` (None = root);
+        ``media``: media pairs of blocks (index from ``tokens[0]``) the digests cover."""
         ...
 
     def event_id(self, digest: bytes) -> int:
@@ -78,6 +81,8 @@ class BlocksStored:
     tier: CacheTier = "device"
     lora_name: str | None = None
     lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+    media: tuple[BlockMedia, ...] | None = None
+    """Per block: the media pairs vLLM puts in its extra keys (``None``: no media)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,7 @@ class CachedBlock:
     alive: bool = True
     lora: str | None = None
     lookahead: tuple[int, ...] = ()
+    media: BlockMedia = ()
 
     def __repr__(self) -> str:
         return (
@@ -143,6 +149,8 @@ class Lease:
     loaded_tokens: int = 0
     released: bool = False
     lora: str | None = None
+    media: Mapping[int, BlockMedia] = field(default_factory=dict)
+    """The sequence's media pairs per block index (vLLM multimodal extra keys)."""
 
     @property
     def block_ids(self) -> list[int]:
@@ -225,14 +233,26 @@ class PrefixCache:
     def active_leases(self) -> int:
         return len(self._leases)
 
-    def digests(self, tokens: Sequence[int], lora: str | None = None) -> list[bytes]:
+    def digests(self, tokens: Sequence[int], lora: str | None = None,
+                media: Mapping[int, BlockMedia] | None = None) -> list[bytes]:
         """Engine digests of the full blocks of a sequence that starts at the root (of
-        ``lora``'s namespace)."""
+        ``lora``'s namespace); ``media``: the blocks' media pairs by block index."""
+        if media:
+            return self._hasher.digests(tokens, _lora_seed(lora), media)
         return self._hasher.digests(tokens, _lora_seed(lora))
 
-    def lookup(self, tokens: Sequence[int], lora: str | None = None) -> int:
-        """Cached prefix of ``tokens`` in tokens (block-aligned), without pinning."""
-        return self._match(self.digests(tokens, lora), len(tokens)) * self.block_size
+    def lookup(self, tokens: Sequence[int], lora: str | None = None,
+               media: Sequence[MediaSpan] = ()) -> int:
+        """Cached prefix of ``tokens`` in tokens (block-aligned), without pinning;
+        ``media``: the prompt's placeholder runs (see :meth:`admit`)."""
+        pairs = self._media_pairs(tokens, media)
+        return self._match(self.digests(tokens, lora, pairs), len(tokens)) * self.block_size
+
+    def _media_pairs(self, prompt: Sequence[int], media: Sequence[MediaSpan]
+                     ) -> dict[int, BlockMedia]:
+        if not media:
+            return {}
+        return media_extra_keys(media, blocks_for(len(prompt), self.block_size), self.block_size)
 
     def blocks(self) -> Iterator[CachedBlock]:
         """Every cached block (snapshot order: insertion)."""
@@ -262,15 +282,17 @@ class PrefixCache:
             matched += 1
         return matched - 1 if self.drop_last and matched else matched
 
-    def admit(self, prompt: Sequence[int], total_tokens: int, lora: str | None = None
-              ) -> Lease | None:
+    def admit(self, prompt: Sequence[int], total_tokens: int, lora: str | None = None,
+              media: Sequence[MediaSpan] = ()) -> Lease | None:
         """Pin the cached prefix of ``prompt`` and reserve room for ``total_tokens``.
 
         ``total_tokens`` = prompt + output tokens the request will hold. Evicts LRU leaves
         when space is short. Returns ``None`` (nothing changed) when even eviction cannot
-        make room: the caller waits for running requests to finish.
+        make room: the caller waits for running requests to finish. ``media``: the
+        prompt's media placeholder runs (vLLM: their identifiers are in the blocks' hashes).
         """
-        digests = self.digests(prompt, lora)
+        pairs = self._media_pairs(prompt, media)
+        digests = self.digests(prompt, lora, pairs)
         matched = self._match(digests, len(prompt))
         loaded = 0
         if self.host is not None and self.enabled:
@@ -294,7 +316,8 @@ class PrefixCache:
             block.last_access = now
         lease = Lease(digests=digests, blocks=path, reserved=need,
                       cached_tokens=(matched + loaded) * self.block_size,
-                      loaded_tokens=loaded * self.block_size, lora=lora)
+                      loaded_tokens=loaded * self.block_size, lora=lora,
+                      media=pairs)
         self._leases.add(lease)
         self.query_tokens += len(prompt)
         self.hit_tokens += lease.cached_tokens
@@ -314,8 +337,10 @@ class PrefixCache:
         if full > len(lease.digests):
             start = len(lease.digests)
             parent = lease.digests[-1] if lease.digests else _lora_seed(lease.lora)
-            lease.digests.extend(self._hasher.digests(
-                tokens[start * self.block_size : full * self.block_size + ahead], parent))
+            rest = tokens[start * self.block_size : full * self.block_size + ahead]
+            later = {i - start: p for i, p in lease.media.items() if i >= start}
+            lease.digests.extend(self._hasher.digests(rest, parent, later) if later
+                                 else self._hasher.digests(rest, parent))
         now = next(self._clock)
         new: list[CachedBlock] = []
         for i in range(len(lease.blocks), full):
@@ -349,6 +374,7 @@ class PrefixCache:
                     last_access=now,
                     lora=lease.lora,
                     lookahead=tuple(tokens[(i + 1) * self.block_size :][:ahead]),
+                    media=lease.media.get(i, ()),
                 )
                 if parent_block is not None:
                     parent_block.children += 1
@@ -418,6 +444,7 @@ class PrefixCache:
             block_size=self.block_size,
             lora_name=run[0].lora,
             lookahead_token_ids=tuple(b.lookahead for b in run) if self.lookahead else None,
+            media=tuple(b.media for b in run) if any(b.media for b in run) else None,
         ))
 
     def _unpin(self, block: CachedBlock) -> None:

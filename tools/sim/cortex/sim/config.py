@@ -114,6 +114,8 @@ class FaultConfig:
     is cut (connection closed, no ``[DONE]``) after k chunks. ``stall_stream_after``: a
     streaming response stops after k chunks (0: right after its headers) with the
     connection held open, until the fault is cleared or the client goes away — a hung engine.
+    ``max_running``: at most this many requests in service per rank (``None``: the
+    configured ``max_running``), the rest queue — a saturated engine, busy but progressing.
     """
 
     drop_batches: int = 0
@@ -125,6 +127,7 @@ class FaultConfig:
     latency_ms: float = 0.0
     cut_stream_after: int | None = None
     stall_stream_after: int | None = None
+    max_running: int | None = None
     fault_paths: FaultScope = FaultScope.GENERATION
 
     def __post_init__(self) -> None:
@@ -145,6 +148,8 @@ class FaultConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.max_running is not None and self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
 
 
 @dataclass(frozen=True, slots=True)

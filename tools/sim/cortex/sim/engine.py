@@ -61,6 +61,21 @@ class SimStats:
     kv_pull_failures: int = 0
 
 
+@dataclass(eq=False, slots=True)
+class _Decode:
+    """A decode under way: its first token at ``started`` (monotonic s), then one per
+    ``step_s``."""
+
+    started: float
+    tokens: int
+    step_s: float
+
+    def generated(self, now: float) -> int:
+        if self.step_s <= 0:
+            return self.tokens
+        return min(self.tokens, 1 + int((now - self.started) / self.step_s))
+
+
 class SimEngine:
     """One data-parallel rank of a simulated worker: its KV pool and prefix cache, admission,
     prefill lane and event publisher (a worker with ``dp_size`` N has N of them)."""
@@ -103,6 +118,7 @@ class SimEngine:
         self._transfer_client = transfer_client
         self._transfer_port = transfer_port
         self._prefill_lane = asyncio.Lock()
+        self._decodes: set[_Decode] = set()
         self._flush_scheduled = False
         self.engine_id = config.engine_id or f"cortex-sim-{config.public_host}-{config.port}"
         self.started_at = time.time()
@@ -254,9 +270,7 @@ class SimEngine:
             self.stats.requests_failed += 1
             raise
         self.stats.requests_finished += 1
-        self.stats.prompt_tokens += result.prompt_tokens
         self.stats.cached_tokens += result.cached_tokens
-        self.stats.generation_tokens += len(result.plan)
         return result
 
     async def _run_sglang_prefill(self, req: GenRequest, seq: SequenceSpec,
@@ -267,12 +281,14 @@ class SimEngine:
         async with self._transfer_server.room(seq.bootstrap_room) as ticket:
             await ticket.wait_handshake(self.config.bootstrap_timeout_s)
             lease = await self.admission.acquire(seq.prompt_ids, len(seq.prompt_ids) + 1,
-                                                 req.lora)
+                                                 req.lora, req.media)
             try:
                 await self._prefill(len(seq.prompt_ids) - lease.cached_tokens,
                                     lease.loaded_tokens)
                 self.cache.commit(lease, seq.prompt_ids)
                 self._cache_changed()
+                self.stats.prompt_tokens += len(seq.prompt_ids)
+                self.stats.generation_tokens += len(plan)  # its one token
                 await ticket.send(KvHandoff(seq.prompt_ids, lease.cached_tokens))
                 result = self._result(seq, lease.cached_tokens, plan, started)
                 if emit is not None:
@@ -286,7 +302,8 @@ class SimEngine:
     async def _run_local(self, req: GenRequest, seq: SequenceSpec, plan: GenerationPlan,
                          leg: Leg, started: float, emit: Emit | None) -> SequenceResult:
         prompt = seq.prompt_ids
-        lease = await self.admission.acquire(prompt, len(prompt) + len(plan), req.lora)
+        lease = await self.admission.acquire(prompt, len(prompt) + len(plan), req.lora,
+                                             req.media)
         keep_lease = False
         try:
             cached = lease.cached_tokens
@@ -333,17 +350,39 @@ class SimEngine:
             await asyncio.sleep(self.timing.prefill_ms(uncached_tokens, loaded_tokens) / 1000.0)
 
     async def _decode(self, result: SequenceResult, emit: Emit | None) -> None:
-        """Emit the first token now (TTFT), then one per ``decode_ms_per_token``."""
+        """Emit the first token now (TTFT), then one per ``decode_ms_per_token``.
+
+        The prompt and generation token counters advance as a real engine's do, step by
+        step (vLLM counts a prompt's tokens at its first token and each generated token at
+        the step that made it), not when the request ends: a busy engine's counters move
+        while a long answer is still being generated (the gateway's wedge watch reads them).
+        """
         count = len(result.plan)
-        if emit is None:
-            if count > 1 and not self.timing.zero_cost:
-                await asyncio.sleep(self.timing.decode_ms(count - 1) / 1000.0)
-            return
+        self.stats.prompt_tokens += result.prompt_tokens
         step = self.timing.decode_ms(1) / 1000.0
-        for done in range(1, count + 1):
-            if done > 1 and step > 0:
-                await asyncio.sleep(step)
-            await emit(result, done)
+        decode = _Decode(time.monotonic(), count, step)
+        self._decodes.add(decode)
+        try:
+            if emit is None:
+                if count > 1 and not self.timing.zero_cost:
+                    await asyncio.sleep(self.timing.decode_ms(count - 1) / 1000.0)
+                return
+            for done in range(1, count + 1):
+                if done > 1 and step > 0:
+                    await asyncio.sleep(step)
+                await emit(result, done)
+        finally:
+            self._decodes.discard(decode)
+            self.stats.generation_tokens += decode.generated(time.monotonic())
+
+    def generated_tokens(self, now: float) -> int:
+        """Tokens generated since start (monotonic ``now``), the decodes under way included."""
+        return self.stats.generation_tokens + sum(d.generated(now) for d in self._decodes)
+
+    def undecoded_tokens(self, now: float) -> int:
+        """Tokens the decodes under way reserved and have not generated yet (a real engine
+        allocates them token by token)."""
+        return sum(d.tokens - d.generated(now) for d in self._decodes)
 
     # -- PD helpers -----------------------------------------------------------------------
 

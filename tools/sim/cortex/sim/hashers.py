@@ -8,11 +8,11 @@ cheap stand-in with the same shape, for workloads that only need opaque, chained
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import xxhash
 
-from cortex.hashing import Engine, pack_tokens
+from cortex.hashing import BlockMedia, Engine, pack_tokens, vllm_hash_extras
 from cortex.hashing.engines import (
     sglang_event_int,
     sglang_page_hashes,
@@ -21,6 +21,11 @@ from cortex.hashing.engines import (
 )
 
 __all__ = ["EngineHasher", "FastHasher"]
+
+
+def _salted(digests: list[bytes]) -> list[bytes]:
+    """32-byte digests (SGLang's width) from the 16-byte fast ones."""
+    return [d + d for d in digests]
 
 
 class EngineHasher:
@@ -37,8 +42,17 @@ class EngineHasher:
         self.block_size = block_size
         self.lookahead = lookahead
 
-    def digests(self, tokens: Sequence[int], parent: bytes | None) -> list[bytes]:
+    def digests(self, tokens: Sequence[int], parent: bytes | None,
+                media: Mapping[int, BlockMedia] | None = None) -> list[bytes]:
         size, ahead = self.block_size, self.lookahead
+        if media and not ahead:
+            # vLLM: each block's media pairs as its tagged extra keys; SGLang writes media
+            # identity into the placeholder ids themselves: pairs are opaque salt here
+            blocks = len(tokens) // size
+            extras = [vllm_hash_extras(media.get(i, ())) for i in range(blocks)]
+            if self.engine is Engine.VLLM:
+                return vllm_block_hashes(list(tokens), size, parent=parent, extra_keys=extras)
+            return _salted(FastHasher(self.engine, size).digests(tokens, parent, media))
         if not ahead:
             if self.engine is Engine.SGLANG:
                 return sglang_page_hashes(list(tokens), size, parent=parent)
@@ -72,13 +86,16 @@ class FastHasher:
         self.engine = engine
         self.block_size = block_size
 
-    def digests(self, tokens: Sequence[int], parent: bytes | None) -> list[bytes]:
+    def digests(self, tokens: Sequence[int], parent: bytes | None,
+                media: Mapping[int, BlockMedia] | None = None) -> list[bytes]:
         packed = pack_tokens(tokens)
         step = self.block_size * 4
         prior = parent or b""
         out: list[bytes] = []
-        for start in range(0, len(packed) - len(packed) % step, step):
-            prior = xxhash.xxh3_128_digest(prior + packed[start : start + step])
+        for i, start in enumerate(range(0, len(packed) - len(packed) % step, step)):
+            pairs = media.get(i) if media else None
+            salt = repr(pairs).encode() if pairs else b""
+            prior = xxhash.xxh3_128_digest(prior + packed[start : start + step] + salt)
             out.append(prior)
         return out
 

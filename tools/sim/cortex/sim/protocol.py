@@ -10,6 +10,9 @@ produces for each sequence is a :class:`SequenceResult` (shaped by :mod:`respons
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -18,7 +21,9 @@ from enum import StrEnum
 from typing import Any
 
 from cortex.chat import ChatError, ChatTokenizer, render_args, text_add_special_tokens
-from cortex.hashing import Engine
+from cortex.chat.media import media_items
+from cortex.chat.vision import VisionConfig, load_vision_config
+from cortex.hashing import Engine, MediaSpan
 from cortex.sim.logprobs import LogprobRequest
 from cortex.sim.textgen import GenerationPlan
 
@@ -108,6 +113,8 @@ class GenRequest:
     created: int = field(default_factory=lambda: int(time.time()))
     lora: str | None = None
     """The LoRA adapter serving the request (its blocks live in the adapter's namespace)."""
+    media: tuple[MediaSpan, ...] = ()
+    """vLLM: the prompt's media placeholder runs (their identifiers key its blocks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +271,43 @@ def _chat_logprobs(body: Mapping[str, Any], engine: Engine) -> LogprobRequest | 
     return LogprobRequest(top=top)
 
 
+@functools.lru_cache(maxsize=8)
+def _vision(source: str) -> VisionConfig | None:
+    """The image settings of the model beside the served tokenizer (none: not a supported
+    vision-language family, whose media the sim leaves as plain placeholder tokens)."""
+    try:
+        return load_vision_config(source)
+    except ValueError:
+        return None
+
+
+def engine_media(body: Mapping[str, Any], ids: Sequence[int], vision: VisionConfig | None
+                 ) -> tuple[list[int], tuple[MediaSpan, ...]]:
+    """vLLM's multimodal prompt: each item's placeholder expanded to its run (one token
+    where its size is unknown: a URL the sim does not fetch) and identified by its part's
+    ``uuid``, else by a hash of the part (vLLM hashes the media itself)."""
+    items = media_items(body, vision)
+    if vision is None or not items:
+        return list(ids), ()
+    marks = [k for k, token in enumerate(ids) if token in vision.placeholder_ids]
+    if len(marks) != len(items):
+        return list(ids), ()
+    out: list[int] = []
+    spans: list[MediaSpan] = []
+    at = 0
+    for k, item in zip(marks, items, strict=True):
+        out.extend(ids[at:k])
+        part = body["messages"][item.message]["content"][item.part]
+        identifier = item.identifier or "engine:" + hashlib.sha256(
+            json.dumps(part, sort_keys=True).encode()).hexdigest()
+        count = item.tokens or 1
+        spans.append(MediaSpan(identifier, len(out), count))
+        out.extend([ids[k]] * count)
+        at = k + 1
+    out.extend(ids[at:])
+    return out, tuple(spans)
+
+
 def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: str,
                request_id: str | None = None, *, engine: Engine = Engine.SGLANG) -> GenRequest:
     """Parse ``/v1/chat/completions``: render the template over every message, tokenize."""
@@ -271,6 +315,10 @@ def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: 
         prompt = tuple(tokenizer.encode_chat(render_args(body, engine)))
     except ChatError as exc:
         raise RequestError(str(exc), param=exc.param) from exc
+    media: tuple[MediaSpan, ...] = ()
+    if engine is Engine.VLLM:
+        expanded, media = engine_media(body, prompt, _vision(tokenizer.source))
+        prompt = tuple(expanded)
     n = _get_int(body, "n", 1, 1) or 1
     max_tokens = _get_int(body, "max_completion_tokens", None, 1)
     if max_tokens is None:
@@ -282,6 +330,7 @@ def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: 
         sequences=_sequences([prompt], n, body),
         max_tokens=max_tokens,
         logprobs=_chat_logprobs(body, engine),
+        media=media,
         **_common(body),
     )
 

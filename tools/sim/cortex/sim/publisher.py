@@ -21,7 +21,7 @@ from typing import Self
 import zmq
 import zmq.asyncio
 
-from cortex.hashing import Engine
+from cortex.hashing import BlockMedia, Engine
 from cortex.kvevents import codec, frames
 from cortex.sim.cache import BlocksRemoved, BlocksStored, CacheEvent
 from cortex.sim.faults import BatchFate, FaultState
@@ -77,7 +77,7 @@ class EventEncoder:
                 block_size=event.block_size,
                 medium=self._medium,
                 lora_name=lora,
-                extra_keys=self._extra_keys(len(event.block_hashes), lora),
+                extra_keys=self._extra_keys(len(event.block_hashes), lora, event.media),
                 kv_cache_spec_kind="full_attention" if self._rich else None,
                 lookahead_token_ids=event.lookahead_token_ids,
                 bigram=event.lookahead_token_ids is not None and self.engine is Engine.SGLANG,
@@ -89,12 +89,16 @@ class EventEncoder:
                                       group_idx_nil=self._group_nil)
         return codec.AllBlocksCleared()
 
-    def _extra_keys(self, blocks: int, lora: str | None) -> tuple[object, ...] | None:
+    def _extra_keys(self, blocks: int, lora: str | None,
+                    media: tuple[BlockMedia, ...] | None = None) -> tuple[object, ...] | None:
         """vLLM's (0.32 on) per-block extra keys: the adapter's name in each (its block hashes
-        cover it: ``v1/core/kv_cache_utils.py::generate_block_hash_extra_keys``)."""
+        cover it: ``v1/core/kv_cache_utils.py::generate_block_hash_extra_keys``), then the
+        block's media pairs ``(identifier, offset)`` (``to_event_extra_keys``)."""
         if self.engine is not Engine.VLLM or not self._rich:
             return None
-        return ((lora,),) * blocks if lora is not None else (None,) * blocks
+        head: tuple[object, ...] = (lora,) if lora is not None else ()
+        pairs = media or ((),) * blocks
+        return tuple((*head, *p) if head or p else None for p in pairs)
 
     def _host_store(self, event: BlocksStored) -> codec.BlockStored:
         """A block offloaded to host memory, as each engine publishes it: vLLM's offloading

@@ -250,13 +250,15 @@ class SimRoutes:
     @staticmethod
     def _load_of(engine: SimEngine) -> LoadSnapshot:
         cache = engine.cache
+        now = time.monotonic()
         return LoadSnapshot(
             running=engine.running, waiting=engine.waiting, kv_usage=engine.kv_usage,
-            used_tokens=cache.used_blocks * cache.block_size,
+            used_tokens=max(0, cache.used_blocks * cache.block_size
+                            - engine.undecoded_tokens(now)),
             total_tokens=cache.capacity * cache.block_size,
             prefix_query_tokens=cache.query_tokens, prefix_hit_tokens=cache.hit_tokens,
             prompt_tokens=engine.stats.prompt_tokens,
-            generation_tokens=engine.stats.generation_tokens,
+            generation_tokens=engine.generated_tokens(now),
             finished_requests=engine.stats.requests_finished,
         )
 
@@ -574,7 +576,7 @@ class SimRoutes:
                 return self._error(str(exc))
         elif request.method != "GET":
             return self._error("use GET, POST or DELETE", 405, "MethodNotAllowed")
-        self._faults_changed.set()
+        self.notify_faults_changed()
         return web.json_response(self.faults.snapshot())
 
     async def _sim_restart(self, _: web.Request) -> web.Response:
@@ -582,4 +584,7 @@ class SimRoutes:
         return web.json_response(self.state())
 
     def notify_faults_changed(self) -> None:
+        cap = self.faults.config.max_running
+        for engine in self.engines:
+            engine.admission.limit(cap or engine.config.max_running)
         self._faults_changed.set()

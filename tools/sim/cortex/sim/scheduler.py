@@ -12,6 +12,7 @@ import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cortex.hashing import MediaSpan
 from cortex.sim.cache import Lease, PrefixCache
 
 __all__ = ["AdmissionQueue"]
@@ -23,6 +24,7 @@ class _Waiter:
     total_tokens: int
     future: asyncio.Future[Lease]
     lora: str | None = None
+    media: Sequence[MediaSpan] = ()
 
 
 class AdmissionQueue:
@@ -42,11 +44,12 @@ class AdmissionQueue:
         return len(self._waiters)
 
     async def acquire(self, prompt: Sequence[int], total_tokens: int,
-                      lora: str | None = None) -> Lease:
+                      lora: str | None = None,
+                      media: Sequence[MediaSpan] = ()) -> Lease:
         """Wait for a running slot and a cache lease (FIFO) in ``lora``'s namespace. Pair
         with :meth:`release_slot` and ``cache.release(lease)``."""
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(prompt, total_tokens, future, lora)
+        waiter = _Waiter(prompt, total_tokens, future, lora, media)
         self._waiters.append(waiter)
         self.waiting_tokens += len(prompt)
         self._pump()
@@ -72,6 +75,12 @@ class AdmissionQueue:
         """Retry the head of the queue (call after freeing cache memory)."""
         self._pump()
 
+    def limit(self, max_running: int) -> None:
+        """From now on at most ``max_running`` requests in service (those running above it
+        finish; none is admitted until they did)."""
+        self._max_running = max_running
+        self._pump()
+
     def _pump(self) -> None:
         changed = False
         while self._waiters and self.running < self._max_running:
@@ -80,7 +89,7 @@ class AdmissionQueue:
                 self._waiters.popleft()
                 self.waiting_tokens -= len(head.prompt)
                 continue
-            lease = self._cache.admit(head.prompt, head.total_tokens, head.lora)
+            lease = self._cache.admit(head.prompt, head.total_tokens, head.lora, head.media)
             changed = True
             if lease is None:
                 break

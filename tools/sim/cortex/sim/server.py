@@ -174,6 +174,7 @@ class SimServer:
         self._ports = {"http": None, "kv_events": self.kv_events_port,
                        "replay": self.replay_port, "transfer": self.transfer_port}
         self._routes = SimRoutes(cfg, self._engines, self.faults, self._ports, self.restart)
+        self._routes.notify_faults_changed()  # faults armed at start-up (max_running)
         runner = web.AppRunner(self._routes.build(), access_log=None, handle_signals=False,
                                handler_cancellation=True, shutdown_timeout=_SHUTDOWN_GRACE_S)
         await runner.setup()

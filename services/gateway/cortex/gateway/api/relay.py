@@ -7,7 +7,8 @@ Either goes to the least loaded routable worker of the body's ``model`` (the mod
 ``upstream_url`` when set), retried on the next one while nothing was answered; a 200 that
 breaks the endpoint's promise (a JSON answer that is not JSON, a streamed request answered
 otherwise than with SSE) is a worker failure like any (``bad_answer``: counted, breaker,
-retried); the answer is relayed as it comes, with ``x-cortex-match-mode: passthrough``, a
+retried; a fixed ``upstream_url`` is counted as worker ``upstream``, without a breaker); the
+answer is relayed as it comes, with ``x-cortex-match-mode: passthrough``, a
 stream checked event by event: one that breaks off SSE later is a counted failure too, ended
 with an ``upstream_stream_error`` event (garbage is never relayed).
 
@@ -345,8 +346,9 @@ class RelayHandler:
             if worker is not None and slot is not None:
                 release_slot(worker, self.metrics, slot)
                 worker.breaker.on_failure()
-                self.metrics.worker(self.metrics.upstream_errors, worker.id,
-                                    failure.kind.value).inc()
+            # a fixed upstream_url is counted too, as worker "upstream" (it has no breaker)
+            self.metrics.worker(self.metrics.upstream_errors, target.name,
+                                failure.kind.value).inc()
             log.info("passthrough attempt failed worker=%s: %s", target.name, failure,
                      extra={"worker": target.name})
             return failure
@@ -394,8 +396,8 @@ class RelayHandler:
                         extra={"worker": target.name})
             if target.worker is not None:
                 target.worker.breaker.on_failure()
-                self.metrics.worker(self.metrics.upstream_errors, target.worker.id,
-                                    failure.kind.value).inc()
+            self.metrics.worker(self.metrics.upstream_errors, target.name,
+                                failure.kind.value).inc()
             if stream:  # a stream ends with an error event, as on the routed path
                 await send({"type": "http.response.body", "more_body": True,
                             "body": sse_error_event("the worker failed while streaming",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from cortex.chat.vision import VisionConfig, load_vision_config
 from cortex.gateway.errors import ConfigError
 from cortex.hashing import Engine, HashDomain
 from cortex.registry.addresses import DEFAULT_DENIED, AddressPolicy
@@ -147,6 +148,11 @@ class ModelConfig:
     ``passthrough``: the gateway only proxies this model — no tokenizing, no KV or PD
     decisions; each request goes to the least loaded routable worker of the model, or to
     ``upstream_url`` when set (an upstream scheduler that places requests itself).
+
+    Media (:mod:`cortex.chat.media`): ``model_dir`` holds the model's ``config.json`` and
+    ``preprocessor_config.json`` (default: the tokenizer's directory); for a supported
+    vision-language family the images of a request are keyed exactly. ``immutable_urls``:
+    an ``http(s)`` image URL always names the same bytes (its identifier is the URL's hash).
     """
 
     name: str
@@ -169,7 +175,10 @@ class ModelConfig:
     adapters: tuple[str, ...] = ()
     passthrough: bool = False
     upstream_url: str | None = None
+    model_dir: Path | None = None
+    immutable_urls: bool = False
     _domain: HashDomain = field(init=False, repr=False, compare=False)
+    _vision: VisionConfig | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -193,7 +202,7 @@ class ModelConfig:
         for name in ("first_byte_timeout_s", "response_timeout_s", "stream_idle_timeout_s"):
             if getattr(self, name) is not None:
                 positive(where, **{name: getattr(self, name)})
-        for name in ("tokenizer", "chat_template"):
+        for name in ("tokenizer", "chat_template", "model_dir"):
             value = getattr(self, name)
             if value is not None:
                 path = Path(value)
@@ -215,6 +224,18 @@ class ModelConfig:
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         object.__setattr__(self, "_domain", domain)
+        base = self.model_dir or (self.tokenizer if self.tokenizer is not None
+                                  and Path(self.tokenizer).is_dir() else None)
+        try:
+            vision = load_vision_config(base) if base is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"{where}.model_dir: {exc}") from None
+        object.__setattr__(self, "_vision", vision)
+
+    @property
+    def vision(self) -> VisionConfig | None:
+        """The image settings of a supported vision-language family (``None``: none)."""
+        return self._vision
 
     @property
     def domain(self) -> HashDomain:

@@ -8,25 +8,64 @@ queue until the first byte. The worker's breaker gets a verdict for every attemp
 once it answered, failure on a connection error, timeout, retryable status or a stream that
 ends before its first chunk, and none (abandoned) when the attempt was cancelled or a worker
 answered 429 (busy, not broken).
+
+The wedge watch (the end of this module). A non-streamed answer's first byte is the whole
+answer, so ``response_timeout_s`` (600 s: it bounds a legitimate generation) would be the only
+bound on it, and a worker that stops generating while its health checks still pass would keep
+requests that long. This watch tells a wedge from a long generation or a long queue by asking
+the engine, first through a signal that never queues, then through its inference path:
+
+- *progress* is any of: a byte the worker sent (a stream's first chunk, a whole answer); a
+  load poll whose work mark (:data:`cortex.registry.engines.WorkMark`: vLLM's prompt and
+  generation token counters, SGLang's KV tokens in use and running requests) differs from
+  the poll before — the engine computed something, for whomever, so a saturated worker with
+  a queue longer than ``wedge_after_s`` is busy, not wedged; an answered probe;
+- an attempt that has waited ``wedge_after_s`` on a worker that made no progress for as long
+  (counters flat, or load polls unanswered) makes it a *suspect*. A regular worker then gets
+  a probe, a streamed one-token completion, which must produce its first event within
+  ``wedge_probe_timeout_s``; a probe that answers, or counters that moved while it waited
+  (the probe queued behind real work), clear the worker, anything else marks it *wedged*:
+  every attempt waiting on it fails at once (a worker failure: counted, breaker, retried on
+  the next worker — nothing was sent to the client yet);
+- a prefill or decode leg cannot be probed (a PD engine does not answer a lone completion:
+  an SGLang prefill waits for its decode's bootstrap, a decode for the KV transfer, vLLM's
+  need ``kv_transfer_params``), so the engine's work mark alone decides: a leg whose worker
+  and partner (the other leg's worker, which it may be waiting on) both made no progress for
+  ``wedge_after_s`` + ``wedge_probe_timeout_s`` fails as wedged.
+
+So a wedged worker costs a waiting request about ``wedge_after_s`` + the probe timeout + one
+check interval (defaults 4 + 8 + 1 s), not ``response_timeout_s``; a busy one costs nothing.
+What can still be taken for a wedge: an engine whose counters stay flat while it computes
+— one prefill longer than the window with nothing else running (vLLM counts a prompt at its
+first token), or SGLang with its KV pool pinned full — and then only if the probe (or, for a
+PD leg, the partner) does not answer either. ``wedge_after_s`` 0 turns the watch off.
+
+:class:`ProgressWatch` is the bookkeeping (event-loop only, no I/O); :meth:`ProgressWatch.run`
+its loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex.gateway.fleet.pool import ProgressWatch, WorkerState
-from cortex.gateway.http.messages import json_loads
+from cortex.gateway.fleet.pool import WorkerPool, WorkerState
+from cortex.gateway.http.messages import json_dumps, json_loads
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.scoring import Decision, PDOutcome
 from cortex.gateway.upstream.client import FailureKind, Response, Upstream, UpstreamFailure
 from cortex.gateway.upstream.sse import EventRewrite, is_event_stream
 
-__all__ = ["Opened", "acquire_slot", "attempt", "first_bytes", "release_slot"]
+__all__ = ["Checked", "Opened", "ProgressWatch", "WorkedAt", "acquire_slot", "attempt",
+           "first_bytes", "release_slot"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -90,7 +129,7 @@ async def attempt(upstream: Upstream, metrics: GatewayMetrics, worker: WorkerSta
     count on the worker's prefill queue (:attr:`WorkerState.prefilling`) until then.
     ``attempts``: its number among the request's attempts; ``mode``: the decision's (the
     first-byte histogram's label). ``watch``: fails the wait at once when it finds the
-    worker wedged (:mod:`cortex.gateway.fleet.pool`)."""
+    worker wedged (:mod:`cortex.gateway.dispatch.attempt`)."""
     breaker = worker.breaker
     breaker.on_attempt()
     slot = acquire_slot(worker, metrics)
@@ -185,3 +224,240 @@ def json_answer(body: bytes, listed: bool = False) -> Any:
                                  and all(isinstance(item, dict) for item in obj)):
         return obj
     return None
+
+
+# ---- the wedge watch ----
+
+
+_CHECK_INTERVAL_S = 1.0
+
+WorkedAt = Callable[[str], float | None]
+"""Worker id → monotonic s of its engine's last observed work (a load poll whose work mark
+changed), ``None`` when none was seen."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    since: float  # monotonic s the attempt began waiting
+    on_wedged: Callable[[], None]
+    probe: bool  # False: a PD leg, judged by the engines' work alone
+    partner: str | None  # the other leg's worker, whose progress counts too
+
+
+@dataclass(slots=True)
+class _Worker:
+    progress_at: float  # monotonic s of the worker's last byte (or answered probe)
+    waiting: dict[int, _Waiter] = field(default_factory=dict)
+    probing: float | None = None  # monotonic s the running probe began
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """One check's verdicts: workers to ``probe``, and PD legs found wedged (``wedged``:
+    worker id → attempts failed)."""
+
+    probe: list[str]
+    wedged: dict[str, int]
+
+
+class ProgressWatch:
+    """``wedge_after_s`` / ``probe_timeout_s`` in seconds (``wedge_after_s`` 0: off)."""
+
+    def __init__(self, wedge_after_s: float, probe_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.wedge_after_s = wedge_after_s
+        self.probe_timeout_s = probe_timeout_s
+        self._clock = clock
+        self._workers: dict[str, _Worker] = {}
+        self._ids = itertools.count()
+        self.wedged_total = 0
+        self.cleared_busy = 0  # suspects cleared because their engine was working
+
+    def _entry(self, worker_id: str) -> _Worker:
+        entry = self._workers.get(worker_id)
+        if entry is None:
+            entry = self._workers[worker_id] = _Worker(self._clock())
+        return entry
+
+    def progressed(self, worker_id: str) -> None:
+        """``worker_id`` sent bytes now."""
+        entry = self._workers.get(worker_id)
+        if entry is not None:
+            entry.progress_at = self._clock()
+
+    @contextlib.contextmanager
+    def waiting(self, worker_id: str, on_wedged: Callable[[], None], *, probe: bool = True,
+                partner: str | None = None) -> Iterator[None]:
+        """An attempt waits for its first byte from ``worker_id`` inside this block;
+        ``on_wedged`` is called (once at most) if the worker is found wedged meanwhile.
+        ``probe`` False: a PD leg (never probed); ``partner``: the pair's other worker, whose
+        progress counts as this leg's."""
+        if not self.wedge_after_s:
+            yield
+            return
+        entry = self._entry(worker_id)
+        key = next(self._ids)
+        entry.waiting[key] = _Waiter(self._clock(), on_wedged, probe, partner)
+        try:
+            yield
+        finally:
+            entry.waiting.pop(key, None)
+            self._drop_if_quiet(worker_id, entry)
+
+    def _drop_if_quiet(self, worker_id: str, entry: _Worker) -> None:
+        if not entry.waiting and entry.probing is None and self._workers.get(worker_id) is entry:
+            del self._workers[worker_id]  # quiet workers cost nothing
+
+    def _last_progress(self, worker_id: str, worked_at: WorkedAt) -> float:
+        """Monotonic s of ``worker_id``'s last sign of progress (bytes or engine work)."""
+        entry = self._workers.get(worker_id)
+        signs = [entry.progress_at] if entry is not None else []
+        worked = worked_at(worker_id)
+        if worked is not None:
+            signs.append(worked)
+        return max(signs, default=float("-inf"))
+
+    def check(self, worked_at: WorkedAt) -> Checked:
+        """What to do now: the :meth:`suspects` to probe, and the PD legs failed here (see
+        :meth:`fail_silent_legs`)."""
+        return Checked(self.suspects(worked_at), self.fail_silent_legs(worked_at))
+
+    def suspects(self, worked_at: WorkedAt = lambda _: None) -> list[str]:
+        """Regular workers to probe now: an attempt waited ``wedge_after_s`` on each, each
+        made no progress for as long, and none is being probed already."""
+        now = self._clock()
+        found = []
+        for worker_id, entry in self._workers.items():
+            if entry.probing is not None:
+                continue
+            last = self._last_progress(worker_id, worked_at)
+            if any(w.probe and now - max(w.since, last) >= self.wedge_after_s
+                   for w in entry.waiting.values()):
+                found.append(worker_id)
+        return found
+
+    def fail_silent_legs(self, worked_at: WorkedAt) -> dict[str, int]:
+        """Fail the PD legs whose worker and partner both made no progress for
+        ``wedge_after_s`` + ``probe_timeout_s`` (nor since the leg began waiting);
+        worker id → legs failed."""
+        now = self._clock()
+        window = self.wedge_after_s + self.probe_timeout_s
+        wedged: dict[str, int] = {}
+        for worker_id, entry in list(self._workers.items()):
+            last = self._last_progress(worker_id, worked_at)
+            silent = []
+            for key, waiter in entry.waiting.items():
+                if waiter.probe:
+                    continue
+                quiet_since = max(waiter.since, last)
+                if waiter.partner is not None:
+                    quiet_since = max(quiet_since,
+                                      self._last_progress(waiter.partner, worked_at))
+                if now - quiet_since >= window:
+                    silent.append(key)
+            if not silent:
+                continue
+            for key in silent:
+                entry.waiting.pop(key).on_wedged()
+            wedged[worker_id] = len(silent)
+            self.wedged_total += 1
+            self._drop_if_quiet(worker_id, entry)
+        return wedged
+
+    def probe_started(self, worker_id: str) -> None:
+        self._entry(worker_id).probing = self._clock()
+
+    def probe_ended(self, worker_id: str, answered: bool, worked_at: WorkedAt) -> int | None:
+        """The probe of ``worker_id`` ended: ``answered`` (its first event came) or not.
+        Returns how many attempts failed when the worker is found wedged (no answer, and no
+        engine work since the probe began), ``None`` when it is not."""
+        entry = self._workers.get(worker_id)
+        if entry is None:
+            return None
+        began, entry.probing = entry.probing, None
+        try:
+            if answered:
+                entry.progress_at = self._clock()
+                return None
+            worked = worked_at(worker_id)
+            if worked is not None and began is not None and worked >= began:
+                self.cleared_busy += 1  # the probe queued behind real work
+                return None
+            return self.wedged(worker_id)
+        finally:
+            self._drop_if_quiet(worker_id, entry)
+
+    def wedged(self, worker_id: str) -> int:
+        """Fail every attempt waiting on ``worker_id``; how many there were."""
+        entry = self._workers.get(worker_id)
+        if entry is None:
+            return 0
+        waiting, entry.waiting = entry.waiting, {}
+        for waiter in waiting.values():
+            waiter.on_wedged()
+        self.wedged_total += 1
+        return len(waiting)
+
+    async def run(self, pool: WorkerPool, upstream: Upstream, metrics: GatewayMetrics) -> None:
+        """Check every second: probe suspects, fail wedged PD legs; until cancelled."""
+        if not self.wedge_after_s:
+            return
+
+        def worked_at(worker_id: str) -> float | None:
+            worker = pool.get(worker_id)
+            return worker.worked_at if worker is not None else None
+
+        probes: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(_CHECK_INTERVAL_S)
+                checked = self.check(worked_at)
+                for worker_id, failed in checked.wedged.items():
+                    self._report(worker_id, failed, metrics, "no engine progress on either "
+                                 "side of the pair")
+                for worker_id in checked.probe:
+                    worker = pool.get(worker_id)
+                    if worker is None:
+                        continue
+                    self.probe_started(worker_id)
+                    task = asyncio.create_task(self._probe(worker, upstream, metrics,
+                                                           worked_at))
+                    probes.add(task)
+                    task.add_done_callback(probes.discard)
+        finally:
+            for task in probes:
+                task.cancel()
+
+    async def _probe(self, worker: WorkerState, upstream: Upstream, metrics: GatewayMetrics,
+                     worked_at: WorkedAt) -> None:
+        body = json_dumps({"model": worker.spec.model, "prompt": "ping", "max_tokens": 1,
+                           "stream": True})
+        answered = False
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                response = await upstream.post(
+                    worker.spec.url.rstrip("/") + "/v1/completions", body,
+                    {"Content-Type": "application/json"}, worker.spec)
+                try:
+                    async for _ in response.chunks():
+                        answered = True  # its first event: the engine generates
+                        break
+                finally:
+                    response.close()
+        except (TimeoutError, UpstreamFailure):
+            pass
+        failed = self.probe_ended(worker.id, answered, worked_at)
+        if failed is not None:
+            self._report(worker.id, failed, metrics,
+                         f"no probe answer in {self.probe_timeout_s:.1f}s")
+
+    def _report(self, worker_id: str, failed: int, metrics: GatewayMetrics, why: str) -> None:
+        metrics.worker(metrics.upstream_wedged, worker_id).inc()
+        log.warning("worker wedged: no first byte nor engine progress in %.1fs, %s; "
+                    "%d waiting attempts fail over worker=%s", self.wedge_after_s, why,
+                    failed, worker_id, extra={"worker": worker_id})
+
+    def __repr__(self) -> str:
+        return (f"ProgressWatch(watched={len(self._workers)}, wedge_after_s="
+                f"{self.wedge_after_s}, wedged_total={self.wedged_total}, "
+                f"cleared_busy={self.cleared_busy})")

@@ -28,11 +28,11 @@ import logging
 from collections.abc import Mapping
 
 from cortex.gateway.config.gateway import PDConfig, Timeouts, UpstreamConfig
-from cortex.gateway.dispatch.attempt import Opened, attempt
+from cortex.gateway.dispatch.attempt import Opened, ProgressWatch, attempt
 from cortex.gateway.dispatch.pd.dispatcher import PairDispatcher
 from cortex.gateway.dispatch.plan import AttemptPlan
 from cortex.gateway.errors import ErrorCode, UpstreamError
-from cortex.gateway.fleet.pool import ProgressWatch, WorkerPool
+from cortex.gateway.fleet.pool import WorkerPool
 from cortex.gateway.http.messages import json_dumps
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest
@@ -49,7 +49,10 @@ def upstream_body(req: InferenceRequest, raw: bytes) -> bytes:
     """The body to send: the client's bytes, or with ``stream_options.include_usage`` set
     when the gateway needs the usage chunk the client did not ask for, and, for an SGLang
     model addressed by a LoRA adapter's name, ``lora_path`` naming it (SGLang's OpenAI
-    server takes the adapter from ``lora_path``; ``model`` it only echoes)."""
+    server takes the adapter from ``lora_path``; ``model`` it only echoes). A body whose
+    media parts got identifiers (``uuid``) is sent as re-serialized."""
+    if req.prompt.stamped:
+        raw = json_dumps(req.body)
     if (req.adapter is not None and req.model.engine is Engine.SGLANG
             and "lora_path" not in req.body):
         body = {**req.body, "lora_path": req.adapter}
@@ -93,7 +96,8 @@ class Dispatcher:
         self.watch = ProgressWatch(config.wedge_after_s, config.wedge_probe_timeout_s)
         self.pairs = PairDispatcher(pool, upstream, metrics, pd or PDConfig(),
                                     retry_statuses=config.retry_statuses,
-                                    commit=router.commit, fallback=self.open_fallback)
+                                    commit=router.commit, fallback=self.open_fallback,
+                                    watch=self.watch)
 
     async def open(self, req: InferenceRequest, routed: Routed, body: bytes, request_id: str,
                    trace: Mapping[str, str] | None = None) -> Opened:

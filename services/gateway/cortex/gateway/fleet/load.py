@@ -1,7 +1,10 @@
 """Engine-reported load: the poller (the answers' parsers are :mod:`cortex.registry.engines`).
 
 SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: ``GET /metrics``
-(``vllm:num_requests_{running,waiting}``). Values are summed over DP ranks.
+(``vllm:num_requests_{running,waiting}``). Values are summed over DP ranks. The same answer
+carries the engine's work mark (token counters, or SGLang's KV tokens in use), which the
+wedge watch (:mod:`cortex.gateway.dispatch.attempt`) reads: a poll costs the engine no queue
+slot, so a saturated worker still shows it works.
 
 Each worker's KV capacity (device blocks, times its DP ranks: routing weighs the ledger's
 blocks against it) comes along: vLLM's ``vllm:cache_config_info`` ``num_gpu_blocks`` from
@@ -25,11 +28,15 @@ from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine
 from cortex.registry.engines import (
     LoadFormatError,
+    WorkMark,
     kv_capacity_from_sglang_server_info,
     kv_device_blocks_from_vllm_metrics,
     parse_sglang_get_load,
     parse_sglang_loads,
     parse_vllm_metrics,
+    sglang_work_from_get_load,
+    sglang_work_from_loads,
+    vllm_work_from_metrics,
 )
 from cortex.registry.spec import WorkerSpec
 
@@ -70,12 +77,12 @@ class LoadPoller:
         number = worker.load_poll_begun()
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                running, waiting = await self._fetch(worker)
+                running, waiting, work = await self._fetch(worker)
         except (TimeoutError, aiohttp.ClientError, LoadFormatError, ValueError) as exc:
             self.metrics.load_polls.labels(result="error").inc()
             log.debug("load poll failed worker=%s: %r", worker.id, exc, extra={"worker": worker.id})
             return
-        worker.load_polled(number, running, waiting, sent)
+        worker.load_polled(number, running, waiting, sent, work)
         self.metrics.load_polls.labels(result="ok").inc()
         if worker.spec.engine is Engine.SGLANG and worker.id not in self._capacity_asked:
             self._capacity_asked.add(worker.id)
@@ -88,7 +95,8 @@ class LoadPoller:
         self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
         self.metrics.worker(self.metrics.worker_engine_waiting, worker.id).set(waiting)
 
-    async def _fetch(self, worker: WorkerState) -> tuple[int, int]:
+    async def _fetch(self, worker: WorkerState) -> tuple[int, int, WorkMark | None]:
+        """(running, waiting, work mark) from the worker's engine."""
         base = worker.spec.url.rstrip("/")
         headers = self._auth(worker.spec)
         if worker.spec.engine is Engine.VLLM:
@@ -99,17 +107,19 @@ class LoadPoller:
                 if load is None:
                     raise LoadFormatError("no readable vllm:num_requests_* samples")
                 self._set_capacity(worker, kv_device_blocks_from_vllm_metrics(text))
-                return load
+                return (*load, vllm_work_from_metrics(text))
         if worker.id not in self._legacy:
             async with self.session.get(base + "/v1/loads", headers=headers) as resp:
                 if resp.status == 404:
                     self._legacy.add(worker.id)
                 else:
                     resp.raise_for_status()
-                    return parse_sglang_loads(json.loads(await resp.read()))
+                    obj = json.loads(await resp.read())
+                    return (*parse_sglang_loads(obj), sglang_work_from_loads(obj))
         async with self.session.get(base + "/get_load", headers=headers) as resp:
             resp.raise_for_status()
-            return parse_sglang_get_load(json.loads(await resp.read()))
+            obj = json.loads(await resp.read())
+            return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
 
     async def _sglang_capacity(self, worker: WorkerState) -> int | None:
         base = worker.spec.url.rstrip("/")

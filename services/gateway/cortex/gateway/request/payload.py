@@ -39,9 +39,11 @@ from enum import StrEnum
 from typing import Any
 
 from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
+from cortex.chat.media import MediaItem, media_items, stamp_identifiers
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.http.messages import JSONDecodeError, json_loads
+from cortex.hashing import Engine
 
 __all__ = ["Admit", "InferencePath", "InferenceRequest", "Limits", "Prompt",
            "check_prompt_tokens", "model_limits", "parse_body", "parse_request", "prompt_chars",
@@ -184,13 +186,17 @@ class Prompt:
     """The first prompt of the request (batches route on it): what to tokenize and how.
 
     ``chat``: the chat rendering arguments; ``add_special_tokens``: whether a text prompt
-    gets the tokenizer's special tokens."""
+    gets the tokenizer's special tokens; ``media``: the chat's media items
+    (:func:`cortex.chat.media.media_items`); ``stamped``: identifiers were written into the
+    body as the parts' ``uuid`` (it is sent re-serialized)."""
 
     kind: PromptKind
     chat: RenderArgs | None = None
     text: str = ""
     add_special_tokens: bool = True
     token_ids: tuple[int, ...] = ()
+    media: tuple[MediaItem, ...] = ()
+    stamped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +364,7 @@ def _text_or_tokens(value: Any, name: str, add_special_tokens: bool = True) -> P
         "token id lists", name)
 
 
-def _chat(body: Mapping[str, Any], model: ModelConfig) -> Prompt:
+def _chat(body: dict[str, Any], model: ModelConfig) -> Prompt:
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > model.max_messages:
         raise _invalid(f"'messages' holds {len(messages)} messages, over this model's limit "
@@ -367,7 +373,12 @@ def _chat(body: Mapping[str, Any], model: ModelConfig) -> Prompt:
         args = render_args(body, model.engine)
     except ChatError as exc:
         raise _invalid(str(exc), exc.param) from None
-    return Prompt(PromptKind.CHAT, chat=args)
+    vllm = model.engine is Engine.VLLM  # SGLang's OpenAI routes take no identifier
+    media = media_items(body, model.vision, model.immutable_urls, identify=vllm)
+    stamped = vllm and any(item.stamp for item in media)
+    if stamped:  # vLLM takes a part's uuid as the item's identifier in its block hashes
+        stamp_identifiers(body, media)
+    return Prompt(PromptKind.CHAT, chat=args, media=media, stamped=stamped)
 
 
 def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:

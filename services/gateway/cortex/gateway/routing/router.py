@@ -42,7 +42,7 @@ from typing import Protocol
 
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.dispatch.pd.handoff import sequence_count
-from cortex.gateway.errors import ServiceUnavailable
+from cortex.gateway.errors import ClientError, ServiceUnavailable
 from cortex.gateway.fleet.pool import Eligible, WorkerPool, WorkerState
 from cortex.gateway.ledger.replica_client import (
     WorkerMatch,
@@ -53,6 +53,7 @@ from cortex.gateway.ledger.replica_client import (
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
 from cortex.gateway.routing.agents import AgentTerms, BlocksOf, RequestTerms
+from cortex.gateway.routing.media import media_keys
 from cortex.gateway.routing.placement import Placement, PredictedBlocks
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
 from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
@@ -277,13 +278,23 @@ class Router:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
         lazy = self._walk(req, eligible, session)
-        ids = lazy.ids if lazy is not None else await self.tokens(req)
+        try:
+            ids = lazy.ids if lazy is not None else await self.tokens(req)
+        except ClientError:
+            if not req.prompt.media:
+                raise
+            ids = []  # a template that cannot render these media: the engine decides
         t1 = time.perf_counter()
-        keys, query_blocks, prompt_tokens = self._keyed(req, ids, lazy)
+        if req.prompt.media:
+            keys, query_blocks, prompt_tokens = await media_keys(
+                req, ids, lambda args: self.tokenization.chat_tokens(model, args))
+        else:
+            keys, query_blocks, prompt_tokens = self._keyed(req, ids, lazy)
         t2 = time.perf_counter()
         if not eligible.regular and eligible.pairs is None:
             raise _unavailable(req)
-        keysets = self._lookahead_keys(model, ids, req, eligible.everyone())
+        keysets = ({} if req.prompt.media  # no lookahead keys for media: no credit there
+                   else self._lookahead_keys(model, ids, req, eligible.everyone()))
         ledger = await self._ledger(model, prompt_tokens, keys[:query_blocks], keysets,
                                     deadline)
         t3 = time.perf_counter()
@@ -344,6 +355,7 @@ class Router:
         walk goes at least as deep as its last turn (the ledger may not have seen it)."""
         replica = self.replica
         if (not self.config.tokenize.lazy or eligible.pairs is not None or replica is None
+                or req.prompt.media
                 or not replica.usable or any(w.kv_lookahead for w in eligible.everyone())):
             return None
         domain = req.model.domain

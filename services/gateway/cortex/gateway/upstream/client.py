@@ -29,7 +29,7 @@ class FailureKind(StrEnum):
     STATUS = "status"
     DISCONNECT = "disconnect"
     PROTOCOL = "protocol"
-    WEDGED = "wedged"  # no first byte, nothing sent on any request, probe unanswered
+    WEDGED = "wedged"  # no first byte nor engine progress, probe unanswered (dispatch.attempt)
     BAD_ANSWER = "bad_answer"  # a 200 whose body is not what the endpoint promises
     TOO_LARGE = "too_large"  # an answer over upstream.max_answer_bytes
 

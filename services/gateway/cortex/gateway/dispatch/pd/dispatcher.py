@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from cortex.gateway.config.gateway import PDConfig
-from cortex.gateway.dispatch.attempt import Opened
+from cortex.gateway.dispatch.attempt import Opened, ProgressWatch
 from cortex.gateway.dispatch.pd.handoff import (
     bootstrap_host,
     bootstrap_room,
@@ -107,7 +107,7 @@ class PairDispatcher:
     def __init__(self, pool: WorkerPool, upstream: Upstream, metrics: GatewayMetrics,
                  config: PDConfig, *, retry_statuses: Collection[int],
                  commit: Callable[[Routed, str], None], fallback: FallbackOpener,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, watch: ProgressWatch | None = None) -> None:
         self.pool = pool
         self.upstream = upstream
         self.metrics = metrics
@@ -117,6 +117,7 @@ class PairDispatcher:
         self._fallback_opener = fallback
         self._rng = rng or random.SystemRandom()
         self._refused_logged: set[tuple[str, str]] = set()  # pairs warned about
+        self.watch = watch  # fails legs whose pair makes no progress (dispatch.attempt)
 
     # ---- the attempt loop ----
 
@@ -213,8 +214,10 @@ class PairDispatcher:
         stream = ctx.req.stream
         p_leg = Leg(Side.PREFILL, p_worker, self.metrics)
         d_leg = Leg(Side.DECODE, d_worker, self.metrics)
-        p_task = asyncio.create_task(self._call(p_leg, ctx, body, stream, whole=True))
-        d_task = asyncio.create_task(self._call(d_leg, ctx, body, stream, whole=False))
+        p_task = asyncio.create_task(self._call(p_leg, ctx, body, stream, whole=True,
+                                                partner=d_worker))
+        d_task = asyncio.create_task(self._call(d_leg, ctx, body, stream, whole=False,
+                                                partner=p_worker))
         handed_over = False
         try:
             p_answer: Answer | None = None
@@ -304,7 +307,8 @@ class PairDispatcher:
         body = vllm_decode_body(ctx.body, ctx.req.body, params)
         d_leg = Leg(Side.DECODE, d_worker, self.metrics)
         try:
-            d_answer = await self._call(d_leg, ctx, body, ctx.req.stream, whole=False)
+            d_answer = await self._call(d_leg, ctx, body, ctx.req.stream, whole=False,
+                                        partner=p_worker)  # it pulls the prefill's KV
         except BaseException:
             d_leg.settle(Verdict.ABANDONED)
             raise
@@ -343,15 +347,18 @@ class PairDispatcher:
 
     # ---- legs ----
 
-    async def _call(self, leg: Leg, ctx: _Request, body: bytes, stream: bool, *, whole: bool
-                    ) -> Answer:
-        """Send one leg within its side's timeout (``whole``: a prefill leg, read whole)."""
+    async def _call(self, leg: Leg, ctx: _Request, body: bytes, stream: bool, *, whole: bool,
+                    partner: WorkerState | None = None) -> Answer:
+        """Send one leg within its side's timeout (``whole``: a prefill leg, read whole);
+        ``partner``: the pair's other worker, which this leg may wait on (the wedge watch
+        counts its progress as the leg's)."""
         config = self.config
         return await call(self.upstream, self.metrics, leg, path=ctx.path, headers=ctx.headers,
                           body=body, stream=stream, whole=whole,
                           timeout_s=config.prefill_timeout_s if whole else config.decode_timeout_s,
                           retry_statuses=self.retry_statuses,
-                          mode=ctx.routed.decision.mode.value)
+                          mode=ctx.routed.decision.mode.value, watch=self.watch,
+                          partner=partner)
 
     def _failed_or_passed(self, answer: Answer, ctx: _Request, prefill: Scored
                           ) -> Opened | LegFailure:

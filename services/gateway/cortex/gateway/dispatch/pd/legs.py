@@ -11,13 +11,14 @@ as the stream's first event, or an error body).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cortex.gateway.dispatch.attempt import acquire_slot, json_answer, release_slot
+from cortex.gateway.dispatch.attempt import ProgressWatch, acquire_slot, json_answer, release_slot
 from cortex.gateway.dispatch.plan import LegFailure, Side
 from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.metrics import GatewayMetrics
@@ -101,28 +102,42 @@ class Answer:
 
 async def call(upstream: Upstream, metrics: GatewayMetrics, leg: Leg, *, path: str,
                headers: Mapping[str, str], body: bytes, stream: bool, whole: bool,
-               timeout_s: float, retry_statuses: Collection[int], mode: str) -> Answer:
+               timeout_s: float, retry_statuses: Collection[int], mode: str,
+               watch: ProgressWatch | None = None, partner: WorkerState | None = None
+               ) -> Answer:
     """Send one leg and read its whole answer (``whole``: a prefill leg) or, for a streamed
     decode leg, up to its first complete event, within ``timeout_s``. Failures become
     values; the leg's response stays open (for the caller to settle or hand over).
-    ``mode``: the decision's (the first-byte histogram's label)."""
+    ``mode``: the decision's (the first-byte histogram's label). ``watch``: fails the leg
+    as ``wedged`` when neither its worker's engine nor its ``partner``'s (the pair's other
+    worker) made progress for the watch's PD window (:mod:`cortex.gateway.dispatch.attempt`)."""
     url = leg.worker.spec.url.rstrip("/") + path
     answer = Answer(leg)
+    stall = asyncio.timeout(None)  # expires when the watch finds the leg wedged
+    waiting = (watch.waiting(leg.worker.id, lambda: stall.reschedule(-1.0), probe=False,
+                             partner=partner.id if partner is not None else None)
+               if watch is not None else contextlib.nullcontext())
     try:
-        async with asyncio.timeout(timeout_s):
-            response = leg.response = await upstream.post(url, body, headers, leg.worker.spec)
-            answer.status = response.status
-            if whole or response.status != 200 or not stream:
-                answer.data = await response.read()
-            else:
-                async for chunk in response.chunks():
-                    answer.data += chunk
-                    if has_complete_event(answer.data):
-                        break
-                if not has_complete_event(answer.data):
-                    raise UpstreamFailure(FailureKind.DISCONNECT,
-                                          "stream ended before its first event")
+        with waiting:
+            async with asyncio.timeout(timeout_s), stall:
+                response = leg.response = await upstream.post(url, body, headers,
+                                                              leg.worker.spec)
+                answer.status = response.status
+                if whole or response.status != 200 or not stream:
+                    answer.data = await response.read()
+                else:
+                    async for chunk in response.chunks():
+                        answer.data += chunk
+                        if has_complete_event(answer.data):
+                            break
+                    if not has_complete_event(answer.data):
+                        raise UpstreamFailure(FailureKind.DISCONNECT,
+                                              "stream ended before its first event")
     except TimeoutError:
+        if stall.expired():
+            answer.failure = LegFailure(leg.side, leg.worker.id, FailureKind.WEDGED.value,
+                                        detail="no engine progress on either side of the pair")
+            return answer
         answer.failure = LegFailure(leg.side, leg.worker.id, FailureKind.TIMEOUT.value,
                                     timeout=True, detail=f"no answer in {timeout_s}s")
         return answer
@@ -131,6 +146,8 @@ async def call(upstream: Upstream, metrics: GatewayMetrics, leg: Leg, *, path: s
                                     timeout=failure.kind is FailureKind.TIMEOUT,
                                     detail=str(failure))
         return answer
+    if watch is not None:
+        watch.progressed(leg.worker.id)
     if answer.status in retry_statuses:
         answer.failure = LegFailure(leg.side, leg.worker.id, FailureKind.STATUS.value,
                                     detail=f"status {answer.status}", status=answer.status,

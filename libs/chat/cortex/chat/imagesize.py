@@ -1,0 +1,120 @@
+"""An encoded image's displayed size from its header, without decoding it (pure).
+
+vLLM opens an image with Pillow and applies its EXIF orientation
+(``ImageOps.exif_transpose``) before processing, so the size that counts is the displayed
+one: width and height swap for orientations 5-8. Read here: PNG (an ``eXIf`` chunk makes the
+size unknown), JPEG (SOF marker; orientation from the APP1 Exif block), GIF, WebP (lossy,
+lossless; extended without an EXIF flag) and BMP. Anything else, or a header this cannot
+read with certainty, is ``None``: the caller then does not key the image.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["image_size"]
+
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE,
+                  0xCF})
+_SWAPPING = frozenset({5, 6, 7, 8})
+
+
+def _png(data: bytes) -> tuple[int, int] | None:
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", data[16:24])
+    at = 8
+    while at + 8 <= len(data):  # an eXIf chunk anywhere: Pillow may rotate
+        length = int.from_bytes(data[at : at + 4], "big")
+        kind = data[at + 4 : at + 8]
+        if kind == b"eXIf":
+            return None
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return width, height
+
+
+def _exif_orientation(tiff: bytes) -> int | None:
+    """The orientation tag of an Exif TIFF block (1 when absent; ``None``: unreadable)."""
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return None
+    order = "<" if tiff[:2] == b"II" else ">"
+    ifd = struct.unpack(order + "I", tiff[4:8])[0]
+    if ifd + 2 > len(tiff):
+        return None
+    count = struct.unpack(order + "H", tiff[ifd : ifd + 2])[0]
+    for k in range(count):
+        entry = ifd + 2 + 12 * k
+        if entry + 12 > len(tiff):
+            return None
+        tag, kind = struct.unpack(order + "HH", tiff[entry : entry + 4])
+        if tag == 0x0112:
+            if kind != 3:
+                return None
+            value: int = struct.unpack(order + "H", tiff[entry + 8 : entry + 10])[0]
+            return value
+    return 1
+
+
+def _jpeg(data: bytes) -> tuple[int, int] | None:
+    at = 2
+    orientation = 1
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:
+            at += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        segment = data[at + 4 : at + 2 + length]
+        if marker == 0xE1 and segment.startswith(b"Exif\x00\x00"):
+            found = _exif_orientation(segment[6:])
+            if found is None:
+                return None
+            orientation = found
+        elif marker in _SOF:
+            if len(segment) < 5:
+                return None
+            height, width = struct.unpack(">HH", segment[1:5])
+            return (height, width) if orientation in _SWAPPING else (width, height)
+        elif marker == 0xDA:
+            return None  # scan data before any frame header
+        at += 2 + length
+    return None
+
+
+def _webp(data: bytes) -> tuple[int, int] | None:
+    kind = data[12:16]
+    if kind == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
+        width, height = struct.unpack("<HH", data[26:30])
+        return width & 0x3FFF, height & 0x3FFF
+    if kind == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if kind == b"VP8X" and len(data) >= 30:
+        if data[20] & 0x08:  # EXIF present: Pillow may rotate
+            return None
+        return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+    return None
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` in pixels as vLLM will see the image, or ``None``."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return _png(data)
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg(data)
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        width, height = struct.unpack("<HH", data[6:10])
+        return width, height
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _webp(data)
+    if data[:2] == b"BM" and len(data) >= 26:
+        width, height = struct.unpack("<ii", data[18:26])
+        return width, abs(height)
+    return None

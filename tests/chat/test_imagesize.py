@@ -1,0 +1,41 @@
+"""Image header sizes against the size vLLM 0.32 sees (Pillow plus EXIF orientation; golden
+vectors from ``tools/realengines/media_reference.py``), and Qwen-VL placeholder counts."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex.chat.imagesize import image_size
+from cortex.chat.vision import VisionConfig
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "media_vllm_reference.json").read_text())
+QWEN25 = VisionConfig("qwen2_5_vl", 248056, 248057, 14, 2, 3136, 1003520)
+QWEN3 = VisionConfig("qwen3_vl", 248056, 248057, 16, 2, 65536, 16777216)
+
+
+def _images() -> list[dict[str, Any]]:
+    return list(REFERENCE["images"])
+
+
+@pytest.mark.parametrize("row", _images(), ids=lambda r: r["name"])
+def test_image_size_and_placeholders_match_vllm(row: dict[str, Any]) -> None:
+    data = base64.b64decode(row["b64"])
+    size = image_size(data)
+    assert size == tuple(row["vllm_size"])
+    assert QWEN25.image_tokens(*size) == row["qwen2_5_vl_tokens"]
+    assert QWEN3.image_tokens(*size) == row["qwen3_vl_tokens"]
+
+
+def test_unreadable_headers_are_unknown() -> None:
+    assert image_size(b"") is None
+    assert image_size(b"\x89PNG\r\n\x1a\n" + b"\0" * 8) is None
+    assert image_size(b"\xff\xd8\xff\xda\0\2") is None  # scan before any frame header
+    assert image_size(b"not an image") is None
+    png = base64.b64decode(_images()[0]["b64"])
+    exif = png[:-12] + b"\0\0\0\0eXIf\0\0\0\0" + png[-12:]  # Pillow would rotate by it
+    assert image_size(exif) is None
