@@ -162,3 +162,15 @@ def test_targets_and_json() -> None:
     res.pooled_bound = 0.3
     capped = {t.name: t for t in evaluate_targets([res])}
     assert capped[">= 90% of the infinite-cache bound"].met is None
+
+
+def test_reuse_totals_and_the_order_they_must_keep() -> None:
+    outs = [_outcome(i, cached=c) for i, c in enumerate([0, 48, 96, 10])]
+    for o, (available, captured) in zip(outs, [(0, 0), (64, 48), (96, 96), (64, 0)],
+                                        strict=True):
+        o.reuse_available, o.reuse_captured = available, captured
+    r = _summary(outs).reuse
+    assert r is not None and (r.requests, r.available, r.captured, r.delivered) == (
+        4, 224, 144, 154)
+    assert (r.captured_over_available, r.delivered_over_captured) == (0, 1) and not r.holds
+    assert _summary([_outcome(i) for i in range(4)]).reuse is None  # a peer: not measurable

@@ -16,7 +16,7 @@ import pytest
 
 from cortex.bench.routing.balancer import haproxy_binary
 from cortex.bench.routing.command import QUICK_VARIANT_CONTENDERS, QUICK_WORKLOADS
-from cortex.bench.routing.contenders import CONTENDERS, VARIANT_ONLY
+from cortex.bench.routing.contenders import CONTENDERS, OPT_IN, VARIANT_ONLY
 from cortex.bench.routing.scenarios import VARIANTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.bench]
@@ -38,7 +38,8 @@ def test_quick_mode_sends_verifies_and_reports_everything(tmp_path: Path) -> Non
     balancer = haproxy_binary() is not None
     assert set(runs) == {(w, c) for w in QUICK_WORKLOADS
                          for c in (QUICK_VARIANT_CONTENDERS if w in VARIANTS else
-                                   [c for c in CONTENDERS if c not in VARIANT_ONLY])
+                                   [c for c in CONTENDERS
+                                    if c not in VARIANT_ONLY and c not in OPT_IN])
                          if balancer or w not in VARIANTS or not VARIANTS[w].replicas}
     repeats = doc["config"]["repeats"]
     for (workload, _), run in runs.items():

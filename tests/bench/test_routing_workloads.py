@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from cortex.bench.routing.workloads import (
     Request,
     TraceRow,
     Workload,
+    agent_sessions,
     load_trace,
     mooncake,
     multi_turn,
@@ -209,6 +211,34 @@ def test_chat_turns_extend_the_previous_prompt_token_for_token(chat: Any,
     ids = [chat.encode_chat([{"role": r, "content": c} for r, c in q.messages])
            for q in w.requests]
     assert ids[1][:len(ids[0])] == ids[0] and ids[2][:len(ids[1])] == ids[1]
+
+
+def test_agent_sessions_share_a_prompt_grow_by_tool_turns_and_name_their_session(
+        small_text: BlockText) -> None:
+    kw: dict[str, Any] = dict(agents=2, sessions=5, turns=(3, 6), system_tokens=(40, 80),
+                              task_tokens=10, tool_tokens=4, output_tokens=3,
+                              session_rate=2.0, think_s=0.5, seed=3)
+    w = agent_sessions(small_text, **kw)
+    assert w.digest() == agent_sessions(small_text, **kw).digest()
+    assert w.digest() != agent_sessions(small_text, **{**kw, "seed": 4}).digest()
+    by_session: dict[str, list[Request]] = {}
+    for r in w.requests:
+        assert r.session is not None and r.headers() == {"x-session-id": r.session}
+        by_session.setdefault(r.session, []).append(r)
+    assert len(by_session) == 5
+    systems = {turns[0].messages[0] for turns in by_session.values()}
+    assert 1 <= len(systems) <= 2
+    for turns in by_session.values():
+        assert 3 <= len(turns) <= 6 and turns[0].after is None
+        for before, r in itertools.pairwise(turns):
+            assert r.after == before.id and r.at_s >= 0
+            assert r.messages[:len(before.messages)] == before.messages
+            assert [role for role, _ in r.messages[len(before.messages):]] == [
+                "assistant", "user"]
+    # a request's session is part of what every contender must receive
+    r = w.requests[0]
+    assert r.digest() != Request(r.id, r.endpoint, r.max_tokens, r.at_s,
+                                 messages=r.messages).digest()
 
 
 def test_request_and_workload_validation() -> None:

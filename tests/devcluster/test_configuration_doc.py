@@ -26,8 +26,7 @@ def gateway_settings(cls: type[object] = GatewayConfig, prefix: str = ""
         if dataclasses.is_dataclass(kind) and isinstance(kind, type):
             yield from gateway_settings(kind, dotted + ".")
             continue
-        parts = [p for p in dotted.split(".") if p != "weights"]
-        yield dotted, ENV_PREFIX + "_".join(parts).upper()
+        yield dotted, ENV_PREFIX + dotted.replace(".", "_").upper()
 
 
 def flags(*command: str) -> list[str]:

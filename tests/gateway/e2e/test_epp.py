@@ -59,13 +59,17 @@ class Envoy:
         return reply
 
     async def request(self, body: dict[str, Any], *, subset: list[str] | None = None,
-                      duplex: bool = False, path: str = CHAT_PATH) -> ext.ProcessingResponse:
-        """Headers then body; the picker's answer that carries the destination."""
+                      duplex: bool = False, path: str = CHAT_PATH,
+                      more: dict[str, str] | None = None) -> ext.ProcessingResponse:
+        """Headers (``more``: besides the usual ones) then body; the picker's answer that
+        carries the destination."""
         raw = json.dumps(body).encode()
         headers = base_pb2.HeaderMap(headers=[
             base_pb2.HeaderValue(key=":method", raw_value=b"POST"),
             base_pb2.HeaderValue(key=":path", raw_value=path.encode()),
-            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")])
+            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"),
+            *(base_pb2.HeaderValue(key=k, raw_value=v.encode())
+              for k, v in (more or {}).items())])
         extra: dict[str, Any] = {}
         if subset is not None:
             extra["metadata_context"] = metadata_of({SUBSET_NAMESPACE: {SUBSET: subset}})
@@ -285,3 +289,35 @@ async def test_the_picker_admits_an_adapter_the_workers_list_as_inference_does(
         assert not reply.HasField("immediate_response"), reply.immediate_response.body
         assert destination(reply) == [address_of(spec_of(serving, "w1"))]
         await envoy.close()
+
+
+async def test_the_picker_keeps_a_session_home_and_accounts_its_reuse(
+    redis_server: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {f"w{i}": await start_sim() for i in range(3)}
+    async with cluster(redis_server, index_server, sims, start_gateway, http) as c, \
+            picker(c.gateway) as stub:
+        history = chat("the agent's task")
+        homes = []
+        for turn in range(3):
+            if turn:
+                history = {**history, "messages": [
+                    *history["messages"], {"role": "assistant", "content": f"tool call {turn}"},
+                    {"role": "user", "content": f"tool result {turn}" + TAIL}]}
+            envoy = Envoy(stub)
+            chosen = destination(await envoy.request(history, more={"session-id": "agent-7"}))
+            homes.append(chosen[0])
+            async with http.post(f"http://{chosen[0]}{CHAT_PATH}", json=history) as resp:
+                answer = await resp.read()
+            await envoy.served(chosen[0])
+            await envoy.send(response_body=ext.HttpBody(body=answer, end_of_stream=True))
+            await envoy.recv()
+            await envoy.close()
+        assert len(set(homes)) == 1
+        metrics = c.gateway.gateway.metrics
+        assert metrics.session_hints.labels("kept")._value.get() == 2
+        worker = by_address(c)[homes[0]]
+        delivered = metrics.reuse_tokens.labels(worker, MODEL, "delivered")._value.get()
+        captured = metrics.reuse_tokens.labels(worker, MODEL, "captured")._value.get()
+        assert 0 < delivered <= captured

@@ -64,6 +64,7 @@ __all__ = [
     "context_length_from_models",
     "kv_capacity_from_sglang_server_info",
     "kv_capacity_from_vllm_metrics",
+    "kv_device_blocks_from_vllm_metrics",
     "looks_like_sglang",
     "parse_sglang_get_load",
     "parse_sglang_loads",
@@ -470,6 +471,16 @@ def kv_capacity_from_vllm_metrics(text: str) -> int | None:
         gpu, cpu = labels.get("num_gpu_blocks", ""), labels.get("num_cpu_blocks", "")
         if gpu.isdigit():
             return int(gpu) + (int(cpu) if cpu.isdigit() else 0)
+    return None
+
+
+def kv_device_blocks_from_vllm_metrics(text: str) -> int | None:
+    """Device blocks a vLLM engine (one DP rank) can hold: ``vllm:cache_config_info``'s
+    ``num_gpu_blocks`` alone (its device ledger tier's bound); ``None`` when missing."""
+    for match in _CACHE_CONFIG.finditer(text):
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
+        gpu = labels.get("num_gpu_blocks", "")
+        return int(gpu) if gpu.isdigit() else None
     return None
 
 

@@ -48,6 +48,7 @@ class GatewayMetrics:
         self._routing(r)
         self._replica(r)
         self._truth_check(r)
+        self._reuse(r)
         self._upstream(r)
         self._pd(r)
         self._workers(r)
@@ -206,6 +207,46 @@ class GatewayMetrics:
         self.underpredicted_tokens = Histogram(p + "cache_underprediction_tokens",
                                                "Reported minus predicted cached tokens, when under",
                                                buckets=_TOKENS[1:], registry=r)
+
+    def _reuse(self, r: CollectorRegistry) -> None:
+        # Reuse accounting (cortex.gateway.routing.reuse) and session hints
+        p = PREFIX
+        self.reuse_tokens = Counter(p + "reuse_tokens_total",
+                                    "Prompt tokens of answered requests whose engine reported"
+                                    " its cached tokens, by worker, model and kind: available"
+                                    " (the longest prefix any eligible worker held), captured"
+                                    " (what the serving worker held), delivered (what the"
+                                    " engine reported cached)",
+                                    ["worker", "model", "kind"], registry=r)
+        self.reuse_prompt_tokens = Counter(p + "reuse_prompt_tokens_total",
+                                           "Prompt tokens of the requests counted in"
+                                           " reuse_tokens_total (the hit-rate denominator)",
+                                           ["worker", "model"], registry=r)
+        self.reuse_given_up = Counter(p + "reuse_given_up_tokens_total",
+                                      "Available minus captured tokens, by model and why"
+                                      " (over_watermark, load, kv_pressure, retry, ...)",
+                                      ["model", "reason"], registry=r)
+        self.reuse_unreported = Counter(p + "reuse_unreported_total",
+                                        "Answered requests whose engine reported no cached"
+                                        " tokens (left out of reuse_tokens_total)",
+                                        ["model"], registry=r)
+        self.session_hints = Counter(p + "session_hints_total",
+                                     "Requests naming a session (header or prompt_cache_key),"
+                                     " by outcome: new (unknown session), kept (routed to its"
+                                     " worker), moved (routed elsewhere)",
+                                     ["outcome"], registry=r)
+        self.sessions = Gauge(p + "sessions", "Sessions remembered in the session table",
+                              registry=r)
+        self.sessions_evicted = Counter(p + "sessions_evicted_total",
+                                        "Sessions dropped from the full session table (least"
+                                        " recently seen first)", registry=r)
+        self.worker_kv_capacity = Gauge(p + "worker_kv_capacity_blocks",
+                                        "A worker's KV pool as its engine reports it (blocks"
+                                        " over its DP ranks)", ["worker"], registry=r)
+        self.worker_kv_occupancy = Gauge(p + "worker_kv_occupancy_ratio",
+                                         "Device blocks the ledger holds for a worker over"
+                                         " its KV capacity, as last routed", ["worker"],
+                                         registry=r)
 
     def _upstream(self, r: CollectorRegistry) -> None:
         # Upstream

@@ -26,10 +26,11 @@ from cortex.bench.routing.metrics import Outcome
 from cortex.bench.routing.workloads import Endpoint, Request, Workload
 from cortex.sim.routes import SERVED_BY_HEADER
 
-__all__ = ["HEADER_HIT", "HEADER_WORKER", "drive", "idle_ttft"]
+__all__ = ["HEADER_HIT", "HEADER_REUSE", "HEADER_WORKER", "drive", "idle_ttft", "reuse_fields"]
 
 HEADER_HIT = "x-cortex-cache-hit-tokens"
 HEADER_WORKER = "x-cortex-assigned-worker"
+HEADER_REUSE = "x-cortex-reuse"
 START_LEAD_S = 0.2
 """Head start between creating the schedule and the first send time (s)."""
 
@@ -44,12 +45,21 @@ def _text_of(chunk: dict[str, Any], endpoint: Endpoint) -> str:
     return str((choice.get("delta") or {}).get("content") or "")
 
 
+def reuse_fields(value: str | None) -> dict[str, str]:
+    """The ``key=value`` fields of an ``x-cortex-reuse`` header (empty when absent)."""
+    if not value:
+        return {}
+    fields = (part.strip().partition("=") for part in value.split(";"))
+    return {k: v for k, _, v in fields if k}
+
+
 async def _send(session: aiohttp.ClientSession, url: str, model: str, request: Request,
                 outcome: Outcome, clock: Callable[[], float]) -> None:
     """Stream one request, filling ``outcome`` (errors become ``outcome.error``)."""
     body = request.body(model)
     try:
-        async with session.post(url + request.endpoint.path, json=body) as resp:
+        async with session.post(url + request.endpoint.path, json=body,
+                                headers=request.headers()) as resp:
             if resp.status != 200:
                 await resp.read()
                 outcome.error = f"http {resp.status}"
@@ -57,6 +67,10 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request: R
             hit = resp.headers.get(HEADER_HIT)
             outcome.predicted_hit_tokens = int(hit) if hit is not None else None
             outcome.worker = resp.headers.get(HEADER_WORKER)
+            reuse = reuse_fields(resp.headers.get(HEADER_REUSE))
+            if reuse.get("available", "").isdigit() and reuse.get("captured", "").isdigit():
+                outcome.reuse_available = int(reuse["available"])
+                outcome.reuse_captured = int(reuse["captured"])
             served = resp.headers.get(SERVED_BY_HEADER)
             outcome.served_port = int(served) if served and served.isdigit() else None
             done = False

@@ -37,25 +37,39 @@ from typing import Any
 from cortex.bench.report import package_version
 from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary
 from cortex.bench.routing.bounds import shape_prompts
-from cortex.bench.routing.contenders import CONTENDERS, VARIANT_ONLY, SimSetup, cpu_split
+from cortex.bench.routing.contenders import (
+    CONTENDERS,
+    OPT_IN,
+    VARIANT_ONLY,
+    SimSetup,
+    cpu_split,
+)
 from cortex.bench.routing.real import REAL_CONTENDERS, run_real, write_report
 from cortex.bench.routing.report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing.runner import RunPlan, run_workload
 from cortex.bench.routing.scenarios import VARIANTS, Variant
 from cortex.bench.routing.text import BlockText, WordVocabulary
-from cortex.bench.routing.workloads import Workload, load_trace, mooncake, multi_turn, shared_prefix
+from cortex.bench.routing.workloads import (
+    Workload,
+    agent_sessions,
+    load_trace,
+    mooncake,
+    multi_turn,
+    shared_prefix,
+)
 
 __all__ = ["FULL", "PLAIN_WORKLOADS", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "EngineTokenizer",
            "Profile",
            "build_workloads", "load_chat_tokenizer", "register", "run"]
 
 PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix",
-                   "multi_turn", "mooncake_conversation_small_kv")
+                   "multi_turn", "mooncake_conversation_small_kv", "agents")
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
 """The plain workloads, then the deployment variants (:mod:`cortex.bench.routing.scenarios`)."""
 QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
 QUICK_VARIANT_CONTENDERS = ("cortex", "sglang_cache_aware")
 """Who runs the variants in ``--quick`` (CI's smoke run stays under 2 minutes)."""
+DEFAULT_CONTENDERS = ",".join(c for c in CONTENDERS if c not in OPT_IN)
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
                "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",
                "mooncake_conversation_small_kv": "mooncake_conversation_trace.jsonl"}
@@ -77,7 +91,10 @@ class Profile:
     Variants: the churn run is the shared-prefix prompts at a steady ``steady_rate`` req/s
     for ``steady_s`` seconds, each churn event measured over ``churn_window_s``; the
     real-size run replays ``real_trace_minutes`` of the conversation trace at
-    ``real_trace_speedup`` with 512 tokens per Mooncake block."""
+    ``real_trace_speedup`` with 512 tokens per Mooncake block.
+
+    Agents: ``agent_sessions`` sessions on ``agent_prompts`` agent prompts, starting at
+    ``agent_session_rate``/s, ``agent_turns`` turns each, ``agent_think_s`` between turns."""
 
     workers: int
     tokens_per_block: int
@@ -101,6 +118,11 @@ class Profile:
     churn_window_s: float = 60.0
     real_trace_minutes: float = 1.0
     real_trace_speedup: float = 4.0
+    agent_prompts: int = 2
+    agent_sessions: int = 24
+    agent_turns: tuple[int, int] = (10, 40)
+    agent_session_rate: float = 1.0
+    agent_think_s: float = 1.0
 
     @property
     def token_scale(self) -> float:
@@ -117,11 +139,14 @@ FULL = Profile(workers=8, tokens_per_block=32, trace_minutes=6, trace_speedup=8,
 QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.15, trace_speedup=8,
                 shared_groups=6, shared_users=3, shared_rates=(8, 16), shared_stage_s=1.0,
                 multi_clients=5, multi_rounds=3, multi_client_rate=8.0, multi_think_s=0.2,
-                steady_rate=8.0, steady_s=8.0, churn_window_s=3.0, real_trace_minutes=0.15)
+                steady_rate=8.0, steady_s=8.0, churn_window_s=3.0, real_trace_minutes=0.15,
+                agent_prompts=1, agent_sessions=6, agent_turns=(10, 14), agent_session_rate=4.0,
+                agent_think_s=0.2)
 
 # the published sizes, in real tokens, scaled by Profile.scaled()
 LLMD_SYSTEM, LLMD_QUESTION, LLMD_OUTPUT = 6000, 1200, 1000
 MULTI_SYSTEM, MULTI_USER, MULTI_OUTPUT = 4096, 2048, 256
+AGENT_SYSTEM, AGENT_TASK, AGENT_TOOL, AGENT_OUTPUT = (10_000, 30_000), 1000, 300, 200
 
 
 def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -134,8 +159,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--workloads",
                         help=f"comma list out of {', '.join(WORKLOADS)} (default: all; quick:"
                              " the first four)")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS),
-                        help=f"comma list out of {', '.join(CONTENDERS)}")
+    parser.add_argument("--contenders", default=DEFAULT_CONTENDERS,
+                        help=f"comma list out of {', '.join(CONTENDERS)} (default: all but"
+                             f" {', '.join(OPT_IN)})")
     parser.add_argument("--traces", default=None,
                         help="directory of the Mooncake traces (default: ../shared/data/traces"
                              " next to the repository)")
@@ -155,6 +181,11 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--gamma", type=float, help="Cortex routing weight gamma (per queued)")
     parser.add_argument("--delta", type=float,
                         help="Cortex routing weight delta (per uncached token being prefilled)")
+    parser.add_argument("--session-weight", type=float,
+                        help="Cortex routing weight session (per live agent session)")
+    parser.add_argument("--kv-pressure", type=float,
+                        help="Cortex routing weight kv_pressure (per uncached token on a full"
+                             " KV pool)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
     parser.add_argument("--quiet-wait-s", type=float,
@@ -182,7 +213,7 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _run_real(args: argparse.Namespace) -> int:
-    chosen = (",".join(REAL_CONTENDERS) if args.contenders == ",".join(CONTENDERS)
+    chosen = (",".join(REAL_CONTENDERS) if args.contenders == DEFAULT_CONTENDERS
               else args.contenders)
     _choice(chosen, REAL_CONTENDERS, "contenders")
     contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
@@ -302,6 +333,15 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
                 output_tokens=profile.scaled(LLMD_OUTPUT),
                 rates=(profile.steady_rate,) if steady else profile.shared_rates,
                 stage_s=profile.steady_s if steady else profile.shared_stage_s, seed=seed))
+        elif name == "agents":
+            out.append(agent_sessions(
+                text, agents=profile.agent_prompts, sessions=profile.agent_sessions,
+                turns=profile.agent_turns,
+                system_tokens=(profile.scaled(AGENT_SYSTEM[0]), profile.scaled(AGENT_SYSTEM[1])),
+                task_tokens=profile.scaled(AGENT_TASK), tool_tokens=profile.scaled(AGENT_TOOL),
+                output_tokens=profile.scaled(AGENT_OUTPUT),
+                session_rate=profile.agent_session_rate, think_s=profile.agent_think_s,
+                seed=seed))
         elif name == "multi_turn":
             out.append(multi_turn(
                 text, clients=profile.multi_clients, rounds=profile.multi_rounds,
@@ -340,8 +380,10 @@ def _sized(variant: Variant | None, profile: Profile, quick: bool) -> Variant | 
 def cortex_weights(args: argparse.Namespace) -> dict[str, float]:
     """Cortex's routing weights: its documented defaults unless ``--alpha`` / ``--beta`` /
     ``--gamma`` / ``--delta`` override them (the report then says so)."""
-    return {k: float(v) for k in ("alpha", "beta", "gamma", "delta")
-            if (v := getattr(args, k)) is not None}
+    flags = {"alpha": "alpha", "beta": "beta", "gamma": "gamma", "delta": "delta",
+             "session_weight": "session", "kv_pressure": "kv_pressure"}
+    return {weight: float(v) for flag, weight in flags.items()
+            if (v := getattr(args, flag, None)) is not None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -406,10 +448,11 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
     argv = ["cortex", "bench", "routing"] + (["--quick"] if args.quick else [])
     if args.workloads:
         argv += ["--workloads", args.workloads]
-    if args.contenders != ",".join(CONTENDERS):
+    if args.contenders != DEFAULT_CONTENDERS:
         argv += ["--contenders", args.contenders]
     for flag in ("workers", "repeats", "trace_minutes", "trace_speedup", "tokens_per_block",
-                 "capacity_fraction", "prefill_ms_per_token", "alpha", "beta", "gamma", "delta"):
+                 "capacity_fraction", "prefill_ms_per_token", "alpha", "beta", "gamma", "delta",
+                 "session_weight", "kv_pressure"):
         if (value := getattr(args, flag)) is not None:
             argv += [f"--{flag.replace('_', '-')}", f"{value:g}"]
     if args.seed:

@@ -9,10 +9,14 @@
   weight that does it, and keeps every other cost — tokenizing, matching — identical).
 * ``cortex_gpu_only`` — the same deployment with ``host_hit = disk_hit = 0``: blocks the
   workers hold in host memory get no credit (GPU-only crediting, as before tiers existed).
+* ``cortex_no_agents`` — the same deployment with ``session = session_home = kv_pressure =
+  0``: live sessions are no load and full KV pools no cost (scoring before issue 29; the
+  session hint still breaks ties and credits a session's unseen last turn). Opt-in.
 * ``sglang_cache_aware`` / ``sglang_round_robin`` — ``sglang-router launch --policy …`` from
   PyPI with its defaults, in front of bare sims (no Redis, index or ingest running).
 * ``vllm_cache_aware`` — ``vllm-router --policy cache_aware`` (the vLLM project's Rust router,
-  PyPI) with its defaults, in front of bare sims.
+  PyPI) with its defaults, in front of bare sims; ``vllm_consistent_hash`` its session policy
+  (requests with the same ``X-Session-ID`` go to the same worker; opt-in).
 
 A :class:`Topology` changes the shape: ``replicas`` router replicas behind HAProxy (Cortex:
 that many gateways sharing one index; peers: that many independent router processes), or a
@@ -53,6 +57,7 @@ from cortex.testing import (
 
 __all__ = [
     "CONTENDERS",
+    "OPT_IN",
     "VARIANT_ONLY",
     "CpuMeter",
     "Deployment",
@@ -65,8 +70,13 @@ __all__ = [
     "pinned",
 ]
 
-CONTENDERS = ("cortex", "cortex_load_only", "cortex_gpu_only", "sglang_cache_aware",
-              "sglang_round_robin", "vllm_cache_aware")
+CONTENDERS = ("cortex", "cortex_load_only", "cortex_gpu_only", "cortex_no_agents",
+              "sglang_cache_aware", "sglang_round_robin", "vllm_cache_aware",
+              "vllm_consistent_hash")
+OPT_IN = ("cortex_no_agents", "vllm_consistent_hash")
+"""Contenders that run only when ``--contenders`` names them (``vllm-router``'s session
+policy: it hashes ``X-Session-ID``; Cortex without its agent terms: the baseline of the
+agent workload)."""
 VARIANT_ONLY = ("cortex_gpu_only",)
 """Contenders that run only in the variants naming them (GPU-only crediting differs from
 ``cortex`` only where the workers have host tiers)."""
@@ -338,6 +348,8 @@ def deploy(contender: str, sims: SimSetup, log_dir: Path,
             weights["alpha"] = 0.0
         elif contender == "cortex_gpu_only":  # host / disk hits get no credit
             weights.update(host_hit=0.0, disk_hit=0.0)
+        elif contender == "cortex_no_agents":  # no paced-session load, no KV pressure
+            weights.update(session=0.0, session_home=0.0, kv_pressure=0.0)
         config = {"routing": {"weights": weights}} if weights else {}
         cluster = _started(sims.spec(services=True, gateway_config=config,
                                      gateways=topology.routers, pd=topology.pd), log_dir)

@@ -22,6 +22,7 @@ __all__ = [
     "EngineTotals",
     "Outcome",
     "Prediction",
+    "ReuseTotals",
     "RunSummary",
     "StageSummary",
     "percentile",
@@ -52,7 +53,7 @@ class Outcome:
     usage chunk. ``predicted_hit_tokens`` / ``worker`` come from Cortex's
     ``x-cortex-cache-hit-tokens`` / ``x-cortex-assigned-worker`` headers (``None`` for peers);
     ``served_port`` from the sim's ``x-cortex-sim-port`` (the worker that answered, whoever
-    routed it).
+    routed it). ``reuse_available`` / ``reuse_captured``: Cortex's ``x-cortex-reuse``.
     """
 
     id: int
@@ -68,6 +69,8 @@ class Outcome:
     predicted_hit_tokens: int | None = None
     worker: str | None = None
     served_port: int | None = None
+    reuse_available: int | None = None
+    reuse_captured: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -117,6 +120,36 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
+class ReuseTotals:
+    """Cortex's reuse accounting summed over the requests whose answer carried it (tokens):
+    ``available`` (the longest prefix any worker held), ``captured`` (what the serving
+    worker held), ``delivered`` (the engine's ``cached_tokens``); and how many requests
+    broke ``delivered <= captured <= available``."""
+
+    requests: int
+    available: int
+    captured: int
+    delivered: int
+    captured_over_available: int
+    delivered_over_captured: int
+
+    @property
+    def holds(self) -> bool:
+        """``delivered <= captured <= available`` on every request."""
+        return not (self.captured_over_available or self.delivered_over_captured)
+
+
+def _reuse(ok: Sequence[Outcome]) -> ReuseTotals | None:
+    rows = [(o.reuse_available, o.reuse_captured, o.cached_tokens or 0) for o in ok
+            if o.reuse_available is not None and o.reuse_captured is not None]
+    if not rows:
+        return None
+    return ReuseTotals(len(rows), sum(a for a, _, _ in rows), sum(c for _, c, _ in rows),
+                       sum(d for _, _, d in rows), sum(c > a for a, c, _ in rows),
+                       sum(d > c for _, c, d in rows))
+
+
+@dataclass(frozen=True, slots=True)
 class StageSummary:
     """One rate-ladder step."""
 
@@ -152,6 +185,7 @@ class RunSummary:
     workers: Mapping[str, EngineTotals]
     prediction: Prediction | None
     stages: tuple[StageSummary, ...] = ()
+    reuse: ReuseTotals | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -280,6 +314,7 @@ def summarize(workload: str, contender: str, outcomes: Sequence[Outcome],
         workers=dict(workers or {}),
         prediction=_prediction(ok),
         stages=tuple(stages),
+        reuse=_reuse(ok),
         extra=dict(extra or {}))
 
 

@@ -62,6 +62,19 @@ def evaluate_targets(results: Sequence[WorkloadResult]) -> list[Target]:
                 name, ">= 90% of the infinite-cache bound", None,
                 f"capacity does not allow it (pooled LRU {res.pooled_bound:.1%} < "
                 f"{res.infinite_bound:.1%}); cortex reaches {share:.1%} of the bound"))
+        if name == "agents":
+            gap = res.infinite_bound - cx.hit_rate
+            out.append(Target(name, "hit rate within 2 points of the infinite-cache bound",
+                              gap <= 0.02, f"{cx.hit_rate:.1%} vs {res.infinite_bound:.1%}"))
+            spread = cx.imbalance("uncached_tokens")
+            out.append(Target(name, "imbalance of uncached prefill tokens <= 1.5",
+                              spread <= 1.5, f"max/mean {spread:.2f}"))
+        if cx.reuse is not None:
+            r = cx.reuse
+            out.append(Target(name, "delivered <= captured <= available on every request",
+                              r.holds, f"{r.requests:,} requests: captured > available on"
+                              f" {r.captured_over_available}, delivered > captured on"
+                              f" {r.delivered_over_captured}"))
         if cx.prediction is not None:
             p = cx.prediction
             out.append(Target(name, "over-predicted hits on < 1% of requests",
@@ -104,6 +117,11 @@ def _run_json(run: RunSummary) -> dict[str, Any]:
         "workers": {w: {"requests": t.requests, "prompt_tokens": t.prompt_tokens,
                         "cached_tokens": t.cached_tokens, "evicted_blocks": t.evicted_blocks}
                     for w, t in run.workers.items()},
+        "reuse": None if run.reuse is None else {
+            "requests": run.reuse.requests, "available": run.reuse.available,
+            "captured": run.reuse.captured, "delivered": run.reuse.delivered,
+            "captured_over_available": run.reuse.captured_over_available,
+            "delivered_over_captured": run.reuse.delivered_over_captured},
         "prediction": None if p is None else {
             "requests": p.requests, "exact": p.exact, "under": p.under, "over": p.over,
             "over_fraction": round(p.over_fraction, 5), "over_tokens": p.over_tokens,
@@ -191,6 +209,23 @@ def _workload_section(res: WorkloadResult) -> list[str]:
                          [(c, f"{p.requests:,}", f"{p.exact_fraction:.1%}", f"{p.under:,}",
                            f"{p.over:,} ({p.over_fraction:.2%})", f"{p.over_tokens:,}",
                            f"{p.mean_abs_error:.1f}") for c, p in preds if p is not None])]
+    reuse_rows = []
+    for c in CONTENDERS:
+        run = res.runs.get(c)
+        if run is None:
+            continue
+        r = run.reuse
+        reuse_rows.append((
+            c, f"{r.available:,}" if r else "—", f"{r.captured:,}" if r else "—",
+            f"{run.cached_tokens:,}", f"{run.prompt_tokens:,}",
+            f"{r.captured_over_available} · {r.delivered_over_captured}" if r else "—"))
+    if any(run.reuse is not None for run in res.runs.values()):
+        lines += ["", "Reuse accounting (tokens; available and captured from Cortex's"
+                  " `x-cortex-reuse`, not measurable behind the peers; delivered = the"
+                  " engines' `cached_tokens`):", "",
+                  *table(("contender", "available", "captured", "delivered", "prompt",
+                          "requests with captured > available · delivered > captured"),
+                         reuse_rows)]
     for c in CONTENDERS:
         run = res.runs.get(c)
         gateway = run.extra.get("gateway") if run is not None else None
@@ -355,7 +390,8 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
 
 _COLORS = {"cortex": "#1f6feb", "cortex_load_only": "#8cb4f5", "cortex_gpu_only": "#5a7fb8",
            "sglang_cache_aware": "#d1495b", "sglang_round_robin": "#edae49",
-           "vllm_cache_aware": "#2e933c"}
+           "vllm_cache_aware": "#2e933c", "vllm_consistent_hash": "#7b9e3c",
+           "cortex_no_agents": "#3d5a80"}
 
 
 def write_plots(results: Sequence[WorkloadResult], out: Path) -> list[Path]:

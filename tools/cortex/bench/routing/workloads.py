@@ -11,6 +11,9 @@ Three families, each described by where it comes from and how it was scaled to o
   question, the prompt list shuffled and cycled, Poisson arrivals at a ladder of rates).
 * :func:`multi_turn` — the agent pattern of SGLang's ``bench_multiturn``: clients whose
   history grows round by round (a shared system prompt, then user turn, answer, user turn…).
+* :func:`agent_sessions` — coding-agent sessions (issue 29): a long shared system prompt and
+  tool schema, many short turns (tool results) with think time, sessions in parallel, each
+  naming its session in a header.
 
 A :class:`Request` is sent at ``at_s`` after the run starts, or — when ``after`` names an
 earlier request — ``at_s`` after that request completed (a client's think time).
@@ -31,11 +34,13 @@ from typing import Any
 from cortex.bench.routing.text import BlockText, Segment
 
 __all__ = [
+    "SESSION_HEADER",
     "TRACE_BLOCK_TOKENS",
     "Endpoint",
     "Request",
     "TraceRow",
     "Workload",
+    "agent_sessions",
     "load_trace",
     "mooncake",
     "multi_turn",
@@ -45,6 +50,10 @@ __all__ = [
 
 TRACE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in the Mooncake traces."""
+
+SESSION_HEADER = "x-session-id"
+"""The header an agent session's requests carry (Cortex honours it, and so does
+``vllm-router --policy consistent_hash``)."""
 
 
 class Endpoint(StrEnum):
@@ -78,6 +87,7 @@ class Request:
     stage: int = 0
     conversation: int | None = None
     turn: int = 0
+    session: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (not self.messages):
@@ -86,6 +96,10 @@ class Request:
             raise ValueError("completions take a prompt, chat takes messages")
         if self.max_tokens < 1 or self.at_s < 0:
             raise ValueError("max_tokens must be >= 1 and at_s >= 0")
+
+    def headers(self) -> dict[str, str]:
+        """The request's own headers: its session, if it names one."""
+        return {SESSION_HEADER: self.session} if self.session is not None else {}
 
     def body(self, model: str) -> dict[str, Any]:
         """The JSON body: streamed, with the usage chunk, exactly ``max_tokens`` tokens."""
@@ -101,8 +115,11 @@ class Request:
 
     def digest(self) -> str:
         """A fingerprint of what is sent and when (checks every contender got the same)."""
-        payload = json.dumps([self.id, self.endpoint.value, self.max_tokens, self.at_s,
-                              self.after, self.prompt, self.messages], separators=(",", ":"))
+        sent: list[Any] = [self.id, self.endpoint.value, self.max_tokens, self.at_s,
+                           self.after, self.prompt, self.messages]
+        if self.session is not None:
+            sent.append(self.session)
+        payload = json.dumps(sent, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -297,3 +314,54 @@ def multi_turn(text: BlockText, *, clients: int, rounds: int, system_tokens: int
         {"clients": clients, "rounds": rounds, "system_tokens": system_tokens,
          "user_tokens": user_tokens, "output_tokens": output_tokens,
          "client_rate": client_rate, "think_s": think_s, "seed": seed})
+
+
+# ---- agent sessions (issue 29) ------------------------------------------------------------------
+
+
+def agent_sessions(text: BlockText, *, agents: int, sessions: int, turns: tuple[int, int],
+                   system_tokens: tuple[int, int], task_tokens: int, tool_tokens: int,
+                   output_tokens: int, session_rate: float, think_s: float,
+                   seed: int) -> Workload:
+    """Coding-agent sessions on ``agents`` distinct agent prompts (system prompt plus tool
+    schema, ``system_tokens`` long, drawn uniformly), each session on one of them.
+    Sessions start as a Poisson process at ``session_rate``/s (so several run at once) and
+    run a uniform number of ``turns`` in sequence: the first sends the task
+    (``task_tokens``), every later turn appends the previous answer (``output_tokens``) and
+    a short tool result (``tool_tokens``), ``Exp(think_s)`` seconds after the answer (the
+    tool running). Every request names its session in :data:`SESSION_HEADER`."""
+    ids = _BlockIds(text.tokens_per_block)
+    rng = random.Random(seed)
+    prompts = [("system", text.text(ids.segment(rng.randint(*system_tokens))))
+               for _ in range(agents)]
+    starts = list(itertools.accumulate(rng.expovariate(session_rate) for _ in range(sessions)))
+    requests: list[Request] = []
+    session_turns = []
+    for s, start in enumerate(starts):
+        name = f"agent-session-{seed}-{s}"
+        history: list[tuple[str, str]] = [prompts[rng.randrange(agents)],
+                                          ("user", text.text(ids.segment(task_tokens)))]
+        previous: int | None = None
+        n = rng.randint(*turns)
+        session_turns.append(n)
+        for k in range(n):
+            if k:
+                history.append(("assistant", text.text(ids.segment(output_tokens))))
+                history.append(("user", text.text(ids.segment(tool_tokens))))
+            at_s = round(start, 6) if previous is None else round(rng.expovariate(1 / think_s), 6)
+            rid = len(requests)
+            requests.append(Request(rid, Endpoint.CHAT, output_tokens, at_s,
+                                    messages=tuple(history), after=previous, conversation=s,
+                                    turn=k, session=name))
+            previous = rid
+    return Workload(
+        "agents", "Coding-agent sessions (session header, think time)",
+        "issue 29's agent workload: a 10-30k-token agent prompt (system + tool schema) shared"
+        " by the sessions of one agent, 10-40 short tool-result turns per session with think"
+        " time between them, sessions overlapping; chat completions with `x-session-id`",
+        tuple(requests),
+        {"agents": agents, "sessions": sessions, "turns": list(turns),
+         "turns_mean": round(sum(session_turns) / max(len(session_turns), 1), 1),
+         "system_tokens": list(system_tokens), "task_tokens": task_tokens,
+         "tool_tokens": tool_tokens, "output_tokens": output_tokens,
+         "session_rate": session_rate, "think_s": think_s, "seed": seed})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from dataclasses import astuple
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,7 +24,9 @@ from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_json
 from cortex.gateway.request.payload import InferencePath, Unmodelled, parse_body
+from cortex.gateway.routing.reuse import reuse_of
 from cortex.gateway.routing.scoring import PairDecision, PDMode
+from cortex.gateway.routing.sessions import session_of
 from cortex.gateway.runtime import Runtime
 from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
 
@@ -198,7 +201,8 @@ class AdminHandler:
             raise ClientError(f"relayed by load, not routed on tokens: {exc}") from None
         router = self.gw.router
         deadline = time.monotonic() + self.gw.config.upstream.request_timeout_s
-        routed = await router.route(req, deadline, record=False)
+        session = session_of(request.headers, body, self.gw.config.routing.sessions)
+        routed = await router.route(req, deadline, record=False, session=session)
         decision = routed.decision
         t = routed.timings
         explained: dict[str, Any] = {
@@ -217,6 +221,9 @@ class AdminHandler:
                            else routed.pd.decode.chosen.worker_id),
                 "hit_tokens": decision.hit_tokens,
             },
+            "reuse": dict(zip(("available", "captured", "given_up"),
+                              astuple(reuse_of(decision, decision.chosen.worker_id))[:3],
+                              strict=True)),
             "candidates": [
                 {
                     "worker": s.worker_id,
@@ -235,6 +242,10 @@ class AdminHandler:
                     "engine_running": s.candidate.engine_running,
                     "engine_waiting": s.candidate.engine_waiting,
                     "high_watermark": s.candidate.high_watermark,
+                    "session": s.candidate.session,
+                    "session_tokens": s.candidate.session_tokens,
+                    "live_sessions": s.candidate.sessions,
+                    "kv_pressure": s.candidate.kv_pressure,
                     "score": s.score,
                 }
                 for rank, s in enumerate(decision.ranked)

@@ -47,8 +47,10 @@ from cortex.gateway.request.payload import (
     Unmodelled,
     parse_body,
 )
+from cortex.gateway.routing.reuse import Reuse, count_reuse, reuse_of
 from cortex.gateway.routing.router import Routed
 from cortex.gateway.routing.scoring import PDOutcome
+from cortex.gateway.routing.sessions import session_of
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter
@@ -75,10 +77,12 @@ log = logging.getLogger(__name__)
 def decision_headers(*, hit_tokens: int | None = None, worker: str | None = None,
                      mode: str | None = None, reason: str | None = None,
                      attempts: int | None = None, pd: PDOutcome | None = None,
-                     pd_failed: bool = False) -> list[tuple[bytes, bytes]]:
+                     pd_failed: bool = False, reuse: Reuse | None = None
+                     ) -> list[tuple[bytes, bytes]]:
     """The ``x-cortex-*`` headers of the fields given (``None``: the header is left out),
     in the order clients have always seen them. ``pd`` adds how a disaggregated model's
-    request was served; ``pd_failed`` says it was not served at all."""
+    request was served; ``pd_failed`` says it was not served at all; ``reuse`` adds
+    ``x-cortex-reuse`` (the reuse accounting)."""
     headers: list[tuple[bytes, bytes]] = []
     if hit_tokens is not None:
         headers.append((b"x-cortex-cache-hit-tokens", str(hit_tokens).encode()))
@@ -97,6 +101,8 @@ def decision_headers(*, hit_tokens: int | None = None, worker: str | None = None
     elif pd_failed:
         headers += [(b"x-cortex-pd", b"failed"), (b"x-cortex-prefill-worker", b"none"),
                     (b"x-cortex-decode-worker", b"none")]
+    if reuse is not None:
+        headers.append((b"x-cortex-reuse", reuse.header()))
     return headers
 
 
@@ -223,7 +229,8 @@ class InferenceHandler:
         request.model = req.model.name
         try:
             route_ns = time.time_ns()
-            routed = await self.gw.router.route(req, deadline)
+            session = session_of(request.headers, req.body, self.config.routing.sessions)
+            routed = await self.gw.router.route(req, deadline, session=session)
             if request.span is not None:
                 self._trace_routing(request.span, parse_ns, route_ns, routed)
             return req, raw, routed
@@ -351,6 +358,7 @@ class _Conversation:
         self.started = started  # request arrival, perf_counter seconds
         self.status = 200
         self.worker_id = routed.decision.chosen.worker_id
+        self.delivered: int | None = None  # the engine's cached tokens, once read
 
     def _headers(self, opened: Opened | None) -> Headers:
         decision = self.routed.decision
@@ -363,7 +371,24 @@ class _Conversation:
         return [*self.base, *decision_headers(
             hit_tokens=hit, worker=worker, mode=decision.mode.value,
             reason=decision.reason.value, attempts=opened.attempts if opened else 0,
-            pd=opened.pd if opened is not None else None)]
+            pd=opened.pd if opened is not None else None, reuse=self._reuse(opened))]
+
+    def _reuse(self, opened: Opened | None) -> Reuse:
+        """The request's reuse accounting where it is served (``opened``; before that: the
+        decision's choice), with what the engine delivered once the answer said."""
+        decision, hit = self.routed.decision, None
+        if opened is not None:
+            decision, hit = opened.decision or decision, opened.hit_tokens
+        reuse = reuse_of(decision, self._cache_worker(opened), hit)
+        return reuse if self.delivered is None else reuse.with_delivered(self.delivered)
+
+    def _cache_worker(self, opened: Opened | None) -> str:
+        """The worker whose cache the prompt met: the one that served, or a pair's prefill
+        worker (before an answer: the decision's choice)."""
+        if opened is None:
+            return self.routed.decision.chosen.worker_id
+        pd = opened.pd
+        return pd.prefill if pd is not None and pd.prefill else opened.worker.id
 
     async def run(self) -> None:
         dispatcher = self.gw.dispatcher
@@ -381,12 +406,12 @@ class _Conversation:
                                      self._headers(opened))
                     return
                 if not self.req.stream:
+                    answer = (opened.answer if opened.answer is not None
+                              else _json_or_none(opened.head))
+                    self._truth_check(opened, answer)  # its delivered tokens in the headers
                     await send_bytes(self.send, 200, opened.head,
                                      response.content_type.encode(), self._headers(opened))
                     self._first_byte_sent("false", opened)
-                    answer = (opened.answer if opened.answer is not None
-                              else _json_or_none(opened.head))
-                    self._truth_check(opened, answer)
                     if self.req.endpoint in AGENT_PATHS:
                         self._learn_owner(_response_id(answer), opened)
                     else:
@@ -554,10 +579,20 @@ class _Conversation:
         await self.send({"type": "http.response.body", "body": data, "more_body": False})
 
     def _truth_check(self, opened: Opened, obj: Any) -> None:
-        """Compare the engine's cached tokens with the hit the gateway predicted."""
+        """Compare the engine's cached tokens with the hit the gateway predicted; count the
+        reuse accounting (and put it in the access log)."""
         predicted = opened.hit_tokens
         outcome, actual = check_prediction(self.gw.metrics, self.req.model.reports_cached_tokens,
                                            predicted, obj)
+        self.delivered = actual
+        reuse = self._reuse(opened)
+        worker = self._cache_worker(opened)
+        count_reuse(self.gw.metrics, self.req.model.name, worker, reuse,
+                    self.routed.prompt_tokens)
+        self.request.log_fields.update(reuse.log_fields())
+        agents = self.routed.agents
+        if agents is not None and worker != self.routed.decision.chosen.worker_id:
+            agents.served_by(worker)  # a fallback: the session lives there now
         if outcome == "over":
             log.info("cache hit over-predicted worker=%s request_id=%s predicted=%d actual=%d",
                      opened.worker.id, self.request_id, predicted, actual,

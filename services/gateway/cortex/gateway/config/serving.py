@@ -23,6 +23,7 @@ from cortex.registry.errors import SpecError
 from cortex.registry.spec import WorkerSpec
 
 __all__ = [
+    "SESSION_HEADERS",
     "AdmissionConfig",
     "BreakerConfig",
     "DiscoveryConfig",
@@ -35,6 +36,7 @@ __all__ = [
     "RoutingConfig",
     "RoutingWeights",
     "ServerConfig",
+    "SessionConfig",
     "Timeouts",
     "TokenizeConfig",
     "UpstreamConfig",
@@ -259,6 +261,15 @@ class RoutingWeights:
     ``host_hit`` / ``disk_hit``: what a cached token in the worker's host / disk tier is
     worth, as a fraction of a device hit (the prefill time it saves: ``1 - load / recompute``
     per token, docs/gateway.md "Memory tiers"); 0 credits device hits only.
+
+    ``session``: a live agent session between turns, in running requests: a worker's load
+    is at least ``session`` times the other sessions whose last turn it served (0: paced
+    agents read idle between turns). ``session_home``: the same weight when the request
+    starts a session (names one the gateway does not know): where its first turn goes, its
+    next turns follow, so the sessions already living on a worker weigh for as long as it
+    does. ``kv_pressure``: the extra cost, per uncached prompt
+    token, of a worker whose KV pool is full (scaled by how far past
+    ``routing.kv_full_fraction`` it is): storing a new prefix there evicts another.
     """
 
     alpha: float = 1.0
@@ -267,13 +278,48 @@ class RoutingWeights:
     delta: float = 0.0
     host_hit: float = 0.75
     disk_hit: float = 0.25
+    session: float = 1.0
+    session_home: float = 8.0
+    kv_pressure: float = 1.0
 
     def __post_init__(self) -> None:
         non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
-                     delta=self.delta)
+                     delta=self.delta, session=self.session, session_home=self.session_home,
+                     kv_pressure=self.kv_pressure)
         for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"routing.weights.{name}: must be within [0, 1], got {value}")
+
+
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "thread-id", "x-session-id")
+"""The agent session headers honoured by default (Claude Code, Codex, generic)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Session hints: a client's session id as an affinity signal (docs/gateway.md
+    "Session hints").
+
+    ``headers``: request headers naming a session, the first present wins (lower case; an
+    empty list ignores headers); ``prompt_cache_key``: honour OpenAI's ``prompt_cache_key``
+    body field (chat, completions, responses) when no header names one. ``ttl_s``: a
+    session's worker is remembered this long after its last turn; ``max_sessions`` bounds
+    the table (least recently seen first out). ``live_s``: a session counts as load on its
+    worker this long after its last turn was routed (the think time between turns).
+    """
+
+    enabled: bool = True
+    headers: tuple[str, ...] = SESSION_HEADERS
+    prompt_cache_key: bool = True
+    ttl_s: float = 1800.0
+    live_s: float = 60.0
+    max_sessions: int = 100_000
+
+    def __post_init__(self) -> None:
+        positive("routing.sessions", ttl_s=self.ttl_s, max_sessions=self.max_sessions)
+        non_negative("routing.sessions", live_s=self.live_s)
+        object.__setattr__(self, "headers", tuple(h.strip().lower() for h in self.headers
+                                                  if h.strip()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +331,13 @@ class RoutingConfig:
     too). ``predicted_ttl_s``: how long a routed request's blocks are credited to the chosen
     worker.
     ``load_stale_after_s``: engine load older than this counts as missing.
+    ``kv_full_fraction``: the share of a worker's KV capacity (blocks) past which its pool
+    counts as filling up (the ``kv_pressure`` weight grows from 0 there to 1 at full).
     """
 
     weights: RoutingWeights = field(default_factory=RoutingWeights)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
+    kv_full_fraction: float = 0.9
     high_watermark: int = 64
     watermarks: Mapping[str, int] = field(default_factory=dict)
     predicted_ttl_s: float = 2.0
@@ -299,6 +349,9 @@ class RoutingConfig:
                  predicted_max_keys=self.predicted_max_keys,
                  load_stale_after_s=self.load_stale_after_s)
         non_negative("routing", predicted_ttl_s=self.predicted_ttl_s)
+        if not 0.0 < self.kv_full_fraction <= 1.0:
+            raise ConfigError("routing.kv_full_fraction: must be within (0, 1], got "
+                              f"{self.kv_full_fraction}")
         for worker, mark in self.watermarks.items():
             if not isinstance(mark, int) or mark < 1:
                 raise ConfigError(f"routing.watermarks.{worker}: must be an integer >= 1")

@@ -37,7 +37,9 @@ from google.protobuf import struct_pb2
 from cortex.gateway.api.inference import check_prediction, decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.request.payload import InferencePath, parse_body
+from cortex.gateway.routing.reuse import count_reuse, reuse_of
 from cortex.gateway.routing.router import Routed
+from cortex.gateway.routing.sessions import session_of
 from cortex.gateway.runtime import Runtime
 from cortex.registry.spec import WorkerRole, WorkerSpec
 
@@ -156,6 +158,8 @@ class PickerStream:
         self._request_mode = _Mode.BUFFERED
         self._admitted = False
         self._hit: int | None = None  # tokens credited to the endpoint that served
+        self._worker: str | None = None  # the worker that served, when Cortex knows it
+        self._session_headers: dict[str, str] = {}  # the configured session headers sent
         self._answer_seen: bytearray | None = None  # the answer so far (usage is at its end)
 
     def __repr__(self) -> str:
@@ -190,6 +194,9 @@ class PickerStream:
             ext.ProcessingResponse]:
         headers = req.request_headers
         self._path = _header(headers.headers, ":path").split("?", 1)[0]
+        self._session_headers = {
+            name: value for name in self.gw.config.routing.sessions.headers
+            if (value := _header(headers.headers, name))}
         subset = _struct_value(req.metadata_context, SUBSET_NAMESPACE, SUBSET)
         self._subset = subset if isinstance(subset, list) else None
         self.phase = Phase.BODY
@@ -266,12 +273,14 @@ class PickerStream:
             endpoint = None
         if endpoint is None or not self._body:
             return self._any(allowed)
-        request = gw.admit(endpoint, parse_body(bytes(self._body)))
+        body = parse_body(bytes(self._body))
+        request = gw.admit(endpoint, body)
+        session = session_of(self._session_headers, body, gw.config.routing.sessions)
         self._refuse_disaggregated(request.model.name)
         await gw.admission.acquire()  # ServiceUnavailable: 429 queue full, 503 waited
         self._admitted = True
         deadline = time.monotonic() + self._timeout_s
-        routed = await gw.router.route(request, deadline, allowed=allowed)
+        routed = await gw.router.route(request, deadline, allowed=allowed, session=session)
         specs = [state.spec for scored in routed.decision.ranked[:MAX_ENDPOINTS]
                  if (state := gw.pool.get(scored.worker_id)) is not None]
         return _Picked(routed, tuple(specs))
@@ -316,6 +325,7 @@ class PickerStream:
                     placement.move(worker.id)  # a fallback served: its blocks are there now
                     hit = picked.routed.credited_tokens(worker.id)
             if worker is not None:
+                self._worker = worker.id
                 extra = [(name.decode(), value.decode()) for name, value in
                          decision_headers(hit_tokens=hit, worker=worker.id)]
                 self._hit, self._answer_seen = hit, (bytearray() if hit is not None else None)
@@ -351,8 +361,15 @@ class PickerStream:
         if self._hit is None or picked is None or picked.routed is None:
             return
         obj = None if answer is None else answer_object(bytes(answer))
-        check_prediction(self.gw.metrics, picked.routed.model.reports_cached_tokens,
-                         self._hit, obj)
+        routed = picked.routed
+        _, delivered = check_prediction(self.gw.metrics, routed.model.reports_cached_tokens,
+                                        self._hit, obj)
+        worker = self._worker
+        if worker is not None:
+            reuse = reuse_of(routed.decision, worker).with_delivered(delivered)
+            count_reuse(self.gw.metrics, routed.model.name, worker, reuse, routed.prompt_tokens)
+            if routed.agents is not None and worker != routed.decision.chosen.worker_id:
+                routed.agents.served_by(worker)
 
     def close(self) -> None:
         """The request ended: its load leaves the worker, its admission slot is freed."""

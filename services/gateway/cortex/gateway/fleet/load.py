@@ -5,6 +5,11 @@ SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: ``
 carries the engine's work mark (token counters, or SGLang's KV tokens in use), which the
 wedge watch (:mod:`cortex.gateway.dispatch.attempt`) reads: a poll costs the engine no queue
 slot, so a saturated worker still shows it works.
+
+Each worker's KV capacity (device blocks, times its DP ranks: routing weighs the ledger's
+blocks against it) comes along: vLLM's ``vllm:cache_config_info`` ``num_gpu_blocks`` from
+the same ``/metrics`` text, SGLang's ``/server_info`` ``max_total_num_tokens`` over its
+``page_size``, asked once (``/get_server_info`` before 0.4.7).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from cortex.hashing import Engine
 from cortex.registry.engines import (
     LoadFormatError,
     WorkMark,
+    kv_capacity_from_sglang_server_info,
+    kv_device_blocks_from_vllm_metrics,
     parse_sglang_get_load,
     parse_sglang_loads,
     parse_vllm_metrics,
@@ -56,6 +63,7 @@ class LoadPoller:
         self.config = config
         self.metrics = metrics
         self._legacy: set[str] = set()  # SGLang workers without /v1/loads
+        self._capacity_asked: set[str] = set()  # SGLang workers asked for their capacity
 
     async def run(self) -> None:
         while True:
@@ -76,6 +84,14 @@ class LoadPoller:
             return
         worker.load_polled(number, running, waiting, sent, work)
         self.metrics.load_polls.labels(result="ok").inc()
+        if worker.spec.engine is Engine.SGLANG and worker.id not in self._capacity_asked:
+            self._capacity_asked.add(worker.id)
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    self._set_capacity(worker, await self._sglang_capacity(worker))
+            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+                log.debug("capacity read failed worker=%s: %r", worker.id, exc,
+                          extra={"worker": worker.id})
         self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
         self.metrics.worker(self.metrics.worker_engine_waiting, worker.id).set(waiting)
 
@@ -90,6 +106,7 @@ class LoadPoller:
                 load = parse_vllm_metrics(text).load
                 if load is None:
                     raise LoadFormatError("no readable vllm:num_requests_* samples")
+                self._set_capacity(worker, kv_device_blocks_from_vllm_metrics(text))
                 return (*load, vllm_work_from_metrics(text))
         if worker.id not in self._legacy:
             async with self.session.get(base + "/v1/loads", headers=headers) as resp:
@@ -103,3 +120,19 @@ class LoadPoller:
             resp.raise_for_status()
             obj = json.loads(await resp.read())
             return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
+
+    async def _sglang_capacity(self, worker: WorkerState) -> int | None:
+        base = worker.spec.url.rstrip("/")
+        for path in ("/server_info", "/get_server_info"):
+            async with self.session.get(base + path, headers=self._auth(worker.spec)) as resp:
+                if resp.status == 404:
+                    continue
+                resp.raise_for_status()
+                return kv_capacity_from_sglang_server_info(json.loads(await resp.read()))
+        return None
+
+    def _set_capacity(self, worker: WorkerState, per_rank: int | None) -> None:
+        if per_rank is None or per_rank <= 0:
+            return
+        worker.kv_capacity = per_rank * worker.spec.dp_size
+        self.metrics.worker(self.metrics.worker_kv_capacity, worker.id).set(worker.kv_capacity)

@@ -155,6 +155,9 @@ class WorkerState:
         self.adapters: frozenset[str] = frozenset()  # LoRA adapters its /v1/models lists
         self.engine_version: str | None = None  # vLLM /server_info (PD pairing)
         self.learned_lookahead: int | None = None  # SGLang /server_info (speculative decoding)
+        # device KV blocks over its DP ranks (vLLM cache_config_info num_gpu_blocks, SGLang
+        # /server_info max_total_num_tokens / page_size), read by the load poller
+        self.kv_capacity: int | None = None
         # the load counters below are written only by this class's methods
         self.inflight = 0  # requests open on it (a slot per attempt or PD leg)
         self.pending = 0  # routed here, not dispatched yet (see router.Placement)

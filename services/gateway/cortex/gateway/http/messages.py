@@ -76,8 +76,8 @@ class Request:
     """An HTTP request: method, path, lower-cased headers and the body, read once;
     ``body_timeout_s``: how long the whole body may take to arrive (``None``: no bound)."""
 
-    __slots__ = ("_body", "_receive", "body_timeout_s", "headers", "key_id", "method", "model",
-                 "path", "query", "request_id", "scope", "span")
+    __slots__ = ("_body", "_receive", "body_timeout_s", "headers", "key_id", "log_fields",
+                 "method", "model", "path", "query", "request_id", "scope", "span")
 
     def __init__(self, scope: Scope, receive: Receive, body_timeout_s: float | None = None
                  ) -> None:
@@ -95,6 +95,8 @@ class Request:
         self.key_id: str | None = None
         self.model: str | None = None
         self.request_id: str | None = None
+        # more access-log fields the handler learned (the reuse accounting's tokens)
+        self.log_fields: dict[str, int | str | None] = {}
         self._body: bytes | None = None
         self.span: Span | None = None  # this request's trace span, when traced
 
@@ -318,10 +320,13 @@ class Exchange:
             return
         status = self.status if self.status is not None else 499
         latency_ms = round((time.perf_counter() - self.started) * 1000.0, 2)
+        fields = request.log_fields
+        more = "".join(f" {k}={'-' if v is None else v}" for k, v in fields.items())
         access_log.log(
-            middleware._access_level, "%s %s %d %.2fms model=%s worker=%s mode=%s key=%s",
+            middleware._access_level, "%s %s %d %.2fms model=%s worker=%s mode=%s key=%s%s",
             request.method, request.path, status, latency_ms, request.model or "-",
-            self.worker, self.mode, request.key_id or "-",
+            self.worker, self.mode, request.key_id or "-", more,
             extra={"method": request.method, "path": request.path, "status": status,
                    "latency_ms": latency_ms, "model": request.model, "worker": self.worker,
-                   "mode": self.mode, "request_id": request_id, "key_id": request.key_id})
+                   "mode": self.mode, "request_id": request_id, "key_id": request.key_id,
+                   **fields})

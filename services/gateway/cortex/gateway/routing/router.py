@@ -52,6 +52,7 @@ from cortex.gateway.ledger.replica_client import (
 )
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
+from cortex.gateway.routing.agents import AgentTerms, BlocksOf, RequestTerms
 from cortex.gateway.routing.media import media_keys
 from cortex.gateway.routing.placement import Placement, PredictedBlocks
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
@@ -59,7 +60,7 @@ from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
 from cortex.gateway.tokens.service import Tokenization
 from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ledger.match import Match
-from cortex.ledger.model import LedgerState
+from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
 
 __all__ = [
@@ -112,6 +113,7 @@ class Routed:
     placement: Placement
     pd: PairDecision | None = None
     keysets: Mapping[int, list[int]] | None = None  # lookahead L > 0 -> the prompt's keys
+    agents: RequestTerms | None = None  # the session hint and the agent terms it was scored with
 
     def credited_tokens(self, worker_id: str) -> int:
         """Hit tokens predicted for ``worker_id`` (a fallback may differ from the choice)."""
@@ -247,6 +249,7 @@ class Router:
         self._turn = 0
         self._rng = random.Random()
         self.tokenization = Tokenization(config, tokenizers, metrics)
+        self.agents = AgentTerms(routing, metrics)
 
     # ---- tokens ----
 
@@ -262,17 +265,19 @@ class Router:
     # ---- routing ----
 
     async def route(self, req: InferenceRequest, deadline: float, *, record: bool = True,
-                    allowed: Collection[str] | None = None) -> Routed:
+                    allowed: Collection[str] | None = None, session: str | None = None
+                    ) -> Routed:
         """Tokenize, hash, match and score. ``deadline``: ``time.monotonic()`` seconds.
 
         Raises :class:`ClientError` (bad prompt) or :class:`ServiceUnavailable` (no
         routable worker). ``record=False`` (explain) leaves metrics and counters alone.
         ``allowed``: only these worker ids may be chosen (an endpoint picker's subset).
+        ``session``: the session the request names (:func:`~.sessions.session_of`).
         """
         model = req.model
         t0, cpu0 = time.perf_counter(), time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
-        lazy = self._walk(req, eligible)
+        lazy = self._walk(req, eligible, session)
         try:
             ids = lazy.ids if lazy is not None else await self.tokens(req)
         except ClientError:
@@ -295,18 +300,21 @@ class Router:
         t3 = time.perf_counter()
         if record:
             self._turn += 1
-        plan = self._decide(req, prompt_tokens, keys, ledger, eligible)
+        agents = self.agents.request(model.name, model.block_size, session, keys,
+                                     query_blocks, self._blocks_of())
+        plan = self._decide(req, prompt_tokens, keys, ledger, eligible, agents)
         decision = plan if isinstance(plan, Decision) else plan.prefill
         placement = self.placement(keys, keysets)
         if record:
             self._take_effect(placement, plan, prompt_tokens)
+            agents.routed(decision.chosen.worker_id)
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3,
                                time.thread_time() - cpu0)
         keys, query_blocks, prompt_tokens = self._rest_of_walk(
             req, lazy, placement, record, (keys, query_blocks, prompt_tokens))
         routed = Routed(decision, model, prompt_tokens, keys, query_blocks, ledger.source,
                         ledger.version, timings, placement,
-                        None if isinstance(plan, Decision) else plan, keysets)
+                        None if isinstance(plan, Decision) else plan, keysets, agents)
         if record:
             self.observer(routed)
         return routed
@@ -339,10 +347,12 @@ class Router:
         placement.keys = keyed[0]
         return keyed
 
-    def _walk(self, req: InferenceRequest, eligible: Eligible) -> Walk | None:
+    def _walk(self, req: InferenceRequest, eligible: Eligible, session: str | None
+              ) -> Walk | None:
         """The lazy walk of ``req``'s prompt (``tokenize.lazy``), or ``None`` where the
         whole ids are needed or the match is not in process: PD (the pair's split reads the
-        exact length), workers with lookahead keys, the ledger over gRPC."""
+        exact length), workers with lookahead keys, the ledger over gRPC. A session's
+        walk goes at least as deep as its last turn (the ledger may not have seen it)."""
         replica = self.replica
         if (not self.config.tokenize.lazy or eligible.pairs is not None or replica is None
                 or req.prompt.media
@@ -350,6 +360,13 @@ class Router:
             return None
         domain = req.model.domain
         deepest = walk_depth(replica.replica, domain, self.predicted.match)
+        turn = self.agents.table.blocks(req.model.name, session) if session is not None else 0
+        if turn:
+            held = deepest
+
+            def deepest(keys: list[int]) -> int:
+                return max(held(keys), turn)
+
         return self.tokenization.walk(
             req, domain.root_key(req.lora_name, req.cache_salt), deepest)
 
@@ -393,7 +410,8 @@ class Router:
                        answer.version if answer is not None else 0)
 
     def _decide(self, req: InferenceRequest, prompt_tokens: int, keys: list[int],
-                ledger: _Ledger, eligible: Eligible) -> Decision | PairDecision:
+                ledger: _Ledger, eligible: Eligible, agents: RequestTerms
+                ) -> Decision | PairDecision:
         """Score the eligible workers: the regular decision, or the pair plan (its prefill
         ranked like a regular request, its decode by load) with the regular one as its
         fallback."""
@@ -403,11 +421,12 @@ class Router:
 
         def candidates(workers: list[WorkerState]) -> list[Candidate]:
             return [self._candidate(w, model, ledger.folded.get(w.id),
-                                    ledger.predicted.get(w.id, 0)) for w in workers]
+                                    ledger.predicted.get(w.id, 0), agents) for w in workers]
 
         def by_cache(workers: list[WorkerState]) -> Decision:
             return decide(candidates(workers), weights, cache_off=ledger.cache_off, turn=turn,
-                          rng=rng, prefix_key=prefix_key, tie_tolerance=TIE_TOLERANCE)
+                          rng=rng, prefix_key=prefix_key, tie_tolerance=TIE_TOLERANCE,
+                          prompt_tokens=prompt_tokens, new_session=agents.new_session)
 
         regular = by_cache(eligible.regular) if eligible.regular else None
         if eligible.pairs is None:
@@ -493,7 +512,7 @@ class Router:
         return answer, source
 
     def _candidate(self, worker: WorkerState, model: ModelConfig, match: WorkerMatch | None,
-                   predicted_blocks: int) -> Candidate:
+                   predicted_blocks: int, agents: RequestTerms) -> Candidate:
         routing = self.config.routing
         load = worker.fresh_engine_load(time.monotonic(), routing.load_stale_after_s)
         blocked = None
@@ -528,7 +547,23 @@ class Router:
             predicted_tokens=predicted_blocks * bs,
             credit_blocked=blocked,
             dp_rank=match.dp_rank if match is not None and match.held_blocks else None,
+            **agents.candidate(worker),
         )
+
+    def _blocks_of(self) -> BlocksOf | None:
+        """A worker's device blocks per the ledger replica (``None`` while it is not usable:
+        the index's Match does not say)."""
+        replica = self.replica
+        if replica is None or not replica.usable:
+            return None
+        ledger = replica.replica
+
+        def blocks(worker: WorkerState) -> int:  # asked only of workers with a capacity
+            view = ledger.view
+            return sum(view.blocks_of(Source(worker.id, rank, Tier.DEVICE))
+                       for rank in range(worker.spec.dp_size))
+
+        return blocks
 
     # ---- the ledger replica ----
 
@@ -536,15 +571,21 @@ class Router:
         """Blocks or sources the ledger lost: predictions of them go too (a prediction must
         not outlive the engine's own removal)."""
         for source, keys in changes.removed:
-            self.predicted.forget_keys(source.worker_id, keys.tolist())
+            removed = keys.tolist()
+            self.predicted.forget_keys(source.worker_id, removed)
+            if source.tier is Tier.DEVICE:
+                self.agents.forget_keys(source.worker_id, removed)
         for source in changes.cleared:
             self.predicted.forget_worker(source.worker_id)
+            if source.tier is Tier.DEVICE:
+                self.agents.forget_worker(source.worker_id)
         self.metrics.predicted_keys.set(len(self.predicted))
 
     def forget_workers(self, worker_ids: list[str]) -> None:
         """Workers left the pool."""
         for worker_id in worker_ids:
             self.predicted.forget_worker(worker_id)
+            self.agents.forget_worker(worker_id)
 
     def __repr__(self) -> str:
         return f"Router({self.predicted!r}, replica={self.replica!r})"

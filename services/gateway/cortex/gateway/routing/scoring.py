@@ -1,12 +1,35 @@
 """Scoring and the degrade chain: candidates with their matches and loads → one decision.
 
-``score(w) = alpha*credit(w) - beta*active(w) - gamma*queued(w)
-- delta*prefilling(w)`` where a worker's cache credit is its longest READY prefix (index
-ledger or predicted blocks; a prefix continued in the worker's host / disk tier counts those
-tokens times ``host_hit`` / ``disk_hit``, the shared tier not at all), withheld when the
+``score(w) = alpha*credit(w) - beta*busy(w) - gamma*queued(w) - delta*prefilling(w)
+- kv_pressure*pressure(w)*uncached(w)`` where a worker's cache credit is its longest READY
+prefix (index ledger, predicted blocks or its session's previous turn; a prefix continued
+in the worker's host / disk tier counts those tokens times ``host_hit`` / ``disk_hit``, the
+shared tier not at all), withheld when the
 worker is at or over its high-watermark — affinity yields to load for that worker only —
 and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
 answering (the prefill queue ahead).
+
+Paced agents: ``busy(w) = max(active(w), session*sessions(w))`` where ``sessions`` counts the
+other live agent sessions whose last turn went to ``w`` (:mod:`.sessions`): between turns
+an agent runs nothing, yet its next turn comes back to the prefix ``w`` holds, so its worker
+must not read as idle to the next new session. The first turn of a session (``new_session``)
+weighs them ``session_home`` each instead: it chooses the worker every later turn follows,
+so the sessions living there share it with this one for as long as it runs, not just now
+(a shared system prompt is worth replicating once rather than piling every session onto
+its first holder).
+
+KV occupancy: ``pressure(w)`` rises from 0 to 1 as the ledger's device blocks of ``w`` go
+from ``kv_full_fraction`` of its capacity to all of it (:func:`kv_pressure`); ``uncached(w)``
+are the prompt tokens ``w`` would compute and store. A full pool stores a new prefix by
+evicting someone else's, so there every uncached token costs ``kv_pressure`` more.
+
+Session hints (:mod:`.sessions`): the worker that served the session's last turn is its
+``session`` worker. The rule: the ledger's exact hit wins (a longer credited prefix
+elsewhere outscores the hint); the hint credits the session worker with the previous
+turn's prompt blocks this prompt continues (``session_tokens``) while the ledger has not
+yet seen them there — the credit is withheld at the high watermark and weighed against load
+like every other; and among equal scores the session worker goes first (reason
+``session_hit`` when that credit decided, ``session_hint`` when the hint broke a tie).
 
 The degrade chain, in fixed order, reports what the decision could rest on:
 
@@ -81,9 +104,11 @@ __all__ = [
     "PairDecision",
     "Reason",
     "Scored",
+    "busy",
     "compatible_pair",
     "connector_mismatch",
     "decide",
+    "kv_pressure",
     "rendezvous_weight",
 ]
 
@@ -105,6 +130,8 @@ class Reason(StrEnum):
 
     HIT = "hit"
     PREDICTED_HIT = "predicted_hit"
+    SESSION_HIT = "session_hit"  # the session's previous turn, not yet in the ledger
+    SESSION_HINT = "session_hint"  # no credit anywhere: the session's worker broke a tie
     OFFLOAD_HIT = "offload_hit"  # the credited prefix continues in a host / disk tier
     LOAD_OUTWEIGHS_HIT = "load_outweighs_hit"
     NO_HIT = "no_hit"
@@ -132,6 +159,10 @@ class Candidate:
     prefix. ``credit_blocked``: why this worker may not get
     cache credit at all (e.g. ``block_size_mismatch``), or ``None``. ``dp_rank``: the DP
     rank holding the credited prefix (``None`` when nothing is held).
+    ``session``: it served the request's session's last turn (the hint);
+    ``session_tokens``: the leading prompt tokens of that turn this prompt continues.
+    ``sessions``: other live agent sessions whose last turn it served. ``kv_pressure``:
+    how full its KV pool is past the eviction knee, 0..1 (:func:`kv_pressure`).
     """
 
     worker_id: str
@@ -147,14 +178,18 @@ class Candidate:
     dp_rank: int | None = None
     host_tokens: int = 0
     disk_tokens: int = 0
+    session: bool = False
+    session_tokens: int = 0
+    sessions: int = 0
+    kv_pressure: float = 0.0
 
     @property
     def held_tokens(self) -> int:
         """Leading prompt tokens the engine will not compute: its device prefix, then what
         its host and disk tiers hold after it (it loads those back), or the predicted
-        blocks when longer."""
+        blocks, or the session's previous turn, when longer."""
         return max(self.index_tokens + self.host_tokens + self.disk_tokens,
-                   self.predicted_tokens)
+                   self.predicted_tokens, self.session_tokens)
 
     @property
     def active(self) -> int:
@@ -226,15 +261,36 @@ def _credit(c: Candidate, cache_off: Reason | None, weights: RoutingWeights
         return 0, 0.0, Reason.OVER_WATERMARK.value
     value = (c.index_tokens + weights.host_hit * c.host_tokens
              + weights.disk_hit * c.disk_tokens)
-    return raw, max(value, float(c.predicted_tokens)), ""
+    return raw, max(value, float(c.predicted_tokens), float(c.session_tokens)), ""
 
 
 def _creditable(c: Candidate, weights: RoutingWeights) -> int:
     """Leading tokens a candidate could be credited with: its device prefix continued by
-    the tiers whose weight is not 0, or its predicted blocks."""
+    the tiers whose weight is not 0, or its predicted blocks, or its session's previous
+    turn."""
     host = c.host_tokens if weights.host_hit else 0
     disk = c.disk_tokens if weights.disk_hit else 0
-    return max(c.index_tokens + host + disk, c.predicted_tokens)
+    return max(c.index_tokens + host + disk, c.predicted_tokens, c.session_tokens)
+
+
+def busy(c: Candidate, weights: RoutingWeights, new_session: bool = False) -> float:
+    """The requests the load term counts on a worker: those running, or its other live
+    agent sessions (weighted by ``session``, or ``session_home`` for a session's first turn)
+    when more — they are between turns, not gone."""
+    per = weights.session_home if new_session else weights.session
+    return max(float(c.active), per * c.sessions)
+
+
+def kv_pressure(blocks: int, capacity: int | None, knee: float) -> float:
+    """How full a KV pool of ``capacity`` blocks holding ``blocks`` is past ``knee`` (a
+    fraction of it): 0 up to the knee, rising linearly to 1 at full (and past it: the
+    ledger may briefly count blocks the engine is about to evict). 0 when the capacity is
+    unknown."""
+    if not capacity or capacity <= 0:
+        return 0.0
+    if knee >= 1.0:
+        return 1.0 if blocks >= capacity else 0.0
+    return min(max((blocks / capacity - knee) / (1.0 - knee), 0.0), 1.0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -258,6 +314,8 @@ def decide(
     rng: random.Random | None = None,
     prefix_key: int | None = None,
     tie_tolerance: float = 0.0,
+    prompt_tokens: int = 0,
+    new_session: bool = False,
 ) -> Decision:
     """Rank ``candidates`` (non-empty) and pick one.
 
@@ -265,7 +323,10 @@ def decide(
     prompt not tokenizable, shorter than a block), or ``None``. ``prefix_key``: the block
     key that stands for the prompt's prefix (``None``: no full block); uncredited candidates
     within ``tie_tolerance`` active requests (score units of ``beta``) of the best one are
-    ordered by :func:`rendezvous_weight` of it.
+    ordered by :func:`rendezvous_weight` of it (the session's worker first).
+    ``prompt_tokens``: the prompt's length, for the KV-pressure term (0: no such term).
+    ``new_session``: the request starts a session (its live-session weight is
+    ``session_home``).
     """
     if not candidates:
         raise ValueError("decide() needs at least one candidate")
@@ -273,13 +334,17 @@ def decide(
     scored: list[tuple[Scored, int]] = []
     for i, c in enumerate(candidates):
         tokens, credit, note = _credit(c, cache_off, weights)
-        score = (weights.alpha * credit - weights.beta * c.active - weights.gamma * c.queued
-                 - weights.delta * c.prefilling)
+        score = (weights.alpha * credit - weights.beta * busy(c, weights, new_session)
+                 - weights.gamma * c.queued - weights.delta * c.prefilling)
+        if c.kv_pressure and prompt_tokens:
+            uncached = max(prompt_tokens - c.held_tokens, 0)
+            score -= weights.kv_pressure * c.kv_pressure * uncached
         scored.append((Scored(c, tokens, score, note, credit), (i - turn) % n))
 
-    def by_score(item: tuple[Scored, int]) -> tuple[float, int, int, int]:
+    def by_score(item: tuple[Scored, int]) -> tuple[float, bool, int, int, int]:
         s, rotation = item
-        return (-s.score, s.candidate.prefilling, s.candidate.active, rotation)
+        c = s.candidate
+        return (-s.score, not c.session, c.prefilling, c.active, rotation)
 
     band = weights.beta * tie_tolerance
     if any(s.credited_tokens for s, _ in scored):
@@ -287,7 +352,11 @@ def decide(
         best = ranked[0]
         if best.credited_tokens:
             c = best.candidate
-            if c.predicted_tokens >= best.credited_tokens > c.index_tokens:
+            if c.session_tokens >= best.credited_tokens > max(c.index_tokens + c.host_tokens
+                                                              + c.disk_tokens,
+                                                              c.predicted_tokens):
+                reason = Reason.SESSION_HIT
+            elif c.predicted_tokens >= best.credited_tokens > c.index_tokens:
                 reason = Reason.PREDICTED_HIT
             elif best.credited_tokens > c.index_tokens:
                 reason = Reason.OFFLOAD_HIT
@@ -305,6 +374,8 @@ def decide(
             ranked, hashed = _break_tie(ranked, prefix_key, band)
             if hashed and reason is Reason.NO_HIT:
                 reason = Reason.PREFIX_HASH
+        if ranked[0].candidate.session and reason in (Reason.NO_HIT, Reason.PREFIX_HASH):
+            reason = Reason.SESSION_HINT
         return Decision(MatchMode.LOAD_AWARE, reason, ranked)
     under = [item for item in scored if item[0].candidate.active < item[0].candidate.high_watermark]
     pool = under or scored
@@ -318,15 +389,18 @@ def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
                ) -> tuple[tuple[Scored, ...], bool]:
     """``ranked`` with its uncredited candidates within ``band`` of the best score moved to
     the front, the shortest prefill queue first and rendezvous order among equal queues;
-    ``True`` when there were several to choose from. A worker at its high watermark never
-    ties with one below it: the hash must not undo shedding."""
+    ``True`` when there were several to choose from; the session's worker, if tied, goes
+    first. A worker at its high watermark never ties with one below it, nor a worker whose
+    KV pool is filling up with one that has room: the hash must not undo shedding."""
     top = ranked[0]
     best, under = top.score, _under_watermark(top.candidate)
+    roomy = not top.candidate.kv_pressure
     tied = [s for s in ranked if not s.credited_tokens and best - s.score <= band
-            and (_under_watermark(s.candidate) or not under)]
+            and (_under_watermark(s.candidate) or not under)
+            and (not s.candidate.kv_pressure or not roomy)]
     if len(tied) < 2:
         return ranked, False
-    tied.sort(key=lambda s: (s.candidate.prefilling,
+    tied.sort(key=lambda s: (not s.candidate.session, s.candidate.prefilling,
                              -rendezvous_weight(s.worker_id, prefix_key)))
     chosen = {id(s) for s in tied}
     return (*tied, *(s for s in ranked if id(s) not in chosen)), True
