@@ -209,7 +209,7 @@ class GatewayMetrics:
                                                buckets=_TOKENS[1:], registry=r)
 
     def _reuse(self, r: CollectorRegistry) -> None:
-        # Reuse accounting (cortex.gateway.routing.reuse) and session hints
+        # Reuse accounting (cortex.gateway.routing.scoring) and session hints
         p = PREFIX
         self.reuse_tokens = Counter(p + "reuse_tokens_total",
                                     "Prompt tokens of answered requests whose engine reported"

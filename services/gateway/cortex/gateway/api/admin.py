@@ -24,9 +24,8 @@ from cortex.gateway.fleet.pool import WorkerState
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import Request, send_json
 from cortex.gateway.request.payload import InferencePath, Unmodelled, parse_body
-from cortex.gateway.routing.reuse import reuse_of
-from cortex.gateway.routing.scoring import PairDecision, PDMode
-from cortex.gateway.routing.sessions import session_of
+from cortex.gateway.routing.placement import session_of
+from cortex.gateway.routing.scoring import PairDecision, PDMode, reuse_of
 from cortex.gateway.runtime import Runtime
 from cortex.registry import RegistryUnavailable, SpecError, WorkerSpec, discover
 

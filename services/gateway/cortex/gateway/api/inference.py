@@ -47,10 +47,9 @@ from cortex.gateway.request.payload import (
     Unmodelled,
     parse_body,
 )
-from cortex.gateway.routing.reuse import Reuse, count_reuse, reuse_of
+from cortex.gateway.routing.placement import session_of
 from cortex.gateway.routing.router import Routed
-from cortex.gateway.routing.scoring import PDOutcome
-from cortex.gateway.routing.sessions import session_of
+from cortex.gateway.routing.scoring import PDOutcome, Reuse, count_reuse, reuse_of
 from cortex.gateway.runtime import Runtime
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.tracebacks import TracebackLimiter

@@ -37,9 +37,9 @@ from google.protobuf import struct_pb2
 from cortex.gateway.api.inference import check_prediction, decision_headers
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, ServiceUnavailable
 from cortex.gateway.request.payload import InferencePath, parse_body
-from cortex.gateway.routing.reuse import count_reuse, reuse_of
+from cortex.gateway.routing.placement import session_of
 from cortex.gateway.routing.router import Routed
-from cortex.gateway.routing.sessions import session_of
+from cortex.gateway.routing.scoring import count_reuse, reuse_of
 from cortex.gateway.runtime import Runtime
 from cortex.registry.spec import WorkerRole, WorkerSpec
 

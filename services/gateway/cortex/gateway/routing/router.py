@@ -52,9 +52,14 @@ from cortex.gateway.ledger.replica_client import (
 )
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
-from cortex.gateway.routing.agents import AgentTerms, BlocksOf, RequestTerms
 from cortex.gateway.routing.media import media_keys
-from cortex.gateway.routing.placement import Placement, PredictedBlocks
+from cortex.gateway.routing.placement import (
+    AgentTerms,
+    BlocksOf,
+    Placement,
+    PredictedBlocks,
+    RequestTerms,
+)
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
 from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
 from cortex.gateway.tokens.service import Tokenization

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cortex.gateway.config.gateway import SessionConfig
-from cortex.gateway.routing.sessions import SessionHint, SessionTable, session_of
+from cortex.gateway.routing.placement import SessionHint, SessionTable, session_of
 
 
 class Clock:

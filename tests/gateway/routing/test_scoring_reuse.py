@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from cortex.gateway.config.gateway import RoutingWeights
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.routing.reuse import GivenUp, Reuse, count_reuse, reuse_of
-from cortex.gateway.routing.scoring import Candidate, decide
+from cortex.gateway.routing.scoring import Candidate, GivenUp, Reuse, count_reuse, decide, reuse_of
 from cortex.ledger.model import LedgerState
 
 W = RoutingWeights()

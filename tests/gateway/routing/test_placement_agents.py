@@ -5,8 +5,7 @@ from __future__ import annotations
 from cortex.gateway.config.gateway import BreakerConfig, RoutingConfig, RoutingWeights
 from cortex.gateway.fleet.pool import WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
-from cortex.gateway.routing.agents import AgentTerms
-from cortex.gateway.routing.sessions import SessionTable
+from cortex.gateway.routing.placement import AgentTerms, SessionTable
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 
