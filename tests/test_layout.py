@@ -4,6 +4,7 @@ row of docs/layout.md's table saying where it is tested instead."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import re
@@ -72,3 +73,18 @@ def test_no_import_cycles_and_no_function_over_80_lines() -> None:
             if path.is_relative_to(ROOT / "libs") or path.is_relative_to(ROOT / "services")
             for lines, function in report.functions(path) if lines > 80]
     assert long == []
+
+
+def test_a_request_passes_through_at_most_20_gateway_modules_and_5_router_entries() -> None:
+    # issue 25's bounds on the request path (docs/gateway.md), measured as
+    # tools/request_path.py measures them: a regular and a streamed chat request traced
+    spec = importlib.util.spec_from_file_location("request_path",
+                                                  ROOT / "tools" / "request_path.py")
+    assert spec is not None and spec.loader is not None
+    request_path = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(request_path)
+    measured = asyncio.run(request_path.measure())
+    for kind in ("regular", "streamed"):
+        path = measured[kind]
+        assert path["gateway_modules"] <= 20, (kind, path["module_list"])
+        assert path["router_entries"] <= 5, (kind, path["most_entered"])
