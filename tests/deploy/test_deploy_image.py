@@ -31,11 +31,11 @@ from packaging.utils import canonicalize_name
 
 from cortex.testing import RedisServer, free_port, wait_until
 
+pytestmark = pytest.mark.image  # make test-images: ~2 min of pip installs
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "docker/Dockerfile").read_text()
 COMPOSE_HEALTHCHECK = "/opt/cortex/healthcheck.py"
-
-
 
 
 def data_files(install_script: ModuleType, names: list[str]) -> list[Path]:
