@@ -20,7 +20,9 @@ def shape(value: Any) -> Shape:
     if isinstance(value, dict):
         if value and all(isinstance(k, str) and k.isdigit() for k in value):
             return {"<n>": _union([shape(v) for v in value.values()])}
-        return {str(k): shape(v) for k, v in value.items()}
+        # keys sorted: a shape says which keys, not in which order (a batch whose first
+        # event is a removal lists a store's keys after the removal's)
+        return {str(k): shape(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, list | tuple):
         return [_union([shape(v) for v in value])] if value else []
     if value is None:
@@ -38,7 +40,7 @@ def _union(shapes: list[Shape]) -> Shape:
         for s in shapes:
             for key, sub in s.items():
                 merged[key] = _union([merged[key], sub]) if key in merged else sub
-        return merged
+        return dict(sorted(merged.items()))
     kinds = sorted({repr(s) for s in shapes})
     return shapes[0] if len(kinds) == 1 else "|".join(kinds)
 
