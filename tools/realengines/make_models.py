@@ -83,16 +83,23 @@ def _fresh(out: Path, force: bool) -> bool:
     return True
 
 
-def make_qwen(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
-    out = root / "model-qwen"
-    if not _fresh(out, force):
-        return
+def _qwen_tokenizer(out: Path, tokenizer_dir: Path) -> tuple[Path, int]:
+    """The Qwen3.5 tokenizer and chat template copied into ``out``: its tokenizer.json and
+    the model's vocabulary size (the tokenizer's ids, rounded up, at least QWEN_VOCAB)."""
     (out / "tokenizer.json").write_bytes(gzip.decompress(
         (tokenizer_dir / "tokenizer.json.gz").read_bytes()))
     for name in ("tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(tokenizer_dir / name, out / name)
     tok = out / "tokenizer.json"
     vocab = max(QWEN_VOCAB, _round_up(_top_id(tok) + 1))
+    return tok, vocab
+
+
+def make_qwen(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
+    out = root / "model-qwen"
+    if not _fresh(out, force):
+        return
+    tok, vocab = _qwen_tokenizer(out, tokenizer_dir)
     _write_body(out, vocab=vocab, bos=None, eos=_token_id(tok, "<|im_end|>"),
                 pad=_token_id(tok, "<|endoftext|>"), seed=1234)
 
@@ -119,12 +126,7 @@ def make_qwen_vl(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
     out = root / "model-qwen-vl"
     if not _fresh(out, force):
         return
-    (out / "tokenizer.json").write_bytes(gzip.decompress(
-        (tokenizer_dir / "tokenizer.json.gz").read_bytes()))
-    for name in ("tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    tok = out / "tokenizer.json"
-    vocab = max(QWEN_VOCAB, _round_up(_top_id(tok) + 1))
+    tok, vocab = _qwen_tokenizer(out, tokenizer_dir)
     ids = {name: _token_id(tok, f"<|{name}|>") for name in
            ("image_pad", "video_pad", "vision_start", "vision_end")}
     eos, pad = _token_id(tok, "<|im_end|>"), _token_id(tok, "<|endoftext|>")
