@@ -83,6 +83,29 @@ def test_a_worker_whose_engine_works_is_never_a_suspect() -> None:
         assert watch.check(lambda _: clock.now - 4.5).probe == ["w"]
 
 
+def test_a_silence_is_probed_only_once_a_poll_has_seen_it() -> None:
+    # the gateway's own loop stalled 6 s: every sign it holds is old, the engine's included
+    clock = Clock()
+    watch = ProgressWatch(4.0, 8.0, clock)
+    polled = {"w": clock.now}
+    worked = {"w": clock.now}
+    with watch.waiting("w", lambda: pytest.fail("failed over")):
+        clock.now += 6.0
+        assert watch.check(worked.get, polled.get).probe == []  # no poll since the stall
+        polled["w"] = clock.now - 0.1  # the first poll after it: the counters moved
+        worked["w"] = polled["w"]
+        assert watch.check(worked.get, polled.get).probe == []
+        clock.now += 4.5
+        polled["w"] = clock.now - 0.2  # 4.3 s into the silence, the counters still flat
+        assert watch.check(worked.get, polled.get).probe == ["w"]
+    with watch.waiting("v", lambda: None):
+        polled["v"] = clock.now
+        clock.now += 11.0  # polls stopped (nobody polls it any more): 4 s + 8 s waits
+        assert watch.check(worked.get, polled.get).probe == []
+        clock.now += 1.0
+        assert watch.check(worked.get, polled.get).probe == ["v"]
+
+
 def test_a_probe_that_times_out_while_the_counters_move_is_not_a_wedge() -> None:
     clock = Clock()
     watch = ProgressWatch(4.0, 8.0, clock)
@@ -150,6 +173,11 @@ def test_the_engines_work_mark_moves_worked_at_only_when_it_changes() -> None:
         worker.load_poll_begun()
         worker.load_polled(poll, 1, 3, at, mark)
     assert worker.worked_at == 3.0 and worker.work == (12.0,)
+    assert worker.polled_at == 5.0
+    worker.load_poll_failed(worker.load_poll_begun(), 6.0)  # a failed poll still looked
+    assert worker.polled_at == 6.0
+    worker.load_poll_failed(worker.load_poll_begun() - 1, 7.0)  # overtaken: dropped
+    assert worker.polled_at == 6.0
 
 
 def spec_of_id(worker_id: str) -> WorkerSpec:

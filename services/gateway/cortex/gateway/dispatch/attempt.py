@@ -233,7 +233,14 @@ _CHECK_INTERVAL_S = 1.0
 
 WorkedAt = Callable[[str], float | None]
 """Worker id → monotonic s of its engine's last observed work (a load poll whose work mark
-changed), ``None`` when none was seen."""
+changed), ``None`` when none was seen. The same shape says when the worker's latest load poll
+that ended (answered or failed) was sent: :data:`PolledAt`."""
+
+PolledAt = WorkedAt
+
+
+def _never(_: str) -> float | None:
+    return None
 
 
 @dataclass(slots=True)
@@ -317,23 +324,35 @@ class ProgressWatch:
             signs.append(worked)
         return max(signs, default=float("-inf"))
 
-    def check(self, worked_at: WorkedAt) -> Checked:
+    def check(self, worked_at: WorkedAt, polled_at: PolledAt = _never) -> Checked:
         """What to do now: the :meth:`suspects` to probe, and the PD legs failed here (see
         :meth:`fail_silent_legs`)."""
-        return Checked(self.suspects(worked_at), self.fail_silent_legs(worked_at))
+        return Checked(self.suspects(worked_at, polled_at), self.fail_silent_legs(worked_at))
 
-    def suspects(self, worked_at: WorkedAt = lambda _: None) -> list[str]:
+    def suspects(self, worked_at: WorkedAt = _never, polled_at: PolledAt = _never) -> list[str]:
         """Regular workers to probe now: an attempt waited ``wedge_after_s`` on each, each
-        made no progress for as long, and none is being probed already."""
+        made no progress for as long, and none is being probed already.
+
+        The silence must have been *seen*: when the worker's load is polled (``polled_at``
+        not ``None``), a poll sent ``wedge_after_s`` into the silence must have ended, so a
+        gateway whose own loop stalled (every sign it holds old) waits for a fresh poll
+        instead of probing an engine that kept working. Polls that stopped (a worker no
+        longer polled) are not waited on past ``probe_timeout_s`` more."""
         now = self._clock()
         found = []
         for worker_id, entry in self._workers.items():
             if entry.probing is not None:
                 continue
             last = self._last_progress(worker_id, worked_at)
-            if any(w.probe and now - max(w.since, last) >= self.wedge_after_s
-                   for w in entry.waiting.values()):
-                found.append(worker_id)
+            polled = polled_at(worker_id)
+            for waiter in entry.waiting.values():
+                quiet_since = max(waiter.since, last)
+                if not waiter.probe or now - quiet_since < self.wedge_after_s:
+                    continue
+                if (polled is None or polled >= quiet_since + self.wedge_after_s
+                        or now - polled >= self.wedge_after_s + self.probe_timeout_s):
+                    found.append(worker_id)
+                    break
         return found
 
     def fail_silent_legs(self, worked_at: WorkedAt) -> dict[str, int]:
@@ -407,11 +426,15 @@ class ProgressWatch:
             worker = pool.get(worker_id)
             return worker.worked_at if worker is not None else None
 
+        def polled_at(worker_id: str) -> float | None:
+            worker = pool.get(worker_id)
+            return worker.polled_at if worker is not None else None
+
         probes: set[asyncio.Task[None]] = set()
         try:
             while True:
                 await asyncio.sleep(_CHECK_INTERVAL_S)
-                checked = self.check(worked_at)
+                checked = self.check(worked_at, polled_at)
                 for worker_id, failed in checked.wedged.items():
                     self._report(worker_id, failed, metrics, "no engine progress on either "
                                  "side of the pair")

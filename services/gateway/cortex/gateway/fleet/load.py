@@ -79,6 +79,7 @@ class LoadPoller:
             async with asyncio.timeout(self.config.timeout_s):
                 running, waiting, work = await self._fetch(worker)
         except (TimeoutError, aiohttp.ClientError, LoadFormatError, ValueError) as exc:
+            worker.load_poll_failed(number, sent)
             self.metrics.load_polls.labels(result="error").inc()
             log.debug("load poll failed worker=%s: %r", worker.id, exc, extra={"worker": worker.id})
             return

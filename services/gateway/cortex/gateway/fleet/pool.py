@@ -16,7 +16,7 @@ Per-worker circuit breaker (pure; the clock in seconds is injectable).
 row close it, any failure re-opens it.
 
 Wedged-worker detection (:mod:`cortex.gateway.dispatch.attempt`) reads
-:attr:`WorkerState.worked_at`, which the load poller keeps.
+:attr:`WorkerState.worked_at` and :attr:`WorkerState.polled_at`, which the load poller keeps.
 """
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ class WorkerState:
         # s) it is what it is: when that poll's mark differed from the one before
         self.work: WorkMark | None = None
         self.worked_at: float | None = None
+        self.polled_at: float | None = None  # when the latest poll that ended was sent
         self.ledger = LedgerState.UNSPECIFIED
         # reconciling the engine's polled counts with what this gateway saw finish since:
         # requests are stamped with the number of load polls begun when they opened
@@ -241,6 +242,7 @@ class WorkerState:
         dropped."""
         if poll != self._polls_begun:
             return
+        self.polled_at = at
         if work is not None:
             if self.work is not None and work != self.work:
                 self.worked_at = at  # it computed something since the poll before
@@ -248,6 +250,12 @@ class WorkerState:
         self.engine = EngineLoad(running, waiting, at)
         self._stored_poll = poll
         self._done_since_stored = self._done_since_begun
+
+    def load_poll_failed(self, poll: int, at: float) -> None:
+        """Poll ``poll`` (sent at monotonic ``at``) failed: it is still a look at the worker
+        (the wedge watch's evidence of silence), though it says nothing of its load."""
+        if poll == self._polls_begun:
+            self.polled_at = at
 
     def fresh_engine_load(self, now: float, stale_after_s: float) -> EngineLoad | None:
         """The engine's last report unless stale, its running count less the requests of
