@@ -101,9 +101,14 @@ unit: venv
 
 ## The README's test command: lint, types, generated-code drift, the whole suite but the
 ## benchmark tools' end-to-end runs (make test-bench) and the images' installs (make
-## test-images, ~2 min of pip installs); CI runs all three.
+## test-images, ~2 min of pip installs); CI runs all three. The suite's files run on
+## TEST_WORKERS pytest-xdist workers (a file's tests stay on one worker, with its module
+## fixtures): most of a test waits on the processes it started, so 3 workers keep 2 cores
+## busy (14.3 → ~11 min on 2 shared cores). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
+
 test: venv envoy lock-check lint typecheck proto-check
-	$(BIN)/pytest -m "not bench and not image"
+	$(BIN)/pytest -m "not bench and not image" -n $(TEST_WORKERS) --dist loadfile
 
 test-bench: venv envoy
 	$(BIN)/pytest -m bench
