@@ -16,10 +16,9 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
 
 from cortex.api.index.v1 import index_pb2 as pb
 from cortex.hashing import Engine, HashDomain, pack_keys

@@ -20,7 +20,8 @@ from cortex.ledger.pytree import PythonTree
 from cortex.ledger.tree import RadixHashTree, TreeColumns
 
 __all__ = ["Core", "NativeMissing", "active", "available", "describe", "new_tree", "node_bytes",
-           "plan_ops", "plan_updates", "replica_target", "sync_target", "tree_from_columns", "tree_type", "use"]
+           "plan_ops", "plan_updates", "replica_target", "sync_target", "tree_from_columns",
+           "tree_type", "use"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,13 @@ class NativeMissing(RuntimeError):
 _TYPES: dict[Core, type[RadixHashTree]] = {Core.PYTHON: PythonTree}
 _missing = ""
 try:
-    from cortex.ledger.native import NativeTree, PlannedOps, PlannedUpdates, SyncTarget, Target
+    from cortex.ledger.native import (
+        NativeTree,
+        PlannedOps,
+        PlannedUpdates,
+        SyncTarget,
+        Target,
+    )
 except ImportError as exc:  # the extension was not built
     _missing = str(exc)
     log.warning(

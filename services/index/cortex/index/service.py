@@ -23,6 +23,7 @@ from grpclib.server import Stream
 
 from cortex.api.index.v1.index_grpc import IndexBase
 from cortex.edge.tasks import stop_tasks
+from cortex.hashing import HashDomain
 from cortex.index.changes import ChangeSet
 from cortex.index.config import IndexConfig
 from cortex.index.convert import (
@@ -36,7 +37,6 @@ from cortex.index.metrics import IndexMetrics
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
 from cortex.index.replicas import ReplicaHub, numbered
 from cortex.index.sequencing import Verdict
-from cortex.hashing import HashDomain
 from cortex.ledger import cores
 from cortex.ledger.codec import (
     domain_from_bytes,
