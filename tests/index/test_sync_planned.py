@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
@@ -130,8 +131,8 @@ def batches(steps: list[tuple[str, int, int, int, int]]) -> list[bytes]:
 
 
 def record(op: ViewOp) -> tuple[Any, ...]:
-    fields = [type(op).__name__]
-    for name in op.__slots__:  # type: ignore[union-attr]
+    fields: list[Any] = [type(op).__name__]
+    for name in op.__slots__:
         value = getattr(op, name)
         fields.append([int(k) for k in value] if hasattr(value, "__len__")
                       and not isinstance(value, str | tuple) else value)
@@ -199,17 +200,7 @@ def test_a_batch_of_in_order_stores_takes_the_planned_path() -> None:
     """The planned path is taken (not only agreed with): a batch of stores of in-sync
     sources leaves no update to the per-update path."""
     encoded = batches([("store", i % len(SOURCES), i % CHAINS, 0, 5) for i in range(12)])
-    calls = 0
-    real = IndexService._apply
-
-    def counting(self: IndexService, *args: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return real(self, *args)
-
-    IndexService._apply = counting  # type: ignore[method-assign]
-    try:
+    with mock.patch.object(IndexService, "_apply", autospec=True,
+                           side_effect=IndexService._apply) as per_update:
         asyncio.run(run(encoded, cores.Core.NATIVE, True, 0))
-    finally:
-        IndexService._apply = real  # type: ignore[method-assign]
-    assert calls == len(SOURCES)  # the four snapshots only
+    assert per_update.call_count == len(SOURCES)  # the four snapshots only
