@@ -184,7 +184,7 @@ async def run(encoded: list[bytes], core_kind: cores.Core, columnar: bool,
         cores.use(before)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(steps=st.lists(STEP, min_size=3, max_size=60), budget_nodes=st.sampled_from([0, 30, 70]))
 def test_planned_sync_applies_like_the_pure_python_path(
         steps: list[tuple[str, int, int, int, int]], budget_nodes: int) -> None:

@@ -236,7 +236,12 @@ static int journal_op(OutBuf *b, int store, const uint8_t *src, size_t src_len,
     }
     b->p[b->len++] = (uint8_t)(((store ? 3 : 2) << 3) | 2); /* keys_le */
     put_varint(b, keys_bytes);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(b->p + b->len, keys, keys_bytes);
+    b->len += keys_bytes;
+#else
     for (int64_t i = 0; i < n; i++) put_le64(b, keys[i]);
+#endif
     return 0;
 }
 

@@ -122,13 +122,14 @@ def plan_updates(raw: bytes) -> PlannedUpdates | None:
         return None
 
 
-def sync_target(tree: RadixHashTree, source: Source, domain: int, epoch: int, seq: int
-                ) -> SyncTarget | None:
-    """What a planned update of ``source`` applies to (:meth:`PlannedUpdates.target`); None
-    with the pure-Python core."""
-    if Core.NATIVE not in _TYPES:
-        return None
-    return PlannedUpdates.target(tree, source, domain, epoch, seq)
+def _no_sync_target(tree: RadixHashTree, source: Source, domain: int, epoch: int, seq: int
+                    ) -> SyncTarget | None:
+    return None
+
+
+sync_target = PlannedUpdates.target if Core.NATIVE in _TYPES else _no_sync_target
+"""What a planned update of ``source`` applies to (:meth:`PlannedUpdates.target`); None
+with the pure-Python core."""
 
 
 def describe() -> dict[str, str]:

@@ -279,11 +279,7 @@ class PrefixIndex:
         updates applied; the caller applies update ``stop`` (unless a store filled the
         memory budget: then ``stop`` follows it and nothing is left to the caller) and
         calls again."""
-        index_of: dict[HashDomain, int] = {}
-        for i, domain in enumerate(domains):
-            if domain is not None:
-                index_of.setdefault(domain, i)
-        targets = [self._sync_target(s, index_of) for s in sources]
+        targets = self._sync_targets(sources, domains)
         if not any(targets):
             return start, 0, 0
         budget = self.memory_budget_bytes
@@ -320,21 +316,30 @@ class PrefixIndex:
             self._enforce_budget()
         return run.stop, run.stores, run.removes
 
-    def _sync_target(self, source: Source | None, domains: dict[HashDomain, int]
-                     ) -> SyncTarget | None:
-        """What a planned update of ``source`` applies to when the source is in sync and
-        placed in its record's domain (None: :meth:`apply` decides)."""
-        if source is None:
-            return None
-        rec = self.ledger.get(source)
-        if rec is None or rec.removed or rec.awaiting_snapshot or max(rec.epoch,
-                                                                      rec.seq) >= 1 << 63:
-            return None
-        place = self.view.places.get(source)
-        at = domains.get(rec.domain)
-        if place is None or at is None or place.domain != rec.domain:
-            return None
-        return cores.sync_target(self.view.trees[rec.domain], source, at, rec.epoch, rec.seq)
+    def _sync_targets(self, sources: Sequence[Source | None],
+                      domains: Sequence[HashDomain | None]) -> list[SyncTarget | None]:
+        """Per planned source, what its updates apply to when it is in sync and placed in
+        its record's domain (None: :meth:`apply` decides)."""
+        index_of: dict[HashDomain, int] = {}
+        for i, domain in enumerate(domains):
+            if domain is not None:
+                index_of.setdefault(domain, i)
+        record, places, trees = self.ledger.get, self.view.places, self.view.trees
+        target = cores.sync_target
+        out: list[SyncTarget | None] = []
+        for source in sources:
+            rec = None if source is None else record(source)
+            if rec is None or rec.removed or rec.awaiting_snapshot or rec.epoch >= 1 << 63 \
+                    or rec.seq >= 1 << 63:
+                out.append(None)
+                continue
+            place = places.get(rec.source)
+            at = index_of.get(rec.domain)
+            if place is None or at is None or place.domain != rec.domain:
+                out.append(None)
+                continue
+            out.append(target(trees[rec.domain], rec.source, at, rec.epoch, rec.seq))
+        return out
 
     # ---- ingest liveness -------------------------------------------------------------------
 
