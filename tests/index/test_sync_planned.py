@@ -19,6 +19,8 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -204,3 +206,65 @@ def test_a_batch_of_in_order_stores_takes_the_planned_path() -> None:
                            side_effect=IndexService._apply) as per_update:
         asyncio.run(run(encoded, cores.Core.NATIVE, True, 0))
     assert per_update.call_count == len(SOURCES)  # the four snapshots only
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(STEP, min_size=1, max_size=20),
+       edits=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)),
+                      min_size=1, max_size=4),
+       cut=st.integers(0, 64))
+def test_mutated_batches_apply_alike_or_are_refused(
+        steps: list[tuple[str, int, int, int, int]], edits: list[tuple[int, int]],
+        cut: int) -> None:
+    """Bytes flipped or cut off: the planner refuses them with ValueError or plans them; the
+    protobuf runtime parses them or refuses them (the codec's INVALID_ARGUMENT); what it
+    parses applies on both paths alike (unknown fields, odd lengths and all)."""
+    mutated = []
+    for data in batches(steps):
+        raw = bytearray(data)
+        for at, value in edits:
+            raw[at % len(raw)] = value
+        mutated.append(bytes(raw[:max(1, len(raw) - cut)]))
+    parsed = []
+    for data in mutated:
+        try:
+            cores.plan_updates(data)  # never crashes; None when not a message
+            parsed.append(pb.UpdateBatch.FromString(data).SerializeToString())
+        except DecodeError:
+            continue
+    want = asyncio.run(run(parsed, cores.Core.PYTHON, False, 30))
+    got = asyncio.run(run(parsed, cores.Core.NATIVE, True, 30))
+    assert got == want
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x12", b"\x12\x05\x0a", b"\x12\x03\x0a\x01", b"\xff" * 9,
+                                 b"\x12\x02\x52\x05"])
+def test_bytes_that_are_not_a_batch_are_not_planned_or_plan_nothing(raw: bytes) -> None:
+    planned = cores.plan_updates(raw)
+    if planned is not None:
+        assert planned.count <= 1
+        core = PrefixIndex(start_version=1)
+        stop, stores, removes = core.apply_planned(planned, 0, [None] * len(planned.sources),
+                                                   [None] * len(planned.domains))
+        assert (stop, stores, removes) == (0, 0, 0)
+
+
+def test_a_forged_plan_is_refused_without_touching_a_tree() -> None:
+    from cortex.ledger._core import apply_update_run, plan_update_batch
+
+    data = batches([("store", 0, 1, 0, 3)])[0]
+    plan, sources, _ = plan_update_batch(data)
+    tree = cores.tree_type(cores.Core.NATIVE)()
+    tree.add_source(SOURCES[0])
+    forged = bytearray(plan)
+    forged[-16:-8] = (1 << 40).to_bytes(8, "little")  # the last update's keys far outside
+    target = cores.sync_target(tree, SOURCES[0], 0, 1, 0)
+    targets = [target] * len(sources)
+    with pytest.raises(ValueError, match="not this batch's"):
+        apply_update_run(data, bytes(forged), len(plan) // 56 - 1, targets, 0, 1 << 62,
+                         sources, True)
+    assert tree.nodes == 0
+    forged[-16:-8] = plan[-16:-8]  # the plan as made: the same call applies the store
+    stop, *_ = apply_update_run(data, bytes(forged), len(plan) // 56 - 1, targets, 0, 1 << 62,
+                                sources, True)
+    assert stop == len(plan) // 56 and tree.nodes == 4  # its 3 keys and their parent
