@@ -130,7 +130,8 @@ class ReplicaHub:
             self.core.stop_journal()
 
     def flush(self) -> int:
-        """Queue the journal on every subscriber; returns the records flushed."""
+        """Queue the journal on every subscriber; returns the records flushed (a run of ops
+        the compiled core encoded, :class:`~cortex.ledger.view.WireOps`, counts as one)."""
         journal = self.core.take_journal()
         if not journal or not self.subscribers:
             return 0
