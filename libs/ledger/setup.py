@@ -13,7 +13,8 @@ setup(
         Extension(
             "cortex.ledger._core",
             ["cortex/ledger/_core.c"],
-            depends=["cortex/ledger/_wire.h", "cortex/ledger/_keymap.h"],
+            depends=["cortex/ledger/_wire.h", "cortex/ledger/_keymap.h",
+                     "cortex/ledger/_sync.h"],
             optional=True,
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],

@@ -16,9 +16,11 @@ Measured:
    index's ``Match`` over gRPC (mismatches are counted and reported, never hidden);
 5. **in-process match**: a replica's match time for a 256-block query.
 
-``--baseline``: each rate runs twice, first with replicas applying every op one by one
-(``LedgerReplica(wire_replay=False)``, the path before a batch's stores went to the compiled
-core in one call), then as a gateway does: the report gives both and their ratio.
+``--baseline``: each rate runs twice, first with a Python object per update on both sides --
+the index applying a Sync batch update by update (``--no-columnar-sync``) and the replicas
+every op one by one (``LedgerReplica(wire_replay=False)``), the paths before a batch went to
+the compiled core in one call -- then as the index and a gateway run by default: the report
+gives both and their ratios.
 
 Writes ``docs/bench/replica.md`` and ``replica.png`` (``--out``).
 """
@@ -184,7 +186,7 @@ class RateResult:
     queries: int
     index_bytes_per_block: float
     profiles: dict[str, Path] = field(default_factory=dict)  # process -> raw py-spy stacks
-    per_op: bool = False  # the baseline: replicas applying op by op
+    per_op: bool = False  # the baseline: index update by update, replicas op by op
 
 
 def _child(sup: Supervisor, name: str, *args: str) -> Child:
@@ -207,7 +209,8 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
              seed: int, profile: tuple[str, Path] | None = None, per_op: bool = False
              ) -> RateResult:
     """One rate; ``profile`` = (py-spy, directory): the index and the first replica are
-    sampled over the feeding window. ``per_op``: the replicas apply op by op."""
+    sampled over the feeding window. ``per_op``: the index applies update by update and the
+    replicas op by op (the baseline)."""
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="cortex-bench-replica-") as logs, \
@@ -215,7 +218,7 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
         index = sup.start_cortex("index", [
             "index", "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
             "--metrics-port", str(metrics_port), "--log-level", "WARNING",
-            "--memory-budget-bytes", "0"])
+            "--memory-budget-bytes", "0", *(["--no-columnar-sync"] if per_op else [])])
         wait_until(lambda: _port_open(port), 30, 0.05, "index")
         children = [_child(sup, f"replica-{i}", "replica", target, str(seconds + 2),
                            *(["per-op"] if per_op else [])) for i in range(replicas)]
@@ -291,10 +294,10 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         f"updates a batch), {replicas} replica processes (a gateway's `ReplicaClient` each), "
         "all on 127.0.0.1 and one machine: the replicas compete with the index for the cores.",
         "",
-        *table(("offered blocks/s", "replicas apply", "sent", "achieved blocks/s", "lag p50",
-                "p99", "max", "index CPU / block", "replica CPU / block",
+        *table(("offered blocks/s", "index and replicas apply", "sent", "achieved blocks/s",
+                "lag p50", "p99", "max", "index CPU / block", "replica CPU / block",
                 "replica RSS / block", "match (256 keys)", "answers ≠ index"),
-               [(f"{r.rate:,.0f}", "op by op (baseline)" if r.per_op else "batch (default)",
+               [(f"{r.rate:,.0f}", "per update (baseline)" if r.per_op else "batch (default)",
                  f"{r.blocks:,}", f"{r.blocks / r.seconds:,.0f}",
                  f"{r.lag_p50_ms:.1f} ms",
                  f"{r.lag_p99_ms:.1f} ms", f"{r.lag_max_ms:.0f} ms",
@@ -305,8 +308,10 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
     pairs = [(b, r) for b, r in itertools.pairwise(results)
              if b.per_op and not r.per_op and b.rate == r.rate]
     if pairs:
-        lines += ["", "Replica CPU per block, op by op / batch (same run, same rate): " + ", ".join(
-            f"{r.rate:,.0f}/s: {b.replica_cpu_us_per_block / r.replica_cpu_us_per_block:.2f}x"
+        lines += ["", "CPU per block, per update / batch (same run, same rate): " + "; ".join(
+            f"{r.rate:,.0f}/s: index "
+            f"{b.index_cpu_us_per_block / r.index_cpu_us_per_block:.2f}x, replica "
+            f"{b.replica_cpu_us_per_block / r.replica_cpu_us_per_block:.2f}x"
             for b, r in pairs) + "."]
     lines += [
         "",
@@ -329,7 +334,7 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
     shown = [r for r in results if r.rate == last.rate]
     for r in shown:
         for name, raw in r.profiles.items():
-            how = " (replicas op by op)" if r.per_op else ""
+            how = " (per update: the baseline)" if r.per_op else ""
             if raw.exists():
                 lines += [f"## Where the {name}'s time goes at {r.rate:,.0f} blocks/s offered"
                           f"{how} (py-spy)", "", *pyspy.top_frames_table(raw), ""]
@@ -377,11 +382,12 @@ def _main(args: argparse.Namespace) -> int:
     profile = (pyspy.find_py_spy(args.py_spy), out) if args.profile else None
     for i, rate in enumerate(rates):
         for per_op in (True, False) if args.baseline else (False,):
-            how = " (replicas op by op)" if per_op else ""
+            how = " (per update: the baseline)" if per_op else ""
             print(f"rate {rate:,.0f} blocks/s{how} ...", flush=True)
             result = run_rate(rate, args.replicas, args.seconds, args.blocks_per_update,
                               args.updates_per_batch, i, profile, per_op)
             print(f"  lag p50 {result.lag_p50_ms:.1f} ms p99 {result.lag_p99_ms:.1f} ms, "
+                  f"index {result.index_cpu_us_per_block:.2f} µs/block, "
                   f"replica {result.replica_cpu_us_per_block:.2f} µs/block, "
                   f"{result.mismatches} mismatches", flush=True)
             results.append(result)
@@ -411,7 +417,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the report)")
     parser.add_argument("--py-spy", default="", help="py-spy executable (default: on PATH)")
     parser.add_argument("--baseline", action="store_true",
-                        help="run each rate first with replicas applying op by op (ratios)")
+                        help="run each rate first with the index applying update by update "
+                             "and the replicas op by op (ratios)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
 
 

@@ -1384,7 +1384,11 @@ done:
     return out;
 }
 
+#include "_sync.h"
+
 static PyMethodDef core_functions[] = {
+    {"plan_update_batch", (PyCFunction)plan_update_batch, METH_O, NULL},
+    {"apply_update_run", (PyCFunction)apply_update_run, METH_VARARGS, NULL},
     {"plan_replica_ops", (PyCFunction)plan_replica_ops, METH_O, NULL},
     {"replay_replica_ops", (PyCFunction)replay_replica_ops, METH_VARARGS, NULL},
     {"keymap_store", (PyCFunction)keymap_store, METH_VARARGS, NULL},

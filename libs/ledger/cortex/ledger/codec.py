@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
 
 from cortex.api.index.v1 import index_pb2 as pb
 from cortex.hashing import Engine, HashDomain, pack_keys
@@ -48,10 +49,12 @@ from cortex.ledger.view import (
     Store,
     StorePairs,
     ViewOp,
+    WireOps,
 )
 
 __all__ = [
     "ENGINE_KIND",
+    "domain_from_bytes",
     "domain_from_pb",
     "domain_to_pb",
     "engine_from_kind",
@@ -62,7 +65,10 @@ __all__ = [
     "match_to_pb",
     "op_from_pb",
     "op_to_pb",
+    "ops_from_wire",
+    "ops_to_pb",
     "pb",
+    "source_from_bytes",
     "source_from_pb",
     "source_to_pb",
     "state_from_pb",
@@ -176,6 +182,25 @@ def _domain(model: str, block_size: int, engine: int) -> HashDomain:
 
 def domain_from_pb(msg: pb.Domain) -> HashDomain:
     return _domain(msg.model, msg.block_size, msg.engine)
+
+
+@functools.lru_cache(maxsize=4096)
+def source_from_bytes(raw: bytes) -> Source | None:
+    """The source of a ``Source`` message's bytes (an update planned from the wire); None
+    when they are not a valid one (the update then takes the path that reports it)."""
+    try:
+        return source_from_pb(pb.Source.FromString(raw))
+    except (DecodeError, InvalidArgument):
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def domain_from_bytes(raw: bytes) -> HashDomain | None:
+    """The hash domain of a ``Domain`` message's bytes; None when they are not a valid one."""
+    try:
+        return domain_from_pb(pb.Domain.FromString(raw))
+    except (DecodeError, InvalidArgument):
+        return None
 
 
 def domain_to_pb(domain: HashDomain, out: pb.Domain) -> None:
@@ -320,9 +345,18 @@ def op_from_pb(msg: pb.ReplicaOp) -> ViewOp:
     raise InvalidArgument("replica op has no op (unset)")
 
 
-def ops_to_pb(ops: Iterable[ViewOp], out: pb.ReplicaBatch) -> None:
+def ops_to_pb(ops: Iterable[ViewOp | WireOps], out: pb.ReplicaBatch) -> None:
+    """Append ``ops`` to ``out.ops`` in order (encoded records as they are)."""
     for op in ops:
-        op_to_pb(op, out.ops.add())
+        if isinstance(op, WireOps):
+            out.MergeFromString(op.data)  # repeated ``ops`` entries: appended in order
+        else:
+            op_to_pb(op, out.ops.add())
+
+
+def ops_from_wire(ops: WireOps) -> list[ViewOp]:
+    """The journal records of encoded ``ReplicaBatch.ops`` entries."""
+    return [op_from_pb(op) for op in pb.ReplicaBatch.FromString(ops.data).ops]
 
 
 # ---- matches (index -> gateway) -----------------------------------------------------------

@@ -20,7 +20,8 @@ from cortex.ledger.pytree import PythonTree
 from cortex.ledger.tree import RadixHashTree, TreeColumns
 
 __all__ = ["Core", "NativeMissing", "active", "available", "describe", "new_tree", "node_bytes",
-           "plan_ops", "replica_target", "tree_from_columns", "tree_type", "use"]
+           "plan_ops", "plan_updates", "replica_target", "sync_target", "tree_from_columns",
+           "tree_type", "use"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,13 @@ class NativeMissing(RuntimeError):
 _TYPES: dict[Core, type[RadixHashTree]] = {Core.PYTHON: PythonTree}
 _missing = ""
 try:
-    from cortex.ledger.native import NativeTree, PlannedOps, Target
+    from cortex.ledger.native import (
+        NativeTree,
+        PlannedOps,
+        PlannedUpdates,
+        SyncTarget,
+        Target,
+    )
 except ImportError as exc:  # the extension was not built
     _missing = str(exc)
     log.warning(
@@ -101,6 +108,28 @@ def replica_target(tree: RadixHashTree, source: Source) -> Target | None:
     """The compiled tree and bit a planned op of ``source`` applies to
     (:meth:`PlannedOps.target`); None with the pure-Python core."""
     return PlannedOps.target(tree, source) if Core.NATIVE in _TYPES else None
+
+
+def plan_updates(raw: bytes) -> PlannedUpdates | None:
+    """An ingest's UpdateBatch planned by the compiled core (:class:`PlannedUpdates`), when
+    it is the active core; None otherwise, and when ``raw`` is not a protobuf message (the
+    caller then applies update by update, which reports what is wrong)."""
+    if _active is not Core.NATIVE:
+        return None
+    try:
+        return PlannedUpdates(raw)
+    except ValueError:
+        return None
+
+
+def _no_sync_target(tree: RadixHashTree, source: Source, domain: int, epoch: int, seq: int
+                    ) -> SyncTarget | None:
+    return None
+
+
+sync_target = PlannedUpdates.target if Core.NATIVE in _TYPES else _no_sync_target
+"""What a planned update of ``source`` applies to (:meth:`PlannedUpdates.target`); None
+with the pure-Python core."""
 
 
 def describe() -> dict[str, str]:

@@ -12,18 +12,24 @@ bits and shapes the results as :class:`~cortex.ledger.tree.RadixHashTree` promis
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from cortex.ledger._core import Tree as _CoreTree
-from cortex.ledger._core import plan_replica_ops, replay_replica_ops
+from cortex.ledger._core import (
+    apply_update_run,
+    plan_replica_ops,
+    plan_update_batch,
+    replay_replica_ops,
+)
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import SourceMatch
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.tree import Eviction, Keys, RadixHashTree, TreeColumns, check_columns
 
-__all__ = ["NativeTree", "PlannedOps", "Target"]
+__all__ = ["NativeTree", "PlannedOps", "PlannedUpdates", "SyncTarget", "Target", "UpdateRun"]
 
 _U64 = np.uint64
 _EMPTY_KEYS: npt.NDArray[np.uint64] = np.zeros(0, _U64)
@@ -35,6 +41,8 @@ _BYTES_PER_NODE = 8 + 4 + 4 + 8 + 16
 # one planned op of a ReplicaBatch (``OpPlan`` in _core.c)
 _OP_PLAN = np.dtype([("kind", "=i4"), ("source", "=i4"), ("parent", "=u8"), ("keys", "=i8"),
                      ("pkeys", "=i8"), ("n", "=i8")])
+# one planned update of an UpdateBatch (``UpdatePlan`` in _sync.h)
+_UPDATE_PLAN_BYTES = 4 * 4 + 5 * 8
 
 
 def _words(buf: bytearray) -> npt.NDArray[np.uint64]:
@@ -281,3 +289,68 @@ class PlannedOps:
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
         return stop, [(at, _words(keys)) for at, keys in removed]
+
+
+SyncTarget = tuple[_CoreTree, int, int, int, int, int]
+"""What a planned update applies to: a compiled tree, its source's holder bit, the index of
+the ``Domain`` bytes the source's record is in, its epoch, its last applied seq, and the
+memory budget's bytes per node of that tree."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRun:
+    """What :meth:`PlannedUpdates.apply` applied (see ``apply_update_run`` in ``_sync.h``)."""
+
+    stop: int  # the first update not applied
+    tick: int  # the recency clock after the run's stores
+    stores: int
+    removes: int
+    seqs: list[tuple[int, int]]  # (source index, last applied seq) per source applied to
+    removed: list[tuple[int, int, npt.NDArray[np.uint64]]]  # (update, source, keys dropped)
+    journal: list[tuple[int, bytes]]  # (domain index, ReplicaBatch ``ops`` entries)
+
+
+class PlannedUpdates:
+    """An UpdateBatch's updates read from its bytes by the compiled core, for the index to
+    apply the in-order stores and removals of in-sync sources without a Python object per
+    update (see :meth:`cortex.index.prefix_index.PrefixIndex.apply_planned`).
+
+    :attr:`sources` / :attr:`domains` are the distinct ``Source`` / ``Domain`` messages
+    (bytes) the planned updates name; every other update (and any encoded unusually) is left
+    to the caller, who applies it through the protobuf runtime. ``ValueError`` when ``raw``
+    is not a protobuf message."""
+
+    __slots__ = ("_plan", "_raw", "count", "domains", "sources")
+
+    def __init__(self, raw: bytes) -> None:
+        plan, self.sources, self.domains = plan_update_batch(raw)
+        self._raw, self._plan = raw, plan
+        self.count = len(plan) // _UPDATE_PLAN_BYTES
+
+    def __repr__(self) -> str:
+        return (f"PlannedUpdates(updates={self.count}, sources={len(self.sources)}, "
+                f"domains={len(self.domains)})")
+
+    @staticmethod
+    def target(tree: RadixHashTree, source: Source, domain: int, epoch: int, seq: int
+               ) -> SyncTarget | None:
+        """What an in-order update of ``source`` (in-sync at ``(epoch, seq)``, placed in
+        ``tree``) applies to; None when the tree is not a compiled one or has no bit for the
+        source (the caller applies its updates)."""
+        if not isinstance(tree, NativeTree):
+            return None
+        bit = tree._bit_of.get(source)
+        if bit is None:
+            return None
+        return (tree._tree, bit, domain, epoch, seq, tree.node_bytes(tree.words))
+
+    def apply(self, start: int, targets: list[SyncTarget | None], tick: int, headroom: int,
+              journal: bool) -> UpdateRun:
+        """Apply the in-order stores and removals from ``start`` (a store at recency
+        ``tick + 1``, counting stores) up to the first update the caller must apply, or just
+        after a store that takes ``headroom`` (bytes of memory budget) below 0; with
+        ``journal``, the replica ops of what changed, encoded."""
+        stop, tick, stores, removes, seqs, removed, segments = apply_update_run(
+            self._raw, self._plan, start, targets, tick, headroom, self.sources, journal)
+        return UpdateRun(stop, tick, stores, removes, seqs,
+                         [(at, src, _words(keys)) for at, src, keys in removed], segments)

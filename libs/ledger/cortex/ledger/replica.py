@@ -40,7 +40,7 @@ from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source
 from cortex.ledger.tree import TreeColumns
-from cortex.ledger.view import Keys, LedgerView, Place, ViewOp
+from cortex.ledger.view import Keys, LedgerView, Place, ViewOp, WireOps
 
 if TYPE_CHECKING:
     from cortex.ledger.native import PlannedOps, Target
@@ -51,6 +51,7 @@ __all__ = [
     "ReplicaChanges",
     "ReplicaState",
     "journal_batch",
+    "journal_bytes",
     "snapshot_batches",
     "touch_request",
 ]
@@ -120,12 +121,32 @@ def snapshot_batches(view: LedgerView, models: Collection[str], index_id: str, v
     yield batch
 
 
-def journal_batch(ops: Sequence[ViewOp], index_id: str, version: int,
+def journal_batch(ops: Sequence[ViewOp | WireOps], index_id: str, version: int,
                   applied_unix_s: float) -> pb.ReplicaBatch:
     """One live batch of journal records (without ``seq``)."""
     batch = pb.ReplicaBatch(index_id=index_id, version=version, applied_unix_s=applied_unix_s)
     ops_to_pb(ops, batch)
     return batch
+
+
+def journal_bytes(ops: Sequence[ViewOp | WireOps], index_id: str, version: int,
+                  applied_unix_s: float) -> bytes:
+    """:func:`journal_batch` encoded, records already encoded copied as they are (protobuf
+    appends the ``ops`` of concatenated messages in order)."""
+    parts = [pb.ReplicaBatch(index_id=index_id, version=version,
+                             applied_unix_s=applied_unix_s).SerializeToString()]
+    pending: list[ViewOp] = []
+    for op in ops:
+        if isinstance(op, WireOps):
+            if pending:
+                parts.append(journal_batch(pending, "", 0, 0.0).SerializeToString())
+                pending = []
+            parts.append(op.data)
+        else:
+            pending.append(op)
+    if pending:
+        parts.append(journal_batch(pending, "", 0, 0.0).SerializeToString())
+    return b"".join(parts)
 
 
 # ---- the replica's side -----------------------------------------------------------------

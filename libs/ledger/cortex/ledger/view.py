@@ -41,6 +41,7 @@ __all__ = [
     "Store",
     "StorePairs",
     "ViewOp",
+    "WireOps",
 ]
 
 
@@ -111,11 +112,21 @@ class Evict:
 
 ViewOp = Attach | Detach | Store | StorePairs | Remove | Clear | Evict
 
+
+@dataclass(frozen=True, slots=True)
+class WireOps:
+    """Journal records already encoded: ``ReplicaBatch.ops`` entries (protobuf wire bytes)
+    of stores and removals the index applied from an ingest batch's bytes in one call
+    (:meth:`cortex.index.prefix_index.PrefixIndex.apply_planned`). A replica batch carries
+    them as they are; :func:`cortex.ledger.codec.ops_from_wire` reads them back."""
+
+    data: bytes
+
 _Roster = tuple[list[tuple[int, Source, "Place"]], bool, list[tuple[int, Source, LedgerState]],
                 bool]
 
-Journaled = tuple[str, ViewOp]
-"""A journal entry: the model the change concerns, and the change."""
+Journaled = tuple[str, ViewOp | WireOps]
+"""A journal entry: the model the change(s) concern, and the change(s)."""
 
 
 class LedgerView:

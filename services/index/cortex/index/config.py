@@ -61,6 +61,9 @@ class IndexConfig:
     """Removed sources remembered (so their late duplicates stay duplicates)."""
     apply_slice_s: float = 0.005
     """A Sync batch yields to queries after this much apply time."""
+    columnar_sync: bool = True
+    """Apply a Sync batch's in-order stores and removals from its bytes in one call of the
+    compiled ledger core (off: update by update, the pure-Python path; same result)."""
     ingest_grace_s: float = 5.0
     """An ingest heard from for no longer than this (no batch: ingests send an empty one
     every second when idle; no open stream) is lost: its sources turn SYNCING

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from cortex.hashing import Engine, HashDomain
 from cortex.index.changes import Change, ChangeLog
 from cortex.index.owners import SourceOwners
 from cortex.index.sequencing import Ledger, Verdict
+from cortex.ledger import cores
 from cortex.ledger.cores import node_bytes
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.match import Match
@@ -31,7 +33,10 @@ from cortex.ledger.model import (
     StoreBlocks,
 )
 from cortex.ledger.tree import RadixHashTree
-from cortex.ledger.view import Journaled, LedgerView
+from cortex.ledger.view import Journaled, LedgerView, WireOps
+
+if TYPE_CHECKING:
+    from cortex.ledger.native import PlannedUpdates, SyncTarget
 
 __all__ = [
     "ApplyResult",
@@ -261,6 +266,80 @@ class PrefixIndex:
             else:
                 self.owners.claim(source, ingest_id)
         return ApplyResult(Verdict.APPLY)
+
+    def apply_planned(self, planned: PlannedUpdates, start: int,
+                      sources: Sequence[Source | None], domains: Sequence[HashDomain | None],
+                      ingest_id: str | None = None) -> tuple[int, int, int]:
+        """Apply the planned updates from ``start`` that are in-order stores and removals of
+        in-sync sources in one call of the compiled core: what :meth:`apply` does to each
+        (sequencing, tree, version, change log, journal, owner, memory budget), without a
+        Python object per update. ``sources`` / ``domains`` are the plan's ``Source`` /
+        ``Domain`` messages decoded (None: invalid). Returns ``(stop, stores, removes)``:
+        the first update left to :meth:`apply` (``planned.count`` when none), and the
+        updates applied; the caller applies update ``stop`` (unless a store filled the
+        memory budget: then ``stop`` follows it and nothing is left to the caller) and
+        calls again."""
+        targets = self._sync_targets(sources, domains)
+        if not any(targets):
+            return start, 0, 0
+        budget = self.memory_budget_bytes
+        headroom = budget - self.bytes_estimate if budget else 1 << 62
+        journal = self.view.journal
+        run = planned.apply(start, targets, self._tick, headroom, journal is not None)
+        applied = run.stores + run.removes
+        if not applied:
+            return start, 0, 0
+        first = self.version + 1 - start  # the version update i took
+        self.version += applied
+        self._tick = run.tick
+        ledger, owners = self.ledger, self.owners
+        for at, si, keys in run.removed:
+            rec = ledger.get(sources[si])  # type: ignore[arg-type]  # targets were valid
+            assert rec is not None
+            self.changes.append(Change(first + at, rec.domain, rec.source, keys))
+        if journal is not None:
+            for di, data in run.journal:
+                domain = domains[di]
+                assert domain is not None
+                journal.append((domain.model, WireOps(data)))
+        now = self._wall()
+        for si, seq in run.seqs:
+            source = sources[si]
+            assert source is not None
+            rec = ledger.get(source)
+            assert rec is not None
+            rec.seq = seq
+            rec.updated_unix_s = now
+            if ingest_id is not None:
+                owners.claim(source, ingest_id)
+        if run.stores:
+            self._enforce_budget()
+        return run.stop, run.stores, run.removes
+
+    def _sync_targets(self, sources: Sequence[Source | None],
+                      domains: Sequence[HashDomain | None]) -> list[SyncTarget | None]:
+        """Per planned source, what its updates apply to when it is in sync and placed in
+        its record's domain (None: :meth:`apply` decides)."""
+        index_of: dict[HashDomain, int] = {}
+        for i, domain in enumerate(domains):
+            if domain is not None:
+                index_of.setdefault(domain, i)
+        record, places, trees = self.ledger.get, self.view.places, self.view.trees
+        target = cores.sync_target
+        out: list[SyncTarget | None] = []
+        for source in sources:
+            rec = None if source is None else record(source)
+            if rec is None or rec.removed or rec.awaiting_snapshot or rec.epoch >= 1 << 63 \
+                    or rec.seq >= 1 << 63:
+                out.append(None)
+                continue
+            place = places.get(rec.source)
+            at = index_of.get(rec.domain)
+            if place is None or at is None or place.domain != rec.domain:
+                out.append(None)
+                continue
+            out.append(target(trees[rec.domain], rec.source, at, rec.epoch, rec.seq))
+        return out
 
     # ---- ingest liveness -------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 
 from cortex.index.prefix_index import PrefixIndex
 from cortex.ledger.codec import pb
-from cortex.ledger.replica import journal_batch, snapshot_batches
+from cortex.ledger.replica import journal_bytes, snapshot_batches
 from cortex.ledger.view import Journaled
 
 __all__ = ["ReplicaHub", "Subscriber"]
@@ -130,7 +130,8 @@ class ReplicaHub:
             self.core.stop_journal()
 
     def flush(self) -> int:
-        """Queue the journal on every subscriber; returns the records flushed."""
+        """Queue the journal on every subscriber; returns the records flushed (a run of ops
+        the compiled core encoded, :class:`~cortex.ledger.view.WireOps`, counts as one)."""
         journal = self.core.take_journal()
         if not journal or not self.subscribers:
             return 0
@@ -158,7 +159,7 @@ def _encode(journal: list[Journaled], models: frozenset[str], index_id: str, ver
     ops = [op for model, op in journal if not models or model in models]
     if not ops:
         return None
-    return journal_batch(ops, index_id, version, now).SerializeToString()
+    return journal_bytes(ops, index_id, version, now)
 
 
 def numbered(seq: int, data: bytes) -> bytes:

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -23,6 +23,7 @@ from grpclib.server import Stream
 
 from cortex.api.index.v1.index_grpc import IndexBase
 from cortex.edge.tasks import stop_tasks
+from cortex.hashing import HashDomain
 from cortex.index.changes import ChangeSet
 from cortex.index.config import IndexConfig
 from cortex.index.convert import (
@@ -36,15 +37,28 @@ from cortex.index.metrics import IndexMetrics
 from cortex.index.prefix_index import ApplyResult, PrefixIndex
 from cortex.index.replicas import ReplicaHub, numbered
 from cortex.index.sequencing import Verdict
-from cortex.ledger.codec import domain_from_pb, keys_from_le, pb, source_from_pb, update_from_pb
+from cortex.ledger import cores
+from cortex.ledger.codec import (
+    domain_from_bytes,
+    domain_from_pb,
+    keys_from_le,
+    pb,
+    source_from_bytes,
+    source_from_pb,
+    update_from_pb,
+)
 from cortex.ledger.errors import InvalidArgument
 from cortex.ledger.model import INGEST_LOST, Source
+
+if TYPE_CHECKING:
+    from cortex.ledger.native import PlannedUpdates
 
 __all__ = ["IndexService"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_Planned = tuple["PlannedUpdates", list[Source | None], list[HashDomain | None]]
 _DRAINING = "index is shutting down"
 
 
@@ -276,6 +290,30 @@ class IndexService(IndexBase):
         counts[op, result.verdict.value] += 1
         return result, source
 
+    def _plan(self, batch: pb.UpdateBatch) -> _Planned | None:
+        """The batch's updates planned by the compiled core, with their sources and domains
+        decoded (None: the pure-Python core is active, or the batch has no updates)."""
+        if not self.config.columnar_sync or not batch.updates:
+            return None
+        planned = cores.plan_updates(batch.SerializeToString())
+        if planned is None:
+            return None
+        return (planned, [source_from_bytes(raw) for raw in planned.sources],
+                [domain_from_bytes(raw) for raw in planned.domains])
+
+    def _apply_planned(self, planned: _Planned, start: int, ingest_id: str,
+                       counts: Counter[tuple[str, str]]) -> int:
+        """Apply the in-order stores and removals from ``start`` in one call
+        (:meth:`PrefixIndex.apply_planned`); returns the first update left."""
+        plan, sources, domains = planned
+        stop, stores, removes = self.core.apply_planned(plan, start, sources, domains,
+                                                        ingest_id)
+        if stores:
+            counts["store", Verdict.APPLY.value] += stores
+        if removes:
+            counts["remove", Verdict.APPLY.value] += removes
+        return stop
+
     async def sync_batches(
         self, batches: AsyncIterator[pb.UpdateBatch]
     ) -> AsyncIterator[pb.SyncReply]:
@@ -308,10 +346,18 @@ class IndexService(IndexBase):
                     back = self._heard(ingest_id)
                     resync: dict[Source, None] = {}
                     counts: Counter[tuple[str, str]] = Counter()
-                    for update in batch.updates:
-                        result, source = self._apply(update, ingest_id, counts)
-                        if result.request_resync and source is not None:
-                            resync[source] = None
+                    updates, planned = batch.updates, self._plan(batch)
+                    i, n = 0, len(updates)
+                    while i < n:
+                        stop = i if planned is None else self._apply_planned(
+                            planned, i, ingest_id, counts)
+                        if stop > i:
+                            i = stop
+                        else:
+                            result, source = self._apply(updates[i], ingest_id, counts)
+                            if result.request_resync and source is not None:
+                                resync[source] = None
+                            i += 1
                         if time.perf_counter() - slice_start > self.config.apply_slice_s:
                             self.notify()
                             await asyncio.sleep(0)  # let queries in between
