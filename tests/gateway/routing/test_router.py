@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, RoutingConfig
+from cortex.gateway.config.gateway import (
+    GatewayConfig,
+    ModelConfig,
+    RoutingConfig,
+    RoutingWeights,
+)
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
@@ -72,20 +77,42 @@ async def route(router: Router, ids: list[int], *, record: bool = True) -> Route
     return await router.route(req, time.monotonic() + 10, record=record)
 
 
-async def test_a_burst_of_a_new_prefix_follows_the_first_decision(router: Router) -> None:
-    # nothing is dispatched: only decision-time predictions and pending load are at work
+async def test_a_burst_of_a_new_prefix_follows_the_first_decision() -> None:
+    # nothing is dispatched: only decision-time predictions and pending load are at work;
+    # the prefill-queue term off (delta 0), every request follows the first
+    router = make_router(weights=RoutingWeights(delta=0.0))
+    try:
+        routed = [await route(router, prompt(1, q)) for q in range(20)]
+        first = routed[0].decision
+        assert (first.mode.value, first.reason.value) == ("load_aware", "prefix_hash")
+        assert {r.decision.chosen.worker_id for r in routed} == {first.chosen.worker_id}
+        assert {r.decision.reason.value for r in routed[1:]} == {"predicted_hit"}
+        assert all(r.decision.hit_tokens == 100 * BLOCK for r in routed[1:])
+        holder = router.pool.get(first.chosen.worker_id)
+        assert holder is not None and holder.pending == 20
+        for r in routed:
+            r.placement.dispatched()
+            r.placement.dispatched()  # idempotent
+        assert holder.pending == 0
+    finally:
+        router.close()
+
+
+async def test_by_default_a_burst_follows_each_holder_until_its_queue_outweighs_the_hit(
+        router: Router) -> None:
+    # delta 0.5: the first prompt's 1,600 uncached tokens queued ahead, and each follower's
+    # question, weigh half a cached token each; past that the burst opens a second holder,
+    # whose own prediction the next requests follow
     routed = [await route(router, prompt(1, q)) for q in range(20)]
-    first = routed[0].decision
-    assert (first.mode.value, first.reason.value) == ("load_aware", "prefix_hash")
-    assert {r.decision.chosen.worker_id for r in routed} == {first.chosen.worker_id}
-    assert {r.decision.reason.value for r in routed[1:]} == {"predicted_hit"}
-    assert all(r.decision.hit_tokens == 100 * BLOCK for r in routed[1:])
-    holder = router.pool.get(first.chosen.worker_id)
-    assert holder is not None and holder.pending == 20
-    for r in routed:
-        r.placement.dispatched()
-        r.placement.dispatched()  # idempotent
-    assert holder.pending == 0
+    workers = [r.decision.chosen.worker_id for r in routed]
+    groups = [workers.count(w) for w in dict.fromkeys(workers)]
+    assert len(groups) > 1 and all(n >= 4 for n in groups)
+    starts = {workers.index(w) for w in set(workers)}
+    assert [r.decision.reason.value for i, r in enumerate(routed) if i in starts] == [
+        "prefix_hash", *["load_outweighs_hit"] * (len(groups) - 1)]
+    assert {r.decision.reason.value for i, r in enumerate(routed) if i not in starts} == {
+        "predicted_hit"}
+    assert workers == sorted(workers, key=workers.index)  # each group contiguous
 
 
 async def test_the_burst_spills_over_once_the_holder_reaches_its_watermark() -> None:

@@ -10,7 +10,7 @@ from cortex.gateway.config.gateway import RoutingWeights
 from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
 from cortex.ledger.model import LedgerState
 
-W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0)
+W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=0.0)  # the queue term off
 READY = LedgerState.READY
 
 
@@ -69,6 +69,22 @@ def test_a_longer_prefill_queue_than_the_hit_saves_sends_the_request_elsewhere()
     # delta 0: the queue is ignored
     d = decide([busy, idle], RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=0.0))
     assert d.chosen.worker_id == "holder"
+
+
+def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
+    # delta 0.5 (the default): a hit saves its tokens twice, once for the request's own
+    # first token and once as prefill work the cluster does not do; a token queued ahead
+    # delays only the request
+    w = RoutingWeights()
+    assert w.delta == 0.5
+    idle = cand("idle", inflight=1)
+    d = decide([cand("holder", index_tokens=2048, prefilling=3000, inflight=1), idle], w)
+    assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 2048)
+    # real prompt sizes: a 2k-token shared prefix behind two 13k-token prompts is not worth it
+    d = decide([cand("holder", index_tokens=2048, prefilling=27_000, inflight=2),
+                cand("idle")], w)
+    assert (d.mode, d.reason, d.chosen.worker_id) == (
+        MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, "idle")
 
 
 def test_predicted_blocks_count_as_a_hit() -> None:

@@ -132,6 +132,7 @@ __all__ = [
     "count_reuse",
     "decide",
     "kv_pressure",
+    "queue_ahead",
     "rendezvous_weight",
     "reuse_of",
 ]
@@ -305,6 +306,19 @@ def busy(c: Candidate, weights: RoutingWeights, new_session: bool = False) -> fl
     return max(float(c.active), per * c.sessions)
 
 
+def queue_ahead(c: Candidate, credited: int) -> int:
+    """The uncached prompt tokens queued on ``c`` that the request waits for in vain: its
+    prefill queue less the blocks it is credited with by prediction only (``credited``
+    tokens, beyond the ledger's): a request queued there computes them, and this one
+    would have to compute them itself anywhere else (a burst of a new prefix follows its
+    first request). A ledger that lags behind a finished prefill leaves the same gap: the
+    queue then reads short by at most the credit."""
+    if not credited:
+        return c.prefilling
+    pending = min(credited, c.predicted_tokens) - c.index_tokens
+    return c.prefilling - min(max(pending, 0), c.prefilling)
+
+
 def kv_pressure(blocks: int, capacity: int | None, knee: float) -> float:
     """How full a KV pool of ``capacity`` blocks holding ``blocks`` is past ``knee`` (a
     fraction of it): 0 up to the knee, rising linearly to 1 at full (and past it: the
@@ -359,7 +373,7 @@ def decide(
     for i, c in enumerate(candidates):
         tokens, credit, note = _credit(c, cache_off, weights)
         score = (weights.alpha * credit - weights.beta * busy(c, weights, new_session)
-                 - weights.gamma * c.queued - weights.delta * c.prefilling)
+                 - weights.gamma * c.queued - weights.delta * queue_ahead(c, tokens))
         if c.kv_pressure and prompt_tokens:
             uncached = max(prompt_tokens - c.held_tokens, 0)
             score -= weights.kv_pressure * c.kv_pressure * uncached
