@@ -7,7 +7,14 @@ import random
 import pytest
 
 from cortex.gateway.config.gateway import RoutingWeights
-from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
+from cortex.gateway.routing.scoring import (
+    Candidate,
+    MatchMode,
+    Reason,
+    decide,
+    queue_ahead,
+    rendezvous_weight,
+)
 from cortex.ledger.model import LedgerState
 
 W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=0.0)  # the queue term off
@@ -85,6 +92,24 @@ def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
                 cand("idle")], w)
     assert (d.mode, d.reason, d.chosen.worker_id) == (
         MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, "idle")
+
+
+def test_the_queue_ahead_leaves_out_the_prefix_a_request_is_credited_with_by_prediction(
+        ) -> None:
+    w = RoutingWeights(delta=1.0)
+    # a burst's follower: the first request's 2,048 uncached tokens are queued on the holder,
+    # computing the very blocks the follower would have to compute anywhere else
+    follower = cand("holder", predicted_tokens=2048, prefilling=2048 + 100, inflight=1)
+    assert queue_ahead(follower, 2048) == 100
+    d = decide([follower, cand("idle", inflight=1)], w)
+    assert (d.mode, d.chosen.worker_id) == (MatchMode.EXACT_KV, "holder")
+    # blocks the ledger already holds are computed: the whole queue is someone else's work
+    assert queue_ahead(cand("h", index_tokens=2048, prefilling=2148), 2048) == 2148
+    assert queue_ahead(cand("h", index_tokens=1024, predicted_tokens=2048, prefilling=2148),
+                       2048) == 1124
+    # no credit, or a queue shorter than the prediction: never below zero
+    assert queue_ahead(cand("h", predicted_tokens=2048, prefilling=500), 0) == 500
+    assert queue_ahead(cand("h", predicted_tokens=2048, prefilling=500), 2048) == 0
 
 
 def test_predicted_blocks_count_as_a_hit() -> None:
