@@ -255,8 +255,8 @@ class RoutingWeights:
     the first byte of (the prefill queued ahead of the request). With ``delta == alpha`` a
     token of someone else's prefill ahead of the request weighs as much as one of its own:
     the score ranks workers by the prefill work standing between the request and its first
-    token. Off (0) by default: it trades cache hits for time to first token (a burst of a
-    new prefix spreads instead of following its first request; see docs/gateway.md).
+    token. 0.5 by default: a cached token saves the request's time and the cluster's
+    prefill work, a queued one costs only the request's time (docs/gateway.md step 5).
 
     ``host_hit`` / ``disk_hit``: what a cached token in the worker's host / disk tier is
     worth, as a fraction of a device hit (the prefill time it saves: ``1 - load / recompute``

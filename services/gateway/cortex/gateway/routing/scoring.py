@@ -7,7 +7,8 @@ in the worker's host / disk tier counts those tokens times ``host_hit`` / ``disk
 shared tier not at all), withheld when the
 worker is at or over its high-watermark — affinity yields to load for that worker only —
 and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
-answering (the prefill queue ahead).
+answering (the prefill queue ahead), less the blocks the request is credited with there
+by prediction only (:func:`queue_ahead`: a queued request is computing them).
 
 Paced agents: ``busy(w) = max(active(w), session*sessions(w))`` where ``sessions`` counts the
 other live agent sessions whose last turn went to ``w`` (:mod:`.sessions`): between turns
