@@ -109,3 +109,26 @@ def test_the_sandbox_still_refuses_what_it_refused_once_its_verdicts_are_remembe
         with pytest.raises(TemplateError):  # immutable: a list's append is refused
             render("{% set xs = [] %}{{ xs.append(1) }}")
         assert render("{{ raise_exception.__globals__ }}") == ""  # internal: undefined
+
+
+def test_remembered_sandbox_verdicts_equal_jinjas_for_every_type_and_attribute() -> None:
+    import jinja2.sandbox
+
+    from cortex.chat.template import _Sandbox
+
+    class Holder:  # a plain object whose attributes share names with unsafe ones
+        def append(self) -> None: ...
+        def mro(self) -> None: ...
+
+    objects = [[], {}, set(), "s", Holder(), Holder, str, len, render, Holder().append]
+    attrs = ["append", "mro", "update", "upper", "pop", "__class__", "_x", "__globals__",
+             "__func__", "items"]
+    fresh = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    remembered = _Sandbox()
+    for _ in range(2):  # the second pass answers from memory
+        for obj in objects:
+            for attr in attrs:
+                expected = fresh.is_safe_attribute(obj, attr, None)
+                assert remembered.is_safe_attribute(obj, attr, None) == expected, (obj, attr)
+    assert not remembered.is_safe_attribute(Holder, "mro", None)
+    assert remembered.is_safe_attribute(Holder(), "mro", None)
