@@ -12,6 +12,7 @@ from cortex.gateway.routing.scoring import (
     MatchMode,
     Reason,
     decide,
+    holds_most,
     queue_ahead,
     rendezvous_weight,
 )
@@ -92,6 +93,25 @@ def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
                 cand("idle")], w)
     assert (d.mode, d.reason, d.chosen.worker_id) == (
         MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, "idle")
+
+
+def test_a_worker_holding_most_of_the_prompt_keeps_it_whatever_its_prefill_queue() -> None:
+    w = RoutingWeights()  # delta 0.5 below a hit of half the prompt (delta_hit_share)
+    assert w.delta_hit_share == 0.5
+    queued = {"prefilling": 27_000, "inflight": 2}
+    # a conversation's next turn: 12k of its 13.6k tokens held, two 13.6k prompts queued
+    turn = cand("holder", index_tokens=12_000, **queued)
+    d = decide([turn, cand("idle", inflight=2)], w, prompt_tokens=13_600)
+    assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 12_000)
+    # a shared 2k prefix of the same prompt: the queue counts, the request goes elsewhere
+    shared = cand("holder", index_tokens=2048, **queued)
+    d = decide([shared, cand("idle", inflight=2)], w, prompt_tokens=13_600)
+    assert d.chosen.worker_id == "idle"
+    # share 1.0: no worker is exempt; the prompt's length unknown: none either
+    d = decide([turn, cand("idle", inflight=2)], RoutingWeights(delta_hit_share=1.0),
+               prompt_tokens=13_600)
+    assert d.chosen.worker_id == "idle"
+    assert not holds_most(12_000, 0, 0.5) and holds_most(6_800, 13_600, 0.5)
 
 
 def test_the_queue_ahead_leaves_out_the_prefix_a_request_is_credited_with_by_prediction(

@@ -8,7 +8,9 @@ shared tier not at all), withheld when the
 worker is at or over its high-watermark — affinity yields to load for that worker only —
 and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
 answering (the prefill queue ahead), less the blocks the request is credited with there
-by prediction only (:func:`queue_ahead`: a queued request is computing them).
+by prediction only (:func:`queue_ahead`: a queued request is computing them); the term is
+left out for a worker holding at least ``delta_hit_share`` of the prompt
+(:func:`holds_most`).
 
 Paced agents: ``busy(w) = max(active(w), session*sessions(w))`` where ``sessions`` counts the
 other live agent sessions whose last turn went to ``w`` (:mod:`.sessions`): between turns
@@ -132,6 +134,7 @@ __all__ = [
     "connector_mismatch",
     "count_reuse",
     "decide",
+    "holds_most",
     "kv_pressure",
     "queue_ahead",
     "rendezvous_weight",
@@ -307,6 +310,13 @@ def busy(c: Candidate, weights: RoutingWeights, new_session: bool = False) -> fl
     return max(float(c.active), per * c.sessions)
 
 
+def holds_most(credited: int, prompt_tokens: int, share: float) -> bool:
+    """Whether a worker credited with ``credited`` tokens holds at least ``share`` of the
+    prompt: then its prefill queue does not count against it (``delta``), only its
+    requests do (``beta``, ``gamma``). ``False`` when the prompt's length is unknown (0)."""
+    return prompt_tokens > 0 and credited >= share * prompt_tokens
+
+
 def queue_ahead(c: Candidate, credited: int) -> int:
     """The uncached prompt tokens queued on ``c`` that the request waits for in vain: its
     prefill queue less the blocks it is credited with by prediction only (``credited``
@@ -374,7 +384,9 @@ def decide(
     for i, c in enumerate(candidates):
         tokens, credit, note = _credit(c, cache_off, weights)
         score = (weights.alpha * credit - weights.beta * busy(c, weights, new_session)
-                 - weights.gamma * c.queued - weights.delta * queue_ahead(c, tokens))
+                 - weights.gamma * c.queued)
+        if weights.delta and not holds_most(tokens, prompt_tokens, weights.delta_hit_share):
+            score -= weights.delta * queue_ahead(c, tokens)
         if c.kv_pressure and prompt_tokens:
             uncached = max(prompt_tokens - c.held_tokens, 0)
             score -= weights.kv_pressure * c.kv_pressure * uncached
