@@ -97,3 +97,38 @@ def test_template_files_are_package_data() -> None:
     shipped = {path for pattern in patterns for path in templates.glob(pattern)}
     assert DEFAULT_CHAT_TEMPLATE in shipped
     assert {p for p in templates.iterdir() if p.suffix != ".py"} <= shipped
+
+
+def test_the_sandbox_still_refuses_what_it_refused_once_its_verdicts_are_remembered() -> None:
+    # the same (type, attribute) pairs, asked twice: allowed twice, refused twice
+    safe = "{{ messages[0]['content'].upper() }}{% for m in messages %}{{ loop.index }}{% endfor %}"
+    for _ in range(2):
+        assert render(safe) == "HELLO1"
+        with pytest.raises(TemplateError):
+            render("{{ messages[0]['content'].__class__.__mro__ }}")
+        with pytest.raises(TemplateError):  # immutable: a list's append is refused
+            render("{% set xs = [] %}{{ xs.append(1) }}")
+        assert render("{{ raise_exception.__globals__ }}") == ""  # internal: undefined
+
+
+def test_remembered_sandbox_verdicts_equal_jinjas_for_every_type_and_attribute() -> None:
+    import jinja2.sandbox
+
+    from cortex.chat.template import _Sandbox
+
+    class Holder:  # a plain object whose attributes share names with unsafe ones
+        def append(self) -> None: ...
+        def mro(self) -> None: ...
+
+    objects = [[], {}, set(), "s", Holder(), Holder, str, len, render, Holder().append]
+    attrs = ["append", "mro", "update", "upper", "pop", "__class__", "_x", "__globals__",
+             "__func__", "items"]
+    fresh = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    remembered = _Sandbox()
+    for _ in range(2):  # the second pass answers from memory
+        for obj in objects:
+            for attr in attrs:
+                expected = fresh.is_safe_attribute(obj, attr, None)
+                assert remembered.is_safe_attribute(obj, attr, None) == expected, (obj, attr)
+    assert not remembered.is_safe_attribute(Holder, "mro", None)
+    assert remembered.is_safe_attribute(Holder(), "mro", None)

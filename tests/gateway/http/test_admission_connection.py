@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from hypercorn.events import RawData
 
-from cortex.gateway.config.gateway import ServerConfig
+from cortex.gateway.config.gateway import ServerConfig, UpstreamConfig
 from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
 from cortex.gateway.server import GatewayServer
 from cortex.testing import wait_until_async
@@ -59,6 +59,23 @@ async def test_a_connection_silent_past_the_header_timeout_is_closed_and_counted
     writer.close()
     await wait_until_async(lambda: gw.listener.open == 0, timeout=5, what="place back")
     assert metric(gw, "cortex_gateway_connections_timed_out_total", {"phase": "header"}) == 1
+
+
+async def test_a_connection_silent_past_the_read_timeout_is_closed(
+    start_gateway: StartGateway,
+) -> None:
+    # header and keep-alive deadlines far away: only the read timeout can close it
+    gw = await start_gateway(
+        server=server_config(read_timeout_s=0.5, header_timeout_s=50, keep_alive_timeout_s=50),
+        upstream=UpstreamConfig(request_timeout_s=0.2))
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # never finished
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+    await wait_until_async(lambda: gw.listener.open == 0, timeout=5, what="place back")
 
 
 async def test_the_header_timeout_does_not_cut_a_kept_alive_connection(

@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, RoutingConfig
+from cortex.gateway.config.gateway import (
+    GatewayConfig,
+    ModelConfig,
+    RoutingConfig,
+    RoutingWeights,
+)
 from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, parse_request
@@ -72,20 +77,49 @@ async def route(router: Router, ids: list[int], *, record: bool = True) -> Route
     return await router.route(req, time.monotonic() + 10, record=record)
 
 
-async def test_a_burst_of_a_new_prefix_follows_the_first_decision(router: Router) -> None:
-    # nothing is dispatched: only decision-time predictions and pending load are at work
-    routed = [await route(router, prompt(1, q)) for q in range(20)]
-    first = routed[0].decision
-    assert (first.mode.value, first.reason.value) == ("load_aware", "prefix_hash")
-    assert {r.decision.chosen.worker_id for r in routed} == {first.chosen.worker_id}
-    assert {r.decision.reason.value for r in routed[1:]} == {"predicted_hit"}
-    assert all(r.decision.hit_tokens == 100 * BLOCK for r in routed[1:])
-    holder = router.pool.get(first.chosen.worker_id)
-    assert holder is not None and holder.pending == 20
+async def test_a_burst_of_a_new_prefix_follows_the_first_decision() -> None:
+    # nothing is dispatched: only decision-time predictions and pending load are at work;
+    # the prefill-queue term off (delta 0), every request follows the first
+    router = make_router(weights=RoutingWeights(delta=0.0))
+    try:
+        routed = [await route(router, prompt(1, q)) for q in range(20)]
+        first = routed[0].decision
+        assert (first.mode.value, first.reason.value) == ("load_aware", "prefix_hash")
+        assert {r.decision.chosen.worker_id for r in routed} == {first.chosen.worker_id}
+        assert {r.decision.reason.value for r in routed[1:]} == {"predicted_hit"}
+        assert all(r.decision.hit_tokens == 100 * BLOCK for r in routed[1:])
+        holder = router.pool.get(first.chosen.worker_id)
+        assert holder is not None and holder.pending == 20
+        for r in routed:
+            r.placement.dispatched()
+            r.placement.dispatched()  # idempotent
+        assert holder.pending == 0
+    finally:
+        router.close()
+
+
+async def test_by_default_a_burst_follows_each_holder_until_its_queue_outweighs_the_hit(
+        router: Router) -> None:
+    # the shared prefix is most of every prompt: the prefill queue does not count
+    # (delta_hit_share), the burst follows its first request as with delta 0
+    routed = [await route(router, prompt(1, q)) for q in range(8)]
+    assert len({r.decision.chosen.worker_id for r in routed}) == 1
     for r in routed:
-        r.placement.dispatched()
-        r.placement.dispatched()  # idempotent
-    assert holder.pending == 0
+        r.placement.dispatched()  # answered: no load left behind
+    # 1,600 shared tokens of 4,000: each follower's own 2,400 uncached tokens queue up at
+    # half a cached token each; past the hit the burst opens the next holder, whose own
+    # prediction the next request follows
+    routed = [await route(router, long_question(2, q)) for q in range(6)]
+    workers = [r.decision.chosen.worker_id for r in routed]
+    assert [workers.count(w) for w in dict.fromkeys(workers)] == [2, 2, 2]
+    assert [r.decision.reason.value for r in routed] == [
+        "prefix_hash", "predicted_hit", *["load_outweighs_hit", "predicted_hit"] * 2]
+
+
+def long_question(prefix: int, question: int) -> list[int]:
+    """The 100-block shared prefix ``prefix`` and a 150-block question of its own."""
+    shared = [prefix * 10_000 + i for i in range(100 * BLOCK)]
+    return shared + [50_000 + question * 1000 + i for i in range(150 * BLOCK)]
 
 
 async def test_the_burst_spills_over_once_the_holder_reaches_its_watermark() -> None:

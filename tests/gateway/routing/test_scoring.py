@@ -7,10 +7,18 @@ import random
 import pytest
 
 from cortex.gateway.config.gateway import RoutingWeights
-from cortex.gateway.routing.scoring import Candidate, MatchMode, Reason, decide, rendezvous_weight
+from cortex.gateway.routing.scoring import (
+    Candidate,
+    MatchMode,
+    Reason,
+    decide,
+    holds_most,
+    queue_ahead,
+    rendezvous_weight,
+)
 from cortex.ledger.model import LedgerState
 
-W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0)
+W = RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=0.0)  # the queue term off
 READY = LedgerState.READY
 
 
@@ -69,6 +77,59 @@ def test_a_longer_prefill_queue_than_the_hit_saves_sends_the_request_elsewhere()
     # delta 0: the queue is ignored
     d = decide([busy, idle], RoutingWeights(alpha=1.0, beta=64.0, gamma=128.0, delta=0.0))
     assert d.chosen.worker_id == "holder"
+
+
+def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
+    # delta 0.5 (the default): a hit saves its tokens twice, once for the request's own
+    # first token and once as prefill work the cluster does not do; a token queued ahead
+    # delays only the request
+    w = RoutingWeights()
+    assert w.delta == 0.5
+    idle = cand("idle", inflight=1)
+    d = decide([cand("holder", index_tokens=2048, prefilling=3000, inflight=1), idle], w)
+    assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 2048)
+    # real prompt sizes: a 2k-token shared prefix behind two 13k-token prompts is not worth it
+    d = decide([cand("holder", index_tokens=2048, prefilling=27_000, inflight=2),
+                cand("idle")], w)
+    assert (d.mode, d.reason, d.chosen.worker_id) == (
+        MatchMode.LOAD_AWARE, Reason.LOAD_OUTWEIGHS_HIT, "idle")
+
+
+def test_a_worker_holding_most_of_the_prompt_keeps_it_whatever_its_prefill_queue() -> None:
+    w = RoutingWeights()  # delta 0.5 below a hit of half the prompt (delta_hit_share)
+    assert w.delta_hit_share == 0.5
+    queued = {"prefilling": 27_000, "inflight": 2}
+    # a conversation's next turn: 12k of its 13.6k tokens held, two 13.6k prompts queued
+    turn = cand("holder", index_tokens=12_000, **queued)
+    d = decide([turn, cand("idle", inflight=2)], w, prompt_tokens=13_600)
+    assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 12_000)
+    # a shared 2k prefix of the same prompt: the queue counts, the request goes elsewhere
+    shared = cand("holder", index_tokens=2048, **queued)
+    d = decide([shared, cand("idle", inflight=2)], w, prompt_tokens=13_600)
+    assert d.chosen.worker_id == "idle"
+    # share 1.0: no worker is exempt; the prompt's length unknown: none either
+    d = decide([turn, cand("idle", inflight=2)], RoutingWeights(delta_hit_share=1.0),
+               prompt_tokens=13_600)
+    assert d.chosen.worker_id == "idle"
+    assert not holds_most(12_000, 0, 0.5) and holds_most(6_800, 13_600, 0.5)
+
+
+def test_the_queue_ahead_leaves_out_the_prefix_a_request_is_credited_with_by_prediction(
+        ) -> None:
+    w = RoutingWeights(delta=1.0)
+    # a burst's follower: the first request's 2,048 uncached tokens are queued on the holder,
+    # computing the very blocks the follower would have to compute anywhere else
+    follower = cand("holder", predicted_tokens=2048, prefilling=2048 + 100, inflight=1)
+    assert queue_ahead(follower, 2048) == 100
+    d = decide([follower, cand("idle", inflight=1)], w)
+    assert (d.mode, d.chosen.worker_id) == (MatchMode.EXACT_KV, "holder")
+    # blocks the ledger already holds are computed: the whole queue is someone else's work
+    assert queue_ahead(cand("h", index_tokens=2048, prefilling=2148), 2048) == 2148
+    assert queue_ahead(cand("h", index_tokens=1024, predicted_tokens=2048, prefilling=2148),
+                       2048) == 1124
+    # no credit, or a queue shorter than the prediction: never below zero
+    assert queue_ahead(cand("h", predicted_tokens=2048, prefilling=500), 0) == 500
+    assert queue_ahead(cand("h", predicted_tokens=2048, prefilling=500), 2048) == 0
 
 
 def test_predicted_blocks_count_as_a_hit() -> None:

@@ -127,9 +127,36 @@ class _TemplateNamespace(jinja2.utils.Namespace):
                 f"but got {name!r}.")
 
 
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, its attribute check remembered per (type, attribute).
+
+    The check (``is_internal_attribute``, ``modifies_known_mutable``, the underscore rule)
+    reads nothing but the attribute's name and the object's type, so its verdict for a pair
+    never changes; computing it again cost about half of a chat template's render (every
+    ``loop.index``, ``content.strip`` or ``message.get``). The pairs are the template's
+    attribute names times the types it meets: a few dozen; past ``_SAFE_PAIRS`` nothing
+    more is remembered."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._safe: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        found = self._safe.get(key)
+        if found is None:
+            found = super().is_safe_attribute(obj, attr, value)
+            if len(self._safe) < _SAFE_PAIRS:
+                self._safe[key] = found
+        return found
+
+
+_SAFE_PAIRS = 4096
+
+
 @functools.cache
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True, lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson

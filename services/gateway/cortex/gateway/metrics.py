@@ -371,8 +371,11 @@ class GatewayMetrics:
         if worker_id in self._gone:
             return _NOOP
         values = (worker_id, *rest)
-        self._per_worker.setdefault(worker_id, set()).add((metric, values))
-        return self.child(metric, *values)
+        found = self._children.get((id(metric), values))
+        if found is None:  # a new series: remembered for forget_worker
+            self._per_worker.setdefault(worker_id, set()).add((metric, values))
+            found = self.child(metric, *values)
+        return found
 
     def forget_worker(self, worker_id: str) -> None:
         """The worker left the pool: drop every series labelled with it."""

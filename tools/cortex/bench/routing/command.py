@@ -461,11 +461,11 @@ def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, fl
         argv.append("--no-pin")
     argv += ["--out", args.out]
     note = ("Cortex ran with its documented default routing weights (alpha 1 per cached"
-            " token, beta 64 per running request, gamma 128 per queued request, delta 0 per"
-            " uncached token being prefilled: off)."
+            " token, beta 64 per running request, gamma 128 per queued request, delta 0.5 per"
+            " uncached token being prefilled)."
             if not weights else
             f"Cortex ran with tuned routing weights {dict(weights)}, the others at their"
-            " defaults (alpha 1, beta 64, gamma 128, delta 0).")
+            " defaults (alpha 1, beta 64, gamma 128, delta 0.5).")
     sims = plan.sims
     return {
         "command": shlex.join(argv), "date": time.strftime("%Y-%m-%d"),

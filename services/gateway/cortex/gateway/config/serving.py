@@ -255,8 +255,11 @@ class RoutingWeights:
     the first byte of (the prefill queued ahead of the request). With ``delta == alpha`` a
     token of someone else's prefill ahead of the request weighs as much as one of its own:
     the score ranks workers by the prefill work standing between the request and its first
-    token. Off (0) by default: it trades cache hits for time to first token (a burst of a
-    new prefix spreads instead of following its first request; see docs/gateway.md).
+    token. 0.5 by default: a cached token saves the request's time and the cluster's
+    prefill work, a queued one costs only the request's time (docs/gateway.md step 5).
+    ``delta_hit_share``: a worker credited with at least this share of the prompt is
+    exempt from the ``delta`` term (a conversation's next turn stays with the worker
+    holding its history, as with sglang-router's ``cache_threshold``); 1.0 exempts none.
 
     ``host_hit`` / ``disk_hit``: what a cached token in the worker's host / disk tier is
     worth, as a fraction of a device hit (the prefill time it saves: ``1 - load / recompute``
@@ -275,7 +278,8 @@ class RoutingWeights:
     alpha: float = 1.0
     beta: float = 64.0
     gamma: float = 128.0
-    delta: float = 0.0
+    delta: float = 0.5
+    delta_hit_share: float = 0.5
     host_hit: float = 0.75
     disk_hit: float = 0.25
     session: float = 1.0
@@ -286,7 +290,8 @@ class RoutingWeights:
         non_negative("routing", alpha=self.alpha, beta=self.beta, gamma=self.gamma,
                      delta=self.delta, session=self.session, session_home=self.session_home,
                      kv_pressure=self.kv_pressure)
-        for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit)):
+        for name, value in (("host_hit", self.host_hit), ("disk_hit", self.disk_hit),
+                            ("delta_hit_share", self.delta_hit_share)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"routing.weights.{name}: must be within [0, 1], got {value}")
 

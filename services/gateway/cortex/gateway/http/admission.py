@@ -32,8 +32,9 @@ import collections
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from ssl import SSLError
 
-from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.events import Closed, Event, RawData, Updated
 
 from cortex.gateway.config.gateway import AdmissionConfig
@@ -68,7 +69,24 @@ class GuardedConnection(TCPServer):
         self._unsent: list[bytes] = []  # written this turn of the loop, flushed at its end
 
     async def _read_data(self) -> None:
-        await super()._read_data()
+        """hypercorn's read loop, its ``read_timeout`` one deadline moved at each read
+        (hypercorn wraps every read in ``wait_for``: a task and a timer per read)."""
+        limit = self.config.read_timeout
+        loop = self.loop
+        try:
+            async with asyncio.timeout(None) as silence:
+                while not self.reader.at_eof():
+                    if limit is not None:
+                        silence.reschedule(loop.time() + limit)
+                    try:
+                        data = await self.reader.read(MAX_RECV)
+                    except (ConnectionError, OSError, SSLError):
+                        break
+                    silence.reschedule(None)  # the protocol's turn is not the peer's silence
+                    await self.protocol.handle(RawData(data))
+        except TimeoutError:
+            pass
+        await self.protocol.handle(Closed())
         # nothing more can arrive: no timer may keep the socket (and its place) open
         self._read_ended = True
         await self.idle_task.stop()
@@ -79,7 +97,8 @@ class GuardedConnection(TCPServer):
             timeout = (self.deadlines.header_timeout_s if first
                        else self.deadlines.keep_alive_timeout_s)
             try:
-                await asyncio.wait_for(self.context.terminated.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: no task per request
+                    await self.context.terminated.wait()
             except TimeoutError:
                 if first:
                     self._on_timeout("header")

@@ -7,7 +7,10 @@ in the worker's host / disk tier counts those tokens times ``host_hit`` / ``disk
 shared tier not at all), withheld when the
 worker is at or over its high-watermark — affinity yields to load for that worker only —
 and ``prefilling`` the uncached prompt tokens this gateway sent it that have not started
-answering (the prefill queue ahead).
+answering (the prefill queue ahead), less the blocks the request is credited with there
+by prediction only (:func:`queue_ahead`: a queued request is computing them); the term is
+left out for a worker holding at least ``delta_hit_share`` of the prompt
+(:func:`holds_most`).
 
 Paced agents: ``busy(w) = max(active(w), session*sessions(w))`` where ``sessions`` counts the
 other live agent sessions whose last turn went to ``w`` (:mod:`.sessions`): between turns
@@ -131,7 +134,9 @@ __all__ = [
     "connector_mismatch",
     "count_reuse",
     "decide",
+    "holds_most",
     "kv_pressure",
+    "queue_ahead",
     "rendezvous_weight",
     "reuse_of",
 ]
@@ -305,6 +310,26 @@ def busy(c: Candidate, weights: RoutingWeights, new_session: bool = False) -> fl
     return max(float(c.active), per * c.sessions)
 
 
+def holds_most(credited: int, prompt_tokens: int, share: float) -> bool:
+    """Whether a worker credited with ``credited`` tokens holds at least ``share`` of the
+    prompt: then its prefill queue does not count against it (``delta``), only its
+    requests do (``beta``, ``gamma``). ``False`` when the prompt's length is unknown (0)."""
+    return prompt_tokens > 0 and credited >= share * prompt_tokens
+
+
+def queue_ahead(c: Candidate, credited: int) -> int:
+    """The uncached prompt tokens queued on ``c`` that the request waits for in vain: its
+    prefill queue less the blocks it is credited with by prediction only (``credited``
+    tokens, beyond the ledger's): a request queued there computes them, and this one
+    would have to compute them itself anywhere else (a burst of a new prefix follows its
+    first request). A ledger that lags behind a finished prefill leaves the same gap: the
+    queue then reads short by at most the credit."""
+    if not credited:
+        return c.prefilling
+    pending = min(credited, c.predicted_tokens) - c.index_tokens
+    return c.prefilling - min(max(pending, 0), c.prefilling)
+
+
 def kv_pressure(blocks: int, capacity: int | None, knee: float) -> float:
     """How full a KV pool of ``capacity`` blocks holding ``blocks`` is past ``knee`` (a
     fraction of it): 0 up to the knee, rising linearly to 1 at full (and past it: the
@@ -359,7 +384,9 @@ def decide(
     for i, c in enumerate(candidates):
         tokens, credit, note = _credit(c, cache_off, weights)
         score = (weights.alpha * credit - weights.beta * busy(c, weights, new_session)
-                 - weights.gamma * c.queued - weights.delta * c.prefilling)
+                 - weights.gamma * c.queued)
+        if weights.delta and not holds_most(tokens, prompt_tokens, weights.delta_hit_share):
+            score -= weights.delta * queue_ahead(c, tokens)
         if c.kv_pressure and prompt_tokens:
             uncached = max(prompt_tokens - c.held_tokens, 0)
             score -= weights.kv_pressure * c.kv_pressure * uncached
