@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import statistics
 import sys
@@ -461,6 +462,7 @@ def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunP
                 topology) as d, pinned(d) if plan.pin else contextlib.nullcontext():
         summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model, plan,
                                                  busy_before, variant))
+    _write_outcomes(plan.logs / workload.name / name / "outcomes.jsonl", outcomes)
     t = summary.ttft_ms
     cpu = summary.extra["cpu"]
     log(f"  {contender} ({name}): {summary.requests_ok}/{summary.requests_expected} ok, hit"
@@ -469,6 +471,15 @@ def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunP
         f" {cpu['foreign_cores']}"
         + ("" if summary.verified else f"  NOT VERIFIED: {summary.problems}"))
     return summary, outcomes
+
+
+def _write_outcomes(path: Path, outcomes: Sequence[Outcome]) -> None:
+    """One JSON line per request (kept with ``--keep-logs``): to see where a run's time went
+    (which worker served what, when it was sent, its TTFT and hit) after the fact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for o in outcomes:
+            f.write(json.dumps(dataclasses.asdict(o)) + "\n")
 
 
 def _median(values: Sequence[float | None]) -> float | None:
