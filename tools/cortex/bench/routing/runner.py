@@ -371,7 +371,8 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
     if variant is not None and variant.host_fraction:
         host = max(int(variant.host_fraction * pages), largest_pages)
     sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity,
-                               host_capacity_blocks=host)
+                               host_capacity_blocks=host,
+                               engine=workload.engine or plan.sims.engine)
     prompt_tokens = sum(s.tokens for s in shapes)
     nominal: dict[int, float] = {}
     for r in workload.requests:
