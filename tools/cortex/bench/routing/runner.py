@@ -140,6 +140,18 @@ def _totals(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, En
     return out
 
 
+def _engine_ttft_ms(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The engines' mean share of the time to first token over the run (ms): from a
+    request reaching a sim's HTTP handler to its first token; the rest of the client's
+    TTFT is the router's and the network's. ``None`` when no sim counted one."""
+    streams = us = 0
+    for wid, state in after.items():
+        s0, s1 = before[wid]["stats"], state["stats"]
+        streams += s1.get("first_token_streams", 0) - s0.get("first_token_streams", 0)
+        us += s1.get("first_token_us", 0) - s0.get("first_token_us", 0)
+    return round(us / streams / 1000, 2) if streams else None
+
+
 _TIMED = {"cortex_gateway_upstream_first_byte_seconds": "upstream first byte",
           "cortex_gateway_ttft_seconds": "first token out"}
 """Gateway histograms reported beside the routing stages: the worker's time to its first byte
@@ -302,6 +314,7 @@ async def _measure(d: Deployment, workload: Workload, expected: _Expected, model
         expected.completion_tokens, checked, stage_of=expected.stage_of,
         stage_rates=workload.stages,
         extra={"idle_ttft_p50_ms": round(percentile(idle, 50) * 1e3, 2) if idle else None,
+               "engine_ttft_mean_ms": _engine_ttft_ms(before, after),
                "cpu": cpu, "startup_s": round(d.startup_s, 2), "gateway": gateway,
                "busy_before_cores": None if busy_before is None else round(busy_before, 2),
                "stale": None if stale is None else dataclasses.asdict(stale),
@@ -319,6 +332,7 @@ def _rep_record(s: RunSummary) -> dict[str, Any]:
             "throughput_rps": round(s.throughput_rps, 3), "requests_ok": s.requests_ok,
             "verified": s.verified, "problems": s.problems,
             "idle_ttft_p50_ms": s.extra.get("idle_ttft_p50_ms"),
+            "engine_ttft_mean_ms": s.extra.get("engine_ttft_mean_ms"),
             "ours_cores": cpu.get("ours_cores"), "foreign_cores": cpu.get("foreign_cores"),
             "cpu_s": cpu.get("processes"), "busy_before_cores": s.extra.get("busy_before_cores"),
             "send_lag_p99_ms": round(s.send_lag_p99_ms, 2), "gateway": s.extra.get("gateway"),
@@ -466,8 +480,11 @@ def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunP
     _write_outcomes(plan.logs / workload.name / name / "outcomes.jsonl", outcomes)
     t = summary.ttft_ms
     cpu = summary.extra["cpu"]
+    ttfts = [o.ttft_s for o in outcomes if o.ok and o.ttft_s is not None]
+    mean = sum(ttfts) / len(ttfts) * 1e3 if ttfts else math.nan
     log(f"  {contender} ({name}): {summary.requests_ok}/{summary.requests_expected} ok, hit"
         f" {summary.hit_rate:.1%}, TTFT p50/p90/p99 {t[0]:.1f}/{t[1]:.1f}/{t[2]:.1f} ms,"
+        f" mean {mean:.1f} ms (engines {summary.extra.get('engine_ttft_mean_ms')}),"
         f" {summary.throughput_rps:.1f} req/s, cores ours {cpu['ours_cores']} foreign"
         f" {cpu['foreign_cores']}"
         + ("" if summary.verified else f"  NOT VERIFIED: {summary.problems}"))
