@@ -260,8 +260,12 @@ def test_agent_sessions_on_the_agent_apis_send_the_same_prompt_tokens_as_chat(
         assert (b.endpoint, b.messages, b.session, b.after) == (endpoint, a.messages,
                                                                  a.session, a.after)
         body = b.body("m")
-        assert body["stream"] and body["ignore_eos"] and "messages" not in body or (
-            endpoint is Endpoint.MESSAGES and body["messages"][0]["role"] == "user")
+        assert body["stream"] and body["ignore_eos"]
+        if endpoint is Endpoint.MESSAGES:  # the system prompt is Anthropic's 'system'
+            assert body["system"] == a.messages[0][1] and body["messages"][0]["role"] == "user"
+        else:  # ... and the Responses 'instructions', the history stateless
+            assert body["instructions"] == a.messages[0][1] and body["store"] is False
+            assert body["input"][0]["role"] == "user" and "messages" not in body
         # Messages on SGLang sims, Responses on vLLM ones (api.engine: the conversion
         # Cortex models); the chat the engine renders has the chat workload's tokens
         engine = Engine(api.engine or "sglang")
