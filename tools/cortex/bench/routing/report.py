@@ -228,6 +228,17 @@ def _workload_section(res: WorkloadResult) -> list[str]:
                   *table(("contender", "available", "captured", "delivered", "prompt",
                           "requests with captured > available · delivered > captured"),
                          reuse_rows)]
+    split = [(c, run.extra["ttft_mean_ms"], run.extra["engine_ttft_mean_ms"])
+             for c, run in ((c, res.runs[c]) for c in CONTENDERS if c in res.runs)
+             if run.extra.get("ttft_mean_ms") is not None
+             and run.extra.get("engine_ttft_mean_ms") is not None]
+    if split:
+        lines += ["", "Where the time to first token goes (mean ms): the client's TTFT, the"
+                  " engines' share (a request reaching a sim's HTTP handler to its first token:"
+                  " parsing, tokenizing, queueing, prefill) and the rest (the router and the"
+                  " network, both ways):", ""]
+        lines += table(("contender", "client TTFT", "engines", "router + network"),
+                       [(c, f"{t:.1f}", f"{e:.1f}", f"{t - e:.1f}") for c, t, e in split])
     for c in CONTENDERS:
         run = res.runs.get(c)
         gateway = run.extra.get("gateway") if run is not None else None

@@ -438,6 +438,10 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
                    "discarded_noisy_runs": discarded[contender],
                    "idle_ttft_p50_ms": _median([s.extra.get("idle_ttft_p50_ms")
                                                 for s, _ in runs]),
+                   "engine_ttft_mean_ms": _median([s.extra.get("engine_ttft_mean_ms")
+                                                   for s, _ in runs]),
+                   "ttft_mean_ms": _mean_ms([o.ttft_s for _, outs in runs for o in outs
+                                             if o.ok and o.ttft_s is not None]),
                    "cpu": {"ours_cores": _median([s.extra["cpu"]["ours_cores"]
                                                   for s, _ in runs]),
                            "foreign_cores": _median([s.extra["cpu"]["foreign_cores"]
@@ -498,6 +502,10 @@ def _write_outcomes(path: Path, outcomes: Sequence[Outcome]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for o in outcomes:
             f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+
+
+def _mean_ms(seconds: Sequence[float]) -> float | None:
+    return round(sum(seconds) / len(seconds) * 1e3, 2) if seconds else None
 
 
 def _median(values: Sequence[float | None]) -> float | None:
