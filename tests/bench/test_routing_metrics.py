@@ -162,6 +162,17 @@ def test_targets_and_json() -> None:
     res.pooled_bound = 0.3
     capped = {t.name: t for t in evaluate_targets([res])}
     assert capped[">= 90% of the infinite-cache bound"].met is None
+    # a peer that answered nothing (a path it does not serve) is no yardstick
+    failed = [_outcome(i, cached=0) for i in range(4)]
+    for o in failed:
+        o.error = "http 404"
+    res.runs["vllm_consistent_hash"] = summarize(
+        "shared_prefix", "vllm_consistent_hash", failed, [f"d{i}" for i in range(4)],
+        [100] * 4, [4] * 4)
+    targets = {t.name: t for t in evaluate_targets([res])}
+    assert "vllm_consistent_hash" not in targets["TTFT p50 < the best peer's"].detail
+    assert "sglang_cache_aware" in targets["hit rate >= the best peer's"].detail
+    assert targets["every run verified"].met is False
 
 
 def test_reuse_totals_and_the_order_they_must_keep() -> None:

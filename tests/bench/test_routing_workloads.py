@@ -241,6 +241,40 @@ def test_agent_sessions_share_a_prompt_grow_by_tool_turns_and_name_their_session
                                  messages=r.messages).digest()
 
 
+@pytest.mark.parametrize("endpoint", [Endpoint.MESSAGES, Endpoint.RESPONSES])
+def test_agent_sessions_on_the_agent_apis_send_the_same_prompt_tokens_as_chat(
+        chat: Any, text: BlockText, endpoint: Endpoint) -> None:
+    from cortex.chat import render_args
+    from cortex.chat.messages_api import messages_chat_body, messages_options
+    from cortex.chat.responses_api import responses_chat_body
+    from cortex.hashing import Engine
+
+    kw: dict[str, Any] = dict(agents=1, sessions=2, turns=(2, 3), system_tokens=(40, 60),
+                              task_tokens=10, tool_tokens=4, output_tokens=3,
+                              session_rate=2.0, think_s=0.5, seed=3)
+    plain, api = agent_sessions(text, **kw), agent_sessions(text, **kw, endpoint=endpoint)
+    assert api.name == f"agents_{endpoint.value}" and plain.name == "agents"
+    assert api.engine == ("vllm" if endpoint is Endpoint.RESPONSES else None)
+    options = messages_options(chat._chat, Engine.SGLANG)
+    for a, b in zip(plain.requests, api.requests, strict=True):
+        assert (b.endpoint, b.messages, b.session, b.after) == (endpoint, a.messages,
+                                                                 a.session, a.after)
+        body = b.body("m")
+        assert body["stream"] and body["ignore_eos"]
+        if endpoint is Endpoint.MESSAGES:  # the system prompt is Anthropic's 'system'
+            assert body["system"] == a.messages[0][1] and body["messages"][0]["role"] == "user"
+        else:  # ... and the Responses 'instructions', the history stateless
+            assert body["instructions"] == a.messages[0][1] and body["store"] is False
+            assert body["input"][0]["role"] == "user" and "messages" not in body
+        # Messages on SGLang sims, Responses on vLLM ones (api.engine: the conversion
+        # Cortex models); the chat the engine renders has the chat workload's tokens
+        engine = Engine(api.engine or "sglang")
+        converted = (messages_chat_body(body, engine, options)
+                     if endpoint is Endpoint.MESSAGES else responses_chat_body(body, engine))
+        ids = chat._chat.encode_chat(render_args(converted, engine))
+        assert ids == chat.encode_chat([{"role": r, "content": c} for r, c in a.messages])
+
+
 def test_request_and_workload_validation() -> None:
     with pytest.raises(ValueError):
         Request(0, Endpoint.CHAT, 4, 0.0, prompt="x")

@@ -64,3 +64,19 @@ async def test_max_running_queues_fifo(start_sim: StartSim, http: aiohttp.Client
     finished = await asyncio.gather(*(one(i) for i in range(3)))
     # One at a time, 5 x 20 ms of decode each: the last finishes after all three ran.
     assert max(finished) - start >= 3 * 0.1
+
+
+async def test_a_stream_counts_the_engines_share_of_its_time_to_first_token(
+        start_sim: StartSim, http: aiohttp.ClientSession) -> None:
+    timing = TimingConfig(prefill_ms_per_uncached_token=0.0, prefill_overhead_ms=30.0,
+                          decode_ms_per_token=0)
+    sim = await start_sim(engine="sglang", timing=timing, kv_capacity_blocks=1024)
+    for stream in (False, True, True):
+        async with http.post(sim.url + "/v1/chat/completions", json={
+                "model": sim.config.model, "max_tokens": 3, "stream": stream,
+                "messages": [{"role": "user", "content": "hello there"}]}) as resp:
+            assert resp.status == 200
+            await resp.read()
+    stats = sim.engine.stats_dict()
+    assert stats["first_token_streams"] == 2  # streamed requests only
+    assert stats["first_token_us"] >= 2 * 30_000  # each waited for its 30 ms prefill

@@ -20,7 +20,7 @@ from cortex.hashing import Engine
 from cortex.index.server import IndexServer
 from cortex.testing import RedisServer, wait_until_async
 
-from ..conftest import BLOCK, MODEL, StartGateway, StartSim
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
 from .test_cluster import Cluster, cluster
 
 SYSTEM = "You are a careful coding agent. Read files before editing them. " * 30
@@ -188,10 +188,66 @@ async def test_followups_stay_pinned_and_unmodelled_requests_are_relayed(
             assert resp.status == 200
             assert resp.headers["x-cortex-match-mode"] == "passthrough"
 
-        # what the engine rejects is a 400 before routing
+        # what the engine rejects is a 400 before routing (an Anthropic error object)
         async with http.post(c.gateway.url + "/v1/messages", json={
                 "model": MODEL, "max_tokens": 0, "messages": []}) as resp:
             assert resp.status == 400
-            error = await resp.json()
-            assert error["error"]["param"] == "max_tokens"
+            error = anthropic_error_of(await resp.read())
+            assert error["type"] == "invalid_request_error" and "max_tokens" in error["message"]
             assert resp.headers["x-cortex-assigned-worker"] == "none"
+
+
+def anthropic_error_of(raw: bytes) -> dict[str, Any]:
+    """The ``error`` of an Anthropic error object (and nothing of OpenAI's shape)."""
+    obj = json.loads(raw)
+    assert obj["type"] == "error" and set(obj) == {"type", "error"}, obj
+    assert set(obj["error"]) == {"type", "message"} and obj["error"]["message"], obj
+    error: dict[str, Any] = obj["error"]
+    return error
+
+
+async def test_messages_errors_are_anthropic_objects_with_their_status(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sim = await start_sim(engine=Engine.VLLM, output_tokens=(40, 41))
+    models = (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine.VLLM),)
+    gw = await start_gateway([spec_of(sim, "w1")], models=models)
+    body = messages_body("errors")
+    # the client's mistakes, refused before routing: 400 / 404 / 400 (not JSON)
+    for sent, status, kind in (({**body, "max_tokens": 0}, 400, "invalid_request_error"),
+                               ({**body, "model": "no-such-model"}, 404, "not_found_error"),
+                               (b"{nope", 400, "invalid_request_error")):
+        async with http.post(gw.url + "/v1/messages",
+                             **({"data": sent} if isinstance(sent, bytes) else {"json": sent})
+                             ) as resp:
+            assert resp.status == status
+            assert resp.headers["content-type"] == "application/json"
+            assert resp.headers["x-cortex-assigned-worker"] == "none"
+            raw = await resp.read()
+            assert int(resp.headers["content-length"]) == len(raw)
+            assert anthropic_error_of(raw)["type"] == kind
+    # a path under /v1/messages the gateway does not serve: Anthropic's 404 too
+    async with http.post(gw.url + "/v1/messages/batches", json=body) as resp:
+        assert resp.status == 404
+        assert anthropic_error_of(await resp.read())["type"] == "not_found_error"
+    # the worker refuses (a 4xx is the client's, kept) or fails (502 after the retries)
+    for engine_status, status, kind in ((429, 429, "rate_limit_error"), (500, 502, "api_error")):
+        sim.faults.update({"error_rate": 1.0, "error_status": engine_status})
+        async with http.post(gw.url + "/v1/messages", json=body) as resp:
+            assert resp.status == status
+            assert anthropic_error_of(await resp.read())["type"] == kind
+    # a stream the worker breaks ends with Anthropic's error event, no OpenAI [DONE]
+    sim.faults.update({"error_rate": 0.0, "cut_stream_after": 3})
+    async with http.post(gw.url + "/v1/messages", json={**body, "stream": True}) as resp:
+        assert resp.status == 200
+        events = [e for e in (await resp.read()).decode().split("\n\n") if e.strip()]
+    assert len(events) == 4  # three of the engine's events, then the error
+    name, data = events[-1].split("\n")
+    assert name == "event: error"
+    assert anthropic_error_of(data.removeprefix("data: ").encode())["type"] == "api_error"
+    # the OpenAI paths keep OpenAI's shape
+    sim.faults.clear()
+    async with http.post(gw.url + "/v1/chat/completions", json={"model": MODEL,
+                         "max_tokens": 0, "messages": []}) as resp:
+        assert resp.status == 400
+        assert set((await resp.json())["error"]) == {"message", "type", "param", "code"}

@@ -44,6 +44,25 @@ def test_held_but_uncredited_tokens_are_available_only_from_ready_ledgers() -> N
     assert reuse_of(d, "b") == Reuse(0, 0)
 
 
+def test_available_per_tier_says_what_was_on_device_when_a_tier_held_the_rest() -> None:
+    # 'offload' holds 256 tokens on device and 768 more in its host tier; 'gpu' 512 on device
+    d = decide([cand("offload", index_tokens=256, host_tokens=768), cand("gpu",
+                                                                         index_tokens=512)], W)
+    reuse = reuse_of(d, d.chosen.worker_id)
+    assert (reuse.available, reuse.device) == (1024, 512)
+    assert b"; available_device=512" in reuse.header()
+    assert reuse.log_fields()["reuse_available_device"] == 512
+    # all of it on device: no tier field (the header as before)
+    d = decide([cand("a", index_tokens=512, host_tokens=0)], W)
+    assert reuse_of(d, "a").device is None
+    assert reuse_of(d, "a").log_fields()["reuse_available_device"] == 512
+    m = GatewayMetrics()
+    count_reuse(m, "m", "w1", Reuse(1024, 1024, delivered=1024, device=512), 2000)
+    count_reuse(m, "m", "w1", Reuse(256, 256, delivered=256), 2000)
+    assert m.registry.get_sample_value("cortex_gateway_reuse_tokens_total", {
+        "worker": "w1", "model": "m", "kind": "available_device"}) == 768
+
+
 def test_counted_only_with_the_engines_number() -> None:
     m = GatewayMetrics()
     count_reuse(m, "m", "w1", Reuse(512, 256, GivenUp.LOAD), 1000)
@@ -69,6 +88,7 @@ _candidates = st.lists(st.builds(
     index_tokens=st.integers(0, 64) .map(lambda b: b * 16),
     predicted_tokens=st.integers(0, 64).map(lambda b: b * 16),
     session_tokens=st.integers(0, 64).map(lambda b: b * 16),
+    host_tokens=st.integers(0, 64).map(lambda b: b * 16),
     inflight=st.integers(0, 80), session=st.booleans(), sessions=st.integers(0, 10),
     kv_pressure=st.floats(0, 1), ledger=st.sampled_from([READY, LedgerState.STALE])),
     min_size=1, max_size=6, unique_by=lambda c: c.worker_id)
@@ -82,5 +102,6 @@ def test_captured_never_exceeds_available_whoever_serves(cands: list[Candidate],
     for scored in d.ranked:
         reuse = reuse_of(d, scored.worker_id)
         assert 0 <= reuse.captured <= reuse.available
+        assert reuse.device is None or 0 <= reuse.device < reuse.available
         assert (reuse.given_up == GivenUp.NONE) == (reuse.lost == 0)
     assert reuse_of(d, d.chosen.worker_id).captured >= d.hit_tokens

@@ -1,8 +1,9 @@
 """The ASGI application: one lifespan owns the :class:`Runtime`; a flat table routes paths.
 
 Unknown paths answer 404, known paths with another method 405, both as OpenAI error
-objects. An unexpected exception becomes a 500 ``internal_error`` without details (they go
-to the log with the request id; tracebacks rate-limited, :mod:`cortex.gateway.tracebacks`).
+objects (Anthropic's under ``/v1/messages``). An unexpected exception becomes a 500
+``internal_error`` without details (they go to the log with the request id; tracebacks
+rate-limited, :mod:`cortex.gateway.tracebacks`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from cortex.gateway.config.gateway import GatewayConfig
 from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
 from cortex.gateway.http.asgi import Receive, Scope, Send
 from cortex.gateway.http.messages import (
+    ANTHROPIC_PATHS,
     PUBLIC_PATHS,
+    AnthropicErrors,
     ClientDisconnected,
     Middleware,
     Request,
@@ -134,6 +137,8 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, self.config.server.body_timeout_s)
+        if request.path.startswith(ANTHROPIC_PATHS):
+            send = AnthropicErrors(send)
         if _header_bytes(scope) > self.config.server.max_header_bytes:
             await send_error(send, ClientError(
                 f"request headers exceed {self.config.server.max_header_bytes} bytes",

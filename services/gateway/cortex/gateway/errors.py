@@ -1,4 +1,5 @@
-"""The gateway's exception hierarchy and the OpenAI error objects it answers with.
+"""The gateway's exception hierarchy and the error objects it answers with: OpenAI's, and
+Anthropic's on the Messages API (:func:`anthropic_error`).
 
 Three families, grouped by who should react:
 
@@ -24,6 +25,8 @@ __all__ = [
     "GatewayError",
     "ServiceUnavailable",
     "UpstreamError",
+    "anthropic_error",
+    "anthropic_error_event",
     "error_body",
     "relayed_error",
 ]
@@ -74,6 +77,19 @@ _TYPES = {
     431: "invalid_request_error",
     429: "rate_limit_error",
 }
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+"""Anthropic's error type per HTTP status (docs.claude.com/en/api/errors); another 4xx is
+``invalid_request_error``, another 5xx ``api_error``."""
 _MAX_RELAYED_MESSAGE = 1000  # characters of an engine's message passed on to the client
 
 
@@ -183,3 +199,40 @@ def relayed_error(status: int, data: bytes) -> tuple[int, bytes]:
     if "context length" in text.lower() or "context_length" in text.lower():
         code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
     return status, error_body(status, text[:_MAX_RELAYED_MESSAGE], code, param)
+
+
+def _anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error(status: int, body: bytes) -> bytes:
+    """An error answer of ``status`` as an Anthropic error object:
+    ``{"type": "error", "error": {"type", "message"}}``.
+
+    ``body`` is what the gateway would answer on an OpenAI path: an OpenAI error object (its
+    message is kept, the type follows the status), or an engine's Anthropic one (kept as it
+    is); anything else gets a message saying only the status."""
+    try:
+        obj: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        obj = None
+    if isinstance(obj, dict):
+        error = obj.get("error")
+        if (obj.get("type") == "error" and isinstance(error, dict)
+                and isinstance(error.get("type"), str) and isinstance(error.get("message"), str)):
+            return body
+        message = error.get("message") if isinstance(error, dict) else None
+    else:
+        message = None
+    if not isinstance(message, str):
+        message = f"the request failed (HTTP {status})"
+    return json.dumps({"type": "error", "error": {"type": _anthropic_type(status),
+                                                  "message": message}}).encode()
+
+
+def anthropic_error_event(status: int, message: str) -> bytes:
+    """An in-stream error of a Messages stream (``event: error``; nothing follows it):
+    what ``status`` would have answered before the stream began."""
+    payload = json.dumps({"type": "error", "error": {"type": _anthropic_type(status),
+                                                     "message": message}})
+    return b"event: error\ndata: " + payload.encode() + b"\n\n"

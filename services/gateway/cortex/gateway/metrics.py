@@ -214,7 +214,9 @@ class GatewayMetrics:
         self.reuse_tokens = Counter(p + "reuse_tokens_total",
                                     "Prompt tokens of answered requests whose engine reported"
                                     " its cached tokens, by worker, model and kind: available"
-                                    " (the longest prefix any eligible worker held), captured"
+                                    " (the longest prefix any eligible worker held, any"
+                                    " tier), available_device (the same in device memory"
+                                    " alone), captured"
                                     " (what the serving worker held), delivered (what the"
                                     " engine reported cached)",
                                     ["worker", "model", "kind"], registry=r)

@@ -3,7 +3,7 @@
 Open-loop requests go out at their ``at_s`` whatever the contender's latency; a request that
 follows another one (a client's next round) goes out ``at_s`` after that one completed. Every
 request is streamed; TTFT is the time to the first chunk carrying generated text, E2E the
-time to ``[DONE]``.
+time to ``[DONE]`` (a Messages / Responses stream: to the end of its last event).
 
 Each request opens its own connection (``force_close``), as independent clients would, and
 for every contender alike: on a reused keep-alive connection ``sglang-router`` 0.3.2 delays
@@ -36,6 +36,12 @@ START_LEAD_S = 0.2
 
 
 def _text_of(chunk: dict[str, Any], endpoint: Endpoint) -> str:
+    if endpoint is Endpoint.MESSAGES:
+        delta = chunk.get("delta") if chunk.get("type") == "content_block_delta" else None
+        return str(delta.get("text") or "") if isinstance(delta, dict) else ""
+    if endpoint is Endpoint.RESPONSES:
+        return (str(chunk.get("delta") or "")
+                if chunk.get("type") == "response.output_text.delta" else "")
     choices = chunk.get("choices") or []
     if not choices:
         return ""
@@ -51,6 +57,42 @@ def reuse_fields(value: str | None) -> dict[str, str]:
         return {}
     fields = (part.strip().partition("=") for part in value.split(";"))
     return {k: v for k, _, v in fields if k}
+
+
+ANTHROPIC_INPUT_COUNTS_CACHED = True
+"""The routing benchmark's sims are SGLang: its Messages usage counts every prompt token in
+``input_tokens`` (vLLM's leaves the ``cache_read_input_tokens`` out)."""
+
+
+def _usage(chunk: dict[str, Any], endpoint: Endpoint, outcome: Outcome) -> bool:
+    """Fill ``outcome``'s token counts from the event carrying the final usage; ``True``
+    when the event ends a named-event stream (Messages, Responses: no ``[DONE]``)."""
+    kind = chunk.get("type")
+    if endpoint is Endpoint.MESSAGES:
+        usage = chunk.get("usage") if kind == "message_delta" else None
+        if isinstance(usage, dict):
+            cached = int(usage.get("cache_read_input_tokens") or 0)
+            outcome.prompt_tokens = int(usage["input_tokens"]) + (
+                0 if ANTHROPIC_INPUT_COUNTS_CACHED else cached)
+            outcome.completion_tokens = int(usage["output_tokens"])
+            outcome.cached_tokens = cached
+        return kind == "message_stop"
+    if endpoint is Endpoint.RESPONSES:
+        if kind != "response.completed":
+            return False
+        usage = chunk["response"]["usage"]
+        outcome.prompt_tokens = int(usage["input_tokens"])
+        outcome.completion_tokens = int(usage["output_tokens"])
+        outcome.cached_tokens = int((usage.get("input_tokens_details") or {})
+                                    .get("cached_tokens") or 0)
+        return True
+    usage = chunk.get("usage")
+    if usage:
+        outcome.prompt_tokens = int(usage["prompt_tokens"])
+        outcome.completion_tokens = int(usage["completion_tokens"])
+        details = usage.get("prompt_tokens_details") or {}
+        outcome.cached_tokens = int(details.get("cached_tokens") or 0)
+    return False
 
 
 async def _send(session: aiohttp.ClientSession, url: str, model: str, request: Request,
@@ -88,12 +130,7 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request: R
                     return
                 if outcome.ttft_s is None and _text_of(chunk, request.endpoint):
                     outcome.ttft_s = clock() - outcome.sent_s
-                usage = chunk.get("usage")
-                if usage:
-                    outcome.prompt_tokens = int(usage["prompt_tokens"])
-                    outcome.completion_tokens = int(usage["completion_tokens"])
-                    details = usage.get("prompt_tokens_details") or {}
-                    outcome.cached_tokens = int(details.get("cached_tokens") or 0)
+                done = _usage(chunk, request.endpoint, outcome) or done
             outcome.done_s = clock()
             if not done:
                 outcome.error = "stream cut"

@@ -50,6 +50,7 @@ from cortex.bench.routing.runner import RunPlan, run_workload
 from cortex.bench.routing.scenarios import VARIANTS, Variant
 from cortex.bench.routing.text import BlockText, WordVocabulary
 from cortex.bench.routing.workloads import (
+    AGENT_APIS,
     Workload,
     agent_sessions,
     load_trace,
@@ -63,12 +64,13 @@ __all__ = ["FULL", "PLAIN_WORKLOADS", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "
            "build_workloads", "load_chat_tokenizer", "register", "run"]
 
 PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix",
-                   "multi_turn", "mooncake_conversation_small_kv", "agents")
+                   "multi_turn", "mooncake_conversation_small_kv", *AGENT_APIS.values())
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
 """The plain workloads, then the deployment variants (:mod:`cortex.bench.routing.scenarios`)."""
 QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
 QUICK_VARIANT_CONTENDERS = ("cortex", "sglang_cache_aware")
 """Who runs the variants in ``--quick`` (CI's smoke run stays under 2 minutes)."""
+AGENT_API_OF = {name: endpoint for endpoint, name in AGENT_APIS.items()}
 DEFAULT_CONTENDERS = ",".join(c for c in CONTENDERS if c not in OPT_IN)
 TRACE_FILES = {"mooncake_conversation": "mooncake_conversation_trace.jsonl",
                "mooncake_synthetic": "mooncake_synthetic_trace.jsonl",
@@ -333,7 +335,7 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
                 output_tokens=profile.scaled(LLMD_OUTPUT),
                 rates=(profile.steady_rate,) if steady else profile.shared_rates,
                 stage_s=profile.steady_s if steady else profile.shared_stage_s, seed=seed))
-        elif name == "agents":
+        elif name in AGENT_API_OF:
             out.append(agent_sessions(
                 text, agents=profile.agent_prompts, sessions=profile.agent_sessions,
                 turns=profile.agent_turns,
@@ -341,7 +343,7 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
                 task_tokens=profile.scaled(AGENT_TASK), tool_tokens=profile.scaled(AGENT_TOOL),
                 output_tokens=profile.scaled(AGENT_OUTPUT),
                 session_rate=profile.agent_session_rate, think_s=profile.agent_think_s,
-                seed=seed))
+                seed=seed, endpoint=AGENT_API_OF[name]))
         elif name == "multi_turn":
             out.append(multi_turn(
                 text, clients=profile.multi_clients, rounds=profile.multi_rounds,

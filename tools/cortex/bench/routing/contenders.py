@@ -46,6 +46,7 @@ from cortex.bench.procstat import cpu_s, machine_busy_s
 from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
 from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
+from cortex.hashing import Engine
 from cortex.registry import WorkerRole
 from cortex.testing import (
     free_port,
@@ -85,8 +86,9 @@ PEER_PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}
 
 @dataclass(frozen=True, slots=True)
 class SimSetup:
-    """The workers every contender gets: ``workers`` SGLang sims with a KV pool of
-    ``kv_capacity_blocks`` blocks of ``block_size`` tokens and the timing model."""
+    """The workers every contender gets: ``workers`` sims of ``engine`` (SGLang unless a
+    workload asks for vLLM) with a KV pool of ``kv_capacity_blocks`` blocks of
+    ``block_size`` tokens and the timing model."""
 
     workers: int
     kv_capacity_blocks: int
@@ -97,6 +99,7 @@ class SimSetup:
     decode_ms_per_token: float = 5.0
     model: str = "cortex-sim"
     host_capacity_blocks: int = 0
+    engine: str = "sglang"
 
     def sim_args(self) -> tuple[str, ...]:
         host = (("--host-capacity-blocks", str(self.host_capacity_blocks))
@@ -111,6 +114,7 @@ class SimSetup:
         return ClusterSpec(
             workers=self.workers, gateways=gateways if services else 0, services=services,
             port=0, pd=pd, model=self.model, block_size=self.block_size,
+            engine=Engine(self.engine),
             kv_capacity_blocks=self.kv_capacity_blocks, max_running=self.max_running,
             sim_args=self.sim_args(), gateway_config=dict(gateway_config or {}))
 

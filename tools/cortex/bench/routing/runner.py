@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import statistics
 import sys
@@ -137,6 +138,18 @@ def _totals(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, En
             evicted_blocks=state["cache"]["evicted_blocks"]
             - before[wid]["cache"]["evicted_blocks"])
     return out
+
+
+def _engine_ttft_ms(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The engines' mean share of the time to first token over the run (ms): from a
+    request reaching a sim's HTTP handler to its first token; the rest of the client's
+    TTFT is the router's and the network's. ``None`` when no sim counted one."""
+    streams = us = 0
+    for wid, state in after.items():
+        s0, s1 = before[wid]["stats"], state["stats"]
+        streams += s1.get("first_token_streams", 0) - s0.get("first_token_streams", 0)
+        us += s1.get("first_token_us", 0) - s0.get("first_token_us", 0)
+    return round(us / streams / 1000, 2) if streams else None
 
 
 _TIMED = {"cortex_gateway_upstream_first_byte_seconds": "upstream first byte",
@@ -301,6 +314,7 @@ async def _measure(d: Deployment, workload: Workload, expected: _Expected, model
         expected.completion_tokens, checked, stage_of=expected.stage_of,
         stage_rates=workload.stages,
         extra={"idle_ttft_p50_ms": round(percentile(idle, 50) * 1e3, 2) if idle else None,
+               "engine_ttft_mean_ms": _engine_ttft_ms(before, after),
                "cpu": cpu, "startup_s": round(d.startup_s, 2), "gateway": gateway,
                "busy_before_cores": None if busy_before is None else round(busy_before, 2),
                "stale": None if stale is None else dataclasses.asdict(stale),
@@ -318,6 +332,7 @@ def _rep_record(s: RunSummary) -> dict[str, Any]:
             "throughput_rps": round(s.throughput_rps, 3), "requests_ok": s.requests_ok,
             "verified": s.verified, "problems": s.problems,
             "idle_ttft_p50_ms": s.extra.get("idle_ttft_p50_ms"),
+            "engine_ttft_mean_ms": s.extra.get("engine_ttft_mean_ms"),
             "ours_cores": cpu.get("ours_cores"), "foreign_cores": cpu.get("foreign_cores"),
             "cpu_s": cpu.get("processes"), "busy_before_cores": s.extra.get("busy_before_cores"),
             "send_lag_p99_ms": round(s.send_lag_p99_ms, 2), "gateway": s.extra.get("gateway"),
@@ -370,7 +385,8 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
     if variant is not None and variant.host_fraction:
         host = max(int(variant.host_fraction * pages), largest_pages)
     sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity,
-                               host_capacity_blocks=host)
+                               host_capacity_blocks=host,
+                               engine=workload.engine or plan.sims.engine)
     prompt_tokens = sum(s.tokens for s in shapes)
     nominal: dict[int, float] = {}
     for r in workload.requests:
@@ -422,6 +438,10 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
                    "discarded_noisy_runs": discarded[contender],
                    "idle_ttft_p50_ms": _median([s.extra.get("idle_ttft_p50_ms")
                                                 for s, _ in runs]),
+                   "engine_ttft_mean_ms": _median([s.extra.get("engine_ttft_mean_ms")
+                                                   for s, _ in runs]),
+                   "ttft_mean_ms": _mean_ms([o.ttft_s for _, outs in runs for o in outs
+                                             if o.ok and o.ttft_s is not None]),
                    "cpu": {"ours_cores": _median([s.extra["cpu"]["ours_cores"]
                                                   for s, _ in runs]),
                            "foreign_cores": _median([s.extra["cpu"]["foreign_cores"]
@@ -461,14 +481,31 @@ def _one_run(workload: Workload, expected: _Expected, sims: SimSetup, plan: RunP
                 topology) as d, pinned(d) if plan.pin else contextlib.nullcontext():
         summary, outcomes = asyncio.run(_measure(d, workload, expected, sims.model, plan,
                                                  busy_before, variant))
+    _write_outcomes(plan.logs / workload.name / name / "outcomes.jsonl", outcomes)
     t = summary.ttft_ms
     cpu = summary.extra["cpu"]
+    ttfts = [o.ttft_s for o in outcomes if o.ok and o.ttft_s is not None]
+    mean = sum(ttfts) / len(ttfts) * 1e3 if ttfts else math.nan
     log(f"  {contender} ({name}): {summary.requests_ok}/{summary.requests_expected} ok, hit"
         f" {summary.hit_rate:.1%}, TTFT p50/p90/p99 {t[0]:.1f}/{t[1]:.1f}/{t[2]:.1f} ms,"
+        f" mean {mean:.1f} ms (engines {summary.extra.get('engine_ttft_mean_ms')}),"
         f" {summary.throughput_rps:.1f} req/s, cores ours {cpu['ours_cores']} foreign"
         f" {cpu['foreign_cores']}"
         + ("" if summary.verified else f"  NOT VERIFIED: {summary.problems}"))
     return summary, outcomes
+
+
+def _write_outcomes(path: Path, outcomes: Sequence[Outcome]) -> None:
+    """One JSON line per request (kept with ``--keep-logs``): to see where a run's time went
+    (which worker served what, when it was sent, its TTFT and hit) after the fact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for o in outcomes:
+            f.write(json.dumps(dataclasses.asdict(o)) + "\n")
+
+
+def _mean_ms(seconds: Sequence[float]) -> float | None:
+    return round(sum(seconds) / len(seconds) * 1e3, 2) if seconds else None
 
 
 def _median(values: Sequence[float | None]) -> float | None:

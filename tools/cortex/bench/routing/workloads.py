@@ -34,6 +34,7 @@ from typing import Any
 from cortex.bench.routing.text import BlockText, Segment
 
 __all__ = [
+    "AGENT_APIS",
     "SESSION_HEADER",
     "TRACE_BLOCK_TOKENS",
     "Endpoint",
@@ -57,14 +58,22 @@ SESSION_HEADER = "x-session-id"
 
 
 class Endpoint(StrEnum):
-    """Which OpenAI endpoint a request goes to."""
+    """Which API a request goes to: OpenAI completions or chat, Anthropic Messages, or
+    stateless OpenAI Responses (the last three carry the same messages: an engine converts
+    a Messages / Responses request to that chat, so the prompt tokens are the same)."""
 
     COMPLETIONS = "completions"
     CHAT = "chat"
+    MESSAGES = "messages"
+    RESPONSES = "responses"
 
     @property
     def path(self) -> str:
-        return "/v1/completions" if self is Endpoint.COMPLETIONS else "/v1/chat/completions"
+        return _PATHS[self]
+
+
+_PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions",
+          Endpoint.MESSAGES: "/v1/messages", Endpoint.RESPONSES: "/v1/responses"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +101,8 @@ class Request:
     def __post_init__(self) -> None:
         if (self.prompt is None) == (not self.messages):
             raise ValueError("a request has either a prompt or messages")
-        if (self.prompt is None) != (self.endpoint is Endpoint.CHAT):
-            raise ValueError("completions take a prompt, chat takes messages")
+        if (self.prompt is None) != (self.endpoint is not Endpoint.COMPLETIONS):
+            raise ValueError("completions take a prompt, the other APIs take messages")
         if self.max_tokens < 1 or self.at_s < 0:
             raise ValueError("max_tokens must be >= 1 and at_s >= 0")
 
@@ -102,16 +111,28 @@ class Request:
         return {SESSION_HEADER: self.session} if self.session is not None else {}
 
     def body(self, model: str) -> dict[str, Any]:
-        """The JSON body: streamed, with the usage chunk, exactly ``max_tokens`` tokens."""
-        body: dict[str, Any] = {
-            "model": model, "stream": True, "stream_options": {"include_usage": True},
-            "max_tokens": self.max_tokens, "ignore_eos": True, "temperature": 0,
-        }
-        if self.prompt is not None:
-            body["prompt"] = self.prompt
-        else:
-            body["messages"] = [{"role": r, "content": c} for r, c in self.messages]
-        return body
+        """The JSON body: streamed, with the usage chunk, exactly ``max_tokens`` tokens.
+
+        Messages: the leading system message is Anthropic's ``system``; Responses: it is the
+        ``instructions``, the turns are the ``input`` items, ``store`` false (the whole
+        history every turn, as Codex sends it)."""
+        endpoint = self.endpoint
+        body: dict[str, Any] = {"model": model, "stream": True, "ignore_eos": True,
+                                "temperature": 0}
+        if endpoint is Endpoint.COMPLETIONS:
+            return {**body, "prompt": self.prompt, "max_tokens": self.max_tokens,
+                    "stream_options": {"include_usage": True}}
+        turns = [{"role": r, "content": c} for r, c in self.messages]
+        if endpoint is Endpoint.CHAT:
+            return {**body, "messages": turns, "max_tokens": self.max_tokens,
+                    "stream_options": {"include_usage": True}}
+        system = [t["content"] for t in turns if t["role"] == "system"]
+        turns = [t for t in turns if t["role"] != "system"]
+        if endpoint is Endpoint.MESSAGES:
+            return {**body, "max_tokens": self.max_tokens, "messages": turns,
+                    **({"system": system[0]} if system else {})}
+        return {**body, "max_output_tokens": self.max_tokens, "store": False, "input": turns,
+                **({"instructions": system[0]} if system else {})}
 
     def digest(self) -> str:
         """A fingerprint of what is sent and when (checks every contender got the same)."""
@@ -136,6 +157,8 @@ class Workload:
     """Offered rate (req/s) of each ladder step, when the workload has a ladder."""
     kv_blocks: int | None = None
     """The per-worker KV pool (blocks) this workload prescribes; ``None``: the runner's rule."""
+    engine: str | None = None
+    """The engine the sims imitate for this workload (``"vllm"``); ``None``: SGLang."""
 
     def __post_init__(self) -> None:
         ids = [r.id for r in self.requests]
@@ -319,17 +342,28 @@ def multi_turn(text: BlockText, *, clients: int, rounds: int, system_tokens: int
 # ---- agent sessions (issue 29) ------------------------------------------------------------------
 
 
+AGENT_APIS = {Endpoint.CHAT: "agents", Endpoint.MESSAGES: "agents_messages",
+              Endpoint.RESPONSES: "agents_responses"}
+"""The agent workload's name per API its clients speak."""
+
+
 def agent_sessions(text: BlockText, *, agents: int, sessions: int, turns: tuple[int, int],
                    system_tokens: tuple[int, int], task_tokens: int, tool_tokens: int,
                    output_tokens: int, session_rate: float, think_s: float,
-                   seed: int) -> Workload:
+                   seed: int, endpoint: Endpoint = Endpoint.CHAT) -> Workload:
     """Coding-agent sessions on ``agents`` distinct agent prompts (system prompt plus tool
     schema, ``system_tokens`` long, drawn uniformly), each session on one of them.
     Sessions start as a Poisson process at ``session_rate``/s (so several run at once) and
     run a uniform number of ``turns`` in sequence: the first sends the task
     (``task_tokens``), every later turn appends the previous answer (``output_tokens``) and
     a short tool result (``tool_tokens``), ``Exp(think_s)`` seconds after the answer (the
-    tool running). Every request names its session in :data:`SESSION_HEADER`."""
+    tool running). Every request names its session in :data:`SESSION_HEADER`.
+    The Responses variant runs on vLLM sims: Cortex models vLLM's Responses conversion
+    (SGLang's is relayed by load, docs/gateway.md).
+
+    ``endpoint``: the API the clients speak (chat completions; Anthropic Messages as
+    Claude-Code-style clients; stateless Responses as Codex-style ones) — the same sessions,
+    the same prompt tokens."""
     ids = _BlockIds(text.tokens_per_block)
     rng = random.Random(seed)
     prompts = [("system", text.text(ids.segment(rng.randint(*system_tokens))))
@@ -350,18 +384,21 @@ def agent_sessions(text: BlockText, *, agents: int, sessions: int, turns: tuple[
                 history.append(("user", text.text(ids.segment(tool_tokens))))
             at_s = round(start, 6) if previous is None else round(rng.expovariate(1 / think_s), 6)
             rid = len(requests)
-            requests.append(Request(rid, Endpoint.CHAT, output_tokens, at_s,
+            requests.append(Request(rid, endpoint, output_tokens, at_s,
                                     messages=tuple(history), after=previous, conversation=s,
                                     turn=k, session=name))
             previous = rid
+    api = {Endpoint.CHAT: "chat completions", Endpoint.MESSAGES: "Anthropic Messages",
+           Endpoint.RESPONSES: "stateless Responses"}[endpoint]
     return Workload(
-        "agents", "Coding-agent sessions (session header, think time)",
+        AGENT_APIS[endpoint], f"Coding-agent sessions on {api} (session header, think time)",
         "issue 29's agent workload: a 10-30k-token agent prompt (system + tool schema) shared"
         " by the sessions of one agent, 10-40 short tool-result turns per session with think"
-        " time between them, sessions overlapping; chat completions with `x-session-id`",
+        f" time between them, sessions overlapping; {endpoint.path} with `x-session-id`",
         tuple(requests),
         {"agents": agents, "sessions": sessions, "turns": list(turns),
          "turns_mean": round(sum(session_turns) / max(len(session_turns), 1), 1),
          "system_tokens": list(system_tokens), "task_tokens": task_tokens,
          "tool_tokens": tool_tokens, "output_tokens": output_tokens,
-         "session_rate": session_rate, "think_s": think_s, "seed": seed})
+         "session_rate": session_rate, "think_s": think_s, "seed": seed},
+        engine="vllm" if endpoint is Endpoint.RESPONSES else None)

@@ -32,7 +32,8 @@ _VERSION = re.compile(r"\d+(\.\d+){1,3}")
 _SGLANG_BOOTSTRAP_PORT = 8998
 _MAX_DP_SIZE = 64
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate",
+                              "/v1/messages", "/v1/responses"})
 """The generation endpoints: the default scope of the HTTP faults."""
 
 

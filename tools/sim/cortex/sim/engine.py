@@ -59,6 +59,11 @@ class SimStats:
     generation_tokens: int = 0
     kv_pulls: int = 0
     kv_pull_failures: int = 0
+    first_token_streams: int = 0
+    first_token_us: int = 0
+    """Streamed requests, and the sum of their times (µs) from the request reaching the
+    HTTP handler to their first token written (parsing, tokenizing, queueing, prefill):
+    the engine's share of the time to first token (counted on rank 0)."""
 
 
 @dataclass(eq=False, slots=True)

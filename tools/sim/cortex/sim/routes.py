@@ -393,6 +393,7 @@ class SimRoutes:
 
     def _generation(self, parse: Parser) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
+            arrived = time.monotonic()
             body = await self._json(request)
             if isinstance(body, web.Response):
                 return body
@@ -419,7 +420,7 @@ class SimRoutes:
             # which worker answered, through any router that relays upstream headers
             headers[SERVED_BY_HEADER] = str(self.ports.get("http"))
             if req.stream:
-                return await self._stream(request, req, headers)
+                return await self._stream(request, req, headers, arrived)
             return await self._complete(req, headers)
 
         return handler
@@ -488,8 +489,8 @@ class SimRoutes:
             self.auxiliary.keep(body)
         return web.json_response(body, headers=self._source_headers(results, headers))
 
-    async def _stream(self, request: web.Request, req: GenRequest, headers: dict[str, str]
-                      ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: GenRequest, headers: dict[str, str],
+                      arrived: float | None = None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={**_SSE_HEADERS, **headers})
         await resp.prepare(request)
         lock = asyncio.Lock()
@@ -515,8 +516,14 @@ class SimRoutes:
             for event in events:
                 await write(named.event_bytes(event))
 
+        stats = self.engine.stats
+
         async def emit(result: SequenceResult, done: int) -> None:
-            nonlocal opened
+            nonlocal opened, arrived
+            if arrived is not None:  # the first token: the engine's share of the TTFT
+                stats.first_token_streams += 1
+                stats.first_token_us += int((time.monotonic() - arrived) * 1e6)
+                arrived = None
             async with lock:
                 if req.endpoint in _NAMED:
                     events = [] if opened else named.opening_events(req, result, engine)

@@ -29,7 +29,13 @@ from typing import Any
 from cortex.gateway.config.gateway import Timeouts
 from cortex.gateway.dispatch.attempt import Opened
 from cortex.gateway.dispatch.dispatcher import Dispatcher, upstream_body
-from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, relayed_error
+from cortex.gateway.errors import (
+    ClientError,
+    ErrorCode,
+    GatewayError,
+    anthropic_error_event,
+    relayed_error,
+)
 from cortex.gateway.http.asgi import Message, Receive, Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -424,8 +430,8 @@ class _Conversation:
         except TimeoutError:
             self.status = 504
             if streaming:
-                await self._end_stream(sse_error_event(
-                    "the request timed out", ErrorCode.UPSTREAM_TIMEOUT.value))
+                await self._end_stream(self._stream_error(
+                    504, "the request timed out", ErrorCode.UPSTREAM_TIMEOUT))
             else:
                 await send_error(self.send, GatewayError(
                     "the worker did not answer in time", code=ErrorCode.UPSTREAM_TIMEOUT,
@@ -438,11 +444,11 @@ class _Conversation:
                         self.request_id, failure, extra={"worker": opened.worker.id,
                                                          "request_id": self.request_id})
             if failure.kind is FailureKind.TIMEOUT:  # went silent: the request is cancelled
-                event = sse_error_event("the worker stopped sending",
-                                        ErrorCode.UPSTREAM_TIMEOUT.value)
+                event = self._stream_error(504, "the worker stopped sending",
+                                           ErrorCode.UPSTREAM_TIMEOUT)
             else:
-                event = sse_error_event("the worker failed while streaming",
-                                        ErrorCode.UPSTREAM_STREAM_ERROR.value)
+                event = self._stream_error(502, "the worker failed while streaming",
+                                           ErrorCode.UPSTREAM_STREAM_ERROR)
             await self._end_stream(event)
         except GatewayError as exc:
             self.status = exc.status
@@ -573,6 +579,13 @@ class _Conversation:
         metrics = self.gw.metrics
         metrics.child(metrics.ttft, self.req.model.name, stream, decision.mode.value).observe(
             time.perf_counter() - self.started)
+
+    def _stream_error(self, status: int, message: str, code: ErrorCode) -> bytes:
+        """The in-stream error event of this request's API (a Messages stream ends with an
+        Anthropic ``error`` event; the others with an OpenAI error chunk and ``[DONE]``)."""
+        if self.req.endpoint is InferencePath.MESSAGES:
+            return anthropic_error_event(status, message)
+        return sse_error_event(message, code.value)
 
     async def _end_stream(self, data: bytes) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": False})

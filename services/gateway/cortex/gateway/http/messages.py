@@ -1,6 +1,8 @@
 """Minimal ASGI HTTP helpers: a request view with a bounded body reader, and responses.
 
-What every HTTP request passes before its route: client auth, CORS, the access log.
+What every HTTP request passes before its route: client auth, CORS, the access log; on the
+Messages API (:data:`ANTHROPIC_PATHS`), :class:`AnthropicErrors` gives every error answer
+Anthropic's shape.
 :class:`Middleware` is built once from the config; :class:`Exchange` follows one request: it
 wraps ``send`` to learn the status and the decision headers (worker, match mode) of the answer,
 adds the CORS headers, and writes the access-log line when the answer is done.
@@ -19,14 +21,16 @@ from urllib.parse import unquote_plus
 import orjson
 
 from cortex.gateway.config.middleware import AccessLogConfig, CorsConfig
-from cortex.gateway.errors import ClientError, ErrorCode, GatewayError
+from cortex.gateway.errors import ClientError, ErrorCode, GatewayError, anthropic_error
 from cortex.gateway.http.asgi import Message, Receive, Scope, Send
 from cortex.gateway.http.auth import ApiKeys
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.telemetry.tracing import Span, StatusCode
 
 __all__ = [
+    "ANTHROPIC_PATHS",
     "PUBLIC_PATHS",
+    "AnthropicErrors",
     "Exchange",
     "Headers",
     "JSONDecodeError",
@@ -178,6 +182,47 @@ async def send_error(send: Send, error: GatewayError,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     await send_bytes(send, error.status, error.body(), b"application/json",
                      [*extra, *error.headers()])
+
+
+ANTHROPIC_PATHS = ("/v1/messages",)
+"""Path prefixes of Anthropic's API: their clients read Anthropic error objects."""
+_MAX_ERROR_BODY = 64 * 1024  # an error body longer than this is not an error object
+
+
+class AnthropicErrors:
+    """Wraps ``send`` of a Messages API request: an error answer (status >= 400) goes out as
+    an Anthropic error object (:func:`~cortex.gateway.errors.anthropic_error`) with the same
+    status and headers, whichever layer answered (auth, admission, routing, the relay, a
+    worker's refusal). Success answers and streams pass untouched (a stream's own error
+    event is written in the right shape where it is made)."""
+
+    __slots__ = ("_body", "_send", "_start")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._start: Message | None = None
+        self._body = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            self._start = message
+            return
+        start = self._start
+        if start is None or message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        self._body = (self._body + message.get("body", b""))[:_MAX_ERROR_BODY + 1]
+        if message.get("more_body", False):
+            return
+        self._start = None
+        body = anthropic_error(start["status"], self._body)
+        headers = [(k, v) for k, v in start["headers"]
+                   if k.lower() not in (b"content-length", b"content-type")]
+        await self._send({**start, "headers": _headers(b"application/json", len(body), headers)})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def __repr__(self) -> str:
+        return f"AnthropicErrors(holding={self._start is not None})"
 
 
 # ---- middleware ----

@@ -84,7 +84,9 @@ what the routing captured, what the engine delivered (pure).
 
 * ``available`` — the longest prompt prefix (tokens) any eligible worker held when the
   request was routed: its READY ledger (device, then host / disk tiers), its predicted
-  blocks or its session's previous turn, whether or not the decision credited it;
+  blocks or its session's previous turn, whether or not the decision credited it; per
+  tier, ``device`` says how much of it was held in device memory alone when that is less
+  (the rest waited in a host / disk tier: a hit the engine pays a load for);
 * ``captured`` — what the worker that served it held (``available - captured`` is what
   the decision gave up, and ``given_up`` says why: the better holder was over its high
   watermark, its load outweighed the hit, the first choice failed and a retry went
@@ -622,6 +624,10 @@ class Reuse:
     captured: int
     given_up: str = GivenUp.NONE
     delivered: int | None = None
+    device: int | None = None
+    """Per tier: the longest prefix any eligible worker held in device memory, when that is
+    less than ``available`` (the rest of the longest prefix sat in a host / disk tier, which
+    the engine loads back); ``None`` when ``available`` was all on device."""
 
     @property
     def lost(self) -> int:
@@ -633,8 +639,11 @@ class Reuse:
 
     def header(self) -> bytes:
         """The ``x-cortex-reuse`` header value: ``available=A; captured=C; given_up=R``,
-        then ``; delivered=D`` once known."""
+        then ``; available_device=V`` when part of ``A`` was in a host / disk tier, then
+        ``; delivered=D`` once known."""
         text = f"available={self.available}; captured={self.captured}; given_up={self.given_up}"
+        if self.device is not None:
+            text += f"; available_device={self.device}"
         if self.delivered is not None:
             text += f"; delivered={self.delivered}"
         return text.encode()
@@ -642,7 +651,9 @@ class Reuse:
     def log_fields(self) -> dict[str, int | str | None]:
         """The access log's fields."""
         return {"reuse_available": self.available, "reuse_captured": self.captured,
-                "reuse_given_up": self.given_up, "reuse_delivered": self.delivered}
+                "reuse_given_up": self.given_up, "reuse_delivered": self.delivered,
+                "reuse_available_device": self.available if self.device is None
+                else self.device}
 
 
 def reuse_of(decision: Decision, worker_id: str, unranked: int | None = None) -> Reuse:
@@ -652,15 +663,20 @@ def reuse_of(decision: Decision, worker_id: str, unranked: int | None = None) ->
     itself: its credited hit)."""
     ranked = any(s.worker_id == worker_id for s in decision.ranked)
     captured = unranked if unranked is not None and not ranked else 0
-    available, best = captured, None
+    available, best, device = captured, None, 0
     for scored in decision.ranked:
         held = PairDecision.held_tokens(scored)
         if held > available:
             available, best = held, scored
         if scored.worker_id == worker_id:
             captured = held
+        if held > device:
+            c = scored.candidate
+            device = max(device, min(held, max(c.index_tokens, c.predicted_tokens,
+                                                c.session_tokens)))
+    tiers = device if device < available and best is not None else None
     if captured >= available or best is None:
-        return Reuse(available, captured)
+        return Reuse(available, captured, device=tiers)
     if best.note:
         why = best.note
     elif worker_id != decision.chosen.worker_id:
@@ -669,7 +685,7 @@ def reuse_of(decision: Decision, worker_id: str, unranked: int | None = None) ->
         why = GivenUp.KV_PRESSURE
     else:
         why = GivenUp.LOAD
-    return Reuse(available, captured, why)
+    return Reuse(available, captured, why, device=tiers)
 
 
 def count_reuse(metrics: GatewayMetrics, model: str, worker_id: str, reuse: Reuse,
@@ -681,6 +697,8 @@ def count_reuse(metrics: GatewayMetrics, model: str, worker_id: str, reuse: Reus
         return
     tokens = metrics.reuse_tokens
     metrics.worker(tokens, worker_id, model, "available").inc(reuse.available)
+    metrics.worker(tokens, worker_id, model, "available_device").inc(
+        reuse.available if reuse.device is None else reuse.device)
     metrics.worker(tokens, worker_id, model, "captured").inc(reuse.captured)
     metrics.worker(tokens, worker_id, model, "delivered").inc(reuse.delivered)
     metrics.worker(metrics.reuse_prompt_tokens, worker_id, model).inc(prompt_tokens)
