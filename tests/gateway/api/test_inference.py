@@ -80,6 +80,26 @@ async def test_a_client_leaving_cancels_the_work() -> None:
     assert task is not None and task.cancelling() == 0  # the cancellation was taken back
 
 
+async def test_a_client_that_leaves_after_the_last_byte_is_not_gone() -> None:
+    # it read [DONE] and closed while the work still did its bookkeeping
+    client = Client()
+    answered = asyncio.Event()
+    booked: list[bool] = []
+
+    async def work() -> None:
+        answered.set()
+        client.leave.set()
+        for _ in range(3):
+            await asyncio.sleep(0)  # the disconnect arrives meanwhile
+        booked.append(True)
+
+    assert await race_disconnect(client, work(), ended=answered.is_set) is False
+    assert booked == [True]
+    gone = Client()
+    gone.leave.set()
+    assert await race_disconnect(gone, asyncio.Event().wait(), ended=lambda: False) is True
+
+
 async def test_a_cancellation_from_elsewhere_propagates() -> None:
     started = asyncio.Event()
 

@@ -204,6 +204,24 @@ async def test_client_disconnect_cancels_the_upstream_request(
     assert "cortex_gateway_client_disconnects_total 1.0" in metrics
 
 
+async def test_a_client_that_closes_after_done_is_not_counted_as_gone(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim()
+    gw = await start_gateway([spec_of(sim, "w1")])
+    for i in range(5):  # each on a connection of its own, closed once [DONE] is read
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)
+                                         ) as once, once.post(
+                gw.url + "/v1/chat/completions", json=chat(f"story {i}", stream=True)) as resp:
+            assert (await sse_events(resp))[-1] == "[DONE]"
+    metrics = await (await http.get(gw.url + "/metrics")).text()
+    assert 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",model="cortex-sim",status="200"} 5.0' in metrics
+    assert "cortex_gateway_client_disconnects_total 0.0" in metrics
+    checked = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("cortex_gateway_cache_prediction_total{"))
+    assert checked == 5  # each answer's usage was read after its [DONE]: nothing cut short
+
+
 async def test_a_request_counts_its_uncached_prompt_on_the_worker_until_its_first_byte(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:

@@ -67,6 +67,7 @@ from cortex.telemetry.tracing import Span, SpanKind, StatusCode, trace_headers
 __all__ = [
     "NOT_ROUTED",
     "InferenceHandler",
+    "SentResponse",
     "check_prediction",
     "decision_headers",
     "race_disconnect",
@@ -145,19 +146,24 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
-class _StatusSent:
-    """Wraps ``send``: remembers the status of the response actually started."""
+class SentResponse:
+    """Wraps ``send``: remembers the status of the response actually started, and whether
+    its last body message went out (``ended``: a client that closes after that is done with
+    the answer, not gone from it)."""
 
-    __slots__ = ("send", "status")
+    __slots__ = ("ended", "send", "status")
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.status: int | None = None
+        self.ended = False
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
         await self.send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
 
 
 _RELAY = -1  # _handle's answer for a request to relay by load (nothing sent yet)
@@ -187,7 +193,7 @@ class InferenceHandler:
         started = time.perf_counter()
         request_id = request_id_of(request)
         base: Headers = [(b"x-request-id", request_id.encode())]
-        sent = _StatusSent(send)
+        sent = SentResponse(send)
         unanswered = 500  # an exception escapes: the app answers 500
         m = self.metrics
         try:
@@ -268,7 +274,8 @@ class InferenceHandler:
             tracing.record(stage, span, at, end, attributes)
             at = end
 
-    async def _handle(self, request: Request, send: Send, endpoint: InferencePath, request_id: str,
+    async def _handle(self, request: Request, send: SentResponse, endpoint: InferencePath,
+                      request_id: str,
                       base: Headers, started: float) -> int:
         """Answer the request; returns the status to count when nothing was sent (499: the
         client went away)."""
@@ -299,7 +306,8 @@ class InferenceHandler:
             body = upstream_body(req, raw)
             exchange = _Conversation(self.gw, req, routed, body, request_id, base, send, deadline,
                                  started, request, self.learn)
-            if await race_disconnect(request.receive, exchange.run()):
+            if await race_disconnect(request.receive, exchange.run(),
+                                     ended=lambda: send.ended or exchange.answered):
                 self.metrics.client_disconnects.inc()
                 log.info("client disconnected request_id=%s worker=%s", request_id,
                          exchange.worker_id, extra={"request_id": request_id,
@@ -310,9 +318,12 @@ class InferenceHandler:
             routed.placement.dispatched()  # if it never was: the routed load ends here
 
 
-async def race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> bool:
+async def race_disconnect(receive: Receive, work: Coroutine[Any, Any, None],
+                          ended: Callable[[], bool] = lambda: False) -> bool:
     """Run ``work`` in this task until done or the client disconnects (then cancel it);
-    ``True`` if the client went away first.
+    ``True`` if the client went away first. A disconnect once the answer has ``ended`` (its
+    last byte sent: the client read ``[DONE]`` and closed) cancels nothing: ``work`` finishes
+    its bookkeeping.
 
     Only the watcher is a task of its own: ``work`` runs inline, and a disconnect cancels
     this task, which its ``uncancel`` then takes back. A cancellation from elsewhere (the
@@ -323,7 +334,7 @@ async def race_disconnect(receive: Receive, work: Coroutine[Any, Any, None]) -> 
 
     def on_disconnect(watcher: asyncio.Future[None]) -> None:
         nonlocal gone
-        if not watcher.cancelled() and watcher.exception() is None:
+        if not watcher.cancelled() and watcher.exception() is None and not ended():
             gone = True
             task.cancel()
 
@@ -364,6 +375,9 @@ class _Conversation:
         self.status = 200
         self.worker_id = routed.decision.chosen.worker_id
         self.delivered: int | None = None  # the engine's cached tokens, once read
+        # the stream's last event went out: a client that closes now has read its answer
+        # (the chunked end and the bookkeeping after it are ours to finish)
+        self.answered = False
 
     def _headers(self, opened: Opened | None) -> Headers:
         decision = self.routed.decision
@@ -509,6 +523,7 @@ class _Conversation:
             out = _checked(forwarder, chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+                self.answered = forwarder.done
                 if first:
                     self._first_byte_sent("true", opened)
                     first = False
@@ -546,6 +561,7 @@ class _Conversation:
                 raise UpstreamFailure(FailureKind.BAD_ANSWER,
                                       "an event that is not the engines' SSE")
             await send({"type": "http.response.body", "body": out, "more_body": True})
+            self.answered = events.done
             if first:
                 self._first_byte_sent("true", opened)
                 first = False

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cortex.gateway.api.inference import race_disconnect, request_id_of
+from cortex.gateway.api.inference import SentResponse, race_disconnect, request_id_of
 from cortex.gateway.config.gateway import ModelConfig, Timeouts
 from cortex.gateway.dispatch.attempt import acquire_slot, release_slot
 from cortex.gateway.errors import (
@@ -325,9 +325,11 @@ class RelayHandler:
         base += [(b"x-cortex-assigned-worker", target.name.encode()),
                  (b"x-cortex-cache-hit-tokens", b"0")]
         try:
-            sent = await race_disconnect(request.receive, self._answer(
-                send, target, response, head, base, path, stream, timeouts.stream_idle_s))
-            return 499 if sent else response.status
+            answer = SentResponse(send)
+            gone = await race_disconnect(request.receive, self._answer(
+                answer, target, response, head, base, path, stream, timeouts.stream_idle_s),
+                ended=lambda: answer.ended)
+            return 499 if gone else response.status
         finally:
             response.close()
             if target.worker is not None and slot is not None:
