@@ -215,7 +215,8 @@ async def test_a_client_that_closes_after_done_is_not_counted_as_gone(
                 gw.url + "/v1/chat/completions", json=chat(f"story {i}", stream=True)) as resp:
             assert (await sse_events(resp))[-1] == "[DONE]"
     metrics = await (await http.get(gw.url + "/metrics")).text()
-    assert 'cortex_gateway_requests_total{endpoint="/v1/chat/completions",model="cortex-sim",status="200"} 5.0' in metrics
+    assert ('cortex_gateway_requests_total{endpoint="/v1/chat/completions",'
+            'model="cortex-sim",status="200"} 5.0') in metrics
     assert "cortex_gateway_client_disconnects_total 0.0" in metrics
     checked = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("cortex_gateway_cache_prediction_total{"))
