@@ -161,9 +161,9 @@ class SentResponse:
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True  # before the send: the client may read it and close in it
         await self.send(message)
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.ended = True
 
 
 _RELAY = -1  # _handle's answer for a request to relay by load (nothing sent yet)
@@ -522,8 +522,8 @@ class _Conversation:
             progressed(worker_id)
             out = _checked(forwarder, chunk)
             if out:
+                self.answered = forwarder.done  # before the send: the client may close in it
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-                self.answered = forwarder.done
                 if first:
                     self._first_byte_sent("true", opened)
                     first = False
@@ -560,8 +560,8 @@ class _Conversation:
             if events.malformed:
                 raise UpstreamFailure(FailureKind.BAD_ANSWER,
                                       "an event that is not the engines' SSE")
-            await send({"type": "http.response.body", "body": out, "more_body": True})
             self.answered = events.done
+            await send({"type": "http.response.body", "body": out, "more_body": True})
             if first:
                 self._first_byte_sent("true", opened)
                 first = False
