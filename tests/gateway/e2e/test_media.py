@@ -151,3 +151,49 @@ async def test_a_random_media_workload_is_never_over_credited(
     assert over == 0
     assert hits >= 10 and exact >= 30
     assert 'cortex_gateway_cache_prediction_total{outcome="over"}' not in metrics
+
+
+@pytest.mark.parametrize("immutable", [False, True])
+async def test_an_image_url_is_never_read_by_the_gateway(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession, model_dir: Path,
+    immutable: bool,
+) -> None:
+    """The gateway does no I/O for an image URL (so none to bound): a real image server on
+    127.0.0.1 sees no request from it, the request is relayed, and only the blocks before
+    the image are credited — with ``immutable_urls`` too (the URL's hash names the item)."""
+    from aiohttp import web
+
+    seen: list[str] = []
+
+    async def image(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(body=base64.b64decode(png(300, 200, 5).partition(",")[2]),
+                            content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/{name}", image)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}/cat.png"
+    try:
+        sims = await start_cluster(start_sim, model_dir, 2)
+        models = (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine.VLLM,
+                              tokenizer=model_dir, immutable_urls=immutable),)
+        async with cluster(redis, index_server, sims, start_gateway, http,
+                           models=models) as c:
+            body = ask(SYSTEM, url, "What is in this picture?")
+            headers, cached = await c.send(body)
+            holder = headers["x-cortex-assigned-worker"]
+            await wait_index_holds(c, body, holder)
+            headers, cached = await c.send(body)
+            hit = int(headers["x-cortex-cache-hit-tokens"])
+            plain = len(SYSTEM.split()) // 2  # the system prompt alone is well past a block
+            assert headers["x-cortex-assigned-worker"] == holder
+            assert plain < hit < cached  # the text before the image only, never past it
+    finally:
+        await runner.cleanup()
+    assert seen == []
