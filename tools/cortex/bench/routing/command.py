@@ -135,10 +135,10 @@ class Profile:
     agent_turns: tuple[int, int] = (10, 40)
     agent_session_rate: float = 1.0
     agent_think_s: float = 1.0
-    mm_conversations: int = 96
+    mm_conversations: int = 240
     mm_rounds: tuple[int, int] = (2, 5)
-    mm_images: int = 48
-    mm_rate: float = 2.5
+    mm_images: int = 96
+    mm_rate: float = 8.0
     mm_think_s: float = 1.0
     mm_new_image: float = 0.25
 
