@@ -61,8 +61,10 @@ def test_quick_workloads_are_deterministic_and_complete(text: BlockText) -> None
     if not traces.is_dir():
         pytest.skip(f"no traces at {traces}")
     build: Any = routing.build_workloads
-    a = build(routing.QUICK, text, routing.WORKLOADS, traces, 0)
-    b = build(routing.QUICK, text, routing.WORKLOADS, traces, 0)
+    a = build(routing.QUICK, text, routing.WORKLOADS, traces, 0, text)
+    b = build(routing.QUICK, text, routing.WORKLOADS, traces, 0, text)
+    with pytest.raises(ValueError, match="vision_text"):  # its words are its model's
+        build(routing.QUICK, text, ["multimodal"], traces, 0)
     assert [w.name for w in a] == list(routing.WORKLOADS)
     assert [w.digest() for w in a] == [w.digest() for w in b]
     by_name = {w.name: w for w in a}

@@ -23,6 +23,8 @@ from cortex.bench.routing.workloads import (
     load_trace,
     mooncake,
     multi_turn,
+    multimodal,
+    png_data_url,
     poisson_ladder,
     shared_prefix,
 )
@@ -275,6 +277,57 @@ def test_agent_sessions_on_the_agent_apis_send_the_same_prompt_tokens_as_chat(
         assert ids == chat.encode_chat([{"role": r, "content": c} for r, c in a.messages])
 
 
+def test_multimodal_conversations_resend_their_images_and_share_popular_ones(
+        small_text: BlockText) -> None:
+    kw: dict[str, Any] = dict(conversations=12, rounds=(2, 4), images=5,
+                              sides=[(224, 224), (280, 196)], popularity=1.0,
+                              system_tokens=40, question_tokens=6, output_tokens=4,
+                              new_image=0.5, conversation_rate=2.0, think_s=0.5, seed=2)
+    w = multimodal(small_text, **kw)
+    assert w.digest() == multimodal(small_text, **kw).digest()
+    assert w.digest() != multimodal(small_text, **{**kw, "seed": 3}).digest()
+    convs: dict[int | None, list[Request]] = {}
+    for r in w.requests:
+        convs.setdefault(r.conversation, []).append(r)
+        assert r.endpoint is Endpoint.CHAT and r.images and r.images[0][0] == 1
+        assert r.messages[0] == w.requests[0].messages[0]  # one shared system prompt
+        body = r.body("m")["messages"]
+        for i, url in r.images:  # each image as a part before its message's text
+            assert r.messages[i][0] == "user" and url.startswith("data:image/png;base64,")
+            parts = body[i]["content"]
+            assert {"type": "image_url", "image_url": {"url": url}} in parts
+            assert parts[-1] == {"type": "text", "text": r.messages[i][1]}
+        assert all(isinstance(m["content"], str) for k, m in enumerate(body)
+                   if k not in {i for i, _ in r.images})
+    assert len(convs) == 12
+    for turns in convs.values():
+        for before, r in itertools.pairwise(turns):  # a later turn re-sends every image
+            assert r.after == before.id and r.images[:len(before.images)] == before.images
+    firsts = [turns[0].images[0][1] for turns in convs.values()]
+    assert len(set(firsts)) < len(firsts)  # a popular image returns in a new conversation
+    assert any(len(r.images) > 1 for r in w.requests)  # and later turns add new ones
+    assert w.params["images_used"] <= 5
+    # the images are part of what every contender must receive
+    r = w.requests[0]
+    assert r.digest() != Request(r.id, r.endpoint, r.max_tokens, r.at_s,
+                                 messages=r.messages).digest()
+
+
+def test_png_data_urls_are_valid_pngs_of_the_size_asked(tmp_path: Path) -> None:
+    import base64
+    import struct
+    import zlib
+
+    url = png_data_url(30, 20, 300)
+    data = base64.b64decode(url.removeprefix("data:image/png;base64,"))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert struct.unpack(">II", data[16:24]) == (30, 20)
+    length = struct.unpack(">I", data[33:37])[0]
+    raw = zlib.decompress(data[41:41 + length])
+    assert len(raw) == 20 * (1 + 3 * 30) and raw[1:4] == bytes([44, 1, 90])
+    assert png_data_url(30, 20, 301) != url
+
+
 def test_request_and_workload_validation() -> None:
     with pytest.raises(ValueError):
         Request(0, Endpoint.CHAT, 4, 0.0, prompt="x")
@@ -286,6 +339,8 @@ def test_request_and_workload_validation() -> None:
     with pytest.raises(ValueError, match="follows"):
         Workload("w", "t", "s", (ok, Request(1, Endpoint.COMPLETIONS, 4, 0.0, prompt="y",
                                              after=1)))
+    with pytest.raises(ValueError, match="image"):
+        Request(0, Endpoint.CHAT, 4, 0.0, messages=(("user", "x"),), images=((1, "u"),))
     body = ok.body("m")
     assert body["stream"] and body["ignore_eos"] and body["stream_options"]["include_usage"]
     assert ok.digest() != Request(0, Endpoint.COMPLETIONS, 4, 0.5, prompt="x").digest()

@@ -39,3 +39,21 @@ def test_unreadable_headers_are_unknown() -> None:
     png = base64.b64decode(_images()[0]["b64"])
     exif = png[:-12] + b"\0\0\0\0eXIf\0\0\0\0" + png[-12:]  # Pillow would rotate by it
     assert image_size(exif) is None
+
+
+@pytest.mark.parametrize("row", _images(), ids=lambda r: r["name"])
+def test_a_header_read_gives_the_whole_files_size_or_none(row: dict[str, Any]) -> None:
+    """The first bytes of a file (a URL image's header read) never give another size than the
+    whole file; 1 KiB is enough for every reference image but those with an EXIF block."""
+    data = base64.b64decode(row["b64"])
+    for cut in (16, 30, 64, 200, 1024):
+        found = image_size(data[:cut], complete=False)
+        assert found is None or found == tuple(row["vllm_size"]), cut
+
+
+def test_a_partial_png_counts_only_once_its_first_idat_is_read() -> None:
+    png = base64.b64decode(next(r["b64"] for r in _images() if r["name"].startswith("png")))
+    idat = png.index(b"IDAT") - 4
+    assert image_size(png[:idat], complete=False) is None  # an eXIf chunk could follow
+    assert image_size(png[:idat + 8], complete=False) == image_size(png)
+    assert image_size(png[:idat]) == image_size(png)  # the whole file: no chunk follows

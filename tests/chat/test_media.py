@@ -82,7 +82,13 @@ def test_items_identifiers_and_stamping() -> None:
     assert items[0].identifier == items[2].identifier != items[1].identifier
     assert items[0].tokens == 8 and items[0].keyed
     assert items[3].identifier is None  # URLs are not immutable unless configured
-    assert str(media_items(body, QWEN25, immutable_urls=True)[3].identifier).startswith("url-")
+    immutable = media_items(body, QWEN25, immutable_urls=True)[3]
+    assert str(immutable.identifier).startswith("url-") and immutable.url == "https://x/y.png"
+    assert items[3].url is None and items[0].url is None  # no header read without it
+    sized = immutable.sized((56, 28), QWEN25)  # a header read gave the size: keyed
+    assert sized.keyed and sized.tokens == QWEN25.image_tokens(56, 28)
+    assert immutable.sized(None, QWEN25) == immutable
+    assert items[5].sized((56, 28), QWEN25) == items[5]  # a video's run is not an image's
     assert items[4].identifier == "mine" and not items[4].stamp and items[4].tokens is None
     stamp_identifiers(body, items)
     parts = body["messages"][1]["content"]

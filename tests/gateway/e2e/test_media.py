@@ -14,11 +14,14 @@ import random
 import shutil
 import struct
 import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from cortex.gateway.config.gateway import ModelConfig
 from cortex.hashing import Engine
@@ -66,6 +69,41 @@ def png(width: int, height: int, shade: int) -> str:
                                                               0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
     return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+@dataclass
+class ImageServer:
+    """An image host on 127.0.0.1: ``/<shade>.png`` is a 300 x 200 PNG of that shade;
+    ``seen`` lists each request's path and ``Range`` header (the gateway's header reads send
+    one, the engine's fetches do not)."""
+
+    url: str
+    seen: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@pytest.fixture
+async def images() -> AsyncIterator[ImageServer]:
+    server = ImageServer("")
+
+    async def image(request: web.Request) -> web.Response:
+        server.seen.append((request.path, request.headers.get("Range")))
+        name = request.match_info["name"]
+        if not name.removesuffix(".png").isdigit():
+            return web.Response(status=404)
+        data = base64.b64decode(png(300, 200, int(name.removesuffix(".png"))).partition(",")[2])
+        return web.Response(body=data, content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/{name}", image)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
 
 
 def ask(system: str, image: str, question: str, **extra: Any) -> dict[str, Any]:
@@ -116,6 +154,7 @@ async def test_a_repeated_image_is_exact_kv_and_credited_as_the_engine_caches(
 async def test_a_random_media_workload_is_never_over_credited(
     redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
     start_gateway: StartGateway, http: aiohttp.ClientSession, model_dir: Path,
+    images: ImageServer,
 ) -> None:
     """Repeated images, the same image in new conversations, different images after a
     shared text prefix, URL images (not keyed): the gateway's credit never exceeds the
@@ -124,8 +163,8 @@ async def test_a_random_media_workload_is_never_over_credited(
     models = (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine.VLLM,
                           tokenizer=model_dir),)
     rng = random.Random(31)
-    images = [png(rng.choice((60, 100, 200, 300)), rng.choice((40, 90, 200)), shade)
-              for shade in range(6)]
+    pictures = [png(rng.choice((60, 100, 200, 300)), rng.choice((40, 90, 200)), shade)
+                for shade in range(6)]
     systems = [SYSTEM, "Describe images for a blind reader. " * 5, "Be terse. " * 9]
     sent: list[dict[str, Any]] = []
     over = exact = hits = 0
@@ -135,12 +174,11 @@ async def test_a_random_media_workload_is_never_over_credited(
             if sent and roll < 0.35:
                 body = rng.choice(sent)  # a repeat
             elif roll < 0.55:
-                body = ask(rng.choice(systems), rng.choice(images), "What is this?")
+                body = ask(rng.choice(systems), rng.choice(pictures), "What is this?")
             elif roll < 0.65:
-                body = ask(rng.choice(systems), f"https://img.example/{i % 3}.png",
-                           "What is this?")
+                body = ask(rng.choice(systems), f"{images.url}/{i % 3}.png", "What is this?")
             else:
-                body = ask(SYSTEM, rng.choice(images), f"Question {rng.randrange(4)}?")
+                body = ask(SYSTEM, rng.choice(pictures), f"Question {rng.randrange(4)}?")
             headers, cached = await c.send(body)
             hit = int(headers["x-cortex-cache-hit-tokens"])
             over += hit > cached
@@ -151,3 +189,61 @@ async def test_a_random_media_workload_is_never_over_credited(
     assert over == 0
     assert hits >= 10 and exact >= 30
     assert 'cortex_gateway_cache_prediction_total{outcome="over"}' not in metrics
+
+
+
+
+@pytest.mark.parametrize("immutable", [False, True])
+async def test_without_header_reads_an_image_url_is_read_by_the_engine_only(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession, model_dir: Path,
+    images: ImageServer, immutable: bool,
+) -> None:
+    """Without ``image_headers`` the gateway does no I/O for an image URL: the image host
+    sees only the engine's whole-file fetches, and a repeat is credited only the text before
+    the image — with ``immutable_urls`` too (the URL's hash then names the item)."""
+    sims = await start_cluster(start_sim, model_dir, 2)
+    models = (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine.VLLM,
+                          tokenizer=model_dir, immutable_urls=immutable),)
+    async with cluster(redis, index_server, sims, start_gateway, http, models=models) as c:
+        body = ask(SYSTEM, images.url + "/3.png", "What is in this picture?")
+        headers, cached = await c.send(body)
+        holder = headers["x-cortex-assigned-worker"]
+        await wait_index_holds(c, body, holder)
+        headers, cached = await c.send(body)
+        hit = int(headers["x-cortex-cache-hit-tokens"])
+        assert headers["x-cortex-assigned-worker"] == holder
+        assert 0 < hit < cached and cached > 77  # the text before the image only
+    assert images.seen == [("/3.png", None)] * 2  # one engine fetch per request
+
+
+async def test_header_reads_key_an_immutable_url_image_exactly(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession, model_dir: Path,
+    images: ImageServer,
+) -> None:
+    """With ``immutable_urls`` and ``image_headers`` the gateway reads the first bytes of a
+    URL image (a ranged GET) for its size: a repeat is ``exact_kv`` with the credit equal to
+    the engine's cached tokens, as for an image given as bytes. A URL that answers an error
+    is refused with a 400 before any worker sees it."""
+    sims = await start_cluster(start_sim, model_dir, 2)
+    models = (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine.VLLM,
+                          tokenizer=model_dir, immutable_urls=True, image_headers=True,
+                          image_header_bytes=1024),)
+    async with cluster(redis, index_server, sims, start_gateway, http, models=models) as c:
+        body = ask(SYSTEM, images.url + "/4.png", "What is in this picture?")
+        headers, cached = await c.send(body)
+        holder = headers["x-cortex-assigned-worker"]
+        await wait_index_holds(c, body, holder)
+        headers, cached = await c.send(body)
+        assert headers["x-cortex-assigned-worker"] == holder
+        assert headers["x-cortex-match-mode"] == "exact_kv"
+        assert int(headers["x-cortex-cache-hit-tokens"]) == cached > 77
+        ranged = [r for _, r in images.seen if r is not None]
+        assert ranged == ["bytes=0-1023"]  # one header read: an immutable URL's size is kept
+        async with http.post(c.gateway.url + "/v1/chat/completions",
+                             json=ask(SYSTEM, images.url + "/gone.png", "And this?")) as resp:
+            assert resp.status == 400
+            error = (await resp.json())["error"]
+        assert "HTTP 404" in error["message"] and error["param"] == "messages"
+    assert ("/gone.png", None) not in images.seen  # refused before any engine fetched it

@@ -20,6 +20,7 @@ from cortex.gateway.errors import ConfigError
 from cortex.gateway.request.payload import (
     InferencePath,
     InferenceRequest,
+    generate_media,
     parse_body,
     parse_request,
 )
@@ -100,3 +101,14 @@ def test_a_model_dir_of_a_vl_family_needs_its_processor_config(tmp_path: Path) -
     with pytest.raises(ConfigError, match="model_dir"):
         config(tmp_path)
     assert config(None).models[0].vision is None
+
+
+def test_generate_media_counts_the_first_prompts_items() -> None:
+    assert generate_media({"text": "x"}) == ()
+    one = generate_media({"image_data": "https://x/a.png"})
+    assert [(i.modality.value, i.keyed) for i in one] == [("image", False)]
+    many = generate_media({"image_data": ["a", "b"], "audio_data": {"url": "c"}})
+    assert [i.modality.value for i in many] == ["image", "image", "audio"]
+    batch = generate_media({"image_data": [["a", "b", "c"], ["d"]], "video_data": [None]})
+    assert [i.modality.value for i in batch] == ["image"] * 3
+    assert len({(i.message, i.part) for i in many}) == 3

@@ -93,3 +93,33 @@ async def test_otherwise_only_the_plain_prefix_is_keyed(chat: ChatTokenizer, vl_
         assert keys == req.model.domain.keys(ids[:first]) and query == len(keys)
         assert tokens == len(ids) and len(keys) == first // 16 > 0
     assert await media_keys(req, [], encode) == ([], 0, 0)
+
+
+@pytest.mark.parametrize("known", [True, False])
+async def test_generate_with_image_data_keys_only_the_text_before_the_image(
+        chat: ChatTokenizer, vl_dir: Path, known: bool) -> None:
+    """SGLang's ``/generate`` with ``image_data``: the engine replaces the placeholder run by
+    ids of its own hash of the image, so two requests with the same text and other images
+    share only the text before it — never the key of the text after it (which the gateway
+    would otherwise credit from its own predictions of the first)."""
+    cfg = GatewayConfig.from_mapping({"models": [
+        {"name": "m", "engine": "sglang", "tokenizer": str(vl_dir if known else QWEN)}]})
+    text = ("You describe pictures. " * 8 + "<|vision_start|><|image_pad|><|vision_end|>"
+            + " What is this? Answer in one long sentence please. " * 4)
+    body = {"text": text, "image_data": "data:image/png;base64," + PNG["b64"],
+            "sampling_params": {"max_new_tokens": 4}}
+    req = parse_request(InferencePath.GENERATE, body, cfg)
+    assert [i.modality.value for i in req.prompt.media] == ["image"]
+    assert not any(i.keyed for i in req.prompt.media)
+    ids = chat.encode_text(text)
+
+    async def never(args: RenderArgs) -> list[int]:
+        raise AssertionError("a /generate prompt is not rendered")
+
+    keys, query, tokens = await media_keys(req, ids, never)
+    first = ids.index(VSTART + 3)  # the image pad
+    expected = req.model.domain.keys(ids[:first]) if known else []
+    assert keys == expected and query == len(keys) and tokens == len(ids)
+    assert len(req.model.domain.keys(ids)) > len(keys) + 2  # the text after it is not keyed
+    plain = parse_request(InferencePath.GENERATE, {"text": text}, cfg)
+    assert plain.prompt.media == ()

@@ -48,6 +48,8 @@ ROOT_ENV = "CORTEX_REALVLLM"
 _MODELS = {  # model directory -> (served name, extra vLLM arguments)
     "model-qwen": ("tiny-qwen", ()),
     "model-deepseek": ("tiny-deepseek", ("--tokenizer-mode", "deepseek_v4")),
+    # Qwen2.5-VL-shaped (make_models.py --qwen-vl); needs torchvision_shim.sh on PYTHONPATH
+    "model-qwen-vl": ("tiny-qwen-vl", ()),
 }
 
 _ENGINE_MAIN = '''\
@@ -108,6 +110,7 @@ class VllmEngine:
     kv_cache_bytes: int = KV_CACHE_BYTES
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()  # more vLLM flags (e.g. --kv-transfer-config)
+    env: dict[str, str] = field(default_factory=dict)  # more environment (e.g. PYTHONPATH)
     # below the ephemeral range: a killed engine is started again on the same ports while
     # the gateway and the ingest keep reconnecting to them (procs.free_stable_port)
     port: int = field(default_factory=free_stable_port)
@@ -151,7 +154,7 @@ class VllmEngine:
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
                "VLLM_CACHE_ROOT": str(self.install.root / "vllm-cache"),
-               "CORTEX_VLLM_BLOCK16": "1" if BLOCK_SIZE % 32 else "0"}
+               "CORTEX_VLLM_BLOCK16": "1" if BLOCK_SIZE % 32 else "0", **self.env}
         env.pop("PYTHONHASHSEED", None)  # vLLM seeds its block hashes from it when set
         with open(self.log_path, "ab") as log:
             log.write(("# " + " ".join(self.argv()) + "\n").encode())

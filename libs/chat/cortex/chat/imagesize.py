@@ -6,6 +6,10 @@ one: width and height swap for orientations 5-8. Read here: PNG (an ``eXIf`` chu
 size unknown), JPEG (SOF marker; orientation from the APP1 Exif block), GIF, WebP (lossy,
 lossless; extended without an EXIF flag) and BMP. Anything else, or a header this cannot
 read with certainty, is ``None``: the caller then does not key the image.
+
+A header read (the first bytes of a URL image) passes ``complete=False``: a PNG then counts
+only once its first ``IDAT`` chunk is in the data (the PNG specification puts any ``eXIf``
+chunk before it); a JPEG's Exif block precedes its frame header anyway.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _SWAPPING = frozenset({5, 6, 7, 8})
 
 
-def _png(data: bytes) -> tuple[int, int] | None:
+def _png(data: bytes, complete: bool) -> tuple[int, int] | None:
     if len(data) < 24 or data[12:16] != b"IHDR":
         return None
     width, height = struct.unpack(">II", data[16:24])
@@ -29,10 +33,10 @@ def _png(data: bytes) -> tuple[int, int] | None:
         kind = data[at + 4 : at + 8]
         if kind == b"eXIf":
             return None
-        if kind == b"IEND":
-            break
+        if kind == b"IEND" or (kind == b"IDAT" and not complete):
+            return width, height
         at += 12 + length
-    return width, height
+    return (width, height) if complete else None
 
 
 def _exif_orientation(tiff: bytes) -> int | None:
@@ -103,10 +107,11 @@ def _webp(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """``(width, height)`` in pixels as vLLM will see the image, or ``None``."""
+def image_size(data: bytes, complete: bool = True) -> tuple[int, int] | None:
+    """``(width, height)`` in pixels as vLLM will see the image, or ``None``.
+    ``complete``: ``data`` is the whole file (else its first bytes)."""
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return _png(data)
+        return _png(data, complete)
     if data.startswith(b"\xff\xd8"):
         return _jpeg(data)
     if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:

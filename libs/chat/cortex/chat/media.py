@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +60,8 @@ _MAX_DATA_URL_CHARS = 64 << 20  # past this the engine decides alone; nothing is
 class MediaItem:
     """One media part: where it is (``message``, ``part`` indices), its modality, the
     identifier the engine will use (``None``: not one the gateway knows) and its placeholder
-    tokens (``None``: not computable here)."""
+    tokens (``None``: not computable here). ``url``: an immutable ``http(s)`` image URL
+    whose header a bounded read may give the size of (see :meth:`sized`)."""
 
     message: int
     part: int
@@ -67,10 +69,18 @@ class MediaItem:
     identifier: str | None = None
     tokens: int | None = None
     stamp: bool = False  # the gateway writes ``identifier`` into the part as its ``uuid``
+    url: str | None = None
 
     @property
     def keyed(self) -> bool:
         return self.identifier is not None and self.tokens is not None
+
+    def sized(self, size: tuple[int, int] | None, vision: VisionConfig) -> MediaItem:
+        """This item with the placeholder run of an image of ``size`` (width, height in
+        pixels; ``None``: unknown, the item stays unkeyed)."""
+        if size is None or self.modality is not Modality.IMAGE:
+            return self
+        return dataclasses.replace(self, tokens=vision.image_tokens(*size))
 
 
 def _url_of(part: Mapping[str, Any]) -> str | None:
@@ -108,6 +118,8 @@ def _image_item(i: int, j: int, part: Mapping[str, Any], vision: VisionConfig | 
                 tokens = vision.image_tokens(*size)
         elif immutable_urls and url.startswith(("http://", "https://")):
             identifier = identifier or "url-sha256:" + hashlib.sha256(url.encode()).hexdigest()
+            return MediaItem(i, j, Modality.IMAGE, identifier, None, stamp=given is None,
+                             url=url)
     return MediaItem(i, j, Modality.IMAGE, identifier, tokens,
                      stamp=given is None and identifier is not None)
 

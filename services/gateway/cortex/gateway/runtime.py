@@ -41,6 +41,7 @@ from cortex.gateway.request.payload import Admit
 from cortex.gateway.routing.router import Router
 from cortex.gateway.tokens.prompt import PromptTokenizer
 from cortex.gateway.upstream.client import UpstreamClient
+from cortex.gateway.upstream.images import ImageHeaders
 from cortex.ledger import cores
 from cortex.ledger.grpc import read_token
 from cortex.ledger.model import LedgerState
@@ -216,6 +217,8 @@ class Runtime:
         if self._own_registry:
             await self._stack.enter_async_context(self.registry)
         await self._stack.enter_async_context(self.upstream)
+        if any(m.image_headers for m in config.models):  # URL images' sizes, bounded reads
+            self.router.image_headers = await self._stack.enter_async_context(ImageHeaders())
         if self.replica is not None:
             await self._stack.enter_async_context(self.replica)
         if self.index is not None:

@@ -19,10 +19,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from cortex.bench.routing.workloads import Endpoint, Request, Workload
 
 __all__ = [
+    "MediaEncoder",
+    "MediaRun",
     "PromptShape",
     "cacheable_tokens",
     "infinite_cache_hit_rate",
@@ -42,13 +45,33 @@ class PromptShape:
     pages: tuple[int, ...]
 
 
-def page_keys(token_ids: Sequence[int], page_tokens: int) -> tuple[int, ...]:
+class MediaRun(Protocol):
+    """A media item's placeholder run in an engine's prompt (``cortex.hashing.MediaSpan``)."""
+
+    @property
+    def identifier(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+
+MediaEncoder = Callable[[Request], tuple[list[int], Sequence[MediaRun]]]
+"""A request with images → the engine's prompt ids (placeholders expanded) and its runs."""
+
+
+def page_keys(token_ids: Sequence[int], page_tokens: int, media: Sequence[MediaRun] = ()
+              ) -> tuple[int, ...]:
     """Chained keys of every full page: equal keys ⇔ equal token prefixes (up to hash
-    collisions of 64-bit tuple hashes)."""
+    collisions of 64-bit tuple hashes). A page overlapping a media run also carries the
+    item's identifier: placeholder ids say nothing about the image, the engine's key does."""
     keys: list[int] = []
     parent = 0
     for start in range(0, len(token_ids) - page_tokens + 1, page_tokens):
-        parent = hash((parent, tuple(token_ids[start:start + page_tokens])))
+        end = start + page_tokens
+        items = tuple(m.identifier for m in media
+                      if m.offset < end and m.offset + m.length > start)
+        parent = hash((parent, tuple(token_ids[start:end]), items))
         keys.append(parent)
     return tuple(keys)
 
@@ -59,12 +82,19 @@ def cacheable_tokens(shape: PromptShape, hit_pages: int, page_tokens: int) -> in
 
 
 def shape_prompts(requests: Iterable[Request], encode_text: Callable[[str], list[int]],
-                  encode_chat: Callable[[list[dict[str, str]]], list[int]], page_tokens: int
-                  ) -> list[PromptShape]:
+                  encode_chat: Callable[[list[dict[str, str]]], list[int]], page_tokens: int,
+                  encode_media: MediaEncoder | None = None) -> list[PromptShape]:
     """The shape of every request, tokenized like the engine (``encode_*`` of
-    :class:`cortex.sim.tokenization.ChatTokenizer`)."""
+    :class:`cortex.sim.tokenization.ChatTokenizer`; ``encode_media`` for requests with
+    images)."""
     shapes = []
     for r in requests:
+        if r.images:
+            if encode_media is None:
+                raise ValueError(f"request {r.id} has images: shaping it needs encode_media")
+            ids, media = encode_media(r)
+            shapes.append(PromptShape(len(ids), page_keys(ids, page_tokens, media)))
+            continue
         if r.endpoint is Endpoint.COMPLETIONS:
             assert r.prompt is not None
             ids = encode_text(r.prompt)

@@ -8,6 +8,9 @@ the same request list on the same schedule, and checks that every request was se
 and counted by the engines. It also computes what a single infinite cache would hit on the
 same list. ``--out DIR`` gets ``report.md``, ``report.json`` and the plots.
 
+The ``multimodal`` workload (vision-language conversations) runs on vLLM sims serving a
+Qwen2.5-VL-shaped model (:mod:`cortex.bench.routing.vision`), the others on SGLang sims.
+
 Beside the plain workloads it runs the deployment variants of
 :mod:`cortex.bench.routing.scenarios` (router replicas behind HAProxy, churn, KV pressure,
 real prompt sizes, prefill/decode pools), with ``vllm-router`` as a further contender.
@@ -49,6 +52,7 @@ from cortex.bench.routing.report import WorkloadResult, report_json, report_mark
 from cortex.bench.routing.runner import RunPlan, run_workload
 from cortex.bench.routing.scenarios import VARIANTS, Variant
 from cortex.bench.routing.text import BlockText, WordVocabulary
+from cortex.bench.routing.vision import VisionPrompts, write_vision_model
 from cortex.bench.routing.workloads import (
     AGENT_APIS,
     Workload,
@@ -56,15 +60,18 @@ from cortex.bench.routing.workloads import (
     load_trace,
     mooncake,
     multi_turn,
+    multimodal,
     shared_prefix,
 )
+from cortex.hashing import Engine
 
 __all__ = ["FULL", "PLAIN_WORKLOADS", "QUICK", "QUICK_WORKLOADS", "WORKLOADS", "EngineTokenizer",
            "Profile",
            "build_workloads", "load_chat_tokenizer", "register", "run"]
 
 PLAIN_WORKLOADS = ("mooncake_conversation", "mooncake_synthetic", "shared_prefix",
-                   "multi_turn", "mooncake_conversation_small_kv", *AGENT_APIS.values())
+                   "multi_turn", "mooncake_conversation_small_kv", *AGENT_APIS.values(),
+                   "multimodal")
 WORKLOADS = (*PLAIN_WORKLOADS, *VARIANTS)
 """The plain workloads, then the deployment variants (:mod:`cortex.bench.routing.scenarios`)."""
 QUICK_WORKLOADS = ("shared_prefix", "multi_turn", "shared_prefix_r2", "churn", "pd")
@@ -96,7 +103,13 @@ class Profile:
     ``real_trace_speedup`` with 512 tokens per Mooncake block.
 
     Agents: ``agent_sessions`` sessions on ``agent_prompts`` agent prompts, starting at
-    ``agent_session_rate``/s, ``agent_turns`` turns each, ``agent_think_s`` between turns."""
+    ``agent_session_rate``/s, ``agent_turns`` turns each, ``agent_think_s`` between turns.
+
+    Multimodal: ``mm_conversations`` conversations starting at ``mm_rate``/s,
+    ``mm_rounds`` turns each, ``mm_think_s`` between turns, images drawn from
+    ``mm_images`` distinct ones (Zipf 1), another image on a later turn with probability
+    ``mm_new_image``. Image sizes (:data:`MM_SIDES`) are in pixels: 224 x 224 is 64
+    placeholder tokens, a ~1,000-token image at the 1/16 token scale."""
 
     workers: int
     tokens_per_block: int
@@ -125,6 +138,12 @@ class Profile:
     agent_turns: tuple[int, int] = (10, 40)
     agent_session_rate: float = 1.0
     agent_think_s: float = 1.0
+    mm_conversations: int = 240
+    mm_rounds: tuple[int, int] = (2, 5)
+    mm_images: int = 96
+    mm_rate: float = 8.0
+    mm_think_s: float = 1.0
+    mm_new_image: float = 0.25
 
     @property
     def token_scale(self) -> float:
@@ -143,12 +162,16 @@ QUICK = Profile(workers=2, tokens_per_block=32, trace_minutes=0.15, trace_speedu
                 multi_clients=5, multi_rounds=3, multi_client_rate=8.0, multi_think_s=0.2,
                 steady_rate=8.0, steady_s=8.0, churn_window_s=3.0, real_trace_minutes=0.15,
                 agent_prompts=1, agent_sessions=6, agent_turns=(10, 14), agent_session_rate=4.0,
-                agent_think_s=0.2)
+                agent_think_s=0.2, mm_conversations=8, mm_rounds=(1, 3), mm_images=4,
+                mm_rate=8.0, mm_think_s=0.2)
 
 # the published sizes, in real tokens, scaled by Profile.scaled()
 LLMD_SYSTEM, LLMD_QUESTION, LLMD_OUTPUT = 6000, 1200, 1000
 MULTI_SYSTEM, MULTI_USER, MULTI_OUTPUT = 4096, 2048, 256
 AGENT_SYSTEM, AGENT_TASK, AGENT_TOOL, AGENT_OUTPUT = (10_000, 30_000), 1000, 300, 200
+MM_SYSTEM, MM_QUESTION, MM_OUTPUT = 2000, 200, 200
+MM_SIDES = ((224, 224), (224, 280), (280, 280), (196, 252))
+"""Image sizes (pixels) of the multimodal workload: 63-100 Qwen2.5-VL placeholder tokens."""
 
 
 def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -297,12 +320,23 @@ def real_scale(profile: Profile) -> Profile:
 
 
 def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], traces: Path,
-                    seed: int) -> list[Workload]:
+                    seed: int, vision_text: BlockText | None = None) -> list[Workload]:
     """The selected workloads, in :data:`WORKLOADS` order; a variant is its base workload
-    renamed (built at real token counts when the variant says so)."""
+    renamed (built at real token counts when the variant says so). ``vision_text``: the
+    words of the multimodal workload's model (its tokenizer is not the default one)."""
     out: list[Workload] = []
     for name in names:
-        if (variant := VARIANTS.get(name)) is not None:
+        if name == "multimodal":
+            if vision_text is None:
+                raise ValueError("the multimodal workload needs vision_text")
+            out.append(multimodal(
+                vision_text, conversations=profile.mm_conversations, rounds=profile.mm_rounds,
+                images=profile.mm_images, sides=MM_SIDES, popularity=1.0,
+                system_tokens=profile.scaled(MM_SYSTEM),
+                question_tokens=profile.scaled(MM_QUESTION),
+                output_tokens=profile.scaled(MM_OUTPUT), new_image=profile.mm_new_image,
+                conversation_rate=profile.mm_rate, think_s=profile.mm_think_s, seed=seed))
+        elif (variant := VARIANTS.get(name)) is not None:
             base_profile, base_text = profile, text
             if variant.real_tokens:
                 base_profile = real_scale(profile)
@@ -419,11 +453,20 @@ def run(args: argparse.Namespace) -> int:
         pin=not args.no_pin and cpu_split() is not None)
     results: list[WorkloadResult] = []
     ok = complete = False
+    vision = _vision_setup(logs, plan, profile, args.seed) if "multimodal" in names else None
     try:
-        for workload in build_workloads(profile, text, names, traces, args.seed):
+        for workload in build_workloads(profile, text, names, traces, args.seed,
+                                        vision[1] if vision is not None else None):
+            variant = VARIANTS.get(workload.name)
+            if workload.name == "multimodal" and vision is not None:
+                prompts, _, mm_plan = vision
+                shapes = shape_prompts(workload.requests, prompts.encode_text,
+                                       prompts.encode_chat, plan.sims.block_size,
+                                       prompts.encode_media)
+                results.append(run_workload(workload, shapes, mm_plan))
+                continue
             shapes = shape_prompts(workload.requests, chat.encode_text, chat.encode_chat,
                                    plan.sims.block_size)
-            variant = VARIANTS.get(workload.name)
             results.append(run_workload(workload, shapes, _variant_plan(plan, profile, variant),
                                         variant=_sized(variant, profile, args.quick)))
         complete = True
@@ -443,6 +486,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"report written to {out / 'report.md'} ({(time.monotonic() - started) / 60:.1f}"
           " min)", file=sys.stderr)
     return 0 if ok else 1
+
+
+def _vision_setup(logs: Path, plan: RunPlan, profile: Profile, seed: int
+                  ) -> tuple[VisionPrompts, BlockText, RunPlan]:
+    """The multimodal workload's model directory (in ``logs``), its prompts, its words and
+    its plan: vLLM sims serving that model (the gateway reads the same directory)."""
+    model_dir = write_vision_model(logs / "model-qwen-vl")
+    prompts = VisionPrompts(model_dir, plan.sims.model)
+    text = BlockText(WordVocabulary.from_tokenizer(prompts.tokenizer), profile.tokens_per_block,
+                     seed)
+    sims = dataclasses.replace(plan.sims, engine=Engine.VLLM, model_dir=model_dir)
+    return prompts, text, dataclasses.replace(plan, sims=sims)
 
 
 def _config(args: argparse.Namespace, profile: Profile, weights: Mapping[str, float],

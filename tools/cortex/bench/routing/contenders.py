@@ -88,7 +88,8 @@ PEER_PROGRAMS = {"sglang": "sglang-router", "vllm": "vllm-router"}
 class SimSetup:
     """The workers every contender gets: ``workers`` sims of ``engine`` (SGLang unless a
     workload asks for vLLM) with a KV pool of ``kv_capacity_blocks`` blocks of
-    ``block_size`` tokens and the timing model."""
+    ``block_size`` tokens and the timing model. ``model_dir``: the served model's tokenizer
+    and configs (the sims' and Cortex's; ``None``: the default tokenizer)."""
 
     workers: int
     kv_capacity_blocks: int
@@ -99,24 +100,30 @@ class SimSetup:
     decode_ms_per_token: float = 5.0
     model: str = "cortex-sim"
     host_capacity_blocks: int = 0
-    engine: str = "sglang"
+    engine: Engine = Engine.SGLANG
+    model_dir: Path | None = None
 
     def sim_args(self) -> tuple[str, ...]:
         host = (("--host-capacity-blocks", str(self.host_capacity_blocks))
                 if self.host_capacity_blocks else ())
+        model = ("--tokenizer", str(self.model_dir)) if self.model_dir is not None else ()
         return ("--prefill-ms-per-token", f"{self.prefill_ms_per_token:g}",
                 "--prefill-overhead-ms", f"{self.prefill_overhead_ms:g}",
                 "--decode-ms-per-token", f"{self.decode_ms_per_token:g}",
-                *host, "--log-level", "warning")
+                *host, *model, "--log-level", "warning")
 
     def spec(self, *, services: bool, gateway_config: Mapping[str, Any] | None = None,
              gateways: int = 1, pd: bool = False) -> ClusterSpec:
+        config = dict(gateway_config or {})
+        if self.model_dir is not None:  # the gateway reads the same tokenizer and configs
+            config["models"] = [{"name": self.model, "engine": self.engine.value,
+                                 "block_size": self.block_size,
+                                 "tokenizer": str(self.model_dir)}]
         return ClusterSpec(
             workers=self.workers, gateways=gateways if services else 0, services=services,
-            port=0, pd=pd, model=self.model, block_size=self.block_size,
-            engine=Engine(self.engine),
+            port=0, pd=pd, engine=self.engine, model=self.model, block_size=self.block_size,
             kv_capacity_blocks=self.kv_capacity_blocks, max_running=self.max_running,
-            sim_args=self.sim_args(), gateway_config=dict(gateway_config or {}))
+            sim_args=self.sim_args(), gateway_config=config)
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,7 +346,12 @@ def report_markdown(results: Sequence[WorkloadResult], config: Mapping[str, Any]
         " gateway's) encodes as exactly one token per word, sent streamed to"
         " `/v1/completions` (chat for the multi-turn workload): sglang-router's cache-aware"
         " policy matches text, Cortex matches tokens, both see what they were built for."
-        " TTFT is the time to the first chunk with generated text; each request opens its own"
+        + (" The multimodal workload runs on vLLM sims instead, serving a Qwen2.5-VL-shaped"
+           " model (the Qwen3.5 tokenizer and template, Qwen2.5-VL's image processor"
+           " settings): each image is expanded to its placeholder run and keyed by its bytes,"
+           " as vLLM does; its prompts are the Qwen3.5 tokenizer's one-token words."
+           if any(r.workload.name == "multimodal" for r in results) else "")
+        + " TTFT is the time to the first chunk with generated text; each request opens its own"
         " connection (with keep-alive, sglang-router 0.3.2 holds every streamed response"
         " ~40 ms here — a delayed-ACK artifact unrelated to routing — so it would lose TTFT for"
         " the wrong reason). *idle TTFT* is the p50 of a few sequential uncacheable one-token"

@@ -60,6 +60,7 @@ from cortex.bench.routing.scenarios import (
     window_stats,
 )
 from cortex.bench.routing.workloads import Workload
+from cortex.hashing import Engine
 
 __all__ = ["EVENT_ALLOWANCE_S", "RunPlan", "run_workload", "wait_for_quiet", "worker_capacity"]
 
@@ -386,7 +387,8 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
         host = max(int(variant.host_fraction * pages), largest_pages)
     sims = dataclasses.replace(plan.sims, kv_capacity_blocks=capacity,
                                host_capacity_blocks=host,
-                               engine=workload.engine or plan.sims.engine)
+                               engine=Engine(workload.engine) if workload.engine
+                               else plan.sims.engine)
     prompt_tokens = sum(s.tokens for s in shapes)
     nominal: dict[int, float] = {}
     for r in workload.requests:

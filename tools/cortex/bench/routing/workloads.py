@@ -14,6 +14,9 @@ Three families, each described by where it comes from and how it was scaled to o
 * :func:`agent_sessions` — coding-agent sessions (issue 29): a long shared system prompt and
   tool schema, many short turns (tool results) with think time, sessions in parallel, each
   naming its session in a header.
+* :func:`multimodal` — vision-language conversations (issue 31): a shared system prompt, then
+  an image and a question; popular images come back in new conversations, later turns ask
+  about the same image again or add another one.
 
 A :class:`Request` is sent at ``at_s`` after the run starts, or — when ``after`` names an
 earlier request — ``at_s`` after that request completed (a client's think time).
@@ -21,10 +24,13 @@ earlier request — ``at_s`` after that request completed (a client's think time
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import json
 import random
+import struct
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -45,6 +51,8 @@ __all__ = [
     "load_trace",
     "mooncake",
     "multi_turn",
+    "multimodal",
+    "png_data_url",
     "poisson_ladder",
     "shared_prefix",
 ]
@@ -83,7 +91,8 @@ class Request:
     ``prompt`` (completions) or ``messages`` (chat); ``max_tokens`` output tokens, always
     generated in full (``ignore_eos``). ``at_s``: seconds after the run started, or after
     request ``after`` completed. ``stage``: the rate-ladder step (0 when there is none);
-    ``conversation`` / ``turn`` for multi-turn clients.
+    ``conversation`` / ``turn`` for multi-turn clients. ``images``: ``(message index,
+    image URL)`` pairs, each sent as an ``image_url`` part before that message's text.
     """
 
     id: int
@@ -97,10 +106,15 @@ class Request:
     conversation: int | None = None
     turn: int = 0
     session: str | None = None
+    images: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (not self.messages):
             raise ValueError("a request has either a prompt or messages")
+        if any(not 0 <= i < len(self.messages) for i, _ in self.images):
+            raise ValueError("an image belongs to one of the request's messages")
+        if self.images and self.endpoint is not Endpoint.CHAT:
+            raise ValueError("images are sent with chat requests only")
         if (self.prompt is None) != (self.endpoint is not Endpoint.COMPLETIONS):
             raise ValueError("completions take a prompt, the other APIs take messages")
         if self.max_tokens < 1 or self.at_s < 0:
@@ -122,7 +136,8 @@ class Request:
         if endpoint is Endpoint.COMPLETIONS:
             return {**body, "prompt": self.prompt, "max_tokens": self.max_tokens,
                     "stream_options": {"include_usage": True}}
-        turns = [{"role": r, "content": c} for r, c in self.messages]
+        turns = [{"role": r, "content": self._content(i, c)}
+                 for i, (r, c) in enumerate(self.messages)]
         if endpoint is Endpoint.CHAT:
             return {**body, "messages": turns, "max_tokens": self.max_tokens,
                     "stream_options": {"include_usage": True}}
@@ -134,12 +149,22 @@ class Request:
         return {**body, "max_output_tokens": self.max_tokens, "store": False, "input": turns,
                 **({"instructions": system[0]} if system else {})}
 
+    def _content(self, message: int, text: str) -> str | list[dict[str, Any]]:
+        """A message's content: its text, after its images when it has any."""
+        urls = [url for i, url in self.images if i == message]
+        if not urls:
+            return text
+        return [*({"type": "image_url", "image_url": {"url": url}} for url in urls),
+                {"type": "text", "text": text}]
+
     def digest(self) -> str:
         """A fingerprint of what is sent and when (checks every contender got the same)."""
         sent: list[Any] = [self.id, self.endpoint.value, self.max_tokens, self.at_s,
                            self.after, self.prompt, self.messages]
         if self.session is not None:
             sent.append(self.session)
+        if self.images:
+            sent.append(self.images)
         payload = json.dumps(sent, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -402,3 +427,77 @@ def agent_sessions(text: BlockText, *, agents: int, sessions: int, turns: tuple[
          "tool_tokens": tool_tokens, "output_tokens": output_tokens,
          "session_rate": session_rate, "think_s": think_s, "seed": seed},
         engine="vllm" if endpoint is Endpoint.RESPONSES else None)
+
+
+# ---- multimodal (issue 31) ----------------------------------------------------------------------
+
+
+def png_data_url(width: int, height: int, shade: int) -> str:
+    """A ``data:`` URL of a ``width`` x ``height`` PNG of one colour (``shade`` sets it:
+    distinct shades, distinct bytes)."""
+    row = b"\x00" + bytes([shade % 256, (shade // 256) % 256, 90]) * width
+    raw = row * height
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    data = (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def multimodal(text: BlockText, *, conversations: int, rounds: tuple[int, int], images: int,
+               sides: Sequence[tuple[int, int]], popularity: float, system_tokens: int,
+               question_tokens: int, output_tokens: int, new_image: float,
+               conversation_rate: float, think_s: float, seed: int) -> Workload:
+    """Vision-language chat conversations behind one shared system prompt. ``images``
+    distinct images (one-colour PNGs, each of a size drawn from ``sides`` in pixels) are
+    drawn with Zipf weights ``1 / rank ** popularity``, so popular ones come back in new
+    conversations. Conversations start as a Poisson process at ``conversation_rate``/s and
+    run a uniform number of ``rounds``: the first asks a question (``question_tokens``)
+    about one image; every later one appends the answer (``output_tokens``) and a follow-up
+    question ``Exp(think_s)`` seconds after it, with another image with probability
+    ``new_image`` — so a conversation re-sends its images, and different images follow the
+    shared text."""
+    ids = _BlockIds(text.tokens_per_block)
+    rng = random.Random(seed)
+    pool = [png_data_url(*rng.choice(list(sides)), shade=k + 1) for k in range(images)]
+    weights = [1 / (k + 1) ** popularity for k in range(images)]
+    system = ("system", text.text(ids.segment(system_tokens)))
+    starts = list(itertools.accumulate(rng.expovariate(conversation_rate)
+                                       for _ in range(conversations)))
+    requests: list[Request] = []
+    used: set[str] = set()
+    for c, start in enumerate(starts):
+        history: list[tuple[str, str]] = [system, ("user", text.text(ids.segment(
+            question_tokens)))]
+        shown = [(1, rng.choices(pool, weights)[0])]
+        previous: int | None = None
+        for k in range(rng.randint(*rounds)):
+            if k:
+                history.append(("assistant", text.text(ids.segment(output_tokens))))
+                history.append(("user", text.text(ids.segment(question_tokens))))
+                if rng.random() < new_image:
+                    shown.append((len(history) - 1, rng.choices(pool, weights)[0]))
+            at_s = round(start, 6) if previous is None else round(rng.expovariate(1 / think_s), 6)
+            rid = len(requests)
+            requests.append(Request(rid, Endpoint.CHAT, output_tokens, at_s,
+                                    messages=tuple(history), after=previous, conversation=c,
+                                    turn=k, images=tuple(shown)))
+            used.update(url for _, url in shown)
+            previous = rid
+    return Workload(
+        "multimodal", "Vision-language conversations (shared system prompt, repeated and new"
+        " images)",
+        "issue 31's multimodal workload: one shared system prompt, a question about an image"
+        " (data URL, popular images return in new conversations), follow-up turns about the"
+        " same image or a new one; chat completions to vLLM workers serving a Qwen2.5-VL"
+        "-shaped model", tuple(requests),
+        {"conversations": conversations, "rounds": list(rounds), "images": images,
+         "images_used": len(used), "sides": [list(s) for s in sides],
+         "popularity": popularity, "system_tokens": system_tokens,
+         "question_tokens": question_tokens, "output_tokens": output_tokens,
+         "new_image": new_image, "conversation_rate": conversation_rate, "think_s": think_s,
+         "seed": seed})

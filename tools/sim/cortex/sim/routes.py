@@ -41,6 +41,7 @@ from cortex.sim.dp import RankPicker
 from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState
 from cortex.sim.logprobs import FakeLogprobs
+from cortex.sim.media_fetch import inline_image_urls
 from cortex.sim.metrics import LoadSnapshot, render_metrics
 from cortex.sim.pd import TransferError
 from cortex.sim.protocol import Endpoint, GenRequest, RequestError, SequenceResult, SequenceSpec
@@ -399,6 +400,8 @@ class SimRoutes:
                 return body
             request_id = request.headers.get("X-Request-Id")
             try:
+                if parse is proto.parse_chat and self.config.engine is Engine.VLLM:
+                    body = await inline_image_urls(body)  # vLLM fetches URL images itself
                 req = parse(body, self.engine.chat, self.config.model, None,
                             engine=self.config.engine)
                 lora = proto.lora_of(req, body, self.config.engine, self.config.model,

@@ -153,6 +153,11 @@ class ModelConfig:
     ``preprocessor_config.json`` (default: the tokenizer's directory); for a supported
     vision-language family the images of a request are keyed exactly. ``immutable_urls``:
     an ``http(s)`` image URL always names the same bytes (its identifier is the URL's hash).
+    ``image_headers`` (with ``immutable_urls``): the gateway reads the first
+    ``image_header_bytes`` of such a URL (a ranged GET, within ``image_timeout_s`` seconds)
+    for the image's size, so its run is keyed exactly too; a URL that answers an error is
+    refused (400), one declaring more than ``max_image_bytes`` too (413); a read that times
+    out leaves the image unkeyed.
     """
 
     name: str
@@ -177,6 +182,10 @@ class ModelConfig:
     upstream_url: str | None = None
     model_dir: Path | None = None
     immutable_urls: bool = False
+    image_headers: bool = False
+    image_header_bytes: int = 64 * 1024
+    image_timeout_s: float = 2.0
+    max_image_bytes: int = 20 * 1024 * 1024
     _domain: HashDomain = field(init=False, repr=False, compare=False)
     _vision: VisionConfig | None = field(init=False, repr=False, compare=False)
 
@@ -199,6 +208,11 @@ class ModelConfig:
             positive(where, max_tokens=self.max_tokens)
         positive(where, max_messages=self.max_messages,
                  precheck_chars_per_token=self.precheck_chars_per_token)
+        positive(where, image_header_bytes=self.image_header_bytes,
+                 image_timeout_s=self.image_timeout_s, max_image_bytes=self.max_image_bytes)
+        if self.image_headers and not self.immutable_urls:
+            raise ConfigError(f"{where}.image_headers: needs immutable_urls (an image is "
+                              "identified by its URL only where URLs are immutable)")
         for name in ("first_byte_timeout_s", "response_timeout_s", "stream_idle_timeout_s"):
             if getattr(self, name) is not None:
                 positive(where, **{name: getattr(self, name)})

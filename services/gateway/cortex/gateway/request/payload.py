@@ -31,6 +31,7 @@ Over a bound: 400 ``context_length_exceeded`` (or ``invalid_request`` for an out
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -40,7 +41,7 @@ from typing import Any
 
 from cortex.chat import ChatError, RenderArgs, render_args, text_add_special_tokens
 from cortex.chat.errors import UnmodelledRequest
-from cortex.chat.media import MediaItem, media_items, stamp_identifiers
+from cortex.chat.media import MediaItem, Modality, media_items, stamp_identifiers
 from cortex.chat.messages_api import MessagesOptions, messages_chat_body
 from cortex.chat.responses_api import responses_chat_body
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
@@ -204,8 +205,10 @@ class Prompt:
 
     ``chat``: the chat rendering arguments; ``add_special_tokens``: whether a text prompt
     gets the tokenizer's special tokens; ``media``: the chat's media items
-    (:func:`cortex.chat.media.media_items`); ``stamped``: identifiers were written into the
-    body as the parts' ``uuid`` (it is sent re-serialized)."""
+    (:func:`cortex.chat.media.media_items`), or a ``/generate`` request's ``image_data`` /
+    ``video_data`` / ``audio_data`` items (never keyed: :func:`generate_media`);
+    ``stamped``: identifiers were written into the body as the parts' ``uuid`` (it is sent
+    re-serialized)."""
 
     kind: PromptKind
     chat: RenderArgs | None = None
@@ -400,6 +403,26 @@ def _chat(body: dict[str, Any], model: ModelConfig) -> Prompt:
     return Prompt(PromptKind.CHAT, chat=args, media=media, stamped=stamped)
 
 
+_GENERATE_MEDIA = {"image_data": Modality.IMAGE, "video_data": Modality.VIDEO,
+                   "audio_data": Modality.AUDIO}
+
+
+def generate_media(body: Mapping[str, Any]) -> tuple[MediaItem, ...]:
+    """A native ``/generate`` request's media items (SGLang: ``image_data`` etc., one item,
+    a list of items, or a batch's lists — the first prompt's), none of them keyed: SGLang
+    replaces each item's placeholder run by ids derived from its own hash of the item, so
+    only the prompt before the first placeholder is keyed, as for chat media."""
+    items: list[MediaItem] = []
+    for name, modality in _GENERATE_MEDIA.items():
+        value = body.get(name)
+        if isinstance(value, list) and value and isinstance(value[0], list):
+            value = value[0]  # a batch: the first prompt's items
+        count = (len([v for v in value if v is not None]) if isinstance(value, list)
+                 else int(value is not None))
+        items.extend(MediaItem(-1, len(items), modality) for _ in range(count))
+    return tuple(items)
+
+
 def _special_tokens(body: Mapping[str, Any], model: ModelConfig) -> bool:
     try:
         return text_add_special_tokens(body, model.engine)
@@ -496,6 +519,8 @@ def parse_request(endpoint: InferencePath, body: dict[str, Any], config: Gateway
             raise _invalid("'text' must be a string or a list of strings", "text")
     else:
         raise _invalid("either 'text' or 'input_ids' is required", "text")
+    if endpoint is InferencePath.GENERATE and (media := generate_media(body)):
+        prompt = dataclasses.replace(prompt, media=media)
     _count(body, "max_tokens", 0)
     _count(body, "n", 1)
     params = body.get("sampling_params")

@@ -52,7 +52,7 @@ from cortex.gateway.ledger.replica_client import (
 )
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferenceRequest
-from cortex.gateway.routing.media import media_keys
+from cortex.gateway.routing.media import media_keys, sized_items
 from cortex.gateway.routing.placement import (
     AgentTerms,
     BlocksOf,
@@ -63,6 +63,7 @@ from cortex.gateway.routing.placement import (
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
 from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
 from cortex.gateway.tokens.service import Tokenization
+from cortex.gateway.upstream.images import ImageHeaders
 from cortex.hashing import Engine, HashDomain, block_keys
 from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source, Tier
@@ -255,6 +256,8 @@ class Router:
         self._rng = random.Random()
         self.tokenization = Tokenization(config, tokenizers, metrics)
         self.agents = AgentTerms(routing, metrics)
+        self.image_headers: ImageHeaders | None = None
+        """Reads URL images' headers (set by the runtime where a model asks for it)."""
 
     # ---- tokens ----
 
@@ -291,8 +294,9 @@ class Router:
             ids = []  # a template that cannot render these media: the engine decides
         t1 = time.perf_counter()
         if req.prompt.media:
+            items = await sized_items(req, self.image_headers, deadline)
             keys, query_blocks, prompt_tokens = await media_keys(
-                req, ids, lambda args: self.tokenization.chat_tokens(model, args))
+                req, ids, lambda args: self.tokenization.chat_tokens(model, args), items)
         else:
             keys, query_blocks, prompt_tokens = self._keyed(req, ids, lazy)
         t2 = time.perf_counter()
