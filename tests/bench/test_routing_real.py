@@ -50,3 +50,14 @@ def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     assert [r.split(" | ")[0] for r in rows] == ["| cortex", "| round_robin"]
     assert "| 0 (1 of 1) |" in rows[0] and "| — |" in rows[1]
     assert (tmp_path / "real-engines.png").stat().st_size > 0
+
+
+def test_a_profiled_row_adds_its_top_frames_to_the_report(tmp_path: Path) -> None:
+    row = summarise("cortex", [Shot(0.02, 100, 50, 50)], CPU)
+    row["profile"] = {"process": "gateway-0", "samples": 1234, "frames": [
+        {"name": "route (gateway/routing/router)", "self_pct": 12.5, "total_pct": 40.0}]}
+    (tmp_path / "real-cortex.json").write_text(json.dumps(row))
+    text = write_report(tmp_path, "cortex bench routing --real-engines --profile").read_text()
+    assert "## Where cortex's gateway-0 spends its time (py-spy)" in text
+    assert "1,234 samples" in text
+    assert "| `route (gateway/routing/router)` | 12.5 | 40.0 |" in text

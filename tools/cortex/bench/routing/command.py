@@ -234,6 +234,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="real engines: conversations the requests are drawn from")
     parser.add_argument("--replicas", type=int, default=1,
                         help="real engines: routers per contender (Cortex: gateways)")
+    parser.add_argument("--profile", action="store_true",
+                        help="real engines: py-spy samples Cortex's gateway during its "
+                             "workload; its top frames go into the report")
     parser.set_defaults(func=run)
 
 
@@ -244,10 +247,10 @@ def _run_real(args: argparse.Namespace) -> int:
     contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
     out = Path(args.out)
     run_real(out, contenders, requests=args.requests, conversations=args.conversations,
-             replicas=args.replicas, seed=args.seed)
+             replicas=args.replicas, seed=args.seed, profile=args.profile)
     command = ("cortex bench routing --real-engines --requests "
                f"{args.requests} --conversations {args.conversations} --replicas "
-               f"{args.replicas} --contenders <one>")
+               f"{args.replicas} --contenders <one>{' --profile' if args.profile else ''}")
     print(f"report: {write_report(out, command)}")
     return 0
 

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.profile import Frame, Profile, frames_table
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
@@ -248,9 +249,11 @@ def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[st
 
 
 def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
-             replicas: int, seed: int) -> list[dict[str, Any]]:
+             replicas: int, seed: int, profile: bool = False) -> list[dict[str, Any]]:
     """Run each contender in front of the same two engines; one JSON per contender in
-    ``out`` (``real-<contender>.json``)."""
+    ``out`` (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
+    during its workload; its top frames go into the row (``profile``) and the raw stacks
+    beside it (``real-cortex.profile.txt``)."""
     found = VllmInstall.find()
     if isinstance(found, str):
         raise SystemExit(f"bench routing --real-engines: {found}")
@@ -277,9 +280,16 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                 if contender == "cortex" else _peers(contender, engines, run_dir / contender,
                                                      replicas)
             with deploy as (urls, pids):
-                meter = CpuMeter(pids)
-                shots = _workload(urls, requests, conversations, seed)
-                row = summarise(contender, shots, meter.stop())
+                spy = (Profile(pids["gateway-0"], out / f"real-{contender}.profile.txt")
+                       if profile and contender == "cortex" else None)
+                with spy or contextlib.nullcontext():
+                    meter = CpuMeter(pids)
+                    shots = _workload(urls, requests, conversations, seed)
+                    row = summarise(contender, shots, meter.stop())
+            if spy is not None:
+                frames, samples = spy.top(20)
+                row["profile"] = {"process": "gateway-0", "samples": samples,
+                                  "frames": [asdict(f) for f in frames]}
             (out / f"real-{contender}.json").write_text(json.dumps(row, indent=1) + "\n")
             print(f"  {contender}: hit {row['hit_rate']:.1%}, TTFT p50/p90 "
                   f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']} ms, routing CPU "
@@ -319,10 +329,28 @@ def write_report(out: Path, command: str) -> Path:
     lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
               " over-predictions cannot be counted from outside.", "",
               "![hit rate and TTFT](real-engines.png)", ""]
+    for r in rows:
+        if r.get("profile"):
+            lines += _profile_lines(r)
     report = out / "real-engines.md"
     report.write_text("\n".join(lines))
     _plot(rows, out / "real-engines.png")
     return report
+
+
+def _profile_lines(row: dict[str, Any]) -> list[str]:
+    """Where the profiled process's time went (``--profile``), by function."""
+    found = row["profile"]
+    frames = [Frame(**f) for f in found["frames"]]
+    lines = [f"## Where {row['contender']}'s {found['process']} spends its time (py-spy)", "",
+             f"`py-spy record --nonblocking --rate 200` on {found['process']} for the "
+             f"contender's whole workload ({row['requests']} requests): {found['samples']:,} "
+             "samples of its busy threads (py-spy leaves idle ones out); share of samples with "
+             f"the function on top of the stack (self) and anywhere on it (total). Raw stacks: "
+             f"`real-{row['contender']}.profile.txt`.", "",
+             "| function | self % | total % |", "|---|---:|---:|"]
+    lines += [f"| {name} | {own} | {total} |" for name, own, total in frames_table(frames)]
+    return [*lines, ""]
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
