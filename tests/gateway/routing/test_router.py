@@ -98,8 +98,16 @@ async def test_a_burst_of_a_new_prefix_follows_the_first_decision() -> None:
         router.close()
 
 
-async def test_by_default_a_burst_follows_each_holder_until_its_queue_outweighs_the_hit(
-        router: Router) -> None:
+async def test_at_delta_half_a_burst_follows_each_holder_until_its_queue_outweighs_the_hit(
+        ) -> None:
+    router = make_router(weights=RoutingWeights(delta=0.5))  # the real-size setting
+    try:
+        await burst_opens_holders_past_the_hit(router)
+    finally:
+        router.close()
+
+
+async def burst_opens_holders_past_the_hit(router: Router) -> None:
     # the shared prefix is most of every prompt: the prefill queue does not count
     # (delta_hit_share), the burst follows its first request as with delta 0
     routed = [await route(router, prompt(1, q)) for q in range(8)]

@@ -79,12 +79,12 @@ def test_a_longer_prefill_queue_than_the_hit_saves_sends_the_request_elsewhere()
     assert d.chosen.worker_id == "holder"
 
 
-def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
-    # delta 0.5 (the default): a hit saves its tokens twice, once for the request's own
-    # first token and once as prefill work the cluster does not do; a token queued ahead
-    # delays only the request
-    w = RoutingWeights()
-    assert w.delta == 0.5
+def test_at_the_real_size_setting_a_cached_token_outweighs_two_queued_ones() -> None:
+    # delta 0.5 (real prompt sizes; the default is 0, docs/gateway.md step 5): a hit saves
+    # its tokens twice, once for the request's own first token and once as prefill work the
+    # cluster does not do; a token queued ahead delays only the request
+    assert RoutingWeights().delta == 0.0
+    w = RoutingWeights(delta=0.5)
     idle = cand("idle", inflight=1)
     d = decide([cand("holder", index_tokens=2048, prefilling=3000, inflight=1), idle], w)
     assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 2048)
@@ -96,7 +96,7 @@ def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
 
 
 def test_a_worker_holding_most_of_the_prompt_keeps_it_whatever_its_prefill_queue() -> None:
-    w = RoutingWeights()  # delta 0.5 below a hit of half the prompt (delta_hit_share)
+    w = RoutingWeights(delta=0.5)  # the queue counts below a hit of half the prompt
     assert w.delta_hit_share == 0.5
     queued = {"prefilling": 27_000, "inflight": 2}
     # a conversation's next turn: 12k of its 13.6k tokens held, two 13.6k prompts queued
@@ -108,8 +108,8 @@ def test_a_worker_holding_most_of_the_prompt_keeps_it_whatever_its_prefill_queue
     d = decide([shared, cand("idle", inflight=2)], w, prompt_tokens=13_600)
     assert d.chosen.worker_id == "idle"
     # share 1.0: no worker is exempt; the prompt's length unknown: none either
-    d = decide([turn, cand("idle", inflight=2)], RoutingWeights(delta_hit_share=1.0),
-               prompt_tokens=13_600)
+    d = decide([turn, cand("idle", inflight=2)],
+               RoutingWeights(delta=0.5, delta_hit_share=1.0), prompt_tokens=13_600)
     assert d.chosen.worker_id == "idle"
     assert not holds_most(12_000, 0, 0.5) and holds_most(6_800, 13_600, 0.5)
 

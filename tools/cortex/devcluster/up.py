@@ -155,9 +155,9 @@ def launch(spec: Any, args: argparse.Namespace, command: str = "cortex up") -> i
             state = cluster.state()
             if getattr(args, "envoy", None):
                 state["envoy"] = _start_envoy(stack, spec, state, args.envoy)
-            if state_file is not None:
-                _write_json(state_file, state)
             print(summary(state, time.monotonic() - started, command), flush=True)
+            if state_file is not None:  # after the summary: its presence says it is printed
+                _write_json(state_file, state)
             _watch(cluster, command)
     except _Stop as stop:
         print(f"{command}: {stop} received, everything stopped", flush=True)

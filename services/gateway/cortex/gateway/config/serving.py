@@ -269,8 +269,10 @@ class RoutingWeights:
     the first byte of (the prefill queued ahead of the request). With ``delta == alpha`` a
     token of someone else's prefill ahead of the request weighs as much as one of its own:
     the score ranks workers by the prefill work standing between the request and its first
-    token. 0.5 by default: a cached token saves the request's time and the cluster's
-    prefill work, a queued one costs only the request's time (docs/gateway.md step 5).
+    token. 0 by default; 0.5 is the setting measured for real prompt sizes (a cached token
+    saves the request's time and the cluster's prefill work, a queued one costs only the
+    request's time), not the default while a lazily walked burst can split (docs/gateway.md
+    step 5).
     ``delta_hit_share``: a worker credited with at least this share of the prompt is
     exempt from the ``delta`` term (a conversation's next turn stays with the worker
     holding its history, as with sglang-router's ``cache_threshold``); 1.0 exempts none.
@@ -292,7 +294,7 @@ class RoutingWeights:
     alpha: float = 1.0
     beta: float = 64.0
     gamma: float = 128.0
-    delta: float = 0.5
+    delta: float = 0.0
     delta_hit_share: float = 0.5
     host_hit: float = 0.75
     disk_hit: float = 0.25
