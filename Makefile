@@ -104,7 +104,7 @@ unit: venv
 ## test-images, ~2 min of pip installs); CI runs all three. The suite's files run on
 ## TEST_WORKERS pytest-xdist workers (a file's tests stay on one worker, with its module
 ## fixtures): most of a test waits on the processes it started, so 3 workers keep 2 cores
-## busy (14.3 → ~11 min on 2 shared cores). TEST_WORKERS=0 runs it in one process.
+## busy (pytest 14.3 min → 8–11 min on 2 shared cores). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 
 test: venv envoy lock-check lint typecheck proto-check
