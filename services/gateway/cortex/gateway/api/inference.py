@@ -275,8 +275,7 @@ class InferenceHandler:
             at = end
 
     async def _handle(self, request: Request, send: SentResponse, endpoint: InferencePath,
-                      request_id: str,
-                      base: Headers, started: float) -> int:
+                      request_id: str, base: Headers, started: float) -> int:
         """Answer the request; returns the status to count when nothing was sent (499: the
         client went away)."""
         deadline = time.monotonic() + self.config.upstream.request_timeout_s
