@@ -12,6 +12,7 @@ from aiohttp import web
 
 from cortex.sim.media_fetch import inline_image_urls
 from cortex.sim.protocol import RequestError
+from cortex.testing import serve_app
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -27,14 +28,8 @@ async def host() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/{name}", image)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 def _body(*urls: str) -> dict[str, Any]:

@@ -34,3 +34,22 @@ def test_a_stable_port_is_bindable_and_outside_the_ephemeral_range() -> None:
         assert not low <= port <= high
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+async def test_serve_app_answers_on_127_0_0_1_and_stops() -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from cortex.testing import serve_app
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="hi")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    async with serve_app(app) as url, aiohttp.ClientSession() as http:
+        assert url.startswith("http://127.0.0.1:")
+        async with http.get(url) as resp:
+            assert await resp.text() == "hi"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=0.5)

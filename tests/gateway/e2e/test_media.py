@@ -26,7 +26,7 @@ from aiohttp import web
 from cortex.gateway.config.gateway import ModelConfig
 from cortex.hashing import Engine
 from cortex.index.server import IndexServer
-from cortex.testing import RedisServer
+from cortex.testing import RedisServer, serve_app
 
 from ..conftest import BLOCK, MODEL, StartGateway, StartSim
 from .test_cluster import cluster, wait_index_holds
@@ -95,15 +95,8 @@ async def images() -> AsyncIterator[ImageServer]:
 
     app = web.Application()
     app.router.add_get("/{name}", image)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with serve_app(app) as server.url:
         yield server
-    finally:
-        await runner.cleanup()
 
 
 def ask(system: str, image: str, question: str, **extra: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from aiohttp import web
 from cortex.chat.imagesize import image_size
 from cortex.gateway.errors import ClientError
 from cortex.gateway.upstream.images import MAX_REDIRECTS, ImageHeaders
-from cortex.testing.procs import free_port
+from cortex.testing.procs import free_port, serve_app
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -92,16 +92,11 @@ async def server() -> AsyncIterator[tuple[str, Images]]:
     app = web.Application()
     for name in ("ranged", "whole", "endless", "stalled", "huge", "missing", "loop"):
         app.router.add_get(f"/{name}", getattr(images, name))
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", images
-    finally:
-        images.stop.set()
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        try:
+            yield url, images
+        finally:
+            images.stop.set()
 
 
 @pytest.fixture

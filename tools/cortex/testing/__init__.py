@@ -9,6 +9,7 @@ from cortex.testing.procs import (
     die_with,
     free_port,
     free_stable_port,
+    serve_app,
     wait_until,
     wait_until_async,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "free_port",
     "free_stable_port",
     "peer_program",
+    "serve_app",
     "sglang_router_argv",
     "vllm_router_argv",
     "wait_until",

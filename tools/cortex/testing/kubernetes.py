@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from cortex.testing.procs import serve_app
+
 __all__ = ["FakeKubernetesApi", "Watch", "fake_kubernetes_api"]
 
 
@@ -83,13 +85,8 @@ async def fake_kubernetes_api(namespace: str) -> AsyncIterator[FakeKubernetesApi
     api = FakeKubernetesApi(namespace)
     app = web.Application()
     app.router.add_get("/{tail:.*}", api.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    api.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield api
-    finally:
-        api.end_watches()
-        await runner.cleanup()
+    async with serve_app(app) as api.url:
+        try:
+            yield api
+        finally:
+            api.end_watches()
