@@ -7,44 +7,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cortex.gateway.config.gateway import (
-    GatewayConfig,
-    ModelConfig,
-    RoutingConfig,
-    RoutingWeights,
-)
-from cortex.gateway.fleet.pool import EngineLoad, Health, WorkerPool
-from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.config.gateway import RoutingWeights
 from cortex.gateway.request.payload import InferencePath, parse_request
 from cortex.gateway.routing.router import Routed, Router
-from cortex.hashing import Engine, HashDomain
-from cortex.ledger.match import Match, SourceMatch
-from cortex.ledger.model import LedgerState, Source
-from cortex.registry import WorkerSpec
 
-MODEL, BLOCK, WORKERS = "m", 16, ("w0", "w1", "w2")
-
-
-class ColdIndex:
-    available = True
-
-    async def match(self, domain: HashDomain, keys: list[int], deadline: float
-                    ) -> Match | None:
-        return Match(tuple(SourceMatch(Source(w, 0), 0, LedgerState.READY) for w in WORKERS),
-                     1, len(keys))
+from .test_router import BLOCK, MODEL, WORKERS
+from .test_router import make_router as make_any_router
 
 
 def make_router(**routing: Any) -> Router:
+    """:func:`test_router.make_router` with predictions off (only the session table works)."""
     routing.setdefault("predicted_ttl_s", 0.0)
-    config = GatewayConfig(models=(ModelConfig(name=MODEL, block_size=BLOCK),),
-                           routing=RoutingConfig(**routing))
-    pool = WorkerPool(config.breaker)
-    pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.SGLANG,
-                             model=MODEL, block_size=BLOCK) for i, w in enumerate(WORKERS)})
-    for worker in pool:
-        worker.health = Health.HEALTHY
-        worker.engine = EngineLoad(0, 0, time.monotonic() + 3600)
-    return Router(config, pool, {}, ColdIndex(), GatewayMetrics())
+    return make_any_router(**routing)
 
 
 async def route(router: Router, ids: list[int], session: str | None) -> Routed:
