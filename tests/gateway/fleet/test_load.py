@@ -14,6 +14,7 @@ from cortex.gateway.fleet.pool import WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
+from cortex.testing import serve_app
 
 VLLM_METRICS = (
     'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",'
@@ -39,15 +40,8 @@ async def engine(routes: dict[str, web.StreamResponse | dict[str, object] | str]
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", asked
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, asked
 
 
 async def poll(url: str, engine_kind: Engine, dp_size: int = 1, times: int = 1

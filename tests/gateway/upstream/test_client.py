@@ -15,7 +15,7 @@ from cortex.gateway.http.auth import WorkerCredentials
 from cortex.gateway.upstream.client import FailureKind, UpstreamClient, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
-from cortex.testing.procs import free_port
+from cortex.testing.procs import free_port, serve_app
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -157,13 +157,8 @@ async def server() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/sized/{n}", sized)
     app.router.add_post("/chunked/{n}", chunked)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["sized", "chunked"])
