@@ -26,7 +26,7 @@ from cortex.ledger.model import Source
 from cortex.registry import RedisRegistry, Registry, WorkerSpec
 from cortex.sim.cache import CacheEvent
 from cortex.sim.feed import EngineCache, Hashes, PublisherConfig, SyntheticPublisher
-from cortex.testing import RedisServer, wait_until_async
+from cortex.testing import RedisServer, free_port, wait_until_async
 
 MODEL = "test-model"
 
@@ -41,11 +41,7 @@ def index_config(port: int = 0, **overrides: object) -> IndexConfig:
 def consecutive_ports(count: int) -> int:
     """A base port with ``count`` consecutive free ports (DP ranks publish on port + rank)."""
     for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base: int = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
+        base = free_port()
         try:
             with contextlib.ExitStack() as stack:
                 for offset in range(count):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import os
@@ -21,7 +22,7 @@ from typing import Self
 
 from aiohttp import web
 
-__all__ = ["RedisServer", "die_with", "free_port", "free_stable_port", "wait_until",
+__all__ = ["RedisServer", "die_with", "free_port", "serve_app", "wait_until",
            "wait_until_async"]
 
 _PR_SET_PDEATHSIG = 1
@@ -43,14 +44,6 @@ def die_with(parent_pid: int) -> Callable[[], None]:
             os._exit(1)
 
     return setup
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read, release)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager
@@ -75,25 +68,49 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def free_stable_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port outside the kernel's ephemeral range, for a server that is killed and
-    started again on the same port (a restarted engine): a port from :func:`free_port` is an
-    ephemeral one, so while its server is down any outgoing connection may be given it as
-    its source port, and a client that keeps reconnecting to it (ZMQ does) can even connect
-    to itself (TCP simultaneous open on 127.0.0.1), so the restart finds it taken. Ports
-    below the ephemeral range are handed to no one; this picks one at random and checks
-    that it binds."""
+_LOWEST_PORT = 10_000
+_RECENT = 1_000  # ports handed out lately, not handed out again
+_handed_out: collections.deque[int] = collections.deque(maxlen=_RECENT)
+
+
+def _port_slice() -> range:
+    """Ports this process may hand out: those below the kernel's ephemeral range, cut into
+    one disjoint slice per pytest-xdist worker, so parallel test files never pick alike."""
     low, _ = _ephemeral_range()
+    high = max(low, _LOWEST_PORT + 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return range(_LOWEST_PORT, high)
+    index = int(worker[2:]) % count
+    width = (high - _LOWEST_PORT) // count
+    return range(_LOWEST_PORT + index * width, _LOWEST_PORT + (index + 1) * width)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port for a server this process is about to start.
+
+    Ports from the kernel's ephemeral range (``bind`` to port 0) are not safe to hand on:
+    between release and the server's ``bind``, any outgoing connection on the machine may be
+    given the port as its source port, and a client that keeps reconnecting to a port whose
+    server is down (ZMQ does) can even connect to itself (TCP simultaneous open on 127.0.0.1).
+    Ports below that range are handed to no one by the kernel. This picks one at random from
+    this process's slice of them (:func:`_port_slice`), none of the last ``_RECENT`` it handed
+    out, and checks that it binds."""
+    ports = _port_slice()
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(10_000, max(low, 10_001))
+        port = rng.choice(ports)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
-    return free_port(host)
+        _handed_out.append(port)
+        return port
+    raise OSError(f"no free port among {ports.start}..{ports.stop - 1} after 200 tries")
 
 
 def wait_until(

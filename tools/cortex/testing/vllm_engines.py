@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex.testing.procs import die_with, free_stable_port
+from cortex.testing.procs import die_with, free_port
 
 __all__ = ["BLOCK_SIZE", "VllmEngine", "VllmInstall"]
 
@@ -112,10 +112,10 @@ class VllmEngine:
     extra_args: tuple[str, ...] = ()  # more vLLM flags (e.g. --kv-transfer-config)
     env: dict[str, str] = field(default_factory=dict)  # more environment (e.g. PYTHONPATH)
     # below the ephemeral range: a killed engine is started again on the same ports while
-    # the gateway and the ingest keep reconnecting to them (procs.free_stable_port)
-    port: int = field(default_factory=free_stable_port)
-    events_port: int = field(default_factory=lambda: free_stable_port("0.0.0.0"))
-    replay_port: int = field(default_factory=lambda: free_stable_port("0.0.0.0"))
+    # the gateway and the ingest keep reconnecting to them (procs.free_port)
+    port: int = field(default_factory=free_port)
+    events_port: int = field(default_factory=lambda: free_port("0.0.0.0"))
+    replay_port: int = field(default_factory=lambda: free_port("0.0.0.0"))
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     startup_s: float | None = None
 
