@@ -62,6 +62,16 @@ def gateway_config(workers: Sequence[WorkerSpec], **sections: Any) -> GatewayCon
     return GatewayConfig(**values)
 
 
+def gateway_index(*targets: str, **fields: Any) -> IndexConfig:
+    """The gateway's index section for ``targets``. The sims, the index and the gateway of a
+    test share one event loop on a shared machine, so a replica stream and a Match get more
+    time than in production before they read as a dead index (a test of those bounds passes
+    its own)."""
+    values: dict[str, Any] = {"replica_grace_s": 10.0, "match_timeout_ms": 2000.0}
+    values.update(fields)
+    return IndexConfig(targets=targets, **values)
+
+
 @pytest.fixture
 async def start_sim() -> AsyncIterator[StartSim]:
     """``await start_sim(**SimConfig overrides)``: a running sim (zero-cost, block 16)."""

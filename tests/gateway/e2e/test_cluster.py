@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config.gateway import IndexConfig, LoadConfig, RegistryConfig, RoutingConfig
+from cortex.gateway.config.gateway import LoadConfig, RegistryConfig, RoutingConfig
 from cortex.gateway.server import GatewayServer
 from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
@@ -26,7 +26,7 @@ from cortex.ingest.service import IngestService
 from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
-from ..conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, gateway_index, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = "You are the cluster's careful assistant. Follow the house rules. " * 40
@@ -87,7 +87,7 @@ async def cluster(redis: RedisServer, index: IndexServer, sims: dict[str, SimSer
                                  ingest_id="test-ingest")
     sections = {
         "registry": RegistryConfig(redis_url=redis.url, poll_interval_s=0.2),
-        "index": IndexConfig(targets=(index.target,), retry_after_ms=200),
+        "index": gateway_index(index.target, retry_after_ms=200),
         **sections,
     }
     if routing is not None:

@@ -12,7 +12,16 @@ import aiohttp
 from cortex.gateway.config.gateway import IndexConfig, ModelConfig, ServerConfig
 from cortex.testing import wait_until_async
 
-from ..conftest import BLOCK, DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import (
+    BLOCK,
+    DECODE_ONLY,
+    MODEL,
+    TOKEN,
+    StartGateway,
+    StartSim,
+    gateway_index,
+    spec_of,
+)
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -353,8 +362,7 @@ async def test_index_without_ready_ledgers_is_reported(
 ) -> None:
     sim = await start_sim()
     gw = await start_gateway([spec_of(sim, "w1")],
-                             index=IndexConfig(targets=(index_server.target,),
-                                               workers_poll_s=0.1))
+                             index=gateway_index(index_server.target, workers_poll_s=0.1))
 
     async def no_ready_ledger() -> bool:
         async with http.get(gw.url + "/health/ready") as resp:

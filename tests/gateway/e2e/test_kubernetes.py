@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from cortex.gateway.config.gateway import IndexConfig, RegistryConfig
+from cortex.gateway.config.gateway import RegistryConfig
 from cortex.index.server import IndexServer
 from cortex.ingest.config import IngestConfig
 from cortex.ingest.forwarder import IndexTarget
@@ -24,7 +24,7 @@ from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 from cortex.testing.kubernetes import fake_kubernetes_api
 
-from ..conftest import BLOCK, MODEL, StartGateway, StartSim
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, gateway_index
 from .test_cluster import TAIL, Cluster, chat, wait_index_holds
 
 pytestmark = pytest.mark.timeout(90)
@@ -68,7 +68,7 @@ async def test_discovered_pods_are_routed_by_cache_and_leave_when_not_ready(
         async with DiscoveryService(discovery), IngestService(ingest):
             gateway = await start_gateway(
                 [], registry=RegistryConfig(redis_url=redis_server.url, poll_interval_s=0.2),
-                index=IndexConfig(targets=(index_server.target,), retry_after_ms=200))
+                index=gateway_index(index_server.target, retry_after_ms=200))
             watch = await api.next_watch()
             c = Cluster(gateway, {f"{n}.llm": s for n, s in sims.items()}, http)
             probes = iter(range(1000))

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cortex.gateway.config.gateway import IndexConfig, ModelConfig, PDConfig, RegistryConfig
+from cortex.gateway.config.gateway import ModelConfig, PDConfig, RegistryConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine
 from cortex.index.server import IndexServer
@@ -28,7 +28,7 @@ from cortex.ingest.service import IngestService
 from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
-from ..conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, TOKEN, StartGateway, StartSim, gateway_index, spec_of
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SYSTEM = "You are the disaggregated cluster's assistant. Answer with care and brevity. " * 30
@@ -88,7 +88,7 @@ async def pd_cluster(engine: str, redis: RedisServer, index: IndexServer, start_
     sections: dict[str, Any] = {
         "models": (ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine(engine)),),
         "registry": RegistryConfig(redis_url=redis.url, poll_interval_s=0.2),
-        "index": IndexConfig(targets=(index.target,), retry_after_ms=200),
+        "index": gateway_index(index.target, retry_after_ms=200),
     }
     if pd is not None:
         sections["pd"] = pd

@@ -13,7 +13,6 @@ import pytest
 
 from cortex.gateway.config.gateway import (
     BreakerConfig,
-    IndexConfig,
     ModelConfig,
     PDConfig,
     RegistryConfig,
@@ -26,7 +25,7 @@ from cortex.index.server import IndexServer
 from cortex.registry.spec import WorkerSpec
 from cortex.testing import RedisServer, wait_until_async
 
-from ..conftest import BLOCK, MODEL, StartGateway, StartSim, spec_of
+from ..conftest import BLOCK, MODEL, StartGateway, StartSim, gateway_index, spec_of
 from .test_pd import chat, pd_cluster, usage_cached
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,7 +93,7 @@ async def test_workers_of_another_vllm_version_are_not_paired(
     gw = await start_gateway(
         specs, models=(ModelConfig(name=MODEL, block_size=BLOCK, engine=Engine.VLLM),),
         registry=RegistryConfig(redis_url=redis_server.url, poll_interval_s=0.2),
-        index=IndexConfig(targets=(index_server.target,), retry_after_ms=200))
+        index=gateway_index(index_server.target, retry_after_ms=200))
 
     def versions_known() -> bool:
         pool = gw.gateway.pool

@@ -18,7 +18,6 @@ import aiohttp
 import pytest
 from grpclib.client import Channel
 
-from cortex.gateway.config.gateway import IndexConfig
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig as IndexServerConfig
@@ -30,7 +29,7 @@ from cortex.ledger.tree import RadixHashTree
 from cortex.testing import free_port, wait_until_async
 from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
-from ..conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, TOKEN, StartGateway, StartSim, gateway_index, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -83,7 +82,7 @@ async def ready(http: aiohttp.ClientSession, gateway: GatewayServer) -> dict[str
 async def replica_gateway(start_sim: StartSim, start_gateway: StartGateway, target: str,
                           **index: Any) -> GatewayServer:
     sim = await start_sim()
-    config = IndexConfig(targets=(target,), replica_touch_interval_s=0.1, **index)
+    config = gateway_index(target, replica_touch_interval_s=0.1, **index)
     return await start_gateway([spec_of(sim, "w0")], index=config)
 
 
