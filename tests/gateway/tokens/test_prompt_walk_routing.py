@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.registry import WorkerSpec
+from cortex.testing import wait_until_async
 
 MODEL = "m"
 BLOCK = 16
@@ -68,10 +70,10 @@ class Replica:
         self.replica = ledger
 
 
-def make_router(ledger: Ledger, lazy: bool) -> Router:
+def make_router(ledger: Ledger, lazy: bool, follow_ms: float = 200.0) -> Router:
     config = GatewayConfig(models=(ModelConfig(name=MODEL, block_size=BLOCK),),
                            routing=RoutingConfig(predicted_ttl_s=3600),  # none expire
-                           tokenize=TokenizeConfig(lazy=lazy))
+                           tokenize=TokenizeConfig(lazy=lazy, follow_ms=follow_ms))
     pool = WorkerPool(config.breaker)
     pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.SGLANG,
                              model=MODEL, block_size=BLOCK) for i, w in enumerate(WORKERS)})
@@ -180,4 +182,80 @@ async def test_a_walk_with_no_ledger_and_no_prediction_stops_at_the_first_blocks
         routed = await router.route(request(router, {"prompt": text}), time.monotonic() + 30)
         assert 0 < len(routed.keys) < 50 and routed.decision.chosen.worker_id in WORKERS
     finally:
+        router.close()
+
+
+def counted(router: Router, result: str) -> float:
+    metric = router.metrics.tokenize_lazy_follow.labels(MODEL, result)
+    return float(metric._value.get())
+
+
+def held_feeder(router: Router) -> threading.Event:
+    """Keep the tokenizer's feeder thread busy until the returned event is set: the rests
+    of recorded walks wait behind it."""
+    gate = threading.Event()
+    router.tokenization._feeder.submit(gate.wait)
+    return gate
+
+
+@pytest.mark.timeout(60)
+async def test_a_burst_of_a_new_prompt_waits_for_the_first_rest_and_follows_it() -> None:
+    """Without the wait, each request after the first would be credited with the first
+    one's walked blocks only (under a quarter of the prompt): the burst would spread once
+    a few requests' load outweighed them."""
+    router = make_router(Ledger(), True, follow_ms=30_000)
+    walk, walks = router.tokenization.walk, []
+
+    def recorded(*args: Any) -> Any:
+        walks.append(args)
+        return walk(*args)
+
+    router.tokenization.walk = recorded  # type: ignore[method-assign]
+    gate = held_feeder(router)
+    try:
+        text = prose(random.Random(7), 3_000)
+        deadline = time.monotonic() + 30
+        first = await router.route(request(router, {"prompt": text}), deadline)
+        whole = HashDomain(MODEL, BLOCK, Engine.SGLANG).keys(
+            router.tokenizers[MODEL].fork().encode_text(text))
+        assert len(first.keys) < len(whole) // 4
+        followers = [asyncio.create_task(router.route(
+            request(router, {"prompt": f"{text} question {i}"}), deadline)) for i in range(11)]
+        # a walk is followed by the wait without yielding: 12 walks = all 11 are waiting
+        await wait_until_async(lambda: len(walks) == 12, timeout=20, what="11 walks")
+        assert not any(t.done() for t in followers)
+        gate.set()
+        routed = await asyncio.gather(*followers)
+        chosen = first.decision.chosen.worker_id
+        assert {r.decision.chosen.worker_id for r in routed} == {chosen}
+        for r in routed:
+            credit = {s.worker_id: s.credited_tokens for s in r.decision.ranked}
+            assert credit[chosen] >= (len(whole) - 1) * BLOCK  # the shared prompt, not 1/4
+        assert counted(router, "followed") == 11 and counted(router, "timeout") == 0
+    finally:
+        gate.set()
+        router.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_follower_whose_wait_times_out_routes_on_its_walk_and_the_rest_still_lands(
+) -> None:
+    router = make_router(Ledger(), True, follow_ms=1)
+    gate = held_feeder(router)
+    try:
+        text = prose(random.Random(8), 3_000)
+        deadline = time.monotonic() + 30
+        first = await router.route(request(router, {"prompt": text}), deadline)
+        second = await router.route(request(router, {"prompt": text + " again"}), deadline)
+        walked = len(first.keys) * BLOCK
+        chosen = first.decision.chosen.worker_id
+        assert {s.worker_id: s.credited_tokens for s in second.decision.ranked}[chosen] == walked
+        assert counted(router, "timeout") == 1 and counted(router, "followed") == 0
+        gate.set()  # the first request's rest was not cancelled by the second's timeout
+        whole = HashDomain(MODEL, BLOCK, Engine.SGLANG).keys(
+            router.tokenizers[MODEL].fork().encode_text(text))
+        await wait_until_async(lambda: router.predicted.match(whole).get(chosen, 0)
+                               == len(whole), timeout=20, what="the whole prompt credited")
+    finally:
+        gate.set()
         router.close()

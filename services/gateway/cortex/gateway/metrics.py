@@ -154,6 +154,11 @@ class GatewayMetrics:
                                           "Prompt rests encoded after a lazy walk, off the "
                                           "request path, by result (done|shed|failed)",
                                           ["model", "result"], registry=r)
+        self.tokenize_lazy_follow = Counter(p + "tokenize_lazy_follow_total",
+                                            "Walks that ended where a just-routed walk ended "
+                                            "and waited for its rest, by result "
+                                            "(followed|timeout)", ["model", "result"],
+                                            registry=r)
         self.tokenize_self_checks = Counter(p + "tokenize_self_checks_total",
                                             "Prompts re-tokenized by a worker's /tokenize and "
                                             "compared, by result (match|mismatch|error)",

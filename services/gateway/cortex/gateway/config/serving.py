@@ -656,7 +656,10 @@ class TokenizeConfig:
     whose ``tokenizer.json`` it reproduces exactly in a parity probe at load, else Hugging Face
     ``tokenizers``), ``hf`` or ``fastokens`` (start-up fails unless the probe passes);
     docs/chat.md. ``lazy``: route on a prompt encoded only as far as the ledger match can reach,
-    the rest encoded after the decision (docs/gateway.md). ``workers``: cores that encode a long
+    the rest encoded after the decision (docs/gateway.md); ``follow_ms``: how long a request
+    whose walk ends where a just-routed request's walk ended (a burst of one new prompt) waits
+    for that request's rest to be encoded, to be credited as far as the prompts agree.
+    ``workers``: cores that encode a long
     never-seen prompt in parallel (0 = the cores this process may run on); ``pool``: ``threads``
     (GIL released while encoding) or ``processes``. ``offload_chars``: uncached prompt text
     (characters) above which encoding leaves the event loop. ``heavy_messages`` /
@@ -672,6 +675,7 @@ class TokenizeConfig:
 
     encoder: str = "auto"
     lazy: bool = True
+    follow_ms: float = 200.0
     workers: int = 0
     pool: str = "threads"
     offload_chars: int = 4_096
@@ -685,7 +689,8 @@ class TokenizeConfig:
     self_check_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        non_negative("tokenize", workers=self.workers, offload_chars=self.offload_chars,
+        non_negative("tokenize", follow_ms=self.follow_ms, workers=self.workers,
+                     offload_chars=self.offload_chars,
                      feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
                      feed_min_tokens=self.feed_min_tokens,
                      self_check_interval_s=self.self_check_interval_s)

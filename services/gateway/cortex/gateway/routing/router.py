@@ -258,6 +258,8 @@ class Router:
         self.agents = AgentTerms(routing, metrics)
         self.image_headers: ImageHeaders | None = None
         """Reads URL images' headers (set by the runtime where a model asks for it)."""
+        self._open_walks: dict[int, asyncio.Future[list[int]]] = {}
+        """A recorded walk's last key → the encoding of its prompt's rest (:meth:`_follow`)."""
 
     # ---- tokens ----
 
@@ -285,7 +287,8 @@ class Router:
         model = req.model
         t0, cpu0 = time.perf_counter(), time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
-        lazy = self._walk(req, eligible, session)
+        lazy = await self._follow(req, eligible, session,
+                                  self._walk(req, eligible, session), deadline)
         try:
             ids = lazy.ids if lazy is not None else await self.tokens(req)
         except ClientError:
@@ -379,16 +382,42 @@ class Router:
         return self.tokenization.walk(
             req, domain.root_key(req.lora_name, req.cache_salt), deepest)
 
+    async def _follow(self, req: InferenceRequest, eligible: Eligible, session: str | None,
+                      lazy: Walk | None, deadline: float) -> Walk | None:
+        """A walk that stopped where a recorded walk ends whose rest is still being encoded
+        (a burst of one new prompt: the first request was routed on its first blocks) waits
+        for that rest, at most ``tokenize.follow_ms``, and walks again: the first request's
+        credit then covers its whole prompt, so this one is credited as far as the two
+        prompts agree instead of with the first blocks only."""
+        if lazy is None or lazy.complete or not lazy.deepest:
+            return lazy
+        rest = self._open_walks.get(lazy.keys[lazy.deepest - 1])
+        timeout = min(self.config.tokenize.follow_ms / 1000, deadline - time.monotonic())
+        if rest is None or timeout <= 0:
+            return lazy
+        await asyncio.wait([rest], timeout=timeout)  # never cancels the rest
+        m = self.metrics
+        m.child(m.tokenize_lazy_follow, req.model.name,
+                "followed" if rest.done() else "timeout").inc()
+        return self._walk(req, eligible, session) if rest.done() else lazy
+
     def _finish_later(self, req: InferenceRequest, lazy: Walk, placement: Placement) -> None:
         """Encode the rest of a walked prompt off the request path; once done, the
-        placement credits every block (until then, or if shed, the walked ones)."""
-        future = self.tokenization.finish_later(req.model.name, lazy)
-        if future is None:
+        placement credits every block (until then, or if shed, the walked ones). Until
+        then a walk ending at the same last key waits for it (:meth:`_follow`)."""
+        pending = self.tokenization.finish_later(req.model.name, lazy)
+        if pending is None:
             return
+        future = asyncio.wrap_future(pending)
         domain = req.model.domain
         root = domain.root_key(req.lora_name, req.cache_salt)
+        tail = lazy.keys[-1] if lazy.keys else None
+        if tail is not None:
+            self._open_walks[tail] = future
 
         def finished(done: asyncio.Future[list[int]]) -> None:
+            if tail is not None and self._open_walks.get(tail) is done:
+                del self._open_walks[tail]
             if done.cancelled() or done.exception() is not None:
                 return
             ids = done.result()
@@ -397,7 +426,7 @@ class Router:
                               walked[-1] if walked else root)
             placement.complete([*walked, *rest])
 
-        asyncio.wrap_future(future).add_done_callback(finished)
+        future.add_done_callback(finished)  # before any follower's wake-up: credit first
 
     async def _ledger(self, model: ModelConfig, prompt_tokens: int, query: list[int],
                       keysets: Mapping[int, list[int]], deadline: float) -> _Ledger:
