@@ -100,7 +100,7 @@ async def test_a_burst_of_a_new_prefix_follows_the_first_decision() -> None:
 
 async def test_at_delta_half_a_burst_follows_each_holder_until_its_queue_outweighs_the_hit(
         ) -> None:
-    router = make_router(weights=RoutingWeights(delta=0.5))  # the real-size setting
+    router = make_router(weights=RoutingWeights(delta=0.5))  # the default, pinned
     try:
         await burst_opens_holders_past_the_hit(router)
     finally:

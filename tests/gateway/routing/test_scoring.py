@@ -79,12 +79,12 @@ def test_a_longer_prefill_queue_than_the_hit_saves_sends_the_request_elsewhere()
     assert d.chosen.worker_id == "holder"
 
 
-def test_at_the_real_size_setting_a_cached_token_outweighs_two_queued_ones() -> None:
-    # delta 0.5 (real prompt sizes; the default is 0, docs/gateway.md step 5): a hit saves
-    # its tokens twice, once for the request's own first token and once as prefill work the
-    # cluster does not do; a token queued ahead delays only the request
-    assert RoutingWeights().delta == 0.0
-    w = RoutingWeights(delta=0.5)
+def test_by_default_a_cached_token_outweighs_two_queued_ones() -> None:
+    # delta 0.5 (docs/gateway.md step 5): a hit saves its tokens twice, once for the
+    # request's own first token and once as prefill work the cluster does not do; a token
+    # queued ahead delays only the request
+    w = RoutingWeights()
+    assert w.delta == 0.5
     idle = cand("idle", inflight=1)
     d = decide([cand("holder", index_tokens=2048, prefilling=3000, inflight=1), idle], w)
     assert (d.mode, d.chosen.worker_id, d.hit_tokens) == (MatchMode.EXACT_KV, "holder", 2048)

@@ -294,7 +294,7 @@ class RoutingWeights:
     alpha: float = 1.0
     beta: float = 64.0
     gamma: float = 128.0
-    delta: float = 0.0
+    delta: float = 0.5
     delta_hit_share: float = 0.5
     host_hit: float = 0.75
     disk_hit: float = 0.25
