@@ -23,6 +23,7 @@ from cortex.registry.engines import (
     kv_capacity_from_sglang_server_info,
     kv_capacity_from_vllm_metrics,
     looks_like_sglang,
+    metric_lines,
     parse_sglang_get_load,
     parse_sglang_loads,
     parse_sglang_server_info,
@@ -303,3 +304,14 @@ def test_sglang_capacity_is_the_token_pool_over_the_page_size() -> None:
     assert capacity({"page_size": 16}) is None
     assert capacity({"max_total_num_tokens": "many", "page_size": 16}) is None
     assert capacity(["not", "an", "object"]) is None
+
+
+def test_metric_lines_finds_every_line_with_the_prefix_like_splitting_the_text() -> None:
+    text = (DATA / "vllm_0_32" / "metrics.txt").read_text()
+    for prefix in ("vllm:num_requests_", "vllm:cache_config_info{", "vllm:prompt_tokens_total",
+                   "# HELP vllm:", "no such metric"):
+        assert list(metric_lines(text, prefix)) == [
+            line for line in text.splitlines() if line.startswith(prefix)]
+    crlf = "vllm:a 1\r\n# x\r\nvllm:ab 2\r\nvllm:a{x=\"1\"} 3"
+    assert list(metric_lines(crlf, "vllm:a")) == ["vllm:a 1", "vllm:ab 2", "vllm:a{x=\"1\"} 3"]
+    assert list(metric_lines("", "vllm:a")) == []

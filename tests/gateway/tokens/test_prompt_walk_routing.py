@@ -70,10 +70,12 @@ class Replica:
         self.replica = ledger
 
 
-def make_router(ledger: Ledger, lazy: bool, follow_ms: float = 200.0) -> Router:
+def make_router(ledger: Ledger, lazy: bool, follow_ms: float = 200.0,
+                inline_rest_bytes: int | None = None) -> Router:
     config = GatewayConfig(models=(ModelConfig(name=MODEL, block_size=BLOCK),),
                            routing=RoutingConfig(predicted_ttl_s=3600),  # none expire
-                           tokenize=TokenizeConfig(lazy=lazy, follow_ms=follow_ms))
+                           tokenize=TokenizeConfig(lazy=lazy, follow_ms=follow_ms,
+                                                   inline_rest_bytes=inline_rest_bytes))
     pool = WorkerPool(config.breaker)
     pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.SGLANG,
                              model=MODEL, block_size=BLOCK) for i, w in enumerate(WORKERS)})
@@ -170,6 +172,26 @@ async def test_a_recorded_lazy_decision_credits_every_block_once_the_rest_is_enc
             await asyncio.sleep(0.01)
         assert router.predicted.match(whole) == {chosen: len(whole)}
         assert routed.placement.keys == whole
+    finally:
+        router.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_small_rest_is_encoded_at_once_and_the_decision_credits_every_block() -> None:
+    router = make_router(Ledger(), True, inline_rest_bytes=1 << 20)  # every rest is small
+    try:
+        text = prose(random.Random(5), 3_000)
+        routed = await router.route(request(router, {"prompt": text}), time.monotonic() + 30)
+        exact = router.tokenizers[MODEL].fork().encode_text(text)
+        whole = HashDomain(MODEL, BLOCK, Engine.SGLANG).keys(exact)
+        chosen = routed.decision.chosen.worker_id
+        # no wait: the rest was encoded before route returned, nothing went to the thread
+        assert routed.keys == whole and routed.placement.keys == whole
+        assert routed.prompt_tokens == len(exact)
+        assert router.predicted.match(whole) == {chosen: len(whole)}
+        rest = router.metrics.tokenize_lazy_rest
+        assert rest.labels(model=MODEL, result="inline")._value.get() == 1
+        assert rest.labels(model=MODEL, result="done")._value.get() == 0
     finally:
         router.close()
 

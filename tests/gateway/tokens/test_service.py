@@ -9,12 +9,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from cortex.chat.encoder import Encoder
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
-from cortex.gateway.errors import ClientError, ErrorCode
+from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest, Limits, parse_request
 from cortex.gateway.tokens.prompt import PromptTokenizer
-from cortex.gateway.tokens.service import Tokenization
+from cortex.gateway.tokens.service import (
+    INLINE_REST_BYTES_FASTOKENS,
+    INLINE_REST_BYTES_HF,
+    Tokenization,
+)
 
 CONFIG = GatewayConfig(models=(ModelConfig(name="m", block_size=16),))
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -62,6 +67,41 @@ async def test_a_never_seen_prompt_stops_early_and_the_rest_is_finished_later(
     assert await asyncio.wait_for(asyncio.wrap_future(future), 30) == exact
     assert metrics.tokenize_lazy_rest.labels(model="m", result="done")._value.get() == 1
     assert tok.plan_prompt(tok.prompt(req.prompt.chat)).missing == []  # all in the cache
+
+
+def test_a_small_rest_is_finished_at_once_a_large_one_is_left_to_the_thread(
+        service: tuple[Tokenization, GatewayMetrics]) -> None:
+    tokenization, metrics = service
+    assert tokenization.inline_rest_bytes("m") == INLINE_REST_BYTES_HF  # the hf encoder's
+    req = chat(CONFIG, prose(11, 3_000))
+    assert req.prompt.chat is not None
+    tok = tokenization.tokenizers["m"]
+    exact = tok.fork().encode_prompt(tok.prompt(req.prompt.chat))
+    lazy = tokenization.walk(req, 1, nobody)
+    assert lazy is not None and lazy.rest_bytes > INLINE_REST_BYTES_HF
+    assert tokenization.finish_small("m", lazy) is None and not lazy.complete
+    config = GatewayConfig(models=CONFIG.models,
+                           tokenize=TokenizeConfig(encoder="hf", inline_rest_bytes=1 << 20))
+    roomy = Tokenization(config, {"m": tok.fork()}, metrics)
+    try:
+        lazy = roomy.walk(req, 1, nobody)
+        assert lazy is not None and not lazy.complete
+        assert roomy.finish_small("m", lazy) == exact and lazy.complete
+        assert metrics.tokenize_lazy_rest.labels(model="m", result="inline")._value.get() == 1
+    finally:
+        roomy.close()
+
+
+def test_the_inline_rest_default_follows_the_encoder() -> None:
+    tok = PromptTokenizer.load().fork()
+    tok.use_encoder(Encoder("fastokens", "test: any fast encoder", tok.encoder.backend))
+    tokenization = Tokenization(CONFIG, {"m": tok}, GatewayMetrics())
+    try:
+        assert tokenization.inline_rest_bytes("m") == INLINE_REST_BYTES_FASTOKENS
+    finally:
+        tokenization.close()
+    with pytest.raises(ConfigError):
+        TokenizeConfig(inline_rest_bytes=-1)
 
 
 async def test_rests_beyond_the_queue_are_shed_and_counted(

@@ -662,7 +662,11 @@ class TokenizeConfig:
     ``workers``: cores that encode a long
     never-seen prompt in parallel (0 = the cores this process may run on); ``pool``: ``threads``
     (GIL released while encoding) or ``processes``. ``offload_chars``: uncached prompt text
-    (characters) above which encoding leaves the event loop. ``heavy_messages`` /
+    (characters) above which encoding leaves the event loop. ``inline_rest_bytes``: the rest of
+    a lazily walked prompt (UTF-8 bytes) up to which it is encoded on the event loop at once
+    instead of on the feeder thread (a thread hop costs ~50 µs of CPU and two wake-ups);
+    ``None``: per encoder, where encoding costs about a hop (``fastokens`` 4,096, ``hf`` 256;
+    docs/bench/overhead.md), 0: always on the thread. ``heavy_messages`` /
     ``heavy_chars``: chat requests with more messages or message text are rendered and tokenized
     in a worker process (a huge request must not hold the event loop). ``feed_answers``: relayed
     answers are encoded into the segment cache after the response, so the next turn's resent
@@ -679,6 +683,7 @@ class TokenizeConfig:
     workers: int = 0
     pool: str = "threads"
     offload_chars: int = 4_096
+    inline_rest_bytes: int | None = None
     heavy_messages: int = 256
     heavy_chars: int = 1_000_000
     feed_answers: bool = True
@@ -694,6 +699,8 @@ class TokenizeConfig:
                      feed_max_bytes=self.feed_max_bytes, feed_queue=self.feed_queue,
                      feed_min_tokens=self.feed_min_tokens,
                      self_check_interval_s=self.self_check_interval_s)
+        if self.inline_rest_bytes is not None:
+            non_negative("tokenize", inline_rest_bytes=self.inline_rest_bytes)
         positive("tokenize", heavy_messages=self.heavy_messages, heavy_chars=self.heavy_chars,
                  self_check_timeout_s=self.self_check_timeout_s)
         if self.encoder in ("threads", "processes"):  # the key's meaning before 2026-12

@@ -317,6 +317,13 @@ class Router:
         plan = self._decide(req, prompt_tokens, keys, ledger, eligible, agents)
         decision = plan if isinstance(plan, Decision) else plan.prefill
         placement = self.placement(keys, keysets)
+        if record and lazy is not None and not lazy.complete:
+            # a small rest is encoded now (a thread hop would cost more): the placement and
+            # the held prefill tokens are exact from the start
+            whole = self.tokenization.finish_small(model.name, lazy)
+            if whole is not None:
+                keys, query_blocks, prompt_tokens = self._keyed(req, whole, None)
+                placement.keys = keys
         if record:
             self._take_effect(placement, plan, prompt_tokens)
             agents.routed(decision.chosen.worker_id)

@@ -12,8 +12,9 @@ gateway process, shared by routing, ``/tokenize`` and answer feeding):
 - after a response ends, its answer is encoded into the cache on a feeder thread, as the
   next turn will resend it (:meth:`feed_answer`);
 - :meth:`walk` encodes a prompt only as far as the ledger match can reach
-  (:mod:`cortex.gateway.tokens.prompt`), :meth:`finish_later` the rest on the feeder thread
-  (shed, and counted, when ``feed_queue`` jobs already wait).
+  (:mod:`cortex.gateway.tokens.prompt`), :meth:`finish_small` the rest at once when it is small
+  (``tokenize.inline_rest_bytes``: a thread hop would cost more), else :meth:`finish_later`
+  on the feeder thread (shed, and counted, when ``feed_queue`` jobs already wait).
 """
 
 from __future__ import annotations
@@ -47,9 +48,17 @@ from cortex.gateway.tokens.prompt import (
     walk,
 )
 
-__all__ = ["Tokenization", "next_turn"]
+__all__ = ["INLINE_REST_BYTES_FASTOKENS", "INLINE_REST_BYTES_HF", "Tokenization",
+           "next_turn"]
 
 log = logging.getLogger(__name__)
+
+# ``tokenize.inline_rest_bytes`` unset: the rest of a walk up to these many UTF-8 bytes is
+# encoded on the event loop. Measured (docs/bench/overhead.md): handing a piece to the feeder
+# thread and back costs ~50 µs of CPU and two thread wake-ups; fastokens encodes 4 KB of
+# prose in ~60 µs, Hugging Face tokenizers 256 bytes in ~140 µs.
+INLINE_REST_BYTES_FASTOKENS = 4_096
+INLINE_REST_BYTES_HF = 256
 
 
 def next_turn(args: RenderArgs, answer: dict[str, Any]) -> RenderArgs:
@@ -210,6 +219,27 @@ class Tokenization:
             check_prompt_tokens(req.limits, req.body, len(lazy.finish(tokenizer)),
                                 req.prompt_param)
         return lazy
+
+    def inline_rest_bytes(self, model: str) -> int:
+        """Up to how many UTF-8 bytes the rest of a walk is encoded on the event loop
+        (``tokenize.inline_rest_bytes``; by default where encoding them costs about what
+        handing them to the feeder thread costs, which depends on the model's encoder)."""
+        configured = self.config.inline_rest_bytes
+        if configured is not None:
+            return configured
+        fast = self.tokenizers[model].encoder.name == "fastokens"
+        return INLINE_REST_BYTES_FASTOKENS if fast else INLINE_REST_BYTES_HF
+
+    def finish_small(self, model: str, lazy: Walk) -> list[int] | None:
+        """The whole ids of ``lazy``, its rest encoded now on the event loop when that rest
+        is at most :meth:`inline_rest_bytes` (a thread hop would cost more than the
+        encoding; counted in ``tokenize_lazy_rest_total{result=inline}``); else ``None``:
+        use :meth:`finish_later`."""
+        if lazy.complete or lazy.rest_bytes > self.inline_rest_bytes(model):
+            return None
+        ids = lazy.finish(self.tokenizers[model])
+        self.metrics.child(self.metrics.tokenize_lazy_rest, model, "inline").inc()
+        return ids
 
     def finish_later(self, model: str, lazy: Walk) -> concurrent.futures.Future[list[int]] | None:
         """Encode the rest of ``lazy`` into the segment cache on the feeder thread (the next
