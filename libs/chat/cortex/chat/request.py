@@ -15,7 +15,8 @@
 - **SGLang**: roles are SGLang's (case-insensitive), unset fields dropped, assistant tool-call
   ``arguments`` must be JSON objects; ``tools`` go to the template only when ``tool_choice`` is
   not ``"none"`` (a named ``tool_choice`` keeps only that tool); the generation prompt is
-  always added; ``reasoning_effort`` then ``chat_template_kwargs`` are template variables; a
+  always added; ``reasoning_effort`` (with ``thinking`` / ``enable_thinking`` set to whether
+  it is not ``"none"``) then ``chat_template_kwargs`` are template variables; a
   trailing assistant message is continued (``continue_final_message``) or becomes a user
   message; special tokens are never added to the rendered text.
 
@@ -340,10 +341,9 @@ def _sglang_args(body: Mapping[str, Any]) -> RenderArgs:
     messages = _messages(body, Engine.SGLANG)
     variables: dict[str, Any] = {}
     effort = _reasoning_effort(body)
-    if effort is not None:
+    if effort is not None:  # ChatCompletionRequest.normalize_reasoning_inputs (0.5.23)
         variables["reasoning_effort"] = effort
-        if effort == "none":
-            variables["thinking"] = variables["enable_thinking"] = False
+        variables["thinking"] = variables["enable_thinking"] = effort != "none"
     variables.update(_object(body.get("chat_template_kwargs"), "chat_template_kwargs"))
     taken = _SGLANG_TAKEN & variables.keys()
     if taken:
