@@ -352,3 +352,13 @@ def count_mismatches(api: str, template: str, engine: str, ours: Any) -> tuple[i
             assert isinstance(mine, ChatPrompt) and isinstance(expected, ChatPrompt)
             assert chat.encode_prompt(mine) == chat.encode_prompt(expected)
     return compared, refused, mismatches
+
+
+@functools.cache
+def sglang_responses_golden() -> dict[str, Any]:
+    """SGLang 0.5.23's own conversion of ``sglang_responses_corpus`` (written by
+    ``tools/realengines/agent_goldens.py --sglang-responses``)."""
+    with gzip.open(DATA / "sglang_responses.json.gz", "rt", encoding="utf-8") as f:
+        loaded: dict[str, Any] = json.load(f)
+    return loaded
+
