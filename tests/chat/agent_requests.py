@@ -185,7 +185,8 @@ def _sglang_item(rng: random.Random, i: int, turn: int, items: list[dict[str, An
         return
     arguments: Any = json.dumps(_args(rng))
     if kind < 0.2:
-        arguments = rng.choice(["", "{\"command\": \"ls", "[1, 2]", "null"])
+        arguments = rng.choice(["", "{\"command\": \"ls", "[1, 2]", "null", "{\"n\": NaN}",
+                                "{\"n\": 1e400}", "{\"n\": 1.5e3}"])
     elif kind < 0.26:
         arguments = _args(rng)
     items.append({"type": "function_call", "call_id": call_id, "name": "bash",
@@ -243,6 +244,8 @@ def sglang_responses_request(rng: random.Random, i: int) -> dict[str, Any]:
         body["tool_choice"] = {"type": "function", "name": named.get("name") or "x"}
     elif choice < 0.3:
         body["tool_choice"] = {"type": "web_search_preview"}
+    elif choice < 0.31:
+        body["tool_choice"] = None
     effort = rng.random()
     if effort < 0.4:
         body["reasoning"] = {"effort": rng.choice(["none", "minimal", "low", "medium",

@@ -65,6 +65,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -275,7 +276,8 @@ def _arguments(raw: Any) -> str:
     object), anything else ``{}``."""
     if isinstance(raw, str):
         try:
-            parsed = json.loads(raw, parse_constant=_no_constant) if raw else None
+            parsed = json.loads(raw, parse_constant=_no_constant,
+                                parse_float=_finite) if raw else None
         except ValueError:
             parsed = None
         return raw if isinstance(parsed, dict) else "{}"
@@ -286,6 +288,13 @@ def _arguments(raw: Any) -> str:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(name)  # orjson, which SGLang parses with, takes no NaN / Infinity
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(text)  # nor numbers beyond a double
+    return value
 
 
 def _tool_output(output: Any, where: str) -> Any:
@@ -462,9 +471,7 @@ def _custom_description(tool: Mapping[str, Any]) -> str | None:
 
 def _sglang_tool_choice(body: Mapping[str, Any], tools: list[Mapping[str, Any]],
                         chat_tools: list[dict[str, Any]]) -> Any:
-    choice = body.get("tool_choice", "auto")
-    if choice is None:
-        choice = "auto"
+    choice = body.get("tool_choice", "auto")  # an explicit null is a 400 too
     if not (isinstance(choice, Mapping) or choice in ("auto", "required", "none")):
         raise _invalid("'tool_choice' must be 'auto', 'required', 'none' or an object",
                        "tool_choice")
