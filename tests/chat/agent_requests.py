@@ -6,10 +6,12 @@ short tool results, thinking on or off; ``n`` requests from ``seed``.
 
 from __future__ import annotations
 
+import base64
 import functools
 import gzip
 import json
 import random
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,145 @@ def responses_request(rng: random.Random, i: int) -> dict[str, Any]:
     return body
 
 
+def _reasoning_blob(text: str) -> str:
+    """SGLang's replayable reasoning state (``encrypted_content``): a prefix, then the text
+    zlib-compressed in URL-safe base64."""
+    return "sglang-reasoning-v1." + base64.urlsafe_b64encode(
+        zlib.compress(text.encode("utf-8"))).decode("ascii")
+
+
+def _sglang_item(rng: random.Random, i: int, turn: int, items: list[dict[str, Any]]) -> None:
+    """One turn of the shapes SGLang's conversion treats on its own (merging, phases,
+    summaries, developer labels, argument coercion, custom tools)."""
+    call_id = f"call_{i:03d}_{turn:02d}"
+    roll = rng.random()
+    if roll < 0.15:
+        items.append({"type": "reasoning", "id": f"rs_{i}_{turn}",
+                      "summary": [{"type": "summary_text", "text": _text(rng, 6)}] * (
+                          rng.random() < 0.7),
+                      "content": [{"type": "reasoning_text", "text": _text(rng, 8)}] * (
+                          rng.random() < 0.5)})
+    elif roll < 0.2:
+        items.append({"type": "reasoning", "id": f"rs_{i}_{turn}", "summary": [],
+                      "encrypted_content": rng.choice([_reasoning_blob(_text(rng, 7)),
+                                                       "gAAAAopaque"])})
+    if rng.random() < 0.35:
+        message: dict[str, Any] = {"type": "message", "role": "assistant", "id": f"msg_{i}_{turn}",
+                                   "status": "completed", "content": [
+                                       {"type": "output_text", "text": _text(rng, 8),
+                                        "annotations": []}]}
+        if rng.random() < 0.4:
+            message["phase"] = rng.choice(["commentary", "final_answer"])
+        if rng.random() < 0.2:
+            message["content"] = _text(rng, 5)
+        items.append(message)
+    kind = rng.random()
+    if kind < 0.12:
+        items.append({"type": "custom_tool_call", "call_id": call_id, "name": "apply_patch",
+                      "input": "*** Begin Patch\n" + _text(rng, 6)})
+        items.append({"type": "custom_tool_call_output", "call_id": call_id,
+                      "output": _text(rng, 4)})
+        return
+    arguments: Any = json.dumps(_args(rng))
+    if kind < 0.2:
+        arguments = rng.choice(["", "{\"command\": \"ls", "[1, 2]", "null", "{\"n\": NaN}",
+                                "{\"n\": 1e400}", "{\"n\": 1.5e3}"])
+    elif kind < 0.26:
+        arguments = _args(rng)
+    items.append({"type": "function_call", "call_id": call_id, "name": "bash",
+                  "arguments": arguments, "id": f"fc_{i}_{turn}", "status": "completed"})
+    if rng.random() < 0.15:  # parallel calls: a second one before the outputs
+        items.append({"type": "function_call", "call_id": call_id + "b", "name": "grep",
+                      "arguments": json.dumps(_args(rng))})
+        items.append({"type": "function_call_output", "call_id": call_id + "b",
+                      "output": _text(rng, 3)})
+    output: Any = _text(rng, rng.randint(1, 20))
+    if rng.random() < 0.15:
+        output = [{"type": "input_text", "text": _text(rng, 4)},
+                  {"type": "input_text", "text": _text(rng, 4)}]
+    items.append({"type": "function_call_output", "call_id": call_id, "output": output})
+
+
+def sglang_responses_request(rng: random.Random, i: int) -> dict[str, Any]:
+    """A stateless Responses body with the shapes SGLang's conversion decides on its own:
+    developer and system items, assistant messages with phases, reasoning summaries and
+    replayed reasoning state, function-call arguments that are not JSON objects, parallel
+    calls, list outputs, custom tools, tool choices, reasoning settings, string input, and
+    what SGLang refuses (shell tools, unknown item types, undeclared named tools)."""
+    body: dict[str, Any] = {"model": "m", "store": False}
+    if rng.random() < 0.85:
+        body["instructions"] = _text(rng, rng.choice([0, 60]))
+    tools: list[dict[str, Any]] = []
+    if rng.random() < 0.85:
+        tools = [{"type": "function", "name": t["name"], "description": t["description"],
+                  "parameters": {"type": "object", **t["input_schema"]}}
+                 for t in _tools(rng)]
+        for tool in tools:
+            if rng.random() < 0.3:
+                tool["strict"] = rng.random() < 0.5
+            if rng.random() < 0.1:
+                del tool["description"]
+        if rng.random() < 0.3:
+            tools.append({"type": "custom", "name": "apply_patch",
+                          "description": "Apply a patch" if rng.random() < 0.7 else None,
+                          "format": rng.choice([{"type": "text"}, {
+                              "type": "grammar", "syntax": "lark",
+                              "definition": "start: \"*** Begin Patch\" /.+/"}])})
+        if rng.random() < 0.2:
+            tools.append({"type": rng.choice(["web_search", "web_search_preview",
+                                              "file_search", "mcp"])})
+        if rng.random() < 0.02:
+            tools.append({"type": "shell"})
+        body["tools"] = tools
+    choice = rng.random()
+    if choice < 0.1:
+        body["tool_choice"] = "required"
+    elif choice < 0.18:
+        body["tool_choice"] = "none"
+    elif choice < 0.26 and tools:
+        named = rng.choice([*tools[:2], {"name": "missing"}])
+        body["tool_choice"] = {"type": "function", "name": named.get("name") or "x"}
+    elif choice < 0.3:
+        body["tool_choice"] = {"type": "web_search_preview"}
+    elif choice < 0.31:
+        body["tool_choice"] = None
+    effort = rng.random()
+    if effort < 0.4:
+        body["reasoning"] = {"effort": rng.choice(["none", "minimal", "low", "medium",
+                                                    "high", "xhigh", "max"])}
+    elif effort < 0.5:
+        body["reasoning"] = rng.choice([{}, {"summary": "auto"}, {"effort": None}])
+    if rng.random() < 0.15:
+        body["chat_template_kwargs"] = rng.choice([{"enable_thinking": True},
+                                                   {"thinking": False}, {"custom_flag": 1}])
+    if rng.random() < 0.08:
+        body["input"] = _text(rng, 12)
+        return body
+    items: list[dict[str, Any]] = []
+    if rng.random() < 0.3:
+        items.append({"type": "message", "role": "developer", "content": rng.choice([
+            _text(rng, 20), [{"type": "input_text", "text": _text(rng, 20)}]])})
+    if rng.random() < 0.1:
+        items.append({"role": "system", "content": _text(rng, 10)})
+    items.append({"role": "user", "content": rng.choice([
+        _text(rng, 15), [{"type": "input_text", "text": _text(rng, 15)}]])})
+    for turn in range(rng.randint(0, 9)):
+        _sglang_item(rng, i, turn, items)
+        if rng.random() < 0.2:
+            items.append({"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": _text(rng, 5)}]})
+        if rng.random() < 0.05:
+            items.append({"type": "message", "role": "developer",
+                          "content": "<reminder>" + _text(rng, 4)})
+    if rng.random() < 0.1:
+        items.append({"type": "message", "role": "assistant", "status": "in_progress",
+                      "content": [{"type": "output_text", "text": "Partial"}]})
+    if rng.random() < 0.02:
+        items.append({"type": "item_reference", "id": "msg_x"})
+    body["input"] = items
+    return body
+
+
 def messages_corpus(n: int = 300, seed: int = 29, *, system_role: bool = False
                     ) -> list[dict[str, Any]]:
     rng = random.Random(seed)
@@ -151,6 +292,12 @@ def messages_corpus(n: int = 300, seed: int = 29, *, system_role: bool = False
 def responses_corpus(n: int = 240, seed: int = 29) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [responses_request(rng, i) for i in range(n)]
+
+
+def sglang_responses_corpus(n: int = 260, seed: int = 29) -> list[dict[str, Any]]:
+    """The Codex-style corpus and the SGLang-specific shapes, ``n`` of those."""
+    rng = random.Random(seed + 1)
+    return responses_corpus() + [sglang_responses_request(rng, i) for i in range(n)]
 
 
 # ---- the engines' own conversions of these corpora (tools/realengines/agent_goldens.py) ----
@@ -208,3 +355,13 @@ def count_mismatches(api: str, template: str, engine: str, ours: Any) -> tuple[i
             assert isinstance(mine, ChatPrompt) and isinstance(expected, ChatPrompt)
             assert chat.encode_prompt(mine) == chat.encode_prompt(expected)
     return compared, refused, mismatches
+
+
+@functools.cache
+def sglang_responses_golden() -> dict[str, Any]:
+    """SGLang 0.5.23's own conversion of ``sglang_responses_corpus`` (written by
+    ``tools/realengines/agent_goldens.py --sglang-responses``)."""
+    with gzip.open(DATA / "sglang_responses.json.gz", "rt", encoding="utf-8") as f:
+        loaded: dict[str, Any] = json.load(f)
+    return loaded
+

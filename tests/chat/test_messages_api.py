@@ -12,9 +12,12 @@ and what the engine refused Cortex refuses. Against a running vLLM:
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
-from cortex.chat import ChatError
+from cortex.chat import ChatError, RenderArgs
 from cortex.chat.errors import UnmodelledRequest
 from cortex.chat.messages_api import (
     MessagesOptions,
@@ -43,6 +46,25 @@ def test_zero_token_mismatches_against_the_engines_conversion(template: str,
         lambda chat, body: chat.prompt(messages_render_args(body, kind, options)))
     assert mismatches == 0
     assert compared >= 200, (compared, refused)
+    if kind is Engine.SGLANG:  # the tools the template sees, key order included
+        for body, theirs in zip(golden()["messages"], ref["messages"], strict=True):
+            if "error" not in theirs:
+                assert _tool_json(messages_render_args(body, kind, options)) == json.dumps(
+                    _template_tools(theirs))
+
+
+def _tool_json(args: RenderArgs) -> str:
+    return json.dumps(list(args.tools) if args.tools else None)
+
+
+def _template_tools(chat: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools SGLang's ``_process_messages`` hands the template for a chat body."""
+    tools, choice = chat.get("tools"), chat.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return [t for t in tools if t["function"]["name"] == choice["function"]["name"]] or None
+    return list(tools)
 
 
 def test_inline_system_probes() -> None:

@@ -119,10 +119,18 @@ def test_sglang_tools_follow_tool_choice_and_kwargs_follow_reasoning_effort() ->
     other = {"type": "function", "function": {"name": "other"}}
     assert render_args(body(tools=[TOOL], tool_choice="none"), Engine.SGLANG).tools is None
     args = render_args(body(tools=[TOOL, other]), Engine.SGLANG)
+    # SGLang 0.5.23 dumps a function in the client's key order, then its other fields;
+    # an unset strict / defer_loading is left out
     assert args.tools is not None and args.tools[0] == {
-        "type": "function", "function": {"description": None, "name": "get_weather",
-                                         "parameters": {"type": "object"}, "strict": False},
+        "type": "function", "function": {"name": "get_weather",
+                                         "parameters": {"type": "object"}, "description": None},
         "defer_loading": None}
+    assert list(args.tools[0]["function"]) == ["name", "parameters", "description"]
+    deferred = render_args(body(tools=[{"defer_loading": True, "function": {
+        "strict": True, "name": "f"}}]), Engine.SGLANG)
+    assert deferred.tools is not None and list(deferred.tools[0]["function"].items()) == [
+        ("strict", True), ("name", "f"), ("description", None), ("parameters", None),
+        ("defer_loading", True)]
     named = render_args(body(tools=[TOOL, other], tool_choice={
         "type": "function", "function": {"name": "other"}}), Engine.SGLANG)
     assert named.tools is not None and [t["function"]["name"] for t in named.tools] == ["other"]

@@ -67,8 +67,12 @@ def test_responses_answer_and_stream(chat: ChatTokenizer) -> None:
 
 
 def test_unmodelled_and_invalid_requests_are_refused(chat: ChatTokenizer) -> None:
+    with pytest.raises(RequestError, match="not modelled"):  # it needs SGLang's store
+        parse_responses({"model": "m", "input": "hi", "background": True}, chat, "m",
+                        engine=Engine.SGLANG)
     with pytest.raises(RequestError, match="not modelled"):
-        parse_responses({"model": "m", "input": "hi"}, chat, "m", engine=Engine.SGLANG)
+        parse_responses({"model": "m", "input": "hi", "tools": [
+            {"type": "custom", "name": "apply_patch"}]}, chat, "m", engine=Engine.VLLM)
     with pytest.raises(RequestError) as raised:
         parse_messages({**BODY, "max_tokens": 0}, chat, "m", engine=Engine.VLLM)
     assert raised.value.param == "max_tokens"

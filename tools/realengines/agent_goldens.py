@@ -9,6 +9,12 @@ interpreter), SGLang 0.5.23 through ``sglang_agent_reference.py`` (its wheel, se
 conversion against them without either engine. Run from the project root::
 
     .venv/bin/python tools/realengines/agent_goldens.py /tmp/sgl /tmp/sgl-deps
+
+SGLang's Responses conversion has its own fixture, ``tests/chat/data/sglang_responses.json.gz``
+(``sglang_responses_corpus``: the Codex-style bodies and SGLang-specific shapes, converted by
+``sglang_responses_reference.py`` in the project's venv; no vLLM needed)::
+
+    .venv/bin/python tools/realengines/agent_goldens.py --sglang-responses /tmp/sgl /tmp/sgl-deps
 """
 
 from __future__ import annotations
@@ -24,13 +30,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "chat"))
 
-from agent_requests import messages_corpus, responses_corpus  # noqa: E402
+from agent_requests import (  # noqa: E402
+    messages_corpus,
+    responses_corpus,
+    sglang_responses_corpus,
+)
 
 from cortex.chat import ChatTokenizer  # noqa: E402
 from cortex.chat.messages_api import merges_inline_system  # noqa: E402
 from cortex.hashing import Engine  # noqa: E402
 
 OUT = ROOT / "tests" / "chat" / "data" / "agent_apis.json.gz"
+SGLANG_RESPONSES = ROOT / "tests" / "chat" / "data" / "sglang_responses.json.gz"
 TEMPLATES = {"qwen3.5": ROOT / "tests" / "chat" / "data" / "qwen3.5", "deepseek_v4": None}
 VLLM_PY = Path(os.environ.get("CORTEX_REALVLLM", Path.home() / ".cache" / "realvllm")) \
     / "venv" / "bin" / "python"
@@ -44,7 +55,22 @@ def _run(args: list[str], job: dict[str, Any], env: dict[str, str] | None = None
     return result
 
 
+def sglang_responses(sglang_wheel: str, sglang_deps: str) -> None:
+    bodies = sglang_responses_corpus()
+    templates = {name: ChatTokenizer.load(path).template.text for name, path in TEMPLATES.items()}
+    converted = _run([sys.executable, str(ROOT / "tools/realengines/sglang_responses_reference.py"),
+                      sglang_wheel], {"responses": bodies, "templates": templates},
+                     {"PYTHONPATH": sglang_deps})
+    with gzip.open(SGLANG_RESPONSES, "wt", encoding="utf-8") as f:
+        json.dump({"engine": "sglang 0.5.23", "responses": bodies, "templates": converted}, f,
+                  ensure_ascii=False, separators=(",", ":"))
+    print(f"wrote {SGLANG_RESPONSES} ({SGLANG_RESPONSES.stat().st_size} bytes)")
+
+
 def main() -> None:
+    if sys.argv[1] == "--sglang-responses":
+        sglang_responses(sys.argv[2], sys.argv[3])
+        return
     sglang_wheel, sglang_deps = sys.argv[1], sys.argv[2]
     messages, responses = messages_corpus(), responses_corpus()
     golden: dict[str, Any] = {"messages": messages, "responses": responses, "templates": {}}

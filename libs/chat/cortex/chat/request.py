@@ -12,12 +12,15 @@
   ``chat_template`` is refused; the rendered text is tokenized with the request's
   ``add_special_tokens`` (default false); media parts (``image_url`` …) are kept as
   ``{"type": "image"}`` (``"video"``, ``"audio"``), never refused here.
-- **SGLang**: roles are SGLang's (case-insensitive), unset fields dropped, assistant tool-call
-  ``arguments`` must be JSON objects; ``tools`` go to the template only when ``tool_choice`` is
-  not ``"none"`` (a named ``tool_choice`` keeps only that tool); the generation prompt is
-  always added; ``reasoning_effort`` then ``chat_template_kwargs`` are template variables; a
-  trailing assistant message is continued (``continue_final_message``) or becomes a user
-  message; special tokens are never added to the rendered text.
+- **SGLang** (0.5.23): roles are SGLang's (case-insensitive), unset fields dropped, assistant
+  tool-call ``arguments`` must be JSON objects; ``tools`` go to the template only when
+  ``tool_choice`` is not ``"none"`` (a named ``tool_choice`` keeps only that tool), each
+  function as SGLang dumps it (the client's keys in the client's order, then the other
+  fields; an unset ``strict`` / ``defer_loading`` left out); the generation prompt is always
+  added; ``reasoning_effort`` (with ``thinking`` / ``enable_thinking`` set to whether it is
+  not ``"none"``) then ``chat_template_kwargs`` are template variables; a trailing assistant
+  message is continued (``continue_final_message``) or becomes a user message; special
+  tokens are never added to the rendered text.
 
 The result still holds list-of-parts contents: how they are flattened depends on the chat
 template (see :mod:`cortex.chat.conversation`). Raises :class:`InvalidChatRequest`.
@@ -46,6 +49,8 @@ _SGLANG_TAKEN = frozenset({"conversation", "tools", "tokenize", "add_generation_
 # … and those apply_chat_template consumes instead of handing them to the template.
 _HF_CONSUMED = frozenset({"padding", "truncation", "max_length", "return_tensors",
                           "return_assistant_tokens_mask", "tokenizer_kwargs"})
+# SGLang's Function fields, in their order
+_SGLANG_FUNCTION_FIELDS = ("description", "name", "parameters", "strict", "defer_loading")
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,13 +243,16 @@ def _tool(tool: Any, engine: Engine, where: str) -> dict[str, Any]:
         if tool.get("defer_loading") is not None:
             dumped["defer_loading"] = tool["defer_loading"]
         return dumped
-    function = {"description": fn.get("description"), "name": fn["name"],
-                "parameters": fn.get("parameters"), "strict": fn.get("strict", False)}
-    defer = fn.get("defer_loading")
-    if defer is None:
-        defer = tool.get("defer_loading")
-    if defer is not None:
-        function["defer_loading"] = defer
+    # SGLang 0.5.23's Function dump: its fields, an unset strict / defer_loading left out
+    # (the tool's defer_loading given to the function), in the client's key order first
+    function = {name: fn.get(name) for name in _SGLANG_FUNCTION_FIELDS}
+    if function["defer_loading"] is None:
+        function["defer_loading"] = tool.get("defer_loading")
+    for name in ("strict", "defer_loading"):
+        if function[name] is None:
+            del function[name]
+    order = [key for key in fn if key in function]
+    function = {key: function[key] for key in order + [k for k in function if k not in order]}
     return {"type": tool.get("type", "function"), "function": function,
             "defer_loading": tool.get("defer_loading")}
 
@@ -340,10 +348,9 @@ def _sglang_args(body: Mapping[str, Any]) -> RenderArgs:
     messages = _messages(body, Engine.SGLANG)
     variables: dict[str, Any] = {}
     effort = _reasoning_effort(body)
-    if effort is not None:
+    if effort is not None:  # ChatCompletionRequest.normalize_reasoning_inputs (0.5.23)
         variables["reasoning_effort"] = effort
-        if effort == "none":
-            variables["thinking"] = variables["enable_thinking"] = False
+        variables["thinking"] = variables["enable_thinking"] = effort != "none"
     variables.update(_object(body.get("chat_template_kwargs"), "chat_template_kwargs"))
     taken = _SGLANG_TAKEN & variables.keys()
     if taken:

@@ -342,7 +342,7 @@ def parse_chat(body: Mapping[str, Any], tokenizer: ChatTokenizer, served_model: 
     )
 
 
-_PROBED: dict[int, MessagesOptions] = {}  # id(template) -> what the engine probes once
+_PROBED: dict[tuple[int, Engine], MessagesOptions] = {}  # what the engine probes once
 
 
 def _agent(endpoint: Endpoint, body: Mapping[str, Any], tokenizer: ChatTokenizer,
@@ -350,14 +350,14 @@ def _agent(endpoint: Endpoint, body: Mapping[str, Any], tokenizer: ChatTokenizer
            ) -> GenRequest:
     """A Messages / Responses request: converted to the chat the engine renders."""
     try:
+        key = (id(tokenizer.template), engine)
+        options = _PROBED.get(key)
+        if options is None:
+            options = _PROBED[key] = messages_options(tokenizer, engine)
         if endpoint is Endpoint.MESSAGES:
-            key = id(tokenizer.template)
-            options = _PROBED.get(key)
-            if options is None:
-                options = _PROBED[key] = messages_options(tokenizer, engine)
             chat = messages_chat_body(body, engine, options)
         else:
-            chat = responses_chat_body(body, engine)
+            chat = responses_chat_body(body, engine, options)
         prompt = tuple(tokenizer.encode_chat(render_args(chat, engine)))
     except ChatError as exc:
         raise RequestError(str(exc), param=exc.param) from exc

@@ -439,7 +439,7 @@ def _agent(endpoint: InferencePath, body: dict[str, Any], model: ModelConfig,
             chat = messages_chat_body(body, model.engine, options)
             wanted = body.get("max_tokens")
         else:
-            chat = responses_chat_body(body, model.engine)
+            chat = responses_chat_body(body, model.engine, options)
             wanted = body.get("max_output_tokens")
             if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int)):
                 raise _invalid("'max_output_tokens' must be an integer", "max_output_tokens")
