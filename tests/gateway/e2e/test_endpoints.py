@@ -155,6 +155,35 @@ async def test_responses_follow_ups_get_and_cancel_go_to_the_worker_that_holds_t
         assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
 
 
+async def test_a_replica_that_did_not_relay_a_response_finds_its_owner_on_the_workers(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    """Two gateway replicas share no response table: a follow-up, a GET and a cancel of a
+    response the other replica relayed still reach the worker that holds it."""
+    sims = [await start_sim(), await start_sim(), await start_sim()]
+    workers = [spec_of(s, f"w{i}") for i, s in enumerate(sims)]
+    first, other = await start_gateway(workers), await start_gateway(workers)
+    async with http.post(first.url + "/v1/responses",
+                         json={"model": MODEL, "input": "hi"}) as r:
+        assert r.status == 200
+        owner, response_id = r.headers["x-cortex-assigned-worker"], (await r.json())["id"]
+    for turn in range(3):
+        async with http.post(other.url + "/v1/responses", json={
+                "model": MODEL, "input": f"turn {turn}", "previous_response_id": response_id}
+                             ) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["x-cortex-assigned-worker"] == owner
+    async with http.get(f"{other.url}/v1/responses/{response_id}") as r:
+        assert r.status == 200 and r.headers["x-cortex-assigned-worker"] == owner
+    async with http.get(f"{other.url}/v1/responses/resp_nowhere") as r:
+        assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
+    async with http.get(other.url + "/metrics") as r:
+        metrics = await r.text()
+    # asked once for the id (then learned), once for the unknown one
+    assert 'cortex_gateway_response_owner_probes_total{result="found"} 1.0' in metrics
+    assert 'cortex_gateway_response_owner_probes_total{result="none"} 1.0' in metrics
+
+
 async def test_a_passthrough_model_is_proxied_by_load_without_tokenizing(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:

@@ -154,6 +154,10 @@ class GatewayMetrics:
                                           "Prompt rests encoded after a lazy walk, off the "
                                           "request path, by result (done|shed|failed)",
                                           ["model", "result"], registry=r)
+        self.response_owner_probes = Counter(p + "response_owner_probes_total",
+                                             "Response ids not seen here looked for on the "
+                                             "workers, by result (found|none)", ["result"],
+                                             registry=r)
         self.tokenize_lazy_follow = Counter(p + "tokenize_lazy_follow_total",
                                             "Walks that ended where a just-routed walk ended "
                                             "and waited for its rest, by result "

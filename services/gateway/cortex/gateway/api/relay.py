@@ -17,7 +17,11 @@ with an ``upstream_stream_error`` event (garbage is never relayed).
 The engines keep a ``/v1/responses`` response in process memory, so everything about it goes
 where it was produced: :class:`ResponseOwners` learns ``id → worker`` from the answers (JSON
 or the stream's first events) and pins follow-ups (``previous_response_id``),
-``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``.
+``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``. An id this gateway did not
+see answered (another replica relayed it, or this one restarted) is looked for: up to
+:data:`OWNER_PROBES` routable workers (of the body's model, where known) are asked
+``GET /v1/responses/{id}`` at once, and the first that answers it is its owner
+(:meth:`RelayHandler.find_owner`); none → the follow-up goes by load, a ``GET`` is a 404.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import logging
 import random
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
 from dataclasses import dataclass
@@ -67,6 +72,12 @@ RELAYED_PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score")
 _SNIFF_BYTES = 64 * 1024  # a stream's response id is in its first event: look no further
 _FORWARDED = ("accept", "anthropic-version", "anthropic-beta")
 _MODE = (b"x-cortex-match-mode", b"passthrough")
+
+
+OWNER_PROBES = 16
+"""Workers asked at most for the owner of a response id this gateway has not seen."""
+OWNER_PROBE_TIMEOUT_S = 2.0
+"""How long those questions may take together."""
 
 
 class ResponseOwners:
@@ -216,7 +227,7 @@ class RelayHandler:
             pinned = None
             previous = body.get("previous_response_id")
             if request.path == "/v1/responses" and isinstance(previous, str):
-                pinned = self.owners.owner(previous)
+                pinned = await self.find_owner(previous, model.name)
             targets = self._targets(model, pinned)
         except ClientDisconnected:
             return 499
@@ -229,7 +240,7 @@ class RelayHandler:
 
     async def _by_id(self, request: Request, send: Send) -> int:
         response_id = request.path.removeprefix("/v1/responses/").removesuffix("/cancel")
-        owner = self.owners.owner(response_id)
+        owner = await self.find_owner(response_id, None)
         worker = self.gw.pool.get(owner) if owner is not None else None
         if worker is None:
             error = ClientError(f"no response {response_id!r} known here",
@@ -241,6 +252,58 @@ class RelayHandler:
         return await self._relay(request, send, request.method, request.path,
                                  None if request.method == "GET" else b"{}", model,
                                  [_Target(worker.spec.url, worker)], stream=False)
+
+    async def find_owner(self, response_id: str, model: str | None) -> str | None:
+        """The worker holding ``response_id``: learned from its answer, else the first of
+        up to :data:`OWNER_PROBES` routable workers (``model``'s, or any) whose
+        ``GET /v1/responses/{id}`` answers it (then learned); ``None`` when none does."""
+        known = self.owners.owner(response_id)
+        if known is not None or not 0 < len(response_id) <= 256:
+            return known
+        pool = self.gw.pool
+        workers = (pool.candidates(model) if model is not None else
+                   [w for w in pool if w.spec.role is WorkerRole.REGULAR and w.routable()])
+        workers = workers[:OWNER_PROBES]
+        if not workers:
+            return None
+        path = "/v1/responses/" + urllib.parse.quote(response_id, safe="")
+        asks = [asyncio.create_task(self._holds(w, path, response_id)) for w in workers]
+        found = None
+        try:
+            for done in asyncio.as_completed(asks, timeout=OWNER_PROBE_TIMEOUT_S):
+                worker = await done
+                if worker is not None:
+                    found = worker.id
+                    break
+        except TimeoutError:
+            pass
+        finally:
+            for ask in asks:
+                ask.cancel()
+        m = self.metrics
+        m.child(m.response_owner_probes, "found" if found is not None else "none").inc()
+        if found is not None:
+            self.owners.learn(response_id, found)
+        return found
+
+    async def _holds(self, worker: WorkerState, path: str, response_id: str
+                     ) -> WorkerState | None:
+        """``worker`` if its ``GET path`` answers the response ``response_id``."""
+        try:
+            response = await self.gw.upstream.request(
+                "GET", worker.spec.url.rstrip("/") + path, None,
+                {"Accept": "application/json"}, worker.spec)
+        except UpstreamFailure:
+            return None
+        try:
+            if response.status != 200:
+                return None
+            return worker if response_id_of(json_loads(await response.read())) == \
+                response_id else None
+        except (UpstreamFailure, ValueError):
+            return None
+        finally:
+            response.close()
 
     def _model_of(self, body: dict[str, Any]) -> ModelConfig:
         name = body.get("model")
