@@ -1385,6 +1385,7 @@ done:
 }
 
 #include "_sync.h"
+#include "_kvdecode.h"
 
 static PyMethodDef core_functions[] = {
     {"plan_update_batch", (PyCFunction)plan_update_batch, METH_O, NULL},
@@ -1393,6 +1394,7 @@ static PyMethodDef core_functions[] = {
     {"replay_replica_ops", (PyCFunction)replay_replica_ops, METH_VARARGS, NULL},
     {"keymap_store", (PyCFunction)keymap_store, METH_VARARGS, NULL},
     {"keymap_remove", (PyCFunction)keymap_remove, METH_VARARGS, NULL},
+    {"decode_kv_events", (PyCFunction)decode_kv_events, METH_VARARGS, NULL},
     {NULL},
 };
 
