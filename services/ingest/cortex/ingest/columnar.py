@@ -43,6 +43,7 @@ __all__ = [
     "decode_columnar",
     "materialize",
     "materialize_event",
+    "materialize_stored",
 ]
 
 STORED: Final = 0
@@ -76,18 +77,23 @@ def _tokens(packed: bytes) -> tuple[int, ...]:
     return tuple(values)
 
 
+def materialize_stored(event: ColumnarEvent) -> BlockStored:
+    """The codec's ``BlockStored`` for a columnar store."""
+    (_, hashes, parent, tokens, block_size, medium, kind, group, locality, ownership, session,
+     extra_len) = event
+    return BlockStored(
+        hashes, parent, _tokens(tokens), block_size, None, medium, None, None,
+        None if extra_len < 0 else (None,) * extra_len,
+        0 if group is None else group, kind, None, locality, ownership, session, None,
+        False, group is None,
+    )
+
+
 def materialize_event(event: ColumnarEvent) -> list[Event]:
     """The codec's events for one columnar event (a removal run gives one per event)."""
     tag = event[0]
     if tag == STORED:
-        (_, hashes, parent, tokens, block_size, medium, kind, group, locality, ownership,
-         session, extra_len) = event
-        return [BlockStored(
-            hashes, parent, _tokens(tokens), block_size, None, medium, None, None,
-            None if extra_len < 0 else (None,) * extra_len,
-            0 if group is None else group, kind, None, locality, ownership, session, None,
-            False, group is None,
-        )]
+        return [materialize_stored(event)]
     if tag == REMOVED:
         _, hashes, medium, group, locality, ownership, sizes = event
         out: list[Event] = []

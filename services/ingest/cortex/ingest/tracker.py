@@ -53,6 +53,7 @@ from cortex.ingest.columnar import (
     ColumnarEvent,
     decode_columnar,
     materialize_event,
+    materialize_stored,
 )
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.hybrid import is_hybrid_store
@@ -556,7 +557,7 @@ class SourceTracker:
                 or (bound and keymap.blocks + len(hashes) > bound)):
             return False
         placed = keymap.place_plain(hashes, parent_hash, tokens, size,
-                                    lambda: materialize_event(event)[0])  # type: ignore[return-value]
+                                    lambda: materialize_stored(event))
         if placed is NOT_PLAIN:
             return False
         bump(self.stats.events, "BlockStored")
