@@ -14,7 +14,7 @@ setup(
             "cortex.ledger._core",
             ["cortex/ledger/_core.c"],
             depends=["cortex/ledger/_wire.h", "cortex/ledger/_keymap.h",
-                     "cortex/ledger/_sync.h", "cortex/ledger/_kvdecode.h"],
+                     "cortex/ledger/_sync.h", "cortex/ledger/_kvdecode.h", "cortex/ledger/_blockkeys.h"],
             optional=True,
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],

@@ -7,6 +7,9 @@ common shapes with some replaced by near misses, the compiled decoder either dec
 (``None``: the payload goes through ``decode_batch``) or gives exactly the codec's
 ``EventBatch``; it never takes a payload the codec refuses.
 
+Block keys: the core's XXH3 against the xxhash package on every length it takes (0-240
+bytes), and its chained keys against ``block_keys``.
+
 Tracker: two trackers, one with ``columnar_decode`` and one without, fed the same messages
 (plain traffic mixed with every event the fast path hands back: LoRA, salts, media, offload
 tiers, hybrid groups, other block sizes, unknown parents, bounds, undecodable payloads)
@@ -17,16 +20,18 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.hashing import Engine
-from cortex.ingest.columnar import decode_columnar, materialize
+from cortex.hashing import Engine, block_keys
+from cortex.ingest.columnar import decode_columnar, materialize, packed_block_keys
 from cortex.ingest.ops import SourceId
 from cortex.ingest.tracker import SourceTracker, TrackerConfig
 from cortex.kvevents.codec import (
@@ -41,6 +46,7 @@ from cortex.kvevents.codec import (
     encode_batch,
 )
 from cortex.ledger import cores
+from cortex.ledger._core import block_keys_packed, xxh3_64_short
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -299,6 +305,32 @@ def test_declines_without_the_compiled_core() -> None:
     assert decode_columnar(payload, Engine.VLLM) is not None
     cores.use(cores.Core.PYTHON)
     assert decode_columnar(payload, Engine.VLLM) is None
+
+
+# ---- block keys ----------------------------------------------------------------------------
+
+
+def test_xxh3_in_the_core_is_xxhash_on_every_short_length() -> None:
+    rng = random.Random(3)
+    for length in range(241):
+        for seed in (0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1, rng.randrange(2**64)):
+            data = rng.randbytes(length)
+            assert xxh3_64_short(data, seed) == xxhash.xxh3_64_intdigest(data, seed), length
+    with pytest.raises(ValueError):
+        xxh3_64_short(bytes(241), 0)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4, 5, 16, 17, 32, 33, 60, 61, 64])
+def test_packed_block_keys_are_block_keys(block_size: int) -> None:
+    rng = random.Random(block_size)
+    for _ in range(20):
+        tokens = [rng.randrange(2**32)
+                  for _ in range(block_size * rng.randrange(6) + rng.randrange(block_size))]
+        parent = rng.randrange(2**64)
+        packed = array("I", tokens).tobytes()
+        assert packed_block_keys(packed, block_size, parent) == block_keys(
+            tokens, block_size, parent)
+    assert (block_keys_packed(b"", block_size, 0) is None) == (block_size > 60)
 
 
 # ---- the tracker ---------------------------------------------------------------------------

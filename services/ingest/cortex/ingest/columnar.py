@@ -13,6 +13,8 @@ exactly what the ingest sees, so malformed payloads are counted and skipped as b
 :func:`materialize` turns a columnar batch back into the :class:`EventBatch` the codec would
 have produced (the differential test holds the two equal, ``tests/ingest/test_columnar.py``);
 the tracker does so per event for the rare ones its fast path does not place.
+:func:`packed_block_keys` chains the Cortex keys of packed tokens in C (XXH3, blocks of up to
+60 tokens), the same keys as :func:`cortex.hashing.block_keys`.
 
 The fast path runs only when the compiled core is built and active
 (:func:`cortex.ledger.cores.active`) and the tracker's ``columnar_decode`` is on.
@@ -23,12 +25,12 @@ from __future__ import annotations
 from array import array
 from typing import Any, Final, TypeAlias
 
-from cortex.hashing import Engine
+from cortex.hashing import Engine, block_keys
 from cortex.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, Event, EventBatch
 from cortex.ledger import cores
 
 try:
-    from cortex.ledger._core import decode_kv_events
+    from cortex.ledger._core import block_keys_packed, decode_kv_events
 except ImportError:  # the compiled core is not built (cores logs it): Python decoding only
     _BUILT = False
 else:
@@ -44,6 +46,7 @@ __all__ = [
     "materialize",
     "materialize_event",
     "materialize_stored",
+    "packed_block_keys",
 ]
 
 STORED: Final = 0
@@ -69,6 +72,16 @@ def decode_columnar(payload: bytes, engine: Engine) -> Columnar | None:
         return None
     result: Columnar | None = decode_kv_events(payload, engine is Engine.SGLANG)
     return result
+
+
+def packed_block_keys(tokens: bytes, block_size: int, parent: int) -> list[int]:
+    """:func:`cortex.hashing.block_keys` of packed tokens: XXH3 in the compiled core for
+    blocks of up to 60 tokens, the xxhash package otherwise (or without the core)."""
+    if _BUILT:
+        keys = block_keys_packed(tokens, block_size, parent)
+        if keys is not None:
+            return keys
+    return block_keys(tokens, block_size, parent)
 
 
 def _tokens(packed: bytes) -> tuple[int, ...]:

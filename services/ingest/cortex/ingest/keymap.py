@@ -46,12 +46,12 @@ from cortex.hashing import (
     BlockMedia,
     Engine,
     HashDomain,
-    block_keys,
     lookahead_block_keys,
     media_block_keys,
     media_pairs,
 )
 from cortex.ingest.alignment import AlignmentChecker
+from cortex.ingest.columnar import packed_block_keys
 from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
@@ -329,7 +329,7 @@ class KeyMapper:
                 self.stats.unknown_parent_blocks += count
                 return None
             parent = found
-        keys = block_keys(tokens, size, parent)
+        keys = packed_block_keys(tokens, size, parent)
         ledger.store(hashes, keys, parent)
         return StoreBlocks(parent, keys)
 
