@@ -580,9 +580,10 @@ def cpu_section(inproc: InProcess, results: Sequence[RateResult],
     for r in results:
         base = by_rate.get(r.offered)
         rows.append((f"ingest process CPU, {'max' if r.offered == 0 else f'{r.offered:,}/s'}"
-                     f" offered ({r.blocks:,} block events)", f"{r.cpu_us_per_block:.3f} µs"
-                     f" ({r.cpu_s:.2f} s)",
-                     f"{base.cpu_us_per_block:.3f} µs ({base.cpu_s:.2f} s)" if base else "",
+                     f" offered ({r.blocks:,} block events; applied at)",
+                     f"{r.cpu_us_per_block:.3f} µs ({r.cpu_s:.2f} s; {r.applied_rate:,.0f}/s)",
+                     f"{base.cpu_us_per_block:.3f} µs ({base.cpu_s:.2f} s; "
+                     f"{base.applied_rate:,.0f}/s)" if base else "",
                      ratio(base.cpu_us_per_block, r.cpu_us_per_block) if base else "",
                      target))
     return ["", f"CPU per block event of the ingest ({inproc.blocks:,} block events in "
