@@ -236,7 +236,11 @@ def event(draw: st.DrawFn, engine: Engine) -> Any:
                                + ["AllBlocksCleared", "AllBlocksCleared", "Other"]))
     names = STORED_MAP if tag == "BlockStored" else REMOVED_MAP
     if draw(st.booleans()):  # a map (vLLM >= 0.24, SGLang >= 0.5.20)
-        keys = draw(st.lists(st.sampled_from(names), min_size=len(names) - 3, unique=True))
+        required = ["block_hashes", "token_ids", "block_size"] if tag == "BlockStored" else [
+            "block_hashes"]
+        keys = [*required, *draw(st.lists(st.sampled_from(names), unique=True))]
+        if draw(st.integers(0, 30)) == 0:
+            keys.remove(draw(st.sampled_from(required)))  # a field Python requires
         out: dict[Any, Any] = {"type": tag}
         out.update({name: draw(field(name)) for name in keys})
         if draw(st.integers(0, 20)) == 0:
