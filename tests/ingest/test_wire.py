@@ -72,7 +72,7 @@ def test_framed_store_and_remove_are_the_protobuf_bytes() -> None:
     import random
 
     rng = random.Random(5)
-    widths = [0, 1, 127, 128, 16_383, 16_384, 2**32, 2**63, BIG]
+    widths = [0, 1, 127, 128, 16_383, 16_384, 2**21 - 1, 2**21, 2**32, 2**63, BIG]
     for source in (SourceId("w", 0), SourceId("worker-ü" * 40, 2**31)):
         enc = UpdateEncoder(source, DOMAIN)
         for _ in range(3_000):

@@ -45,6 +45,8 @@ def _varint(value: int) -> bytes:
         return bytes((value,))
     if value < 0x4000:
         return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -57,7 +59,7 @@ class UpdateEncoder:
     """Encodes ``LedgerUpdate`` messages of one source in one domain (each as a one-update
     ``UpdateBatch``, see the module docstring)."""
 
-    __slots__ = ("_domain", "_head", "_source", "domain", "source")
+    __slots__ = ("_domain", "_epoch", "_head", "_source", "domain", "source")
 
     def __init__(self, source: Source, domain: HashDomain) -> None:
         self.source = source
@@ -68,12 +70,17 @@ class UpdateEncoder:
         domain_to_pb(domain, self._domain)
         # a LedgerUpdate's fields 1 and 2: what every framed update starts with
         self._head = pb.LedgerUpdate(source=self._source, domain=self._domain).SerializeToString()
+        self._epoch = (0, b"")  # the last epoch and its field: epochs are microsecond clocks
 
     def _framed(self, epoch: int, seq: int, op_tag: bytes, op: bytes) -> bytes:
         """A one-update UpdateBatch: the head, epoch, seq (proto3: omitted when 0) and op."""
+        last, field = self._epoch
+        if epoch != last:
+            field = _EPOCH + _varint(epoch) if epoch else b""
+            self._epoch = (epoch, field)
         update = b"".join((
             self._head,
-            _EPOCH + _varint(epoch) if epoch else b"",
+            field,
             _SEQ + _varint(seq) if seq else b"",
             op_tag, _varint(len(op)), op,
         ))
