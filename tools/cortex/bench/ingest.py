@@ -55,8 +55,7 @@ from cortex.bench.report import table
 from cortex.devcluster.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index import IndexConfig, IndexServer
-from cortex.ingest.tracker import SourceTracker, TrackerConfig
-from cortex.ingest.wire import UpdateEncoder
+from cortex.ingest import SourceTracker, TrackerConfig, UpdateEncoder
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.ledger.model import RemoveBlocks, Source, StoreBlocks
 from cortex.registry import RedisRegistry, WorkerSpec
