@@ -51,7 +51,7 @@ from cortex.hashing import (
     media_pairs,
 )
 from cortex.ingest.alignment import AlignmentChecker
-from cortex.ingest.columnar import packed_block_keys
+from cortex.ingest.columnar import ColumnarEvent, materialize_stored, packed_block_keys
 from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
@@ -298,16 +298,14 @@ class KeyMapper:
         ledger.store(hashes, keys, parent)
         return StoreBlocks(parent, keys)
 
-    def place_plain(
-        self, hashes: tuple[int, ...], parent_hash: int | None, tokens: bytes, size: int,
-        event: Callable[[], BlockStored],
-    ) -> StoreBlocks | NotPlain | None:
-        """:meth:`stored` of a device store without extras (no LoRA, salt, media,
-        lookahead: what :mod:`cortex.ingest.columnar` decodes in C), its tokens packed
-        (``uint32`` little-endian), for a source that is neither hybrid nor misaligned and
-        whose block size and lookahead (0) are known and match: the same state changes
-        and result as ``stored(event())``. Anything else is :data:`NOT_PLAIN`, before any
-        change (``event`` builds the store for the caller, and for an alignment check)."""
+    def place_plain(self, event: ColumnarEvent) -> StoreBlocks | NotPlain | None:
+        """:meth:`stored` of a columnar device store (:mod:`cortex.ingest.columnar`: no
+        LoRA, salt, media or lookahead; its tokens packed, ``uint32`` little-endian), for a
+        source that is neither hybrid nor misaligned and whose block size and lookahead (0)
+        are known and match: the same state changes and result as
+        ``stored(materialize_stored(event))``. Anything else is :data:`NOT_PLAIN`, before
+        any change."""
+        hashes, parent_hash, tokens, size = event[1], event[2], event[3], event[4]
         count = len(hashes)
         if (size != self.block_size or self.misaligned or self.lookahead != 0 or not tokens
                 or len(tokens) != 4 * count * size or self.hybrid is not None):
@@ -319,7 +317,7 @@ class KeyMapper:
         if parent_hash is None:
             parent = domain.seed  # root_key() without LoRA, salt or lookahead
             if self._align is not None:
-                self._maybe_check_alignment(event)
+                self._maybe_check_alignment(lambda: materialize_stored(event))
         else:
             found = ledger.key_of(parent_hash)
             if found is None:

@@ -53,7 +53,6 @@ from cortex.ingest.columnar import (
     ColumnarEvent,
     decode_columnar,
     materialize_event,
-    materialize_stored,
 )
 from cortex.ingest.held import HeldBatches, HeldBytes
 from cortex.ingest.hybrid import is_hybrid_store
@@ -549,15 +548,14 @@ class SourceTracker:
     def _store_plain(self, event: ColumnarEvent) -> bool:
         """A columnar store placed by :meth:`KeyMapper.place_plain`; ``False`` (nothing
         changed) when it is not a plain device store of this source."""
-        hashes, parent_hash, tokens, size, medium, kind, group = event[1:8]
+        hashes, medium, kind, group = event[1], event[5], event[6], event[7]
         keymap = self.keymap
         bound = self.max_blocks
         if ((medium is not None and tier_of(medium) is not Tier.DEVICE)
                 or is_hybrid_store(group or 0, kind)
                 or (bound and keymap.blocks + len(hashes) > bound)):
             return False
-        placed = keymap.place_plain(hashes, parent_hash, tokens, size,
-                                    lambda: materialize_stored(event))
+        placed = keymap.place_plain(event)
         if placed is NOT_PLAIN:
             return False
         bump(self.stats.events, "BlockStored")
