@@ -36,7 +36,8 @@ $(UV): tools/requirements-uv.txt
 # (libs/ledger/pyproject.toml's uv cache-keys)
 $(STAMP): $(UV) uv.lock $(addsuffix /pyproject.toml,$(DISTRIBUTIONS)) pyproject.toml \
 		libs/ledger/setup.py libs/ledger/cortex/ledger/_core.c libs/ledger/cortex/ledger/_wire.h \
-		libs/ledger/cortex/ledger/_keymap.h libs/ledger/cortex/ledger/_sync.h
+		libs/ledger/cortex/ledger/_keymap.h libs/ledger/cortex/ledger/_sync.h \
+		libs/ledger/cortex/ledger/_kvdecode.h libs/ledger/cortex/ledger/_blockkeys.h
 	@$(MAKE) --no-print-directory lock-check
 	$(SYNC)
 	# xds-protos (Envoy's messages, the endpoint picker) ships an older copy of the files of

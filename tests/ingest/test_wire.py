@@ -64,3 +64,21 @@ def test_rank_zero_and_vllm_domain() -> None:
     (update,) = pb.UpdateBatch.FromString(enc.clear(1, 0, "")).updates
     assert update.source.dp_rank == 0 and update.domain.engine == pb.ENGINE_KIND_VLLM
     assert update.WhichOneof("op") == "clear"
+
+
+def test_framed_store_and_remove_are_the_protobuf_bytes() -> None:
+    """``store`` / ``remove`` frame their bytes by hand: byte for byte what the messages
+    serialize to, for every width of epoch, seq, parent and key count (zeros omitted)."""
+    import random
+
+    rng = random.Random(5)
+    widths = [0, 1, 127, 128, 16_383, 16_384, 2**21 - 1, 2**21, 2**32, 2**63, BIG]
+    for source in (SourceId("w", 0), SourceId("worker-ü" * 40, 2**31)):
+        enc = UpdateEncoder(source, DOMAIN)
+        for _ in range(3_000):
+            epoch = rng.choice([*widths, rng.randrange(2**64)])
+            seq = rng.choice([*widths, rng.randrange(2**64)])
+            parent = rng.choice([0, 1, BIG, rng.randrange(2**64)])
+            keys = [rng.randrange(2**64) for _ in range(rng.choice([0, 1, 2, 15, 16, 17, 2_100]))]
+            assert enc.store(epoch, seq, parent, keys) == enc.store_pb(epoch, seq, parent, keys)
+            assert enc.remove(epoch, seq, keys) == enc.remove_pb(epoch, seq, keys)

@@ -14,7 +14,16 @@ Measurements:
    the index holds exactly every publisher's cache, gaps/replays/clears seen;
 2. worker restart (``seq`` reset) -> the index holds the new cache, READY;
 3. a worker joining with 1,000 batches in its engine's replay buffer -> READY and complete;
-4. a gap (dropped batches) -> repaired by replay, no clear.
+4. a gap (dropped batches) -> repaired by replay, no clear;
+5. the ingest's CPU per block event: the ingest process's CPU time (``/proc``) over each
+   fixed-rate run, and, in the benchmark process, the per-source path alone -- the
+   payloads of the first rate applied by a :class:`SourceTracker` and its ops encoded as
+   the forwarder encodes them -- with the compiled columnar decode
+   (:mod:`cortex.ingest.columnar`) and without it (``--no-columnar-decode``: every payload
+   through the Python codec), on the same payloads in the same run. ``--baseline`` also
+   runs every rate against a second ingest process started with ``--no-columnar-decode``;
+   ``--profile`` records the ingest process's unthrottled run with py-spy (top frames in
+   the report).
 
 Writes ``docs/bench/ingest.md`` (``--out``).
 """
@@ -40,12 +49,15 @@ from typing import Any
 
 import aiohttp
 
+from cortex.bench import pyspy
+from cortex.bench.procstat import cpu_s
 from cortex.bench.report import table
 from cortex.devcluster.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index import IndexConfig, IndexServer
+from cortex.ingest import SourceTracker, TrackerConfig, UpdateEncoder
 from cortex.ledger.model import LedgerState as IndexState
-from cortex.ledger.model import Source
+from cortex.ledger.model import RemoveBlocks, Source, StoreBlocks
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.sim.cache import CacheEvent
 from cortex.sim.feed import EngineCache, PublisherConfig, SyntheticPublisher
@@ -111,6 +123,7 @@ class Bench:
     metrics_url: str
     stack: contextlib.AsyncExitStack
     block_size: int
+    pid: int = 0  # the ingest process
     notes: list[str] = field(default_factory=list)
 
     async def worker(self, worker_id: str, buffer_steps: int = 10_000) -> SyntheticPublisher:
@@ -187,15 +200,25 @@ class RateResult:
     replays_ok: float
     clears: float
     max_lag_s: float
+    cpu_s: float = 0.0  # the ingest process, first send -> last batch applied
+
+    @property
+    def cpu_us_per_block(self) -> float:
+        return self.cpu_s / self.blocks * 1e6 if self.blocks else 0.0
 
 
 async def run_rate(
-    bench: Bench, rate: int, workloads: Sequence[Workload], tag: str
+    bench: Bench, rate: int, workloads: Sequence[Workload], tag: str,
+    spy: tuple[str, Path] | None = None,
 ) -> RateResult:
     ids = [f"{tag}-w{i}" for i in range(len(workloads))]
     pubs = [await bench.worker(worker_id) for worker_id in ids]
     await bench.until(lambda: all(bench.state(w) is IndexState.READY for w in ids), 30)
     before = await bench.scrape()
+    cpu_before = cpu_s(bench.pid) or 0.0
+    cpu_after = cpu_before
+    if spy is not None:
+        pyspy.record(spy[0], bench.pid, 4, spy[1])
     total = sum(w.total_blocks for w in workloads)
     order = [(i, j) for j in range(max(len(w.payloads) for w in workloads))
              for i in range(len(workloads)) if j < len(workloads[i].payloads)]
@@ -229,6 +252,7 @@ async def run_rate(
     while time.perf_counter() < deadline:
         metrics = await bench.scrape()
         if metrics.get("cortex_ingest_blocks_total", 0.0) >= target:
+            cpu_after = cpu_s(bench.pid) or cpu_before
             done = metrics.get("cortex_ingest_last_applied_timestamp_seconds", 0.0)
             applied_at = done - start_wall
             break
@@ -255,7 +279,7 @@ async def run_rate(
         applied_rate=total / applied_at if applied_at else 0.0, e2e_s=e2e, exact=exact,
         gaps=delta("cortex_ingest_gaps_total"),
         replays_ok=delta("cortex_ingest_replays_total:gap:ok"),
-        clears=clears, max_lag_s=max_lag,
+        clears=clears, max_lag_s=max_lag, cpu_s=cpu_after - cpu_before,
     )
 
 
@@ -326,9 +350,53 @@ async def gap_repair(
     return elapsed, counts
 
 
+@dataclass
+class InProcess:
+    """The per-source path in the benchmark process: CPU per block event (best of runs)."""
+
+    blocks: int
+    columnar_us: float
+    python_us: float
+
+
+def in_process(workloads: Sequence[Workload], block_size: int, rounds: int = 3) -> InProcess:
+    """Each workload's payloads applied by a fresh :class:`SourceTracker` and its ops encoded
+    by an :class:`UpdateEncoder` (what the forwarder sends), with and without the columnar
+    decode, alternately; the best round of each (CPU seconds of this process)."""
+    domain = HashDomain(MODEL, block_size, Engine.VLLM)
+    blocks = sum(w.total_blocks for w in workloads)
+
+    def once(columnar: bool) -> float:
+        start = time.process_time()
+        for i, workload in enumerate(workloads):
+            source = Source(f"inproc-{i}", 0)
+            tracker = SourceTracker(source, TrackerConfig(
+                engine=Engine.VLLM, model=MODEL, block_size=block_size, align_every=0,
+                columnar_decode=columnar))
+            tracker.start()
+            encoder = UpdateEncoder(source, domain)
+            seq = 0
+            for n, payload in enumerate(workload.payloads):
+                tracker.on_message(n, payload)
+                for op in tracker.take_ops():
+                    seq += 1
+                    if type(op) is StoreBlocks:
+                        encoder.store(1, seq, op.parent_key, op.keys)
+                    elif type(op) is RemoveBlocks:
+                        encoder.remove(1, seq, op.keys)
+        return time.process_time() - start
+
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(rounds):
+        for columnar in (True, False):
+            best[columnar] = min(best[columnar], once(columnar))
+    return InProcess(blocks, best[True] / blocks * 1e6, best[False] / blocks * 1e6)
+
+
 @contextlib.asynccontextmanager
-async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
-    """``cortex ingest run`` as a child process; yields its metrics URL."""
+async def ingest_process(redis_url: str, index_port: int, flags: Sequence[str] = ()
+                         ) -> AsyncIterator[tuple[str, int]]:
+    """``cortex ingest run`` as a child process; yields its metrics URL and pid."""
     metrics_port = free_port()
     url = f"http://127.0.0.1:{metrics_port}"
     with tempfile.TemporaryDirectory(prefix="cortex-bench-ingest-") as logs, \
@@ -336,7 +404,8 @@ async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
         child = sup.start_cortex("ingest", [
             "ingest", "run", "--redis-url", redis_url, "--index", f"127.0.0.1:{index_port}",
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
-            "--poll-interval-s", "0.2", "--log-level", "WARNING", "--align-every", "0"])
+            "--poll-interval-s", "0.2", "--log-level", "WARNING", "--align-every", "0",
+            *flags])
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as session:
             while True:
@@ -350,7 +419,7 @@ async def ingest_process(redis_url: str, index_port: int) -> AsyncIterator[str]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("cortex ingest did not become ready")
                 await asyncio.sleep(0.05)
-        yield f"{url}/metrics"
+        yield f"{url}/metrics", child.pid
 
 
 async def run(args: argparse.Namespace) -> str:
@@ -365,23 +434,38 @@ async def run(args: argparse.Namespace) -> str:
          for _ in range(args.workers)]
         for rate in rates
     ]
+    print("in process ...", file=sys.stderr)
+    inproc = in_process(workloads[0], args.block_size)
     results: list[RateResult] = []
+    baseline: list[RateResult] = []
+    profiles: dict[str, Path] = {}
+    py_spy = pyspy.find_py_spy(args.py_spy) if args.profile else ""
     async with contextlib.AsyncExitStack() as stack:
         redis = stack.enter_context(RedisServer())
         registry = await stack.enter_async_context(RedisRegistry(redis.url))
         index = await stack.enter_async_context(IndexServer(IndexConfig(
             host="127.0.0.1", port=0, metrics_port=None, memory_budget_bytes=0)))
-        metrics_url = await stack.enter_async_context(ingest_process(redis.url, index.port))
-        bench = Bench(registry, index, metrics_url, stack, args.block_size)
-        for n, (rate, wl) in enumerate(zip(rates, workloads, strict=True)):
-            print(f"rate {rate or 'max'} ...", file=sys.stderr)
-            results.append(await run_rate(bench, rate, wl, f"r{n}"))
-        print("restart, join, gap ...", file=sys.stderr)
-        restarts = await restart_to_ready(bench, args.restarts, rng)
-        join_s, join_blocks = await join_with_history(bench, 1_000, rng)
-        gap_s, gap_counts = await gap_repair(bench, 50, rng)
+        modes: list[tuple[str, tuple[str, ...], list[RateResult]]] = [("columnar", (), results)]
+        if args.baseline:
+            modes.append(("baseline", ("--no-columnar-decode",), baseline))
+        for mode, flags, out in modes:
+            async with ingest_process(redis.url, index.port, flags) as (metrics_url, pid):
+                bench = Bench(registry, index, metrics_url, stack, args.block_size, pid)
+                for n, (rate, wl) in enumerate(zip(rates, workloads, strict=True)):
+                    print(f"{mode}: rate {rate or 'max'} ...", file=sys.stderr)
+                    spy = None
+                    if py_spy and rate == 0:
+                        profiles[mode] = Path(tempfile.mkdtemp()) / f"{mode}.raw"
+                        spy = (py_spy, profiles[mode])
+                    out.append(await run_rate(bench, rate, wl, f"{mode}-r{n}", spy))
+                if mode == "columnar":
+                    print("restart, join, gap ...", file=sys.stderr)
+                    restarts = await restart_to_ready(bench, args.restarts, rng)
+                    join_s, join_blocks = await join_with_history(bench, 1_000, rng)
+                    gap_s, gap_counts = await gap_repair(bench, 50, rng)
+    await asyncio.sleep(0.5)  # py-spy writes its output when its window ends
     return render(args, results, restarts, (join_s, join_blocks), (gap_s, gap_counts),
-                  time.perf_counter() - started)
+                  time.perf_counter() - started, inproc, baseline, profiles)
 
 
 def render(
@@ -391,6 +475,9 @@ def render(
     join: tuple[float, int],
     gap: tuple[float, dict[str, float]],
     total_s: float,
+    inproc: InProcess | None = None,
+    baseline: Sequence[RateResult] = (),
+    profiles: dict[str, Path] | None = None,
 ) -> str:
     exact = [r for r in results if r.exact and not r.clears]
     burst = next((r for r in exact if r.offered == 0), None)
@@ -401,7 +488,9 @@ def render(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}. {datetime.now(UTC):%Y-%m-%d}. Generated by "
         f"`cortex bench ingest --workers {args.workers} --events {args.events} "
-        f"--burst-events {args.burst_events} --rates {args.rates}`.",
+        f"--burst-events {args.burst_events} --rates {args.rates}"
+        f"{' --baseline' if args.baseline else ''}{' --profile' if args.profile else ''}`; "
+        f"load average {os.getloadavg()[1]:.1f} over its last 5 minutes.",
         "",
         "Pipeline: synthetic vLLM 0.33 publishers (real XPUB + replay ROUTER on loopback, "
         "pre-encoded payloads) → `cortex ingest run` (its own process) → index (in the "
@@ -435,6 +524,8 @@ def render(
                  f"clears {counts['clears']:.0f})", "repaired, no clear",
                  "met" if counts["clears"] == 0 else "**missed**"))
     lines += table(("measurement", "result", "target", ""), rows)
+    if inproc is not None:
+        lines += cpu_section(inproc, results, baseline)
     lines += ["", "Throughput by offered rate:", ""]
     lines += table(
         ("offered (block events/s)", "block events", "sent in (rate)", "ingest applied",
@@ -466,7 +557,41 @@ def render(
         "difference without loss.",
         f"- Total benchmark time {total_s:.0f} s (workload generation included).",
     ]
+    for mode, raw in (profiles or {}).items():
+        if raw.exists():
+            lines += ["", f"Profile of the ingest process, unthrottled run, {mode} "
+                      "(py-spy, 4 s from the first send):", "", *pyspy.top_frames_table(raw)]
     return "\n".join(lines) + "\n"
+
+
+def cpu_section(inproc: InProcess, results: Sequence[RateResult],
+                baseline: Sequence[RateResult]) -> list[str]:
+    """The ingest's CPU per block event: in process and across processes, each with the
+    columnar decode and without it."""
+    def ratio(before: float, after: float) -> str:
+        return f"{before / after:.1f}x" if after else ""
+
+    target = "≤ 0.5 µs"
+    rows = [("in process: decode, sequence, key map, encode (per-source path, best of 3)",
+             f"{inproc.columnar_us:.3f} µs", f"{inproc.python_us:.3f} µs",
+             ratio(inproc.python_us, inproc.columnar_us), target)]
+    by_rate = {r.offered: r for r in baseline}
+    for r in results:
+        base = by_rate.get(r.offered)
+        rows.append((f"ingest process CPU, {'max' if r.offered == 0 else f'{r.offered:,}/s'}"
+                     f" offered ({r.blocks:,} block events; applied at)",
+                     f"{r.cpu_us_per_block:.3f} µs ({r.cpu_s:.2f} s; {r.applied_rate:,.0f}/s)",
+                     f"{base.cpu_us_per_block:.3f} µs ({base.cpu_s:.2f} s; "
+                     f"{base.applied_rate:,.0f}/s)" if base else "",
+                     ratio(base.cpu_us_per_block, r.cpu_us_per_block) if base else "",
+                     target))
+    return ["", f"CPU per block event of the ingest ({inproc.blocks:,} block events in "
+            "process; the columnar decode on, and off: `--no-columnar-decode`):", "",
+            *table(("measurement", "columnar decode", "Python codec", "ratio", "target"),
+                   rows),
+            "", "- Across processes: the ingest process's CPU (user + system, `/proc`) from "
+            "the first send until it applied the last batch, idle draw included "
+            "(`--poll-interval-s 0.2`, a heartbeat a second), divided by the block events."]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -481,6 +606,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int, default=20_000)
     parser.add_argument("--restarts", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run every rate against an ingest with --no-columnar-decode")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy the ingest process during the unthrottled run")
+    parser.add_argument("--py-spy", default="", help="py-spy executable (default: on PATH)")
     parser.add_argument("--out", default="docs/bench", help="report directory")
     parser.set_defaults(func=_main)
 

@@ -1385,6 +1385,8 @@ done:
 }
 
 #include "_sync.h"
+#include "_kvdecode.h"
+#include "_blockkeys.h"
 
 static PyMethodDef core_functions[] = {
     {"plan_update_batch", (PyCFunction)plan_update_batch, METH_O, NULL},
@@ -1393,6 +1395,9 @@ static PyMethodDef core_functions[] = {
     {"replay_replica_ops", (PyCFunction)replay_replica_ops, METH_VARARGS, NULL},
     {"keymap_store", (PyCFunction)keymap_store, METH_VARARGS, NULL},
     {"keymap_remove", (PyCFunction)keymap_remove, METH_VARARGS, NULL},
+    {"decode_kv_events", (PyCFunction)decode_kv_events, METH_VARARGS, NULL},
+    {"block_keys_packed", (PyCFunction)block_keys_packed, METH_VARARGS, NULL},
+    {"xxh3_64_short", (PyCFunction)xxh3_short, METH_VARARGS, NULL},
     {NULL},
 };
 

@@ -78,6 +78,10 @@ class IngestConfig:
     """Most messages one source reads before yielding."""
     align_every: int = 64
     """Check 1 in N chain-start stores against engine hashes (0 = off)."""
+    columnar_decode: bool = True
+    """Decode the common KV-event payload shapes in the compiled ledger core and place plain
+    device stores and removals from its columns (off: every payload through the Python
+    codec; same result, the benchmarks' baseline)."""
     hash_algo: str = AUTO
     """vLLM --prefix-caching-hash-algo for the alignment check (auto = learn)."""
     hash_seed: str | None = None

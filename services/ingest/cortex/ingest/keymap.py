@@ -39,6 +39,7 @@ group's blocks are keyed; one is handed to the index only while every other grou
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cortex.hashing import (
@@ -50,6 +51,7 @@ from cortex.hashing import (
     media_pairs,
 )
 from cortex.ingest.alignment import AlignmentChecker
+from cortex.ingest.columnar import ColumnarEvent, materialize_stored, packed_block_keys
 from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
@@ -57,9 +59,18 @@ from cortex.ingest.stats import SourceStats, bump
 from cortex.kvevents.codec import BlockHash, BlockRemoved, BlockStored
 from cortex.ledger.model import RemoveBlocks, StoreBlocks, Tier
 
-__all__ = ["KeyMapper", "Misaligned", "Placed"]
+__all__ = ["NOT_PLAIN", "KeyMapper", "Misaligned", "NotPlain", "Placed"]
 
 log = logging.getLogger(__name__)
+
+class NotPlain:
+    """:meth:`KeyMapper.place_plain`'s answer for a store it does not place."""
+
+    __slots__ = ()
+
+
+NOT_PLAIN = NotPlain()
+
 
 @dataclass(frozen=True, slots=True)
 class Misaligned:
@@ -265,7 +276,7 @@ class KeyMapper:
                 return None
             parent = domain.root_key(*extras, lookahead=lookahead)
             if self._align is not None:
-                self._maybe_check_alignment(event)
+                self._maybe_check_alignment(lambda: event)
         else:
             if event.extra_keys is not None and _has_foreign_extras(event):
                 self._ignore("extra_keys", count)
@@ -284,6 +295,39 @@ class KeyMapper:
             return None
         keys = (media_block_keys(event.token_ids, size, parent, media) if media
                 else lookahead_block_keys(event.token_ids, size, lookahead, parent, tail))
+        ledger.store(hashes, keys, parent)
+        return StoreBlocks(parent, keys)
+
+    def place_plain(self, event: ColumnarEvent) -> StoreBlocks | NotPlain | None:
+        """:meth:`stored` of a columnar device store (:mod:`cortex.ingest.columnar`: no
+        LoRA, salt, media or lookahead; its tokens packed, ``uint32`` little-endian), for a
+        source that is neither hybrid nor misaligned and whose block size and lookahead (0)
+        are known and match: the same state changes and result as
+        ``stored(materialize_stored(event))``. Anything else is :data:`NOT_PLAIN`, before
+        any change."""
+        hashes, parent_hash, tokens, size = event[1], event[2], event[3], event[4]
+        count = len(hashes)
+        if (size != self.block_size or self.misaligned or self.lookahead != 0 or not tokens
+                or len(tokens) != 4 * count * size or self.hybrid is not None):
+            return NOT_PLAIN
+        domain = self.domain
+        assert domain is not None  # the block size is known
+        bump(self.stats.blocks, "stored", count)
+        ledger = self.ledger
+        if parent_hash is None:
+            parent = domain.seed  # root_key() without LoRA, salt or lookahead
+            if self._align is not None:
+                self._maybe_check_alignment(lambda: materialize_stored(event))
+        else:
+            found = ledger.key_of(parent_hash)
+            if found is None:
+                resolved = self._resolve(parent_hash)  # the parent may be in another tier
+                found = resolved[0] if resolved is not None else None
+            if found is None:
+                self.stats.unknown_parent_blocks += count
+                return None
+            parent = found
+        keys = packed_block_keys(tokens, size, parent)
         ledger.store(hashes, keys, parent)
         return StoreBlocks(parent, keys)
 
@@ -408,12 +452,14 @@ class KeyMapper:
         self.clear()
         return Misaligned(reason)
 
-    def _maybe_check_alignment(self, event: BlockStored) -> None:
+    def _maybe_check_alignment(self, event: Callable[[], BlockStored]) -> None:
+        """One chain start more: every ``align_every``-th is checked (``event`` builds the
+        store only then)."""
         assert self._align is not None
         self._chain_starts += 1
         if (self._chain_starts - 1) % self._align_every:
             return
-        outcome = self._align.check(event)
+        outcome = self._align.check(event())
         if outcome is None:
             return
         self.stats.alignment_checks += 1

@@ -356,6 +356,7 @@ class IngestService:
             hash_algo=hash_algo,
             hash_seed=spec.labels.get(_LABEL_HASH_SEED, cfg.hash_seed),
             kv_lookahead=spec.kv_lookahead,
+            columnar_decode=cfg.columnar_decode,
         )
         for rank in range(spec.dp_size):
             source = SourceId(spec.id, rank)

@@ -39,15 +39,24 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import xxhash
 
 from cortex.hashing import HashDomain
 from cortex.ingest.alignment import AlignmentChecker
+from cortex.ingest.columnar import (
+    REMOVED,
+    STORED,
+    Columnar,
+    ColumnarEvent,
+    decode_columnar,
+    materialize_event,
+)
 from cortex.ingest.held import HeldBatches, HeldBytes
-from cortex.ingest.keymap import KeyMapper, Misaligned
+from cortex.ingest.hybrid import is_hybrid_store
+from cortex.ingest.keymap import NOT_PLAIN, KeyMapper, Misaligned
 from cortex.ingest.media import tier_of
 from cortex.ingest.ops import SnapshotView, SourceId, append_remove, append_store
 from cortex.ingest.replay import (
@@ -66,6 +75,7 @@ from cortex.kvevents.codec import (
     BlockRemoved,
     BlockStored,
     CodecError,
+    Event,
     EventBatch,
     decode_batch,
 )
@@ -479,6 +489,12 @@ class SourceTracker:
         recent[seq] = digest
         if len(recent) > self.config.dup_window:
             recent.popitem(last=False)
+        if self.config.columnar_decode:
+            columnar = decode_columnar(payload, self.config.engine)
+            if columnar is not None:
+                self._applied_since_reset += 1
+                self._apply_columnar(columnar)
+                return
         try:
             batch = decode_batch(payload, self.config.engine)
         except CodecError as exc:
@@ -497,23 +513,84 @@ class SourceTracker:
         self._applied_since_reset += 1
         self._apply_batch(batch)
 
-    def _apply_batch(self, batch: EventBatch) -> None:
+    def _batch_stats(self, ts: float, dp_rank: int | None, skipped_unknown: int) -> None:
         stats = self.stats
         stats.batches += 1
-        stats.last_batch_ts = batch.ts
+        stats.last_batch_ts = ts
         if self._clock is not None:
             now = self._clock()
             stats.last_applied_unix_s = now
-            stats.last_lag_s = now - batch.ts
-        if batch.skipped_unknown:
-            stats.unknown_events += batch.skipped_unknown
-        if batch.dp_rank is not None and batch.dp_rank != self.source.dp_rank:
+            stats.last_lag_s = now - ts
+        if skipped_unknown:
+            stats.unknown_events += skipped_unknown
+        if dp_rank is not None and dp_rank != self.source.dp_rank:
             stats.rank_mismatches += 1
+
+    def _apply_batch(self, batch: EventBatch) -> None:
+        self._batch_stats(batch.ts, batch.dp_rank, batch.skipped_unknown)
+        self._apply_events(batch.events)
+
+    def _apply_columnar(self, batch: Columnar) -> None:
+        """:meth:`_apply_batch` of a batch decoded in C (:mod:`cortex.ingest.columnar`):
+        plain device stores and removals take the fast path below, every other event is
+        materialized and applied as the codec's would be -- same ops, ledger and stats."""
+        ts, dp_rank, events = batch
+        self._batch_stats(ts, dp_rank, 0)
+        for event in events:
+            tag = event[0]
+            if tag == STORED:
+                if self._store_plain(event):
+                    continue
+            elif tag == REMOVED and self._remove_plain(event):
+                continue
+            self._apply_events(materialize_event(event))
+
+    def _store_plain(self, event: ColumnarEvent) -> bool:
+        """A columnar store placed by :meth:`KeyMapper.place_plain`; ``False`` (nothing
+        changed) when it is not a plain device store of this source."""
+        hashes, medium, kind, group = event[1], event[5], event[6], event[7]
+        keymap = self.keymap
+        bound = self.max_blocks
+        if ((medium is not None and tier_of(medium) is not Tier.DEVICE)
+                or is_hybrid_store(group or 0, kind)
+                or (bound and keymap.blocks + len(hashes) > bound)):
+            return False
+        placed = keymap.place_plain(event)
+        if placed is NOT_PLAIN:
+            return False
+        bump(self.stats.events, "BlockStored")
+        if placed is not None:
+            assert type(placed) is StoreBlocks
+            if not self._announced:
+                self._announce()
+            append_store(self._ops, placed)
+        return True
+
+    def _remove_plain(self, event: ColumnarEvent) -> bool:
+        """A run of columnar removals from the device ledger of a source that is not
+        hybrid, applied at once; ``False`` (nothing changed) for any other."""
+        _, hashes, medium, group, _, _, sizes = event
+        keymap = self.keymap
+        if ((medium is not None and tier_of(medium) is not Tier.DEVICE) or group
+                or keymap.hybrid is not None):
+            return False
+        stats = self.stats
+        bump(stats.events, "BlockRemoved", len(sizes) // 4)
+        bump(stats.blocks, "removed", len(hashes))
+        dead, unknown = keymap.ledger.remove(hashes)
+        if unknown:
+            stats.unknown_removed_blocks += unknown
+        if dead and self._announced:
+            append_remove(self._ops, dead)
+        return True
+
+    def _apply_events(self, batch_events: Iterable[Event]) -> None:
+        stats = self.stats
         events = stats.events
         keymap = self.keymap
         ops = self._ops
         bound = self.max_blocks
-        for event in batch.events:
+        for event in batch_events:
             if type(event) is BlockStored:
                 events["BlockStored"] = events.get("BlockStored", 0) + 1
                 if bound and keymap.blocks + len(event.block_hashes) > bound:

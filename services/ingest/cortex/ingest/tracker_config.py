@@ -22,6 +22,9 @@ class TrackerConfig:
     tell duplicates from restarts. ``align_every``: check one in N chain-start stores
     against the engine's own hash (0 = never). ``kv_lookahead``: the worker spec's
     speculative-decoding lookahead (tokens), ``None`` to learn it from the first store.
+    ``columnar_decode``: decode the common payload shapes in the compiled core
+    (:mod:`cortex.ingest.columnar`; off: every payload through ``decode_batch``, the path
+    before, for benchmarks and differential tests).
     """
 
     engine: Engine
@@ -36,6 +39,7 @@ class TrackerConfig:
     hash_algo: str = AUTO
     hash_seed: str | None = None
     kv_lookahead: int | None = None
+    columnar_decode: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", Engine(self.engine))
