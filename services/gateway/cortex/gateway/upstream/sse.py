@@ -29,6 +29,7 @@ __all__ = ["EventRewrite", "EventStreamCheck", "SSEForwarder", "cached_tokens_of
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 _DONE = b"[DONE]"
+_DONE_LINES = (b"data: [DONE]", b"data:[DONE]")
 _FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
@@ -149,8 +150,9 @@ def has_complete_event(data: bytes) -> bool:
 def _is_done(block: bytes) -> bool:
     """Whether a ``data: [DONE]`` line is in ``block`` (at a line start: JSON strings cannot
     hold a raw newline, so generated text saying ``[DONE]`` does not count)."""
-    return any(block.startswith(m) or b"\n" + m in block
-               for m in (b"data: [DONE]", b"data:[DONE]"))
+    # no generator: this runs once per relayed block (every streamed token)
+    return (block.startswith(_DONE_LINES) or b"\ndata: [DONE]" in block
+            or b"\ndata:[DONE]" in block)
 
 
 def _json_of(data: bytes | None) -> dict[str, Any] | None:
