@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
