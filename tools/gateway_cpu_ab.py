@@ -55,6 +55,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=40, help="per round and target")
     parser.add_argument("--port", type=int, default=18180, help="first port to use")
+    parser.add_argument("--fixed-tokens", type=int, default=0,
+                        help="instead of the chat: one short question answered with exactly "
+                             "this many streamed tokens (two runs give the CPU per event)")
     parser.add_argument("--log-dir", default="/tmp", help="where the processes log")
     args = parser.parse_args()
     state = json.loads(Path(args.state).read_text())
@@ -109,6 +112,9 @@ def main() -> None:
                     body = {"model": model, "messages": messages, "stream": True,
                             "stream_options": {"include_usage": True}, "ignore_eos": True,
                             "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
+                    if args.fixed_tokens:
+                        body["messages"] = [{"role": "user", "content": "A short question."}]
+                        body["max_tokens"] = args.fixed_tokens
                     shot, answer = client.stream(urls[name], body)
                     chats.answered(i, messages, answer, shot.prompt_tokens)
                 client.close()
