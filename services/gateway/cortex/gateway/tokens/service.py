@@ -54,11 +54,12 @@ __all__ = ["INLINE_REST_BYTES_FASTOKENS", "INLINE_REST_BYTES_HF", "Tokenization"
 log = logging.getLogger(__name__)
 
 # ``tokenize.inline_rest_bytes`` unset: the rest of a walk up to these many UTF-8 bytes is
-# encoded on the event loop. Measured (docs/bench/overhead.md): handing a piece to the feeder
-# thread and back costs ~50 µs of CPU and two thread wake-ups; fastokens encodes 4 KB of
-# prose in ~60 µs, Hugging Face tokenizers 256 bytes in ~140 µs.
+# encoded on the event loop. Measured (tools/encode_hop.py, docs/bench/overhead.md): handing
+# a piece to the feeder thread and back costs ~40-50 µs of CPU and two thread wake-ups;
+# fastokens encodes 4 KB of prose in ~60 µs. Hugging Face tokenizers takes ~0.2 ms for 256
+# characters and the hop costs it no measurable CPU: its rests always go to the thread.
 INLINE_REST_BYTES_FASTOKENS = 4_096
-INLINE_REST_BYTES_HF = 256
+INLINE_REST_BYTES_HF = 0
 
 
 def next_turn(args: RenderArgs, answer: dict[str, Any]) -> RenderArgs:
