@@ -151,8 +151,9 @@ class GatewayMetrics:
                                       "else hf); the reason is in the log and /admin/models",
                                       ["model", "encoder"], registry=r)
         self.tokenize_lazy_rest = Counter(p + "tokenize_lazy_rest_total",
-                                          "Prompt rests encoded after a lazy walk, off the "
-                                          "request path, by result (done|shed|failed)",
+                                          "Prompt rests encoded after a lazy walk, by "
+                                          "result (inline: at once, small; done: on the "
+                                          "feeder thread; shed|failed)",
                                           ["model", "result"], registry=r)
         self.response_owner_probes = Counter(p + "response_owner_probes_total",
                                              "Response ids not seen here looked for on the "
