@@ -666,8 +666,8 @@ class TokenizeConfig:
     a lazily walked prompt (UTF-8 bytes) up to which it is encoded on the event loop at once
     instead of on the feeder thread (a thread hop costs ~50 µs of CPU and two wake-ups);
     ``None``: per encoder (``fastokens`` 4,096, where encoding costs about a hop; ``hf`` 0, as
-    its encodes cost far more; docs/bench/overhead.md), 0: always on the thread. ``heavy_messages`` /
-    ``heavy_chars``: chat requests with more messages or message text are rendered and tokenized
+    its encodes cost far more; docs/bench/overhead.md), 0: always on the thread.
+    ``heavy_messages`` / ``heavy_chars``: chat requests with more messages or message text are rendered and tokenized
     in a worker process (a huge request must not hold the event loop). ``feed_answers``: relayed
     answers are encoded into the segment cache after the response, so the next turn's resent
     history hits — answers of at least ``feed_min_tokens`` (shorter ones cost less to encode on
