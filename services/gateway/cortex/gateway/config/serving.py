@@ -667,10 +667,10 @@ class TokenizeConfig:
     instead of on the feeder thread (a thread hop costs ~50 µs of CPU and two wake-ups);
     ``None``: per encoder (``fastokens`` 4,096, where encoding costs about a hop; ``hf`` 0, as
     its encodes cost far more; docs/bench/overhead.md), 0: always on the thread.
-    ``heavy_messages`` / ``heavy_chars``: chat requests with more messages or message text are rendered and tokenized
-    in a worker process (a huge request must not hold the event loop). ``feed_answers``: relayed
-    answers are encoded into the segment cache after the response, so the next turn's resent
-    history hits — answers of at least ``feed_min_tokens`` (shorter ones cost less to encode on
+    ``heavy_messages`` / ``heavy_chars``: chat requests with more messages or message text are
+    rendered and tokenized in a worker process (a huge request must not hold the event loop).
+    ``feed_answers``: relayed answers are encoded into the segment cache after the response, so
+    the next turn's resent history hits — answers of at least ``feed_min_tokens`` (shorter ones cost less to encode on
     the next turn than rendering the conversation again costs now); at most ``feed_max_bytes``
     of a response are kept for it and ``feed_queue`` feeds wait.
     ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
