@@ -670,9 +670,10 @@ class TokenizeConfig:
     ``heavy_messages`` / ``heavy_chars``: chat requests with more messages or message text are
     rendered and tokenized in a worker process (a huge request must not hold the event loop).
     ``feed_answers``: relayed answers are encoded into the segment cache after the response, so
-    the next turn's resent history hits — answers of at least ``feed_min_tokens`` (shorter ones cost less to encode on
-    the next turn than rendering the conversation again costs now); at most ``feed_max_bytes``
-    of a response are kept for it and ``feed_queue`` feeds wait.
+    the next turn's resent history hits — answers of at least ``feed_min_tokens`` (shorter
+    ones cost less to encode on the next turn than rendering the conversation again costs
+    now); at most ``feed_max_bytes`` of a response are kept for it and ``feed_queue`` feeds
+    wait.
     ``self_check_interval_s`` > 0: every so often, a recent prompt is sent to a worker's
     ``/tokenize`` and the ids compared (``self_check_timeout_s`` per call).
     """
