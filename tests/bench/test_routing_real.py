@@ -55,14 +55,14 @@ def test_conversations_grow_and_restart_near_their_limit() -> None:
 def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     for name in ("round_robin", "cortex"):
         row = summarise(name, [Shot(0.02, 100, 50, 50 if name == "cortex" else -1)], CPU)
-        row["model"] = "model-qwen-slow"
+        row.update(model="model-qwen-slow", kv_blocks=256)
         (tmp_path / f"real-{name}.json").write_text(json.dumps(row))
     text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| cortex")
             or line.startswith("| round_robin")]
     assert [r.split(" | ")[0] for r in rows] == ["| cortex", "| round_robin"]
     assert "| 0 (1 of 1) |" in rows[0] and "| — |" in rows[1]
-    assert "`model-qwen-slow`" in text
+    assert "`model-qwen-slow`" in text and "256-block KV caches" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
 
 
@@ -84,7 +84,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_the_model_is_picked_from_the_installs_models() -> None:
-    assert _parse().real_model == "model-qwen"
+    assert (_parse().real_model, _parse().kv_blocks) == ("model-qwen", KV_BLOCKS)
     assert _parse("--real-model", "model-qwen-slow").real_model == "model-qwen-slow"
     assert set(REAL_MODELS) <= set(MODELS)
     with pytest.raises(SystemExit):

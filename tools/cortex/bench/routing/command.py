@@ -237,6 +237,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--real-model", default="model-qwen", choices=REAL_MODELS,
                         help="real engines: the model directory the engines serve "
                              "(model-qwen-slow: a prefill that shows in TTFT)")
+    parser.add_argument("--kv-blocks", type=int, default=512,
+                        help="real engines: KV cache blocks (16 tokens) per engine; fewer "
+                             "blocks, more eviction")
     parser.add_argument("--profile", action="store_true",
                         help="real engines: py-spy samples Cortex's gateway during its "
                              "workload; its top frames go into the report")
@@ -251,10 +254,11 @@ def _run_real(args: argparse.Namespace) -> int:
     out = Path(args.out)
     run_real(out, contenders, requests=args.requests, conversations=args.conversations,
              replicas=args.replicas, seed=args.seed, profile=args.profile,
-             model=args.real_model)
+             model=args.real_model, kv_blocks=args.kv_blocks)
     command = ("cortex bench routing --real-engines --real-model "
                f"{args.real_model} --requests {args.requests} --conversations "
-               f"{args.conversations} --replicas {args.replicas} --contenders <one>"
+               f"{args.conversations} --replicas {args.replicas} --kv-blocks "
+               f"{args.kv_blocks} --contenders <one>"
                f"{' --profile' if args.profile else ''}")
     print(f"report: {write_report(out, command)}")
     return 0

