@@ -63,6 +63,8 @@ def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     assert [r.split(" | ")[0] for r in rows] == ["| cortex", "| round_robin"]
     assert "| 0 (1 of 1) |" in rows[0] and "| — |" in rows[1]
     assert "`model-qwen-slow`" in text and "256-block KV caches" in text
+    # one shot of 50 uncached tokens: the cheapest band, at its TTFT
+    assert "| cortex | 50 | 1, 20 | 0, — | 0, — |" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
 
 

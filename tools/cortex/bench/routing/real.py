@@ -347,7 +347,7 @@ def write_report(out: Path, command: str) -> Path:
                      f"{r['routing_cpu_ms_per_request']} | {per} |")
     lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
               " over-predictions cannot be counted from outside.", "",
-              "![hit rate and TTFT](real-engines.png)", ""]
+              "![hit rate and TTFT](real-engines.png)", "", *_uncached_lines(rows)]
     for r in rows:
         if r.get("profile"):
             lines += _profile_lines(r)
@@ -355,6 +355,36 @@ def write_report(out: Path, command: str) -> Path:
     report.write_text("\n".join(lines))
     _plot(rows, out / "real-engines.png")
     return report
+
+
+UNCACHED_BANDS = ((0, 128), (128, 768), (768, 1 << 30))
+"""Uncached prompt tokens per request: the prefill each band leaves the engine to do."""
+
+
+def _uncached_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """TTFT by how many prompt tokens the engine had to prefill: what the hit rate saves
+    against what the routing tier costs every request alike."""
+    head = " | ".join((f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+") + ": n, TTFT p50 ms"
+                      for lo, hi in UNCACHED_BANDS)
+    lines = ["## TTFT by uncached prompt tokens", "",
+             "Each request's uncached tokens (prompt minus the engine's `cached_tokens`): "
+             "the same band costs every contender about the same prefill, so a band's "
+             "TTFT difference is the routing path's, and the contenders differ in how many "
+             "requests land in the cheap bands.", "",
+             f"| contender | uncached tokens / request (mean) | {head} |",
+             "|---|---:|" + "---|" * len(UNCACHED_BANDS)]
+    for r in rows:
+        shots = [Shot(**s) for s in r.get("shots", ())]
+        if not shots:
+            continue
+        uncached = [s.prompt_tokens - s.cached_tokens for s in shots]
+        cells = []
+        for lo, hi in UNCACHED_BANDS:
+            band = [s.ttft_s * 1000 for s, u in zip(shots, uncached, strict=True) if lo <= u < hi]
+            cells.append(f"{len(band)}, {_percentile(band, 0.5):.0f}" if band else "0, —")
+        lines.append(f"| {r['contender']} | {sum(uncached) / len(uncached):.0f} | "
+                     + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _profile_lines(row: dict[str, Any]) -> list[str]:
