@@ -87,8 +87,8 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_the_model_is_picked_from_the_installs_models() -> None:
-    assert (_parse().real_model, _parse().kv_blocks) == ("model-qwen", KV_BLOCKS)
-    assert _parse("--real-model", "model-qwen-slow").real_model == "model-qwen-slow"
+    assert (_parse().real_model, _parse().kv_blocks) == ("model-qwen-slow", KV_BLOCKS)
+    assert _parse("--real-model", "model-qwen").real_model == "model-qwen"
     assert set(REAL_MODELS) <= set(MODELS)
     with pytest.raises(SystemExit):
         _parse("--real-model", "model-qwen-vl")

