@@ -15,6 +15,7 @@ from cortex.bench.routing.real import (
     REAL_MODELS,
     Conversations,
     Shot,
+    fastokens_chosen,
     summarise,
     write_report,
 )
@@ -114,3 +115,13 @@ def test_kv_caches_are_sized_in_blocks_of_the_model_served(tmp_path: Path) -> No
     _config(tmp_path, "vl", text_config={"num_hidden_layers": 2, "num_key_value_heads": 2,
                                          "hidden_size": 128, "num_attention_heads": 4})
     assert install.kv_bytes_per_token("vl") == 512
+
+
+def test_the_fastokens_choice_is_read_whatever_the_label_order() -> None:
+    chosen = ('# TYPE cortex_gateway_tokenize_encoder gauge\n'
+              'cortex_gateway_tokenize_encoder{encoder="hf",model="m"} 0.0\n'
+              'cortex_gateway_tokenize_encoder{encoder="fastokens",model="m"} 1.0\n')
+    assert fastokens_chosen(chosen)
+    assert fastokens_chosen('cortex_gateway_tokenize_encoder{model="m",encoder="fastokens"} 1.0')
+    assert not fastokens_chosen(chosen.replace("} 1.0", "} 0.0"))  # the probe still running
+    assert not fastokens_chosen(chosen.replace("} 0.0", "} 1.0").replace('"fastokens"', '"x"'))

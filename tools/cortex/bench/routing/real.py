@@ -33,6 +33,7 @@ import http.client
 import json
 import os
 import random
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -186,8 +187,17 @@ def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, repl
 
 def _encoder_chosen(url: str) -> bool:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return 'encoder="fastokens"} 1.0' in text
+        return fastokens_chosen(response.read().decode())
+
+
+_FASTOKENS = re.compile(r'^cortex_gateway_tokenize_encoder\{[^}]*encoder="fastokens"[^}]*\} 1\.0$',
+                        re.MULTILINE)
+
+
+def fastokens_chosen(metrics: str) -> bool:
+    """Whether a gateway's ``/metrics`` text says fastokens encodes (its parity probe
+    passed); the exposition sorts labels, so ``encoder`` may come before ``model``."""
+    return _FASTOKENS.search(metrics) is not None
 
 
 async def _discover(urls: list[str]) -> list[Any]:
