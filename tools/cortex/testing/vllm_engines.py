@@ -37,7 +37,7 @@ from typing import Any
 
 from cortex.testing.procs import die_with, free_port
 
-__all__ = ["BLOCK_SIZE", "VllmEngine", "VllmInstall"]
+__all__ = ["BLOCK_SIZE", "MODELS", "VllmEngine", "VllmInstall"]
 
 BLOCK_SIZE = 16
 KV_CACHE_BYTES = 8 << 20  # 16384 tokens of the tiny model = 1024 blocks: eviction is easy
@@ -45,8 +45,10 @@ MAX_MODEL_LEN = 4096
 TOPIC = "kv-events"
 ROOT_ENV = "CORTEX_REALVLLM"
 
-_MODELS = {  # model directory -> (served name, extra vLLM arguments)
+MODELS = {  # model directory -> (served name, extra vLLM arguments)
     "model-qwen": ("tiny-qwen", ()),
+    # the same tokenizer on a body whose prefill shows in TTFT (make_models.py _SLOW_BODY)
+    "model-qwen-slow": ("tiny-qwen-slow", ()),
     "model-deepseek": ("tiny-deepseek", ("--tokenizer-mode", "deepseek_v4")),
     # Qwen2.5-VL-shaped (make_models.py --qwen-vl); needs torchvision_shim.sh on PYTHONPATH
     "model-qwen-vl": ("tiny-qwen-vl", ()),
@@ -81,6 +83,15 @@ class VllmInstall:
 
     def model_dir(self, name: str = "model-qwen") -> Path:
         return self.root / name
+
+    def kv_bytes_per_token(self, name: str = "model-qwen") -> int:
+        """KV cache bytes one token of model ``name`` takes in bf16 (K and V, every layer):
+        the unit to size ``--kv-cache-memory-bytes`` for a block count."""
+        config = json.loads((self.model_dir(name) / "config.json").read_text())
+        config = config.get("text_config", config)
+        head_dim = config.get("head_dim") or (
+            config["hidden_size"] // config["num_attention_heads"])
+        return 2 * 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim
 
     @classmethod
     def find(cls, environ: dict[str, str] | None = None,
@@ -125,7 +136,7 @@ class VllmEngine:
 
     @property
     def served_name(self) -> str:
-        return _MODELS[self.model][0]
+        return MODELS[self.model][0]
 
     @property
     def log_path(self) -> Path:
@@ -143,7 +154,7 @@ class VllmEngine:
                 "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
                 "--enable-prompt-tokens-details", "--enable-server-load-tracking",
                 "--kv-events-config", json.dumps(events), "--disable-uvicorn-access-log",
-                "--enforce-eager", *_MODELS[self.model][1], *self.extra_args]
+                "--enforce-eager", *MODELS[self.model][1], *self.extra_args]
 
     def launch(self) -> None:
         """Start the engine without waiting (:meth:`wait_healthy` waits)."""

