@@ -89,9 +89,10 @@ class VllmInstall:
         the unit to size ``--kv-cache-memory-bytes`` for a block count."""
         config = json.loads((self.model_dir(name) / "config.json").read_text())
         config = config.get("text_config", config)
-        head_dim = config.get("head_dim") or (
-            config["hidden_size"] // config["num_attention_heads"])
-        return 2 * 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim
+        head_dim = int(config.get("head_dim") or (
+            config["hidden_size"] // config["num_attention_heads"]))
+        return 2 * 2 * int(config["num_hidden_layers"]) * int(config["num_key_value_heads"]) \
+            * head_dim
 
     @classmethod
     def find(cls, environ: dict[str, str] | None = None,
