@@ -48,6 +48,8 @@ from cortex.kvevents.codec import (
 from cortex.ledger import cores
 from cortex.ledger._core import block_keys_packed, xxh3_64_short
 
+from ..kvevents.test_codec_fuzz import mutated
+
 pytestmark = pytest.mark.timeout(120)
 
 DATA = Path(__file__).parents[1] / "kvevents" / "data"
@@ -153,34 +155,11 @@ def test_every_truncation_declines_or_agrees() -> None:
             same(payload[:end], Engine.SGLANG if engine is Engine.VLLM else Engine.VLLM)
 
 
-@st.composite
-def mutated_golden(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(st.sampled_from([g[0] for g in GOLDEN])))
-    for _ in range(draw(st.integers(1, 4))):
-        position = draw(st.integers(0, max(0, len(data) - 1)))
-        action = draw(st.sampled_from(["flip", "set", "truncate", "insert", "delete", "dup"]))
-        if action == "flip" and data:
-            data[position] ^= 1 << draw(st.integers(0, 7))
-        elif action == "set" and data:
-            data[position] = draw(st.sampled_from(
-                [0x00, 0x7F, 0x80, 0x90, 0xA0, 0xC0, 0xC1, 0xC2, 0xCA, 0xCB, 0xCC, 0xCF, 0xD0,
-                 0xD3, 0xD9, 0xDC, 0xDD, 0xDE, 0xDF, 0xE0, 0xFF]))
-        elif action == "truncate":
-            del data[position:]
-        elif action == "insert":
-            data[position:position] = draw(st.binary(min_size=1, max_size=9))
-        elif action == "delete":
-            del data[position : position + draw(st.integers(1, 16))]
-        else:
-            data[position:position] = data[position : position + draw(st.integers(1, 32))]
-    return bytes(data)
-
-
 ENGINES = st.sampled_from([Engine.VLLM, Engine.SGLANG])
 
 
 @FUZZ
-@given(payload=mutated_golden(), engine=ENGINES)
+@given(payload=mutated([g[0] for g in GOLDEN]), engine=ENGINES)
 def test_mutated_golden_payloads(payload: bytes, engine: Engine) -> None:
     same(payload, engine)
 

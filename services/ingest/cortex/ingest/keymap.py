@@ -162,6 +162,18 @@ class KeyMapper:
                 return key, parent
         return None
 
+    def _parent_key(self, ledger: Ledger, parent_hash: BlockHash, count: int) -> int | None:
+        """The key of a store's parent block: in ``ledger``, else in another tier (not for a
+        hybrid source's full-attention ledger); ``None``, counted as ``count`` blocks of an
+        unknown parent."""
+        found = ledger.key_of(parent_hash)
+        if found is None and ledger is not (self.hybrid.full if self.hybrid else None):
+            resolved = self._resolve(parent_hash)  # the parent may be in another tier
+            found = resolved[0] if resolved is not None else None
+        if found is None:
+            self.stats.unknown_parent_blocks += count
+        return found
+
     def stored(self, event: BlockStored, tier: Tier | None = Tier.DEVICE) -> Placed:
         """Place a store in ``tier`` (``None``: an unknown medium; see :data:`Placed`).
         Placeholder offload stores give a ``StoreBlocks`` per run of resolved blocks."""
@@ -281,12 +293,8 @@ class KeyMapper:
             if event.extra_keys is not None and _has_foreign_extras(event):
                 self._ignore("extra_keys", count)
                 return None
-            found = ledger.key_of(parent_hash)
-            if found is None and ledger is not (self.hybrid.full if self.hybrid else None):
-                resolved = self._resolve(parent_hash)  # the parent may be in another tier
-                found = resolved[0] if resolved is not None else None
+            found = self._parent_key(ledger, parent_hash, count)
             if found is None:
-                self.stats.unknown_parent_blocks += count
                 return None
             parent = found
         media = _media_of(event)
@@ -319,12 +327,8 @@ class KeyMapper:
             if self._align is not None:
                 self._maybe_check_alignment(lambda: materialize_stored(event))
         else:
-            found = ledger.key_of(parent_hash)
+            found = self._parent_key(ledger, parent_hash, count)
             if found is None:
-                resolved = self._resolve(parent_hash)  # the parent may be in another tier
-                found = resolved[0] if resolved is not None else None
-            if found is None:
-                self.stats.unknown_parent_blocks += count
                 return None
             parent = found
         keys = packed_block_keys(tokens, size, parent)
