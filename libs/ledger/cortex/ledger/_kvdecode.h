@@ -386,6 +386,29 @@ static PyObject *kv_sizes_bytes(const uint32_t *sizes, Py_ssize_t n) {
     return PyBytes_FromStringAndSize((const char *)sizes, n * 4);
 }
 
+/* Append the removal run gathered in *run_hashes to events as one event (its hashes, the
+ * fields of its first event run_f, the sizes of its events) and clear it: 0, or -1 with an
+ * error set, or without one where a field cannot be taken (fall back). */
+static int kv_close_run(PyObject *events, PyObject **run_hashes, const KvVal *run_f,
+                        const uint32_t *sizes, Py_ssize_t nsizes) {
+    PyObject *hashes = PyList_AsTuple(*run_hashes);
+    Py_CLEAR(*run_hashes);
+    PyObject *items[7] = {
+        PyLong_FromLong(1),
+        hashes,
+        kv_object(&run_f[KV_MEDIUM]),
+        kv_object(&run_f[KV_GROUP]),
+        kv_object(&run_f[KV_LOCALITY]),
+        kv_object(&run_f[KV_OWNERSHIP]),
+        kv_sizes_bytes(sizes, nsizes),
+    };
+    PyObject *item = kv_pack(items, 7);
+    if (!item) return -1;
+    int rc = PyList_Append(events, item);
+    Py_DECREF(item);
+    return rc;
+}
+
 /* decode_kv_events(payload, sglang) -> (ts, dp_rank, events) | None; see the top. */
 static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
     Py_buffer view;
@@ -489,43 +512,15 @@ static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
         }
         continue;
     close_run: {
-            PyObject *hashes = PyList_AsTuple(run_hashes);
-            Py_CLEAR(run_hashes);
-            PyObject *items[7] = {
-                PyLong_FromLong(1),
-                hashes,
-                kv_object(&run_f[KV_MEDIUM]),
-                kv_object(&run_f[KV_GROUP]),
-                kv_object(&run_f[KV_LOCALITY]),
-                kv_object(&run_f[KV_OWNERSHIP]),
-                kv_sizes_bytes(sizes, nsizes),
-            };
-            PyObject *item = kv_pack(items, 7);
-            if (!item) goto error_or_fallback;
-            int rc = PyList_Append(events, item);
-            Py_DECREF(item);
-            if (rc < 0) goto error;
+            if (kv_close_run(events, &run_hashes, run_f, sizes, nsizes) < 0)
+                goto error_or_fallback;
             goto next_event;
         }
     }
     if (run_hashes) {
         /* the last run: close it as above, with nothing after it */
-        PyObject *hashes = PyList_AsTuple(run_hashes);
-        Py_CLEAR(run_hashes);
-        PyObject *items[7] = {
-            PyLong_FromLong(1),
-            hashes,
-            kv_object(&run_f[KV_MEDIUM]),
-            kv_object(&run_f[KV_GROUP]),
-            kv_object(&run_f[KV_LOCALITY]),
-            kv_object(&run_f[KV_OWNERSHIP]),
-            kv_sizes_bytes(sizes, nsizes),
-        };
-        PyObject *item = kv_pack(items, 7);
-        if (!item) goto error_or_fallback;
-        int rc = PyList_Append(events, item);
-        Py_DECREF(item);
-        if (rc < 0) goto error;
+        if (kv_close_run(events, &run_hashes, run_f, sizes, nsizes) < 0)
+            goto error_or_fallback;
     }
     if (top == 3) {
         int neg;
