@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from cortex.bench.procstat import cpu_s, session_cpu_s
 from cortex.bench.routing import command as routing
 from cortex.bench.routing.real import (
     KV_BLOCKS,
@@ -16,9 +21,11 @@ from cortex.bench.routing.real import (
     Conversations,
     Shot,
     fastokens_chosen,
+    pooled_cpu,
     summarise,
     write_report,
 )
+from cortex.testing import wait_until
 from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, MODELS, VllmInstall
 
 CPU = {"wall_s": 10.0, "processes": {"gateway-0": 0.3, "index": 0.1, "load generator": 5.0}}
@@ -68,6 +75,49 @@ def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     # one shot of 50 uncached tokens: the cheapest band, at its TTFT
     assert "| cortex | 50 | 1, 20 | 0, — | 0, — |" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
+
+
+def test_windows_pool_their_seconds_and_weigh_their_cores_by_wall_time() -> None:
+    first = {"wall_s": 10.0, "processes": {"gateway-0": 0.3, "load generator": 1.0},
+             "ours_cores": 0.2, "engines_cores": 1.0, "foreign_cores": 0.1}
+    second = {"wall_s": 30.0, "processes": {"gateway-0": 0.9, "load generator": 2.0},
+              "ours_cores": 0.4, "engines_cores": 1.4, "foreign_cores": 0.5}
+    pooled = pooled_cpu([first, second])
+    assert pooled["wall_s"] == 40.0
+    assert pooled["processes"] == {"gateway-0": 1.2, "load generator": 3.0}
+    assert (pooled["ours_cores"], pooled["engines_cores"], pooled["foreign_cores"]) == (
+        0.35, 1.3, 0.4)
+
+
+def test_the_report_shows_each_repetition_and_the_discarded_windows(tmp_path: Path) -> None:
+    row = summarise("cortex", [Shot(0.02, 100, 50, 50)] * 2, CPU)
+    row["cpu"] = {"engines_cores": 1.5, "foreign_cores": 0.12}
+    row["repetitions"] = [
+        {"repetition": 0, "hit_rate": 0.5, "ttft_p50_ms": 20.0, "ttft_p90_ms": 20.0,
+         "routing_cpu_ms_per_request": 1.0, "foreign_cores": 0.9, "discarded": True},
+        {"repetition": 0, "hit_rate": 0.5, "ttft_p50_ms": 21.0, "ttft_p90_ms": 22.0,
+         "routing_cpu_ms_per_request": 1.0, "foreign_cores": 0.1, "discarded": False}]
+    (tmp_path / "real-cortex.json").write_text(json.dumps(row))
+    line = next(line for line in write_report(tmp_path, "x").read_text().splitlines()
+                if line.startswith("| cortex | 2 |"))
+    assert "| 1.5 · 0.12 |" in line
+    assert line.endswith("| 50.0%, 20.0 / 20.0 (0.9, discarded); 50.0%, 21.0 / 22.0 (0.1) |")
+
+
+def test_a_session_is_metered_with_the_processes_its_leader_started() -> None:
+    """The engines fork their workers: their CPU counts against the engine's session, so it
+    is not read as other work on the machine."""
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable,"
+         " '-c', 'import time\\nend = time.monotonic() + 30\\nwhile time.monotonic() < end:"
+         " pass']); time.sleep(60)"], start_new_session=True)
+    try:
+        wait_until(lambda: session_cpu_s(leader.pid) >= 0.3, 20, 0.05,
+                   "the session's busy child to spend 0.3 s of CPU")
+        assert (cpu_s(leader.pid) or 0.0) < 0.2  # the leader itself sleeps
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
 
 
 def test_a_profiled_row_adds_its_top_frames_to_the_report(tmp_path: Path) -> None:

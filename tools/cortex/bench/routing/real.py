@@ -22,6 +22,12 @@ caches evict. Measured per contender: the engines' own ``cached_tokens`` over pr
 TTFT (first content byte) p50/p90, Cortex's over-predictions (``x-cortex-cache-hit-tokens``
 above ``cached_tokens``; the peers report no prediction), and the CPU seconds per request of
 every routing-tier process (here that CPU is taken from the engines).
+
+Noise control, as the sim benchmark's: before each contender's window the run waits (up to
+``quiet_wait_s``) for work outside the engines and the routing tier to drop under
+``QUIET_CORES``; a window during which that work took more than ``max_foreign_cores`` is
+discarded and run again (``noisy_retries`` times at most). ``repeats`` repetitions alternate
+the contenders' order; a contender's numbers pool its repetitions' requests.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex.bench.procstat import machine_busy_s, session_cpu_s
 from cortex.bench.profile import Frame, Profile, frames_table
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
@@ -55,6 +62,8 @@ __all__ = ["REAL_CONTENDERS", "REAL_MODELS", "Shot", "run_real"]
 REAL_CONTENDERS = ("cortex", "sglang_cache_aware", "vllm_kv_aware", "round_robin")
 REAL_MODELS = ("model-qwen", "model-qwen-slow")
 KV_BLOCKS = 512  # per engine: the multi-turn workload's ~32 conversations do not fit
+QUIET_CORES = 0.3
+"""Other work (outside the engines and the routing tier) a window waits to drop under."""
 _WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "replica",
           "stream", "event", "index", "lease", "engine", "decode", "prefill", "42", "end."]
 
@@ -245,7 +254,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[str, Any]:
-    """The report row of one contender."""
+    """The report row of one contender: ``shots`` and ``cpu`` (:meth:`CpuMeter.stop`'s
+    shape, summed over the windows) pooled over its repetitions."""
     prompt = sum(s.prompt_tokens for s in shots)
     ttfts = [s.ttft_s * 1000 for s in shots]
     predicted = [s for s in shots if s.predicted >= 0]
@@ -264,15 +274,60 @@ def summarise(contender: str, shots: list[Shot], cpu: dict[str, Any]) -> dict[st
             "shots": [asdict(s) for s in shots]}
 
 
+def _engines_cpu_s(engines: list[VllmEngine]) -> float:
+    return sum(session_cpu_s(e.proc.pid) for e in engines if e.proc is not None)
+
+
+def _other_cores(engines: list[VllmEngine], interval_s: float = 1.0) -> float:
+    """Cores the machine kept busy over the next ``interval_s`` outside the engines and this
+    process (blocks)."""
+    busy0, total0 = machine_busy_s()
+    engines0, own0 = _engines_cpu_s(engines), time.process_time()
+    time.sleep(interval_s)
+    busy1, total1 = machine_busy_s()
+    ours = _engines_cpu_s(engines) - engines0 + time.process_time() - own0
+    cores = os.cpu_count() or 1
+    busy = (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
+    return max(busy - ours / interval_s, 0.0)
+
+
+def _wait_quiet(engines: list[VllmEngine], wait_s: float) -> float:
+    """Wait up to ``wait_s`` for other work to drop under :data:`QUIET_CORES`; the last
+    sample (cores)."""
+    deadline = time.monotonic() + wait_s
+    other = _other_cores(engines, 0.5)
+    while other > QUIET_CORES and time.monotonic() < deadline:
+        other = _other_cores(engines)
+    return other
+
+
+def pooled_cpu(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The CPU of several windows as one: seconds summed, cores weighted by wall time."""
+    wall = sum(w["wall_s"] for w in windows)
+    processes: dict[str, float] = {}
+    for w in windows:
+        for name, seconds in w["processes"].items():
+            processes[name] = round(processes.get(name, 0.0) + seconds, 2)
+
+    def cores(key: str) -> float:
+        return round(sum(w[key] * w["wall_s"] for w in windows) / wall, 2) if wall else 0.0
+
+    return {"wall_s": round(wall, 2), "processes": processes,
+            **{k: cores(k) for k in ("ours_cores", "engines_cores", "foreign_cores")}}
+
+
 def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
              replicas: int, seed: int, profile: bool = False, model: str = "model-qwen",
-             kv_blocks: int = KV_BLOCKS) -> list[dict[str, Any]]:
+             kv_blocks: int = KV_BLOCKS, repeats: int = 1, quiet_wait_s: float = 0.0,
+             max_foreign_cores: float = float("inf"), noisy_retries: int = 1
+             ) -> list[dict[str, Any]]:
     """Run each contender in front of the same two engines serving ``model`` (a directory
     of the install, :data:`REAL_MODELS`) with ``kv_blocks`` blocks of KV cache each (fewer:
-    more eviction); one JSON per contender in ``out``
-    (``real-<contender>.json``). ``profile``: py-spy samples Cortex's first gateway
-    during its workload; its top frames go into the row (``profile``) and the raw stacks
-    beside it (``real-cortex.profile.txt``)."""
+    more eviction), ``repeats`` times (the order reversed every other time); one JSON per
+    contender in ``out`` (``real-<contender>.json``). Noise control: the module's doc.
+    ``profile``: py-spy samples Cortex's first gateway during its first workload; its top
+    frames go into the row (``profile``) and the raw stacks beside it
+    (``real-cortex.profile.txt``)."""
     if model not in MODELS:
         raise SystemExit(f"bench routing --real-engines: no model {model!r} (one of "
                          f"{', '.join(REAL_MODELS)})")
@@ -294,28 +349,42 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
             engine.wait_healthy()
         # first requests pay the engines' own warm-up: not any contender's
         _workload([e.url for e in engines], 6, conversations, seed + 1, served)
+        windows: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
+        for repetition in range(repeats):
+            order = contenders if repetition % 2 == 0 else contenders[::-1]
+            for contender in order:
+                for attempt in range(noisy_retries + 1):
+                    window = _window(contender, engines, found, run_dir, out, replicas,
+                                     requests, conversations, seed, served,
+                                     profile and repetition == 0 and attempt == 0,
+                                     quiet_wait_s)
+                    window["repetition"] = repetition
+                    foreign = window["cpu"]["foreign_cores"]
+                    if foreign <= max_foreign_cores or attempt == noisy_retries:
+                        break
+                    print(f"  {contender}: other work took {foreign} cores during this "
+                          f"window (limit {max_foreign_cores}): discarded, run again",
+                          flush=True)
+                    window["discarded"] = True
+                    windows[contender].append(window)
+                windows[contender].append(window)
+                print(f"  {contender} #{repetition + 1}: hit {window['hit_rate']:.1%}, TTFT "
+                      f"p50/p90 {window['ttft_p50_ms']}/{window['ttft_p90_ms']} ms, other "
+                      f"work {foreign} cores", flush=True)
         for contender in contenders:
-            for engine in engines:
-                _post(engine.url + "/reset_prefix_cache")
-                # the reset's AllBlocksCleared is published with the engine's next step:
-                # one step of a prompt shorter than a block (nothing cached) sends it
-                engine.call("/v1/completions", {"model": served, "prompt": "hi",
-                                                "max_tokens": 1})
-            deploy = _cortex(engines, found, run_dir / contender, replicas) \
-                if contender == "cortex" else _peers(contender, engines, run_dir / contender,
-                                                     replicas)
-            with deploy as (urls, pids):
-                spy = (Profile(pids["gateway-0"], out / f"real-{contender}.profile.txt")
-                       if profile and contender == "cortex" else None)
-                with spy or contextlib.nullcontext():
-                    meter = CpuMeter(pids)
-                    shots = _workload(urls, requests, conversations, seed, served)
-                    row = summarise(contender, shots, meter.stop())
-                    row.update(model=model, kv_blocks=kv_blocks, replicas=replicas)
-            if spy is not None:
-                frames, samples = spy.top(20)
-                row["profile"] = {"process": "gateway-0", "samples": samples,
-                                  "frames": [asdict(f) for f in frames]}
+            kept = [w for w in windows[contender] if not w.get("discarded")]
+            shots = [Shot(**s) for w in kept for s in w["shots"]]
+            cpu = pooled_cpu([w["cpu"] for w in kept])
+            row = summarise(contender, shots, cpu)
+            row.update(model=model, kv_blocks=kv_blocks, replicas=replicas, cpu=cpu,
+                       repetitions=[{k: w[k] for k in ("repetition", "hit_rate",
+                                                       "ttft_p50_ms", "ttft_p90_ms",
+                                                       "routing_cpu_ms_per_request")}
+                                    | {"foreign_cores": w["cpu"]["foreign_cores"],
+                                       "discarded": bool(w.get("discarded"))}
+                                    for w in windows[contender]])
+            row.update(next(({"profile": w["profile"]} for w in windows[contender]
+                             if "profile" in w), {}))
             (out / f"real-{contender}.json").write_text(json.dumps(row, indent=1) + "\n")
             print(f"  {contender}: hit {row['hit_rate']:.1%}, TTFT p50/p90 "
                   f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']} ms, routing CPU "
@@ -325,6 +394,40 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
         for engine in engines:
             engine.stop()
     return rows
+
+
+def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
+            out: Path, replicas: int, requests: int, conversations: int, seed: int,
+            served: str, profile: bool, quiet_wait_s: float) -> dict[str, Any]:
+    """One contender's workload on emptied caches: its summary, with the CPU of the
+    engines and of other work during it (``cpu``)."""
+    for engine in engines:
+        _post(engine.url + "/reset_prefix_cache")
+        # the reset's AllBlocksCleared is published with the engine's next step: one step of
+        # a prompt shorter than a block (nothing cached) sends it
+        engine.call("/v1/completions", {"model": served, "prompt": "hi", "max_tokens": 1})
+    deploy = (_cortex(engines, install, run_dir / contender, replicas)
+              if contender == "cortex" else
+              _peers(contender, engines, run_dir / contender, replicas))
+    with deploy as (urls, pids):
+        _wait_quiet(engines, quiet_wait_s)
+        spy = (Profile(pids["gateway-0"], out / f"real-{contender}.profile.txt")
+               if profile and contender == "cortex" else None)
+        with spy or contextlib.nullcontext():
+            engines0 = _engines_cpu_s(engines)
+            meter = CpuMeter(pids)
+            shots = _workload(urls, requests, conversations, seed, served)
+            cpu = meter.stop()
+            engines_s = _engines_cpu_s(engines) - engines0
+    cpu["engines_cores"] = round(engines_s / cpu["wall_s"], 2) if cpu["wall_s"] else 0.0
+    cpu["foreign_cores"] = round(max(cpu["foreign_cores"] - cpu["engines_cores"], 0.0), 2)
+    window = summarise(contender, shots, cpu)
+    window["cpu"] = cpu
+    if spy is not None:
+        frames, samples = spy.top(20)
+        window["profile"] = {"process": "gateway-0", "samples": samples,
+                             "frames": [asdict(f) for f in frames]}
+    return window
 
 
 def write_report(out: Path, command: str) -> Path:
@@ -345,17 +448,31 @@ def write_report(out: Path, command: str) -> Path:
         "the routing tier on the same "
         "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
-        "tokens. CPU: user + system seconds of every routing-tier process, per request.", "",
+        "tokens. CPU: user + system seconds of every routing-tier process, per request. "
+        "Noise: before each contender's window the run waits for work outside the engines "
+        "and the routing tier to drop under "
+        f"{QUIET_CORES:g} cores; *other work* is what that work took during the window "
+        "(cores), and a window over the command's `--max-foreign-cores` is discarded and "
+        "run again. Repetitions alternate the contenders' order; a contender's row pools "
+        "its kept windows' requests.", "",
         "| contender | requests | hit rate | TTFT p50 ms | TTFT p90 ms | over-predictions "
-        "(exact) | routing-tier CPU ms/request | per process |",
-        "|---|---|---|---|---|---|---|---|"]
+        "(exact) | routing-tier CPU ms/request | per process | engines · other work cores "
+        "| per repetition: hit, TTFT p50 / p90 ms (other work cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         over = ("—" if r["over_predictions"] is None
                 else f"{r['over_predictions']} ({r['exact']} of {r['requests']})")
         per = ", ".join(f"{k} {v}" for k, v in r["cpu_ms_per_request"].items())
+        cpu = r.get("cpu") or {}
+        cores = (f"{cpu['engines_cores']} · {cpu['foreign_cores']}"
+                 if "engines_cores" in cpu else "—")
+        reps = "; ".join(
+            f"{w['hit_rate']:.1%}, {w['ttft_p50_ms']} / {w['ttft_p90_ms']} "
+            f"({w['foreign_cores']}{', discarded' if w['discarded'] else ''})"
+            for w in r.get("repetitions", ())) or "—"
         lines.append(f"| {r['contender']} | {r['requests']} | {r['hit_rate']:.1%} | "
                      f"{r['ttft_p50_ms']} | {r['ttft_p90_ms']} | {over} | "
-                     f"{r['routing_cpu_ms_per_request']} | {per} |")
+                     f"{r['routing_cpu_ms_per_request']} | {per} | {cores} | {reps} |")
     lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
               " over-predictions cannot be counted from outside.", "",
               "![hit rate and TTFT](real-engines.png)", "", *_uncached_lines(rows)]
