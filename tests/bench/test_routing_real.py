@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from cortex.bench.routing import command as routing
 from cortex.bench.routing.real import (
     KV_BLOCKS,
     REAL_MODELS,
+    Client,
     Conversations,
     Shot,
     fastokens_chosen,
@@ -75,6 +78,49 @@ def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     # one shot of 50 uncached tokens: the cheapest band, at its TTFT
     assert "| cortex | 50 | 1, 20 | 0, — | 0, — |" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
+
+
+class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):
+    """Answers one streamed chat, then closes the connection without saying so, as a server
+    whose keep-alive timeout ran out between two requests does."""
+
+    protocol_version = "HTTP/1.1"
+    answer = (b'data: {"choices": [{"delta": {"content": "hi"}}], "usage": {"prompt_tokens": 3,'
+              b' "prompt_tokens_details": {"cached_tokens": 1}}}\n\ndata: [DONE]\n\n')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_client_sends_again_on_a_connection_the_server_closed() -> None:
+    closed = threading.Semaphore(0)
+
+    class Server(ThreadingHTTPServer):
+        def shutdown_request(self, request: object) -> None:
+            super().shutdown_request(request)  # type: ignore[arg-type]
+            closed.release()
+
+    server = Server(("127.0.0.1", 0), _ClosesAfterEachAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client = Client()
+    try:
+        for _ in range(2):
+            shot, text = client.stream(url, {"messages": []})
+            assert (text, shot.prompt_tokens, shot.cached_tokens) == ("hi", 3, 1)
+            assert closed.acquire(timeout=10)  # the server closed that connection
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
 
 
 def test_windows_pool_their_seconds_and_weigh_their_cores_by_wall_time() -> None:

@@ -113,16 +113,26 @@ class Client:
         self._connections: dict[str, http.client.HTTPConnection] = {}
 
     def stream(self, url: str, body: dict[str, Any]) -> tuple[Shot, str]:
-        """One streamed chat request: its :class:`Shot` and the answer's text."""
-        connection = self._connections.get(url)
-        if connection is None:
-            host, port = url.removeprefix("http://").rsplit(":", 1)
-            connection = self._connections[url] = http.client.HTTPConnection(
-                host, int(port), timeout=120)
-        started = time.perf_counter()
-        connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
-                           {"Content-Type": "application/json"})
-        response = connection.getresponse()
+        """One streamed chat request: its :class:`Shot` and the answer's text. A kept-alive
+        connection the server closed meanwhile (uvicorn's keep-alive timeout is 5 s) is
+        opened again and the request resent: the server never read it."""
+        for fresh in (False, True):
+            connection = self._connections.get(url)
+            if connection is None:
+                host, port = url.removeprefix("http://").rsplit(":", 1)
+                connection = self._connections[url] = http.client.HTTPConnection(
+                    host, int(port), timeout=120)
+            started = time.perf_counter()
+            try:
+                connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                                   {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                break
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                connection.close()
+                del self._connections[url]
+                if fresh:
+                    raise
         if response.status != 200:
             raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
         predicted = int(response.headers.get("x-cortex-cache-hit-tokens", "-1"))
