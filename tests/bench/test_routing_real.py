@@ -29,7 +29,13 @@ from cortex.bench.routing.real import (
     write_report,
 )
 from cortex.testing import wait_until
-from cortex.testing.vllm_engines import BLOCK_SIZE, KV_CACHE_BYTES, MODELS, VllmInstall
+from cortex.testing.vllm_engines import (
+    BLOCK_SIZE,
+    KV_CACHE_BYTES,
+    MODELS,
+    VllmInstall,
+    native_dtype,
+)
 
 CPU = {"wall_s": 10.0, "processes": {"gateway-0": 0.3, "index": 0.1, "load generator": 5.0}}
 
@@ -221,3 +227,21 @@ def test_the_fastokens_choice_is_read_whatever_the_label_order() -> None:
     assert fastokens_chosen('cortex_gateway_tokenize_encoder{model="m",encoder="fastokens"} 1.0')
     assert not fastokens_chosen(chosen.replace("} 1.0", "} 0.0"))  # the probe still running
     assert not fastokens_chosen(chosen.replace("} 0.0", "} 1.0").replace('"fastokens"', '"x"'))
+
+
+def test_engines_compute_in_bf16_only_where_the_cpu_does() -> None:
+    def cpu(flags: str) -> str:
+        return f"processor\t: 0\nflags\t\t: fpu sse2 avx2 {flags}\n\nprocessor\t: 1\n"
+
+    assert native_dtype(cpu("avx512f avx512_bf16")) == "bfloat16"
+    assert native_dtype(cpu("amx_bf16 amx_tile")) == "bfloat16"
+    assert native_dtype(cpu("avx512f avx512bw")) == "float32"  # AVX-512 without BF16
+    assert native_dtype(cpu("")) == "float32"  # AVX2 only: vLLM would emulate bf16
+
+
+def test_float32_kv_takes_twice_the_bytes(tmp_path: Path) -> None:
+    _config(tmp_path, "model-qwen", num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
+            hidden_size=128, num_attention_heads=4)
+    install = VllmInstall(tmp_path)
+    assert install.kv_bytes_per_token("model-qwen", "float32") == 1024
+    assert install.kv_bytes_per_token("model-qwen", "bfloat16") == 512

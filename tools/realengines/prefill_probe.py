@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -25,37 +24,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cortex.bench.procstat import cpu_s
-from cortex.testing.vllm_engines import BLOCK_SIZE, VllmEngine, VllmInstall
+from cortex.bench.procstat import rss_bytes, session_cpu_s, session_pids
+from cortex.testing.vllm_engines import BLOCK_SIZE, VllmEngine, VllmInstall, native_dtype
 
 WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "replica",
          "stream", "event", "index", "lease", "engine", "decode", "prefill", "42", "end."]
 
 
-def session_cpu_s(sid: int) -> float:
-    """User + system CPU seconds of every live process of session ``sid``."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # field 6 of stat: the session id
-            total += cpu_s(int(stat.parent.name)) or 0.0
-    return total
-
-
 def session_rss_mb(sid: int) -> float:
     """Resident memory (MB) of every live process of session ``sid``."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:
-            total += int(fields[21])  # field 24 of stat: resident pages
-    return total * os.sysconf("SC_PAGE_SIZE") / 1e6
+    return sum(rss_bytes(pid) or 0 for pid in session_pids(sid)) / 1e6
 
 
 def ttft(url: str, model: str, prompt: str, sid: int) -> tuple[float, int, int, float]:
@@ -106,16 +84,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--logs", type=Path, help="keep the engine's log here")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"),
+                        help="the engine's --dtype (default: what this CPU computes natively)")
     args = parser.parse_args()
     found = VllmInstall.find(models=(args.model,))
     if isinstance(found, str):
         raise SystemExit(found)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="prefill-probe-") as tmp:
-        kv_bytes = 1024 * BLOCK_SIZE * found.kv_bytes_per_token(args.model)  # 1,024 blocks
+        dtype = args.dtype or native_dtype()
+        kv_bytes = 1024 * BLOCK_SIZE * found.kv_bytes_per_token(args.model, dtype)  # 1,024 blocks
         with VllmEngine(found, args.logs or Path(tmp), model=args.model,
-                        kv_cache_bytes=kv_bytes) as engine:
-            print(f"{args.model}: engine up in {engine.startup_s:.1f} s", flush=True)
+                        kv_cache_bytes=kv_bytes, dtype=dtype) as engine:
+            print(f"{args.model} ({dtype}): engine up in {engine.startup_s:.1f} s", flush=True)
             name = engine.served_name
             sid = engine.proc.pid if engine.proc else 0  # the engine leads its session
             ttft(engine.url, name, "warm up " * 50, sid)  # the first request's one-off costs

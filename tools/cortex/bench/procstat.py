@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_s", "machine_busy_s", "rss_bytes", "rss_mb", "session_cpu_s"]
+__all__ = ["cpu_s", "machine_busy_s", "rss_bytes", "rss_mb", "session_cpu_s",
+           "session_pids"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -25,21 +26,23 @@ def cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
-def session_cpu_s(session: int) -> float:
-    """User + system CPU seconds spent so far by the live processes of ``session`` (a
-    session leader's pid: an engine and the workers it forked)."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def session_pids(session: int) -> list[int]:
+    """The live processes of ``session`` (a session leader's pid: an engine and the workers
+    it forked)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            stat = (entry / "stat").read_text()
+            fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == session:
-            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    return total
+        if int(fields[3]) == session:  # field 6 of stat: the session id
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def session_cpu_s(session: int) -> float:
+    """User + system CPU seconds spent so far by the live processes of ``session``."""
+    return sum(cpu_s(pid) or 0.0 for pid in session_pids(session))
 
 
 def rss_bytes(pid: int) -> int | None:

