@@ -87,8 +87,8 @@ def _png(data: _Data, complete: bool) -> tuple[int, int] | None:
     width, height = struct.unpack(">II", data[16:24])
     at = 8
     while at + 8 <= len(data):  # an eXIf chunk anywhere: Pillow may rotate
-        length = int.from_bytes(data[at : at + 4], "big")
-        kind = data[at + 4 : at + 8]
+        head = data[at : at + 8]  # one read per chunk (a decode when ``data`` is base64)
+        length, kind = int.from_bytes(head[:4], "big"), head[4:]
         if kind == b"eXIf":
             return None
         if kind == b"IEND" or (kind == b"IDAT" and not complete):
