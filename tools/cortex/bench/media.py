@@ -40,8 +40,9 @@ from cortex.testing import free_port, sglang_router_argv, wait_until
 __all__ = ["register", "run"]
 
 MODEL = "cortex-sim"
-SIZES = ((224, 224, "PNG"), (640, 480, "JPEG"), (1280, 960, "PNG"))
-"""(width, height, format) of the images: ~150 KB, ~250 KB and ~3.6 MB encoded."""
+SIZES = ((224, 224, "flat PNG"), (224, 224, "PNG"), (640, 480, "JPEG"), (1280, 960, "PNG"))
+"""(width, height, format) of the images: one colour (a few hundred bytes, as in the routing
+benchmark's multimodal workload), then random pixels: ~150 KB, ~270 KB, ~3.6 MB encoded."""
 
 
 def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -52,6 +53,8 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="py-spy samples the gateway under a closed loop of image requests")
     parser.add_argument("--profile-s", type=float, default=8.0, help="seconds sampled")
+    parser.add_argument("--profile-image", choices=("largest", "flat"), default="largest",
+                        help="the image of the profiled closed loop")
     parser.add_argument("--py-spy", default="", help="py-spy executable (default: on PATH)")
     parser.add_argument("--out", default="docs/bench/media.md", help="report path")
     parser.set_defaults(func=run)
@@ -105,7 +108,11 @@ def _deployment(model_dir: Path, logs: Path) -> Iterator[_Targets]:
 def _image(rng: random.Random, width: int, height: int, fmt: str) -> str:
     from PIL import Image
 
-    pixels = Image.frombytes("RGB", (width, height), rng.randbytes(width * height * 3))
+    if fmt.startswith("flat "):  # one colour: a new image every time, a few hundred bytes
+        fmt = fmt.removeprefix("flat ")
+        pixels = Image.new("RGB", (width, height), tuple(rng.randbytes(3)))
+    else:
+        pixels = Image.frombytes("RGB", (width, height), rng.randbytes(width * height * 3))
     out = io.BytesIO()
     pixels.save(out, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
     return f"data:image/{fmt.lower()};base64," + base64.b64encode(out.getvalue()).decode()
@@ -173,7 +180,9 @@ async def _bench(args: argparse.Namespace) -> str:
         "# What an image costs on the proxy path: Cortex vs sglang-router",
         "",
         f"`cortex bench media --requests {args.requests}"
-        f"{' --profile' if args.profile else ''}` — {time.strftime('%Y-%m-%d')},"
+        f"{' --profile' if args.profile else ''}"
+        f"{' --profile-image flat' if args.profile and args.profile_image == 'flat' else ''}`"
+        f" — {time.strftime('%Y-%m-%d')},"
         f" {(time.monotonic() - started) / 60:.1f} min on this machine.",
         "",
         __doc__.split("\n\n", 1)[1].strip() if __doc__ else "",
@@ -183,17 +192,18 @@ async def _bench(args: argparse.Namespace) -> str:
         *rows,
     ]
     if profile:
-        lines += ["", "## Where the gateway's time goes (largest image, closed loop)", "",
+        lines += ["", f"## Where the gateway's time goes ({args.profile_image} image, closed loop)",
+                  "",
                   *profile]
     return "\n".join(lines) + "\n"
 
 
 async def _profiled(args: argparse.Namespace, session: aiohttp.ClientSession, t: _Targets,
                     rng: random.Random) -> list[str]:
-    """py-spy's top frames of the gateway under 4 clients sending the largest image."""
+    """py-spy's top frames of the gateway under 4 clients sending one image size."""
     import json
 
-    width, height, fmt = SIZES[-1]
+    width, height, fmt = SIZES[-1] if args.profile_image == "largest" else SIZES[0]
     bodies = [json.dumps(_body(_image(rng, width, height, fmt), k)).encode() for k in range(8)]
     with tempfile.NamedTemporaryFile(suffix=".txt") as raw:
         spy = record(args.py_spy, t.gateway_pid, args.profile_s, Path(raw.name))
