@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from cortex.bench.procstat import cpu_s
 from cortex.bench.pyspy import find_py_spy, record, top_frames_table
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Supervisor
@@ -206,6 +207,7 @@ async def _profiled(args: argparse.Namespace, session: aiohttp.ClientSession, t:
     width, height, fmt = SIZES[-1] if args.profile_image == "largest" else SIZES[0]
     bodies = [json.dumps(_body(_image(rng, width, height, fmt), k)).encode() for k in range(8)]
     with tempfile.NamedTemporaryFile(suffix=".txt") as raw:
+        cpu0 = cpu_s(t.gateway_pid) or 0.0
         spy = record(args.py_spy, t.gateway_pid, args.profile_s, Path(raw.name))
         deadline = time.monotonic() + args.profile_s
         count = 0
@@ -217,6 +219,9 @@ async def _profiled(args: argparse.Namespace, session: aiohttp.ClientSession, t:
                 count += 1
 
         await asyncio.gather(*(client(k) for k in range(4)))
+        used = (cpu_s(t.gateway_pid) or 0.0) - cpu0
         await asyncio.to_thread(spy.wait, args.profile_s + 30)
-        return [f"{count} requests in {args.profile_s:g} s.", "",
+        return [f"{count} requests in {args.profile_s:g} s; the gateway process's CPU time"
+                f" {used / max(count, 1) * 1e3:.2f} ms per request (py-spy's sampling"
+                " included).", "",
                 *top_frames_table(Path(raw.name), 25)]
