@@ -7,7 +7,8 @@ them must also carry the item's identity. vLLM takes that identity from the cont
 gateway gives each item an identifier it controls and writes it into the part:
 
 - an image given as bytes (a ``data:`` URL): ``b64-sha256:`` + the SHA-256 of its base64
-  text (never decoded whole: the same bytes always have the same strict base64 text);
+  text (never decoded whole: a text stands for one byte string, and an encoder writes one
+  text for a byte string — the same bytes in another text are a miss, never a wrong credit);
 - an ``http(s)`` URL, only where the operator declares URLs immutable: ``url-sha256:`` + the
   SHA-256 of the URL (its bytes are never fetched here);
 - a ``uuid`` the client set is kept (vLLM uses it as given).
@@ -126,7 +127,7 @@ def _image_item(i: int, j: int, part: Mapping[str, Any], vision: VisionConfig | 
     if url is not None:
         text = _data_text(url)
         if text is not None:
-            # the text, not the decoded bytes: one strict base64 text per byte string, and
+            # the text, not the decoded bytes: a text stands for one byte string, and
             # hashing it costs a tenth of decoding it (the same image in another text is a
             # miss, never a wrong credit)
             identifier = identifier or "b64-sha256:" + hashlib.sha256(text).hexdigest()
