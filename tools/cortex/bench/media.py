@@ -5,12 +5,14 @@ Qwen2.5-VL-shaped model (:mod:`cortex.bench.routing.vision`), ``cortex gateway``
 index, ingest and Redis) and ``sglang-router`` (cache_aware) in front of it, all on
 127.0.0.1. This process sends sequential streamed chat requests, each with one image given
 as a base64 ``data:`` URL, interleaved across direct / cortex / sglang-router, for images of
-a few sizes (random pixels, so the encoded size is what the pixels say); every image is new
+a few sizes (one colour, as in the routing benchmark, then random pixels, so the encoded size
+is what the pixels say); every image is new
 (nothing cached, the worst case for the gateway: it identifies and sizes every one). The
 report gives each target's TTFT p50 / p90 and the p50 added over calling the sim directly.
 
 With ``--profile``, py-spy samples the gateway during a closed loop of requests with the
-largest image (``--nonblocking``); the top frames go into the report.
+largest image (``--profile-image flat``: the one-colour one; ``--nonblocking``); the top
+frames and the gateway's CPU time per request go into the report.
 """
 
 from __future__ import annotations
