@@ -4,13 +4,15 @@ vectors from ``tools/realengines/media_reference.py``), and Qwen-VL placeholder 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cortex.chat.imagesize import image_size
+from cortex.chat.imagesize import Base64Bytes, image_size
 from cortex.chat.vision import VisionConfig
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "media_vllm_reference.json").read_text())
@@ -57,3 +59,42 @@ def test_a_partial_png_counts_only_once_its_first_idat_is_read() -> None:
     assert image_size(png[:idat], complete=False) is None  # an eXIf chunk could follow
     assert image_size(png[:idat + 8], complete=False) == image_size(png)
     assert image_size(png[:idat]) == image_size(png)  # the whole file: no chunk follows
+
+
+def test_base64_bytes_reads_what_decoding_gives() -> None:
+    """Every index and slice of the lazy view equals the decoded bytes' (every padding)."""
+    rng = random.Random(7)
+    for n in (0, 1, 2, 3, 4, 5, 6, 31, 32, 33, 100):
+        data = rng.randbytes(n)
+        view = Base64Bytes(base64.b64encode(data))
+        assert len(view) == n
+        for a in range(-n - 2, n + 3):
+            for b in range(-n - 2, n + 3):
+                assert view[a:b] == data[a:b], (n, a, b)
+            if -n <= a < n:
+                assert view[a] == data[a]
+            else:
+                with pytest.raises(IndexError):
+                    view[a]
+        assert view.startswith(data[:3]) and not view.startswith(data[:3] + b"x" * 200)
+
+
+def test_base64_bytes_refuses_what_is_not_strict_base64() -> None:
+    with pytest.raises(ValueError):
+        Base64Bytes(b"abcde")  # not whole 4-character groups
+    view = Base64Bytes(b"ab*d" + b"A" * 8)
+    with pytest.raises(binascii.Error):
+        view[:3]
+    assert view[3:] == bytes(6)  # what is never read is never checked
+
+
+@pytest.mark.parametrize("row", _images(), ids=lambda r: r["name"])
+def test_the_size_read_from_base64_text_is_the_decoded_files(row: dict[str, Any]) -> None:
+    """The header walk over the base64 text (what the gateway does for a data URL) gives
+    vLLM's size, and so its placeholder count: keys built on it are the engine's."""
+    text = row["b64"].encode()
+    assert image_size(Base64Bytes(text)) == image_size(base64.b64decode(text))
+    assert image_size(Base64Bytes(text)) == tuple(row["vllm_size"])
+    png = base64.b64decode(_images()[0]["b64"])
+    exif = png[:-12] + b"\0\0\0\0eXIf\0\0\0\0" + png[-12:]  # an eXIf chunk after IDAT
+    assert image_size(Base64Bytes(base64.b64encode(exif))) is None

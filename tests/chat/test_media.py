@@ -5,6 +5,7 @@ prefix a sentinel rendering finds."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,30 @@ def test_placeholders_the_ids_do_not_show_leave_the_prefix_unknown(chat: ChatTok
     assert media_prompt(text_only, items, QWEN25).plain_tokens is None
     assert media_prompt(text_only, items, None).plain_tokens is None
     assert media_prompt([], items, QWEN25) == MediaPrompt([], None, None)
+
+
+@pytest.mark.parametrize("row", _images(), ids=lambda r: r["name"])
+def test_a_data_url_is_identified_by_its_text_and_sized_as_vllm_sizes_it(
+        row: dict[str, Any]) -> None:
+    """The identifier hashes the base64 text (never decoded whole); the placeholder count
+    from the header read through it is vLLM 0.32's for the decoded image."""
+    fmt = row["name"].split("-")[0]
+    url = f"data:image/{fmt};base64," + row["b64"]
+    body = _body({"type": "image_url", "image_url": {"url": url}})
+    (item,) = media_items(body, QWEN25)
+    assert item.identifier == "b64-sha256:" + hashlib.sha256(row["b64"].encode()).hexdigest()
+    assert item.tokens == row["qwen2_5_vl_tokens"] and item.stamp
+    (item,) = media_items(body, QWEN3)
+    assert item.tokens == row["qwen3_vl_tokens"]
+
+
+def test_a_data_url_that_is_not_strict_base64_is_not_keyed() -> None:
+    b64 = _images()[0]["b64"]
+    for text in (b64[:40] + "\n" + b64[40:],  # a URL parser drops it; the text is not the bytes'
+                 b64[:-1],  # not whole groups
+                 "!" + b64[1:],  # the header is not base64
+                 b64[:40] + "é" + b64[41:]):
+        (item,) = media_items(_body({"type": "image_url",
+                                     "image_url": {"url": "data:image/png;base64," + text}}),
+                              QWEN25)
+        assert not item.keyed, text[:50]

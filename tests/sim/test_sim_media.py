@@ -36,7 +36,7 @@ def test_engine_media_expands_and_identifies() -> None:
     expanded, spans = engine_media(_body("img-a"), ids, VISION)
     assert spans == (MediaSpan("img-a", 20, 8),) and len(expanded) == len(ids) + 7
     _, own = engine_media(_body(None), ids, VISION)
-    assert own[0].identifier.startswith("sha256:")  # the data URL's bytes, as the gateway
+    assert own[0].identifier.startswith("b64-sha256:")  # the data URL's text, as the gateway
     assert engine_media(_body("a"), ids, None) == (ids, ())
     assert engine_media(_body("a"), [1] * 8, VISION) == ([1] * 8, ())  # no placeholder
 

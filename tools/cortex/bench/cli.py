@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "core": "cortex.bench.core",
     "epp": "cortex.bench.epp",
     "ops-kit": "cortex.bench.opskit",
+    "media": "cortex.bench.media",
 }
 
 

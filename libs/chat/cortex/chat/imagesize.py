@@ -10,27 +10,85 @@ read with certainty, is ``None``: the caller then does not key the image.
 A header read (the first bytes of a URL image) passes ``complete=False``: a PNG then counts
 only once its first ``IDAT`` chunk is in the data (the PNG specification puts any ``eXIf``
 chunk before it); a JPEG's Exif block precedes its frame header anyway.
+
+An image given as base64 text (a ``data:`` URL) is read through :class:`Base64Bytes`: only
+the few bytes the header walk looks at are decoded (decoding a whole image costs ~10x more
+than hashing its text, docs/chat.md "Media parts").
 """
 
 from __future__ import annotations
 
+import binascii
 import struct
+from typing import overload
 
-__all__ = ["image_size"]
+__all__ = ["Base64Bytes", "image_size"]
+
+
+class Base64Bytes:
+    """The bytes a strict base64 text (``A-Z a-z 0-9 + /``, ``=`` padding, no whitespace)
+    decodes to, decoded on access: a slice decodes only the 4-character groups holding it.
+    Raises ``ValueError`` on creation when the length cannot be strict base64, and
+    ``binascii.Error`` on access when the characters read are not base64 (the characters
+    never read are never checked: an engine decoding the whole text refuses what is
+    invalid there)."""
+
+    __slots__ = ("_len", "_text")
+
+    def __init__(self, text: bytes) -> None:
+        if len(text) % 4:
+            raise ValueError("base64 text of a length not a multiple of 4")
+        self._text = text
+        pad = 2 if text.endswith(b"==") else 1 if text.endswith(b"=") else 0
+        self._len = len(text) // 4 * 3 - pad
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, key: int) -> int: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> bytes: ...
+
+    def __getitem__(self, key: int | slice) -> int | bytes:
+        if isinstance(key, int):
+            at = key + self._len if key < 0 else key
+            if not 0 <= at < self._len:
+                raise IndexError("Base64Bytes index out of range")
+            return self[at : at + 1][0]
+        start, stop, step = key.indices(self._len)
+        if step != 1:
+            raise ValueError("Base64Bytes slices take no step")
+        if start >= stop:
+            return b""
+        first = start // 3
+        decoded = binascii.a2b_base64(self._text[first * 4 : -(-stop // 3) * 4],
+                                      strict_mode=True)
+        return decoded[start - first * 3 : stop - first * 3]
+
+    def startswith(self, prefix: bytes) -> bool:
+        return self[: len(prefix)] == prefix
+
+    def __repr__(self) -> str:
+        return f"Base64Bytes({self._len} bytes)"
+
+
+_Data = bytes | Base64Bytes
 
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE,
                   0xCF})
 _SWAPPING = frozenset({5, 6, 7, 8})
 
 
-def _png(data: bytes, complete: bool) -> tuple[int, int] | None:
+def _png(data: _Data, complete: bool) -> tuple[int, int] | None:
     if len(data) < 24 or data[12:16] != b"IHDR":
         return None
     width, height = struct.unpack(">II", data[16:24])
     at = 8
     while at + 8 <= len(data):  # an eXIf chunk anywhere: Pillow may rotate
-        length = int.from_bytes(data[at : at + 4], "big")
-        kind = data[at + 4 : at + 8]
+        head = data[at : at + 8]  # one read per chunk (a decode when ``data`` is base64)
+        length, kind = int.from_bytes(head[:4], "big"), head[4:]
         if kind == b"eXIf":
             return None
         if kind == b"IEND" or (kind == b"IDAT" and not complete):
@@ -61,7 +119,7 @@ def _exif_orientation(tiff: bytes) -> int | None:
     return 1
 
 
-def _jpeg(data: bytes) -> tuple[int, int] | None:
+def _jpeg(data: _Data) -> tuple[int, int] | None:
     at = 2
     orientation = 1
     while at + 4 <= len(data):
@@ -92,7 +150,7 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _webp(data: bytes) -> tuple[int, int] | None:
+def _webp(data: _Data) -> tuple[int, int] | None:
     kind = data[12:16]
     if kind == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
         width, height = struct.unpack("<HH", data[26:30])
@@ -107,9 +165,11 @@ def _webp(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def image_size(data: bytes, complete: bool = True) -> tuple[int, int] | None:
+def image_size(data: bytes | Base64Bytes, complete: bool = True) -> tuple[int, int] | None:
     """``(width, height)`` in pixels as vLLM will see the image, or ``None``.
-    ``complete``: ``data`` is the whole file (else its first bytes)."""
+    ``complete``: ``data`` is the whole file (else its first bytes). Raises
+    ``binascii.Error`` where a :class:`Base64Bytes` read meets a character that is not
+    base64."""
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return _png(data, complete)
     if data.startswith(b"\xff\xd8"):

@@ -6,13 +6,16 @@ them must also carry the item's identity. vLLM takes that identity from the cont
 ``uuid`` verbatim (no ``mm_processor_kwargs`` / ``media_io_kwargs`` in the request), so the
 gateway gives each item an identifier it controls and writes it into the part:
 
-- an image given as bytes (a ``data:`` URL): ``sha256:`` + the SHA-256 of the decoded bytes;
+- an image given as bytes (a ``data:`` URL): ``b64-sha256:`` + the SHA-256 of its base64
+  text (never decoded whole: a text stands for one byte string, and an encoder writes one
+  text for a byte string — the same bytes in another text are a miss, never a wrong credit);
 - an ``http(s)`` URL, only where the operator declares URLs immutable: ``url-sha256:`` + the
   SHA-256 of the URL (its bytes are never fetched here);
 - a ``uuid`` the client set is kept (vLLM uses it as given).
 
 The run's length is computed for the families in :mod:`cortex.chat.vision` from the image's
-size, read from the image header (no decoding; EXIF orientation applied as vLLM does). What
+size, read from the image header (only the header's bytes are decoded from the base64 text;
+EXIF orientation applied as vLLM does). What
 cannot be computed (videos, audio, URL images, unknown families, processor kwargs in the
 request) is *not keyed*: only the blocks before the first media placeholder are (see
 :func:`media_prompt`), so a media request is never credited with a block it may not hit.
@@ -20,7 +23,6 @@ request) is *not keyed*: only the blocks before the first media placeholder are 
 
 from __future__ import annotations
 
-import base64
 import binascii
 import dataclasses
 import hashlib
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from cortex.chat.imagesize import image_size
+from cortex.chat.imagesize import Base64Bytes, image_size
 from cortex.chat.vision import VisionConfig
 from cortex.hashing import MediaSpan
 
@@ -90,15 +92,28 @@ def _url_of(part: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _data_bytes(url: str) -> bytes | None:
-    """The bytes of a base64 ``data:`` URL (``None``: not one, or not valid)."""
+def _data_text(url: str) -> bytes | None:
+    """The base64 text of a ``data:`` URL, as ASCII bytes (``None``: not one, or not strict
+    base64 by its length and characters seen here; vLLM decodes the text with
+    ``validate=True``, so an image it serves is strict base64)."""
     if not url.startswith("data:") or len(url) > _MAX_DATA_URL_CHARS:
         return None
     head, sep, data = url.partition(",")
-    if not sep or not head.endswith(";base64"):
+    if not sep or not head.endswith(";base64") or len(data) % 4:
         return None
+    if "\n" in data or "\r" in data or "\t" in data:
+        return None  # a URL parser drops these: the text would not be the bytes' encoding
     try:
-        return base64.b64decode(data, validate=True)
+        return data.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+
+
+def _data_size(text: bytes) -> tuple[int, int] | None:
+    """The displayed size of the image whose base64 ``text`` is given, from its header
+    (decoding only what the header walk reads; ``None``: unknown or not base64)."""
+    try:
+        return image_size(Base64Bytes(text))
     except (binascii.Error, ValueError):
         return None
 
@@ -110,10 +125,13 @@ def _image_item(i: int, j: int, part: Mapping[str, Any], vision: VisionConfig | 
     identifier: str | None = str(given) if given is not None else None
     tokens: int | None = None
     if url is not None:
-        data = _data_bytes(url)
-        if data is not None:
-            identifier = identifier or "sha256:" + hashlib.sha256(data).hexdigest()
-            size = image_size(data)
+        text = _data_text(url)
+        if text is not None:
+            # the text, not the decoded bytes: a text stands for one byte string, and
+            # hashing it costs a tenth of decoding it (the same image in another text is a
+            # miss, never a wrong credit)
+            identifier = identifier or "b64-sha256:" + hashlib.sha256(text).hexdigest()
+            size = _data_size(text) if vision is not None else None
             if vision is not None and size is not None:
                 tokens = vision.image_tokens(*size)
         elif immutable_urls and url.startswith(("http://", "https://")):
