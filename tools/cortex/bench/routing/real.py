@@ -376,6 +376,11 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                                      profile and repetition == 0 and attempt == 0,
                                      quiet_wait_s)
                     window["repetition"] = repetition
+                    # kept as it ends: a run that dies later (an engine killed for memory)
+                    # still leaves its finished windows
+                    (out / "windows").mkdir(exist_ok=True)
+                    (out / "windows" / f"{contender}-{repetition}-{attempt}.json").write_text(
+                        json.dumps(window) + "\n")
                     foreign = window["cpu"]["foreign_cores"]
                     if foreign <= max_foreign_cores or attempt == noisy_retries:
                         break
