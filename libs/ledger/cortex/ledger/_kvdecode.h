@@ -236,7 +236,10 @@ static PyObject *kv_object(const KvVal *v) {
 
 static PyObject *kv_array_type, *kv_code_u64, *kv_code_i64; /* array.array, "Q", "q" */
 
+static size_t kv_field_lens[KV_NFIELDS];
+
 static int kv_init(void) {
+    for (int k = 0; k < KV_NFIELDS; k++) kv_field_lens[k] = strlen(kv_field_names[k]);
     PyObject *mod = PyImport_ImportModule("array");
     if (!mod) return -1;
     kv_array_type = PyObject_GetAttrString(mod, "array");
@@ -324,7 +327,7 @@ static int kv_event(KvIn *in, int sglang, KvVal *f, int *tag) {
             in->p += klen;
             int id = -1;
             for (int k = 0; k < KV_NFIELDS; k++) {
-                if ((size_t)klen == strlen(kv_field_names[k]) &&
+                if ((size_t)klen == kv_field_lens[k] && key[0] == kv_field_names[k][0] &&
                     !memcmp(key, kv_field_names[k], (size_t)klen)) {
                     id = k;
                     break;
