@@ -189,3 +189,10 @@ def test_the_table_grows_compacts_and_keeps_order() -> None:
         if step % 10_000 == 0:
             assert state(table) == state(spec)
     assert state(table) == state(spec) and table.compiled
+
+
+def test_a_table_made_without_init_is_whole() -> None:
+    from cortex.ledger._core import KeyTable
+
+    table = KeyTable.__new__(KeyTable)
+    assert table.store([1], [2], 0) is None and table.key_of(1) == 2 and len(table) == 1

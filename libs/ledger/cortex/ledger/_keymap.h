@@ -355,15 +355,22 @@ static int km_batch_read(KmBatch *b, int hashes, Py_ssize_t limit) {
     return 0;
 }
 
+/* Tables exist from allocation on (a KeyTable is never seen without them, __init__ or not). */
+static PyObject *KeyTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    KeyTable *self = (KeyTable *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    if (km_init(&self->hashes) < 0 || km_init(&self->keys) < 0) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
 static int KeyTable_init(KeyTable *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, ":KeyTable")) return -1;
-    km_free(&self->hashes);
-    km_free(&self->keys);
+    km_clear(&self->hashes);
+    km_clear(&self->keys);
     self->mode = KM_ANY;
-    if (km_init(&self->hashes) < 0 || km_init(&self->keys) < 0) {
-        PyErr_NoMemory();
-        return -1;
-    }
     return 0;
 }
 
@@ -373,11 +380,17 @@ static void KeyTable_dealloc(KeyTable *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* One more copy (saturating: 2^32 - 1 extra copies of one block are never reached by an
+ * engine; a publisher sending more only makes the ledger drop the block early). */
+static inline void km_more(KmEntry *e) {
+    if (e->extra != UINT32_MAX) e->extra++;
+}
+
 /* Ledger._hold: key (under parent) gains a copy. */
 static int km_hold(KeyTable *self, uint64_t key, uint64_t parent) {
     KmEntry *e = km_get(&self->keys, key);
     if (e) {
-        e->extra++;
+        km_more(e);
         return 0;
     }
     return km_insert(&self->keys, key, parent);
@@ -409,7 +422,7 @@ static int km_store(KeyTable *self, const uint64_t *hs, const uint64_t *ks, Py_s
         if (!old) {
             if (km_insert(&self->hashes, h, key) < 0 || km_hold(self, key, parent) < 0) return -1;
         } else if (old->val == key) {
-            old->extra++;
+            km_more(old);
         } else { /* the engine reused a hash for other tokens: the newest store wins */
             km_forget(self, h, &dead);
             if (km_insert(&self->hashes, h, key) < 0 || km_hold(self, key, parent) < 0) return -1;
@@ -743,7 +756,7 @@ static PyTypeObject KeyTableType = {
     .tp_doc = "One ingest source's engine hash -> key -> parent maps (cortex.ingest.ledger).",
     .tp_basicsize = sizeof(KeyTable),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
+    .tp_new = KeyTable_new,
     .tp_init = (initproc)KeyTable_init,
     .tp_dealloc = (destructor)KeyTable_dealloc,
     .tp_repr = (reprfunc)KeyTable_repr,
