@@ -18,6 +18,7 @@ else) moves the ledger's state into the dicts, where it stays until :meth:`Ledge
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 from cortex.ingest.columnar import packed_block_keys
@@ -32,6 +33,8 @@ else:
     _BUILT = True
 
 __all__ = ["Ledger"]
+
+log = logging.getLogger(__name__)
 
 
 def _compiled() -> bool:
@@ -63,6 +66,8 @@ class Ledger:
         """Move the state from the table into the dicts (an input the table cannot hold)."""
         self._key_of, self._parent_of, self._dup_hash, self._dup_key = table.export()
         self._table = None
+        log.info("a ledger of %d keys moved from the compiled table to dicts (bytes hashes,"
+                 " or ints of both readings)", len(self._parent_of))
 
     def __len__(self) -> int:
         """Distinct Cortex keys held."""
