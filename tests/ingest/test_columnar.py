@@ -112,6 +112,10 @@ def test_golden_payloads_of_the_common_shapes_take_the_compiled_decoder() -> Non
                 or "full batch" in note) for note in declined), declined
 
 
+HASH_FORMATS = [(-(2**63), 2**63), (0, 2**64)]
+"""SGLang's int64 hashes, vLLM's uint64."""
+
+
 def test_every_engine_version_of_the_codec_takes_it() -> None:
     rng = random.Random(7)
     for engine, versions in ENCODER_VERSIONS.items():
@@ -119,8 +123,9 @@ def test_every_engine_version_of_the_codec_takes_it() -> None:
             events: list[Event] = []
             for _ in range(6):
                 blocks = rng.randrange(0, 5)
+                low, high = rng.choice(HASH_FORMATS)  # one event's hashes: one format
                 events.append(BlockStored(
-                    tuple(rng.randrange(-(2**63), 2**64) for _ in range(blocks)),
+                    tuple(rng.randrange(low, high) for _ in range(blocks)),
                     rng.choice([None, rng.randrange(2**64)]),
                     tuple(rng.randrange(2**32) for _ in range(blocks * 4)), 4,
                     medium=rng.choice([None, "GPU", "CPU"]) if version > "0.1" else None))
@@ -282,6 +287,24 @@ def test_generated_batches_mostly_take_the_compiled_decoder() -> None:
 
     run()
     assert runs >= 100 and taken >= 0.05 * runs, (taken, runs)
+
+
+@pytest.mark.parametrize("engine", list(Engine))
+def test_hashes_come_as_arrays_of_their_format_and_a_mixed_event_goes_to_python(
+        engine: Engine) -> None:
+    unsigned, signed = (2**64 - 5, 7), (-(2**63), 7)
+    stored = [BlockStored(hashes, None, tuple(range(8)), 4) for hashes in (unsigned, signed)]
+    removed = [BlockRemoved(hashes) for hashes in (unsigned, unsigned, signed, (1,), unsigned)]
+    version = ENCODER_VERSIONS[engine][-1]
+    batch = decode_columnar(encode_any([*stored, *removed], engine, version), engine)
+    assert batch is not None
+    arrays = [event[1] for event in batch[2]]
+    assert [(a.typecode, list(a)) for a in arrays] == [
+        ("Q", list(unsigned)), ("q", list(signed)),
+        ("Q", list(unsigned) * 2), ("q", [*signed, 1]), ("Q", list(unsigned))]  # runs split
+    mixed = encode_any([BlockStored((-1, 2**64 - 1), None, tuple(range(8)), 4)], engine, version)
+    assert decode_columnar(mixed, engine) is None
+    assert same(encode_any([*stored, *removed], engine, version), engine)
 
 
 def test_declines_without_the_compiled_core() -> None:

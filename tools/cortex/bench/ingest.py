@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import aiohttp
 
@@ -56,6 +57,7 @@ from cortex.devcluster.supervisor import Supervisor
 from cortex.hashing import Engine, HashDomain
 from cortex.index import IndexConfig, IndexServer
 from cortex.ingest import SourceTracker, TrackerConfig, UpdateEncoder
+from cortex.ingest import ledger as ingest_ledger
 from cortex.ledger.model import LedgerState as IndexState
 from cortex.ledger.model import RemoveBlocks, Source, StoreBlocks
 from cortex.registry import RedisRegistry, WorkerSpec
@@ -357,12 +359,14 @@ class InProcess:
     blocks: int
     columnar_us: float
     python_us: float
+    dicts_us: float  # the columnar decode, the key map in Python dicts (no KeyTable)
 
 
 def in_process(workloads: Sequence[Workload], block_size: int, rounds: int = 3) -> InProcess:
     """Each workload's payloads applied by a fresh :class:`SourceTracker` and its ops encoded
     by an :class:`UpdateEncoder` (what the forwarder sends), with and without the columnar
-    decode, alternately; the best round of each (CPU seconds of this process)."""
+    decode, and with it but the key map in the Python dicts instead of the compiled
+    ``KeyTable``, in turns; the best round of each (CPU seconds of this process)."""
     domain = HashDomain(MODEL, block_size, Engine.VLLM)
     blocks = sum(w.total_blocks for w in workloads)
 
@@ -386,11 +390,13 @@ def in_process(workloads: Sequence[Workload], block_size: int, rounds: int = 3) 
                         encoder.remove(1, seq, op.keys)
         return time.process_time() - start
 
-    best = {True: float("inf"), False: float("inf")}
+    best = {"table": float("inf"), "python": float("inf"), "dicts": float("inf")}
     for _ in range(rounds):
-        for columnar in (True, False):
-            best[columnar] = min(best[columnar], once(columnar))
-    return InProcess(blocks, best[True] / blocks * 1e6, best[False] / blocks * 1e6)
+        for variant in best:
+            with (mock.patch.object(ingest_ledger, "_compiled", lambda: False)
+                  if variant == "dicts" else contextlib.nullcontext()):
+                best[variant] = min(best[variant], once(variant != "python"))
+    return InProcess(blocks, *(best[v] / blocks * 1e6 for v in ("table", "python", "dicts")))
 
 
 @contextlib.asynccontextmanager
@@ -574,7 +580,9 @@ def cpu_section(inproc: InProcess, results: Sequence[RateResult],
     target = "≤ 0.5 µs"
     rows = [("in process: decode, sequence, key map, encode (per-source path, best of 3)",
              f"{inproc.columnar_us:.3f} µs", f"{inproc.python_us:.3f} µs",
-             ratio(inproc.python_us, inproc.columnar_us), target)]
+             ratio(inproc.python_us, inproc.columnar_us), target),
+            ("same, the key map in Python dicts instead of the compiled table",
+             f"{inproc.dicts_us:.3f} µs", "", ratio(inproc.dicts_us, inproc.columnar_us), "")]
     by_rate = {r.offered: r for r in baseline}
     for r in results:
         base = by_rate.get(r.offered)

@@ -28,7 +28,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "_keymap.h"
 #include "_wire.h"
 
 #define NO_PARENT (-1)
@@ -1387,14 +1386,13 @@ done:
 #include "_sync.h"
 #include "_kvdecode.h"
 #include "_blockkeys.h"
+#include "_keymap.h"
 
 static PyMethodDef core_functions[] = {
     {"plan_update_batch", (PyCFunction)plan_update_batch, METH_O, NULL},
     {"apply_update_run", (PyCFunction)apply_update_run, METH_VARARGS, NULL},
     {"plan_replica_ops", (PyCFunction)plan_replica_ops, METH_O, NULL},
     {"replay_replica_ops", (PyCFunction)replay_replica_ops, METH_VARARGS, NULL},
-    {"keymap_store", (PyCFunction)keymap_store, METH_VARARGS, NULL},
-    {"keymap_remove", (PyCFunction)keymap_remove, METH_VARARGS, NULL},
     {"decode_kv_events", (PyCFunction)decode_kv_events, METH_VARARGS, NULL},
     {"block_keys_packed", (PyCFunction)block_keys_packed, METH_VARARGS, NULL},
     {"xxh3_64_short", (PyCFunction)xxh3_short, METH_VARARGS, NULL},
@@ -1407,13 +1405,33 @@ static struct PyModuleDef core_module = {
     core_functions,
 };
 
+/* km_seed from os.urandom (the key table's probe mix; see _keymap.h). */
+static int seed_key_tables(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *raw = os ? PyObject_CallMethod(os, "urandom", "i", 8) : NULL;
+    Py_XDECREF(os);
+    if (!raw) return -1;
+    if (PyBytes_Check(raw) && PyBytes_GET_SIZE(raw) == 8)
+        memcpy(&km_seed, PyBytes_AS_STRING(raw), 8);
+    Py_DECREF(raw);
+    return 0;
+}
+
+static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__core(void) {
-    if (PyType_Ready(&TreeType) < 0) return NULL;
+    if (PyType_Ready(&TreeType) < 0 || PyType_Ready(&KeyTableType) < 0) return NULL;
+    if (seed_key_tables() < 0 || kv_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    Py_INCREF(&TreeType);
-    if (PyModule_AddObject(m, "Tree", (PyObject *)&TreeType) < 0) {
-        Py_DECREF(&TreeType);
+    if (add_type(m, "Tree", &TreeType) < 0 || add_type(m, "KeyTable", &KeyTableType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -12,18 +12,20 @@
  * Accepted: a batch [ts, events] or [ts, events, dp_rank] (ts a float or an int, dp_rank nil
  * or a uint32), events as maps (vLLM >= 0.24, SGLang >= 0.5.20) or positional arrays in the
  * engine's field order, with only these values:
- *   BlockStored   block_hashes: array of ints; parent_block_hash: nil or int; token_ids: array
+ *   BlockStored   block_hashes: array of ints, all int64 or all uint64; parent_block_hash: nil or int; token_ids: array
  *                 of uint32 ints (no bigram pairs); block_size: uint32; group_idx: nil or
  *                 uint32; medium, kv_cache_spec_kind, locality, ownership, session_id: nil or
  *                 str; extra_keys: nil or an array of nils; lora_id, lora_name, cache_salt,
  *                 kv_cache_spec_sliding_window, lookahead_token_ids: nil.
- *   BlockRemoved  block_hashes: array of ints; medium, locality, ownership: nil or str;
+ *   BlockRemoved  block_hashes: array of ints as a store's; medium, locality, ownership: nil or str;
  *                 group_idx: nil or uint32.
  *   AllBlocksCleared (a bare tag).
  * Anything else -- a key it does not know, an extra positional field, an unknown event tag,
  * bin hashes, trailing bytes, invalid UTF-8 -- returns None.
  *
- * Result: (ts, dp_rank | None, events), each event a tuple:
+ * Result: (ts, dp_rank | None, events), each event a tuple; its hashes are an array('q') when
+ * one is negative (SGLang's int64 hashes), else an array('Q') (vLLM's uint64), no int object
+ * per block (cortex.ingest.ledger's KeyTable reads them in place):
  *   (0, hashes, parent | None, tokens (bytes: uint32 little-endian), block_size, medium,
  *    kv_cache_spec_kind, group_idx | None, locality, ownership, session_id, extra_keys_len)
  *      extra_keys_len: -1 for nil, else the length of the array of nils;
@@ -72,6 +74,7 @@ typedef struct {
     uint64_t len;       /* str bytes or array elements */
     /* KV_ARR */
     int all_int, all_nil, all_u32, any_float;
+    int any_neg, any_high; /* an int < 0; an int >= 2^63 */
 } KvVal;
 
 typedef struct {
@@ -175,6 +178,7 @@ static int kv_value(KvIn *in, KvVal *v) {
         v->data = in->p;
         v->len = (uint64_t)n;
         v->all_int = v->all_nil = v->all_u32 = 1;
+        v->any_neg = v->any_high = 0;
         for (int64_t i = 0; i < n; i++) {
             if (in->p >= in->end) return -1;
             if (*in->p == 0xc0) {
@@ -188,6 +192,8 @@ static int kv_value(KvIn *in, KvVal *v) {
             if (r <= 0) return -1; /* a str, a bin, a float, a nested array, ...: Python's */
             v->all_nil = 0;
             if (neg || u > 0xffffffffu) v->all_u32 = 0;
+            if (neg) v->any_neg = 1;
+            else if (u >> 63) v->any_high = 1;
         }
     } else {
         int r = kv_int(in, &v->neg, &v->u);
@@ -228,30 +234,61 @@ static PyObject *kv_object(const KvVal *v) {
     return s;
 }
 
-/* The hashes of an all-int array appended to list (or a new tuple when list is NULL). */
-static PyObject *kv_hashes(const KvVal *v, PyObject *list) {
+static PyObject *kv_array_type, *kv_code_u64, *kv_code_i64; /* array.array, "Q", "q" */
+
+static size_t kv_field_lens[KV_NFIELDS];
+
+static int kv_init(void) {
+    for (int k = 0; k < KV_NFIELDS; k++) kv_field_lens[k] = strlen(kv_field_names[k]);
+    PyObject *mod = PyImport_ImportModule("array");
+    if (!mod) return -1;
+    kv_array_type = PyObject_GetAttrString(mod, "array");
+    Py_DECREF(mod);
+    kv_code_u64 = PyUnicode_FromString("Q");
+    kv_code_i64 = PyUnicode_FromString("q");
+    return kv_array_type && kv_code_u64 && kv_code_i64 ? 0 : -1;
+}
+
+/* Words of the engine's hashes gathered for one event or one removal run. */
+typedef struct {
+    uint64_t *w;
+    Py_ssize_t n, cap;
+} KvWords;
+
+/* The hashes of an all-int array appended to words: 0, or -1 with MemoryError. */
+static int kv_hashes(const KvVal *v, KvWords *words) {
+    if ((uint64_t)(words->cap - words->n) < v->len) {
+        Py_ssize_t cap = words->cap ? words->cap : 64;
+        while ((uint64_t)(cap - words->n) < v->len) cap *= 2;
+        uint64_t *grown = PyMem_Realloc(words->w, (size_t)cap * 8);
+        if (!grown) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        words->w = grown;
+        words->cap = cap;
+    }
     KvIn in = {v->data, v->end};
-    PyObject *out = list ? list : PyTuple_New((Py_ssize_t)v->len);
-    if (!out) return NULL;
     for (uint64_t i = 0; i < v->len; i++) {
         int neg;
-        uint64_t u;
-        kv_int(&in, &neg, &u); /* validated by kv_value */
-        PyObject *h = neg ? PyLong_FromLongLong((long long)(int64_t)u)
-                          : PyLong_FromUnsignedLongLong(u);
-        if (!h) goto fail;
-        if (list) {
-            int rc = PyList_Append(list, h);
-            Py_DECREF(h);
-            if (rc < 0) return NULL;
-        } else {
-            PyTuple_SET_ITEM(out, (Py_ssize_t)i, h);
-        }
+        kv_int(&in, &neg, &words->w[words->n++]); /* validated by kv_value */
     }
+    return 0;
+}
+
+/* Which array a hash array goes in: 1 'q' (one is negative), 2 'Q' (one is >= 2^63), 0 both
+ * do. */
+static inline int kv_sign(const KvVal *h) { return h->any_neg ? 1 : h->any_high ? 2 : 0; }
+
+/* The gathered words as a new array('q') (signed) or array('Q'); words emptied. */
+static PyObject *kv_hash_array(KvWords *words, int is_signed) {
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)words->w, words->n * 8);
+    words->n = 0;
+    if (!raw) return NULL;
+    PyObject *out = PyObject_CallFunctionObjArgs(kv_array_type, is_signed ? kv_code_i64 : kv_code_u64,
+                                                 raw, NULL);
+    Py_DECREF(raw);
     return out;
-fail:
-    if (!list) Py_DECREF(out);
-    return NULL;
 }
 
 static PyObject *kv_tokens(const KvVal *v) {
@@ -290,7 +327,7 @@ static int kv_event(KvIn *in, int sglang, KvVal *f, int *tag) {
             in->p += klen;
             int id = -1;
             for (int k = 0; k < KV_NFIELDS; k++) {
-                if ((size_t)klen == strlen(kv_field_names[k]) &&
+                if ((size_t)klen == kv_field_lens[k] && key[0] == kv_field_names[k][0] &&
                     !memcmp(key, kv_field_names[k], (size_t)klen)) {
                     id = k;
                     break;
@@ -337,6 +374,7 @@ static int kv_event(KvIn *in, int sglang, KvVal *f, int *tag) {
     if (!is_stored && !is_removed) return -1; /* unknown tags are Python's to count */
     const KvVal *h = &f[KV_HASHES];
     if (h->kind != KV_ARR || !h->all_int) return -1;
+    if (h->any_neg && h->any_high) return -1; /* neither int64 nor uint64: Python's */
     if (!kv_nil_or_str(&f[KV_MEDIUM]) || !kv_nil_or_str(&f[KV_LOCALITY]) ||
         !kv_nil_or_str(&f[KV_OWNERSHIP]))
         return -1;
@@ -386,16 +424,15 @@ static PyObject *kv_sizes_bytes(const uint32_t *sizes, Py_ssize_t n) {
     return PyBytes_FromStringAndSize((const char *)sizes, n * 4);
 }
 
-/* Append the removal run gathered in *run_hashes to events as one event (its hashes, the
+/* Append the removal run gathered in run_hashes to events as one event (its hashes, the
  * fields of its first event run_f, the sizes of its events) and clear it: 0, or -1 with an
  * error set, or without one where a field cannot be taken (fall back). */
-static int kv_close_run(PyObject *events, PyObject **run_hashes, const KvVal *run_f,
-                        const uint32_t *sizes, Py_ssize_t nsizes) {
-    PyObject *hashes = PyList_AsTuple(*run_hashes);
-    Py_CLEAR(*run_hashes);
+static int kv_close_run(PyObject *events, KvWords *run_hashes, int *run_open, int run_sign,
+                        const KvVal *run_f, const uint32_t *sizes, Py_ssize_t nsizes) {
+    *run_open = 0;
     PyObject *items[7] = {
         PyLong_FromLong(1),
-        hashes,
+        kv_hash_array(run_hashes, run_sign == 1),
         kv_object(&run_f[KV_MEDIUM]),
         kv_object(&run_f[KV_GROUP]),
         kv_object(&run_f[KV_LOCALITY]),
@@ -415,7 +452,9 @@ static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
     int sglang;
     if (!PyArg_ParseTuple(args, "y*p", &view, &sglang)) return NULL;
     PyObject *events = NULL, *out = NULL, *ts = NULL, *rank = NULL;
-    PyObject *run_hashes = NULL; /* the removal run being gathered */
+    KvWords run_hashes = {NULL, 0, 0}; /* the removal run being gathered */
+    KvWords store_hashes = {NULL, 0, 0};
+    int run_open = 0, run_sign = 0; /* the run's array: kv_sign of its hashes */
     uint32_t *sizes = NULL;
     Py_ssize_t nsizes = 0, sizes_cap = 0;
     KvVal run_f[KV_NFIELDS]; /* the run's first event */
@@ -456,20 +495,23 @@ static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
     for (int64_t i = 0; i < nev; i++) {
         int tag;
         if (kv_event(&in, sglang, f, &tag) < 0) goto fallback;
-        if (run_hashes && !(tag == 1 && kv_same(&f[KV_MEDIUM], &run_f[KV_MEDIUM]) &&
+        if (run_open && !(tag == 1 && kv_same(&f[KV_MEDIUM], &run_f[KV_MEDIUM]) &&
                             kv_same(&f[KV_GROUP], &run_f[KV_GROUP]) &&
                             kv_same(&f[KV_LOCALITY], &run_f[KV_LOCALITY]) &&
-                            kv_same(&f[KV_OWNERSHIP], &run_f[KV_OWNERSHIP]))) {
+                            kv_same(&f[KV_OWNERSHIP], &run_f[KV_OWNERSHIP]) &&
+                            (!run_sign || !kv_sign(&f[KV_HASHES]) ||
+                             run_sign == kv_sign(&f[KV_HASHES])))) {
             goto close_run;
         }
     next_event:
         if (tag == 1) {
-            if (!run_hashes) {
+            if (!run_open) {
                 memcpy(run_f, f, sizeof(f));
-                run_hashes = PyList_New(0);
-                if (!run_hashes) goto error;
+                run_open = 1;
+                run_sign = 0;
                 nsizes = 0;
             }
+            if (!run_sign) run_sign = kv_sign(&f[KV_HASHES]);
             if (nsizes == sizes_cap) {
                 sizes_cap = sizes_cap ? 2 * sizes_cap : 64;
                 uint32_t *grown = PyMem_Realloc(sizes, (size_t)sizes_cap * 4);
@@ -480,7 +522,7 @@ static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
                 sizes = grown;
             }
             sizes[nsizes++] = (uint32_t)f[KV_HASHES].len;
-            if (!kv_hashes(&f[KV_HASHES], run_hashes)) goto error;
+            if (kv_hashes(&f[KV_HASHES], &run_hashes) < 0) goto error;
         } else if (tag == 2) {
             PyObject *item = Py_BuildValue("(i)", 2);
             if (!item || PyList_Append(events, item) < 0) {
@@ -492,7 +534,8 @@ static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
             const KvVal *e = &f[KV_EXTRA_KEYS];
             PyObject *items[12] = {
                 PyLong_FromLong(0),
-                kv_hashes(&f[KV_HASHES], NULL),
+                kv_hashes(&f[KV_HASHES], &store_hashes) < 0 ? NULL
+                    : kv_hash_array(&store_hashes, kv_sign(&f[KV_HASHES]) == 1),
                 kv_object(&f[KV_PARENT]),
                 kv_tokens(&f[KV_TOKENS]),
                 kv_object(&f[KV_BLOCK_SIZE]),
@@ -512,14 +555,14 @@ static PyObject *decode_kv_events(PyObject *module, PyObject *args) {
         }
         continue;
     close_run: {
-            if (kv_close_run(events, &run_hashes, run_f, sizes, nsizes) < 0)
+            if (kv_close_run(events, &run_hashes, &run_open, run_sign, run_f, sizes, nsizes) < 0)
                 goto error_or_fallback;
             goto next_event;
         }
     }
-    if (run_hashes) {
+    if (run_open) {
         /* the last run: close it as above, with nothing after it */
-        if (kv_close_run(events, &run_hashes, run_f, sizes, nsizes) < 0)
+        if (kv_close_run(events, &run_hashes, &run_open, run_sign, run_f, sizes, nsizes) < 0)
             goto error_or_fallback;
     }
     if (top == 3) {
@@ -553,7 +596,8 @@ done:
     Py_XDECREF(ts);
     Py_XDECREF(rank);
     Py_XDECREF(events);
-    Py_XDECREF(run_hashes);
+    PyMem_Free(run_hashes.w);
+    PyMem_Free(store_hashes.w);
     PyMem_Free(sizes);
     PyBuffer_Release(&view);
     return out;

@@ -4,7 +4,9 @@
 (``cortex.ledger._core.decode_kv_events``), which reads vLLM's and SGLang's usual batches --
 ``BlockStored`` with int hashes, uint32 tokens and no LoRA / salt / multimodal / lookahead
 extras, ``BlockRemoved``, ``AllBlocksCleared`` -- straight from the msgpack bytes: the tokens
-become one packed ``uint32`` little-endian ``bytes`` (no int object per token), consecutive
+become one packed ``uint32`` little-endian ``bytes`` (no int object per token), the block hashes
+an ``array`` of 64-bit ints (``'q'`` when one is negative: SGLang's int64 hashes; else
+``'Q'``: vLLM's uint64), which the key map reads in place, consecutive
 removals of one medium one tuple (vLLM sends an event per evicted block). For any other
 payload, valid or not, it returns ``None`` and the caller decodes it with
 :func:`cortex.kvevents.codec.decode_batch`, the specification: what that raises or returns is
@@ -51,7 +53,8 @@ __all__ = [
 
 STORED: Final = 0
 """``(0, hashes, parent, tokens (bytes, uint32 LE), block_size, medium, kv_cache_spec_kind,
-group_idx | None, locality, ownership, session_id, extra_keys_len (-1: nil))``"""
+group_idx | None, locality, ownership, session_id, extra_keys_len (-1: nil))``; hashes: an
+``array('q')`` when one is negative, else ``array('Q')`` (so are a removal's)"""
 REMOVED: Final = 1
 """``(1, hashes, medium, group_idx | None, locality, ownership, sizes (bytes, uint32: hashes
 per event))``"""
@@ -95,7 +98,7 @@ def materialize_stored(event: ColumnarEvent) -> BlockStored:
     (_, hashes, parent, tokens, block_size, medium, kind, group, locality, ownership, session,
      extra_len) = event
     return BlockStored(
-        hashes, parent, _tokens(tokens), block_size, None, medium, None, None,
+        tuple(hashes), parent, _tokens(tokens), block_size, None, medium, None, None,
         None if extra_len < 0 else (None,) * extra_len,
         0 if group is None else group, kind, None, locality, ownership, session, None,
         False, group is None,
@@ -112,7 +115,7 @@ def materialize_event(event: ColumnarEvent) -> list[Event]:
         out: list[Event] = []
         start = 0
         for size in array("I", sizes):
-            out.append(BlockRemoved(hashes[start:start + size], medium,
+            out.append(BlockRemoved(tuple(hashes[start:start + size]), medium,
                                     0 if group is None else group, locality, ownership,
                                     group is None))
             start += size

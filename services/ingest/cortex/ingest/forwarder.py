@@ -495,6 +495,10 @@ class IndexForwarder:
             if reply is None:
                 raise IndexUnavailable("the index ended the Sync stream")
             self._stream_replies += 1
+            # the sender waits for this ack only with a full window; otherwise waking it
+            # would only re-arm its heartbeat wait (new updates and resyncs wake it)
+            blocked = (self._stream_batches - self.acked_batches
+                       >= self.config.max_inflight_batches)
             self.acked_batches = reply.applied_batches
             if reply.index_id and reply.index_id != self.index_id:
                 if self.index_id:
@@ -507,7 +511,8 @@ class IndexForwarder:
                 log.info("index %s asked to resync source=%s", self.target, source,
                          extra={"worker": source.worker_id, "source": str(source)})
                 self._owe_snapshot(source)
-            self._wake.set()
+            if blocked:
+                self._wake.set()
 
 
 def _retrieved(task: asyncio.Future[None]) -> None:

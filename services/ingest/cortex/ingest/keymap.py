@@ -51,7 +51,7 @@ from cortex.hashing import (
     media_pairs,
 )
 from cortex.ingest.alignment import AlignmentChecker
-from cortex.ingest.columnar import ColumnarEvent, materialize_stored, packed_block_keys
+from cortex.ingest.columnar import ColumnarEvent, materialize_stored
 from cortex.ingest.hybrid import HybridGroups, is_hybrid_store
 from cortex.ingest.ledger import Ledger
 from cortex.ingest.ops import SourceId
@@ -331,9 +331,7 @@ class KeyMapper:
             if found is None:
                 return None
             parent = found
-        keys = packed_block_keys(tokens, size, parent)
-        ledger.store(hashes, keys, parent)
-        return StoreBlocks(parent, keys)
+        return StoreBlocks(parent, ledger.place(hashes, tokens, size, parent))
 
     # ---- hybrid models ----------------------------------------------------------------
 

@@ -6,27 +6,35 @@ each key's parent for snapshots. Both maps count copies: vLLM can cache two phys
 with one hash and reports each store and each eviction, and two engine hashes could map to
 one key; a key leaves the ledger only when its last holder does.
 
-:meth:`Ledger.store` and :meth:`Ledger.remove` run their per-block loops in the ledger's
-compiled core (``keymap_store`` / ``keymap_remove`` of ``cortex.ledger._core``: the same dict
-operations in the same order, without the interpreter's work per block) when it is the
-process's active core (:mod:`cortex.ledger.cores`), in Python otherwise.
+With the ledger's compiled core built and active (:mod:`cortex.ledger.cores`) a new ledger
+keeps its state in a ``cortex.ledger._core.KeyTable``: two ordered open-addressing tables of
+uint64 engine hashes / keys in C, no Python object per block, applying :meth:`Ledger.store`
+and :meth:`Ledger.remove` with the dicts' semantics, insertion order included (the dicts below
+are the specification; ``tests/ingest/test_ledger.py`` drives both with random op streams).
+A table holds ints only, in one engine's reading (vLLM's uint64 or SGLang's int64 hashes);
+the first input it cannot hold exactly (a bytes hash, an int of the other reading, anything
+else) moves the ledger's state into the dicts, where it stays until :meth:`Ledger.clear`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
+from cortex.ingest.columnar import packed_block_keys
 from cortex.kvevents.codec import BlockHash
 from cortex.ledger import cores
 
 try:
-    from cortex.ledger._core import keymap_remove, keymap_store
-except ImportError:  # the compiled core is not built (cores logs it): Python loops only
+    from cortex.ledger._core import KeyTable
+except ImportError:  # the compiled core is not built (cores logs it): dicts only
     _BUILT = False
 else:
     _BUILT = True
 
 __all__ = ["Ledger"]
+
+log = logging.getLogger(__name__)
 
 
 def _compiled() -> bool:
@@ -36,36 +44,62 @@ def _compiled() -> bool:
 class Ledger:
     """Engine hash → Cortex key, and Cortex key → parent key (insertion ordered)."""
 
-    __slots__ = ("_dup_hash", "_dup_key", "_key_of", "_parent_of")
+    __slots__ = ("_dup_hash", "_dup_key", "_key_of", "_parent_of", "_table")
 
-    def __init__(self) -> None:
+    def __init__(self, *, compiled: bool | None = None) -> None:
+        """``compiled``: keep the state in a ``KeyTable`` (default: when the compiled core is
+        built and active)."""
+        self._table: KeyTable | None = (
+            KeyTable() if (_compiled() if compiled is None else compiled and _BUILT) else None)
         self._key_of: dict[BlockHash, int] = {}
         self._parent_of: dict[int, int] = {}
         # Extra copies beyond the first: sparse, almost always empty.
         self._dup_hash: dict[BlockHash, int] = {}
         self._dup_key: dict[int, int] = {}
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the state is in the compiled table (else in the dicts)."""
+        return self._table is not None
+
+    def _to_dicts(self, table: KeyTable) -> None:
+        """Move the state from the table into the dicts (an input the table cannot hold)."""
+        self._key_of, self._parent_of, self._dup_hash, self._dup_key = table.export()
+        self._table = None
+        log.info("a ledger of %d keys moved from the compiled table to dicts (bytes hashes,"
+                 " or ints of both readings)", len(self._parent_of))
+
     def __len__(self) -> int:
         """Distinct Cortex keys held."""
-        return len(self._parent_of)
+        table = self._table
+        return len(table) if table is not None else len(self._parent_of)
 
     def __repr__(self) -> str:
+        table = self._table
+        if table is not None:
+            return f"Ledger(keys={len(table)}, engine_hashes={table.hash_count}, compiled)"
         return f"Ledger(keys={len(self._parent_of)}, engine_hashes={len(self._key_of)})"
 
     def key_of(self, engine_hash: BlockHash) -> int | None:
-        return self._key_of.get(engine_hash)
+        table = self._table
+        return table.key_of(engine_hash) if table is not None else self._key_of.get(engine_hash)
 
     def hashes(self) -> list[BlockHash]:
         """Every engine hash held."""
-        return list(self._key_of)
+        table = self._table
+        return table.hashes() if table is not None else list(self._key_of)
 
     def parent_of(self, key: int) -> int | None:
         """The parent key of a held key."""
-        return self._parent_of.get(key)
+        table = self._table
+        return table.parent_of(key) if table is not None else self._parent_of.get(key)
 
     def copy(self) -> Ledger:
         """An independent ledger holding the same blocks."""
-        other = Ledger()
+        other = Ledger(compiled=False)
+        if self._table is not None:
+            other._table = self._table.copy()
+            return other
         other._key_of = dict(self._key_of)
         other._parent_of = dict(self._parent_of)
         other._dup_hash = dict(self._dup_hash)
@@ -73,18 +107,45 @@ class Ledger:
         return other
 
     def __contains__(self, key: object) -> bool:
-        return key in self._parent_of
+        table = self._table
+        return key in table if table is not None else key in self._parent_of
 
     def keys(self) -> Iterable[int]:
-        return self._parent_of.keys()
+        table = self._table
+        return table.keys() if table is not None else self._parent_of.keys()
+
+    def maps(self) -> tuple[dict[BlockHash, int], dict[int, int], dict[BlockHash, int],
+                            dict[int, int]]:
+        """Copies of the four maps (engine hash → key, key → parent, extra copies of a hash,
+        of a key), the first two in insertion order: what the differential test compares."""
+        if self._table is not None:
+            return self._table.export()
+        return (dict(self._key_of), dict(self._parent_of), dict(self._dup_hash),
+                dict(self._dup_key))
+
+    def place(self, hashes: Sequence[BlockHash], tokens: bytes, block_size: int,
+              parent_key: int) -> list[int]:
+        """:meth:`store` of the chain keyed from packed ``uint32`` little-endian tokens
+        (:func:`~cortex.ingest.columnar.packed_block_keys`, ``len(hashes)`` blocks); its
+        keys."""
+        table = self._table
+        if table is not None:
+            placed = table.store_tokens(hashes, tokens, block_size, parent_key)
+            if placed is not None and placed is not NotImplemented:
+                assert type(placed) is list
+                return placed
+        keys = packed_block_keys(tokens, block_size, parent_key)
+        self.store(hashes, keys, parent_key)
+        return keys
 
     def store(self, hashes: Sequence[BlockHash], keys: Sequence[int], parent_key: int) -> None:
         """Record a chain: ``keys[i]`` is the key of ``hashes[i]``, chained after
         ``parent_key``."""
-        if _compiled():
-            keymap_store(self._key_of, self._parent_of, self._dup_hash, self._dup_key, hashes,
-                         keys, parent_key)
-            return
+        table = self._table
+        if table is not None:
+            if table.store(hashes, keys, parent_key) is not NotImplemented:
+                return
+            self._to_dicts(table)
         key_of, parent_of = self._key_of, self._parent_of
         parent = parent_key
         for engine_hash, key in zip(hashes, keys, strict=True):
@@ -112,11 +173,13 @@ class Ledger:
     def remove(self, hashes: Iterable[BlockHash]) -> tuple[list[int], int]:
         """Drop one copy of each hash; return (keys no longer held, hashes not in the
         ledger)."""
-        if _compiled():
-            dead_keys: list[int]
-            dead_keys, missing = keymap_remove(self._key_of, self._parent_of, self._dup_hash,
-                                               self._dup_key, hashes)
-            return dead_keys, missing
+        table = self._table
+        if table is not None:
+            done = table.remove(hashes)
+            if done is not NotImplemented:
+                assert type(done) is tuple
+                return done
+            self._to_dicts(table)
         dead: list[int] = []
         unknown = 0
         for engine_hash in hashes:
@@ -152,6 +215,12 @@ class Ledger:
         return key
 
     def clear(self) -> None:
+        table = self._table
+        if table is not None:
+            table.clear()
+            return
+        if _compiled():  # empty: back to the compiled table
+            self._table = KeyTable()
         self._key_of.clear()
         self._parent_of.clear()
         self._dup_hash.clear()
@@ -160,7 +229,8 @@ class Ledger:
     def pairs(self) -> tuple[list[int], list[int]]:
         """``(parent_keys, keys)`` listed parents-first (a parent held by this ledger always
         comes before its children, even when it was re-stored after them)."""
-        parent_of = self._parent_of
+        table = self._table
+        parent_of = dict(zip(*table.items(), strict=True)) if table is not None else self._parent_of
         parents: list[int] = []
         keys: list[int] = []
         emitted: set[int] = set()

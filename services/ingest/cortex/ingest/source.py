@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -79,7 +80,7 @@ class SourceRunner:
         self._max_message_bytes = max_message_bytes
         self._observe_lag = observe_lag
         self._after_turn = after_turn
-        self._backlog = asyncio.Event()  # the tracker holds batches to apply
+        self._waiter: asyncio.Future[None] | None = None  # _readable's, while it waits
         self._replay_task: asyncio.Task[None] | None = None  # the current replay
         self._replays: set[asyncio.Task[None]] = set()  # current and aborted, until done
         self.connected = False
@@ -141,7 +142,7 @@ class SourceRunner:
         for tier, tier_ops in tracker.take_tier_ops().items():
             self._on_ops(tracker, tier_ops, tier)
         if tracker.backlog:
-            self._backlog.set()
+            self._wake()
         for command in tracker.take_commands():
             if type(command) is AbortReplay:
                 self._cancel_replay()
@@ -163,6 +164,15 @@ class SourceRunner:
 
     async def _read_live(self, sub: zmq.asyncio.Socket) -> None:
         raw: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        loop = asyncio.get_running_loop()
+        fd = raw.FD
+        loop.add_reader(fd, self._wake)
+        try:
+            await self._read_loop(raw)
+        finally:
+            loop.remove_reader(fd)
+
+    async def _read_loop(self, raw: zmq.Socket[bytes]) -> None:
         tracker = self.tracker
         topic = self.topic
         burst = self._burst
@@ -170,7 +180,7 @@ class SourceRunner:
         again = zmq.Again
         while True:
             if not tracker.backlog:
-                await self._readable(sub)
+                await self._readable(raw)
             budget = turn - tracker.drain(turn)  # batches held from earlier turns go first
             for _ in range(burst):
                 try:
@@ -190,19 +200,28 @@ class SourceRunner:
             self._end_turn()
             await asyncio.sleep(0)  # let the forwarders and other sources run
 
-    async def _readable(self, sub: zmq.asyncio.Socket) -> None:
+    async def _readable(self, raw: zmq.Socket[bytes]) -> None:
         """Until the SUB has a message or the tracker holds batches to apply (a replay that
-        just ended leaves them)."""
-        self._backlog.clear()
-        if self.tracker.backlog:
+        just ended leaves them).
+
+        The SUB's file descriptor is watched by the event loop itself (``add_reader`` in
+        :meth:`_read_live`, once per connection): ``zmq.asyncio``'s ``poll()`` built a poller,
+        a future and a task per wake-up, a third of what a message cost the ingest at
+        ordinary rates. ZMQ signals that descriptor edge-triggered: reading ``EVENTS`` here
+        before waiting resets it, so a message arriving after this check wakes the loop."""
+        if self.tracker.backlog or cast(int, raw.get(zmq.EVENTS)) & zmq.POLLIN:
             return
-        poll = asyncio.ensure_future(sub.poll())
-        backlog = asyncio.ensure_future(self._backlog.wait())
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait((poll, backlog), return_when=asyncio.FIRST_COMPLETED)
+            await waiter
         finally:
-            poll.cancel()
-            backlog.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        """The SUB may be readable, or the tracker holds batches: :meth:`_readable` returns."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _end_turn(self) -> None:
         self.flush()
