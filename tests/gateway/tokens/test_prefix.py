@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Tokenizer
 from cortex.chat import ChatTokenizer, EncoderChoice, RenderArgs
 from cortex.gateway.tokens.prefix import PrefixMemo, cut_tokens
 from cortex.gateway.tokens.prompt import BytesPerToken, PromptTokenizer, walk
-from cortex.hashing import Engine
+from cortex.hashing import Engine, block_keys
 
 BLOCK = 16
 WORDS = ["hello", " world", "\n", "\n\n", "  ", "123", "über", "日本語", "😀", "<b>", "<", ">",
@@ -44,9 +44,12 @@ def custom() -> ChatTokenizer:
 
 
 def _ids(tok: PromptTokenizer, text: str, special: bool) -> list[int]:
-    """Planned and walked like routing does (the walk remembers the head)."""
+    """Planned and walked like routing does (the walk remembers the head); its block keys
+    (a head's come from the head) are checked against the ids'."""
     w = walk(tok, tok.plan(text, special), 7, BLOCK, len, BytesPerToken())
-    return w.finish(tok)
+    ids = w.finish(tok)
+    assert w.keys == block_keys(ids, BLOCK, 7)
+    return ids
 
 
 def test_a_head_ending_in_a_token_a_continuation_re_splits_is_never_used() -> None:

@@ -33,7 +33,9 @@ import threading
 from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from cortex.hashing import block_keys
 
 __all__ = ["Head", "PrefixMemo", "cut_tokens"]
 
@@ -68,6 +70,18 @@ class Head:
     text: str
     special: bool
     ids: array[int]
+    _chains: dict[tuple[int, int], list[int]] = field(default_factory=dict, compare=False,
+                                                      repr=False)
+
+    def chain(self, root: int, block_size: int) -> list[int]:
+        """The keys of the head's full blocks chained from ``root`` (computed once; do not
+        modify the list)."""
+        keys = self._chains.get((root, block_size))
+        if keys is None:
+            full = len(self.ids) // block_size * block_size
+            keys = self._chains[root, block_size] = block_keys(self.ids[:full].tolist(),
+                                                               block_size, root)
+        return keys
 
 
 class PrefixMemo:
@@ -92,7 +106,8 @@ class PrefixMemo:
 
     @staticmethod
     def cost(head: Head) -> int:
-        return 2 * len(head.text) + 4 * len(head.ids) + _ENTRY_BYTES
+        """Bytes charged for ``head`` (its chains of keys, one or two per head, included)."""
+        return 2 * len(head.text) + 4 * len(head.ids) + len(head.ids) // 2 + _ENTRY_BYTES
 
     def find(self, text: str, special: bool) -> Head | None:
         """The longest remembered head ``text`` starts with (planned with the same

@@ -86,7 +86,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from cortex.chat import ChatPrompt, ChatTokenizer, Encoder, EncoderChoice, RenderArgs
-from cortex.gateway.tokens.prefix import PrefixMemo, cut_tokens
+from cortex.gateway.tokens.prefix import Head, PrefixMemo, cut_tokens
 from cortex.hashing import block_keys
 
 __all__ = ["CHUNKED_PRE_TOKENIZERS", "BytesPerToken", "CacheStats", "EncodePlan",
@@ -569,6 +569,7 @@ class PromptTokenizer:
                 parts[slot] = ids
                 hits += 1
         plan = EncodePlan(self, parts, missing, miss_keys, hits)
+        plan.used = head
         if cut >= 0:
             plan.head = (text[:cut_end], add_special_tokens, cut)
         return plan
@@ -578,7 +579,8 @@ class EncodePlan:
     """A prompt's parts: token ids, cached pieces' ids, and texts still to encode
     (``missing``, in order: the ``str`` parts)."""
 
-    __slots__ = ("_tokenizer", "head", "hits", "keys", "missing", "missing_chars", "parts")
+    __slots__ = ("_tokenizer", "head", "hits", "keys", "missing", "missing_chars", "parts",
+                 "used")
 
     def __init__(self, tokenizer: PromptTokenizer, parts: list[int | Sequence[int] | str],
                  missing: list[tuple[str, bool]], keys: list[SegmentKey | None],
@@ -592,6 +594,7 @@ class EncodePlan:
         # a head to remember once its ids are known: its text, add_special_tokens and its
         # last part (a cut token's id); None: none
         self.head: tuple[str, bool, int] | None = None
+        self.used: Head | None = None  # the remembered head ``parts[0]`` holds the ids of
 
     def extend(self, other: EncodePlan) -> EncodePlan:
         """This plan followed by ``other`` (of the same tokenizer)."""
@@ -808,16 +811,23 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
         # overshoots the stop by at most an eighth plus a few blocks)
         if (i + 1 < len(parts) and isinstance(parts[i + 1], str)
                 and full - len(w.keys) >= max(MIN_NEW_BLOCKS, len(w.keys) // 8)):
-            start = len(w.keys) * block_size
-            w.keys += block_keys(w.ids[start:full * block_size], block_size,
-                                 w.keys[-1] if w.keys else root)
+            _chain(w, full, block_size, root)
             w.deepest = deepest(w.keys)
             if w.deepest < len(w.keys) and _more(parts, i + 1):
                 return w  # block ``deepest`` is held by no one: the match stops there
     full = len(w.ids) // block_size
     if full > len(w.keys):
-        w.keys += block_keys(w.ids[len(w.keys) * block_size:full * block_size], block_size,
-                             w.keys[-1] if w.keys else root)
+        _chain(w, full, block_size, root)
         w.deepest = deepest(w.keys)
     w.complete = True
     return w
+
+
+def _chain(w: Walk, full: int, block_size: int, root: int) -> None:
+    """Key ``w``'s blocks up to ``full``: a remembered head's keys come from the head."""
+    head = w._plan.used
+    if not w.keys and head is not None:  # the head is part 0: its ids were taken first
+        w.keys = list(head.chain(root, block_size))
+    if full > len(w.keys):
+        w.keys += block_keys(w.ids[len(w.keys) * block_size:full * block_size], block_size,
+                             w.keys[-1] if w.keys else root)
