@@ -86,6 +86,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from cortex.chat import ChatPrompt, ChatTokenizer, Encoder, EncoderChoice, RenderArgs
+from cortex.gateway.tokens.prefix import Head, PrefixMemo, cut_tokens
 from cortex.hashing import block_keys
 
 __all__ = ["CHUNKED_PRE_TOKENIZERS", "BytesPerToken", "CacheStats", "EncodePlan",
@@ -139,8 +140,11 @@ class _AddedTokenMatcher:
         self._lengths = {head: sorted(ls, reverse=True) for head, ls in lengths.items()}
         self._firsts = sorted({head[0] for head in lengths})
 
-    def split(self, text: str) -> list[Part]:
-        """``text`` as ``(piece, None)`` and ``(content, id)`` parts, in order."""
+    def split(self, text: str, ends: dict[int, int] | None = None, offset: int = 0
+              ) -> list[Part]:
+        """``text`` as ``(piece, None)`` and ``(content, id)`` parts, in order; ``ends``
+        (when given) gets each token part's index -> its end in ``text`` (+ ``offset``),
+        whitespace it absorbed included."""
         if not self._firsts:
             return [(text, None)]
         parts: list[Part] = []
@@ -179,6 +183,8 @@ class _AddedTokenMatcher:
             if left > piece_start:
                 parts.append((text[piece_start:left], None))
             parts.append((hit, tid))
+            if ends is not None:
+                ends[len(parts) - 1] = offset + end
             piece_start = pos = end
         if piece_start < len(text):
             parts.append((text[piece_start:], None))
@@ -193,14 +199,35 @@ class Splitter:
         self._raw = raw
         self._normalized = normalized
 
-    def split(self, text: str) -> list[Part]:
+    def split(self, text: str, ends: dict[int, int] | None = None) -> list[Part]:
+        """``text`` split; ``ends`` (when given) gets each token part's index -> its end
+        in ``text``."""
         parts: list[Part] = []
-        for piece, tid in self._raw.split(text):
+        if ends is None:
+            for piece, tid in self._raw.split(text):
+                if tid is None:
+                    parts.extend(self._normalized.split(piece))
+                else:
+                    parts.append((piece, tid))
+            return parts
+        raw_ends: dict[int, int] = {}
+        start = 0  # where the current raw piece starts
+        for i, (piece, tid) in enumerate(self._raw.split(text, raw_ends)):
             if tid is None:
-                parts.extend(self._normalized.split(piece))
+                inner: dict[int, int] = {}
+                base = len(parts)
+                parts.extend(self._normalized.split(piece, inner, start))
+                for k, end in inner.items():
+                    ends[base + k] = end
             else:
+                start = ends[len(parts)] = raw_ends[i]
                 parts.append((piece, tid))
         return parts
+
+    def tokens(self) -> dict[str, bool]:
+        """Every added token of both passes -> its ``rstrip``."""
+        return {content: rstrip for matcher in (self._raw, self._normalized)
+                for content, (_, _, rstrip) in matcher.tokens.items()}
 
 
 def _normalizer(described: dict[str, Any]) -> str:
@@ -379,6 +406,9 @@ class SegmentCache:
 
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_HEAD_BYTES = 64 * 1024 * 1024
+"""Bound of a model's :class:`~cortex.gateway.tokens.prefix.PrefixMemo` (heads of recently
+routed prompts: ~8 bytes per token, so ~8M tokens)."""
 
 
 class PromptTokenizer:
@@ -395,7 +425,8 @@ class PromptTokenizer:
     token_observer: Callable[[int, int], None] | None = None
 
     def __init__(self, chat: ChatTokenizer, cache_tokens: int = 1_000_000,
-                 chunk_chars: int = 512, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+                 chunk_chars: int = 512, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 head_bytes: int = DEFAULT_HEAD_BYTES) -> None:
         self.chat = chat
         self.cache = SegmentCache(cache_tokens, cache_bytes)
         assert chat.encoder is not None
@@ -403,6 +434,9 @@ class PromptTokenizer:
         described = json.loads(chat.tokenizer.to_str()) if cache_tokens > 0 else {}
         self._splitter = splitter(chat.tokenizer, described) if cache_tokens > 0 else None
         self.segmented = self._splitter is not None
+        # heads of recent prompts (a resent history is not split again); none unsegmented
+        self.heads = (PrefixMemo(cut_tokens(self._splitter.tokens()), head_bytes)
+                      if self._splitter is not None and head_bytes > 0 else None)
         # 0: pieces are cached whole (the tokenizer is not known to allow cuts)
         self.chunk_chars = chunk_chars if self.segmented and chunkable(described) else 0
         self._prefix, self._suffix = affixes(chat.tokenizer)
@@ -415,6 +449,8 @@ class PromptTokenizer:
         twin = copy.copy(self)
         twin.cache = SegmentCache(self.cache.max_tokens if cache_tokens is None else cache_tokens,
                                   self.cache.max_bytes if cache_bytes is None else cache_bytes)
+        if self.heads is not None:
+            twin.heads = PrefixMemo(self.heads.cuts, self.heads.max_bytes, self.heads.scan)
         twin.observer = twin.token_observer = None
         return twin
 
@@ -489,16 +525,29 @@ class PromptTokenizer:
 
     def plan(self, text: str, add_special_tokens: bool) -> EncodePlan:
         """``text`` split and looked up in the segment cache; :meth:`EncodePlan.finish`
-        encodes what is missing (``missing_chars`` of it: the caller decides where)."""
+        encodes what is missing (``missing_chars`` of it: the caller decides where). A
+        remembered head of ``text`` (:attr:`heads`) is one part: only the rest is split."""
         if self._splitter is None:
             return EncodePlan(self, [text], [(text, add_special_tokens)], [None])
-        parts: list[int | Sequence[int] | str] = list(self._prefix) if add_special_tokens else []
+        heads = self.heads
+        head = heads.find(text, add_special_tokens) if heads is not None else None
+        parts: list[int | Sequence[int] | str]
+        if head is not None:
+            parts, start = [head.ids], len(head.text)
+        else:
+            parts, start = list(self._prefix) if add_special_tokens else [], 0
         keys: list[SegmentKey] = []
         slots: list[int] = []  # where each looked-up piece goes in ``parts``
-        first = True
+        first = start == 0
         size = self.chunk_chars
-        for piece, token_id in self._splitter.split(text):
+        ends: dict[int, int] | None = {} if heads is not None else None
+        cut = cut_end = -1  # the last cut token's part and its end in ``text``
+        cuts = heads.cuts if heads is not None else frozenset()
+        for i, (piece, token_id) in enumerate(self._splitter.split(
+                text[start:] if start else text, ends)):
             if token_id is not None:
+                if ends is not None and piece in cuts:
+                    cut, cut_end = len(parts), start + ends[i]
                 parts.append(token_id)
                 first = False
                 continue
@@ -519,14 +568,19 @@ class PromptTokenizer:
             else:
                 parts[slot] = ids
                 hits += 1
-        return EncodePlan(self, parts, missing, miss_keys, hits)
+        plan = EncodePlan(self, parts, missing, miss_keys, hits)
+        plan.used = head
+        if cut >= 0:
+            plan.head = (text[:cut_end], add_special_tokens, cut)
+        return plan
 
 
 class EncodePlan:
     """A prompt's parts: token ids, cached pieces' ids, and texts still to encode
     (``missing``, in order: the ``str`` parts)."""
 
-    __slots__ = ("_tokenizer", "hits", "keys", "missing", "missing_chars", "parts")
+    __slots__ = ("_tokenizer", "head", "hits", "keys", "missing", "missing_chars", "parts",
+                 "used")
 
     def __init__(self, tokenizer: PromptTokenizer, parts: list[int | Sequence[int] | str],
                  missing: list[tuple[str, bool]], keys: list[SegmentKey | None],
@@ -537,6 +591,10 @@ class EncodePlan:
         self.keys = keys  # their cache keys (None: not cached)
         self.hits = hits
         self.missing_chars = sum(len(text) for text, _ in missing)
+        # a head to remember once its ids are known: its text, add_special_tokens and its
+        # last part (a cut token's id); None: none
+        self.head: tuple[str, bool, int] | None = None
+        self.used: Head | None = None  # the remembered head ``parts[0]`` holds the ids of
 
     def extend(self, other: EncodePlan) -> EncodePlan:
         """This plan followed by ``other`` (of the same tokenizer)."""
@@ -652,6 +710,7 @@ class Walk:
     _next: int = field(default=0, repr=False)  # the first part not taken yet
     _piece: int = field(default=0, repr=False)  # the first missing piece not encoded yet
     _fresh: list[tuple[SegmentKey, list[int]]] = field(default_factory=list, repr=False)
+    _head_ids: int = field(default=-1, repr=False)  # ids up to the plan's head (-1: not yet)
 
     def estimated_tokens(self, ratio: BytesPerToken) -> int:
         """The whole prompt's length: exact when complete, else the encoded ids plus the
@@ -677,11 +736,28 @@ class Walk:
         if self._fresh:
             tokenizer.cache.put_many(self._fresh)
             self._fresh = []
+        head = self._plan.head
+        if head is not None and self._head_ids >= 0 and tokenizer.heads is not None:
+            tokenizer.heads.remember(head[0], head[1], self.ids[:self._head_ids])
+            self._plan.head = None
         return self.ids
 
 
 def _take(w: Walk, tokenizer: PromptTokenizer, stop: int) -> int:
     """Append parts ``w._next`` .. ``stop`` - 1 to ``w.ids``; the UTF-8 bytes encoded."""
+    head = w._plan.head
+    last = head[2] if head is not None else -1
+    if w._next <= last < stop - 1:  # the head's ids are known once its last part is taken
+        encoded = _take_parts(w, tokenizer, last + 1)
+        w._head_ids = len(w.ids)
+        return encoded + _take_parts(w, tokenizer, stop)
+    encoded = _take_parts(w, tokenizer, stop)
+    if last == stop - 1:
+        w._head_ids = len(w.ids)
+    return encoded
+
+
+def _take_parts(w: Walk, tokenizer: PromptTokenizer, stop: int) -> int:
     plan = w._plan
     parts = plan.parts
     encoded = 0
@@ -735,16 +811,23 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
         # overshoots the stop by at most an eighth plus a few blocks)
         if (i + 1 < len(parts) and isinstance(parts[i + 1], str)
                 and full - len(w.keys) >= max(MIN_NEW_BLOCKS, len(w.keys) // 8)):
-            start = len(w.keys) * block_size
-            w.keys += block_keys(w.ids[start:full * block_size], block_size,
-                                 w.keys[-1] if w.keys else root)
+            _chain(w, full, block_size, root)
             w.deepest = deepest(w.keys)
             if w.deepest < len(w.keys) and _more(parts, i + 1):
                 return w  # block ``deepest`` is held by no one: the match stops there
     full = len(w.ids) // block_size
     if full > len(w.keys):
-        w.keys += block_keys(w.ids[len(w.keys) * block_size:full * block_size], block_size,
-                             w.keys[-1] if w.keys else root)
+        _chain(w, full, block_size, root)
         w.deepest = deepest(w.keys)
     w.complete = True
     return w
+
+
+def _chain(w: Walk, full: int, block_size: int, root: int) -> None:
+    """Key ``w``'s blocks up to ``full``: a remembered head's keys come from the head."""
+    head = w._plan.used
+    if not w.keys and head is not None:  # the head is part 0: its ids were taken first
+        w.keys = list(head.chain(root, block_size))
+    if full > len(w.keys):
+        w.keys += block_keys(w.ids[len(w.keys) * block_size:full * block_size], block_size,
+                             w.keys[-1] if w.keys else root)
