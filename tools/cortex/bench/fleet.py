@@ -44,7 +44,7 @@ from typing import Any
 
 import aiohttp
 
-from cortex.bench.report import table
+from cortex.bench.report import publish, table
 from cortex.gateway import (
     BreakerConfig,
     GatewayConfig,
@@ -84,11 +84,7 @@ def run(args: argparse.Namespace) -> int:
         print("cortex bench fleet: error: --repeats must be >= 1", file=sys.stderr)
         return 2
     report = asyncio.run(_bench(args.repeats))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report, encoding="utf-8")
-    print(report)
-    print(f"report written to {out}", file=sys.stderr)
+    publish(report, Path(args.out))
     return 0
 
 

@@ -23,7 +23,6 @@ import base64
 import contextlib
 import io
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ import aiohttp
 
 from cortex.bench.procstat import cpu_s
 from cortex.bench.pyspy import find_py_spy, record, top_frames_table
+from cortex.bench.report import publish
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Supervisor
 from cortex.hashing import Engine
@@ -65,11 +65,7 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = asyncio.run(_bench(args)) if not args.profile else _run_profiled(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report, encoding="utf-8")
-    print(report)
-    print(f"report written to {out}", file=sys.stderr)
+    publish(report, Path(args.out))
     return 0
 
 

@@ -49,7 +49,7 @@ import aiohttp
 
 from cortex.bench.procstat import cpu_s
 from cortex.bench.profile import Frame, Profile, frames_table
-from cortex.bench.report import table
+from cortex.bench.report import publish, table
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, Supervisor
 from cortex.edge.loop import choose_loop
@@ -83,11 +83,7 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = asyncio.run(_bench(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report, encoding="utf-8")
-    print(report)
-    print(f"report written to {out}", file=sys.stderr)
+    publish(report, Path(args.out))
     return 0
 
 

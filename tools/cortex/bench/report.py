@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
+from pathlib import Path
 
-__all__ = ["cpu_model", "package_version", "provenance", "table"]
+__all__ = ["cpu_model", "package_version", "provenance", "publish", "table"]
 
 _RULES = {"l": "---", "r": "---:"}
 
@@ -32,6 +34,15 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str =
                              f"{row!r}")
         lines.append(_line(str(cell) for cell in row))
     return lines
+
+
+def publish(report: str, out: Path) -> None:
+    """Write a benchmark's markdown ``report`` to ``out`` (its folder made as needed), print
+    it, and say where it went on stderr."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report, encoding="utf-8")
+    print(report)
+    print(f"report written to {out}", file=sys.stderr)
 
 
 def _line(cells: Iterable[str]) -> str:
