@@ -11,8 +11,13 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from cortex.chat import ChatTokenizer, EncoderChoice, RenderArgs
-from cortex.gateway.tokens.prefix import PrefixMemo, cut_tokens
-from cortex.gateway.tokens.prompt import BytesPerToken, PromptTokenizer, walk
+from cortex.gateway.tokens.prompt import (
+    BytesPerToken,
+    PrefixMemo,
+    PromptTokenizer,
+    cut_tokens,
+    walk,
+)
 from cortex.hashing import Engine, block_keys
 
 BLOCK = 16
