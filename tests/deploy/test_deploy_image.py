@@ -31,7 +31,9 @@ from packaging.utils import canonicalize_name
 
 from cortex.testing import RedisServer, free_port, wait_until
 
-pytestmark = pytest.mark.image  # make test-images: ~2 min of pip installs
+# make test-images: ~2 min of pip installs, all in the first test's module fixture (four
+# images, each bounded by install()'s own 120 s): the suite's 120 s default would cut it
+pytestmark = [pytest.mark.image, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "docker/Dockerfile").read_text()
