@@ -221,6 +221,19 @@ typedef struct {
 
 static PyTypeObject KeyTableType;
 
+/* A Cortex key object: 0 with its value, 1 when it is not an exact int in [0, 2^64), -1 error. */
+static int km_key_of(PyObject *o, uint64_t *u) {
+    if (!PyLong_CheckExact(o)) return 1;
+    unsigned long long w = PyLong_AsUnsignedLongLong(o);
+    if (w == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    *u = w;
+    return 0;
+}
+
 /* An engine hash object: 0 with its bits and the reading it needs, 1 when no table holds it
  * (not an exact int, or outside both readings), -1 on error. */
 static int km_hash_of(PyObject *o, uint64_t *u, int *need) {
@@ -234,28 +247,9 @@ static int km_hash_of(PyObject *o, uint64_t *u, int *need) {
         return 0;
     }
     if (overflow < 0) return 1;
-    unsigned long long w = PyLong_AsUnsignedLongLong(o);
-    if (w == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-        PyErr_Clear();
-        return 1;
-    }
-    *u = w;
-    *need = KM_UNSIGNED;
-    return 0;
-}
-
-/* A Cortex key object: 0 with its value, 1 when it is not an exact int in [0, 2^64), -1 error. */
-static int km_key_of(PyObject *o, uint64_t *u) {
-    if (!PyLong_CheckExact(o)) return 1;
-    unsigned long long w = PyLong_AsUnsignedLongLong(o);
-    if (w == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-        PyErr_Clear();
-        return 1;
-    }
-    *u = w;
-    return 0;
+    int rc = km_key_of(o, u); /* in [2^63, 2^64): only the unsigned reading holds it */
+    if (rc == 0) *need = KM_UNSIGNED;
+    return rc;
 }
 
 /* A batch of hashes or keys as uint64 words: a buffer of 8-byte ints read in place, or a
