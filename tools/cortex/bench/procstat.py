@@ -9,8 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_s", "machine_busy_s", "rss_bytes", "rss_mb", "session_cpu_s",
-           "session_pids"]
+__all__ = [
+    "busy_cores",
+    "cpu_s",
+    "machine_busy_s",
+    "rss_bytes",
+    "rss_mb",
+    "session_cpu_s",
+    "session_pids",
+]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -24,6 +31,13 @@ def cpu_s(pid: int) -> float | None:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def busy_cores(start: tuple[float, float], end: tuple[float, float]) -> float:
+    """Cores the machine kept busy between two :func:`machine_busy_s` readings."""
+    (busy0, total0), (busy1, total1) = start, end
+    cores = os.cpu_count() or 1
+    return (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
 
 
 def session_pids(session: int) -> list[int]:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.procstat import cpu_s, machine_busy_s
+from cortex.bench.procstat import busy_cores, cpu_s, machine_busy_s
 from cortex.bench.routing.balancer import HAPROXY_INSTALL, haproxy_binary, start_haproxy
 from cortex.devcluster.cluster import ClusterError, ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
@@ -160,11 +160,9 @@ class Deployment:
 
 def machine_busy_cores(interval_s: float = 0.5) -> float:
     """Cores the whole machine keeps busy over the next ``interval_s`` seconds (blocks)."""
-    busy0, total0 = machine_busy_s()
+    start = machine_busy_s()
     time.sleep(interval_s)
-    busy1, total1 = machine_busy_s()
-    cores = os.cpu_count() or 1
-    return (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
+    return busy_cores(start, machine_busy_s())
 
 
 def _set_affinity(pid: int, cpus: set[int]) -> None:
@@ -231,7 +229,7 @@ class CpuMeter:
         processes["load generator"] = round(self1 - self0, 2)
         ours = sum(processes.values()) / wall if wall else 0.0
         cores = os.cpu_count() or 1
-        busy = (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
+        busy = busy_cores((busy0, total0), (busy1, total1))
         return {"wall_s": round(wall, 2), "processes": processes,
                 "ours_cores": round(ours, 2), "machine_busy_cores": round(busy, 2),
                 "foreign_cores": round(max(busy - ours, 0.0), 2), "cores": cores}

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex.bench.procstat import machine_busy_s, session_cpu_s
+from cortex.bench.procstat import busy_cores, machine_busy_s, session_cpu_s
 from cortex.bench.profile import Frame, Profile, frames_table
 from cortex.bench.routing.contenders import CpuMeter
 from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
@@ -297,13 +297,11 @@ def _engines_cpu_s(engines: list[VllmEngine]) -> float:
 def _other_cores(engines: list[VllmEngine], interval_s: float = 1.0) -> float:
     """Cores the machine kept busy over the next ``interval_s`` outside the engines and this
     process (blocks)."""
-    busy0, total0 = machine_busy_s()
+    start = machine_busy_s()
     engines0, own0 = _engines_cpu_s(engines), time.process_time()
     time.sleep(interval_s)
-    busy1, total1 = machine_busy_s()
+    busy = busy_cores(start, machine_busy_s())
     ours = _engines_cpu_s(engines) - engines0 + time.process_time() - own0
-    cores = os.cpu_count() or 1
-    busy = (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0
     return max(busy - ours / interval_s, 0.0)
 
 
