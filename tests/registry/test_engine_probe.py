@@ -4,6 +4,7 @@ nobody listens on give errors naming what could not be learned."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -70,9 +71,11 @@ async def test_a_worker_without_replay_says_so(start_sim: StartSim) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(routes: dict[str, Any], key: str | None = None) -> AsyncIterator[str]:
+async def serving(routes: dict[str, Any], key: str | None = None,
+                  extra: dict[str, Any] | None = None) -> AsyncIterator[str]:
     """A plain HTTP server answering ``routes`` (path → JSON body), requiring
-    ``Authorization: Bearer <key>`` when ``key`` is set; yields its URL."""
+    ``Authorization: Bearer <key>`` when ``key`` is set, and ``extra`` (path → handler);
+    yields its URL."""
 
     async def answer(request: web.Request) -> web.Response:
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
@@ -82,6 +85,8 @@ async def serving(routes: dict[str, Any], key: str | None = None) -> AsyncIterat
     app = web.Application()
     for path in routes:
         app.router.add_get(path, answer)
+    for path, handler in (extra or {}).items():
+        app.router.add_get(path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -115,6 +120,28 @@ async def test_an_engine_started_with_an_api_key_is_asked_with_it() -> None:
     spec = found.spec()
     assert (spec.engine, spec.model, spec.context_length, spec.kv_events) == (
         Engine.VLLM, "m", 2048, None)
+
+
+async def test_a_metrics_answer_that_arrives_in_pieces_is_read_to_its_end() -> None:
+    """A real vLLM's ``/metrics`` is ~50 KB and can reach the probe in more than one piece;
+    the cache config comes last. Reading only the first piece lost it (CI, 2026-12-06)."""
+    models = {"object": "list", "data": [{"id": "m", "owned_by": "vllm", "max_model_len": 64}]}
+    other = "".join(f"vllm:other_{i}{{engine=\"0\"}} 0.0\n" for i in range(3000))
+    config = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="True"} 1.0\n'
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(other.encode())
+        await asyncio.sleep(0.05)  # the link: the rest comes later, as a second piece
+        await response.write(config.encode())
+        await response.write_eof()
+        return response
+
+    async with serving({"/v1/models": models, "/kv_event_sources": {}},
+                       extra={"/metrics": metrics}) as url:
+        found = await discover(url, timeout_s=2.0)
+    assert found.problems == () and found.spec().block_size == 16
 
 
 async def test_a_server_that_is_no_engine_names_the_missing_fields() -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,8 +22,17 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"pretend"
 
 @pytest.fixture
 async def host() -> AsyncIterator[str]:
-    async def image(request: web.Request) -> web.Response:
-        if request.match_info["name"] != "a.png":
+    async def image(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name == "pieces.png":  # a slow link: the image's bytes in two pieces
+            response = web.StreamResponse(headers={"Content-Type": "image/png"})
+            await response.prepare(request)
+            await response.write(PNG[:8])
+            await asyncio.sleep(0.05)
+            await response.write(PNG[8:])
+            await response.write_eof()
+            return response
+        if name != "a.png":
             return web.Response(status=404)
         return web.Response(body=PNG, content_type="image/png")
 
@@ -46,6 +56,8 @@ async def test_url_images_are_inlined_as_their_bytes(host: str) -> None:
         PNG).decode()
     assert parts[0]["uuid"] == "kept" and parts[1] == body["messages"][0]["content"][1]
     assert body["messages"][0]["content"][0]["image_url"]["url"] == host + "/a.png"
+    pieces = await inline_image_urls(_body(host + "/pieces.png"))
+    assert pieces["messages"][0]["content"][0]["image_url"]["url"] == parts[0]["image_url"]["url"]
     plain = _body("data:image/png;base64,AAAA")
     assert await inline_image_urls(plain) is plain
 

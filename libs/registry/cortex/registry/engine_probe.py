@@ -58,10 +58,14 @@ class _Probe:
             async with asyncio.timeout(self.timeout_s):
                 async with self.client.get(self.url + path, headers=self.headers,
                                            allow_redirects=False) as response:
-                    body = await response.content.read(_MAX_BODY + 1)
-                    if len(body) > _MAX_BODY:
-                        raise _Failed(f"answer larger than {_MAX_BODY} bytes")
-                    return response.status, body
+                    # read to the end: one read() returns only what has arrived, and a
+                    # real vLLM's /metrics (~50 KB) can come in more than one piece
+                    body = bytearray()
+                    async for chunk in response.content.iter_any():
+                        body += chunk
+                        if len(body) > _MAX_BODY:
+                            raise _Failed(f"answer larger than {_MAX_BODY} bytes")
+                    return response.status, bytes(body)
         except TimeoutError:
             self._failed(path, _Failed(f"no answer within {self.timeout_s:g} s", True))
         except aiohttp.ClientError as exc:

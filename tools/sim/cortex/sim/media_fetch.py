@@ -43,9 +43,11 @@ async def _fetch(session: aiohttp.ClientSession, url: str) -> str:
         async with session.get(url) as resp:
             if resp.status >= 400:
                 raise RequestError(f"failed to fetch image {url!r}: HTTP {resp.status}")
-            data = await resp.content.read(MAX_IMAGE_BYTES + 1)
-            if len(data) > MAX_IMAGE_BYTES:
-                raise RequestError(f"image {url!r} is larger than {MAX_IMAGE_BYTES} bytes")
+            data = bytearray()
+            async for chunk in resp.content.iter_any():  # to the end, not what arrived first
+                data += chunk
+                if len(data) > MAX_IMAGE_BYTES:
+                    raise RequestError(f"image {url!r} is larger than {MAX_IMAGE_BYTES} bytes")
             kind = resp.headers.get("Content-Type", "image/png").split(";")[0]
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise RequestError(f"failed to fetch image {url!r}: {type(exc).__name__}") from None
