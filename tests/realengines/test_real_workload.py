@@ -90,8 +90,9 @@ def ledger_matches_engine(cluster: LocalCluster, watch: EvictionWatch, worker_id
 
 def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
     """What is wrong with a phase (failed requests, a ledger that did not settle, an
-    over-prediction not explained by an eviction the settle could not cover, < 99 % exact),
-    each in full; its numbers are reported either way, so every phase runs and is measured."""
+    over-prediction not explained by an eviction the settle could not cover), each in full;
+    its numbers are reported either way, so every phase runs and is measured. The share of
+    exact predictions is judged over the whole workload (:func:`too_few_exact`)."""
     summary = tally.summary()
     in_flight = [o for o in tally.over if watch.in_flight(o)]
     # requests sent while removals of their worker that the settle did not cover were
@@ -105,9 +106,17 @@ def problems(tally: Tally, phase: str, watch: EvictionWatch) -> list[str]:
     found += [f"{phase}: turn {o.turn}: the ledger did not settle in time ({o.settled})"
               for o in tally.outcomes if o.settled is not None and o.settled.timed_out]
     found += [f"{phase}: {describe(o, watch)}" for o in tally.over if o not in in_flight]
-    if tally.exact < 0.99 * len(tally.outcomes):
-        found.append(f"{phase}: {tally.exact} of {len(tally.outcomes)} exact")
     return found
+
+
+def too_few_exact(phases: list[Tally]) -> list[str]:
+    """Fewer than 99 % of the phases' requests predicted exactly (issue 28's bound, over the
+    workload's ≥ 150 requests: judged per 80-request phase, one eviction the engine published
+    after the request was sent would already break it)."""
+    exact = sum(t.exact for t in phases)
+    total = sum(len(t.outcomes) for t in phases)
+    report("exact", {"exact": exact, "requests": total})
+    return [f"{exact} of {total} requests exact"] if exact < 0.99 * total else []
 
 
 def describe(outcome: Outcome, watch: EvictionWatch) -> str:
@@ -170,7 +179,8 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     workload.tally = Tally()
     workload.settle = settle
     workload.run(45)
-    found += problems(workload.tally, "after_ingest_restart", watch)
+    after_ingest = workload.tally
+    found += problems(after_ingest, "after_ingest_restart", watch)
     assert ingest_counter(cluster, "replays") > 0  # the fresh ingest asked the ROUTERs
 
     # an engine killed and started again on the same ports: an empty cache, seq from 0
@@ -189,4 +199,4 @@ def _workload(cluster: LocalCluster, engines: list[VllmEngine], watch: EvictionW
     report_lags(cluster, "after_engine_restart")
     report("engine_restart", {"startup_s": victim.startup_s})
     assert any(o.worker == "vllm-1" for o in after.outcomes[10:]), after.summary()
-    fail_on(found)
+    fail_on(found + too_few_exact([warm, after_ingest, after]))
