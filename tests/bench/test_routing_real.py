@@ -33,6 +33,7 @@ from cortex.testing.vllm_engines import (
     BLOCK_SIZE,
     KV_CACHE_BYTES,
     MODELS,
+    VllmEngine,
     VllmInstall,
     native_dtype,
 )
@@ -245,3 +246,11 @@ def test_float32_kv_takes_twice_the_bytes(tmp_path: Path) -> None:
     install = VllmInstall(tmp_path)
     assert install.kv_bytes_per_token("model-qwen", "float32") == 1024
     assert install.kv_bytes_per_token("model-qwen", "bfloat16") == 512
+
+
+def test_an_engine_started_in_a_relative_directory_finds_its_script(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the benchmark's --out is relative to where it was run
+    engine = VllmEngine(VllmInstall(tmp_path), Path("out/logs"))
+    script = Path(engine.argv()[1])
+    assert script.is_absolute() and script == tmp_path / "out/logs/vllm_engine_main.py"

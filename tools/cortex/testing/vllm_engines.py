@@ -145,6 +145,11 @@ class VllmEngine:
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     startup_s: float | None = None
 
+    def __post_init__(self) -> None:
+        # the engine runs in run_dir: a relative one (a benchmark's --out) would be read
+        # from inside itself
+        self.run_dir = self.run_dir.absolute()
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
