@@ -19,10 +19,12 @@ from cortex.bench.procstat import cpu_s, session_cpu_s
 from cortex.bench.routing import command as routing
 from cortex.bench.routing.real import (
     KV_BLOCKS,
+    LONGEST_PROMPT,
     REAL_MODELS,
     Client,
     Conversations,
     Shot,
+    engine_max_len,
     fastokens_chosen,
     pooled_cpu,
     summarise,
@@ -32,6 +34,7 @@ from cortex.testing import wait_until
 from cortex.testing.vllm_engines import (
     BLOCK_SIZE,
     KV_CACHE_BYTES,
+    MAX_MODEL_LEN,
     MODELS,
     VllmEngine,
     VllmInstall,
@@ -254,3 +257,13 @@ def test_an_engine_started_in_a_relative_directory_finds_its_script(
     engine = VllmEngine(VllmInstall(tmp_path), Path("out/logs"))
     script = Path(engine.argv()[1])
     assert script.is_absolute() and script == tmp_path / "out/logs/vllm_engine_main.py"
+
+
+def test_an_engine_with_few_kv_blocks_gets_a_context_its_cache_holds() -> None:
+    assert engine_max_len(512) == MAX_MODEL_LEN
+    # vLLM refused 256 blocks (4,096 tokens) at a 4,096-token context: it keeps one spare
+    assert engine_max_len(256) == 255 * BLOCK_SIZE
+    fewest = LONGEST_PROMPT // BLOCK_SIZE + 1
+    assert engine_max_len(fewest) >= LONGEST_PROMPT
+    with pytest.raises(SystemExit, match=f"use at least {fewest}"):
+        engine_max_len(fewest - 1)

@@ -135,6 +135,7 @@ class VllmEngine:
     kv_cache_bytes: int = KV_CACHE_BYTES
     startup_timeout_s: float = 300.0
     dtype: str | None = None  # the engine's --dtype (None: the model's, bf16)
+    max_model_len: int = MAX_MODEL_LEN  # vLLM refuses to start unless the KV cache holds it
     extra_args: tuple[str, ...] = ()  # more vLLM flags (e.g. --kv-transfer-config)
     env: dict[str, str] = field(default_factory=dict)  # more environment (e.g. PYTHONPATH)
     # below the ephemeral range: a killed engine is started again on the same ports while
@@ -169,7 +170,7 @@ class VllmEngine:
         return [str(self.install.python), str(self.run_dir / "vllm_engine_main.py"),
                 "--model", str(self.install.model_dir(self.model)),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1",
-                "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN),
+                "--port", str(self.port), "--max-model-len", str(self.max_model_len),
                 "--block-size", str(BLOCK_SIZE), "--enable-prefix-caching",
                 "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
                 "--enable-prompt-tokens-details", "--enable-server-load-tracking",

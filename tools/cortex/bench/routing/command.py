@@ -240,7 +240,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                              "suite's 2-layer model, whose TTFT is mostly the routing tier's)")
     parser.add_argument("--kv-blocks", type=int, default=512,
                         help="real engines: KV cache blocks (16 tokens) per engine; fewer "
-                             "blocks, more eviction")
+                             "blocks, more eviction (at least 226: one engine must hold the "
+                             "workload's longest prompt; the engines' context shrinks below "
+                             "257)")
     parser.add_argument("--profile", action="store_true",
                         help="real engines: py-spy samples Cortex's gateway during its "
                              "workload; its top frames go into the report")

@@ -57,6 +57,7 @@ from cortex.registry import discover
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
 from cortex.testing.vllm_engines import (
     BLOCK_SIZE,
+    MAX_MODEL_LEN,
     MODELS,
     VllmEngine,
     VllmInstall,
@@ -67,6 +68,8 @@ __all__ = ["REAL_CONTENDERS", "REAL_MODELS", "Shot", "run_real"]
 
 REAL_CONTENDERS = ("cortex", "sglang_cache_aware", "vllm_kv_aware", "round_robin")
 REAL_MODELS = ("model-qwen", "model-qwen-slow")
+RESTART_TOKENS = 3200  # a conversation starts again once its prompt is longer
+LONGEST_PROMPT = RESTART_TOKENS + 400  # with one more question and answer
 KV_BLOCKS = 512  # per engine: the multi-turn workload's ~32 conversations do not fit
 QUIET_CORES = 0.3
 """Other work (outside the engines and the routing tier) a window waits to drop under."""
@@ -87,7 +90,7 @@ class Shot:
 class Conversations:
     """Seeded multi-turn chats; one restarts once its prompt nears ``max_tokens``."""
 
-    def __init__(self, count: int, seed: int, max_tokens: int = 3200) -> None:
+    def __init__(self, count: int, seed: int, max_tokens: int = RESTART_TOKENS) -> None:
         self.rng = random.Random(seed)
         self.max_tokens = max_tokens
         self.chats = [self._opening(i) for i in range(count)]
@@ -353,8 +356,9 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     run_dir = out / "logs"
     dtype = native_dtype()
     kv_bytes = kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(model, dtype)
-    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype)
-               for _ in range(2)]
+    max_len = engine_max_len(kv_blocks)
+    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype,
+                          max_model_len=max_len) for _ in range(2)]
     served = engines[0].served_name
     rows = []
     try:
@@ -414,6 +418,19 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
         for engine in engines:
             engine.stop()
     return rows
+
+
+def engine_max_len(kv_blocks: int) -> int:
+    """The engines' context length for ``kv_blocks`` blocks of KV cache: vLLM starts only
+    if its cache holds one whole request of it (and keeps one block spare), and the
+    workload's conversations must fit (they restart near 3,200 tokens)."""
+    max_len = min(MAX_MODEL_LEN, (kv_blocks - 1) * BLOCK_SIZE)
+    if max_len < LONGEST_PROMPT:
+        fewest = LONGEST_PROMPT // BLOCK_SIZE + 1
+        raise SystemExit(f"bench routing --real-engines: --kv-blocks {kv_blocks} holds "
+                         f"{max_len} tokens per engine, fewer than the workload's longest "
+                         f"prompts (~{LONGEST_PROMPT}); use at least {fewest}")
+    return max_len
 
 
 def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
