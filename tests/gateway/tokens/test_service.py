@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -150,3 +151,40 @@ def test_the_context_check_uses_the_bound_then_the_exact_length(
     lazy = tokenization.walk(chat(config, other, Limits(prompt_tokens=100 * exact)), 1,
                              nobody)
     assert lazy is not None and not lazy.complete
+
+
+class _Threads:
+    """A real tokenizer's ``encode_batch``, noting the thread of each call."""
+
+    def __init__(self, backend: object) -> None:
+        self.backend, self.seen = backend, set[int]()
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> object:
+        self.seen.add(threading.get_ident())
+        return self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
+
+
+async def test_start_up_warms_every_thread_a_request_encodes_on() -> None:
+    """A thread's first encode is slow (fastokens: 4 to 230 ms); start-up pays it on the
+    event loop's, the feeder's and each parallel encoder's thread, so no request does."""
+    config = GatewayConfig(models=(ModelConfig(name="m", block_size=16),),
+                           tokenize=TokenizeConfig(encoder="hf", workers=2))
+    tok = PromptTokenizer.load().fork()
+    threads = _Threads(tok.chat.tokenizer)
+    tokenization = Tokenization(config, {"m": tok}, GatewayMetrics())
+    try:
+        encoder = Encoder("hf", "test", threads)
+        await tokenization.warm(encoder)
+        warmed, threads.seen = threads.seen, set()
+        assert len(warmed) == 4  # this loop's, the feeder's, two parallel workers'
+        tok.use_encoder(encoder)
+        walked = chat(config, prose(2, 3_000))
+        lazy = tokenization.walk(walked, 1, nobody)
+        assert lazy is not None and not lazy.complete
+        future = tokenization.finish_later("m", lazy)
+        assert future is not None
+        await asyncio.wait_for(asyncio.wrap_future(future), 30)
+        await tokenization.tokens(chat(config, prose(3, 3_000)))  # the parallel encoder
+        assert len(threads.seen) >= 3 and threads.seen <= warmed
+    finally:
+        tokenization.close()

@@ -211,6 +211,8 @@ class Runtime:
 
     async def _start(self) -> None:
         config = self.config
+        for tokenizer in self.tokenizers.values():
+            await self.router.tokenization.warm(tokenizer.encoder)
         if EncoderChoice(config.tokenize.encoder) is EncoderChoice.AUTO:
             self._tasks.append(asyncio.create_task(self._probe_encoders(),
                                                    name="gateway-encoder-probe"))
@@ -264,6 +266,7 @@ class Runtime:
                 continue
             previous = tokenizer.encoder.name
             assert chat.encoder is not None
+            await self.router.tokenization.warm(chat.encoder)
             tokenizer.use_encoder(chat.encoder)
             gauge = self.metrics.tokenize_encoder
             gauge.labels(model=name, encoder=previous).set(0)

@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -127,6 +127,19 @@ class ParallelEncoder:
             await asyncio.gather(*(loop.run_in_executor(self._pool(), _child_encode, source,
                                                         [("warm", False)])
                                    for _ in range(self.workers)))
+
+    async def warm_threads(self, warm: Callable[[], None]) -> None:
+        """Run ``warm`` once on each of the ``workers`` threads (they meet at a barrier, so
+        no thread takes two)."""
+        loop = asyncio.get_running_loop()
+        barrier = threading.Barrier(self.workers)
+
+        def each() -> None:
+            barrier.wait(timeout=30)
+            warm()
+
+        await asyncio.gather(*(loop.run_in_executor(self._threads, each)
+                               for _ in range(self.workers)))
 
     def _source(self, model: str) -> str | None:
         path = self._sources.get(model)

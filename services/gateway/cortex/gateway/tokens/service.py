@@ -19,6 +19,7 @@ gateway process, shared by routing, ``/tokenize`` and answer feeding):
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import logging
@@ -26,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from cortex.chat import ChatError, EncoderChoice, RenderArgs, render_args
+from cortex.chat import ChatError, Encoder, EncoderChoice, RenderArgs, render_args
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig
 from cortex.gateway.errors import ClientError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
@@ -132,6 +133,14 @@ class Tokenization:
         for name, tokenizer in tokenizers.items():
             tokenizer.observer = self._observe_segments
             tokenizer.token_observer = self._token_observer(name, tokenizer)
+
+    async def warm(self, encoder: Encoder) -> None:
+        """Encode once with ``encoder`` on every thread that encodes: the event loop's (this
+        one), the feeder's and the parallel encoder's (:meth:`Encoder.warm`: a thread's
+        first encode is slow; start-up pays it, not a request)."""
+        encoder.warm()
+        await asyncio.get_running_loop().run_in_executor(self._feeder, encoder.warm)
+        await self.encoder.warm_threads(encoder.warm)
 
     # ---- prompts ----
 
