@@ -21,6 +21,8 @@ every client out. Here:
 - bytes written in one turn of the event loop go out in one ``send``: a response's headers
   and its first event, its last event and the end of the chunked body. They are joined, not
   held: the flush runs right after the step that wrote them, before the loop polls again.
+- HTTP/1.1 is h11 through :class:`~cortex.gateway.http.wire.LeanH11Connection` (a response's
+  headers checked once, not once more per framing header).
 
 Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
 """
@@ -34,11 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLError
 
+import h11
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.h11 import H11Protocol
 
 from cortex.gateway.config.gateway import AdmissionConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable
+from cortex.gateway.http.wire import LeanH11Connection
 
 __all__ = ["Admission", "ConnectionDeadlines", "GuardedConnection"]
 
@@ -71,6 +76,7 @@ class GuardedConnection(TCPServer):
     async def _read_data(self) -> None:
         """hypercorn's read loop, its ``read_timeout`` one deadline moved at each read
         (hypercorn wraps every read in ``wait_for``: a task and a timer per read)."""
+        self._lean_h11()
         limit = self.config.read_timeout
         loop = self.loop
         try:
@@ -90,6 +96,14 @@ class GuardedConnection(TCPServer):
         # nothing more can arrive: no timer may keep the socket (and its place) open
         self._read_ended = True
         await self.idle_task.stop()
+
+    def _lean_h11(self) -> None:
+        """Serve HTTP/1.1 with :class:`LeanH11Connection` (nothing was read yet: the
+        connection hypercorn made is fresh)."""
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H11Protocol) and type(protocol.connection) is h11.Connection:
+            protocol.connection = LeanH11Connection(
+                h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
 
     async def _idle_timeout(self) -> None:
         if not self._read_ended:
