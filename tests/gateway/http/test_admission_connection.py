@@ -17,7 +17,7 @@ from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
 from cortex.gateway.server import GatewayServer
 from cortex.testing import wait_until_async
 
-from ..conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, TOKEN, StartGateway, StartSim, gateway_config, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,6 +97,44 @@ async def test_the_header_timeout_does_not_cut_a_kept_alive_connection(
     finally:
         writer.close()
     assert metric(gw, "cortex_gateway_connections_timed_out_total", {"phase": "header"}) == 0
+
+
+async def test_a_kept_alive_connection_idle_past_the_keep_alive_timeout_is_closed(
+    start_gateway: StartGateway,
+) -> None:
+    # the header deadline far away: the keep-alive one, moved at each request, closes it
+    gw = await start_gateway(server=server_config(header_timeout_s=50,
+                                                  keep_alive_timeout_s=0.3))
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        for _ in range(3):
+            writer.write(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"}")).startswith(b"HTTP/1.1 200")
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+    await wait_until_async(lambda: gw.listener.open == 0, timeout=5, what="place back")
+    assert metric(gw, "cortex_gateway_connections_timed_out_total", {"phase": "header"}) == 0
+
+
+async def test_a_shutdown_closes_idle_connections_at_once() -> None:
+    # keep-alive and grace far longer than the test's bound: only the shutdown can close it
+    config = gateway_config([], server=ServerConfig(
+        host="127.0.0.1", port=0, admin_token=TOKEN, graceful_timeout_s=50,
+        header_timeout_s=50, keep_alive_timeout_s=50))
+    async with asyncio.timeout(20):
+        gw = GatewayServer(config)
+        await gw.__aenter__()
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        try:
+            writer.write(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await reader.readuntil(b"}")).startswith(b"HTTP/1.1 200")
+            await gw.__aexit__(None, None, None)  # returns once every connection closed
+            assert await reader.read() == b""
+        finally:
+            writer.close()
 
 
 async def test_one_address_cannot_take_every_place(

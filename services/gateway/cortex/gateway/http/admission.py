@@ -21,6 +21,8 @@ every client out. Here:
 - bytes written in one turn of the event loop go out in one ``send``: a response's headers
   and its first event, its last event and the end of the chunked body. They are joined, not
   held: the flush runs right after the step that wrote them, before the loop polls again.
+- the header and keep-alive deadlines are one task per connection whose deadline moves
+  (:class:`IdleWatch`), not a task made and cancelled per request;
 - HTTP/1.1 is h11 through :class:`~cortex.gateway.http.wire.LeanH11Connection` (a response's
   headers checked once, not once more per framing header).
 
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from ssl import SSLError
 
 import h11
+from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
@@ -45,7 +48,7 @@ from cortex.gateway.config.gateway import AdmissionConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable
 from cortex.gateway.http.wire import LeanH11Connection
 
-__all__ = ["Admission", "ConnectionDeadlines", "GuardedConnection"]
+__all__ = ["Admission", "ConnectionDeadlines", "GuardedConnection", "IdleWatch"]
 
 
 # ---- connection ----
@@ -72,6 +75,7 @@ class GuardedConnection(TCPServer):
         self._requests = 0
         self._read_ended = False
         self._unsent: list[bytes] = []  # written this turn of the loop, flushed at its end
+        self.idle_task = IdleWatch(self)  # type: ignore[assignment]
 
     async def _read_data(self) -> None:
         """hypercorn's read loop, its ``read_timeout`` one deadline moved at each read
@@ -95,7 +99,7 @@ class GuardedConnection(TCPServer):
         await self.protocol.handle(Closed())
         # nothing more can arrive: no timer may keep the socket (and its place) open
         self._read_ended = True
-        await self.idle_task.stop()
+        await self._idle_watch.end()
 
     def _lean_h11(self) -> None:
         """Serve HTTP/1.1 with :class:`LeanH11Connection` (nothing was read yet: the
@@ -105,17 +109,34 @@ class GuardedConnection(TCPServer):
             protocol.connection = LeanH11Connection(
                 h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
 
-    async def _idle_timeout(self) -> None:
+    @property
+    def _idle_watch(self) -> IdleWatch:
+        return self.idle_task  # type: ignore[return-value]
+
+    def idle_deadline(self) -> float:
+        """Loop time the connection, idle from now, is closed: the first request's headers
+        get ``header_timeout_s``, the wait between requests ``keep_alive_timeout_s``."""
+        first = self._requests == 0
+        return self.loop.time() + (self.deadlines.header_timeout_s if first
+                                   else self.deadlines.keep_alive_timeout_s)
+
+    async def watch_idle(self, watch: IdleWatch) -> None:
+        """The body of :class:`IdleWatch`'s task: close the connection once it stayed idle
+        past its deadline, or the server shuts down while it is idle (a request then being
+        served closes it when it turns idle again); at once once the read ended."""
         if not self._read_ended:
-            first = self._requests == 0
-            timeout = (self.deadlines.header_timeout_s if first
-                       else self.deadlines.keep_alive_timeout_s)
             try:
-                async with asyncio.timeout(timeout):  # not wait_for: no task per request
+                async with asyncio.timeout_at(self.idle_deadline()) as deadline:
+                    watch.deadline = deadline
                     await self.context.terminated.wait()
             except TimeoutError:
-                if first:
+                if self._requests == 0:
                     self._on_timeout("header")
+            else:
+                if not watch.idle:
+                    return  # shutting down mid-request: IdleWatch.restart closes it after
+            finally:
+                watch.deadline = None
         await asyncio.shield(self._initiate_server_close())
 
     async def protocol_send(self, event: Event) -> None:
@@ -142,7 +163,10 @@ class GuardedConnection(TCPServer):
 
     async def _close(self) -> None:
         self._flush()  # what the last turn wrote goes out before the end of the stream
-        await super()._close()
+        try:
+            await super()._close()
+        finally:
+            await self._idle_watch.end()  # hypercorn's stop() only pauses it here
 
     def _flush(self) -> None:
         """Write what this turn of the loop produced, in one piece."""
@@ -154,6 +178,51 @@ class GuardedConnection(TCPServer):
     def __repr__(self) -> str:
         return (f"GuardedConnection(requests={self._requests}, "
                 f"read_ended={self._read_ended})")
+
+
+class IdleWatch:
+    """hypercorn's idle task of a connection (``restart``: it turned idle; ``stop``: a
+    request arrived) as one task per connection whose deadline moves: hypercorn's made a
+    task for each idle period and cancelled it at the next request (a task created, one
+    cancelled and awaited, a timer and an event waiter per request)."""
+
+    __slots__ = ("_connection", "_task", "deadline", "idle")
+
+    def __init__(self, connection: GuardedConnection) -> None:
+        self._connection = connection
+        self._task: asyncio.Task[None] | None = None
+        self.deadline: asyncio.Timeout | None = None  # set while the task waits
+        self.idle = False
+
+    async def restart(self, task_group: TaskGroup, action: object) -> None:
+        """The connection turned idle (``action``, hypercorn's idle coroutine, is not
+        used: :meth:`GuardedConnection.watch_idle` is)."""
+        self.idle = True
+        task, deadline = self._task, self.deadline
+        if task is None or task.done():
+            self._task = task_group._task_group.create_task(  # as hypercorn does
+                self._connection.watch_idle(self))
+        elif deadline is not None and not deadline.expired():
+            deadline.reschedule(self._connection.idle_deadline())
+
+    async def stop(self) -> None:
+        """A request arrived: no deadline while it is served."""
+        self.idle = False
+        deadline = self.deadline
+        if deadline is not None and not deadline.expired():
+            deadline.reschedule(None)
+
+    async def end(self) -> None:
+        """The connection is over: the task ends (unless it is the one closing it)."""
+        self.idle = False
+        task, self._task = self._task, None
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def __repr__(self) -> str:
+        return f"IdleWatch(idle={self.idle}, armed={self.deadline is not None})"
 
 
 # ---- admission ----
