@@ -29,9 +29,8 @@ from hypercorn.utils import wrap_app
 
 from cortex.gateway.app import App
 from cortex.gateway.config.gateway import GatewayConfig
-from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
+from cortex.gateway.http.admission import CachedDateConfig, ConnectionDeadlines, GuardedConnection
 from cortex.gateway.http.listener import CappedListener
-from cortex.gateway.http.wire import CachedDateConfig
 from cortex.gateway.runtime import Runtime
 from cortex.registry import Registry
 

@@ -23,8 +23,15 @@ every client out. Here:
   held: the flush runs right after the step that wrote them, before the loop polls again.
 - the header and keep-alive deadlines are one task per connection whose deadline moves
   (:class:`IdleWatch`), not a task made and cancelled per request;
-- HTTP/1.1 is h11 through :class:`~cortex.gateway.http.wire.LeanH11Connection` (a response's
-  headers checked once, not once more per framing header).
+- HTTP/1.1 is h11 through :class:`LeanH11Connection`: h11 checks every header of a response
+  against its grammar when the response event is built, then again, all of them, each time
+  it sets a framing header (``Content-Length`` cleared and ``Transfer-Encoding: chunked``
+  set for a stream: two more passes over a dozen headers: ``x-request-id``, the
+  ``x-cortex-*`` decision headers, the SSE ones); this one checks them once, its framing
+  step editing the checked headers and adding only its own constant ones. The bytes sent
+  are h11's (``tests/gateway/http/test_admission_wire.py`` compares both over the cases
+  h11 treats apart). :class:`CachedDateConfig` formats the ``Date`` header once per second
+  (its resolution), not per response.
 
 Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
 """
@@ -34,21 +41,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLError
+from typing import cast
+from wsgiref.handlers import format_date_time
 
 import h11
+from h11._connection import _body_framing
+from h11._headers import Headers, get_comma_header
 from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
+from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
 
 from cortex.gateway.config.gateway import AdmissionConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable
-from cortex.gateway.http.wire import LeanH11Connection
 
-__all__ = ["Admission", "ConnectionDeadlines", "GuardedConnection", "IdleWatch"]
+__all__ = ["Admission", "CachedDateConfig", "ConnectionDeadlines", "GuardedConnection",
+           "IdleWatch", "LeanH11Connection"]
 
 
 # ---- connection ----
@@ -223,6 +236,64 @@ class IdleWatch:
 
     def __repr__(self) -> str:
         return f"IdleWatch(idle={self.idle}, armed={self.deadline is not None})"
+
+
+# ---- the wire ----
+
+
+def _set_checked(headers: Headers, name: bytes, values: list[bytes]) -> Headers:
+    """h11's ``set_comma_header`` for headers it already checked and constant ``values``
+    (lower-case, valid): the same items, without checking all of them again."""
+    items = [item for item in headers._full_items if item[1] != name]
+    raw = name.title()
+    items += [(raw, name, value) for value in values]
+    return Headers(items)
+
+
+class LeanH11Connection(h11.Connection):
+    """An ``h11.Connection`` whose responses' headers are checked once (when the
+    ``h11.Response`` is built), not again at each framing header it sets."""
+
+    def _clean_up_response_headers_for_sending(self, response: h11.Response) -> h11.Response:
+        # h11 0.16's method, with _set_checked for set_comma_header
+        headers = response.headers
+        need_close = False
+        method = cast(bytes, self._request_method)
+        if method == b"HEAD":
+            method = b"GET"
+        framing_type, _ = _body_framing(method, response)
+        if framing_type in ("chunked", "http/1.0"):
+            headers = _set_checked(headers, b"content-length", [])
+            if self.their_http_version is None or self.their_http_version < b"1.1":
+                headers = _set_checked(headers, b"transfer-encoding", [])
+                if self._request_method != b"HEAD":
+                    need_close = True
+            else:
+                headers = _set_checked(headers, b"transfer-encoding", [b"chunked"])
+        if not self._cstate.keep_alive or need_close:
+            connection = set(get_comma_header(headers, b"connection"))
+            connection.discard(b"keep-alive")
+            connection.add(b"close")
+            headers = _set_checked(headers, b"connection", sorted(connection))
+        return h11.Response(headers=headers, status_code=response.status_code,
+                            http_version=response.http_version, reason=response.reason)
+
+
+class CachedDateConfig(HypercornConfig):
+    """hypercorn's config with the ``Date`` header formatted once per second."""
+
+    _date_second = -1
+    _date = b""
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        if (not self.include_date_header or self.include_server_header
+                or self.alt_svc_headers or self._quic_addresses):
+            return super().response_headers(protocol)
+        second = int(time.time())
+        if second != self._date_second:
+            self._date = format_date_time(second).encode("ascii")  # what hypercorn writes
+            self._date_second = second
+        return [(b"date", self._date)]
 
 
 # ---- admission ----

@@ -1,5 +1,6 @@
-"""cortex.gateway.http.wire: LeanH11Connection sends what h11.Connection sends (a differential
-test over the cases h11's framing step treats apart); CachedDateConfig writes hypercorn's Date."""
+"""cortex.gateway.http.admission, the wire: LeanH11Connection sends what h11.Connection sends
+(a differential test over the cases h11's framing step treats apart); CachedDateConfig writes
+hypercorn's Date."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import h11
 import pytest
 from hypercorn.config import Config as HypercornConfig
 
-from cortex.gateway.http.wire import CachedDateConfig, LeanH11Connection
+from cortex.gateway.http.admission import CachedDateConfig, LeanH11Connection
 
 pytestmark = pytest.mark.timeout(30)
 
