@@ -1,6 +1,6 @@
 """cortex.gateway.http.admission, the wire: LeanH11Connection sends what h11.Connection sends
-(a differential test over the cases h11's framing step treats apart); CachedDateConfig writes
-hypercorn's Date."""
+(a differential test over the cases h11's framing step treats apart); checked_headers checks
+what h11's normalize_and_validate checks; CachedDateConfig writes hypercorn's Date."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import itertools
 
 import h11
 import pytest
+from h11._headers import normalize_and_validate
 from hypercorn.config import Config as HypercornConfig
 
-from cortex.gateway.http.admission import CachedDateConfig, LeanH11Connection
+from cortex.gateway.http import admission
+from cortex.gateway.http.admission import CachedDateConfig, LeanH11Connection, checked_headers
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -95,3 +97,53 @@ def test_cached_date_config_defers_to_hypercorn_for_other_headers() -> None:
     config = CachedDateConfig()
     config.include_server_header = True
     assert (b"server", b"hypercorn-h11") in config.response_headers("h11")
+
+
+HEADER_LISTS = [
+    SSE,
+    [*SSE, (b"date", b"Sun, 06 Dec 2026 16:00:00 GMT")],
+    [(b"Content-Type", b"application/json"), (b"Content-Length", b"2")],
+    [(b"content-length", b"2"), (b"content-length", b"2")],
+    [(b"content-length", b"2, 2")],
+    [(b"Transfer-Encoding", b"Chunked"), (b"x-a", b"")],
+    [(b"x-obs-text", "caf\u00e9".encode()), (b"x-spaces", b"a  b")],
+]
+INVALID_LISTS = [
+    [(b"x-bad", b"a\r\nb")],
+    [(b"bad name", b"x")],
+    [(b"x-lead", b" padded")],
+    [(b"content-length", b"2"), (b"content-length", b"3")],
+    [(b"content-length", b"x")],
+    [(b"transfer-encoding", b"chunked"), (b"transfer-encoding", b"chunked")],
+    [(b"transfer-encoding", b"gzip")],
+    [*SSE, (b"x-bad", b"\x00")],
+]
+
+
+def _items(headers: object) -> list[tuple[bytes, bytes, bytes]]:
+    return list(headers._full_items)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("lines", HEADER_LISTS)
+def test_checked_headers_are_h11s(lines: list[tuple[bytes, bytes]]) -> None:
+    for _ in range(2):  # the second time from the memo
+        assert _items(checked_headers(lines)) == _items(normalize_and_validate(lines))
+
+
+@pytest.mark.parametrize("lines", INVALID_LISTS)
+def test_checked_headers_refuse_what_h11_refuses(lines: list[tuple[bytes, bytes]]) -> None:
+    with pytest.raises(h11.LocalProtocolError):
+        normalize_and_validate(lines)
+    checked_headers(SSE)  # valid lines remembered: the invalid ones are still refused
+    for _ in range(2):
+        with pytest.raises(h11.LocalProtocolError):
+            checked_headers(lines)
+
+
+def test_checked_headers_forget_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "_CHECKED_KEPT", 3)
+    admission._checked_lines.clear()
+    for i in range(10):
+        lines = [(b"x-request-id", str(i).encode()), *SSE]
+        assert _items(checked_headers(lines)) == _items(normalize_and_validate(lines))
+        assert len(admission._checked_lines) <= 3

@@ -28,9 +28,10 @@ every client out. Here:
   it sets a framing header (``Content-Length`` cleared and ``Transfer-Encoding: chunked``
   set for a stream: two more passes over a dozen headers: ``x-request-id``, the
   ``x-cortex-*`` decision headers, the SSE ones); this one checks them once, its framing
-  step editing the checked headers and adding only its own constant ones. The bytes sent
-  are h11's (``tests/gateway/http/test_admission_wire.py`` compares both over the cases
-  h11 treats apart). :class:`CachedDateConfig` formats the ``Date`` header once per second
+  step editing the checked headers and adding only its own constant ones, and
+  :class:`LeanH11Protocol` (hypercorn's, over it) checks them through a memo of the lines
+  found valid before (:func:`checked_headers`). The bytes sent and the headers refused are
+  h11's (``tests/gateway/http/test_admission_wire.py`` compares both). :class:`CachedDateConfig` formats the ``Date`` header once per second
   (its resolution), not per response.
 
 Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
@@ -45,23 +46,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLError
-from typing import cast
+from typing import Any, cast
 from wsgiref.handlers import format_date_time
 
 import h11
 from h11._connection import _body_framing
-from h11._headers import Headers, get_comma_header
+from h11._headers import Headers, get_comma_header, normalize_and_validate
 from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import Response as HypercornResponse
 from hypercorn.protocol.h11 import H11Protocol
 
 from cortex.gateway.config.gateway import AdmissionConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable
 
 __all__ = ["Admission", "CachedDateConfig", "ConnectionDeadlines", "GuardedConnection",
-           "IdleWatch", "LeanH11Connection"]
+           "IdleWatch", "LeanH11Connection", "LeanH11Protocol", "checked_headers"]
 
 
 # ---- connection ----
@@ -115,12 +118,13 @@ class GuardedConnection(TCPServer):
         await self._idle_watch.end()
 
     def _lean_h11(self) -> None:
-        """Serve HTTP/1.1 with :class:`LeanH11Connection` (nothing was read yet: the
-        connection hypercorn made is fresh)."""
-        protocol = self.protocol.protocol
-        if isinstance(protocol, H11Protocol) and type(protocol.connection) is h11.Connection:
-            protocol.connection = LeanH11Connection(
-                h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
+        """Serve HTTP/1.1 with :class:`LeanH11Protocol` (nothing was read yet: the protocol
+        hypercorn made is fresh; an HTTP/2 upgrade replaces it as it would hypercorn's)."""
+        wrapper = self.protocol
+        if type(wrapper.protocol) is H11Protocol:
+            wrapper.protocol = LeanH11Protocol(
+                wrapper.app, wrapper.config, wrapper.context, wrapper.task_group,
+                wrapper.state, wrapper.ssl, wrapper.client, wrapper.server, wrapper.send)
 
     @property
     def _idle_watch(self) -> IdleWatch:
@@ -277,6 +281,52 @@ class LeanH11Connection(h11.Connection):
             headers = _set_checked(headers, b"connection", sorted(connection))
         return h11.Response(headers=headers, status_code=response.status_code,
                             http_version=response.http_version, reason=response.reason)
+
+
+_CHECKED_KEPT = 4096  # header lines remembered valid (then forgotten all at once)
+_checked_lines: dict[tuple[bytes, bytes], tuple[bytes, bytes, bytes]] = {}
+_FRAMING = (b"content-length", b"transfer-encoding")
+
+
+def checked_headers(lines: list[tuple[bytes, bytes]]) -> Headers:
+    """``lines`` checked against h11's header grammar, as h11's ``normalize_and_validate``
+    does (raises ``h11.LocalProtocolError``), each line through a memo of the lines found
+    valid before: most of a response's lines (content type, worker, match mode and reason)
+    repeat from one response to the next. The framing headers, which h11 checks across
+    lines, go through h11 whole."""
+    items = []
+    memo = _checked_lines
+    for line in lines:
+        item = memo.get(line)
+        if item is None:
+            (item,) = normalize_and_validate([line])._full_items
+            if item[1] in _FRAMING:
+                return normalize_and_validate(lines)
+            if len(memo) >= _CHECKED_KEPT:
+                memo.clear()
+            memo[line] = item
+        items.append(item)
+    return Headers(items)
+
+
+class LeanH11Protocol(H11Protocol):
+    """hypercorn's HTTP/1.1 protocol over :class:`LeanH11Connection`, a response's headers
+    checked by :func:`checked_headers`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.connection = LeanH11Connection(
+            h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        if (type(event) is HypercornResponse and event.status_code >= 200
+                and self.keep_alive_requests < self.config.keep_alive_max_requests):
+            # hypercorn's own branch for a final response, the headers checked once
+            headers = checked_headers([*event.headers, *self.config.response_headers("h11")])
+            await self._send_h11_event(h11.Response(headers=headers,
+                                                    status_code=event.status_code))
+            return
+        await super().stream_send(event)
 
 
 class CachedDateConfig(HypercornConfig):
