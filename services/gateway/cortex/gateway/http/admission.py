@@ -31,8 +31,9 @@ every client out. Here:
   step editing the checked headers and adding only its own constant ones, and
   :class:`LeanH11Protocol` (hypercorn's, over it) checks them through a memo of the lines
   found valid before (:func:`checked_headers`). The bytes sent and the headers refused are
-  h11's (``tests/gateway/http/test_admission_wire.py`` compares both). :class:`CachedDateConfig` formats the ``Date`` header once per second
-  (its resolution), not per response.
+  h11's (``tests/gateway/http/test_admission_wire.py`` compares both).
+  :class:`CachedDateConfig` formats the ``Date`` header once per second (its resolution),
+  not per response.
 
 Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
 """
