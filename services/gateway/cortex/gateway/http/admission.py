@@ -144,7 +144,9 @@ class GuardedConnection(TCPServer):
         served closes it when it turns idle again); at once once the read ended."""
         if not self._read_ended:
             try:
-                async with asyncio.timeout_at(self.idle_deadline()) as deadline:
+                # a request may have come before this task ran: no deadline while served
+                when = self.idle_deadline() if watch.idle else None
+                async with asyncio.timeout_at(when) as deadline:
                     watch.deadline = deadline
                     await self.context.terminated.wait()
             except TimeoutError:
