@@ -1,11 +1,12 @@
 """Broken and oversized worker answers (cortex.gateway.dispatch.attempt) end to end: a
 real sim behind an AnswerProxy that answers 200s the endpoint never promises. Each is a
 worker failure — counted, retried before the first byte, a 502 (or an SSE error event
-after it) — and never a 200 carrying the garbage."""
+after it) — and never a 200 carrying the garbage. And first_bytes closes the stream it
+leaves after the first chunk (not left to the event loop's finalizer)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -13,7 +14,9 @@ import pytest
 
 from cortex.bench.answer_proxy import AnswerProxy, Shape
 from cortex.gateway.config.gateway import UpstreamConfig
+from cortex.gateway.dispatch.attempt import first_bytes
 from cortex.gateway.server import GatewayServer
+from cortex.gateway.upstream.memory import EVENT, MemoryResponse
 from cortex.registry import WorkerSpec
 
 from ..conftest import MODEL, StartGateway, StartSim, spec_of
@@ -111,3 +114,23 @@ async def test_an_answer_over_the_bound_is_a_502_not_retried(
     assert proxy.answered == 1
     assert errors(gw, "too_large") == 1
     assert gw.gateway.pool.get("broken").breaker.state.value == "closed"  # type: ignore[union-attr]
+
+
+class _Watched(MemoryResponse):
+    """A scripted stream that says whether its reader closed it."""
+
+    ended = False
+
+    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncGenerator[bytes, None]:
+        try:
+            for part in self.parts:
+                yield part
+        finally:
+            self.ended = True
+
+
+async def test_first_bytes_closes_the_stream_it_leaves() -> None:
+    response = _Watched(200, (EVENT, b"data: [DONE]\n\n"), None)
+    head, answer = await first_bytes(response, True, ())
+    assert (head, answer) == (EVENT, None)
+    assert response.ended  # closed here, not by a finalizer task later

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
-from hypercorn.events import RawData
+from hypercorn.asyncio.worker_context import EventWrapper
+from hypercorn.events import RawData, Updated
 
 from cortex.gateway.config.gateway import ServerConfig, UpstreamConfig
-from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
+from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection, IdleWatch
 from cortex.gateway.server import GatewayServer
 from cortex.testing import wait_until_async
 
-from ..conftest import MODEL, TOKEN, StartGateway, StartSim, spec_of
+from ..conftest import MODEL, TOKEN, StartGateway, StartSim, gateway_config, spec_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,6 +99,64 @@ async def test_the_header_timeout_does_not_cut_a_kept_alive_connection(
     finally:
         writer.close()
     assert metric(gw, "cortex_gateway_connections_timed_out_total", {"phase": "header"}) == 0
+
+
+async def test_a_kept_alive_connection_idle_past_the_keep_alive_timeout_is_closed(
+    start_gateway: StartGateway,
+) -> None:
+    # the header deadline far away: the keep-alive one, moved at each request, closes it
+    gw = await start_gateway(server=server_config(header_timeout_s=50,
+                                                  keep_alive_timeout_s=0.3))
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        for _ in range(3):
+            writer.write(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"}")).startswith(b"HTTP/1.1 200")
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+    await wait_until_async(lambda: gw.listener.open == 0, timeout=5, what="place back")
+    assert metric(gw, "cortex_gateway_connections_timed_out_total", {"phase": "header"}) == 0
+
+
+async def test_the_keep_alive_timeout_does_not_cut_a_request_being_served(
+    start_gateway: StartGateway,
+) -> None:
+    # the request's headers come with the connection: it is busy before its idle watch runs
+    gw = await start_gateway(server=server_config(header_timeout_s=50,
+                                                  keep_alive_timeout_s=0.2))
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        writer.write(b"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                     b"\r\ncontent-length: 2\r\n\r\n{")
+        # served (its body awaited) for five keep-alive timeouts: no close
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.read(1), 1.0)
+        writer.write(b"}")
+        async with asyncio.timeout(10):
+            assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 ")
+    finally:
+        writer.close()
+
+
+async def test_a_shutdown_closes_idle_connections_at_once() -> None:
+    # keep-alive and grace far longer than the test's bound: only the shutdown can close it
+    config = gateway_config([], server=ServerConfig(
+        host="127.0.0.1", port=0, admin_token=TOKEN, graceful_timeout_s=50,
+        header_timeout_s=50, keep_alive_timeout_s=50))
+    async with asyncio.timeout(20):
+        gw = GatewayServer(config)
+        await gw.__aenter__()
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        try:
+            writer.write(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await reader.readuntil(b"}")).startswith(b"HTTP/1.1 200")
+            await gw.__aexit__(None, None, None)  # returns once every connection closed
+            assert await reader.read() == b""
+        finally:
+            writer.close()
 
 
 async def test_one_address_cannot_take_every_place(
@@ -204,3 +264,22 @@ async def test_bytes_written_in_one_turn_of_the_loop_go_out_in_one_send() -> Non
     writer.transport.closing = True  # the connection closed meanwhile: nothing is written
     await asyncio.sleep(0)
     assert len(writer.sends) == 2
+
+
+async def test_a_request_that_comes_before_the_idle_watch_runs_gets_no_deadline() -> None:
+    # the first request's headers can be read before the idle watch's task first runs
+    context = SimpleNamespace(terminated=EventWrapper())
+    conn = GuardedConnection(None, asyncio.get_running_loop(), None, context, None, None,
+                             _Writer(), deadlines=ConnectionDeadlines(50.0, 0.01, 1.0),
+                             on_timeout=lambda phase: None)
+    watch = conn.idle_task
+    assert isinstance(watch, IdleWatch)
+    async with asyncio.TaskGroup() as group:
+        await watch.restart(SimpleNamespace(_task_group=group), None)  # a new connection
+        await conn.protocol_send(Updated(idle=False))  # its request, before the watch ran
+        await wait_until_async(lambda: watch.deadline is not None, timeout=5,
+                               what="the watch waits")
+        assert watch.deadline is not None and watch.deadline.when() is None
+        await watch.restart(SimpleNamespace(_task_group=group), None)  # answered: idle
+        assert watch.deadline is not None and watch.deadline.when() is not None
+        await watch.end()

@@ -29,7 +29,7 @@ from hypercorn.utils import wrap_app
 
 from cortex.gateway.app import App
 from cortex.gateway.config.gateway import GatewayConfig
-from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection
+from cortex.gateway.http.admission import CachedDateConfig, ConnectionDeadlines, GuardedConnection
 from cortex.gateway.http.listener import CappedListener
 from cortex.gateway.runtime import Runtime
 from cortex.registry import Registry
@@ -63,7 +63,7 @@ class GatewayServer:
 
     def _hypercorn_config(self) -> HypercornConfig:
         server = self.config.server
-        hc = HypercornConfig()
+        hc = CachedDateConfig()
         hc.graceful_timeout = server.graceful_timeout_s
         hc.keep_alive_timeout = server.keep_alive_timeout_s
         hc.read_timeout = server.read_timeout_s  # type: ignore[assignment]

@@ -27,6 +27,7 @@ see answered (another replica relayed it, or this one restarted) is looked for: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -513,16 +514,17 @@ async def checked_head(response: UpstreamResponse, stream: bool) -> bytes:
     if not stream and not response.content_type.startswith("application/json"):
         return b""
     head = b""
-    async for chunk in response.chunks():
-        head += chunk
-        start = head.lstrip()[:1]
-        if stream and not is_event_stream(head):
-            raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that is not SSE")
-        if stream or start:
-            if not stream and start not in (b"{", b"["):
-                raise UpstreamFailure(FailureKind.BAD_ANSWER,
-                                      "a 200 application/json that is not JSON")
-            return head
+    async with contextlib.aclosing(response.chunks()) as chunks:
+        async for chunk in chunks:
+            head += chunk
+            start = head.lstrip()[:1]
+            if stream and not is_event_stream(head):
+                raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that is not SSE")
+            if stream or start:
+                if not stream and start not in (b"{", b"["):
+                    raise UpstreamFailure(FailureKind.BAD_ANSWER,
+                                          "a 200 application/json that is not JSON")
+                return head
     if stream:
         raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
     raise UpstreamFailure(FailureKind.BAD_ANSWER, "an empty 200 application/json")

@@ -206,10 +206,11 @@ async def first_bytes(response: Response, stream: bool, retry_statuses: Collecti
     if not response.content_type.startswith("text/event-stream"):
         raise UpstreamFailure(FailureKind.BAD_ANSWER,
                               f"a {response.content_type!r} answer to a streamed request")
-    async for chunk in response.chunks():
-        if not is_event_stream(chunk):
-            raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that is not SSE")
-        return chunk, None
+    async with contextlib.aclosing(response.chunks()) as chunks:
+        async for chunk in chunks:
+            if not is_event_stream(chunk):
+                raise UpstreamFailure(FailureKind.BAD_ANSWER, "a stream that is not SSE")
+            return chunk, None
     raise UpstreamFailure(FailureKind.DISCONNECT, "stream ended before any byte")
 
 
@@ -462,9 +463,10 @@ class ProgressWatch:
                     worker.spec.url.rstrip("/") + "/v1/completions", body,
                     {"Content-Type": "application/json"}, worker.spec)
                 try:
-                    async for _ in response.chunks():
-                        answered = True  # its first event: the engine generates
-                        break
+                    async with contextlib.aclosing(response.chunks()) as chunks:
+                        async for _ in chunks:
+                            answered = True  # its first event: the engine generates
+                            break
                 finally:
                     response.close()
         except (TimeoutError, UpstreamFailure):

@@ -89,7 +89,8 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class StageTimings:
     """Seconds spent per routing stage (wall time), and ``cpu``: the CPU seconds the
-    decision took on its thread (wall minus it is waiting: for the GIL, for a core)."""
+    decision took on its thread (wall minus it is waiting: for the GIL, for a core; read
+    for explain only: the thread's CPU clock is a system call, twice per request)."""
 
     tokenize: float
     hash: float
@@ -285,7 +286,7 @@ class Router:
         ``session``: the session the request names (:func:`~.sessions.session_of`).
         """
         model = req.model
-        t0, cpu0 = time.perf_counter(), time.thread_time()
+        t0, cpu0 = time.perf_counter(), 0.0 if record else time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
         lazy = await self._follow(req, eligible, session,
                                   self._walk(req, eligible, session), deadline)
@@ -328,7 +329,7 @@ class Router:
             self._take_effect(placement, plan, prompt_tokens)
             agents.routed(decision.chosen.worker_id)
         timings = StageTimings(t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3,
-                               time.thread_time() - cpu0)
+                               0.0 if record else time.thread_time() - cpu0)
         keys, query_blocks, prompt_tokens = self._rest_of_walk(
             req, lazy, placement, record, (keys, query_blocks, prompt_tokens))
         routed = Routed(decision, model, prompt_tokens, keys, query_blocks, ledger.source,

@@ -8,7 +8,7 @@ engine learns that the client went away and aborts the generation.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from enum import StrEnum
 from types import TracebackType
 from typing import Protocol
@@ -113,7 +113,7 @@ class Response(Protocol):
     content_type: str
     retry_after_s: float | None
 
-    def chunks(self, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]: ...
+    def chunks(self, idle_timeout_s: float | None = None) -> AsyncGenerator[bytes, None]: ...
 
     async def read(self) -> bytes: ...
 
@@ -139,10 +139,12 @@ class UpstreamResponse:
         self.content_type = response.headers.get("Content-Type", "application/json")
         self.retry_after_s = _retry_after(response.headers.get("Retry-After"))
 
-    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]:
+    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncGenerator[bytes, None]:
         """Body bytes as they arrive; raises :class:`UpstreamFailure` if the worker fails,
         or (kind ``timeout``) when it sends nothing for ``idle_timeout_s`` seconds (the
-        connection is then closed: the engine aborts the request)."""
+        connection is then closed: the engine aborts the request). A caller that stops
+        before the end closes it (``contextlib.aclosing``): else the event loop's finalizer
+        does, later, through a thread-safe wake-up and a task of its own."""
         content = self._response.content
         guard = (_IdleGuard(idle_timeout_s, self._response.close)
                  if idle_timeout_s is not None else None)

@@ -10,7 +10,7 @@ and every response in ``responses`` (whether dispatch closed it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 
 from cortex.gateway.upstream.client import FailureKind, UpstreamFailure
@@ -43,7 +43,7 @@ class MemoryResponse:
     content_type: str = "text/event-stream"
     closed: bool = False
 
-    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncIterator[bytes]:
+    async def chunks(self, idle_timeout_s: float | None = None) -> AsyncGenerator[bytes, None]:
         for part in self.parts:
             yield part
 

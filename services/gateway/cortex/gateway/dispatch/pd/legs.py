@@ -126,10 +126,11 @@ async def call(upstream: Upstream, metrics: GatewayMetrics, leg: Leg, *, path: s
                 if whole or response.status != 200 or not stream:
                     answer.data = await response.read()
                 else:
-                    async for chunk in response.chunks():
-                        answer.data += chunk
-                        if has_complete_event(answer.data):
-                            break
+                    async with contextlib.aclosing(response.chunks()) as chunks:
+                        async for chunk in chunks:
+                            answer.data += chunk
+                            if has_complete_event(answer.data):
+                                break
                     if not has_complete_event(answer.data):
                         raise UpstreamFailure(FailureKind.DISCONNECT,
                                               "stream ended before its first event")

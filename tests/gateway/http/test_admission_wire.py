@@ -1,0 +1,149 @@
+"""cortex.gateway.http.admission, the wire: LeanH11Connection sends what h11.Connection sends
+(a differential test over the cases h11's framing step treats apart); checked_headers checks
+what h11's normalize_and_validate checks; CachedDateConfig writes hypercorn's Date."""
+
+from __future__ import annotations
+
+import itertools
+
+import h11
+import pytest
+from h11._headers import normalize_and_validate
+from hypercorn.config import Config as HypercornConfig
+
+from cortex.gateway.http import admission
+from cortex.gateway.http.admission import CachedDateConfig, LeanH11Connection, checked_headers
+
+pytestmark = pytest.mark.timeout(30)
+
+REQUESTS = {
+    "post 1.1": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    "get 1.1": b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    "head 1.1": b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "post 1.0": b"POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}",
+    "close 1.1": b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+}
+
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+       (b"x-request-id", b"abc"), (b"x-cortex-assigned-worker", b"sim-0")]
+RESPONSES = {
+    "stream": (200, SSE),
+    "sized": (200, [(b"content-type", b"application/json"), (b"content-length", b"2")]),
+    "sized twice": (200, [(b"Content-Length", b"2"), (b"content-length", b"2")]),
+    "chunked given": (200, [(b"Transfer-Encoding", b"Chunked"), *SSE]),
+    "keep-alive given": (200, [(b"connection", b"keep-alive"), *SSE]),
+    "close given": (200, [(b"Connection", b"Close"), *SSE]),
+    "no content": (204, [(b"x-request-id", b"abc")]),
+    "not modified": (304, []),
+    "error": (503, [(b"content-length", b"0"), (b"retry-after", b"1")]),
+}
+
+
+def _exchange(connection: h11.Connection, request: bytes, status: int,
+              headers: list[tuple[bytes, bytes]]) -> tuple[bytes, object, object]:
+    connection.receive_data(request)
+    while type(connection.next_event()) is not h11.EndOfMessage:
+        pass
+    wire = connection.send(h11.Response(status_code=status, headers=headers)) or b""
+    if connection.our_state is h11.SEND_BODY:
+        lengths = {v for k, v in headers if k.lower() == b"content-length"}
+        body = b"data: x\n\n" if not lengths else b"{}"[:int(lengths.pop())]
+        if request.startswith(b"HEAD") or status in (204, 304):
+            body = b""
+        if body:
+            wire += connection.send(h11.Data(data=body)) or b""
+        wire += connection.send(h11.EndOfMessage()) or b""
+    return wire, connection.our_state, connection.their_state
+
+
+@pytest.mark.parametrize(("request_name", "response_name"),
+                         list(itertools.product(REQUESTS, RESPONSES)))
+def test_lean_connection_sends_what_h11_sends(request_name: str, response_name: str) -> None:
+    status, headers = RESPONSES[response_name]
+    request = REQUESTS[request_name]
+    expected = _exchange(h11.Connection(h11.SERVER), request, status, headers)
+    assert _exchange(LeanH11Connection(h11.SERVER), request, status, headers) == expected
+
+
+def test_lean_connection_still_refuses_invalid_headers() -> None:
+    connection = LeanH11Connection(h11.SERVER)
+    connection.receive_data(REQUESTS["get 1.1"])
+    connection.next_event()
+    with pytest.raises(h11.LocalProtocolError):
+        connection.send(h11.Response(status_code=200, headers=[(b"x-bad", b"a\r\nb")]))
+
+
+def test_lean_connection_serves_keep_alive_cycles() -> None:
+    connection = LeanH11Connection(h11.SERVER)
+    for _ in range(3):
+        _, ours, theirs = _exchange(connection, REQUESTS["post 1.1"], *RESPONSES["stream"])
+        assert ours is theirs is h11.DONE
+        connection.start_next_cycle()
+
+
+def test_cached_date_is_hypercorns() -> None:
+    ours, theirs = CachedDateConfig(), HypercornConfig()
+    for config in (ours, theirs):
+        config.include_server_header = False
+    for _ in range(3):
+        before = theirs.response_headers("h11")
+        got = ours.response_headers("h11")
+        after = theirs.response_headers("h11")
+        assert got in (before, after)  # the second may turn between the calls
+        assert got is not ours.response_headers("h11")  # a fresh list: callers extend it
+
+
+def test_cached_date_config_defers_to_hypercorn_for_other_headers() -> None:
+    config = CachedDateConfig()
+    config.include_server_header = True
+    assert (b"server", b"hypercorn-h11") in config.response_headers("h11")
+
+
+HEADER_LISTS = [
+    SSE,
+    [*SSE, (b"date", b"Sun, 06 Dec 2026 16:00:00 GMT")],
+    [(b"Content-Type", b"application/json"), (b"Content-Length", b"2")],
+    [(b"content-length", b"2"), (b"content-length", b"2")],
+    [(b"content-length", b"2, 2")],
+    [(b"Transfer-Encoding", b"Chunked"), (b"x-a", b"")],
+    [(b"x-obs-text", "caf\u00e9".encode()), (b"x-spaces", b"a  b")],
+]
+INVALID_LISTS = [
+    [(b"x-bad", b"a\r\nb")],
+    [(b"bad name", b"x")],
+    [(b"x-lead", b" padded")],
+    [(b"content-length", b"2"), (b"content-length", b"3")],
+    [(b"content-length", b"x")],
+    [(b"transfer-encoding", b"chunked"), (b"transfer-encoding", b"chunked")],
+    [(b"transfer-encoding", b"gzip")],
+    [*SSE, (b"x-bad", b"\x00")],
+]
+
+
+def _items(headers: object) -> list[tuple[bytes, bytes, bytes]]:
+    return list(headers._full_items)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("lines", HEADER_LISTS)
+def test_checked_headers_are_h11s(lines: list[tuple[bytes, bytes]]) -> None:
+    for _ in range(2):  # the second time from the memo
+        assert _items(checked_headers(lines)) == _items(normalize_and_validate(lines))
+
+
+@pytest.mark.parametrize("lines", INVALID_LISTS)
+def test_checked_headers_refuse_what_h11_refuses(lines: list[tuple[bytes, bytes]]) -> None:
+    with pytest.raises(h11.LocalProtocolError):
+        normalize_and_validate(lines)
+    checked_headers(SSE)  # valid lines remembered: the invalid ones are still refused
+    for _ in range(2):
+        with pytest.raises(h11.LocalProtocolError):
+            checked_headers(lines)
+
+
+def test_checked_headers_forget_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "_CHECKED_KEPT", 3)
+    admission._checked_lines.clear()
+    for i in range(10):
+        lines = [(b"x-request-id", str(i).encode()), *SSE]
+        assert _items(checked_headers(lines)) == _items(normalize_and_validate(lines))
+        assert len(admission._checked_lines) <= 3
