@@ -73,7 +73,6 @@ class Encoder:
         return [list(encode([text], add_special_tokens=special)[0].ids)
                 for text, special in texts]
 
-
     def warm(self) -> None:
         """Encode once on the calling thread. fastokens sets up state per thread on its
         first encode there: 4 to 230 ms measured on these machines (most for the first thread
