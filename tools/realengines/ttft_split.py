@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from cortex.bench.routing import real
-from cortex.testing.vllm_engines import BLOCK_SIZE, VllmEngine, VllmInstall, native_dtype
+from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
 GATEWAY = ("cortex_gateway_routing_seconds_sum", "cortex_gateway_upstream_first_byte_seconds_sum")
 ENGINE = ("vllm:time_to_first_token_seconds_sum", "vllm:request_queue_time_seconds_sum",
@@ -62,12 +62,8 @@ def main() -> None:
     if isinstance(found, str):
         raise SystemExit(found)
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache after the warm-up
-    dtype = native_dtype()
-    kv_bytes = args.kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(args.model, dtype)
     with tempfile.TemporaryDirectory(prefix="ttft-split-") as tmp:
-        engines = [VllmEngine(found, Path(tmp), model=args.model, kv_cache_bytes=kv_bytes,
-                              dtype=dtype, max_model_len=real.engine_max_len(args.kv_blocks))
-                   for _ in range(2)]
+        engines = real.bench_engines(found, Path(tmp), args.model, args.kv_blocks)
         try:
             for engine in engines:
                 engine.launch()
@@ -86,8 +82,7 @@ def _run(engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
          args: argparse.Namespace) -> list[dict[str, float]]:
     served = engines[0].served_name
     real._workload([e.url for e in engines], 6, 32, args.seed + 1, served)  # engine warm-up
-    for engine in engines:
-        real._post(engine.url + "/reset_prefix_cache")
+    real.empty_caches(engines, served)
     rows = []
     with real._cortex(engines, install, run_dir / "cortex", args.replicas) as (urls, _):
         chats, client = real.Conversations(32, args.seed), real.Client()

@@ -354,12 +354,8 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
-    dtype = native_dtype()
-    kv_bytes = kv_blocks * BLOCK_SIZE * found.kv_bytes_per_token(model, dtype)
-    max_len = engine_max_len(kv_blocks)
-    engines = [VllmEngine(found, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype,
-                          max_model_len=max_len) for _ in range(2)]
-    served = engines[0].served_name
+    engines = bench_engines(found, run_dir, model, kv_blocks)
+    served, dtype = engines[0].served_name, engines[0].dtype
     rows = []
     try:
         for engine in engines:
@@ -420,6 +416,26 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     return rows
 
 
+def bench_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int
+                  ) -> list[VllmEngine]:
+    """The benchmark's two engines, not started: ``kv_blocks`` blocks of KV cache each, in
+    the dtype this CPU computes natively, with a context their cache holds."""
+    dtype = native_dtype()
+    kv_bytes = kv_blocks * BLOCK_SIZE * install.kv_bytes_per_token(model, dtype)
+    return [VllmEngine(install, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype,
+                       max_model_len=engine_max_len(kv_blocks)) for _ in range(2)]
+
+
+def empty_caches(engines: list[VllmEngine], served: str) -> None:
+    """Every engine's prefix cache emptied, and the emptying published as an event (needs
+    ``VLLM_SERVER_DEV_MODE=1`` when the engines started)."""
+    for engine in engines:
+        _post(engine.url + "/reset_prefix_cache")
+        # the reset's AllBlocksCleared is published with the engine's next step: one step of
+        # a prompt shorter than a block (nothing cached) sends it
+        engine.call("/v1/completions", {"model": served, "prompt": "hi", "max_tokens": 1})
+
+
 def engine_max_len(kv_blocks: int) -> int:
     """The engines' context length for ``kv_blocks`` blocks of KV cache: vLLM starts only
     if its cache holds one whole request of it (and keeps one block spare), and the
@@ -438,11 +454,7 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
             served: str, profile: bool, quiet_wait_s: float) -> dict[str, Any]:
     """One contender's workload on emptied caches: its summary, with the CPU of the
     engines and of other work during it (``cpu``)."""
-    for engine in engines:
-        _post(engine.url + "/reset_prefix_cache")
-        # the reset's AllBlocksCleared is published with the engine's next step: one step of
-        # a prompt shorter than a block (nothing cached) sends it
-        engine.call("/v1/completions", {"model": served, "prompt": "hi", "max_tokens": 1})
+    empty_caches(engines, served)
     deploy = (_cortex(engines, install, run_dir / contender, replicas)
               if contender == "cortex" else
               _peers(contender, engines, run_dir / contender, replicas))
