@@ -130,7 +130,9 @@ class ParallelEncoder:
 
     async def warm_threads(self, warm: Callable[[], None]) -> None:
         """Run ``warm`` once on each of the ``workers`` threads (they meet at a barrier, so
-        no thread takes two)."""
+        no thread takes two); a no-op with processes, which encode with their own copy."""
+        if self.mode is EncoderMode.PROCESSES:
+            return
         loop = asyncio.get_running_loop()
         barrier = threading.Barrier(self.workers)
 
