@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -12,8 +13,10 @@ import pytest
 
 from cortex.bench.routing import command as routing
 from cortex.bench.routing.contenders import Deployment, cpu_split, pinned
-from cortex.bench.routing.runner import worker_capacity
+from cortex.bench.routing.runner import pool_fraction, worker_capacity
+from cortex.bench.routing.scenarios import VARIANTS
 from cortex.bench.routing.text import BlockText, WordVocabulary
+from cortex.bench.routing.workloads import Workload
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -48,6 +51,18 @@ def test_choice_rejects_unknown_names() -> None:
         "shared_prefix", "multi_turn"]
     with pytest.raises(SystemExit, match="unknown"):
         routing._choice("cortex,nginx", ("cortex",), "contenders")
+
+
+def test_a_pools_fraction_is_the_variants_then_the_workloads_then_the_profiles() -> None:
+    plain = Workload("w", "t", "s", ())
+    own = dataclasses.replace(plain, capacity_fraction=0.1)
+    assert pool_fraction(0.3, plain, None) == 0.3
+    assert pool_fraction(0.3, own, None) == 0.1
+    assert pool_fraction(0.3, own, VARIANTS["kv_pressure"]) == 0.1  # the variant's 0.1
+    assert pool_fraction(0.3, own, dataclasses.replace(VARIANTS["kv_pressure"],
+                                                       capacity_fraction=0.05)) == 0.05
+    assert pool_fraction(0.3, own, dataclasses.replace(VARIANTS["kv_pressure"],
+                                                       capacity_fraction=None)) == 0.1
 
 
 def test_worker_capacity_rule() -> None:

@@ -282,8 +282,10 @@ def test_multimodal_conversations_resend_their_images_and_share_popular_ones(
     kw: dict[str, Any] = dict(conversations=12, rounds=(2, 4), images=5,
                               sides=[(224, 224), (280, 196)], popularity=1.0,
                               system_tokens=40, question_tokens=6, output_tokens=4,
-                              new_image=0.5, conversation_rate=2.0, think_s=0.5, seed=2)
+                              new_image=0.5, conversation_rate=2.0, think_s=0.5,
+                              capacity_fraction=0.1, seed=2)
     w = multimodal(small_text, **kw)
+    assert w.capacity_fraction == 0.1  # the runner sizes the pools by it
     assert w.digest() == multimodal(small_text, **kw).digest()
     assert w.digest() != multimodal(small_text, **{**kw, "seed": 3}).digest()
     convs: dict[int | None, list[Request]] = {}

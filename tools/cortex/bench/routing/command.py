@@ -108,8 +108,9 @@ class Profile:
     Multimodal: ``mm_conversations`` conversations starting at ``mm_rate``/s,
     ``mm_rounds`` turns each, ``mm_think_s`` between turns, images drawn from
     ``mm_images`` distinct ones (Zipf 1), another image on a later turn with probability
-    ``mm_new_image``. Image sizes (:data:`MM_SIDES`) are in pixels: 224 x 224 is 64
-    placeholder tokens, a ~1,000-token image at the 1/16 token scale."""
+    ``mm_new_image``, each worker's pool ``mm_capacity_fraction`` of its distinct pages.
+    Image sizes (:data:`MM_SIDES`) are in pixels: 224 x 224 is 64 placeholder tokens, a
+    ~1,000-token image at the 1/16 token scale."""
 
     workers: int
     tokens_per_block: int
@@ -144,6 +145,7 @@ class Profile:
     mm_rate: float = 8.0
     mm_think_s: float = 1.0
     mm_new_image: float = 0.25
+    mm_capacity_fraction: float = 0.1
 
     @property
     def token_scale(self) -> float:
@@ -354,7 +356,8 @@ def build_workloads(profile: Profile, text: BlockText, names: Sequence[str], tra
                 system_tokens=profile.scaled(MM_SYSTEM),
                 question_tokens=profile.scaled(MM_QUESTION),
                 output_tokens=profile.scaled(MM_OUTPUT), new_image=profile.mm_new_image,
-                conversation_rate=profile.mm_rate, think_s=profile.mm_think_s, seed=seed))
+                conversation_rate=profile.mm_rate, think_s=profile.mm_think_s,
+                capacity_fraction=profile.mm_capacity_fraction, seed=seed))
         elif (variant := VARIANTS.get(name)) is not None:
             base_profile, base_text = profile, text
             if variant.real_tokens:

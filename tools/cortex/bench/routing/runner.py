@@ -100,6 +100,14 @@ def worker_capacity(fraction: float, working_set_pages: int, largest_request_pag
     return max(math.ceil(fraction * working_set_pages), 4 * largest_request_pages, 256)
 
 
+def pool_fraction(default: float, workload: Workload, variant: Variant | None) -> float:
+    """The fraction :func:`worker_capacity` sizes a run's pools by: the variant's, else the
+    workload's, else ``default`` (the profile's)."""
+    if variant is not None and variant.capacity_fraction is not None:
+        return variant.capacity_fraction
+    return workload.capacity_fraction or default
+
+
 # ---- engine counters --------------------------------------------------------------------------
 
 
@@ -377,10 +385,8 @@ def run_workload(workload: Workload, shapes: Sequence[PromptShape], plan: RunPla
     largest = max(s.tokens + r.max_tokens for s, r in zip(shapes, workload.requests,
                                                           strict=True))
     largest_pages = -(-largest // page)
-    fraction = plan.capacity_fraction
-    if variant is not None and variant.capacity_fraction is not None:
-        fraction = variant.capacity_fraction
-    capacity = (worker_capacity(fraction, pages, largest_pages)
+    capacity = (worker_capacity(pool_fraction(plan.capacity_fraction, workload, variant),
+                                pages, largest_pages)
                 if workload.kv_blocks is None else max(workload.kv_blocks, 2 * largest_pages))
     host = 0
     if variant is not None and variant.host_fraction:

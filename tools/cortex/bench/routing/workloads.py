@@ -182,6 +182,9 @@ class Workload:
     """Offered rate (req/s) of each ladder step, when the workload has a ladder."""
     kv_blocks: int | None = None
     """The per-worker KV pool (blocks) this workload prescribes; ``None``: the runner's rule."""
+    capacity_fraction: float | None = None
+    """The per-worker KV pool as a fraction of the workload's distinct prompt pages, when the
+    runner's default fraction would let one worker hold its live working set."""
     engine: str | None = None
     """The engine the sims imitate for this workload (``"vllm"``); ``None``: SGLang."""
 
@@ -451,7 +454,8 @@ def png_data_url(width: int, height: int, shade: int) -> str:
 def multimodal(text: BlockText, *, conversations: int, rounds: tuple[int, int], images: int,
                sides: Sequence[tuple[int, int]], popularity: float, system_tokens: int,
                question_tokens: int, output_tokens: int, new_image: float,
-               conversation_rate: float, think_s: float, seed: int) -> Workload:
+               conversation_rate: float, think_s: float, capacity_fraction: float,
+               seed: int) -> Workload:
     """Vision-language chat conversations behind one shared system prompt. ``images``
     distinct images (one-colour PNGs, each of a size drawn from ``sides`` in pixels) are
     drawn with Zipf weights ``1 / rank ** popularity``, so popular ones come back in new
@@ -460,7 +464,9 @@ def multimodal(text: BlockText, *, conversations: int, rounds: tuple[int, int], 
     about one image; every later one appends the answer (``output_tokens``) and a follow-up
     question ``Exp(think_s)`` seconds after it, with another image with probability
     ``new_image`` — so a conversation re-sends its images, and different images follow the
-    shared text."""
+    shared text. Conversations are short, so the live working set is a small part of all
+    the distinct pages: each worker's pool is ``capacity_fraction`` of them, small enough
+    that one worker cannot hold what is live (the cluster can)."""
     ids = _BlockIds(text.tokens_per_block)
     rng = random.Random(seed)
     pool = [png_data_url(*rng.choice(list(sides)), shade=k + 1) for k in range(images)]
@@ -500,4 +506,5 @@ def multimodal(text: BlockText, *, conversations: int, rounds: tuple[int, int], 
          "popularity": popularity, "system_tokens": system_tokens,
          "question_tokens": question_tokens, "output_tokens": output_tokens,
          "new_image": new_image, "conversation_rate": conversation_rate, "think_s": think_s,
-         "seed": seed})
+         "capacity_fraction": capacity_fraction, "seed": seed},
+        capacity_fraction=capacity_fraction)

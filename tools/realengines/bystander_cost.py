@@ -1,0 +1,124 @@
+"""What a routing tier costs two real vLLM engines on shared cores when it routes nothing.
+
+Runs the real-engine benchmark's workload (:mod:`cortex.bench.routing.real`: seeded
+multi-turn chat, sequential, streamed) straight at the engines, round robin, with caches
+emptied before each window, in each of ``--modes``:
+- ``quiet``: nothing else runs;
+- ``polls``: a thread polls each engine's ``GET /metrics`` every ``--interval-s`` (what a
+  Cortex gateway does to read vLLM's load);
+- ``cortex``: a whole Cortex deployment (Redis, index, ingest, one gateway) runs beside the
+  engines, learning their KV events and polling their load, but the client bypasses it.
+The workload and its placement are the same in every window, so request n of a window is
+compared with request n of the ``quiet`` window of the same repetition: any difference is
+the bystander's CPU taken from the engines. Repetitions alternate the modes' order. Run by
+the project's venv, under the heavy-run lock::
+
+    flock /tmp/cortex-heavy.lock .venv/bin/python tools/realengines/bystander_cost.py \
+        --kv-blocks 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from cortex.bench.routing import real
+from cortex.testing.vllm_engines import VllmEngine, VllmInstall
+
+
+class Poller:
+    """``GET /metrics`` on every engine each ``interval_s`` until stopped (the poll count)."""
+
+    def __init__(self, urls: list[str], interval_s: float) -> None:
+        self.urls, self.interval_s = urls, interval_s
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for url in self.urls:
+                with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+                    response.read()
+                self.polls += 1
+
+
+def _window(engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
+            args: argparse.Namespace, mode: str) -> list[float]:
+    served = engines[0].served_name
+    real.empty_caches(engines, served)
+    urls = [e.url for e in engines]
+    bystander: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if mode == "polls":
+        bystander = Poller(urls, args.interval_s)
+    elif mode == "cortex":
+        bystander = real._cortex(engines, install, run_dir / "cortex", 1)
+    with bystander:
+        shots = real._workload(urls, args.requests, 32, args.seed, served)
+    return [s.ttft_s * 1000 for s in shots]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="model-qwen-slow")
+    parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--kv-blocks", type=int, default=real.KV_BLOCKS)
+    parser.add_argument("--interval-s", type=float, default=0.5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--modes", default="quiet,cortex", help="quiet, polls, cortex")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    found = VllmInstall.find(models=(args.model,))
+    if isinstance(found, str):
+        raise SystemExit(found)
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache
+    modes = args.modes.split(",")
+    runs: dict[str, list[list[float]]] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory(prefix="poll-cost-") as tmp:
+        engines = real.bench_engines(found, Path(tmp), args.model, args.kv_blocks)
+        try:
+            for engine in engines:
+                engine.launch()
+            for engine in engines:
+                engine.wait_healthy()
+            served = engines[0].served_name
+            real._workload([e.url for e in engines], 6, 32, args.seed + 1, served)  # warm-up
+            for repeat in range(args.repeats):
+                for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                    started = time.monotonic()
+                    runs[mode].append(_window(engines, found, Path(tmp), args, mode))
+                    print(f"repeat {repeat} {mode}: {time.monotonic() - started:.0f} s",
+                          flush=True)
+        finally:
+            for engine in engines:
+                engine.stop()
+    for mode, windows in runs.items():
+        pooled = sorted(t for w in windows for t in w)
+        line = (f"{mode:7} TTFT p50 {statistics.median(pooled):6.1f}  "
+                f"p90 {pooled[int(0.9 * len(pooled))]:6.1f} ms")
+        if mode != "quiet" and "quiet" in runs:
+            ratios = sorted(t / q for w, qw in zip(windows, runs["quiet"], strict=True)
+                            for t, q in zip(w, qw, strict=True))
+            line += (f"   per request / quiet: median {statistics.median(ratios):.3f}  "
+                     f"p10 {ratios[len(ratios) // 10]:.3f}  "
+                     f"p90 {ratios[int(0.9 * len(ratios))]:.3f}")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
