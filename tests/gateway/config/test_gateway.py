@@ -53,10 +53,18 @@ model = "m"
     ({"models": [{"name": "m"}], "index": {"targets": ["nohost"]}}, "index.targets"),
     ({"models": [{"name": "m"}], "workers": [{"id": "w"}]}, r"workers\[0\]: worker spec lacks"),
     ({"models": [{"name": "m", "tokenizer": "/nonexistent"}]}, "does not exist"),
+    ({"models": [{"name": "m"}], "load": {"poll_interval_s": 2}}, r"load\.poll_interval_s"),
 ])
 def test_config_errors_name_the_key(data: dict[str, object], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         GatewayConfig.from_mapping(data)
+
+
+def test_a_load_poll_slower_than_the_staleness_bound_is_allowed_once_the_bound_moves() -> None:
+    config = GatewayConfig.from_mapping({"models": [{"name": "m"}],
+                                         "load": {"poll_interval_s": 2},
+                                         "routing": {"load_stale_after_s": 5}})
+    assert (config.load.poll_interval_s, config.routing.load_stale_after_s) == (2, 5)
 
 
 def test_config_env_errors() -> None:

@@ -289,7 +289,7 @@ async def test_two_replicas_send_a_new_prefix_to_the_same_worker(
     # polled load. Polled at start only here, so the two views of a burst differ by each
     # replica's own requests alone — what the tie tolerance is for — and not, now and then,
     # by a poll that caught the other replica's first requests.
-    routing = RoutingConfig(load_stale_after_s=300.0)
+    routing = RoutingConfig(load_stale_after_s=600.0)
     async with cluster(redis, index_server, sims, start_gateway, http, routing, replicas=2,
                        load=LoadConfig(poll_interval_s=300.0)) as c:
         urls = [gw.url for gw in c.replicas]

@@ -115,6 +115,10 @@ class GatewayConfig:
         if self.server.read_timeout_s <= self.upstream.request_timeout_s:
             raise ConfigError("server.read_timeout_s: must exceed upstream.request_timeout_s "
                               f"({self.upstream.request_timeout_s:g}), or streams get cut")
+        if self.load.poll_interval_s >= self.routing.load_stale_after_s:
+            raise ConfigError("load.poll_interval_s: must be under routing.load_stale_after_s "
+                              f"({self.routing.load_stale_after_s:g}), or every engine's load "
+                              "counts as missing before the next poll")
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
