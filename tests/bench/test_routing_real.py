@@ -27,6 +27,7 @@ from cortex.bench.routing.real import (
     engine_max_len,
     fastokens_chosen,
     pooled_cpu,
+    served_by,
     summarise,
     write_report,
 )
@@ -88,6 +89,23 @@ def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     # one shot of 50 uncached tokens: the cheapest band, at its TTFT
     assert "| cortex | 50 | 1, 20 | 0, — | 0, — |" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
+    assert "## Engine changes" not in text  # no request's engine is known
+
+
+def test_the_engine_that_served_a_request_is_the_one_whose_work_grew() -> None:
+    assert served_by([10.0, 20.0], [10.0, 35.0]) == 1
+    assert served_by([10.0, 20.0], [10.0, 20.0]) == -1  # nothing read
+    assert served_by([10.0, 20.0], [11.0, 21.0]) == -1  # both worked: not one request's
+
+
+def test_the_report_counts_engine_changes_and_their_cold_requests(tmp_path: Path) -> None:
+    shots = [Shot(0.30, 900, 0, -1, 0, -1),  # a window's first request: unknown
+             Shot(0.40, 900, 0, -1, 1, 1), Shot(0.50, 900, 0, -1, 0, 1),
+             Shot(0.20, 900, 0, -1, 0, 0), Shot(0.05, 900, 800, -1, 0, 0)]
+    row = summarise("round_robin", shots, CPU)
+    (tmp_path / "real-round_robin.json").write_text(json.dumps(row))
+    text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
+    assert "| round_robin | 2 / 4 | 2 / 3 | 500 / 500 | 200 / 200 |" in text
 
 
 class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import http.client
 import json
@@ -54,6 +55,7 @@ from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
+from cortex.registry.engines import vllm_work_from_metrics
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
 from cortex.testing.vllm_engines import (
     BLOCK_SIZE,
@@ -79,12 +81,16 @@ _WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "rep
 
 @dataclass(frozen=True, slots=True)
 class Shot:
-    """One answered request: TTFT (s), the engine's counts, Cortex's prediction (-1: none)."""
+    """One answered request: TTFT (s), the engine's counts, Cortex's prediction (-1: none),
+    the engine that served it (its index; -1: not known) and whether that engine differs from
+    the previous request's in the same window (1), is the same (0) or is not known (-1)."""
 
     ttft_s: float
     prompt_tokens: int
     cached_tokens: int
     predicted: int
+    engine: int = -1
+    moved: int = -1
 
 
 class Conversations:
@@ -170,10 +176,14 @@ class Client:
 
 
 def _workload(urls: list[str], requests: int, conversations: int, seed: int,
-              model: str = "tiny-qwen") -> list[Shot]:
+              model: str = "tiny-qwen", engines: tuple[str, ...] = ()) -> list[Shot]:
+    """The seeded chat workload through ``urls`` (request *n* to ``urls[n % len]``). With
+    ``engines`` (their URLs), each request's serving engine is read from their work marks
+    after it (a ``/metrics`` render of each, between requests)."""
     chats = Conversations(conversations, seed)
-    shots = []
+    shots: list[Shot] = []
     client = Client()
+    marks = [_work_mark(url) for url in engines]
     try:
         for n in range(requests):
             i, messages = chats.next()
@@ -182,10 +192,29 @@ def _workload(urls: list[str], requests: int, conversations: int, seed: int,
                     "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
             shot, answer = client.stream(urls[n % len(urls)], body)
             chats.answered(i, messages, answer, shot.prompt_tokens)
+            if engines:
+                before, marks = marks, [_work_mark(url) for url in engines]
+                engine = served_by(before, marks)
+                last = shots[-1].engine if shots else -1
+                moved = -1 if engine < 0 or last < 0 else int(engine != last)
+                shot = dataclasses.replace(shot, engine=engine, moved=moved)
             shots.append(shot)
     finally:
         client.close()
     return shots
+
+
+def _work_mark(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        mark = vllm_work_from_metrics(response.read().decode())
+    return mark[0] if mark else 0.0
+
+
+def served_by(before: list[float], after: list[float]) -> int:
+    """The one engine whose work mark (prompt plus generated tokens) grew, or -1 when none
+    or several did."""
+    grew = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a > b]
+    return grew[0] if len(grew) == 1 else -1
 
 
 def _post(url: str) -> None:
@@ -465,7 +494,8 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
         with spy or contextlib.nullcontext():
             engines0 = _engines_cpu_s(engines)
             meter = CpuMeter(pids)
-            shots = _workload(urls, requests, conversations, seed, served)
+            shots = _workload(urls, requests, conversations, seed, served,
+                              tuple(e.url for e in engines))
             cpu = meter.stop()
             engines_s = _engines_cpu_s(engines) - engines0
     cpu["engines_cores"] = round(engines_s / cpu["wall_s"], 2) if cpu["wall_s"] else 0.0
@@ -527,7 +557,8 @@ def write_report(out: Path, command: str) -> Path:
                      f"{r['routing_cpu_ms_per_request']} | {per} | {cores} | {reps} |")
     lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
               " over-predictions cannot be counted from outside.", "",
-              "![hit rate and TTFT](real-engines.png)", "", *_uncached_lines(rows)]
+              "![hit rate and TTFT](real-engines.png)", "", *_uncached_lines(rows),
+              *_alternation_lines(rows)]
     for r in rows:
         if r.get("profile"):
             lines += _profile_lines(r)
@@ -565,6 +596,36 @@ def _uncached_lines(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['contender']} | {sum(uncached) / len(uncached):.0f} | "
                      + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def _alternation_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How often each router changed engines between consecutive requests, and what that
+    did to the cold ones (nothing cached): vLLM's CPU worker spins for a second after each
+    step, so a prefill right after the other engine ran shares the cores with it."""
+    lines = ["## Engine changes between consecutive requests", "",
+             "Each request's engine is read from the engines' work marks after it. A request "
+             "*moved* when the previous request of its window ran on the other engine. An "
+             "idle vLLM worker on CPU spins for a second after its last step, so a moved "
+             "request's prefill shares the cores with the other engine's worker. Cold: "
+             "nothing of its prompt cached.", "",
+             "| contender | moved / known | cold: moved / known | cold moved: TTFT p50 / p90 "
+             "ms | cold stayed: TTFT p50 / p90 ms |", "|---|---|---|---|---|"]
+    kept = 0
+    for r in rows:
+        shots = [Shot(**s) for s in r.get("shots", ())]
+        known = [s for s in shots if s.moved >= 0]
+        if not known:
+            continue
+        kept += 1
+        cold = [s for s in known if s.cached_tokens == 0]
+        cells = []
+        for moved in (1, 0):
+            ttft = [s.ttft_s * 1000 for s in cold if s.moved == moved]
+            cells.append(f"{_percentile(ttft, 0.5):.0f} / {_percentile(ttft, 0.9):.0f}"
+                         if ttft else "—")
+        lines.append(f"| {r['contender']} | {sum(s.moved for s in known)} / {len(known)} | "
+                     f"{sum(s.moved for s in cold)} / {len(cold)} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""] if kept else []
 
 
 def _profile_lines(row: dict[str, Any]) -> list[str]:
