@@ -24,6 +24,7 @@ from cortex.bench.routing.real import (
     Client,
     Conversations,
     Shot,
+    _workload,
     engine_max_len,
     fastokens_chosen,
     pooled_cpu,
@@ -147,6 +148,29 @@ def test_the_client_sends_again_on_a_connection_the_server_closed() -> None:
             assert closed.acquire(timeout=10)  # the server closed that connection
     finally:
         client.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_clients_send_at_once_each_its_own_share() -> None:
+    pairs = threading.Barrier(2, timeout=10)  # every request waits for another in flight
+
+    class Paired(_ClosesAfterEachAnswer):
+        def do_POST(self) -> None:
+            try:
+                pairs.wait()
+            except threading.BrokenBarrierError:
+                self.send_error(503)
+                return
+            super().do_POST()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Paired)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        shots = _workload([url], 4, 4, 0, clients=2)
+        assert [s.prompt_tokens for s in shots] == [3] * 4
+    finally:
         server.shutdown()
         server.server_close()
 

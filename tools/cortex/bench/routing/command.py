@@ -236,6 +236,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="real engines: conversations the requests are drawn from")
     parser.add_argument("--replicas", type=int, default=1,
                         help="real engines: routers per contender (Cortex: gateways)")
+    parser.add_argument("--clients", type=int, default=1,
+                        help="real engines: clients sending at once, each with its own "
+                             "conversations, one request at a time (default 1: sequential)")
     parser.add_argument("--real-model", default="model-qwen-slow", choices=REAL_MODELS,
                         help="real engines: the model directory the engines serve (default "
                              "model-qwen-slow, whose prefill shows in TTFT; model-qwen: the "
@@ -255,6 +258,8 @@ def _run_real(args: argparse.Namespace) -> int:
     chosen = (",".join(REAL_CONTENDERS) if args.contenders == DEFAULT_CONTENDERS
               else args.contenders)
     _choice(chosen, REAL_CONTENDERS, "contenders")
+    if args.clients < 1:
+        raise SystemExit("bench routing --real-engines: --clients must be at least 1")
     contenders = [c.strip() for c in chosen.split(",") if c.strip()]  # run in the order given
     out = Path(args.out)
     repeats = args.repeats or 1
@@ -262,10 +267,12 @@ def _run_real(args: argparse.Namespace) -> int:
     run_real(out, contenders, requests=args.requests, conversations=args.conversations,
              replicas=args.replicas, seed=args.seed, profile=args.profile,
              model=args.real_model, kv_blocks=args.kv_blocks, repeats=repeats,
-             quiet_wait_s=quiet_wait_s, max_foreign_cores=args.max_foreign_cores)
+             quiet_wait_s=quiet_wait_s, max_foreign_cores=args.max_foreign_cores,
+             clients=args.clients)
     command = ("cortex bench routing --real-engines --real-model "
                f"{args.real_model} --requests {args.requests} --conversations "
-               f"{args.conversations} --replicas {args.replicas} --kv-blocks "
+               f"{args.conversations} --replicas {args.replicas} --clients {args.clients} "
+               "--kv-blocks "
                f"{args.kv_blocks} --repeats {repeats} --quiet-wait-s {quiet_wait_s:g} "
                f"--max-foreign-cores {args.max_foreign_cores:g} --contenders {','.join(contenders)}"
                f"{' --profile' if args.profile else ''}")

@@ -33,6 +33,7 @@ the contenders' order; a contender's numbers pool its repetitions' requests.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -176,11 +177,27 @@ class Client:
 
 
 def _workload(urls: list[str], requests: int, conversations: int, seed: int,
-              model: str = "tiny-qwen", engines: tuple[str, ...] = ()) -> list[Shot]:
-    """The seeded chat workload through ``urls`` (request *n* to ``urls[n % len]``). With
-    ``engines`` (their URLs), each request's serving engine is read from their work marks
+              model: str = "tiny-qwen", engines: tuple[str, ...] = (), clients: int = 1
+              ) -> list[Shot]:
+    """The seeded chat workload through ``urls`` (a client's request *n* to
+    ``urls[n % len]``, each client starting at another one). ``clients`` send at once, each
+    its own share of the requests and conversations, one request at a time. With ``engines``
+    (their URLs) and one client, each request's serving engine is read from their work marks
     after it (a ``/metrics`` render of each, between requests)."""
-    chats = Conversations(conversations, seed)
+    if clients == 1:
+        return _client(urls, requests, Conversations(conversations, seed), model, engines)
+    shares = [requests // clients + (t < requests % clients) for t in range(clients)]
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(_client, urls[t % len(urls):] + urls[:t % len(urls)], share,
+                               Conversations(max(1, conversations // clients), seed + 1000 * t),
+                               model, ())
+                   for t, share in enumerate(shares)]
+        return [shot for future in futures for shot in future.result()]
+
+
+def _client(urls: list[str], requests: int, chats: Conversations, model: str,
+            engines: tuple[str, ...]) -> list[Shot]:
+    """One client's requests, one at a time (see :func:`_workload`)."""
     shots: list[Shot] = []
     client = Client()
     marks = [_work_mark(url) for url in engines]
@@ -365,15 +382,16 @@ def pooled_cpu(windows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_real(out: Path, contenders: list[str], *, requests: int, conversations: int,
              replicas: int, seed: int, profile: bool = False, model: str = "model-qwen",
              kv_blocks: int = KV_BLOCKS, repeats: int = 1, quiet_wait_s: float = 0.0,
-             max_foreign_cores: float = float("inf"), noisy_retries: int = 1
-             ) -> list[dict[str, Any]]:
+             max_foreign_cores: float = float("inf"), noisy_retries: int = 1,
+             clients: int = 1) -> list[dict[str, Any]]:
     """Run each contender in front of the same two engines serving ``model`` (a directory
     of the install, :data:`REAL_MODELS`) with ``kv_blocks`` blocks of KV cache each (fewer:
     more eviction), ``repeats`` times (the order reversed every other time); one JSON per
     contender in ``out`` (``real-<contender>.json``). Noise control: the module's doc.
     ``profile``: py-spy samples Cortex's first gateway during its first workload; its top
     frames go into the row (``profile``) and the raw stacks beside it
-    (``real-cortex.profile.txt``)."""
+    (``real-cortex.profile.txt``). ``clients``: conversations sent at once (1: one request
+    at a time)."""
     if model not in MODELS:
         raise SystemExit(f"bench routing --real-engines: no model {model!r} (one of "
                          f"{', '.join(REAL_MODELS)})")
@@ -401,7 +419,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                     window = _window(contender, engines, found, run_dir, out, replicas,
                                      requests, conversations, seed, served,
                                      profile and repetition == 0 and attempt == 0,
-                                     quiet_wait_s)
+                                     quiet_wait_s, clients)
                     window["repetition"] = repetition
                     # kept as it ends: a run that dies later (an engine killed for memory)
                     # still leaves its finished windows
@@ -425,7 +443,8 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
             shots = [Shot(**s) for w in kept for s in w["shots"]]
             cpu = pooled_cpu([w["cpu"] for w in kept])
             row = summarise(contender, shots, cpu)
-            row.update(model=model, dtype=dtype, kv_blocks=kv_blocks, replicas=replicas, cpu=cpu,
+            row.update(model=model, dtype=dtype, kv_blocks=kv_blocks, replicas=replicas,
+                       clients=clients, cpu=cpu,
                        repetitions=[{k: w[k] for k in ("repetition", "hit_rate",
                                                        "ttft_p50_ms", "ttft_p90_ms",
                                                        "routing_cpu_ms_per_request")}
@@ -480,7 +499,8 @@ def engine_max_len(kv_blocks: int) -> int:
 
 def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
             out: Path, replicas: int, requests: int, conversations: int, seed: int,
-            served: str, profile: bool, quiet_wait_s: float) -> dict[str, Any]:
+            served: str, profile: bool, quiet_wait_s: float, clients: int = 1
+            ) -> dict[str, Any]:
     """One contender's workload on emptied caches: its summary, with the CPU of the
     engines and of other work during it (``cpu``)."""
     empty_caches(engines, served)
@@ -495,7 +515,7 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
             engines0 = _engines_cpu_s(engines)
             meter = CpuMeter(pids)
             shots = _workload(urls, requests, conversations, seed, served,
-                              tuple(e.url for e in engines))
+                              tuple(e.url for e in engines), clients)
             cpu = meter.stop()
             engines_s = _engines_cpu_s(engines) - engines0
     cpu["engines_cores"] = round(engines_s / cpu["wall_s"], 2) if cpu["wall_s"] else 0.0
@@ -518,6 +538,10 @@ def write_report(out: Path, command: str) -> Path:
     models = sorted({r.get("model", "model-qwen") for r in rows})
     blocks = sorted({r.get("kv_blocks", KV_BLOCKS) for r in rows})
     dtypes = sorted({r.get("dtype", "bfloat16") for r in rows})
+    clients = sorted({r.get("clients", 1) for r in rows})
+    sending = ("Sequential streamed multi-turn chat" if clients == [1] else
+               f"Streamed multi-turn chat from {' / '.join(map(str, clients))} clients at "
+               "once, each with its own conversations, one request at a time")
     lines = [
         "# Routing in front of two real vLLM engines", "",
         "`" + command + "` (tools/cortex/bench/routing/real.py; contenders one after another, "
@@ -528,7 +552,7 @@ def write_report(out: Path, command: str) -> Path:
         "AVX-512 BF16 or AMX; else float32), block 16, "
         f"{' / '.join(map(str, blocks))}-block KV caches), "
         "the routing tier on the same "
-        "2 cores. Sequential streamed multi-turn chat (seeded; conversations restart near "
+        f"2 cores. {sending} (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
         "tokens. CPU: user + system seconds of every routing-tier process, per request. "
         "Noise: before each contender's window the run waits for work outside the engines "
