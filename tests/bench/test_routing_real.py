@@ -155,14 +155,23 @@ def test_the_client_sends_again_on_a_connection_the_server_closed() -> None:
 def test_clients_send_at_once_each_its_own_share() -> None:
     pairs = threading.Barrier(2, timeout=10)  # every request waits for another in flight
 
-    class Paired(_ClosesAfterEachAnswer):
+    class Paired(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # connections kept alive, as an engine keeps them
+
         def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
             try:
                 pairs.wait()
+                answer, status = _ClosesAfterEachAnswer.answer, 200
             except threading.BrokenBarrierError:
-                self.send_error(503)
-                return
-            super().do_POST()
+                answer, status = b"alone", 503
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Paired)
     threading.Thread(target=server.serve_forever, daemon=True).start()

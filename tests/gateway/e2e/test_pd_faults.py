@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -360,9 +361,12 @@ async def test_pd_saturated_decode_is_not_taken_for_a_wedge(
                              timing=TimingConfig(prefill_ms_per_uncached_token=0.0,
                                                  prefill_overhead_ms=0.0,
                                                  decode_ms_per_token=20.0))
+    # the third answer waits 3.2 s behind the other two and takes 1.6 s itself: the leg
+    # timeout must leave room for that on a loaded machine (FAST's 5 s left 0.2 s)
+    pd = dataclasses.replace(FAST, decode_timeout_s=30.0)
     gw = await start_gateway([spec_of(prefill, "p0", role="prefill"),
                               spec_of(decode, "d0", role="decode")],
-                             models=models("vllm"), pd=FAST, upstream=WATCH, health=QUIET)
+                             models=models("vllm"), pd=pd, upstream=WATCH, health=QUIET)
     answers = await asyncio.gather(*(post(http, gw, chat(f"busy {i}", max_tokens=80,
                                                          ignore_eos=True))
                                      for i in range(3)))

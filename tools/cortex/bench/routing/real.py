@@ -165,6 +165,7 @@ class Client:
                     ttft = ttft if ttft is not None else time.perf_counter() - started
                     text.append(piece)
             usage = chunk.get("usage") or usage
+        response.close()  # read to its end; a Content-Length answer read by lines stays open
         details = usage.get("prompt_tokens_details") or {}
         shot = Shot(ttft if ttft is not None else time.perf_counter() - started,
                     int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0),
