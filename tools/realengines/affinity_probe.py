@@ -36,16 +36,12 @@ def main() -> None:
         raise SystemExit(found)
     rng = random.Random(0)
     ttfts: dict[str, list[float]] = {"alternating": [], "same engine": []}
-    with tempfile.TemporaryDirectory(prefix="affinity-") as tmp:
-        engines = real.bench_engines(found, Path(tmp), args.model, args.kv_blocks)
-        client = real.Client()
+    client = real.Client()
+    with (tempfile.TemporaryDirectory(prefix="affinity-") as tmp,
+          real.running_engines(found, Path(tmp), args.model, args.kv_blocks) as engines):
+        served = engines[0].served_name
+        urls = [e.url for e in engines]
         try:
-            for engine in engines:
-                engine.launch()
-            for engine in engines:
-                engine.wait_healthy()
-            served = engines[0].served_name
-            urls = [e.url for e in engines]
             for n in range(args.requests):
                 block = n // 10
                 way = "alternating" if block % 2 == 0 else "same engine"
@@ -59,8 +55,6 @@ def main() -> None:
                     ttfts[way].append(shot.ttft_s * 1000)
         finally:
             client.close()
-            for engine in engines:
-                engine.stop()
     for way, values in ttfts.items():
         values.sort()
         print(f"{way:12} {len(values)} cold requests: TTFT p50 {statistics.median(values):.1f}"

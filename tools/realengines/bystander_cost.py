@@ -89,24 +89,16 @@ def main() -> None:
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache
     modes = args.modes.split(",")
     runs: dict[str, list[list[float]]] = {mode: [] for mode in modes}
-    with tempfile.TemporaryDirectory(prefix="poll-cost-") as tmp:
-        engines = real.bench_engines(found, Path(tmp), args.model, args.kv_blocks)
-        try:
-            for engine in engines:
-                engine.launch()
-            for engine in engines:
-                engine.wait_healthy()
-            served = engines[0].served_name
-            real._workload([e.url for e in engines], 6, 32, args.seed + 1, served)  # warm-up
-            for repeat in range(args.repeats):
-                for mode in modes if repeat % 2 == 0 else modes[::-1]:
-                    started = time.monotonic()
-                    runs[mode].append(_window(engines, found, Path(tmp), args, mode))
-                    print(f"repeat {repeat} {mode}: {time.monotonic() - started:.0f} s",
-                          flush=True)
-        finally:
-            for engine in engines:
-                engine.stop()
+    with (tempfile.TemporaryDirectory(prefix="bystander-") as tmp,
+          real.running_engines(found, Path(tmp), args.model, args.kv_blocks) as engines):
+        served = engines[0].served_name
+        real._workload([e.url for e in engines], 6, 32, args.seed + 1, served)  # warm-up
+        for repeat in range(args.repeats):
+            for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                started = time.monotonic()
+                runs[mode].append(_window(engines, found, Path(tmp), args, mode))
+                print(f"repeat {repeat} {mode}: {time.monotonic() - started:.0f} s",
+                      flush=True)
     for mode, windows in runs.items():
         pooled = sorted(t for w in windows for t in w)
         line = (f"{mode:7} TTFT p50 {statistics.median(pooled):6.1f}  "

@@ -62,17 +62,9 @@ def main() -> None:
     if isinstance(found, str):
         raise SystemExit(found)
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache after the warm-up
-    with tempfile.TemporaryDirectory(prefix="ttft-split-") as tmp:
-        engines = real.bench_engines(found, Path(tmp), args.model, args.kv_blocks)
-        try:
-            for engine in engines:
-                engine.launch()
-            for engine in engines:
-                engine.wait_healthy()
-            rows = _run(engines, found, Path(tmp), args)
-        finally:
-            for engine in engines:
-                engine.stop()
+    with (tempfile.TemporaryDirectory(prefix="ttft-split-") as tmp,
+          real.running_engines(found, Path(tmp), args.model, args.kv_blocks) as engines):
+        rows = _run(engines, found, Path(tmp), args)
     _report(rows, args.show_over_ms)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

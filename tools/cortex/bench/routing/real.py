@@ -402,14 +402,9 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
-    engines = bench_engines(found, run_dir, model, kv_blocks)
-    served, dtype = engines[0].served_name, engines[0].dtype
     rows = []
-    try:
-        for engine in engines:
-            engine.launch()
-        for engine in engines:
-            engine.wait_healthy()
+    with running_engines(found, run_dir, model, kv_blocks) as engines:
+        served, dtype = engines[0].served_name, engines[0].dtype
         # first requests pay the engines' own warm-up: not any contender's
         _workload([e.url for e in engines], 6, conversations, seed + 1, served)
         windows: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
@@ -459,9 +454,6 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                   f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']} ms, routing CPU "
                   f"{row['routing_cpu_ms_per_request']} ms/request", flush=True)
             rows.append(row)
-    finally:
-        for engine in engines:
-            engine.stop()
     return rows
 
 
@@ -473,6 +465,22 @@ def bench_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: in
     kv_bytes = kv_blocks * BLOCK_SIZE * install.kv_bytes_per_token(model, dtype)
     return [VllmEngine(install, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype,
                        max_model_len=engine_max_len(kv_blocks)) for _ in range(2)]
+
+
+@contextlib.contextmanager
+def running_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int
+                    ) -> Iterator[list[VllmEngine]]:
+    """:func:`bench_engines`, launched and healthy for the block; stopped after it."""
+    engines = bench_engines(install, run_dir, model, kv_blocks)
+    try:
+        for engine in engines:
+            engine.launch()
+        for engine in engines:
+            engine.wait_healthy()
+        yield engines
+    finally:
+        for engine in engines:
+            engine.stop()
 
 
 def empty_caches(engines: list[VllmEngine], served: str) -> None:
