@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import tempfile
 import threading
@@ -34,11 +33,10 @@ from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
 
 class Poller:
-    """``GET /metrics`` on every engine each ``interval_s`` until stopped (the poll count)."""
+    """``GET /metrics`` on every engine each ``interval_s`` until stopped."""
 
     def __init__(self, urls: list[str], interval_s: float) -> None:
         self.urls, self.interval_s = urls, interval_s
-        self.polls = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -55,7 +53,6 @@ class Poller:
             for url in self.urls:
                 with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
                     response.read()
-                self.polls += 1
 
 
 def _window(engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
@@ -86,7 +83,6 @@ def main() -> None:
     found = VllmInstall.find(models=(args.model,))
     if isinstance(found, str):
         raise SystemExit(found)
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache
     modes = args.modes.split(",")
     runs: dict[str, list[list[float]]] = {mode: [] for mode in modes}
     with (tempfile.TemporaryDirectory(prefix="bystander-") as tmp,
@@ -102,13 +98,13 @@ def main() -> None:
     for mode, windows in runs.items():
         pooled = sorted(t for w in windows for t in w)
         line = (f"{mode:7} TTFT p50 {statistics.median(pooled):6.1f}  "
-                f"p90 {pooled[int(0.9 * len(pooled))]:6.1f} ms")
+                f"p90 {real._percentile(pooled, 0.9):6.1f} ms")
         if mode != "quiet" and "quiet" in runs:
             ratios = sorted(t / q for w, qw in zip(windows, runs["quiet"], strict=True)
                             for t, q in zip(w, qw, strict=True))
             line += (f"   per request / quiet: median {statistics.median(ratios):.3f}  "
-                     f"p10 {ratios[len(ratios) // 10]:.3f}  "
-                     f"p90 {ratios[int(0.9 * len(ratios))]:.3f}")
+                     f"p10 {real._percentile(ratios, 0.1):.3f}  "
+                     f"p90 {real._percentile(ratios, 0.9):.3f}")
         print(line)
 
 

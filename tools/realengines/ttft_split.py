@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import tempfile
@@ -43,9 +42,8 @@ def sums(url: str, names: tuple[str, ...]) -> dict[str, float]:
 
 
 def quantiles(values: list[float]) -> str:
-    ordered = sorted(values)
-    return (f"p50 {statistics.median(ordered):.1f}  p90 {ordered[int(0.9 * len(ordered))]:.1f}"
-            f"  max {ordered[-1]:.1f}")
+    return (f"p50 {statistics.median(values):.1f}  p90 {real._percentile(values, 0.9):.1f}"
+            f"  max {max(values):.1f}")
 
 
 def main() -> None:
@@ -61,7 +59,6 @@ def main() -> None:
     found = VllmInstall.find(models=(args.model,))
     if isinstance(found, str):
         raise SystemExit(found)
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache after the warm-up
     with (tempfile.TemporaryDirectory(prefix="ttft-split-") as tmp,
           real.running_engines(found, Path(tmp), args.model, args.kv_blocks) as engines):
         rows = _run(engines, found, Path(tmp), args)

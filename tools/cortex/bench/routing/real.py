@@ -39,7 +39,6 @@ import dataclasses
 import functools
 import http.client
 import json
-import os
 import random
 import re
 import time
@@ -399,7 +398,6 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     found = VllmInstall.find(models=(model,))
     if isinstance(found, str):
         raise SystemExit(f"bench routing --real-engines: {found}")
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between contenders
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
     rows = []
@@ -460,11 +458,13 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
 def bench_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int
                   ) -> list[VllmEngine]:
     """The benchmark's two engines, not started: ``kv_blocks`` blocks of KV cache each, in
-    the dtype this CPU computes natively, with a context their cache holds."""
+    the dtype this CPU computes natively, with a context their cache holds, in vLLM's dev
+    mode (its ``/reset_prefix_cache``, :func:`empty_caches`)."""
     dtype = native_dtype()
     kv_bytes = kv_blocks * BLOCK_SIZE * install.kv_bytes_per_token(model, dtype)
     return [VllmEngine(install, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype,
-                       max_model_len=engine_max_len(kv_blocks)) for _ in range(2)]
+                       max_model_len=engine_max_len(kv_blocks),
+                       env={"VLLM_SERVER_DEV_MODE": "1"}) for _ in range(2)]
 
 
 @contextlib.contextmanager
@@ -484,8 +484,8 @@ def running_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: 
 
 
 def empty_caches(engines: list[VllmEngine], served: str) -> None:
-    """Every engine's prefix cache emptied, and the emptying published as an event (needs
-    ``VLLM_SERVER_DEV_MODE=1`` when the engines started)."""
+    """Every engine's prefix cache emptied, and the emptying published as an event (the
+    engines run in dev mode: :func:`bench_engines`)."""
     for engine in engines:
         _post(engine.url + "/reset_prefix_cache")
         # the reset's AllBlocksCleared is published with the engine's next step: one step of
@@ -643,22 +643,21 @@ def _alternation_lines(rows: list[dict[str, Any]]) -> list[str]:
              "nothing of its prompt cached.", "",
              "| contender | moved / known | cold: moved / known | cold moved: TTFT p50 / p90 "
              "ms | cold stayed: TTFT p50 / p90 ms |", "|---|---|---|---|---|"]
-    kept = 0
+    table = []
     for r in rows:
         shots = [Shot(**s) for s in r.get("shots", ())]
         known = [s for s in shots if s.moved >= 0]
         if not known:
             continue
-        kept += 1
         cold = [s for s in known if s.cached_tokens == 0]
         cells = []
         for moved in (1, 0):
             ttft = [s.ttft_s * 1000 for s in cold if s.moved == moved]
             cells.append(f"{_percentile(ttft, 0.5):.0f} / {_percentile(ttft, 0.9):.0f}"
                          if ttft else "—")
-        lines.append(f"| {r['contender']} | {sum(s.moved for s in known)} / {len(known)} | "
+        table.append(f"| {r['contender']} | {sum(s.moved for s in known)} / {len(known)} | "
                      f"{sum(s.moved for s in cold)} / {len(cold)} | {cells[0]} | {cells[1]} |")
-    return [*lines, ""] if kept else []
+    return [*lines, *table, ""] if table else []
 
 
 def _profile_lines(row: dict[str, Any]) -> list[str]:
