@@ -18,18 +18,21 @@ import pytest
 from cortex.bench.procstat import cpu_s, session_cpu_s
 from cortex.bench.routing import command as routing
 from cortex.bench.routing.real import (
+    ENGINE_TIMES,
     KV_BLOCKS,
     LONGEST_PROMPT,
     REAL_MODELS,
     Client,
     Conversations,
     Shot,
+    _histogram_totals,
     _workload,
     engine_max_len,
     fastokens_chosen,
     pooled_cpu,
     served_by,
     summarise,
+    time_split,
     write_report,
 )
 from cortex.testing import wait_until
@@ -107,6 +110,65 @@ def test_the_report_counts_engine_changes_and_their_cold_requests(tmp_path: Path
     (tmp_path / "real-round_robin.json").write_text(json.dumps(row))
     text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
     assert "| round_robin | 2 / 4 | 2 / 3 | 500 / 500 | 200 / 200 |" in text
+
+
+_ENGINE_METRICS = """\
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 1.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 2.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.1
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 2.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.3
+vllm:request_prefill_time_seconds_created{engine="0",model_name="m"} 1.7e9
+"""
+
+
+def test_the_time_to_first_token_is_split_by_the_engines_histograms() -> None:
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = _ENGINE_METRICS.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        totals = _histogram_totals([url, url], ENGINE_TIMES)  # two engines, summed
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert totals["vllm:time_to_first_token_seconds_count"] == 4.0
+    assert totals["vllm:time_to_first_token_seconds_sum"] == 1.0
+    shots = [Shot(0.30, 100, 0, -1), Shot(0.40, 100, 0, -1), Shot(0.20, 100, 0, -1),
+             Shot(0.30, 100, 0, -1)]
+    split = time_split(shots, totals, {})
+    assert split == {"client_ttft_ms": 300.0, "engine_ttft_ms": 250.0, "engine_queue_ms": 50.0,
+                     "engine_prefill_ms": 150.0, "routing_ms": None,
+                     "upstream_first_byte_ms": None, "path_ms": 50.0}
+    gateway = {"cortex_gateway_routing_seconds_sum": 0.008,
+               "cortex_gateway_routing_seconds_count": 4.0,
+               "cortex_gateway_upstream_first_byte_seconds_sum": 1.04,
+               "cortex_gateway_upstream_first_byte_seconds_count": 4.0}
+    assert time_split(shots, totals, gateway)["routing_ms"] == 2.0
+    assert time_split([], {}, {})["client_ttft_ms"] is None  # nothing measured: no mean
+
+
+def test_the_report_says_where_the_time_to_first_token_went(tmp_path: Path) -> None:
+    row = summarise("cortex", [Shot(0.30, 100, 0, -1)], CPU)
+    row["time_split"] = {"client_ttft_ms": 300.0, "engine_ttft_ms": 250.0,
+                         "engine_queue_ms": 50.0, "engine_prefill_ms": 150.0,
+                         "routing_ms": 2.0, "upstream_first_byte_ms": 260.0, "path_ms": 50.0}
+    (tmp_path / "real-cortex.json").write_text(json.dumps(row))
+    text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
+    assert "| cortex | 300.0 | 250.0 | 50.0 | 150.0 | 50.0 | 2.0 | 260.0 |" in text
 
 
 class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):

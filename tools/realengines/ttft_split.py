@@ -19,26 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from cortex.bench.routing import real
+from cortex.bench.routing.real import metric_sums as sums
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
 GATEWAY = ("cortex_gateway_routing_seconds_sum", "cortex_gateway_upstream_first_byte_seconds_sum")
 ENGINE = ("vllm:time_to_first_token_seconds_sum", "vllm:request_queue_time_seconds_sum",
           "vllm:request_prefill_time_seconds_sum")
-
-
-def sums(url: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Each metric's samples summed over label sets, from ``url``'s ``/metrics``."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {name: sum(float(v) for v in re.findall(
-        rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)) for name in names}
 
 
 def quantiles(values: list[float]) -> str:

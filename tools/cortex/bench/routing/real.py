@@ -234,6 +234,54 @@ def served_by(before: list[float], after: list[float]) -> int:
     return grew[0] if len(grew) == 1 else -1
 
 
+ENGINE_TIMES = ("vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds",
+                "vllm:request_prefill_time_seconds")
+"""The engines' own histograms of where a request's time to first token went (from its
+arrival at the API server; waiting for the scheduler; computing the prompt)."""
+GATEWAY_TIMES = ("cortex_gateway_routing_seconds", "cortex_gateway_upstream_first_byte_seconds")
+
+
+def metric_sums(url: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Each metric's samples summed over label sets, from ``url``'s ``/metrics``."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {name: sum(float(v) for v in re.findall(
+        rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)) for name in names}
+
+
+def _histogram_totals(urls: list[str], names: tuple[str, ...]) -> dict[str, float]:
+    """Every ``name``'s ``_sum`` and ``_count``, summed over ``urls``."""
+    keys = tuple(f"{n}_{part}" for n in names for part in ("sum", "count"))
+    totals = dict.fromkeys(keys, 0.0)
+    for url in urls:
+        for key, value in metric_sums(url, keys).items():
+            totals[key] += value
+    return totals
+
+
+def time_split(shots: list[Shot], engine: dict[str, float], gateway: dict[str, float]
+               ) -> dict[str, float | None]:
+    """Mean milliseconds per request of the client's TTFT and, from histogram totals
+    gathered over the same requests (``engine``: :data:`ENGINE_TIMES`; ``gateway``:
+    :data:`GATEWAY_TIMES`, empty for a peer), of each part; ``path`` is the client's TTFT
+    less the engine's: the routing tier, the HTTP hops and any CPU they waited for."""
+    def mean(totals: dict[str, float], name: str) -> float | None:
+        count = totals.get(f"{name}_count", 0.0)
+        return round(totals[f"{name}_sum"] / count * 1000, 1) if count else None
+
+    client = round(sum(s.ttft_s for s in shots) / len(shots) * 1000, 1) if shots else None
+    split: dict[str, float | None] = {"client_ttft_ms": client}
+    for key, name in zip(("engine_ttft_ms", "engine_queue_ms", "engine_prefill_ms"),
+                         ENGINE_TIMES, strict=True):
+        split[key] = mean(engine, name)
+    for key, name in zip(("routing_ms", "upstream_first_byte_ms"), GATEWAY_TIMES, strict=True):
+        split[key] = mean(gateway, name) if gateway else None
+    engine_ttft = split["engine_ttft_ms"]
+    split["path_ms"] = (round(client - engine_ttft, 1)
+                        if client is not None and engine_ttft is not None else None)
+    return split
+
+
 def _post(url: str) -> None:
     request = urllib.request.Request(url, data=b"", method="POST")
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -447,12 +495,22 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                                     for w in windows[contender]])
             row.update(next(({"profile": w["profile"]} for w in windows[contender]
                              if "profile" in w), {}))
+            row["time_split"] = time_split(shots, *(_pooled([w["times"][i] for w in kept])
+                                                    for i in range(2)))
             (out / f"real-{contender}.json").write_text(json.dumps(row, indent=1) + "\n")
             print(f"  {contender}: hit {row['hit_rate']:.1%}, TTFT p50/p90 "
                   f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']} ms, routing CPU "
                   f"{row['routing_cpu_ms_per_request']} ms/request", flush=True)
             rows.append(row)
     return rows
+
+
+def _pooled(totals: list[dict[str, float]]) -> dict[str, float]:
+    pooled: dict[str, float] = {}
+    for window in totals:
+        for key, value in window.items():
+            pooled[key] = pooled.get(key, 0.0) + value
+    return pooled
 
 
 def bench_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int
@@ -520,17 +578,25 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
         _wait_quiet(engines, quiet_wait_s)
         spy = (Profile(pids["gateway-0"], out / f"real-{contender}.profile.txt")
                if profile and contender == "cortex" else None)
+        engine_urls = [e.url for e in engines]
+        gateways = urls if contender == "cortex" else []
         with spy or contextlib.nullcontext():
+            times0 = (_histogram_totals(engine_urls, ENGINE_TIMES),
+                      _histogram_totals(gateways, GATEWAY_TIMES))
             engines0 = _engines_cpu_s(engines)
             meter = CpuMeter(pids)
             shots = _workload(urls, requests, conversations, seed, served,
-                              tuple(e.url for e in engines), clients)
+                              tuple(engine_urls), clients)
             cpu = meter.stop()
             engines_s = _engines_cpu_s(engines) - engines0
+            times1 = (_histogram_totals(engine_urls, ENGINE_TIMES),
+                      _histogram_totals(gateways, GATEWAY_TIMES))
     cpu["engines_cores"] = round(engines_s / cpu["wall_s"], 2) if cpu["wall_s"] else 0.0
     cpu["foreign_cores"] = round(max(cpu["foreign_cores"] - cpu["engines_cores"], 0.0), 2)
     window = summarise(contender, shots, cpu)
     window["cpu"] = cpu
+    window["times"] = [{k: after[k] - before.get(k, 0.0) for k in after}
+                       for before, after in zip(times0, times1, strict=True)]
     if spy is not None:
         frames, samples = spy.top(20)
         window["profile"] = {"process": "gateway-0", "samples": samples,
@@ -591,7 +657,7 @@ def write_report(out: Path, command: str) -> Path:
     lines += ["", "Only Cortex reports its prediction (`x-cortex-cache-hit-tokens`); the peers'"
               " over-predictions cannot be counted from outside.", "",
               "![hit rate and TTFT](real-engines.png)", "", *_uncached_lines(rows),
-              *_alternation_lines(rows)]
+              *_split_lines(rows), *_alternation_lines(rows)]
     for r in rows:
         if r.get("profile"):
             lines += _profile_lines(r)
@@ -628,6 +694,33 @@ def _uncached_lines(rows: list[dict[str, Any]]) -> list[str]:
             cells.append(f"{len(band)}, {_percentile(band, 0.5):.0f}" if band else "0, —")
         lines.append(f"| {r['contender']} | {sum(uncached) / len(uncached):.0f} | "
                      + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _split_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the time to first token went, in means per request: the engines' own account
+    (their histograms) against the client's."""
+    def cell(value: float | None) -> str:
+        return "—" if value is None else f"{value:.1f}"
+
+    table = [r for r in rows if r.get("time_split")]
+    if not table:
+        return []
+    lines = ["## Where the time to first token goes", "",
+             "Means per request over the contender's windows. *Engine TTFT* runs from the "
+             "request's arrival at the engine's API server to its first token (vLLM's "
+             "`time_to_first_token_seconds`); of it, *queue* is the wait for the scheduler "
+             "and *prefill* the steps that computed the prompt, shared with whatever else "
+             "the engine ran. *Path* is the client's TTFT less the engine's: the router, the "
+             "HTTP hops and any CPU they waited for. Cortex's gateway also says its routing "
+             "time and its wait for the engine's first byte.", "",
+             "| contender | client TTFT | engine TTFT | engine queue | engine prefill | path "
+             "| Cortex routing | Cortex upstream first byte |", "|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        t = r["time_split"]
+        lines.append(f"| {r['contender']} | " + " | ".join(cell(t[k]) for k in (
+            "client_ttft_ms", "engine_ttft_ms", "engine_queue_ms", "engine_prefill_ms",
+            "path_ms", "routing_ms", "upstream_first_byte_ms")) + " |")
     return [*lines, ""]
 
 
