@@ -183,6 +183,7 @@ class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
         self.send_header("Content-Length", str(len(self.answer)))
+        self.send_header("x-cortex-assigned-worker", "vllm-1")
         self.end_headers()
         self.wfile.write(self.answer)
         self.close_connection = True
@@ -204,10 +205,14 @@ def test_the_client_sends_again_on_a_connection_the_server_closed() -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}"
     client = Client()
     try:
+        sent = []
         for _ in range(2):
             shot, text = client.stream(url, {"messages": []})
             assert (text, shot.prompt_tokens, shot.cached_tokens) == ("hi", 3, 1)
+            assert shot.worker == "vllm-1"  # what Cortex says it chose
+            sent.append(shot.sent_s)
             assert closed.acquire(timeout=10)  # the server closed that connection
+        assert 0 <= sent[0] < sent[1]  # since the client began
     finally:
         client.close()
         server.shutdown()

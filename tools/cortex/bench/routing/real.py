@@ -83,7 +83,9 @@ _WORDS = ["cache", "prefix", "worker", "block", "token", "ledger", "route", "rep
 class Shot:
     """One answered request: TTFT (s), the engine's counts, Cortex's prediction (-1: none),
     the engine that served it (its index; -1: not known) and whether that engine differs from
-    the previous request's in the same window (1), is the same (0) or is not known (-1)."""
+    the previous request's in the same window (1), is the same (0) or is not known (-1);
+    the worker Cortex says it chose (``x-cortex-assigned-worker``; empty for a peer) and
+    when the request was sent (s since its workload began; -1: not recorded)."""
 
     ttft_s: float
     prompt_tokens: int
@@ -91,6 +93,8 @@ class Shot:
     predicted: int
     engine: int = -1
     moved: int = -1
+    worker: str = ""
+    sent_s: float = -1.0
 
 
 class Conversations:
@@ -124,8 +128,9 @@ class Client:
     """One keep-alive HTTP connection per router, as an SDK client holds them (a client
     that closes after every answer makes a gateway's post-answer work race its close)."""
 
-    def __init__(self) -> None:
+    def __init__(self, epoch: float | None = None) -> None:
         self._connections: dict[str, http.client.HTTPConnection] = {}
+        self.epoch = time.perf_counter() if epoch is None else epoch  # of ``Shot.sent_s``
 
     def stream(self, url: str, body: dict[str, Any]) -> tuple[Shot, str]:
         """One streamed chat request: its :class:`Shot` and the answer's text. A kept-alive
@@ -151,6 +156,7 @@ class Client:
         if response.status != 200:
             raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
         predicted = int(response.headers.get("x-cortex-cache-hit-tokens", "-1"))
+        worker = response.headers.get("x-cortex-assigned-worker", "")
         ttft = None
         text: list[str] = []
         usage: dict[str, Any] = {}
@@ -168,7 +174,7 @@ class Client:
         details = usage.get("prompt_tokens_details") or {}
         shot = Shot(ttft if ttft is not None else time.perf_counter() - started,
                     int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0),
-                    predicted)
+                    predicted, worker=worker, sent_s=started - self.epoch)
         return shot, "".join(text)
 
     def close(self) -> None:
@@ -184,22 +190,24 @@ def _workload(urls: list[str], requests: int, conversations: int, seed: int,
     its own share of the requests and conversations, one request at a time. With ``engines``
     (their URLs) and one client, each request's serving engine is read from their work marks
     after it (a ``/metrics`` render of each, between requests)."""
+    epoch = time.perf_counter()
     if clients == 1:
-        return _client(urls, requests, Conversations(conversations, seed), model, engines)
+        return _client(urls, requests, Conversations(conversations, seed), model, engines,
+                       epoch)
     shares = [requests // clients + (t < requests % clients) for t in range(clients)]
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         futures = [pool.submit(_client, urls[t % len(urls):] + urls[:t % len(urls)], share,
                                Conversations(max(1, conversations // clients), seed + 1000 * t),
-                               model, ())
+                               model, (), epoch)
                    for t, share in enumerate(shares)]
         return [shot for future in futures for shot in future.result()]
 
 
 def _client(urls: list[str], requests: int, chats: Conversations, model: str,
-            engines: tuple[str, ...]) -> list[Shot]:
+            engines: tuple[str, ...], epoch: float) -> list[Shot]:
     """One client's requests, one at a time (see :func:`_workload`)."""
     shots: list[Shot] = []
-    client = Client()
+    client = Client(epoch)
     marks = [_work_mark(url) for url in engines]
     try:
         for n in range(requests):
