@@ -27,6 +27,7 @@ from cortex.bench.routing.real import (
     Shot,
     _histogram_totals,
     _workload,
+    bench_engines,
     engine_max_len,
     fastokens_chosen,
     pooled_cpu,
@@ -339,6 +340,21 @@ def test_kv_caches_are_sized_in_blocks_of_the_model_served(tmp_path: Path) -> No
     _config(tmp_path, "vl", text_config={"num_hidden_layers": 2, "num_key_value_heads": 2,
                                          "hidden_size": 128, "num_attention_heads": 4})
     assert install.kv_bytes_per_token("vl") == 512
+
+
+def test_pinned_engines_each_run_on_a_core_of_their_own(tmp_path: Path) -> None:
+    install = VllmInstall(tmp_path)
+    _config(tmp_path, "model-qwen", num_hidden_layers=2, num_key_value_heads=2, head_dim=32,
+            hidden_size=128, num_attention_heads=4)
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = bench_engines(install, tmp_path, "model-qwen", KV_BLOCKS, pin=True)
+    assert [e.cpus for e in pinned] == [frozenset({cores[i % len(cores)]}) for i in range(2)]
+    assert all(not e.cpus for e in bench_engines(install, tmp_path, "model-qwen", KV_BLOCKS))
+    # the engine's start-up hook puts the process it starts (and so its children) there
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        preexec_fn=pinned[1]._setup_child(), capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str([cores[1 % len(cores)]])
 
 
 def test_the_fastokens_choice_is_read_whatever_the_label_order() -> None:

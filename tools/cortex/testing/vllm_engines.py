@@ -31,6 +31,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,7 @@ class VllmEngine:
     max_model_len: int = MAX_MODEL_LEN  # vLLM refuses to start unless the KV cache holds it
     extra_args: tuple[str, ...] = ()  # more vLLM flags (e.g. --kv-transfer-config)
     env: dict[str, str] = field(default_factory=dict)  # more environment (e.g. PYTHONPATH)
+    cpus: frozenset[int] = frozenset()  # the cores its processes may run on (empty: any)
     # below the ephemeral range: a killed engine is started again on the same ports while
     # the gateway and the ingest keep reconnecting to them (procs.free_port)
     port: int = field(default_factory=free_port)
@@ -194,8 +196,20 @@ class VllmEngine:
             log.flush()
             self.proc = subprocess.Popen(
                 self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=self.run_dir, preexec_fn=die_with(os.getpid()))
+                env=env, cwd=self.run_dir, preexec_fn=self._setup_child())
         self._launched = time.monotonic()
+
+    def _setup_child(self) -> Callable[[], None]:
+        """The engine's ``preexec_fn``: tied to this process, and on :attr:`cpus` (its API
+        server, EngineCore and worker inherit them)."""
+        tie, cpus = die_with(os.getpid()), self.cpus
+
+        def setup() -> None:
+            tie()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        return setup
 
     def healthy(self) -> bool:
         try:

@@ -248,6 +248,9 @@ def register(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                              "blocks, more eviction (at least 226: one engine must hold the "
                              "workload's longest prompt; the engines' context shrinks below "
                              "257)")
+    parser.add_argument("--pin-engines", action="store_true",
+                        help="real engines: each engine's processes on a core of their own "
+                             "(engine i on core i; default: the OS places them)")
     parser.add_argument("--profile", action="store_true",
                         help="real engines: py-spy samples Cortex's gateway during its "
                              "workload; its top frames go into the report")
@@ -268,13 +271,14 @@ def _run_real(args: argparse.Namespace) -> int:
              replicas=args.replicas, seed=args.seed, profile=args.profile,
              model=args.real_model, kv_blocks=args.kv_blocks, repeats=repeats,
              quiet_wait_s=quiet_wait_s, max_foreign_cores=args.max_foreign_cores,
-             clients=args.clients)
+             clients=args.clients, pin_engines=args.pin_engines)
     command = ("cortex bench routing --real-engines --real-model "
                f"{args.real_model} --requests {args.requests} --conversations "
                f"{args.conversations} --replicas {args.replicas} --clients {args.clients} "
                "--kv-blocks "
                f"{args.kv_blocks} --repeats {repeats} --quiet-wait-s {quiet_wait_s:g} "
                f"--max-foreign-cores {args.max_foreign_cores:g} --contenders {','.join(contenders)}"
+               f"{' --pin-engines' if args.pin_engines else ''}"
                f"{' --profile' if args.profile else ''}")
     print(f"report: {write_report(out, command)}")
     return 0

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import http.client
 import json
+import os
 import random
 import re
 import time
@@ -439,7 +440,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
              replicas: int, seed: int, profile: bool = False, model: str = "model-qwen",
              kv_blocks: int = KV_BLOCKS, repeats: int = 1, quiet_wait_s: float = 0.0,
              max_foreign_cores: float = float("inf"), noisy_retries: int = 1,
-             clients: int = 1) -> list[dict[str, Any]]:
+             clients: int = 1, pin_engines: bool = False) -> list[dict[str, Any]]:
     """Run each contender in front of the same two engines serving ``model`` (a directory
     of the install, :data:`REAL_MODELS`) with ``kv_blocks`` blocks of KV cache each (fewer:
     more eviction), ``repeats`` times (the order reversed every other time); one JSON per
@@ -447,7 +448,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     ``profile``: py-spy samples Cortex's first gateway during its first workload; its top
     frames go into the row (``profile``) and the raw stacks beside it
     (``real-cortex.profile.txt``). ``clients``: conversations sent at once (1: one request
-    at a time)."""
+    at a time). ``pin_engines``: :func:`bench_engines`' ``pin``."""
     if model not in MODELS:
         raise SystemExit(f"bench routing --real-engines: no model {model!r} (one of "
                          f"{', '.join(REAL_MODELS)})")
@@ -457,7 +458,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "logs"
     rows = []
-    with running_engines(found, run_dir, model, kv_blocks) as engines:
+    with running_engines(found, run_dir, model, kv_blocks, pin_engines) as engines:
         served, dtype = engines[0].served_name, engines[0].dtype
         # first requests pay the engines' own warm-up: not any contender's
         _workload([e.url for e in engines], 6, conversations, seed + 1, served)
@@ -494,7 +495,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
             cpu = pooled_cpu([w["cpu"] for w in kept])
             row = summarise(contender, shots, cpu)
             row.update(model=model, dtype=dtype, kv_blocks=kv_blocks, replicas=replicas,
-                       clients=clients, cpu=cpu,
+                       clients=clients, pinned=pin_engines, cpu=cpu,
                        repetitions=[{k: w[k] for k in ("repetition", "hit_rate",
                                                        "ttft_p50_ms", "ttft_p90_ms",
                                                        "routing_cpu_ms_per_request")}
@@ -521,23 +522,28 @@ def _pooled(totals: list[dict[str, float]]) -> dict[str, float]:
     return pooled
 
 
-def bench_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int
-                  ) -> list[VllmEngine]:
+def bench_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int,
+                  pin: bool = False) -> list[VllmEngine]:
     """The benchmark's two engines, not started: ``kv_blocks`` blocks of KV cache each, in
     the dtype this CPU computes natively, with a context their cache holds, in vLLM's dev
-    mode (its ``/reset_prefix_cache``, :func:`empty_caches`)."""
+    mode (its ``/reset_prefix_cache``, :func:`empty_caches`). ``pin``: engine *i* runs on
+    the *i*-th core this process may use (each engine's processes on a core of its own, as
+    each has a GPU of its own in a cluster); else the OS places them."""
     dtype = native_dtype()
     kv_bytes = kv_blocks * BLOCK_SIZE * install.kv_bytes_per_token(model, dtype)
+    cores = sorted(os.sched_getaffinity(0))
     return [VllmEngine(install, run_dir, model=model, kv_cache_bytes=kv_bytes, dtype=dtype,
                        max_model_len=engine_max_len(kv_blocks),
-                       env={"VLLM_SERVER_DEV_MODE": "1"}) for _ in range(2)]
+                       env={"VLLM_SERVER_DEV_MODE": "1"},
+                       cpus=frozenset({cores[i % len(cores)]}) if pin else frozenset())
+            for i in range(2)]
 
 
 @contextlib.contextmanager
-def running_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int
-                    ) -> Iterator[list[VllmEngine]]:
+def running_engines(install: VllmInstall, run_dir: Path, model: str, kv_blocks: int,
+                    pin: bool = False) -> Iterator[list[VllmEngine]]:
     """:func:`bench_engines`, launched and healthy for the block; stopped after it."""
-    engines = bench_engines(install, run_dir, model, kv_blocks)
+    engines = bench_engines(install, run_dir, model, kv_blocks, pin)
     try:
         for engine in engines:
             engine.launch()
