@@ -1,8 +1,8 @@
 """What a routing tier costs two real vLLM engines on shared cores when it routes nothing.
 
 Runs the real-engine benchmark's workload (:mod:`cortex.bench.routing.real`: seeded
-multi-turn chat, sequential, streamed) straight at the engines, round robin, with caches
-emptied before each window, in each of ``--modes``:
+multi-turn chat, streamed; sequential, or ``--clients`` at once) straight at the engines,
+round robin, with caches emptied before each window, in each of ``--modes``:
 - ``quiet``: nothing else runs;
 - ``polls``: a thread polls each engine's ``GET /metrics`` every ``--interval-s`` (what a
   Cortex gateway does to read vLLM's load);
@@ -66,7 +66,8 @@ def _window(engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
     elif mode == "cortex":
         bystander = real._cortex(engines, install, run_dir / "cortex", 1)
     with bystander:
-        shots = real._workload(urls, args.requests, 32, args.seed, served)
+        shots = real._workload(urls, args.requests, 32, args.seed, served,
+                               clients=args.clients)
     return [s.ttft_s * 1000 for s in shots]
 
 
@@ -79,6 +80,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--modes", default="quiet,cortex", help="quiet, polls, cortex")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, default=1, help="clients sending at once")
+    parser.add_argument("--pin-engines", action="store_true",
+                        help="each engine's processes on a core of their own")
     args = parser.parse_args()
     found = VllmInstall.find(models=(args.model,))
     if isinstance(found, str):
@@ -86,7 +90,8 @@ def main() -> None:
     modes = args.modes.split(",")
     runs: dict[str, list[list[float]]] = {mode: [] for mode in modes}
     with (tempfile.TemporaryDirectory(prefix="bystander-") as tmp,
-          real.running_engines(found, Path(tmp), args.model, args.kv_blocks) as engines):
+          real.running_engines(found, Path(tmp), args.model, args.kv_blocks,
+                               args.pin_engines) as engines):
         served = engines[0].served_name
         real._workload([e.url for e in engines], 6, 32, args.seed + 1, served)  # warm-up
         for repeat in range(args.repeats):
