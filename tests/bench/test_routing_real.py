@@ -95,6 +95,11 @@ def test_the_report_joins_runs_in_contender_order(tmp_path: Path) -> None:
     assert "| cortex | 50 | 1, 20 | 0, — | 0, — |" in text
     assert (tmp_path / "real-engines.png").stat().st_size > 0
     assert "## Engine changes" not in text  # no request's engine is known
+    assert "pinned" not in text  # the OS placed the engines
+    row.update(pinned=True)
+    (tmp_path / "real-cortex.json").write_text(json.dumps(row))
+    text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
+    assert "each engine's processes pinned to a core of their own" in text
 
 
 def test_the_engine_that_served_a_request_is_the_one_whose_work_grew() -> None:

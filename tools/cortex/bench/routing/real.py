@@ -628,6 +628,8 @@ def write_report(out: Path, command: str) -> Path:
     blocks = sorted({r.get("kv_blocks", KV_BLOCKS) for r in rows})
     dtypes = sorted({r.get("dtype", "bfloat16") for r in rows})
     clients = sorted({r.get("clients", 1) for r in rows})
+    placed = ("each engine's processes pinned to a core of their own (`--pin-engines`), "
+              if any(r.get("pinned") for r in rows) else "")
     sending = ("Sequential streamed multi-turn chat" if clients == [1] else
                f"Streamed multi-turn chat from {' / '.join(map(str, clients))} clients at "
                "once, each with its own conversations, one request at a time")
@@ -640,7 +642,7 @@ def write_report(out: Path, command: str) -> Path:
         f"the Qwen3.5 tokenizer, {' / '.join(dtypes)} (bf16 where the CPU computes it: "
         "AVX-512 BF16 or AMX; else float32), block 16, "
         f"{' / '.join(map(str, blocks))}-block KV caches), "
-        "the routing tier on the same "
+        f"{placed}the routing tier on the same "
         f"2 cores. {sending} (seeded; conversations restart near "
         "3,200 tokens; the caches evict). Hit rate: the engines' `cached_tokens` over prompt "
         "tokens. CPU: user + system seconds of every routing-tier process, per request. "
