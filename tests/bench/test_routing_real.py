@@ -19,6 +19,7 @@ from cortex.bench.procstat import cpu_s, session_cpu_s
 from cortex.bench.routing import command as routing
 from cortex.bench.routing.real import (
     ENGINE_TIMES,
+    GATEWAY_TIMES,
     KV_BLOCKS,
     LONGEST_PROMPT,
     REAL_MODELS,
@@ -128,6 +129,9 @@ vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.1
 vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 2.0
 vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.3
 vllm:request_prefill_time_seconds_created{engine="0",model_name="m"} 1.7e9
+cortex_gateway_routing_seconds_sum{stage="tokenize"} 0.25
+cortex_gateway_routing_seconds_sum{stage="total"} 0.5
+cortex_gateway_routing_seconds_count{stage="total"} 2.0
 """
 
 
@@ -148,19 +152,22 @@ def test_the_time_to_first_token_is_split_by_the_engines_histograms() -> None:
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         totals = _histogram_totals([url, url], ENGINE_TIMES)  # two engines, summed
+        gateway_totals = _histogram_totals([url], GATEWAY_TIMES)
     finally:
         server.shutdown()
         server.server_close()
     assert totals["vllm:time_to_first_token_seconds_count"] == 4.0
     assert totals["vllm:time_to_first_token_seconds_sum"] == 1.0
+    # a selector counts its stage only, not every stage's samples
+    assert gateway_totals['cortex_gateway_routing_seconds_sum{stage="total"}'] == 0.5
     shots = [Shot(0.30, 100, 0, -1), Shot(0.40, 100, 0, -1), Shot(0.20, 100, 0, -1),
              Shot(0.30, 100, 0, -1)]
     split = time_split(shots, totals, {})
     assert split == {"client_ttft_ms": 300.0, "engine_ttft_ms": 250.0, "engine_queue_ms": 50.0,
                      "engine_prefill_ms": 150.0, "routing_ms": None,
                      "upstream_first_byte_ms": None, "path_ms": 50.0}
-    gateway = {"cortex_gateway_routing_seconds_sum": 0.008,
-               "cortex_gateway_routing_seconds_count": 4.0,
+    gateway = {'cortex_gateway_routing_seconds_sum{stage="total"}': 0.008,
+               'cortex_gateway_routing_seconds_count{stage="total"}': 4.0,
                "cortex_gateway_upstream_first_byte_seconds_sum": 1.04,
                "cortex_gateway_upstream_first_byte_seconds_count": 4.0}
     assert time_split(shots, totals, gateway)["routing_ms"] == 2.0

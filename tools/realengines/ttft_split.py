@@ -27,7 +27,8 @@ from cortex.bench.routing import real
 from cortex.bench.routing.real import metric_sums as sums
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
-GATEWAY = ("cortex_gateway_routing_seconds_sum", "cortex_gateway_upstream_first_byte_seconds_sum")
+GATEWAY = ('cortex_gateway_routing_seconds_sum{stage="total"}',
+           "cortex_gateway_upstream_first_byte_seconds_sum")
 ENGINE = ("vllm:time_to_first_token_seconds_sum", "vllm:request_queue_time_seconds_sum",
           "vllm:request_prefill_time_seconds_sum")
 

@@ -247,20 +247,34 @@ ENGINE_TIMES = ("vllm:time_to_first_token_seconds", "vllm:request_queue_time_sec
                 "vllm:request_prefill_time_seconds")
 """The engines' own histograms of where a request's time to first token went (from its
 arrival at the API server; waiting for the scheduler; computing the prompt)."""
-GATEWAY_TIMES = ("cortex_gateway_routing_seconds", "cortex_gateway_upstream_first_byte_seconds")
+GATEWAY_TIMES = ('cortex_gateway_routing_seconds{stage="total"}',
+                 "cortex_gateway_upstream_first_byte_seconds")
 
 
 def metric_sums(url: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Each metric's samples summed over label sets, from ``url``'s ``/metrics``."""
+    """Each metric's samples summed over label sets, from ``url``'s ``/metrics``; a name
+    ending in a selector (``name{stage="total"}``) counts only the samples whose labels
+    include it."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    return {name: sum(float(v) for v in re.findall(
-        rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)) for name in names}
+    sums = {}
+    for name in names:
+        base, _, selector = name.removesuffix("}").partition("{")
+        samples = re.findall(rf"^{re.escape(base)}(?:{{([^}}]*)}})? (\S+)$", text, re.MULTILINE)
+        sums[name] = sum(float(value) for labels, value in samples
+                         if not selector or selector in labels.split(","))
+    return sums
+
+
+def _series(name: str, part: str) -> str:
+    """A histogram's ``_sum`` or ``_count`` series of ``name`` (its selector kept last)."""
+    base, brace, selector = name.partition("{")
+    return f"{base}_{part}{brace}{selector}"
 
 
 def _histogram_totals(urls: list[str], names: tuple[str, ...]) -> dict[str, float]:
     """Every ``name``'s ``_sum`` and ``_count``, summed over ``urls``."""
-    keys = tuple(f"{n}_{part}" for n in names for part in ("sum", "count"))
+    keys = tuple(_series(n, part) for n in names for part in ("sum", "count"))
     totals = dict.fromkeys(keys, 0.0)
     for url in urls:
         for key, value in metric_sums(url, keys).items():
@@ -275,8 +289,8 @@ def time_split(shots: list[Shot], engine: dict[str, float], gateway: dict[str, f
     :data:`GATEWAY_TIMES`, empty for a peer), of each part; ``path`` is the client's TTFT
     less the engine's: the routing tier, the HTTP hops and any CPU they waited for."""
     def mean(totals: dict[str, float], name: str) -> float | None:
-        count = totals.get(f"{name}_count", 0.0)
-        return round(totals[f"{name}_sum"] / count * 1000, 1) if count else None
+        count = totals.get(_series(name, "count"), 0.0)
+        return round(totals[_series(name, "sum")] / count * 1000, 1) if count else None
 
     client = round(sum(s.ttft_s for s in shots) / len(shots) * 1000, 1) if shots else None
     split: dict[str, float | None] = {"client_ttft_ms": client}
