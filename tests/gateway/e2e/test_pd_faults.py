@@ -355,18 +355,21 @@ async def test_pd_saturated_decode_is_not_taken_for_a_wedge(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:
     prefill = await start_sim(engine="vllm", role="prefill")
-    # one request decodes at a time, 20 ms a token: each 80-token answer takes 1.6 s, twice
-    # the window, with no byte for the others meanwhile; the decode's counters move
+    # one request decodes at a time, 40 ms a token: each 80-token answer takes 3.2 s, twice
+    # the window, with no byte for the others meanwhile; the decode's counters move. The
+    # window is twice WATCH's: the counters are read by load polls, which a loaded machine
+    # delays past 0.8 s
     decode = await start_sim(engine="vllm", role="decode", max_running=1,
                              timing=TimingConfig(prefill_ms_per_uncached_token=0.0,
                                                  prefill_overhead_ms=0.0,
-                                                 decode_ms_per_token=20.0))
-    # the third answer waits 3.2 s behind the other two and takes 1.6 s itself: the leg
-    # timeout must leave room for that on a loaded machine (FAST's 5 s left 0.2 s)
+                                                 decode_ms_per_token=40.0))
+    # the third answer waits 6.4 s behind the other two and takes 3.2 s itself: the leg
+    # timeout must leave room for that on a loaded machine
     pd = dataclasses.replace(FAST, decode_timeout_s=30.0)
+    watch = UpstreamConfig(wedge_after_s=0.6, wedge_probe_timeout_s=1.0)  # a window of 1.6 s
     gw = await start_gateway([spec_of(prefill, "p0", role="prefill"),
                               spec_of(decode, "d0", role="decode")],
-                             models=models("vllm"), pd=pd, upstream=WATCH, health=QUIET)
+                             models=models("vllm"), pd=pd, upstream=watch, health=QUIET)
     answers = await asyncio.gather(*(post(http, gw, chat(f"busy {i}", max_tokens=80,
                                                          ignore_eos=True))
                                      for i in range(3)))
