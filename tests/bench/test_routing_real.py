@@ -4,12 +4,14 @@ make, the seeded conversations, and the report built from the rows of separate r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -119,6 +121,17 @@ def test_the_report_counts_engine_changes_and_their_cold_requests(tmp_path: Path
     assert "| round_robin | 2 / 4 | 2 / 3 | 500 / 500 | 200 / 200 |" in text
 
 
+@contextlib.contextmanager
+def _served(server: ThreadingHTTPServer) -> Iterator[str]:
+    """``server`` answering on a thread for the block: its URL."""
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 _ENGINE_METRICS = """\
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 1.0
@@ -147,15 +160,9 @@ def test_the_time_to_first_token_is_split_by_the_engines_histograms() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _served(ThreadingHTTPServer(("127.0.0.1", 0), Metrics)) as url:
         totals = _histogram_totals([url, url], ENGINE_TIMES)  # two engines, summed
         gateway_totals = _histogram_totals([url], GATEWAY_TIMES)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert totals["vllm:time_to_first_token_seconds_count"] == 4.0
     assert totals["vllm:time_to_first_token_seconds_sum"] == 1.0
     # a selector counts its stage only, not every stage's samples
@@ -213,23 +220,19 @@ def test_the_client_sends_again_on_a_connection_the_server_closed() -> None:
             super().shutdown_request(request)  # type: ignore[arg-type]
             closed.release()
 
-    server = Server(("127.0.0.1", 0), _ClosesAfterEachAnswer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
     client = Client()
-    try:
-        sent = []
-        for _ in range(2):
-            shot, text = client.stream(url, {"messages": []})
-            assert (text, shot.prompt_tokens, shot.cached_tokens) == ("hi", 3, 1)
-            assert shot.worker == "vllm-1"  # what Cortex says it chose
-            sent.append(shot.sent_s)
-            assert closed.acquire(timeout=10)  # the server closed that connection
-        assert 0 <= sent[0] < sent[1]  # since the client began
-    finally:
-        client.close()
-        server.shutdown()
-        server.server_close()
+    with _served(Server(("127.0.0.1", 0), _ClosesAfterEachAnswer)) as url:
+        try:
+            sent = []
+            for _ in range(2):
+                shot, text = client.stream(url, {"messages": []})
+                assert (text, shot.prompt_tokens, shot.cached_tokens) == ("hi", 3, 1)
+                assert shot.worker == "vllm-1"  # what Cortex says it chose
+                sent.append(shot.sent_s)
+                assert closed.acquire(timeout=10)  # the server closed that connection
+            assert 0 <= sent[0] < sent[1]  # since the client began
+        finally:
+            client.close()
 
 
 def test_clients_send_at_once_each_its_own_share() -> None:
@@ -253,15 +256,9 @@ def test_clients_send_at_once_each_its_own_share() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Paired)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _served(ThreadingHTTPServer(("127.0.0.1", 0), Paired)) as url:
         shots = _workload([url], 4, 4, 0, clients=2)
-        assert [s.prompt_tokens for s in shots] == [3] * 4
-    finally:
-        server.shutdown()
-        server.server_close()
+    assert [s.prompt_tokens for s in shots] == [3] * 4
 
 
 def test_windows_pool_their_seconds_and_weigh_their_cores_by_wall_time() -> None:

@@ -438,10 +438,8 @@ def _wait_quiet(engines: list[VllmEngine], wait_s: float) -> float:
 def pooled_cpu(windows: list[dict[str, Any]]) -> dict[str, Any]:
     """The CPU of several windows as one: seconds summed, cores weighted by wall time."""
     wall = sum(w["wall_s"] for w in windows)
-    processes: dict[str, float] = {}
-    for w in windows:
-        for name, seconds in w["processes"].items():
-            processes[name] = round(processes.get(name, 0.0) + seconds, 2)
+    processes = {name: round(seconds, 2)
+                 for name, seconds in _pooled([w["processes"] for w in windows]).items()}
 
     def cores(key: str) -> float:
         return round(sum(w[key] * w["wall_s"] for w in windows) / wall, 2) if wall else 0.0
@@ -529,6 +527,7 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
 
 
 def _pooled(totals: list[dict[str, float]]) -> dict[str, float]:
+    """The dicts' values summed key by key."""
     pooled: dict[str, float] = {}
     for window in totals:
         for key, value in window.items():
@@ -608,17 +607,20 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
                if profile and contender == "cortex" else None)
         engine_urls = [e.url for e in engines]
         gateways = urls if contender == "cortex" else []
+
+        def times() -> tuple[dict[str, float], dict[str, float]]:
+            return (_histogram_totals(engine_urls, ENGINE_TIMES),
+                    _histogram_totals(gateways, GATEWAY_TIMES))
+
         with spy or contextlib.nullcontext():
-            times0 = (_histogram_totals(engine_urls, ENGINE_TIMES),
-                      _histogram_totals(gateways, GATEWAY_TIMES))
+            times0 = times()
             engines0 = _engines_cpu_s(engines)
             meter = CpuMeter(pids)
             shots = _workload(urls, requests, conversations, seed, served,
                               tuple(engine_urls), clients)
             cpu = meter.stop()
             engines_s = _engines_cpu_s(engines) - engines0
-            times1 = (_histogram_totals(engine_urls, ENGINE_TIMES),
-                      _histogram_totals(gateways, GATEWAY_TIMES))
+            times1 = times()
     cpu["engines_cores"] = round(engines_s / cpu["wall_s"], 2) if cpu["wall_s"] else 0.0
     cpu["foreign_cores"] = round(max(cpu["foreign_cores"] - cpu["engines_cores"], 0.0), 2)
     window = summarise(contender, shots, cpu)
