@@ -12,15 +12,43 @@ import aiohttp
 import pytest
 
 from cortex.index.server import IndexServer
+from cortex.sim.server import SimServer
 from cortex.testing import RedisServer, wait_until_async
 
 from ..conftest import MODEL, StartGateway, StartSim
-from .test_cluster import SYSTEM, cluster
+from .test_cluster import SYSTEM, Cluster, cluster
 
 
 def reuse_of(headers: dict[str, str]) -> dict[str, str]:
     fields = (part.strip().partition("=") for part in headers["x-cortex-reuse"].split(";"))
     return {k: v for k, _, v in fields}
+
+
+async def engine_holds(http: aiohttp.ClientSession, sim: SimServer, body: dict[str, Any]
+                       ) -> int:
+    """The tokens of ``body``'s prompt that ``sim`` holds in full blocks, read from the sim."""
+    async with http.post(sim.url + "/tokenize", json={"model": body["model"],
+                                                      "messages": body["messages"]}) as resp:
+        ids = (await resp.json())["tokens"]
+    async with http.get(sim.url + "/sim/cache?tokens=1") as resp:
+        listing = await resp.json()
+    size = listing["block_size"]
+    blocks = {(b["parent"], tuple(b["tokens"])): b["hash"] for b in listing["blocks"]}
+    parent, held = None, 0
+    while held + size <= len(ids) and (parent, tuple(ids[held:held + size])) in blocks:
+        parent = blocks[parent, tuple(ids[held:held + size])]
+        held += size
+    return held
+
+
+async def wait_ledger_holds(c: Cluster, body: dict[str, Any], worker: str) -> None:
+    """Wait until the ledger credits ``worker`` with every block of ``body`` the engine holds:
+    the KV events of the turn before have arrived."""
+    async def caught_up() -> bool:
+        held = await engine_holds(c.http, c.sims[worker], body)
+        return bool((await c.candidate(body, worker))["index_tokens"] >= held > 0)
+
+    await wait_until_async(caught_up, timeout=10, what=f"the ledger to learn {worker}'s blocks")
 
 
 def turns(session: str, n: int) -> list[dict[str, Any]]:
@@ -45,7 +73,9 @@ async def test_a_sessions_turns_stay_home_and_reuse_is_accounted(
     async with cluster(redis_server, index_server, sims, start_gateway, http) as c:
         homes: dict[str, set[str]] = {}
         for session in ("alpha", "beta", "gamma"):
-            for body in turns(session, 4):
+            for k, body in enumerate(turns(session, 4)):
+                if k:  # what the engine will deliver must be known, or captured lags it
+                    await wait_ledger_holds(c, body, *homes[session])
                 async with http.post(c.gateway.url + "/v1/chat/completions", json=body,
                                      headers={"x-session-id": session}) as resp:
                     assert resp.status == 200, await resp.text()
