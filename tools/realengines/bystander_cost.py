@@ -7,7 +7,10 @@ round robin, with caches emptied before each window, in each of ``--modes``:
 - ``polls``: a thread polls each engine's ``GET /metrics`` every ``--interval-s`` (what a
   Cortex gateway does to read vLLM's load);
 - ``cortex``: a whole Cortex deployment (Redis, index, ingest, one gateway) runs beside the
-  engines, learning their KV events and polling their load, but the client bypasses it.
+  engines, learning their KV events and polling their load, but the client bypasses it;
+- ``burnN``: a process that does nothing but take N ms of CPU per second, in
+  ``--burn-chunk-ms`` slices at random (Poisson) times, at ``--burn-nice``: how much any
+  routing tier's CPU on these cores costs the engines, whatever the work.
 The workload and its placement are the same in every window, so request n of a window is
 compared with request n of the ``quiet`` window of the same repetition: any difference is
 the bystander's CPU taken from the engines. Repetitions alternate the modes' order. Run by
@@ -21,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -55,6 +61,40 @@ class Poller:
                     response.read()
 
 
+_BURN = """
+import os, random, sys, time
+chunk_s, share, nice = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3, int(sys.argv[3])
+os.nice(nice)
+rng = random.Random(0)
+while True:
+    time.sleep(rng.expovariate(share / chunk_s))
+    end = time.thread_time() + chunk_s
+    while time.thread_time() < end:
+        pass
+"""
+
+
+class Burner:
+    """A process taking ``ms_per_s`` of CPU in ``chunk_ms`` slices until stopped; ``used``:
+    the CPU ms per second it really took."""
+
+    def __init__(self, ms_per_s: float, chunk_ms: float, nice: int) -> None:
+        self.args = [str(chunk_ms), str(ms_per_s), str(nice)]
+        self.used = 0.0
+
+    def __enter__(self) -> Burner:
+        self._proc = subprocess.Popen([sys.executable, "-c", _BURN, *self.args])
+        self._started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        self.used = ticks / os.sysconf("SC_CLK_TCK") * 1000 / (time.monotonic() - self._started)
+        self._proc.kill()
+        self._proc.wait()
+
+
 def _window(engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
             args: argparse.Namespace, mode: str) -> list[float]:
     served = engines[0].served_name
@@ -65,9 +105,13 @@ def _window(engines: list[VllmEngine], install: VllmInstall, run_dir: Path,
         bystander = Poller(urls, args.interval_s)
     elif mode == "cortex":
         bystander = real._cortex(engines, install, run_dir / "cortex", 1)
+    elif mode.startswith("burn"):
+        bystander = Burner(float(mode[4:]), args.burn_chunk_ms, args.burn_nice)
     with bystander:
         shots = real._workload(urls, args.requests, 32, args.seed, served,
                                clients=args.clients)
+    if isinstance(bystander, Burner):
+        print(f"  {mode}: took {bystander.used:.1f} CPU ms/s", flush=True)
     return [s.ttft_s * 1000 for s in shots]
 
 
@@ -78,7 +122,10 @@ def main() -> None:
     parser.add_argument("--kv-blocks", type=int, default=real.KV_BLOCKS)
     parser.add_argument("--interval-s", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--modes", default="quiet,cortex", help="quiet, polls, cortex")
+    parser.add_argument("--modes", default="quiet,cortex",
+                        help="quiet, polls, cortex, burnN (N CPU ms per second)")
+    parser.add_argument("--burn-chunk-ms", type=float, default=2.0)
+    parser.add_argument("--burn-nice", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clients", type=int, default=1, help="clients sending at once")
     parser.add_argument("--pin-engines", action="store_true",
