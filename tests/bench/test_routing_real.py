@@ -27,6 +27,7 @@ from cortex.bench.routing.real import (
     REAL_MODELS,
     Client,
     Conversations,
+    Occupancy,
     Shot,
     _histogram_totals,
     _workload,
@@ -188,7 +189,45 @@ def test_the_report_says_where_the_time_to_first_token_went(tmp_path: Path) -> N
                          "routing_ms": 2.0, "upstream_first_byte_ms": 260.0, "path_ms": 50.0}
     (tmp_path / "real-cortex.json").write_text(json.dumps(row))
     text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
-    assert "| cortex | 300.0 | 250.0 | 50.0 | 150.0 | 50.0 | 2.0 | 260.0 |" in text
+    assert "| cortex | 300.0 | 250.0 | 50.0 | 150.0 | 50.0 | 2.0 | 260.0 | — |" in text
+    row["stacked_share"] = 0.25
+    (tmp_path / "real-cortex.json").write_text(json.dumps(row))
+    text = write_report(tmp_path, "cortex bench routing --real-engines").read_text()
+    assert "| 260.0 | 25% |" in text
+
+
+class _Load(BaseHTTPRequestHandler):
+    """vLLM's ``GET /load``: ``server_load`` is the class's ``load``, kept alive."""
+
+    protocol_version = "HTTP/1.1"
+    load = 0
+
+    def do_GET(self) -> None:
+        body = json.dumps({"server_load": type(self).load}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_occupancy_counts_requests_stacked_on_one_engine_while_another_idles() -> None:
+    handlers = [type("Busy", (_Load,), {"load": 2}), type("Idle", (_Load,), {"load": 0})]
+    with (_served(ThreadingHTTPServer(("127.0.0.1", 0), handlers[0])) as busy,
+          _served(ThreadingHTTPServer(("127.0.0.1", 0), handlers[1])) as idle):
+        with Occupancy([busy, idle], interval_s=0.002) as occupancy:
+            wait_until(lambda: occupancy.crowded >= 5, 10, 0.01, "five crowded samples")
+            handlers[0].load = handlers[1].load = 1  # one each: crowded, not stacked
+            stacked = occupancy.stacked
+            wait_until(lambda: occupancy.crowded >= stacked + 5, 10, 0.01, "five more")
+            handlers[0].load = handlers[1].load = 0  # nothing at once: not counted
+            crowded, stacked = occupancy.crowded, occupancy.stacked
+        assert stacked >= 5 and crowded >= stacked + 4
+    occupancy.count([0, 1])
+    occupancy.count([3, 0])
+    assert (occupancy.crowded, occupancy.stacked) == (crowded + 1, stacked + 1)
 
 
 class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):

@@ -42,7 +42,9 @@ import json
 import os
 import random
 import re
+import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -305,6 +307,50 @@ def time_split(shots: list[Shot], engine: dict[str, float], gateway: dict[str, f
     return split
 
 
+class Occupancy:
+    """Every engine's requests in flight (vLLM's ``GET /load``), sampled every
+    ``interval_s`` from a thread while the block runs: where a router put requests that ran
+    at once, seen alike for every contender. ``crowded``: samples with two requests or more
+    in flight; ``stacked``: of those, the ones where every request ran on one engine while
+    another engine had none. An engine on these CPUs serves a request that arrives during
+    another's decode much later than on its own (the steps and the API server share its
+    core)."""
+
+    def __init__(self, urls: list[str], interval_s: float = 0.025) -> None:
+        self.urls, self.interval_s = urls, interval_s
+        self.crowded = self.stacked = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Occupancy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        connections = [http.client.HTTPConnection(urllib.parse.urlsplit(u).netloc, timeout=10)
+                       for u in self.urls]
+        try:
+            while not self._stop.wait(self.interval_s):
+                loads = []
+                for connection in connections:
+                    connection.request("GET", "/load")
+                    loads.append(json.loads(connection.getresponse().read())["server_load"])
+                self.count(loads)
+        finally:
+            for connection in connections:
+                connection.close()
+
+    def count(self, loads: list[int]) -> None:
+        """One sample: each engine's requests in flight."""
+        if sum(loads) >= 2:
+            self.crowded += 1
+            self.stacked += sum(load > 0 for load in loads) == 1
+
+
 def _post(url: str) -> None:
     request = urllib.request.Request(url, data=b"", method="POST")
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -518,6 +564,9 @@ def run_real(out: Path, contenders: list[str], *, requests: int, conversations: 
                              if "profile" in w), {}))
             row["time_split"] = time_split(shots, *(_pooled([w["times"][i] for w in kept])
                                                     for i in range(2)))
+            occupancy = _pooled([w.get("occupancy", {}) for w in kept])
+            row["stacked_share"] = (round(occupancy["stacked"] / occupancy["crowded"], 3)
+                                    if occupancy.get("crowded") else None)
             (out / f"real-{contender}.json").write_text(json.dumps(row, indent=1) + "\n")
             print(f"  {contender}: hit {row['hit_rate']:.1%}, TTFT p50/p90 "
                   f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']} ms, routing CPU "
@@ -615,9 +664,11 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
         with spy or contextlib.nullcontext():
             times0 = times()
             engines0 = _engines_cpu_s(engines)
+            occupancy = Occupancy(engine_urls)
             meter = CpuMeter(pids)
-            shots = _workload(urls, requests, conversations, seed, served,
-                              tuple(engine_urls), clients)
+            with occupancy if clients > 1 else contextlib.nullcontext():
+                shots = _workload(urls, requests, conversations, seed, served,
+                                  tuple(engine_urls), clients)
             cpu = meter.stop()
             engines_s = _engines_cpu_s(engines) - engines0
             times1 = times()
@@ -627,6 +678,7 @@ def _window(contender: str, engines: list[VllmEngine], install: VllmInstall, run
     window["cpu"] = cpu
     window["times"] = [{k: after[k] - before.get(k, 0.0) for k in after}
                        for before, after in zip(times0, times1, strict=True)]
+    window["occupancy"] = {"crowded": occupancy.crowded, "stacked": occupancy.stacked}
     if spy is not None:
         frames, samples = spy.top(20)
         window["profile"] = {"process": "gateway-0", "samples": samples,
@@ -745,14 +797,21 @@ def _split_lines(rows: list[dict[str, Any]]) -> list[str]:
              "and *prefill* the steps that computed the prompt, shared with whatever else "
              "the engine ran. *Path* is the client's TTFT less the engine's: the router, the "
              "HTTP hops and any CPU they waited for. Cortex's gateway also says its routing "
-             "time and its wait for the engine's first byte.", "",
+             "time and its wait for the engine's first byte. *Stacked* (several clients): of "
+             "the moments with two requests or more in flight, the share with all of them on "
+             "one engine and none on another (each engine's `/load`, sampled every 25 ms); "
+             "here a request that arrives during another's decode on its engine waits for "
+             "that engine's core.", "",
              "| contender | client TTFT | engine TTFT | engine queue | engine prefill | path "
-             "| Cortex routing | Cortex upstream first byte |", "|---|---|---|---|---|---|---|---|"]
+             "| Cortex routing | Cortex upstream first byte | stacked |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         t = r["time_split"]
+        stacked = r.get("stacked_share")
         lines.append(f"| {r['contender']} | " + " | ".join(cell(t[k]) for k in (
             "client_ttft_ms", "engine_ttft_ms", "engine_queue_ms", "engine_prefill_ms",
-            "path_ms", "routing_ms", "upstream_first_byte_ms")) + " |")
+            "path_ms", "routing_ms", "upstream_first_byte_ms"))
+            + f" | {'—' if stacked is None else f'{stacked:.0%}'} |")
     return [*lines, ""]
 
 
