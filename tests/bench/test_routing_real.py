@@ -214,7 +214,13 @@ class _Load(BaseHTTPRequestHandler):
 
 
 def test_occupancy_counts_requests_stacked_on_one_engine_while_another_idles() -> None:
-    handlers = [type("Busy", (_Load,), {"load": 2}), type("Idle", (_Load,), {"load": 0})]
+    class Busy(_Load):
+        load = 2
+
+    class Idle(_Load):
+        load = 0
+
+    handlers: list[type[_Load]] = [Busy, Idle]
     with (_served(ThreadingHTTPServer(("127.0.0.1", 0), handlers[0])) as busy,
           _served(ThreadingHTTPServer(("127.0.0.1", 0), handlers[1])) as idle):
         with Occupancy([busy, idle], interval_s=0.002) as occupancy:
