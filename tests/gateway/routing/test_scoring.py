@@ -199,12 +199,23 @@ def test_uncredited_load_ties_go_to_the_prefix_hash_whatever_the_order() -> None
 
 def test_prefix_hash_ties_only_within_the_tolerance_and_under_the_watermark() -> None:
     key = next(k for k in range(100) if rendezvous_weight("a", k) > rendezvous_weight("b", k))
-    busier = [cand("a", inflight=1), cand("b")]
+    busier = [cand("a", inflight=2), cand("b", inflight=1)]
     assert decide(busier, W, prefix_key=key, tie_tolerance=1).chosen.worker_id == "a"
     d = decide(busier, W, prefix_key=key, tie_tolerance=0)  # exact ties only
     assert (d.chosen.worker_id, d.reason) == ("b", Reason.NO_HIT)
-    d = decide([cand("a", inflight=2), cand("b")], W, prefix_key=key, tie_tolerance=1)
+    d = decide([cand("a", inflight=3), cand("b", inflight=1)], W, prefix_key=key,
+               tie_tolerance=1)
     assert (d.chosen.worker_id, d.reason) == ("b", Reason.NO_HIT)
+    # an idle worker never ties with a busy one, even one that scores a little better
+    d = decide([cand("a", inflight=1), cand("b")], W, prefix_key=key, tie_tolerance=1)
+    assert (d.chosen.worker_id, d.reason) == ("b", Reason.NO_HIT)
+    filling = [cand("a", inflight=1, kv_pressure=0.5), cand("b", kv_pressure=0.6)]
+    d = decide(filling, W, prefix_key=key, tie_tolerance=1, prompt_tokens=1000)
+    assert d.ranked[0].score < d.ranked[1].score and d.chosen.worker_id == "b"
+    idle = [cand("a", inflight=1), cand("b"), cand("c")]
+    for k in range(8):  # among idle ones, the hash as every replica computes it
+        hashed = max(("b", "c"), key=lambda w: rendezvous_weight(w, k))
+        assert decide(idle, W, prefix_key=k, tie_tolerance=1).chosen.worker_id == hashed
     # a worker at its watermark never wins by hash over one below it: shedding stands
     full = [cand("a", inflight=1, high_watermark=1), cand("b")]
     d = decide(full, W, prefix_key=key, tie_tolerance=5)

@@ -45,7 +45,8 @@ The degrade chain, in fixed order, reports what the decision could rest on:
 The reason says why cache credit was or was not used.
 
 Ties without cache credit (``load_aware``: candidates whose score is within
-``tie_tolerance`` active requests of the best, none credited) go to the shortest prefill
+``tie_tolerance`` active requests of the best, none credited; an idle worker, though, never
+ties with a busy one) go to the shortest prefill
 queue (``prefilling``: the time to first token a new prompt would wait there); among equal
 queues (idle workers, or another replica's view) they are broken by rendezvous
 hashing of the prompt's prefix key: every candidate gets the weight
@@ -444,19 +445,27 @@ def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
     the front, the shortest prefill queue first and rendezvous order among equal queues;
     ``True`` when there were several to choose from; the session's worker, if tied, goes
     first. A worker at its high watermark never ties with one below it, nor a worker whose
-    KV pool is filling up with one that has room: the hash must not undo shedding."""
+    KV pool is filling up with one that has room: the hash must not undo shedding. Nor does
+    a busy worker tie with an idle one: a prompt nobody holds starts at once there, where
+    it would share the other's steps (and, on a CPU engine, its core)."""
     top = ranked[0]
     best, under = top.score, _under_watermark(top.candidate)
     roomy = not top.candidate.kv_pressure
     tied = [s for s in ranked if not s.credited_tokens and best - s.score <= band
             and (_under_watermark(s.candidate) or not under)
             and (not s.candidate.kv_pressure or not roomy)]
-    if len(tied) < 2:
-        return ranked, False
+    if any(_idle(s.candidate) for s in tied):
+        tied = [s for s in tied if _idle(s.candidate)]
     tied.sort(key=lambda s: (not s.candidate.session, s.candidate.prefilling,
                              -rendezvous_weight(s.worker_id, prefix_key)))
     chosen = {id(s) for s in tied}
-    return (*tied, *(s for s in ranked if id(s) not in chosen)), True
+    return (*tied, *(s for s in ranked if id(s) not in chosen)), len(tied) > 1
+
+
+def _idle(c: Candidate) -> bool:
+    """Nothing running or prefilling there (agent sessions between turns weigh in the
+    score, as their weights say)."""
+    return c.active == 0 and c.prefilling == 0
 
 
 def _under_watermark(c: Candidate) -> bool:
