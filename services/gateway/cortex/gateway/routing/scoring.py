@@ -463,9 +463,9 @@ def _break_tie(ranked: tuple[Scored, ...], prefix_key: int, band: float
 
 
 def _idle(c: Candidate) -> bool:
-    """Nothing running or prefilling there (agent sessions between turns weigh in the
-    score, as their weights say)."""
-    return c.active == 0 and c.prefilling == 0
+    """Nothing running there, as far as this gateway and the engine's last report know
+    (agent sessions between turns weigh in the score, as their weights say)."""
+    return c.active == 0
 
 
 def _under_watermark(c: Candidate) -> bool:
