@@ -133,6 +133,25 @@ def _served(server: ThreadingHTTPServer) -> Iterator[str]:
         server.server_close()
 
 
+class _Answers(BaseHTTPRequestHandler):
+    """Answers every GET with :meth:`body`, the connection kept alive."""
+
+    protocol_version = "HTTP/1.1"
+
+    def body(self) -> bytes:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:
+        body = self.body()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 _ENGINE_METRICS = """\
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 1.0
@@ -150,16 +169,9 @@ cortex_gateway_routing_seconds_count{stage="total"} 2.0
 
 
 def test_the_time_to_first_token_is_split_by_the_engines_histograms() -> None:
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = _ENGINE_METRICS.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+    class Metrics(_Answers):
+        def body(self) -> bytes:
+            return _ENGINE_METRICS.encode()
 
     with _served(ThreadingHTTPServer(("127.0.0.1", 0), Metrics)) as url:
         totals = _histogram_totals([url, url], ENGINE_TIMES)  # two engines, summed
@@ -196,21 +208,13 @@ def test_the_report_says_where_the_time_to_first_token_went(tmp_path: Path) -> N
     assert "| 260.0 | 25% |" in text
 
 
-class _Load(BaseHTTPRequestHandler):
-    """vLLM's ``GET /load``: ``server_load`` is the class's ``load``, kept alive."""
+class _Load(_Answers):
+    """vLLM's ``GET /load``: ``server_load`` is the class's ``load``."""
 
-    protocol_version = "HTTP/1.1"
     load = 0
 
-    def do_GET(self) -> None:
-        body = json.dumps({"server_load": type(self).load}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def body(self) -> bytes:
+        return json.dumps({"server_load": type(self).load}).encode()
 
 
 def test_occupancy_counts_requests_stacked_on_one_engine_while_another_idles() -> None:

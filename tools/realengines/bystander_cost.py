@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -38,27 +37,17 @@ from cortex.bench.routing import real
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
 
-class Poller:
+class Poller(real.Sampler):
     """``GET /metrics`` on every engine each ``interval_s`` until stopped."""
 
     def __init__(self, urls: list[str], interval_s: float) -> None:
-        self.urls, self.interval_s = urls, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(interval_s)
+        self.urls = urls
 
-    def __enter__(self) -> Poller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            for url in self.urls:
-                with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-                    response.read()
+    def sample(self) -> None:
+        for url in self.urls:
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+                response.read()
 
 
 _BURN = """

@@ -49,7 +49,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from cortex.bench.procstat import busy_cores, machine_busy_s, session_cpu_s
 from cortex.bench.profile import Frame, Profile, frames_table
@@ -307,22 +307,15 @@ def time_split(shots: list[Shot], engine: dict[str, float], gateway: dict[str, f
     return split
 
 
-class Occupancy:
-    """Every engine's requests in flight (vLLM's ``GET /load``), sampled every
-    ``interval_s`` from a thread while the block runs: where a router put requests that ran
-    at once, seen alike for every contender. ``crowded``: samples with two requests or more
-    in flight; ``stacked``: of those, the ones where every request ran on one engine while
-    another engine had none. An engine on these CPUs serves a request that arrives during
-    another's decode much later than on its own (the steps and the API server share its
-    core)."""
+class Sampler:
+    """Calls :meth:`sample` every ``interval_s`` from a thread while the block runs."""
 
-    def __init__(self, urls: list[str], interval_s: float = 0.025) -> None:
-        self.urls, self.interval_s = urls, interval_s
-        self.crowded = self.stacked = 0
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Occupancy:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -331,18 +324,38 @@ class Occupancy:
         self._thread.join()
 
     def _run(self) -> None:
-        connections = [http.client.HTTPConnection(urllib.parse.urlsplit(u).netloc, timeout=10)
-                       for u in self.urls]
-        try:
-            while not self._stop.wait(self.interval_s):
-                loads = []
-                for connection in connections:
-                    connection.request("GET", "/load")
-                    loads.append(json.loads(connection.getresponse().read())["server_load"])
-                self.count(loads)
-        finally:
-            for connection in connections:
-                connection.close()
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class Occupancy(Sampler):
+    """Every engine's requests in flight (vLLM's ``GET /load``), sampled while the block
+    runs: where a router put requests that ran at once, seen alike for every contender.
+    ``crowded``: samples with two requests or more in flight; ``stacked``: of those, the
+    ones where every request ran on one engine while another engine had none. An engine on
+    these CPUs serves a request that arrives during another's decode much later than on its
+    own (the steps and the API server share its core)."""
+
+    def __init__(self, urls: list[str], interval_s: float = 0.025) -> None:
+        super().__init__(interval_s)
+        self.crowded = self.stacked = 0
+        self._connections = [http.client.HTTPConnection(urllib.parse.urlsplit(u).netloc,
+                                                        timeout=10) for u in urls]
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for connection in self._connections:
+            connection.close()
+
+    def sample(self) -> None:
+        loads = []
+        for connection in self._connections:
+            connection.request("GET", "/load")
+            loads.append(json.loads(connection.getresponse().read())["server_load"])
+        self.count(loads)
 
     def count(self, loads: list[int]) -> None:
         """One sample: each engine's requests in flight."""
