@@ -257,6 +257,33 @@ async def test_a_burst_spills_over_once_the_holder_reaches_its_watermark(
         assert reasons.count("predicted_hit") + reasons.count("hit") == 4
 
 
+async def test_a_prompt_nobody_holds_goes_to_an_idle_worker_not_by_hash_to_a_busy_one(
+    redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
+    start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    sims = {f"w{i}": await start_sim(timing=DECODE_ONLY) for i in range(2)}
+    async with cluster(redis, index_server, sims, start_gateway, http) as c:
+        # on the idle cluster the prefix hash spreads new prompts over both workers
+        hashed = {tag: (await c.explain(long_chat(tag, "probe")))["decision"]
+                  for tag in (f"new {i}" for i in range(12))}
+        assert {d["reason"] for d in hashed.values()} == {"prefix_hash"}
+        on_w0 = [tag for tag, d in hashed.items() if d["worker"] == "w0"]
+        assert 2 <= len(on_w0) < len(hashed)
+        busy = await http.post(c.gateway.url + "/v1/chat/completions", json=long_chat(
+            on_w0[0], "a long story", stream=True, ignore_eos=True, max_tokens=300))
+        try:
+            assert busy.status == 200
+            await busy.content.readuntil(b"\n\n")  # running on w0, decoding
+            assert busy.headers["x-cortex-assigned-worker"] == "w0"
+            for tag in on_w0[1:]:  # the hash's choice is busy now: the idle worker gets it
+                decision = (await c.explain(long_chat(tag, "probe")))["decision"]
+                assert (decision["worker"], decision["reason"]) == ("w1", "no_hit"), tag
+            headers, _ = await c.send(long_chat(on_w0[1], "sent", max_tokens=2))
+            assert headers["x-cortex-assigned-worker"] == "w1"
+        finally:
+            busy.close()
+
+
 async def test_a_failure_before_the_first_byte_moves_the_predicted_blocks_along(
     redis: RedisServer, index_server: IndexServer, start_sim: StartSim,
     start_gateway: StartGateway, http: aiohttp.ClientSession,
