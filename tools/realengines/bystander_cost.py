@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cortex.bench.procstat import cpu_s
 from cortex.bench.routing import real
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
@@ -77,9 +77,8 @@ class Burner:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime + stime
-        self.used = ticks / os.sysconf("SC_CLK_TCK") * 1000 / (time.monotonic() - self._started)
+        used_s = cpu_s(self._proc.pid) or 0.0
+        self.used = used_s * 1000 / (time.monotonic() - self._started)
         self._proc.kill()
         self._proc.wait()
 
