@@ -58,7 +58,7 @@ from cortex.devcluster.cluster import ClusterSpec, LocalCluster, probe_http
 from cortex.devcluster.supervisor import Child, ChildExited, Supervisor
 from cortex.hashing import Engine
 from cortex.registry import discover
-from cortex.registry.engines import vllm_work_from_metrics
+from cortex.registry.engines import LoadFormatError, parse_vllm_load, vllm_work_from_metrics
 from cortex.testing import free_port, sglang_router_argv, vllm_router_argv, wait_until
 from cortex.testing.vllm_engines import (
     BLOCK_SIZE,
@@ -354,7 +354,11 @@ class Occupancy(Sampler):
         loads = []
         for connection in self._connections:
             connection.request("GET", "/load")
-            loads.append(json.loads(connection.getresponse().read())["server_load"])
+            load = parse_vllm_load(json.loads(connection.getresponse().read()))
+            if load is None:
+                raise LoadFormatError(f"{connection.host}:{connection.port}: /load has no "
+                                      "server_load count")
+            loads.append(load)
         self.count(loads)
 
     def count(self, loads: list[int]) -> None:
