@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import pytest
 import redis.asyncio as aioredis
@@ -132,6 +133,73 @@ async def test_reassert_renews_recreates_and_never_overrides_a_tombstone(
 
         await wait_until_async(stone_expired, timeout=5, what="the tombstone's TTL")
         assert await reg.reassert(worker("never-registered")) is Assertion.CREATED
+
+
+async def test_changed_since_sees_every_write_and_every_lapse_and_nothing_else(
+    redis_server: RedisServer,
+) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+        listing = await reg.list()
+        assert not await reg.changed_since(listing)  # an empty registry, read again
+
+        async def changed_by(write: Awaitable[object]) -> bool:
+            nonlocal listing
+            await write
+            moved = await reg.changed_since(listing)
+            listing = await reg.list()
+            return moved
+
+        assert await changed_by(reg.register(worker("a"), ttl_s=30))
+        assert await changed_by(reg.register(worker("b"), ttl_s=30))
+        assert not await changed_by(reg.renew("a", ttl_s=20))  # a lease's time only
+        assert not await changed_by(reg.reassert(worker("a"), ttl_s=30))  # renewed
+        moved = worker("a", url="http://127.0.0.1:9001")
+        assert await changed_by(reg.reassert(moved, ttl_s=30, replace=True))
+        assert listing.workers["a"] == moved
+        assert await changed_by(reg.remove("c", tombstone_ttl_s=30))
+        assert await changed_by(reg.deregister("a"))
+        assert await changed_by(reg.reassert(worker("a"), ttl_s=30))  # created again
+        assert not await reg.changed_since(listing)
+
+        async def lapsed() -> bool:
+            return await reg.changed_since(listing)
+
+        await reg.renew("b", ttl_s=0.2)  # b's lease lapses: no write
+        await wait_until_async(lapsed, timeout=5, what="b's lapse seen")
+        listing = await reg.list()
+        assert set(listing.workers) == {"a"}
+        client = aioredis.Redis.from_url(redis_server.url)
+        try:  # c's tombstone lapses
+            await client.pexpire("cortex:v1:tombstone:c", 200)
+            await wait_until_async(lapsed, timeout=5, what="c's lapse seen")
+            listing = await reg.list()
+            assert not listing.tombstones
+            # a writer that keeps no count (an older release) is missed here: the
+            # watcher's periodic full listing covers it
+            await client.set("cortex:v1:worker:d", worker("d").to_json())
+        finally:
+            await client.aclose()
+        assert not await reg.changed_since(listing)
+        assert set((await reg.list()).workers) == {"a", "d"}
+
+
+async def test_a_listing_parses_only_entries_it_has_not_seen(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with RedisRegistry(redis_server.url) as reg:
+        for name in ("a", "b", "c"):
+            await reg.register(worker(name), ttl_s=30)
+        parsed: list[bytes] = []
+        from_json = WorkerSpec.from_json
+        monkeypatch.setattr(WorkerSpec, "from_json",
+                            staticmethod(lambda raw: parsed.append(raw) or from_json(raw)))
+        first = await reg.list()
+        assert len(parsed) == 3
+        await reg.register(worker("b", url="http://127.0.0.1:9009"), ttl_s=30)
+        second = await reg.list()
+        assert len(parsed) == 4  # only b's new entry
+        assert second.workers["a"] is first.workers["a"]
+        assert second.workers["b"] == worker("b", url="http://127.0.0.1:9009")
 
 
 async def test_an_unreadable_tombstone_still_keeps_its_worker_out(

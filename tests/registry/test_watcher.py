@@ -104,6 +104,42 @@ async def test_lease_expiry_is_seen_by_polling(redis_server: RedisServer) -> Non
         await wait_until_async(lambda: "a" not in watcher.workers, timeout=5, what="expiry")
 
 
+async def test_polls_list_the_registry_only_when_it_changed(redis_server: RedisServer) -> None:
+    async with (
+        RedisRegistry(redis_server.url) as reg,
+        RegistryWatcher(reg, interval_s=0.05, use_channel=False, full_every=1000) as watcher,
+    ):
+        await reg.register(worker("a"), ttl_s=60)
+        await wait_until_async(lambda: "a" in watcher.workers, timeout=5)
+        polls, listings = watcher.polls, watcher.listings
+        await wait_until_async(lambda: watcher.polls >= polls + 10, timeout=5, what="polls")
+        assert watcher.listings == listings  # nothing changed: nothing was listed
+        await reg.register(worker("b"), ttl_s=60)
+        await wait_until_async(lambda: "b" in watcher.workers, timeout=5)
+        await reg.renew("b", ttl_s=0.2)
+        await wait_until_async(lambda: "b" not in watcher.workers, timeout=5, what="b lapsing")
+        assert watcher.listings == listings + 2
+
+
+async def test_a_write_that_keeps_no_count_is_seen_by_the_periodic_listing(
+    redis_server: RedisServer,
+) -> None:
+    async with (
+        RedisRegistry(redis_server.url) as reg,
+        RegistryWatcher(reg, interval_s=0.05, use_channel=False, full_every=5) as watcher,
+    ):
+        await reg.register(worker("a"), ttl_s=60)
+        await wait_until_async(lambda: "a" in watcher.workers, timeout=5)
+        client = aioredis.Redis.from_url(redis_server.url)
+        try:  # as a release before the change count would write it
+            await client.set("cortex:v1:worker:old", worker("old").to_json())
+        finally:
+            await client.aclose()
+        polls = watcher.polls
+        await wait_until_async(lambda: "old" in watcher.workers, timeout=5, what="old")
+        assert watcher.polls - polls <= 6
+
+
 async def test_redis_outage_keeps_last_view_then_reconciles(redis_server: RedisServer) -> None:
     async with (
         RedisRegistry(redis_server.url, op_timeout_s=0.5) as reg,

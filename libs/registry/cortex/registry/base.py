@@ -55,12 +55,14 @@ class Listing:
     ``ttl_s[id]`` is the remaining lease in seconds (``None``: a static entry without
     expiry). ``invalid`` maps the ids of unreadable entries to the reason; they are
     skipped, never guessed. ``tombstones``: workers an operator removed (they hold no lease).
+    ``stamp``: the registry's own note of what it read, for :meth:`Registry.changed_since`.
     """
 
     workers: Mapping[str, WorkerSpec] = field(default_factory=dict)
     ttl_s: Mapping[str, float | None] = field(default_factory=dict)
     invalid: Mapping[str, str] = field(default_factory=dict)
     tombstones: Mapping[str, Tombstone] = field(default_factory=dict)
+    stamp: object = None
 
 
 class Registry(abc.ABC):
@@ -125,6 +127,12 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def list(self) -> Listing:
         """Every live entry."""
+
+    async def changed_since(self, listing: Listing) -> bool:
+        """Whether :meth:`list` could now return something else than ``listing`` (one of
+        this registry's), remaining lease times aside. ``True`` when it cannot tell cheaply:
+        then a watcher lists again."""
+        return True
 
     @abc.abstractmethod
     def changes(self) -> AsyncIterator[str]:

@@ -6,7 +6,11 @@ Layout (``namespace`` defaults to ``cortex:v1:``):
 - ``<ns>tombstone:<id>`` → ``{"id", "reason", "at"}`` of an operator's removal, expiring
   with its own TTL or never (until the worker is registered again);
 - ``<ns>workers`` → a pub/sub channel carrying ``put <id>`` / ``del <id>`` on register and
-  deregister, so watchers react faster than their polling interval.
+  deregister, so watchers react faster than their polling interval;
+- ``<ns>generation`` → a counter every write that adds, replaces or drops an entry or a
+  tombstone increments in the same transaction. With the keys a listing found, it tells a
+  watcher's poll in one small round trip whether anything but a lease's remaining time
+  changed since (:meth:`RedisRegistry.changed_since`); only then does it list again.
 
 Re-asserting a lease is one Lua script (atomic with a concurrent removal: a tombstone
 written between a gateway's probe and its write always wins).
@@ -21,7 +25,8 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -40,8 +45,8 @@ DEFAULT_NAMESPACE = "cortex:v1:"
 _SCAN_COUNT = 500
 _T = TypeVar("_T")
 
-# KEYS: worker key, tombstone key. ARGV: spec JSON, lease ms (0 = none), replace (0|1),
-# channel, worker id. Returns the Assertion's value.
+# KEYS: worker key, tombstone key, generation key. ARGV: spec JSON, lease ms (0 = none),
+# replace (0|1), channel, worker id. Returns the Assertion's value.
 _REASSERT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'tombstoned' end
 local ttl = tonumber(ARGV[2])
@@ -55,10 +60,30 @@ if ttl > 0 then
 else
   redis.call('SET', KEYS[1], ARGV[1])
 end
+redis.call('INCR', KEYS[3])
 redis.call('PUBLISH', ARGV[4], 'put ' .. ARGV[5])
 if existed then return 'replaced' end
 return 'created'
 """
+
+# KEYS: generation key, then every key a listing found. ARGV: that listing's generation.
+# 1 when the generation moved or one of those keys is gone (a lease or tombstone lapsed).
+_CHANGED = """
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return 1 end
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then return 1 end
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Stamp:
+    """What :meth:`RedisRegistry.changed_since` compares: the generation a listing began
+    at and the keys it found."""
+
+    generation: bytes
+    keys: tuple[bytes, ...]
 
 
 class RedisRegistry(Registry):
@@ -81,6 +106,7 @@ class RedisRegistry(Registry):
         self.channel = f"{namespace}workers"
         self._prefix = f"{namespace}worker:"
         self._tomb_prefix = f"{namespace}tombstone:"
+        self._generation = f"{namespace}generation"
         try:
             self._client: aioredis.Redis = aioredis.Redis.from_url(
                 url,
@@ -92,6 +118,8 @@ class RedisRegistry(Registry):
         except ValueError as exc:
             raise RegistryUnavailable(f"bad redis URL {url!r}: {exc}") from None
         self._reassert = self._client.register_script(_REASSERT)
+        self._changed = self._client.register_script(_CHANGED)
+        self._specs: dict[bytes, WorkerSpec] = {}  # the last listing's entries, parsed
         self._closed = False
 
     def __repr__(self) -> str:
@@ -130,6 +158,7 @@ class RedisRegistry(Registry):
                     pipe.set(self.key(spec.id), payload, px=_ms(ttl))
                 else:
                     pipe.set(self.key(spec.id), payload)
+                pipe.incr(self._generation)
                 pipe.publish(self.channel, f"put {spec.id}")
                 await pipe.execute()
 
@@ -139,7 +168,7 @@ class RedisRegistry(Registry):
                        replace: bool = False) -> Assertion:
         ttl = self._ttl(ttl_s)
         reply = await self._run(f"reassert {spec.id}", self._reassert(
-            keys=[self.key(spec.id), self.tombstone_key(spec.id)],
+            keys=[self.key(spec.id), self.tombstone_key(spec.id), self._generation],
             args=[spec.to_json(), _ms(ttl) if ttl else 0, int(replace), self.channel,
                   spec.id]))
         text = reply.decode() if isinstance(reply, bytes) else str(reply)
@@ -169,8 +198,9 @@ class RedisRegistry(Registry):
         async def call() -> bool:
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.delete(self.key(worker_id))
+                pipe.incr(self._generation)
                 pipe.publish(self.channel, f"del {worker_id}")
-                deleted, _ = await pipe.execute()
+                deleted, _, _ = await pipe.execute()
             return bool(deleted)
 
         return await self._run(f"deregister {worker_id}", call())
@@ -187,8 +217,9 @@ class RedisRegistry(Registry):
                     pipe.set(self.tombstone_key(worker_id), stone)
                 else:
                     pipe.set(self.tombstone_key(worker_id), stone, px=_ms(ttl))
+                pipe.incr(self._generation)
                 pipe.publish(self.channel, f"del {worker_id}")
-                deleted, _, _ = await pipe.execute()
+                deleted, _, _, _ = await pipe.execute()
             return bool(deleted)
 
         return await self._run(f"remove {worker_id}", call())
@@ -208,6 +239,8 @@ class RedisRegistry(Registry):
         return await self._run("list", self._list())
 
     async def _list(self) -> Listing:
+        # the generation first: a write during the listing moves it past the one recorded
+        generation = cast(bytes, await self._client.get(self._generation) or b"0")
         prefix, tomb_prefix = self._prefix.encode(), self._tomb_prefix.encode()
         keys: list[bytes] = []
         stones: list[bytes] = []
@@ -216,29 +249,45 @@ class RedisRegistry(Registry):
                 keys.append(key)
             elif key.startswith(tomb_prefix):
                 stones.append(key)
+        found: list[bytes] = []
         workers: dict[str, WorkerSpec] = {}
         ttls: dict[str, float | None] = {}
         invalid: dict[str, str] = {}
-        async for worker_id, raw, ttl in self._values(keys, len(prefix)):
-            try:
-                spec = WorkerSpec.from_json(raw)
-            except SpecError as exc:
-                invalid[worker_id] = str(exc)
-                continue
+        specs: dict[bytes, WorkerSpec] = {}
+        async for key, worker_id, raw, ttl in self._values(keys, len(prefix)):
+            found.append(key)
+            spec = self._specs.get(raw)
+            if spec is None:
+                try:
+                    spec = WorkerSpec.from_json(raw)
+                except SpecError as exc:
+                    invalid[worker_id] = str(exc)
+                    continue
             if spec.id != worker_id:
                 invalid[worker_id] = f"entry holds a spec for {spec.id!r}"
                 continue
-            workers[worker_id] = spec
+            specs[raw] = workers[worker_id] = spec
             ttls[worker_id] = ttl
+        self._specs = specs  # an unchanged entry is not parsed again
         tombstones: dict[str, Tombstone] = {}
-        async for worker_id, raw, ttl in self._values(stones, len(tomb_prefix)):
+        async for key, worker_id, raw, ttl in self._values(stones, len(tomb_prefix)):
+            found.append(key)
             tombstones[worker_id] = _tombstone(worker_id, raw, ttl)
-        return Listing(workers=workers, ttl_s=ttls, invalid=invalid, tombstones=tombstones)
+        return Listing(workers=workers, ttl_s=ttls, invalid=invalid, tombstones=tombstones,
+                       stamp=_Stamp(generation, tuple(found)))
+
+    async def changed_since(self, listing: Listing) -> bool:
+        stamp = listing.stamp
+        if not isinstance(stamp, _Stamp):
+            return True
+        moved = await self._run("changed", self._changed(
+            keys=[self._generation, *stamp.keys], args=[stamp.generation]))
+        return bool(moved)
 
     async def _values(self, keys: Sequence[bytes], skip: int
-                      ) -> AsyncIterator[tuple[str, bytes, float | None]]:
-        """``(id, value, remaining TTL in s or None)`` of each key still there (``skip``:
-        the prefix length), one pipelined round trip per ``_SCAN_COUNT`` keys."""
+                      ) -> AsyncIterator[tuple[bytes, str, bytes, float | None]]:
+        """``(key, id, value, remaining TTL in s or None)`` of each key still there
+        (``skip``: the prefix length), one pipelined round trip per ``_SCAN_COUNT`` keys."""
         for start in range(0, len(keys), _SCAN_COUNT):
             chunk = keys[start : start + _SCAN_COUNT]
             async with self._client.pipeline(transaction=False) as pipe:
@@ -249,7 +298,7 @@ class RedisRegistry(Registry):
             for i, key in enumerate(chunk):
                 raw, pttl = replies[2 * i], replies[2 * i + 1]
                 if raw is not None:  # else: expired between SCAN and GET
-                    yield key.decode(errors="replace")[skip:], raw, (
+                    yield key, key.decode(errors="replace")[skip:], raw, (
                         pttl / 1000 if pttl >= 0 else None)
 
     async def changes(self) -> AsyncIterator[str]:

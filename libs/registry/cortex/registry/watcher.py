@@ -4,6 +4,13 @@ Polling (every ``interval_s``, default 1 s) is the source of truth: it is the on
 see a lease expire. The pub/sub channel only wakes the poller early. When the registry is
 unreachable the watcher keeps the last known workers, reports ``degraded`` and reconciles
 (emits the accumulated diff) on the first successful poll.
+
+A poll first asks the registry whether anything changed since the last listing
+(:meth:`Registry.changed_since`: for Redis one small script, not a scan and every entry's
+JSON) and lists again only when it did. A wake-up by the channel, a poll after a failed one
+and every ``full_every``-th poll list whatever the answer, so a writer that does not keep
+the registry's change count (an older release during an upgrade) is seen within
+``full_every`` polls.
 """
 
 from __future__ import annotations
@@ -77,16 +84,21 @@ class RegistryWatcher:
         interval_s: float = 1.0,
         use_channel: bool = True,
         channel_backoff_max_s: float = 5.0,
+        full_every: int = 10,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if full_every < 1:
+            raise ValueError(f"full_every must be >= 1, got {full_every}")
         self.registry = registry
         self.interval_s = interval_s
+        self.full_every = full_every
         self.use_channel = use_channel
         self.channel_backoff_max_s = channel_backoff_max_s
         self.health = RegistryHealth.STARTING
         self.version = 0  # bumped whenever the view changes
         self.polls = 0
+        self.listings = 0  # polls that read the whole registry
         self.poll_errors = 0
         self.last_error: str | None = None
         self.last_ok_monotonic: float | None = None
@@ -117,7 +129,8 @@ class RegistryWatcher:
 
     @property
     def listing(self) -> Listing:
-        """The last successful listing (with lease TTLs and invalid entries)."""
+        """The last successful listing (with invalid entries, and lease TTLs as of when it
+        was read)."""
         return self._listing
 
     @property
@@ -146,11 +159,19 @@ class RegistryWatcher:
         """Poll now instead of at the next interval."""
         self._wake.set()
 
-    async def refresh(self) -> bool:
-        """Poll once; ``True`` on success. Updates health and, on change, the view."""
+    async def refresh(self, full: bool = True) -> bool:
+        """Poll once; ``True`` on success. Updates health and, on change, the view.
+        ``full=False``: list only if the registry says something changed since the last
+        listing (a poll after a failed one lists anyway)."""
         self.polls += 1
         requested = time.monotonic()
         try:
+            if (not full and self.health is RegistryHealth.OK
+                    and not await self.registry.changed_since(self._listing)):
+                self.last_ok_monotonic = time.monotonic()
+                self.view_taken_at = requested
+                return True
+            self.listings += 1
             listing = await self.registry.list()
         except RegistryUnavailable as exc:
             self.poll_errors += 1
@@ -217,8 +238,9 @@ class RegistryWatcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s):
                     await self._wake.wait()
+            woken = self._wake.is_set()
             self._wake.clear()
-            await self.refresh()
+            await self.refresh(full=woken or self.polls % self.full_every == 0)
 
     async def _channel_loop(self) -> None:
         backoff = 0.1
