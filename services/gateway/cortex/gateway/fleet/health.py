@@ -14,6 +14,11 @@ worker's registry lease (:func:`lease_action`):
   service drops the worker;
 * workers that left (remembered by the pool) are probed too: one that answers again is
   re-asserted with its last spec and comes back.
+
+A gateway writes a registered worker's lease at most every quarter of the lease's TTL
+(:meth:`HealthMonitor.lease_due`), not at every probe: probes come every second, leases
+last 10 s by default, and every gateway keeps every worker's lease. A worker whose entry
+vanished from the registry view is re-asserted at its next passing probe.
 """
 
 from __future__ import annotations
@@ -147,10 +152,10 @@ class HealthMonitor:
         else:
             worker.last_probe_error = error  # busy: no verdict either way
         action = lease_action(worker, result, now, self.config.remove_after_s)
-        if action is LeaseAction.REASSERT:
-            await self._reassert(worker.spec, returning=not worker.registered)
-        elif action is LeaseAction.RENEW:
-            await self._renew(worker)
+        if action is not LeaseAction.NONE and self.lease_due(worker, now):
+            kept = (await self._reassert(worker.spec, returning=not worker.registered)
+                    if action is LeaseAction.REASSERT else await self._renew(worker))
+            worker.lease_kept_at = now if kept else None
         if result is ProbeResult.OK:
             await self._learn_limits(worker, now)
         return result is ProbeResult.OK
@@ -204,13 +209,23 @@ class HealthMonitor:
             self._on_return()
         return True
 
-    async def _renew(self, worker: WorkerState) -> None:
+    def lease_due(self, worker: WorkerState, now: float) -> bool:
+        """Whether a probe of ``worker`` should write its lease: a quarter of the TTL has
+        passed since this gateway last kept it, or its entry is not in the registry view
+        (or the lease never expires: then every probe, as before leases had TTLs)."""
+        kept = worker.lease_kept_at
+        return (kept is None or not worker.registered or self.lease_ttl_s <= 0
+                or now - kept >= self.lease_ttl_s / 4)
+
+    async def _renew(self, worker: WorkerState) -> bool:
+        """Extend ``worker``'s lease; ``True`` when it was."""
         try:
             renewed = await self.registry.renew(worker.id, self.lease_ttl_s)
         except RegistryUnavailable:
             self.metrics.lease_renewals.labels(result="unavailable").inc()
-            return
+            return False
         self.metrics.lease_renewals.labels(result="renewed" if renewed else "gone").inc()
+        return renewed
 
     async def _learn_limits(self, worker: WorkerState, now: float) -> None:
         """The engine's context length (until known) and LoRA adapters (every

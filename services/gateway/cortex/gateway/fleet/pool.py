@@ -150,6 +150,7 @@ class WorkerState:
         self.last_probe_error: str | None = None
         self.failing_since: float | None = None  # monotonic s of the streak's first failure
         self.registered = True  # False: its registry entry vanished, its lease is re-asserted
+        self.lease_kept_at: float | None = None  # monotonic s this gateway last kept its lease
         self.context_length: int | None = None  # tokens, as the engine reports it
         self.info_checked: float | None = None  # monotonic s of the last engine-info fetch
         self.adapters: frozenset[str] = frozenset()  # LoRA adapters its /v1/models lists
