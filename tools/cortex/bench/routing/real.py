@@ -377,12 +377,14 @@ def _post(url: str) -> None:
 @contextlib.contextmanager
 def _cortex(engines: list[VllmEngine], install: VllmInstall, log_dir: Path, replicas: int
             ) -> Iterator[tuple[list[str], dict[str, int]]]:
+    # the registry's and probes' timing is ``cortex serve``'s default (a 10 s lease: probes
+    # and registry polls every second), as the README's quickstart runs it
     found = asyncio.run(_discover([e.url for e in engines]))
     specs = tuple(d.spec(worker_id=f"vllm-{i}") for i, d in enumerate(found))
     config = {"models": [{"name": specs[0].model, "engine": "vllm", "block_size": BLOCK_SIZE,
                           "tokenizer": str(install.model_dir(engines[0].model))}]}
     spec = ClusterSpec(workers=0, port=0, external=specs, model=specs[0].model,
-                       engine=Engine.VLLM, block_size=BLOCK_SIZE, lease_ttl_s=3,
+                       engine=Engine.VLLM, block_size=BLOCK_SIZE,
                        gateways=replicas, gateway_config=config, ready_timeout_s=180)
     with LocalCluster(spec, log_dir) as cluster:
         for url in cluster.gateway_urls:  # the encoder's parity probe is start-up work
