@@ -69,7 +69,7 @@ class IndexConfig:
     every second when idle; no open stream) is lost: its sources turn SYNCING
     (``ingest_lost``) until snapshots re-establish them. 0 = never."""
     # ledger replicas (gateways)
-    replica_heartbeat_s: float = 0.25
+    replica_heartbeat_s: float = 0.5
     """An idle replica stream sends an empty batch this often (replicas use it to tell a
     quiet index from a lost stream)."""
     replica_flush_s: float = 0.005

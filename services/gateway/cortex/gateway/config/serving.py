@@ -386,7 +386,7 @@ class IndexConfig:
 
     ``replica``: keep a replica (``Index.Replicate``) and match in process. ``replica_grace_s``:
     the replica answers while its last applied batch (heartbeats included: the index sends
-    one every 0.25 s when idle) is at most this old; a stream silent this long is dropped.
+    one every 0.5 s when idle) is at most this old; a stream silent this long is dropped.
     ``replica_touch_interval_s``: how often matched blocks are reported to the index.
     ``match_timeout_ms`` bounds one gRPC Match; ``retry_after_ms``: a failed index is skipped
     this long; ``workers_poll_s``: ledger states polled while the replica is not usable.
