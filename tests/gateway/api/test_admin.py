@@ -47,6 +47,15 @@ async def test_a_denied_spec_in_the_registry_never_enters_the_pool(
     await wait_until_async(lambda: gw.gateway.pool.get("later") is not None, timeout=10,
                            what="the registry read")
     assert gw.gateway.pool.get("bad") is None
+    # a worker let in before is checked again when its entry changes
+    moved = WorkerSpec.from_dict({**spec_of(sim, "later").to_dict(),
+                                  "url": "http://169.254.169.254:80"})
+    await gw.gateway.registry.register(moved, 30)
+    later = gw.gateway.pool.get("later")
+    assert later is not None
+    await wait_until_async(lambda: not later.registered, timeout=10,
+                           what="the moved entry left out of the view")
+    assert later.spec == spec_of(sim, "later")
 
 
 def test_a_denied_seed_url_is_a_config_error() -> None:

@@ -144,6 +144,7 @@ class Runtime:
         self.upstream = UpstreamClient(config.upstream, self.credentials)
         self.addresses = config.discovery.address_policy
         self._refused: dict[str, WorkerSpec] = {}  # ignored specs, logged once each
+        self._admitted: dict[str, WorkerSpec] = {}  # specs the address policy let in
         self.index: IndexClient | None = None
         self.replica: ReplicaClient | None = None
         if config.index.targets:
@@ -313,19 +314,21 @@ class Runtime:
                 watcher.view_taken_at)
 
     def _allowed(self, specs: Mapping[str, WorkerSpec]) -> Mapping[str, WorkerSpec]:
-        """``specs`` without those on a refused address (each logged once)."""
-        kept: dict[str, WorkerSpec] = {}
+        """``specs`` without those on a refused address (each logged once). A spec let in
+        at the previous call is not checked again (this runs after every probe round)."""
+        admitted, self._admitted = self._admitted, {}
         for worker_id, spec in specs.items():
-            try:
-                self.addresses.check(spec)
-            except SpecError as exc:
-                if self._refused.get(worker_id) != spec:
-                    self._refused[worker_id] = spec
-                    log.warning("worker %s ignored: %s", worker_id, exc,
-                                extra={"worker": worker_id})
-                continue
-            kept[worker_id] = spec
-        return kept
+            if admitted.get(worker_id) != spec:
+                try:
+                    self.addresses.check(spec)
+                except SpecError as exc:
+                    if self._refused.get(worker_id) != spec:
+                        self._refused[worker_id] = spec
+                        log.warning("worker %s ignored: %s", worker_id, exc,
+                                    extra={"worker": worker_id})
+                    continue
+            self._admitted[worker_id] = spec
+        return dict(self._admitted)
 
     def sync_pool(self) -> list[str]:
         """Reconcile the pool with the registry (and the workers' health); returns the ids
