@@ -39,6 +39,9 @@ RESPONSES = {
 }
 
 
+STREAMED = [b"data: x\n\n", b"", bytearray(b"data: y\n\n"), memoryview(b"z" * 70_000)]
+
+
 def _exchange(connection: h11.Connection, request: bytes, status: int,
               headers: list[tuple[bytes, bytes]]) -> tuple[bytes, object, object]:
     connection.receive_data(request)
@@ -47,11 +50,12 @@ def _exchange(connection: h11.Connection, request: bytes, status: int,
     wire = connection.send(h11.Response(status_code=status, headers=headers)) or b""
     if connection.our_state is h11.SEND_BODY:
         lengths = {v for k, v in headers if k.lower() == b"content-length"}
-        body = b"data: x\n\n" if not lengths else b"{}"[:int(lengths.pop())]
+        chunks: list[bytes | bytearray | memoryview] = (
+            STREAMED if not lengths else [b"{}"[:int(lengths.pop())]])
         if request.startswith(b"HEAD") or status in (204, 304):
-            body = b""
-        if body:
-            wire += connection.send(h11.Data(data=body)) or b""
+            chunks = []
+        for chunk in chunks:  # several chunks, an empty one among them
+            wire += connection.send(h11.Data(data=chunk)) or b""
         wire += connection.send(h11.EndOfMessage()) or b""
     return wire, connection.our_state, connection.their_state
 
@@ -63,6 +67,13 @@ def test_lean_connection_sends_what_h11_sends(request_name: str, response_name: 
     request = REQUESTS[request_name]
     expected = _exchange(h11.Connection(h11.SERVER), request, status, headers)
     assert _exchange(LeanH11Connection(h11.SERVER), request, status, headers) == expected
+
+
+def test_lean_connection_still_refuses_data_after_the_end() -> None:
+    connection = LeanH11Connection(h11.SERVER)
+    _exchange(connection, REQUESTS["post 1.1"], *RESPONSES["stream"])
+    with pytest.raises(h11.LocalProtocolError):
+        connection.send(h11.Data(data=b"late"))
 
 
 def test_lean_connection_still_refuses_invalid_headers() -> None:
