@@ -53,7 +53,6 @@ from wsgiref.handlers import format_date_time
 import h11
 from h11._connection import _body_framing
 from h11._headers import Headers, get_comma_header, normalize_and_validate
-from h11._writers import ChunkedWriter
 from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.config import Config as HypercornConfig
@@ -260,16 +259,7 @@ def _set_checked(headers: Headers, name: bytes, values: list[bytes]) -> Headers:
 
 class LeanH11Connection(h11.Connection):
     """An ``h11.Connection`` whose responses' headers are checked once (when the
-    ``h11.Response`` is built), not again at each framing header it sets, and whose chunks
-    of a chunked body are framed without the state machine (sending data in ``SEND_BODY``
-    changes no state: only its framing matters, and a streamed answer is mostly that)."""
-
-    def send_with_data_passthrough(self, event: h11._events.Event) -> list[bytes] | None:
-        if (type(event) is h11.Data and self.our_state is h11.SEND_BODY
-                and type(self._writer) is ChunkedWriter):
-            data = event.data
-            return [b"%x\r\n%b\r\n" % (len(data), data)] if data else []
-        return super().send_with_data_passthrough(event)
+    ``h11.Response`` is built), not again at each framing header it sets."""
 
     def _clean_up_response_headers_for_sending(self, response: h11.Response) -> h11.Response:
         # h11 0.16's method, with _set_checked for set_comma_header
