@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +23,14 @@ import msgpack
 import pytest
 import zmq
 
+from cortex.gateway.fleet.load import VLLM_LOAD_SAMPLES
 from cortex.hashing import Engine
 from cortex.kvevents.codec import decode_batch, encode_batch
+from cortex.registry.engines import (
+    kv_device_blocks_from_vllm_metrics,
+    parse_vllm_metrics,
+    vllm_work_from_metrics,
+)
 from cortex.sim.process import SimProcess
 from cortex.testing.vllm_engines import (
     BLOCK_SIZE,
@@ -186,6 +193,33 @@ def test_metrics_carry_the_gauges_cortex_reads(engine: Asked, sim: Asked) -> Non
     assert read <= _labels(theirs) and read <= _labels(ours)
     for gauge in ("vllm:num_requests_running{", "vllm:num_requests_waiting{"):
         assert gauge in theirs and gauge in ours
+
+
+def _sample_names(text: str) -> set[str]:
+    return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_metrics_filtered_by_name_answer_the_load_polls_samples_alone(
+        engine: Asked, sim: Asked) -> None:
+    """The gateway's vLLM load poll asks ``/metrics/?name[]=…`` (prometheus_client's app
+    mounted beside the ``/metrics`` route, which ignores the filter)."""
+    query = urllib.parse.urlencode([("name[]", n) for n in VLLM_LOAD_SAMPLES])
+    for asked in (engine, sim):
+        whole = asked.call("/metrics")[1].decode()
+        status, body = asked.call("/metrics/?" + query)
+        text = body.decode()
+        assert status == 200
+        assert _sample_names(text) == set(VLLM_LOAD_SAMPLES) <= _sample_names(whole)
+        assert parse_vllm_metrics(text).load is not None
+        assert kv_device_blocks_from_vllm_metrics(text) == kv_device_blocks_from_vllm_metrics(
+            whole)
+        assert vllm_work_from_metrics(text) is not None
+        ignored = asked.call("/metrics?" + query)[1].decode()  # the route, not the mount
+        assert _sample_names(ignored) == _sample_names(whole)
+    report("conformance_metrics_by_name", {"whole_bytes": len(engine.call("/metrics")[1]),
+                                           "by_name_bytes": len(engine.call(
+                                               "/metrics/?" + query)[1])})
 
 
 def _first_stored(asked: Asked) -> list[bytes]:

@@ -182,6 +182,29 @@ async def test_vllm_metrics_use_the_real_names(start_sim: StartSim, http: aiohtt
     assert 'model_name="cortex-sim"' in text
 
 
+async def test_vllm_metrics_mount_filters_by_name_and_its_route_does_not(
+        start_sim: StartSim, http: aiohttp.ClientSession) -> None:
+    sim = await start_sim(engine="vllm")
+    await post(http, sim.url + "/v1/completions",
+               {"model": "cortex-sim", "prompt": list(range(1, 10)), "max_tokens": 1})
+    names = [("name[]", "vllm:num_requests_waiting"), ("name[]", "vllm:prompt_tokens_total"),
+             ("name[]", "vllm:cache_config_info"), ("name[]", "vllm:no_such_metric")]
+    async with http.get(sim.url + "/metrics/", params=names) as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    async with http.get(sim.url + "/metrics", params=names) as resp:
+        whole = await resp.text()
+    kept = [line for line in text.splitlines() if not line.startswith("#")]
+    assert [line.split("{")[0] for line in kept] == [
+        "vllm:num_requests_waiting", "vllm:prompt_tokens_total", "vllm:cache_config_info"]
+    assert "# TYPE vllm:prompt_tokens_total counter" in text  # each family's header kept
+    assert "# HELP vllm:num_requests_running" not in text
+    assert all(line in whole for line in text.splitlines())
+    assert "vllm:num_requests_running{" in whole  # the exact route ignores the filter
+    async with http.get(sim.url + "/metrics/") as resp:
+        assert (await resp.text()).splitlines() == whole.splitlines()
+
+
 async def test_flush_refuses_while_busy_then_clears(start_sim: StartSim,
                                                     http: aiohttp.ClientSession) -> None:
     sim = await start_sim(engine="sglang")

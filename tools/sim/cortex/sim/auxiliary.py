@@ -32,7 +32,8 @@ _EMBEDDING_DIMS = 8
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/ping", "/metrics", "/version"})
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/ping", "/metrics", "/metrics/",
+                        "/version"})
 """Paths the engines answer without their ``--api-key``."""
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from cortex.hashing import Engine
 
-__all__ = ["LoadSnapshot", "render_metrics"]
+__all__ = ["LoadSnapshot", "render_metrics", "restrict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +127,25 @@ def render_metrics(engine: Engine, version: tuple[int, ...], model: str,
         metric("sglang:num_requests", "counter", "The number of processed requests.",
                [(labels, load.finished_requests)])
     return "\n".join(lines) + "\n"
+
+
+def restrict(text: str, names: Sequence[str]) -> str:
+    """``text`` (an exposition) with only the samples named in ``names``, each family's
+    ``HELP`` / ``TYPE`` lines kept with its samples: what prometheus_client's ASGI app answers
+    to ``?name[]=…`` (vLLM's ``/metrics/`` mount). Sample names: a counter's end in
+    ``_total``."""
+    wanted = set(names)
+    out: list[str] = []
+    family: list[str] = []  # the current family's HELP / TYPE lines, until a sample is kept
+    for line in text.splitlines():
+        if line.startswith("# "):
+            if line.startswith("# HELP "):
+                family = []
+            family.append(line)
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            out.extend(family)
+            family = []
+            out.append(line)
+    return "\n".join(out) + "\n" if out else ""

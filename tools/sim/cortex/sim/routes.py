@@ -42,7 +42,7 @@ from cortex.sim.engine import SimEngine
 from cortex.sim.faults import FaultState
 from cortex.sim.logprobs import FakeLogprobs
 from cortex.sim.media_fetch import inline_image_urls
-from cortex.sim.metrics import LoadSnapshot, render_metrics
+from cortex.sim.metrics import LoadSnapshot, render_metrics, restrict
 from cortex.sim.pd import TransferError
 from cortex.sim.protocol import Endpoint, GenRequest, RequestError, SequenceResult, SequenceSpec
 
@@ -133,6 +133,7 @@ class SimRoutes:
             r.add_post("/generate", self._generation(proto.parse_generate))
         else:
             r.add_get("/load", self._load)
+            r.add_get("/metrics/", self._metrics)  # prometheus_client's app: ?name[]= filters
             r.add_get("/ping", self._health)
             r.add_get("/server_info", self._vllm_server_info)
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
@@ -302,11 +303,16 @@ class SimRoutes:
         load = self.load()
         return web.json_response({"server_load": load.running + load.waiting})
 
-    async def _metrics(self, _: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """``/metrics``; vLLM's ``/metrics/`` mount also takes ``?name[]=`` (its exact
+        ``/metrics`` route ignores it, as vLLM's does)."""
         text = render_metrics(self.config.engine, self.config.version_tuple, self.config.model,
                               self.loads())
         if self.config.engine is Engine.VLLM:
             text += cache_config_info(self.config)
+        names = request.query.getall("name[]", [])
+        if request.path == "/metrics/" and names:
+            text = restrict(text, names)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- cache control --------------------------------------------------------------------

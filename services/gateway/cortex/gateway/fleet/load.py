@@ -1,7 +1,12 @@
 """Engine-reported load: the poller (the answers' parsers are :mod:`cortex.registry.engines`).
 
-SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: ``GET /metrics``
-(``vllm:num_requests_{running,waiting}``). Values are summed over DP ranks. The same answer
+SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: the samples of
+``/metrics`` the poll reads, by name (``GET /metrics/?name[]=…``: vLLM's ``/metrics`` route
+ignores the filter, the ``/metrics/`` mount beside it is prometheus_client's own app, which
+honours it; the engine renders five families, ~1.5 KB, instead of ~50 KB; measured on vLLM 0.32,
+0.5 to 1 ms of its API server's CPU instead of 6 to 10 ms), and the whole ``GET /metrics`` for a
+worker whose answer to that lacked them (an engine exporting from several processes, an
+older release, a proxy). Values are summed over DP ranks. The same answer
 carries the engine's work mark (token counters, or SGLang's KV tokens in use), which the
 wedge watch (:mod:`cortex.gateway.dispatch.attempt`) reads: a poll costs the engine no queue
 slot, so a saturated worker still shows it works.
@@ -40,9 +45,14 @@ from cortex.registry.engines import (
 )
 from cortex.registry.spec import WorkerSpec
 
-__all__ = ["LoadPoller"]
+__all__ = ["VLLM_LOAD_SAMPLES", "LoadPoller"]
 
 log = logging.getLogger(__name__)
+
+VLLM_LOAD_SAMPLES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                     "vllm:cache_config_info", "vllm:prompt_tokens_total",
+                     "vllm:generation_tokens_total")
+"""The vLLM samples a load poll reads: the load, the KV capacity and the work mark."""
 
 
 class LoadPoller:
@@ -63,6 +73,7 @@ class LoadPoller:
         self.config = config
         self.metrics = metrics
         self._legacy: set[str] = set()  # SGLang workers without /v1/loads
+        self._whole_metrics: set[str] = set()  # vLLM workers not filtering /metrics by name
         self._capacity_asked: set[str] = set()  # SGLang workers asked for their capacity
 
     async def run(self) -> None:
@@ -101,14 +112,12 @@ class LoadPoller:
         base = worker.spec.url.rstrip("/")
         headers = self._auth(worker.spec)
         if worker.spec.engine is Engine.VLLM:
-            async with self.session.get(base + "/metrics", headers=headers) as resp:
-                resp.raise_for_status()
-                text = await resp.text()
-                load = parse_vllm_metrics(text).load
-                if load is None:
-                    raise LoadFormatError("no readable vllm:num_requests_* samples")
-                self._set_capacity(worker, kv_device_blocks_from_vllm_metrics(text))
-                return (*load, vllm_work_from_metrics(text))
+            text = await self._vllm_metrics(worker, base, headers)
+            load = parse_vllm_metrics(text).load
+            if load is None:
+                raise LoadFormatError("no readable vllm:num_requests_* samples")
+            self._set_capacity(worker, kv_device_blocks_from_vllm_metrics(text))
+            return (*load, vllm_work_from_metrics(text))
         if worker.id not in self._legacy:
             async with self.session.get(base + "/v1/loads", headers=headers) as resp:
                 if resp.status == 404:
@@ -121,6 +130,28 @@ class LoadPoller:
             resp.raise_for_status()
             obj = json.loads(await resp.read())
             return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
+
+    async def _vllm_metrics(self, worker: WorkerState, base: str,
+                            headers: Mapping[str, str]) -> str:
+        """The ``/metrics`` text of a vLLM worker: only :data:`VLLM_LOAD_SAMPLES`, unless
+        it once answered that request without its load (then, and from then on, the whole
+        text)."""
+        if worker.id not in self._whole_metrics:
+            async with self.session.get(base + "/metrics/", headers=headers,
+                                        params=[("name[]", n) for n in VLLM_LOAD_SAMPLES]
+                                        ) as resp:
+                if resp.status >= 500:
+                    resp.raise_for_status()  # a failed poll, not an answer
+                if resp.status == 200:
+                    text = await resp.text()
+                    if parse_vllm_metrics(text).load is not None:
+                        return text
+            self._whole_metrics.add(worker.id)
+            log.info("worker=%s does not filter /metrics by name (status %d): polling the "
+                     "whole text", worker.id, resp.status, extra={"worker": worker.id})
+        async with self.session.get(base + "/metrics", headers=headers) as resp:
+            resp.raise_for_status()
+            return await resp.text()
 
     async def _sglang_capacity(self, worker: WorkerState) -> int | None:
         base = worker.spec.url.rstrip("/")
