@@ -4,8 +4,8 @@ Runs the real-engine benchmark's workload (:mod:`cortex.bench.routing.real`: see
 multi-turn chat, streamed; sequential, or ``--clients`` at once) straight at the engines,
 round robin, with caches emptied before each window, in each of ``--modes``:
 - ``quiet``: nothing else runs;
-- ``polls``: a thread polls each engine's ``GET /metrics`` every ``--interval-s`` (what a
-  Cortex gateway does to read vLLM's load);
+- ``polls``: a thread asks each engine for the samples a Cortex gateway's load poll reads
+  (``GET /metrics/?name[]=…``) every ``--interval-s``, as one gateway does;
 - ``cortex``: a whole Cortex deployment (Redis, index, ingest, one gateway) runs beside the
   engines, learning their KV events and polling their load, but the client bypasses it;
 - ``burnN``: a process that does nothing but take N ms of CPU per second, in
@@ -29,16 +29,21 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from cortex.bench.procstat import cpu_s
 from cortex.bench.routing import real
+from cortex.gateway.fleet.load import VLLM_LOAD_SAMPLES
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
 
 class Poller(real.Sampler):
-    """``GET /metrics`` on every engine each ``interval_s`` until stopped."""
+    """A gateway's load poll (:data:`VLLM_LOAD_SAMPLES` by name) on every engine each
+    ``interval_s`` until stopped."""
+
+    QUERY = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in VLLM_LOAD_SAMPLES])
 
     def __init__(self, urls: list[str], interval_s: float) -> None:
         super().__init__(interval_s)
@@ -46,7 +51,7 @@ class Poller(real.Sampler):
 
     def sample(self) -> None:
         for url in self.urls:
-            with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            with urllib.request.urlopen(url + self.QUERY, timeout=10) as response:
                 response.read()
 
 
