@@ -3,8 +3,8 @@
 SGLang: ``GET /v1/loads``, falling back to the older ``GET /get_load``; vLLM: the samples of
 ``/metrics`` the poll reads, by name (``GET /metrics/?name[]=…``: vLLM's ``/metrics`` route
 ignores the filter, the ``/metrics/`` mount beside it is prometheus_client's own app, which
-honours it; the engine renders five families, ~1.5 KB, instead of ~50 KB; measured on vLLM 0.32,
-0.5 to 1 ms of its API server's CPU instead of 6 to 10 ms), and the whole ``GET /metrics`` for a
+honours it; the engine renders five families, ~1.9 KB instead of ~54 KB: on vLLM 0.32,
+0.7 ms of the engine's CPU per poll instead of 6.0), and the whole ``GET /metrics`` for a
 worker whose answer to that lacked them (an engine exporting from several processes, an
 older release, a proxy). Values are summed over DP ranks. The same answer
 carries the engine's work mark (token counters, or SGLang's KV tokens in use), which the
