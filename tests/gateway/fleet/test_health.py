@@ -37,10 +37,10 @@ async def test_a_lease_is_written_every_quarter_ttl_not_every_probe_and_at_once_
     metrics = GatewayMetrics()
     async with (RedisRegistry(redis_server.url) as registry,
                 aiohttp.ClientSession() as session):
-        await registry.register(spec, ttl_s=8.0)
-        monitor = HealthMonitor(pool, session, registry, HealthConfig(), lease_ttl_s=8.0,
+        await registry.register(spec, ttl_s=60.0)
+        monitor = HealthMonitor(pool, session, registry, HealthConfig(), lease_ttl_s=60.0,
                                 metrics=metrics)
-        for _ in range(5):  # five rounds well inside a quarter of the TTL (2 s)
+        for _ in range(5):  # five rounds well inside a quarter of the TTL (15 s)
             await monitor.probe_round()
         assert worker.health is Health.HEALTHY
         assert _writes(metrics) == 1
