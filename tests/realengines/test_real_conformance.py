@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +22,7 @@ import msgpack
 import pytest
 import zmq
 
-from cortex.gateway.fleet.load import VLLM_LOAD_SAMPLES
+from cortex.gateway.fleet.load import VLLM_LOAD_PATH, VLLM_LOAD_SAMPLES
 from cortex.hashing import Engine
 from cortex.kvevents.codec import decode_batch, encode_batch
 from cortex.registry.engines import (
@@ -204,10 +203,10 @@ def test_metrics_filtered_by_name_answer_the_load_polls_samples_alone(
         engine: Asked, sim: Asked) -> None:
     """The gateway's vLLM load poll asks ``/metrics/?name[]=…`` (prometheus_client's app
     mounted beside the ``/metrics`` route, which ignores the filter)."""
-    query = urllib.parse.urlencode([("name[]", n) for n in VLLM_LOAD_SAMPLES])
+    query = VLLM_LOAD_PATH.partition("?")[2]
     for asked in (engine, sim):
         whole = asked.call("/metrics")[1].decode()
-        status, body = asked.call("/metrics/?" + query)
+        status, body = asked.call(VLLM_LOAD_PATH)
         text = body.decode()
         assert status == 200
         assert _sample_names(text) == set(VLLM_LOAD_SAMPLES) <= _sample_names(whole)
@@ -219,7 +218,7 @@ def test_metrics_filtered_by_name_answer_the_load_polls_samples_alone(
         assert _sample_names(ignored) == _sample_names(whole)
     report("conformance_metrics_by_name", {"whole_bytes": len(engine.call("/metrics")[1]),
                                            "by_name_bytes": len(engine.call(
-                                               "/metrics/?" + query)[1])})
+                                               VLLM_LOAD_PATH)[1])})
 
 
 def _first_stored(asked: Asked) -> list[bytes]:

@@ -29,21 +29,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from cortex.bench.procstat import cpu_s
 from cortex.bench.routing import real
-from cortex.gateway.fleet.load import VLLM_LOAD_SAMPLES
+from cortex.gateway.fleet.load import VLLM_LOAD_PATH
 from cortex.testing.vllm_engines import VllmEngine, VllmInstall
 
 
 class Poller(real.Sampler):
-    """A gateway's load poll (:data:`VLLM_LOAD_SAMPLES` by name) on every engine each
+    """A gateway's load poll (:data:`VLLM_LOAD_PATH`) on every engine each
     ``interval_s`` until stopped."""
-
-    QUERY = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in VLLM_LOAD_SAMPLES])
 
     def __init__(self, urls: list[str], interval_s: float) -> None:
         super().__init__(interval_s)
@@ -51,7 +48,7 @@ class Poller(real.Sampler):
 
     def sample(self) -> None:
         for url in self.urls:
-            with urllib.request.urlopen(url + self.QUERY, timeout=10) as response:
+            with urllib.request.urlopen(url + VLLM_LOAD_PATH, timeout=10) as response:
                 response.read()
 
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from cortex.bench.procstat import session_cpu_s
 from cortex.bench.routing import real
-from cortex.gateway.fleet.load import VLLM_LOAD_SAMPLES
+from cortex.gateway.fleet.load import VLLM_LOAD_PATH
 from cortex.testing.vllm_engines import VllmInstall
-
-BY_NAME = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in VLLM_LOAD_SAMPLES])
 
 
 def _round(url: str, path: str, calls: int, session: int) -> tuple[float, int]:
@@ -46,7 +43,7 @@ def main() -> None:
     found = VllmInstall.find(models=(args.model,))
     if isinstance(found, str):
         raise SystemExit(found)
-    results: dict[str, list[float]] = {"/metrics": [], BY_NAME: []}
+    results: dict[str, list[float]] = {"/metrics": [], VLLM_LOAD_PATH: []}
     sizes: dict[str, int] = {}
     with (tempfile.TemporaryDirectory(prefix="metrics-cost-") as tmp,
           real.running_engines(found, Path(tmp), args.model, args.kv_blocks) as engines):

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -45,7 +46,7 @@ from cortex.registry.engines import (
 )
 from cortex.registry.spec import WorkerSpec
 
-__all__ = ["VLLM_LOAD_SAMPLES", "LoadPoller"]
+__all__ = ["VLLM_LOAD_PATH", "VLLM_LOAD_SAMPLES", "LoadPoller"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ VLLM_LOAD_SAMPLES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                      "vllm:cache_config_info", "vllm:prompt_tokens_total",
                      "vllm:generation_tokens_total")
 """The vLLM samples a load poll reads: the load, the KV capacity and the work mark."""
+
+VLLM_LOAD_PATH = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in VLLM_LOAD_SAMPLES])
+"""What a load poll asks a vLLM worker: :data:`VLLM_LOAD_SAMPLES`, by name."""
 
 
 class LoadPoller:
@@ -112,8 +116,7 @@ class LoadPoller:
         base = worker.spec.url.rstrip("/")
         headers = self._auth(worker.spec)
         if worker.spec.engine is Engine.VLLM:
-            text = await self._vllm_metrics(worker, base, headers)
-            load = parse_vllm_metrics(text).load
+            text, load = await self._vllm_metrics(worker, base, headers)
             if load is None:
                 raise LoadFormatError("no readable vllm:num_requests_* samples")
             self._set_capacity(worker, kv_device_blocks_from_vllm_metrics(text))
@@ -131,27 +134,27 @@ class LoadPoller:
             obj = json.loads(await resp.read())
             return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
 
-    async def _vllm_metrics(self, worker: WorkerState, base: str,
-                            headers: Mapping[str, str]) -> str:
-        """The ``/metrics`` text of a vLLM worker: only :data:`VLLM_LOAD_SAMPLES`, unless
-        it once answered that request without its load (then, and from then on, the whole
-        text)."""
+    async def _vllm_metrics(self, worker: WorkerState, base: str, headers: Mapping[str, str]
+                            ) -> tuple[str, tuple[int, int] | None]:
+        """The ``/metrics`` text of a vLLM worker and the (running, waiting) load read from
+        it: only :data:`VLLM_LOAD_SAMPLES` (:data:`VLLM_LOAD_PATH`), unless it once answered
+        that without its load (then, and from then on, the whole text)."""
         if worker.id not in self._whole_metrics:
-            async with self.session.get(base + "/metrics/", headers=headers,
-                                        params=[("name[]", n) for n in VLLM_LOAD_SAMPLES]
-                                        ) as resp:
+            async with self.session.get(base + VLLM_LOAD_PATH, headers=headers) as resp:
                 if resp.status >= 500:
                     resp.raise_for_status()  # a failed poll, not an answer
                 if resp.status == 200:
                     text = await resp.text()
-                    if parse_vllm_metrics(text).load is not None:
-                        return text
+                    load = parse_vllm_metrics(text).load
+                    if load is not None:
+                        return text, load
             self._whole_metrics.add(worker.id)
             log.info("worker=%s does not filter /metrics by name (status %d): polling the "
                      "whole text", worker.id, resp.status, extra={"worker": worker.id})
         async with self.session.get(base + "/metrics", headers=headers) as resp:
             resp.raise_for_status()
-            return await resp.text()
+            text = await resp.text()
+        return text, parse_vllm_metrics(text).load
 
     async def _sglang_capacity(self, worker: WorkerState) -> int | None:
         base = worker.spec.url.rstrip("/")
