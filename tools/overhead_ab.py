@@ -5,7 +5,8 @@ overhead``'s closed loop, against its hypercorn + aiohttp relay floor.
         --before /work/wt-lean-before/.venv/bin/python --rounds 8 --duration 5
 
 Run with the *after* tree's interpreter; ``--before`` is the other tree's (a checkout with its
-own ``make venv``). One cluster as ``cortex bench overhead`` builds it (2 zero-cost SGLang
+own ``make venv``), or this one's with ``--before-set KEY=VALUE`` (a dotted gateway config key,
+e.g. ``upstream.http_client=aiohttp``; repeatable) to compare two configurations of one tree. One cluster as ``cortex bench overhead`` builds it (2 zero-cost SGLang
 sims, index, ingest), then three servers beside it: the relay floor (``floor_main proxy``,
 in front of the first sim), a ``cortex gateway`` of each tree (the cluster's gateway config,
 another port and id, the ``fastokens`` encoder chosen at start). Each is warmed (3 s), then
@@ -42,8 +43,12 @@ async def _run(args: argparse.Namespace) -> None:
         for name, python in (("before", args.before), ("after", sys.executable)):
             port = free_port()
             path = c.extra.log_dir / f"{name}.json"
-            path.write_text(json.dumps({**base, "gateway_id": f"gateway-{name}",
-                                        "server": {**base["server"], "port": port}}))
+            config = {**base, "gateway_id": f"gateway-{name}",
+                      "server": {**base["server"], "port": port}}
+            if name == "before":
+                for setting in args.before_set:
+                    _set(config, setting)
+            path.write_text(json.dumps(config))
             gateway = c.extra.start(name, [python, "-m", "cortex.edge.main", "gateway",
                                            "--config", str(path), "--log-level", "warning"])
             url = f"http://127.0.0.1:{port}"
@@ -74,9 +79,29 @@ async def _run(args: argparse.Namespace) -> None:
         print(f"before - after: median of rounds {statistics.median(saved):.3f} ms")
 
 
+def _set(config: dict[str, object], setting: str) -> None:
+    """Apply ``a.b=value`` (``value`` read as JSON when it parses, else a string)."""
+    key, sep, text = setting.partition("=")
+    if not sep:
+        raise SystemExit(f"--before-set {setting!r}: expected KEY=VALUE")
+    try:
+        value: object = json.loads(text)
+    except ValueError:
+        value = text
+    *sections, last = key.split(".")
+    node = config
+    for section in sections:
+        inner = node.get(section)
+        node[section] = inner = dict(inner) if isinstance(inner, dict) else {}
+        node = inner
+    node[last] = value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", required=True, help="the before tree's python")
+    parser.add_argument("--before-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a gateway config key for the before server (repeatable)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per server")
     parser.add_argument("--concurrency", type=int, default=16)

@@ -558,7 +558,11 @@ class UpstreamConfig:
     ``max_answer_bytes``: the largest non-streamed answer (or error body) read from a
     worker; one announcing or reaching more is not read further and the client gets 502
     ``upstream_too_large`` (not retried: another worker would answer the same). Streams are
-    relayed event by event and bounded by ``max_tokens`` and the idle timeout."""
+    relayed event by event and bounded by ``max_tokens`` and the idle timeout.
+
+    ``http_client``: ``lean`` (default) calls plain-HTTP workers through the gateway's own
+    HTTP/1.1 connection pool (:mod:`cortex.gateway.upstream.h1`), ``aiohttp`` through
+    aiohttp's client; ``https`` workers always go through aiohttp."""
 
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 600.0
@@ -571,8 +575,12 @@ class UpstreamConfig:
     wedge_after_s: float = 4.0
     wedge_probe_timeout_s: float = 8.0
     max_answer_bytes: int = 32 * 1024 * 1024
+    http_client: str = "lean"
 
     def __post_init__(self) -> None:
+        if self.http_client not in ("lean", "aiohttp"):
+            raise ConfigError(f"upstream.http_client: must be lean or aiohttp, got "
+                              f"{self.http_client!r}")
         non_negative("upstream", wedge_after_s=self.wedge_after_s)
         positive("upstream", wedge_probe_timeout_s=self.wedge_probe_timeout_s,
                  max_answer_bytes=self.max_answer_bytes)

@@ -1,15 +1,17 @@
-"""Calls to workers over one aiohttp session per process; aiohttp errors end here.
+"""Calls to workers; aiohttp errors end here.
 
 :class:`UpstreamClient` opens a request and hands back the live response; the caller reads
 it (streaming) and closes it. Closing before the end drops the connection, which is how the
-engine learns that the client went away and aborts the generation.
+engine learns that the client went away and aborts the generation. Plain-HTTP workers are
+called through the lean HTTP/1.1 pool of :mod:`cortex.gateway.upstream.h1`
+(``upstream.http_client: lean``, the default), ``https`` ones (and every worker with
+``http_client: aiohttp``) through one aiohttp session per process.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Mapping
-from enum import StrEnum
+from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Protocol
 
@@ -17,40 +19,13 @@ import aiohttp
 
 from cortex.gateway.config.gateway import UpstreamConfig
 from cortex.gateway.http.auth import WorkerCredentials
+from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure, retry_after
+from cortex.gateway.upstream.h1 import H1Pool
+from cortex.gateway.upstream.idle import IdleGuard
 from cortex.registry.spec import WorkerSpec
 
 __all__ = ["FailureKind", "Response", "Upstream", "UpstreamClient", "UpstreamFailure",
            "UpstreamResponse"]
-
-
-class FailureKind(StrEnum):
-    CONNECT = "connect"
-    TIMEOUT = "timeout"
-    STATUS = "status"
-    DISCONNECT = "disconnect"
-    PROTOCOL = "protocol"
-    WEDGED = "wedged"  # no first byte nor engine progress, probe unanswered (dispatch.attempt)
-    BAD_ANSWER = "bad_answer"  # a 200 whose body is not what the endpoint promises
-    TOO_LARGE = "too_large"  # an answer over upstream.max_answer_bytes
-
-
-class UpstreamFailure(Exception):
-    """A worker call failed; ``kind`` says how (``status``: the HTTP status it answered,
-    ``retry_after_s``: its ``Retry-After``). Internal: never shown to clients as is."""
-
-    def __init__(self, kind: FailureKind, detail: str, status: int | None = None,
-                 retry_after_s: float | None = None) -> None:
-        super().__init__(f"{kind.value}: {detail}")
-        self.kind = kind
-        self.status = status
-        self.retry_after_s = retry_after_s
-
-
-def _retry_after(value: str | None) -> float | None:
-    """A ``Retry-After`` in seconds (the HTTP-date form is ignored)."""
-    if value is None or not value.strip().isdigit():
-        return None
-    return float(value.strip())
 
 
 def _translate(exc: BaseException) -> UpstreamFailure:
@@ -62,47 +37,6 @@ def _translate(exc: BaseException) -> UpstreamFailure:
                   | aiohttp.ClientOSError):
         return UpstreamFailure(FailureKind.DISCONNECT, type(exc).__name__)
     return UpstreamFailure(FailureKind.PROTOCOL, type(exc).__name__)
-
-
-class _IdleGuard:
-    """Closes a response whose read has waited ``idle_s`` seconds for bytes.
-
-    Only time spent waiting on the worker counts (not time the consumer spends sending to a
-    slow client), and it costs one timer per idle period, not one per chunk."""
-
-    __slots__ = ("_handle", "_loop", "_on_idle", "fired", "idle_s", "since")
-
-    def __init__(self, idle_s: float, on_idle: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.idle_s = idle_s
-        self._on_idle = on_idle
-        self._handle: asyncio.TimerHandle | None = None
-        self.since: float | None = None  # loop time the pending read started
-        self.fired = False
-
-    def reading(self) -> None:
-        self.since = self._loop.time()
-        if self._handle is None:
-            self._handle = self._loop.call_at(self.since + self.idle_s, self._check)
-
-    def got(self) -> None:
-        self.since = None
-
-    def _check(self) -> None:
-        self._handle = None
-        since = self.since
-        if since is None:
-            return  # not reading: re-armed by the next read
-        if self._loop.time() - since >= self.idle_s:
-            self.fired = True
-            self._on_idle()
-        else:
-            self._handle = self._loop.call_at(since + self.idle_s, self._check)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 class Response(Protocol):
@@ -137,7 +71,7 @@ class UpstreamResponse:
         self.max_bytes = max_bytes
         self.status = response.status
         self.content_type = response.headers.get("Content-Type", "application/json")
-        self.retry_after_s = _retry_after(response.headers.get("Retry-After"))
+        self.retry_after_s = retry_after(response.headers.get("Retry-After"))
 
     async def chunks(self, idle_timeout_s: float | None = None) -> AsyncGenerator[bytes, None]:
         """Body bytes as they arrive; raises :class:`UpstreamFailure` if the worker fails,
@@ -146,7 +80,7 @@ class UpstreamResponse:
         before the end closes it (``contextlib.aclosing``): else the event loop's finalizer
         does, later, through a thread-safe wake-up and a task of its own."""
         content = self._response.content
-        guard = (_IdleGuard(idle_timeout_s, self._response.close)
+        guard = (IdleGuard(idle_timeout_s, self._response.close)
                  if idle_timeout_s is not None else None)
         try:
             while True:
@@ -210,6 +144,7 @@ class UpstreamClient:
         self.config = config
         self.credentials = credentials or WorkerCredentials({})
         self._session: aiohttp.ClientSession | None = None
+        self._h1: H1Pool | None = None
 
     def auth(self, spec: WorkerSpec) -> dict[str, str]:
         """``Authorization`` for ``spec``'s worker (``{}`` when it needs none)."""
@@ -235,6 +170,9 @@ class UpstreamClient:
             # workers' cookies must never flow from one client's request into another's
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        if self.config.http_client == "lean":
+            self._h1 = H1Pool(connect_timeout_s=self.config.connect_timeout_s,
+                              max_connections=self.config.max_connections)
         return self
 
     async def __aexit__(
@@ -244,11 +182,14 @@ class UpstreamClient:
         tb: TracebackType | None,
     ) -> None:
         session, self._session = self._session, None
+        h1, self._h1 = self._h1, None
+        if h1 is not None:
+            h1.close()
         if session is not None:
             await session.close()
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
-                   worker: WorkerSpec | None = None) -> UpstreamResponse:
+                   worker: WorkerSpec | None = None) -> Response:
         """Send a POST (to ``worker``: with its credential) and wait for the response
         headers (the caller's deadline applies).
 
@@ -257,10 +198,13 @@ class UpstreamClient:
 
     async def request(self, method: str, url: str, body: bytes | None,
                       headers: Mapping[str, str], worker: WorkerSpec | None = None
-                      ) -> UpstreamResponse:
+                      ) -> Response:
         """:meth:`post` for any method (``body`` ``None``: none)."""
         if worker is not None and worker.credential is not None:
             headers = {**headers, **self.auth(worker)}
+        if self._h1 is not None and url.startswith("http://"):
+            return await self._h1.request(method, url, body, headers,
+                                          self.config.max_answer_bytes)
         try:
             response = await self.session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -268,4 +212,4 @@ class UpstreamClient:
         return UpstreamResponse(response, self.config.max_answer_bytes)
 
     def __repr__(self) -> str:
-        return f"UpstreamClient(open={self._session is not None})"
+        return f"UpstreamClient(open={self._session is not None}, lean={self._h1!r})"
