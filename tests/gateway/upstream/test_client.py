@@ -1,5 +1,6 @@
 """The worker client against a real aiohttp server on 127.0.0.1: what a worker's answer
-becomes (status, ``Retry-After``, chunks) and how each way of failing is named."""
+becomes (status, ``Retry-After``, chunks) and how each way of failing is named — through the
+lean HTTP/1.1 pool and through aiohttp alike (``upstream.http_client``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from cortex.registry import WorkerSpec
 from cortex.testing.procs import free_port, serve_app
 
 pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture(params=["lean", "aiohttp"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """Which HTTP client calls the workers."""
+    return str(request.param)
 
 
 class Worker:
@@ -52,7 +59,7 @@ class Worker:
 
 
 @contextlib.asynccontextmanager
-async def serving() -> AsyncIterator[tuple[Worker, str, UpstreamClient]]:
+async def serving(kind: str) -> AsyncIterator[tuple[Worker, str, UpstreamClient]]:
     worker = Worker()
     app = web.Application()
     app.router.add_post("/busy", worker.busy)
@@ -66,7 +73,7 @@ async def serving() -> AsyncIterator[tuple[Worker, str, UpstreamClient]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         credentials = WorkerCredentials({"WORKER_KEY": "secret-key"})
-        async with UpstreamClient(UpstreamConfig(connect_timeout_s=2.0),
+        async with UpstreamClient(UpstreamConfig(connect_timeout_s=2.0, http_client=kind),
                                   credentials) as client:
             yield worker, f"http://127.0.0.1:{port}", client
     finally:
@@ -74,8 +81,8 @@ async def serving() -> AsyncIterator[tuple[Worker, str, UpstreamClient]]:
         await runner.cleanup()
 
 
-async def test_status_retry_after_and_the_body_come_through() -> None:
-    async with serving() as (_, url, client):
+async def test_status_retry_after_and_the_body_come_through(kind: str) -> None:
+    async with serving(kind) as (_, url, client):
         response = await client.post(url + "/busy?after=7", b"", {})
         assert (response.status, response.retry_after_s) == (429, 7.0)
         await response.read()
@@ -89,8 +96,8 @@ async def test_status_retry_after_and_the_body_come_through() -> None:
         answer.close()
 
 
-async def test_a_worker_credential_is_sent_as_a_bearer_token() -> None:
-    async with serving() as (worker, url, client):
+async def test_a_worker_credential_is_sent_as_a_bearer_token(kind: str) -> None:
+    async with serving(kind) as (worker, url, client):
         spec = WorkerSpec(id="w", url=url, engine=Engine.SGLANG, model="m",
                           credential="env:WORKER_KEY")
         response = await client.post(url + "/answer", b"{}", {}, spec)
@@ -99,15 +106,15 @@ async def test_a_worker_credential_is_sent_as_a_bearer_token() -> None:
         assert worker.authorization == "Bearer secret-key"
 
 
-async def test_a_refused_connection_is_a_connect_failure() -> None:
-    async with serving() as (_, _url, client):
+async def test_a_refused_connection_is_a_connect_failure(kind: str) -> None:
+    async with serving(kind) as (_, _url, client):
         with pytest.raises(UpstreamFailure) as caught:
             await client.post(f"http://127.0.0.1:{free_port()}/answer", b"{}", {})
         assert caught.value.kind is FailureKind.CONNECT
 
 
-async def test_a_silent_stream_times_out_and_closes_the_connection() -> None:
-    async with serving() as (_, url, client):
+async def test_a_silent_stream_times_out_and_closes_the_connection(kind: str) -> None:
+    async with serving(kind) as (_, url, client):
         response = await client.post(url + "/stalled", b"{}", {})
         got: list[bytes] = []
         with pytest.raises(UpstreamFailure) as caught:
@@ -118,8 +125,8 @@ async def test_a_silent_stream_times_out_and_closes_the_connection() -> None:
         response.close()
 
 
-async def test_a_worker_dying_mid_answer_is_a_disconnect() -> None:
-    async with serving() as (_, url, client):
+async def test_a_worker_dying_mid_answer_is_a_disconnect(kind: str) -> None:
+    async with serving(kind) as (_, url, client):
         response = await client.post(url + "/dropped", b"{}", {})
         with pytest.raises(UpstreamFailure) as caught:
             await response.read()
@@ -164,10 +171,11 @@ async def server() -> AsyncIterator[str]:
 @pytest.mark.parametrize("path", ["sized", "chunked"])
 @pytest.mark.parametrize("size", [LIMIT, LIMIT + 4096])
 async def test_an_answer_is_read_up_to_the_bound_and_no_further(
-    server: str, path: str, size: int,
+    server: str, path: str, size: int, kind: str,
 ) -> None:
     url = server
-    async with UpstreamClient(UpstreamConfig(max_answer_bytes=LIMIT)) as upstream:
+    async with UpstreamClient(UpstreamConfig(max_answer_bytes=LIMIT,
+                                             http_client=kind)) as upstream:
         response = await upstream.post(f"{url}/{path}/{size}", b"", {})
         try:
             if size <= LIMIT:

@@ -160,10 +160,10 @@ class _Connection(asyncio.Protocol):
                 if not self._left:
                     self._state = _CHUNK_END
             elif state == _CHUNK_END:
+                if buf[:2] != b"\r\n"[:len(buf)]:
+                    raise UpstreamFailure(FailureKind.PROTOCOL, "chunk not followed by CRLF")
                 if len(buf) < 2:
                     return
-                if buf[:2] != b"\r\n":
-                    raise UpstreamFailure(FailureKind.PROTOCOL, "chunk not followed by CRLF")
                 del buf[:2]
                 self._state = _CHUNK_SIZE
             elif state == _TRAILER:
@@ -414,28 +414,20 @@ class H1Pool:
         lines.append(b"\r\n")
         request = b"".join(lines)
         head_only = method == "HEAD"
-        conn = self._take(key)
-        if conn is not None:
+        conn = await self._acquire(key)
+        while True:
             try:
                 status, answer = await conn.send(request, body, head_only)
             except UpstreamFailure:
-                if not conn.answered_nothing:
-                    self.release(conn)
+                self.release(conn)
+                if not (conn.reused and conn.answered_nothing):
                     raise
-                self.release(conn)  # the worker closed it while idle: once more, afresh
-                conn = None
+                conn = await self._fresh(key)  # the worker closed it while idle: afresh
             except BaseException:
                 self.release(conn)
                 raise
             else:
                 return H1Response(self, conn, status, answer, max_bytes)
-        conn = await self._connect(key)
-        try:
-            status, answer = await conn.send(request, body, head_only)
-        except BaseException:
-            self.release(conn)
-            raise
-        return H1Response(self, conn, status, answer, max_bytes)
 
     def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
         """(host, port) and the request line's target with ``Host``, per URL (cached)."""
@@ -470,8 +462,22 @@ class H1Pool:
             self._drop(conn)
         return None
 
+    async def _acquire(self, key: tuple[str, int]) -> _Connection:
+        """An idle connection to ``key``, else a new one (when there is room)."""
+        while True:
+            conn = self._take(key)
+            if conn is not None:
+                return conn
+            if await self._room():
+                return await self._connect(key)
+
+    async def _fresh(self, key: tuple[str, int]) -> _Connection:
+        """A new connection to ``key`` (when there is room)."""
+        while not await self._room():
+            pass
+        return await self._connect(key)
+
     async def _connect(self, key: tuple[str, int]) -> _Connection:
-        await self._slot()
         self._open += 1
         loop = asyncio.get_running_loop()
         try:
@@ -489,25 +495,29 @@ class H1Pool:
         self.opened += 1
         return conn
 
-    async def _slot(self) -> None:
-        """Until a connection may be opened (closing the longest-idle one if need be)."""
+    async def _room(self) -> bool:
+        """True when a connection may be opened now (the longest-idle one is closed to make
+        room if need be); False after waiting for one to be released (an idle one may be
+        there to take)."""
         limit = self.max_connections
-        while limit and self._open >= limit:
-            oldest: _Connection | None = None
-            for queue in self._idle.values():
-                if queue and (oldest is None or queue[0].idle_since < oldest.idle_since):
-                    oldest = queue[0]
-            if oldest is not None:
-                self._idle[oldest.key].popleft()
-                self._drop(oldest)
-                continue
-            waiter = asyncio.get_running_loop().create_future()
-            self._slots.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._slots:
-                    self._slots.remove(waiter)
+        if not limit or self._open < limit:
+            return True
+        oldest: _Connection | None = None
+        for queue in self._idle.values():
+            if queue and (oldest is None or queue[0].idle_since < oldest.idle_since):
+                oldest = queue[0]
+        if oldest is not None:
+            self._idle[oldest.key].popleft()
+            self._drop(oldest)
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._slots.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._slots:
+                self._slots.remove(waiter)
+        return False
 
     def _free_slot(self) -> None:
         while self._slots:
@@ -521,7 +531,7 @@ class H1Pool:
         if conn.reusable and not self._closed:
             conn.idle_since = time.monotonic()
             self._idle.setdefault(conn.key, deque()).append(conn)
-            self._free_slot()  # a waiter may take this idle one's room
+            self._free_slot()  # a waiter may take this one, or its room
         else:
             self._drop(conn)
 
