@@ -34,9 +34,12 @@ engine = "vllm"
 model = "m"
 """)
     env = {"CORTEX_GATEWAY_SERVER_PORT": "9100", "CORTEX_GATEWAY_ROUTING_BETA": "3.5",
-           "CORTEX_GATEWAY_INDEX_TARGETS": "a:1,b:2", "HOME": "/root"}
+           "CORTEX_GATEWAY_INDEX_TARGETS": "a:1,b:2", "HOME": "/root",
+           "CORTEX_GATEWAY_UPSTREAM_HTTP_CLIENT": "aiohttp"}
     config = load_config(file, env)
     assert config.server.port == 9100
+    assert config.upstream.http_client == "aiohttp"
+    assert load_config(file, {}).upstream.http_client == "lean"
     assert config.routing.weights.alpha == 2.0 and config.routing.weights.beta == 3.5
     assert config.routing.high_watermark == 8
     assert config.index.targets == ("a:1", "b:2")
@@ -54,6 +57,8 @@ model = "m"
     ({"models": [{"name": "m"}], "workers": [{"id": "w"}]}, r"workers\[0\]: worker spec lacks"),
     ({"models": [{"name": "m", "tokenizer": "/nonexistent"}]}, "does not exist"),
     ({"models": [{"name": "m"}], "load": {"poll_interval_s": 2}}, r"load\.poll_interval_s"),
+    ({"models": [{"name": "m"}], "upstream": {"http_client": "curl"}},
+     r"upstream\.http_client: must be lean or aiohttp"),
 ])
 def test_config_errors_name_the_key(data: dict[str, object], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
