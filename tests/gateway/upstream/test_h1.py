@@ -253,7 +253,8 @@ async def test_the_request_is_written_as_asked() -> None:
     async with raw_server(record) as (url, _):
         pool = H1Pool(connect_timeout_s=2)
         response = await pool.request("POST", url + "/path?q=1", b'{"a": 1}',
-                                      {"Content-Type": "application/json"}, None)
+                                      {"Content-Type": "application/json",
+                                       "content-length": "999", "Host": "elsewhere"}, None)
         assert await response.read() == b""
         response.close()
         head, body = (await got).split(b"\r\n\r\n", 1)
@@ -262,6 +263,7 @@ async def test_the_request_is_written_as_asked() -> None:
         assert lines[1] == url.replace("http://", "Host: ").encode()
         assert b"Content-Type: application/json" in lines
         assert b"Content-Length: 8" in lines and body == b'{"a": 1}'
+        assert len(lines) == 4  # the caller's framing headers were left out
         pool.close()
 
 

@@ -38,6 +38,8 @@ __all__ = ["H1Pool", "H1Response"]
 
 _MAX_HEAD = 64 << 10
 _NO_BODY = frozenset((204, 304))
+_FRAMING = frozenset(("host", "content-length", "transfer-encoding", "connection"))
+"""Headers this client writes itself (a caller's are left out: one framing per request)."""
 
 # body framing of the answer being read
 _HEAD, _SIZED, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_EOF, _DONE = range(8)
@@ -84,14 +86,18 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
             return
         self._received_any = True
-        self._buf += data
+        if self._buf:  # the rest of an earlier piece comes first
+            data = bytes(self._buf) + data
+            self._buf.clear()
         try:
-            self._parse()
+            left = self._parse(data)
         except UpstreamFailure as exc:
             self._fail(exc)
             if self.transport is not None:
                 self.transport.close()
             return
+        if left < len(data):
+            self._buf += data[left:]
         self._wake()
         if self._data_bytes > self._high and not self._paused and self.transport is not None:
             self._paused = True
@@ -116,71 +122,65 @@ class _Connection(asyncio.Protocol):
 
     # ---- parsing -----------------------------------------------------------------------
 
-    def _parse(self) -> None:
-        buf = self._buf
-        while buf:
+    def _parse(self, data: bytes) -> int:
+        """Parse ``data`` from its start; returns where the unparsed rest begins (a head,
+        chunk size line or chunk end not yet whole)."""
+        at, size = 0, len(data)
+        while at < size:
             state = self._state
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
+            if state == _CHUNK_SIZE:
+                end = data.find(b"\r\n", at)
                 if end < 0:
-                    if len(buf) > _MAX_HEAD:
-                        raise UpstreamFailure(FailureKind.PROTOCOL, "answer head too large")
-                    return
-                head = bytes(buf[:end])
-                del buf[:end + 4]
-                self._on_head(head)
-            elif state == _SIZED:
-                take = min(self._left, len(buf))
-                self._push(bytes(buf[:take]))
-                del buf[:take]
-                self._left -= take
-                if not self._left:
-                    self._state = _DONE
-            elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > 1024:
+                    if size - at > 1024:
                         raise UpstreamFailure(FailureKind.PROTOCOL, "bad chunk size line")
-                    return
-                line = bytes(buf[:end]).split(b";", 1)[0].strip()
-                del buf[:end + 2]
+                    return at
                 try:
-                    size = int(line, 16)
+                    length = int(data[at:end].split(b";", 1)[0], 16)
                 except ValueError:
                     raise UpstreamFailure(FailureKind.PROTOCOL, "bad chunk size") from None
-                if size < 0:
+                if length < 0:
                     raise UpstreamFailure(FailureKind.PROTOCOL, "bad chunk size")
-                self._left = size
-                self._state = _CHUNK_DATA if size else _TRAILER
-            elif state == _CHUNK_DATA:
-                take = min(self._left, len(buf))
-                self._push(bytes(buf[:take]))
-                del buf[:take]
+                at = end + 2
+                self._left = length
+                self._state = _CHUNK_DATA if length else _TRAILER
+            elif state == _CHUNK_DATA or state == _SIZED:
+                take = min(self._left, size - at)
+                self._push(data[at:at + take])
+                at += take
                 self._left -= take
                 if not self._left:
-                    self._state = _CHUNK_END
+                    self._state = _CHUNK_END if state == _CHUNK_DATA else _DONE
             elif state == _CHUNK_END:
-                if buf[:2] != b"\r\n"[:len(buf)]:
+                if data[at:at + 2] != b"\r\n"[:size - at]:
                     raise UpstreamFailure(FailureKind.PROTOCOL, "chunk not followed by CRLF")
-                if len(buf) < 2:
-                    return
-                del buf[:2]
+                if size - at < 2:
+                    return at
+                at += 2
                 self._state = _CHUNK_SIZE
-            elif state == _TRAILER:
-                end = buf.find(b"\r\n")
+            elif state == _HEAD:
+                end = data.find(b"\r\n\r\n", at)
                 if end < 0:
-                    if len(buf) > _MAX_HEAD:
+                    if size - at > _MAX_HEAD:
+                        raise UpstreamFailure(FailureKind.PROTOCOL, "answer head too large")
+                    return at
+                self._on_head(data[at:end])
+                at = end + 4
+            elif state == _TRAILER:
+                end = data.find(b"\r\n", at)
+                if end < 0:
+                    if size - at > _MAX_HEAD:
                         raise UpstreamFailure(FailureKind.PROTOCOL, "trailer too large")
-                    return
-                del buf[:end + 2]
-                if end == 0:
+                    return at
+                if end == at:
                     self._state = _DONE
+                at = end + 2
             elif state == _UNTIL_EOF:
-                self._push(bytes(buf))
-                buf.clear()
+                self._push(data[at:] if at else data)
+                return size
             else:  # _DONE with bytes left: more than the answer
                 self._keep = False
-                buf.clear()
+                return size
+        return at
 
     def _on_head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -408,7 +408,8 @@ class H1Pool:
         for name, value in headers.items():
             if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
                 raise ValueError(f"header {name!r} holds a line break")
-            lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+            if name.lower() not in _FRAMING:
+                lines.append(f"{name}: {value}\r\n".encode("latin-1"))
         if body is not None:
             lines.append(b"Content-Length: %d\r\n" % len(body))
         lines.append(b"\r\n")
