@@ -3,14 +3,14 @@ leases its probes vouch for."""
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from cortex.gateway.config.gateway import BreakerConfig, HealthConfig
+from cortex.gateway.config.gateway import BreakerConfig, HealthConfig, UpstreamConfig
 from cortex.gateway.fleet.health import HealthMonitor
 from cortex.gateway.fleet.pool import Health, WorkerPool
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.upstream.client import UpstreamClient
 from cortex.hashing import Engine
 from cortex.registry import RedisRegistry, WorkerSpec
 from cortex.testing import RedisServer, wait_until_async
@@ -36,9 +36,9 @@ async def test_a_lease_is_written_every_quarter_ttl_not_every_probe_and_at_once_
     assert worker is not None
     metrics = GatewayMetrics()
     async with (RedisRegistry(redis_server.url) as registry,
-                aiohttp.ClientSession() as session):
+                UpstreamClient(UpstreamConfig()) as upstream):
         await registry.register(spec, ttl_s=60.0)
-        monitor = HealthMonitor(pool, session, registry, HealthConfig(), lease_ttl_s=60.0,
+        monitor = HealthMonitor(pool, upstream, registry, HealthConfig(), lease_ttl_s=60.0,
                                 metrics=metrics)
         for _ in range(5):  # five rounds well inside a quarter of the TTL (15 s)
             await monitor.probe_round()

@@ -6,14 +6,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from cortex.gateway.config.gateway import BreakerConfig, LoadConfig
+from cortex.gateway.config.gateway import BreakerConfig, LoadConfig, UpstreamConfig
 from cortex.gateway.fleet.load import VLLM_LOAD_SAMPLES, LoadPoller
 from cortex.gateway.fleet.pool import WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.upstream.client import UpstreamClient
 from cortex.hashing import Engine
 from cortex.registry import WorkerSpec
 from cortex.testing import serve_app
@@ -60,8 +60,8 @@ async def poll(url: str, engine_kind: Engine, dp_size: int = 1, times: int = 1
     worker = pool.get("w")
     assert worker is not None
     metrics = GatewayMetrics()
-    async with aiohttp.ClientSession() as session:
-        poller = LoadPoller(pool, session, LoadConfig(timeout_s=5.0), metrics)
+    async with UpstreamClient(UpstreamConfig()) as upstream:
+        poller = LoadPoller(pool, upstream, LoadConfig(timeout_s=5.0), metrics)
         for _ in range(times):
             await poller.poll(worker)
     return worker, metrics

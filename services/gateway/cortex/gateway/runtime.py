@@ -234,11 +234,11 @@ class Runtime:
         await asyncio.wait([seeds], timeout=config.discovery.timeout_s)
         self.watcher = await self._stack.enter_async_context(
             RegistryWatcher(self.registry, interval_s=config.registry.poll_interval_s))
-        self.health = HealthMonitor(self.pool, self.upstream.session, self.registry,
+        self.health = HealthMonitor(self.pool, self.upstream, self.registry,
                                     config.health, config.registry.lease_ttl_s, self.metrics,
                                     on_round=self.sync_pool, on_return=self.watcher.poke,
                                     auth=self.upstream.auth)
-        loads = self.loads = LoadPoller(self.pool, self.upstream.session, config.load,
+        loads = self.loads = LoadPoller(self.pool, self.upstream, config.load,
                                         self.metrics, self.upstream.auth)
         added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)

@@ -60,7 +60,7 @@ from cortex.gateway.http.messages import (
 )
 from cortex.gateway.request.payload import parse_body
 from cortex.gateway.runtime import Runtime
-from cortex.gateway.upstream.client import FailureKind, UpstreamFailure, UpstreamResponse
+from cortex.gateway.upstream.client import FailureKind, Response, UpstreamFailure
 from cortex.gateway.upstream.sse import EventStreamCheck, is_event_stream, sse_error_event
 from cortex.registry import WorkerRole
 from cortex.telemetry.tracing import Span, SpanKind, trace_headers
@@ -361,7 +361,7 @@ class RelayHandler:
         timeouts = Timeouts.of(model, upstream_cfg) if model is not None else Timeouts(
             upstream_cfg.first_byte_timeout_s, upstream_cfg.response_timeout_s,
             upstream_cfg.stream_idle_timeout_s)
-        opened: tuple[_Target, UpstreamResponse, int | None, bytes] | None = None
+        opened: tuple[_Target, Response, int | None, bytes] | None = None
         last: UpstreamFailure | None = None
         for attempt, target in enumerate(targets[:upstream_cfg.max_attempts]):
             if attempt:
@@ -401,7 +401,7 @@ class RelayHandler:
 
     async def _attempt(self, target: _Target, method: str, path: str, body: bytes | None,
                        headers: dict[str, str], timeouts: Timeouts, stream: bool
-                       ) -> tuple[UpstreamResponse, int | None, bytes] | UpstreamFailure:
+                       ) -> tuple[Response, int | None, bytes] | UpstreamFailure:
         """Send to ``target`` and wait for its headers, and for a 200 its first bytes
         (:func:`checked_head`); a retryable status or a broken 200 is a failure."""
         first_byte_s = timeouts.first_byte_s
@@ -410,7 +410,7 @@ class RelayHandler:
         if worker is not None:
             worker.breaker.on_attempt()
             slot = acquire_slot(worker, self.metrics)
-        response: UpstreamResponse | None = None
+        response: Response | None = None
         try:
             async with asyncio.timeout(first_byte_s):
                 response = await self.gw.upstream.request(
@@ -450,7 +450,7 @@ class RelayHandler:
             worker.breaker.on_success()
         return response, slot, head
 
-    async def _answer(self, send: Send, target: _Target, response: UpstreamResponse,
+    async def _answer(self, send: Send, target: _Target, response: Response,
                       head: bytes, base: Headers, path: str, stream: bool, idle_s: float
                       ) -> None:
         if response.status >= 500:
@@ -502,7 +502,7 @@ class RelayHandler:
         return f"RelayHandler({self.owners!r})"
 
 
-async def checked_head(response: UpstreamResponse, stream: bool) -> bytes:
+async def checked_head(response: Response, stream: bool) -> bytes:
     """The first bytes of a 200, which must keep the endpoint's promise — a streamed
     request's must be the engines' SSE, a JSON answer's must open a JSON object or array
     (what every relayed endpoint answers; the rest is relayed as it comes, unbuffered) —
@@ -530,7 +530,7 @@ async def checked_head(response: UpstreamResponse, stream: bool) -> bytes:
     raise UpstreamFailure(FailureKind.BAD_ANSWER, "an empty 200 application/json")
 
 
-async def _chained(head: bytes, response: UpstreamResponse, idle_s: float | None
+async def _chained(head: bytes, response: Response, idle_s: float | None
                    ) -> AsyncIterator[bytes]:
     """``head`` (already read by :func:`checked_head`), then the rest of the answer."""
     if head:

@@ -29,8 +29,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 
-import aiohttp
-
 from cortex.gateway.config.gateway import HealthConfig
 from cortex.gateway.fleet.engine_info import (
     fetch_engine_info,
@@ -39,6 +37,8 @@ from cortex.gateway.fleet.engine_info import (
 )
 from cortex.gateway.fleet.pool import Health, Remembered, WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.upstream.client import UpstreamClient
+from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.registry import Assertion, Registry, RegistryUnavailable, WorkerSpec
 from cortex.registry.spec import WorkerRole
@@ -84,7 +84,7 @@ class HealthMonitor:
     def __init__(
         self,
         pool: WorkerPool,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamClient,
         registry: Registry,
         config: HealthConfig,
         lease_ttl_s: float,
@@ -94,7 +94,7 @@ class HealthMonitor:
         auth: Callable[[WorkerSpec], Mapping[str, str]] = lambda spec: {},
     ) -> None:
         self.pool = pool
-        self.session = session
+        self.upstream = upstream
         self._auth = auth  # a worker's credential headers
         self.registry = registry
         self.config = config
@@ -178,15 +178,16 @@ class HealthMonitor:
         url = spec.url.rstrip("/") + "/health"
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                async with self.session.get(url, headers=self._auth(spec)) as resp:
-                    await resp.read()
-                    if resp.status == 200:
-                        return ProbeResult.OK, None
-                    return ProbeResult.ERROR, f"status {resp.status}"
+                status, _ = await self.upstream.get(url, self._auth(spec))
         except TimeoutError:
             return (ProbeResult.BUSY if busy else ProbeResult.ERROR), "timeout"
-        except aiohttp.ClientError as exc:
-            return ProbeResult.ERROR, type(exc).__name__
+        except UpstreamFailure as exc:
+            if exc.kind is FailureKind.TIMEOUT:  # connecting timed out
+                return (ProbeResult.BUSY if busy else ProbeResult.ERROR), "timeout"
+            return ProbeResult.ERROR, exc.kind.value
+        if status == 200:
+            return ProbeResult.OK, None
+        return ProbeResult.ERROR, f"status {status}"
 
     async def _reassert(self, spec: WorkerSpec, *, returning: bool) -> bool:
         """Renew ``spec``'s lease or write it again; ``True`` unless it is tombstoned or the
@@ -239,7 +240,7 @@ class HealthMonitor:
         if checked is not None and now - checked < INFO_RETRY_S:
             return
         worker.info_checked = now
-        info = await fetch_engine_info(self.session, spec, self.config.timeout_s,
+        info = await fetch_engine_info(self.upstream.session, spec, self.config.timeout_s,
                                        self._auth(spec))
         found = info.context_length
         if worker.context_length is None or found is not None:
@@ -252,7 +253,7 @@ class HealthMonitor:
                      extra={"worker": worker.id})
             worker.adapters = info.adapters
         if wants_lookahead:
-            found_lookahead = await fetch_sglang_lookahead(self.session, spec,
+            found_lookahead = await fetch_sglang_lookahead(self.upstream.session, spec,
                                                            self.config.timeout_s,
                                                            self._auth(spec))
             if found_lookahead:
@@ -260,7 +261,7 @@ class HealthMonitor:
                          found_lookahead, extra={"worker": worker.id})
             worker.learned_lookahead = found_lookahead
         if wants_version:
-            worker.engine_version = await fetch_vllm_version(self.session, spec,
+            worker.engine_version = await fetch_vllm_version(self.upstream.session, spec,
                                                              self.config.timeout_s,
                                                              self._auth(spec))
 

@@ -26,11 +26,11 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 
-import aiohttp
-
 from cortex.gateway.config.gateway import LoadConfig
 from cortex.gateway.fleet.pool import Health, WorkerPool, WorkerState
 from cortex.gateway.metrics import GatewayMetrics
+from cortex.gateway.upstream.client import UpstreamClient
+from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure
 from cortex.hashing import Engine
 from cortex.registry.engines import (
     LoadFormatError,
@@ -59,6 +59,13 @@ VLLM_LOAD_PATH = "/metrics/?" + urllib.parse.urlencode([("name[]", n) for n in V
 """What a load poll asks a vLLM worker: :data:`VLLM_LOAD_SAMPLES`, by name."""
 
 
+def _ok(status: int, body: bytes) -> bytes:
+    """``body`` of a 2xx answer; :class:`UpstreamFailure` (``status``) for any other."""
+    if not 200 <= status < 300:
+        raise UpstreamFailure(FailureKind.STATUS, f"status {status}", status=status)
+    return body
+
+
 class LoadPoller:
     """Polls every healthy worker's engine load each ``poll_interval_s``; a failed poll
     leaves the last value to go stale (routing then treats the worker's load as missing)."""
@@ -66,13 +73,13 @@ class LoadPoller:
     def __init__(
         self,
         pool: WorkerPool,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamClient,
         config: LoadConfig,
         metrics: GatewayMetrics,
         auth: Callable[[WorkerSpec], Mapping[str, str]] = lambda spec: {},
     ) -> None:
         self.pool = pool
-        self.session = session
+        self.upstream = upstream
         self._auth = auth  # a worker's credential headers
         self.config = config
         self.metrics = metrics
@@ -93,7 +100,7 @@ class LoadPoller:
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 running, waiting, work = await self._fetch(worker)
-        except (TimeoutError, aiohttp.ClientError, LoadFormatError, ValueError) as exc:
+        except (TimeoutError, UpstreamFailure, LoadFormatError, ValueError) as exc:
             worker.load_poll_failed(number, sent)
             self.metrics.load_polls.labels(result="error").inc()
             log.debug("load poll failed worker=%s: %r", worker.id, exc, extra={"worker": worker.id})
@@ -105,7 +112,7 @@ class LoadPoller:
             try:
                 async with asyncio.timeout(self.config.timeout_s):
                     self._set_capacity(worker, await self._sglang_capacity(worker))
-            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            except (TimeoutError, UpstreamFailure, ValueError) as exc:
                 log.debug("capacity read failed worker=%s: %r", worker.id, exc,
                           extra={"worker": worker.id})
         self.metrics.worker(self.metrics.worker_engine_running, worker.id).set(running)
@@ -121,18 +128,16 @@ class LoadPoller:
                 raise LoadFormatError("no readable vllm:num_requests_* samples")
             self._set_capacity(worker, kv_device_blocks_from_vllm_metrics(text))
             return (*load, vllm_work_from_metrics(text))
+        get = self.upstream.get
         if worker.id not in self._legacy:
-            async with self.session.get(base + "/v1/loads", headers=headers) as resp:
-                if resp.status == 404:
-                    self._legacy.add(worker.id)
-                else:
-                    resp.raise_for_status()
-                    obj = json.loads(await resp.read())
-                    return (*parse_sglang_loads(obj), sglang_work_from_loads(obj))
-        async with self.session.get(base + "/get_load", headers=headers) as resp:
-            resp.raise_for_status()
-            obj = json.loads(await resp.read())
-            return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
+            status, body = await get(base + "/v1/loads", headers)
+            if status == 404:
+                self._legacy.add(worker.id)
+            else:
+                obj = json.loads(_ok(status, body))
+                return (*parse_sglang_loads(obj), sglang_work_from_loads(obj))
+        obj = json.loads(_ok(*await get(base + "/get_load", headers)))
+        return (*parse_sglang_get_load(obj), sglang_work_from_get_load(obj))
 
     async def _vllm_metrics(self, worker: WorkerState, base: str, headers: Mapping[str, str]
                             ) -> tuple[str, tuple[int, int] | None]:
@@ -140,30 +145,27 @@ class LoadPoller:
         it: only :data:`VLLM_LOAD_SAMPLES` (:data:`VLLM_LOAD_PATH`), unless it once answered
         that without its load (then, and from then on, the whole text)."""
         if worker.id not in self._whole_metrics:
-            async with self.session.get(base + VLLM_LOAD_PATH, headers=headers) as resp:
-                if resp.status >= 500:
-                    resp.raise_for_status()  # a failed poll, not an answer
-                if resp.status == 200:
-                    text = await resp.text()
-                    load = parse_vllm_metrics(text).load
-                    if load is not None:
-                        return text, load
+            status, body = await self.upstream.get(base + VLLM_LOAD_PATH, headers)
+            if status >= 500:
+                _ok(status, body)  # a failed poll, not an answer
+            if status == 200:
+                text = body.decode("utf-8", "replace")
+                load = parse_vllm_metrics(text).load
+                if load is not None:
+                    return text, load
             self._whole_metrics.add(worker.id)
             log.info("worker=%s does not filter /metrics by name (status %d): polling the "
-                     "whole text", worker.id, resp.status, extra={"worker": worker.id})
-        async with self.session.get(base + "/metrics", headers=headers) as resp:
-            resp.raise_for_status()
-            text = await resp.text()
+                     "whole text", worker.id, status, extra={"worker": worker.id})
+        text = _ok(*await self.upstream.get(base + "/metrics", headers)).decode("utf-8",
+                                                                                 "replace")
         return text, parse_vllm_metrics(text).load
 
     async def _sglang_capacity(self, worker: WorkerState) -> int | None:
         base = worker.spec.url.rstrip("/")
         for path in ("/server_info", "/get_server_info"):
-            async with self.session.get(base + path, headers=self._auth(worker.spec)) as resp:
-                if resp.status == 404:
-                    continue
-                resp.raise_for_status()
-                return kv_capacity_from_sglang_server_info(json.loads(await resp.read()))
+            status, body = await self.upstream.get(base + path, self._auth(worker.spec))
+            if status != 404:
+                return kv_capacity_from_sglang_server_info(json.loads(_ok(status, body)))
         return None
 
     def _set_capacity(self, worker: WorkerState, per_rank: int | None) -> None:

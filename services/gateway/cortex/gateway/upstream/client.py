@@ -196,6 +196,15 @@ class UpstreamClient:
         Raises :class:`UpstreamFailure` (connect, timeout, disconnect)."""
         return await self.request("POST", url, body, headers, worker)
 
+    async def get(self, url: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        """A small ``GET`` read whole (a probe, a load poll): (status, body). Raises
+        :class:`UpstreamFailure`; the caller's deadline applies."""
+        response = await self.request("GET", url, None, headers)
+        try:
+            return response.status, await response.read()
+        finally:
+            response.close()
+
     async def request(self, method: str, url: str, body: bytes | None,
                       headers: Mapping[str, str], worker: WorkerSpec | None = None
                       ) -> Response:
