@@ -1,18 +1,20 @@
 """A gateway's CPU per streamed request when the answer's events come one by one, as a real
 engine decodes them (not all at once, as from the zero-cost sims of ``cortex bench
-overhead``'s closed loop), per worker HTTP client.
+overhead``'s closed loop), per worker HTTP client, against the relay floor.
 
     flock /tmp/cortex-heavy.lock .venv/bin/python tools/paced_relay.py \
-        --clients lean,aiohttp --tokens 2,65 --requests 60 --rounds 2 --out docs/bench/paced_relay
+        --clients lean,aiohttp,floor --tokens 2,65 --requests 60 --rounds 2 \
+        --out docs/bench/paced_relay
 
-For each ``upstream.http_client`` a ``cortex up`` deployment (2 simulated SGLang workers that
+For each ``upstream.http_client``, a ``cortex up`` deployment (2 simulated SGLang workers that
 decode one token every ``--decode-ms`` ms) serves one client sending ``--requests``
 sequential streamed chat requests (a 600-word system prompt shared by all, a new 60-word
-user turn each) of each ``--tokens`` answer length, ``--warm-s`` after start-up. The gateway's
-CPU (``/proc``) over those requests, less its idle draw (measured alone for ``--idle-s``
-after them), per request; the slope
-between the shortest and the longest answer is the relay's cost per streamed event. Rounds
-alternate the clients. Not a test: a measuring tool for docs/bench.
+user turn each) of each ``--tokens`` answer length, ``--warm-s`` after start-up; ``floor``
+sends them instead to ``cortex bench overhead``'s relay floor (hypercorn relaying with
+aiohttp, no routing) in front of the same sims. The server's CPU (``/proc``) over those
+requests, less its idle draw (measured alone for ``--idle-s`` after them), per request; the
+slope between the shortest and the longest answer is the relay's cost per streamed event.
+Rounds alternate the servers. Not a test: a measuring tool for docs/bench.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 import aiohttp
 
 from cortex.bench.procstat import cpu_s
+from cortex.testing import free_port
 
 SYSTEM = " ".join(f"w{i}" for i in range(600))
 
@@ -51,13 +54,19 @@ async def _requests(url: str, count: int, tokens: int, seed: int) -> None:
                     pass
 
 
+FLOOR = "from cortex.bench.overhead import floor_main; floor_main()"
+
+
 def _measure(client: str, tokens: list[int], requests: int, decode_ms: float,
              warm_s: float, idle_s: float, seed: int) -> dict[str, float]:
-    """One deployment with ``client``: ms of gateway CPU per request beyond idle, per
-    answer length, and its idle draw (ms/s)."""
+    """One deployment with ``client`` (``floor``: hypercorn relaying to the first worker
+    with aiohttp, no routing, measured instead of the gateway): ms of that server's CPU per
+    request beyond idle, per answer length, and its idle draw (ms/s)."""
+    floor: subprocess.Popen[bytes] | None = None
     with tempfile.TemporaryDirectory(prefix="paced-relay-") as tmp:
         state = Path(tmp) / "state.json"
-        env = {**os.environ, "CORTEX_GATEWAY_UPSTREAM_HTTP_CLIENT": client}
+        env = {**os.environ,
+               "CORTEX_GATEWAY_UPSTREAM_HTTP_CLIENT": "lean" if client == "floor" else client}
         up = subprocess.Popen(
             [str(Path(sys.executable).with_name("cortex")), "up", "--workers", "2",
              "--port", "0", "--state-file", str(state), "--log-dir", str(Path(tmp) / "logs"),
@@ -69,8 +78,15 @@ def _measure(client: str, tokens: list[int], requests: int, decode_ms: float,
                 if up.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("cortex up did not become ready")
                 time.sleep(0.2)
-            gateway = json.loads(state.read_text())["gateways"][0]
-            pid, url = gateway["pid"], gateway["url"]
+            described = json.loads(state.read_text())
+            pid, url = described["gateways"][0]["pid"], described["gateways"][0]["url"]
+            if client == "floor":
+                port = free_port()
+                floor = subprocess.Popen([sys.executable, "-c", FLOOR, "proxy", str(port),
+                                          described["workers"][0]["url"]],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                pid, url = floor.pid, f"http://127.0.0.1:{port}"
+                _wait_answering(url, seed)
             asyncio.run(_requests(url, 5, 2, seed))  # connections and caches warm
             time.sleep(warm_s)  # start-up work (tokenizer self-checks, first polls) done
             used: dict[int, tuple[float, float]] = {}
@@ -86,13 +102,29 @@ def _measure(client: str, tokens: list[int], requests: int, decode_ms: float,
                 out[str(count)] = round((cpu - idle * wall) / requests * 1000, 3)
             return out
         finally:
+            if floor is not None:
+                floor.terminate()
+                floor.wait(timeout=60)
             up.terminate()
             up.wait(timeout=60)
 
 
+def _wait_answering(url: str, seed: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            asyncio.run(_requests(url, 1, 2, seed))
+            return
+        except (aiohttp.ClientError, OSError):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{url} does not answer") from None
+            time.sleep(0.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", default="lean,aiohttp")
+    parser.add_argument("--clients", default="lean,aiohttp,floor",
+                        help="worker clients (and `floor`: the hypercorn + aiohttp relay)")
     parser.add_argument("--tokens", default="2,65", help="answer lengths (tokens), comma list")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--decode-ms", type=float, default=12.0)
@@ -117,9 +149,11 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores.", "",
         "One client, sequential streamed chat requests through `cortex up`'s gateway (2 sims "
         f"decoding a token every {args.decode_ms:g} ms, so every event comes alone, as from "
-        "a real engine). Gateway CPU per request beyond its idle draw, ms (median of rounds); "
-        "*per event*: the slope between the shortest and the longest answer.", "",
-        "| worker client | idle ms/s | " + " | ".join(f"{t} tokens" for t in tokens)
+        "a real engine), or through the relay floor (hypercorn relaying with aiohttp, no "
+        "routing) in front of the same sims. The server's CPU per request beyond its idle "
+        "draw, ms (median of rounds); *per event*: the slope between the shortest and the "
+        "longest answer.", "",
+        "| server (worker client) | idle ms/s | " + " | ".join(f"{t} tokens" for t in tokens)
         + " | per event |",
         "|---|---|" + "---|" * len(tokens) + "---|",
     ]
