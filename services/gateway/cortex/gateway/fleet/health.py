@@ -184,7 +184,7 @@ class HealthMonitor:
         except UpstreamFailure as exc:
             if exc.kind is FailureKind.TIMEOUT:  # connecting timed out
                 return (ProbeResult.BUSY if busy else ProbeResult.ERROR), "timeout"
-            return ProbeResult.ERROR, exc.kind.value
+            return ProbeResult.ERROR, str(exc)  # e.g. "connect: ConnectionRefusedError"
         if status == 200:
             return ProbeResult.OK, None
         return ProbeResult.ERROR, f"status {status}"
