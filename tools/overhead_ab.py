@@ -5,9 +5,10 @@ overhead``'s closed loop, against its hypercorn + aiohttp relay floor.
         --before /work/wt-lean-before/.venv/bin/python --rounds 8 --duration 5
 
 Run with the *after* tree's interpreter; ``--before`` is the other tree's (a checkout with its
-own ``make venv``), or this one's with ``--before-set KEY=VALUE`` (a dotted gateway config key,
-e.g. ``upstream.http_client=aiohttp``; repeatable) to compare two configurations of one tree. One cluster as ``cortex bench overhead`` builds it (2 zero-cost SGLang
-sims, index, ingest), then three servers beside it: the relay floor (``floor_main proxy``,
+own ``make venv``), or this one's with ``--before-set KEY=VALUE`` (a dotted gateway config
+key, e.g. ``upstream.http_client=aiohttp``; repeatable) to compare two configurations of one
+tree. One cluster as ``cortex bench overhead`` builds it (2 zero-cost SGLang sims, index,
+ingest), then three servers beside it: the relay floor (``floor_main proxy``,
 in front of the first sim), a ``cortex gateway`` of each tree (the cluster's gateway config,
 another port and id, the ``fastokens`` encoder chosen at start). Each is warmed (3 s), then
 every round runs the closed loop (``--concurrency`` clients, ``--duration`` s) against each
