@@ -16,6 +16,7 @@ import them from here.
 from __future__ import annotations
 
 import argparse
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,8 @@ class GatewayConfig:
     cors: CorsConfig = field(default_factory=CorsConfig)
     access_log: AccessLogConfig = field(default_factory=AccessLogConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    by_name: Mapping[str, ModelConfig] = field(init=False, repr=False, compare=False)
+    """The served models by name (read on every request: a lookup, not a search)."""
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -105,6 +108,8 @@ class GatewayConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ConfigError(f"models: duplicate model names in {names}")
+        object.__setattr__(self, "by_name", types.MappingProxyType(
+            {m.name: m for m in self.models}))
         adapters = [a for m in self.models for a in m.adapters]
         if len(set(adapters)) != len(adapters) or set(adapters) & set(names):
             raise ConfigError("models[].adapters: an adapter name is given twice or names a "
@@ -121,7 +126,7 @@ class GatewayConfig:
                               "counts as missing before the next poll")
 
     def model(self, name: str) -> ModelConfig | None:
-        return next((m for m in self.models if m.name == name), None)
+        return self.by_name.get(name)
 
     def adapter_base(self, name: str) -> ModelConfig | None:
         """The model a configured LoRA adapter ``name`` belongs to."""

@@ -337,7 +337,7 @@ def _model(body: Mapping[str, Any], config: GatewayConfig, required: bool,
         return config.models[0], None
     if not isinstance(name, str) or not name:
         raise _invalid("'model' is required and must be a string", "model")
-    model = config.model(name)
+    model = config.by_name.get(name)
     if model is not None:
         return model, None
     model = config.adapter_base(name)

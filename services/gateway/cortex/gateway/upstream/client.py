@@ -19,9 +19,8 @@ import aiohttp
 
 from cortex.gateway.config.gateway import UpstreamConfig
 from cortex.gateway.http.auth import WorkerCredentials
-from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure, retry_after
-from cortex.gateway.upstream.h1 import H1Pool
-from cortex.gateway.upstream.idle import IdleGuard
+from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure
+from cortex.gateway.upstream.h1 import H1Pool, IdleGuard, retry_after
 from cortex.registry.spec import WorkerSpec
 
 __all__ = ["FailureKind", "Response", "Upstream", "UpstreamClient", "UpstreamFailure",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["FailureKind", "UpstreamFailure", "retry_after"]
+__all__ = ["FailureKind", "UpstreamFailure"]
 
 
 class FailureKind(StrEnum):
@@ -29,10 +29,3 @@ class UpstreamFailure(Exception):
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s
-
-
-def retry_after(value: str | None) -> float | None:
-    """A ``Retry-After`` in seconds (the HTTP-date form is ignored)."""
-    if value is None or not value.strip().isdigit():
-        return None
-    return float(value.strip())

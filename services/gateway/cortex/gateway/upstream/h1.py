@@ -18,7 +18,8 @@ that a *reused* connection lost before any byte of an answer (the worker closed 
 idle) is sent once more on a new connection.
 
 Not for ``https`` workers (:class:`~cortex.gateway.upstream.client.UpstreamClient` sends
-those through aiohttp).
+those through aiohttp). What both clients read of an answer the same way is here too:
+:func:`retry_after` and :class:`IdleGuard` (a silent stream's watch).
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ import asyncio
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
-from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure, retry_after
-from cortex.gateway.upstream.idle import IdleGuard
+from cortex.gateway.upstream.errors import FailureKind, UpstreamFailure
 
-__all__ = ["H1Pool", "H1Response"]
+__all__ = ["H1Pool", "H1Response", "IdleGuard", "retry_after"]
 
 _MAX_HEAD = 64 << 10
 _NO_BODY = frozenset((204, 304))
@@ -43,6 +43,54 @@ _FRAMING = frozenset(("host", "content-length", "transfer-encoding", "connection
 
 # body framing of the answer being read
 _HEAD, _SIZED, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_EOF, _DONE = range(8)
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (the HTTP-date form is ignored)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
+
+
+class IdleGuard:
+    """Closes a response whose read has waited ``idle_s`` seconds for bytes.
+
+    Only time spent waiting on the worker counts (not time the consumer spends sending to a
+    slow client), and it costs one timer per idle period, not one per chunk."""
+
+    __slots__ = ("_handle", "_loop", "_on_idle", "fired", "idle_s", "since")
+
+    def __init__(self, idle_s: float, on_idle: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.idle_s = idle_s
+        self._on_idle = on_idle
+        self._handle: asyncio.TimerHandle | None = None
+        self.since: float | None = None  # loop time the pending read started
+        self.fired = False
+
+    def reading(self) -> None:
+        self.since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(self.since + self.idle_s, self._check)
+
+    def got(self) -> None:
+        self.since = None
+
+    def _check(self) -> None:
+        self._handle = None
+        since = self.since
+        if since is None:
+            return  # not reading: re-armed by the next read
+        if self._loop.time() - since >= self.idle_s:
+            self.fired = True
+            self._on_idle()
+        else:
+            self._handle = self._loop.call_at(since + self.idle_s, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class _Connection(asyncio.Protocol):
