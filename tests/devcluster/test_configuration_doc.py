@@ -21,6 +21,8 @@ def gateway_settings(cls: type[object] = GatewayConfig, prefix: str = ""
     """``(dotted setting, environment variable)`` of every gateway config field."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not field.init:  # derived on creation (as cortex.edge.settings skips them too)
+            continue
         kind = hints[field.name]
         dotted = f"{prefix}{field.name}"
         if dataclasses.is_dataclass(kind) and isinstance(kind, type):

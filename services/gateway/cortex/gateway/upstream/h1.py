@@ -93,6 +93,15 @@ class IdleGuard:
             self._handle = None
 
 
+def _until(data: bytes, sep: bytes, at: int, limit: int, what: str) -> int:
+    """Where ``sep`` is in ``data`` from ``at`` (-1: not arrived yet); a protocol failure
+    once more than ``limit`` bytes came without it."""
+    end = data.find(sep, at)
+    if end < 0 and len(data) - at > limit:
+        raise UpstreamFailure(FailureKind.PROTOCOL, f"{what} too large")
+    return end
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection to a worker and the answer being read on it."""
 
@@ -177,10 +186,8 @@ class _Connection(asyncio.Protocol):
         while at < size:
             state = self._state
             if state == _CHUNK_SIZE:
-                end = data.find(b"\r\n", at)
+                end = _until(data, b"\r\n", at, 1024, "chunk size line")
                 if end < 0:
-                    if size - at > 1024:
-                        raise UpstreamFailure(FailureKind.PROTOCOL, "bad chunk size line")
                     return at
                 try:
                     length = int(data[at:end].split(b";", 1)[0], 16)
@@ -206,18 +213,14 @@ class _Connection(asyncio.Protocol):
                 at += 2
                 self._state = _CHUNK_SIZE
             elif state == _HEAD:
-                end = data.find(b"\r\n\r\n", at)
+                end = _until(data, b"\r\n\r\n", at, _MAX_HEAD, "answer head")
                 if end < 0:
-                    if size - at > _MAX_HEAD:
-                        raise UpstreamFailure(FailureKind.PROTOCOL, "answer head too large")
                     return at
                 self._on_head(data[at:end])
                 at = end + 4
             elif state == _TRAILER:
-                end = data.find(b"\r\n", at)
+                end = _until(data, b"\r\n", at, _MAX_HEAD, "trailer")
                 if end < 0:
-                    if size - at > _MAX_HEAD:
-                        raise UpstreamFailure(FailureKind.PROTOCOL, "trailer too large")
                     return at
                 if end == at:
                     self._state = _DONE
