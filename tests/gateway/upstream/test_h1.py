@@ -334,6 +334,24 @@ async def test_the_connection_bound_makes_a_request_wait_for_a_free_one() -> Non
         pool.close()
 
 
+async def test_a_waiter_woken_and_cancelled_at_once_passes_its_turn_on() -> None:
+    async with raw_server(_keep_answering) as (url, seen):
+        pool = H1Pool(connect_timeout_s=2, max_connections=1)
+        first = await pool.request("POST", url, b"1", {}, None)
+        assert await first.read() == b"1"
+        second = asyncio.create_task(_call(pool, url, b"2"))
+        third = asyncio.create_task(_call(pool, url, b"3"))
+        await wait_until_async(lambda: len(pool._slots) == 2, timeout=5,
+                               what="both requests waiting for room")
+        first.close()  # wakes the second ...
+        second.cancel()  # ... which is cancelled before it runs: the third must go on
+        assert await asyncio.wait_for(third, 5) == b"3"
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert len(seen) == 1
+        pool.close()
+
+
 async def test_a_cancelled_request_closes_its_connection() -> None:
     asked, closed = asyncio.Event(), asyncio.Event()
 

@@ -39,8 +39,8 @@ def _translate(exc: BaseException) -> UpstreamFailure:
 
 
 class Response(Protocol):
-    """What dispatch needs of a worker's response (:class:`UpstreamResponse`, or an
-    in-memory one in unit tests)."""
+    """What dispatch needs of a worker's response (:class:`UpstreamResponse`,
+    :class:`~cortex.gateway.upstream.h1.H1Response`, or an in-memory one in unit tests)."""
 
     status: int
     content_type: str

@@ -25,7 +25,6 @@ those through aiohttp). What both clients read of an answer the same way is here
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -112,7 +111,7 @@ class _Connection(asyncio.Protocol):
         self.reused = False  # served an answer before the current one
         self.idle_since = 0.0
         self._high = high_water
-        self._buf = bytearray()  # received, not yet parsed
+        self._rest = b""  # received, not yet parsed (a head, size line or CRLF not whole)
         self._state = _DONE
         self._left = 0  # bytes of the sized body, or of the current chunk
         self._keep = False  # the answer allows the connection to be reused
@@ -128,33 +127,22 @@ class _Connection(asyncio.Protocol):
     # ---- the protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        self.transport = cast(asyncio.Transport, transport)  # TCP_NODELAY: the loop's default
 
     def data_received(self, data: bytes) -> None:
         if self._state == _DONE:  # bytes nobody asked for: the connection cannot be reused
-            self.lost = True
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             return
         self._received_any = True
-        if self._buf:  # the rest of an earlier piece comes first
-            data = bytes(self._buf) + data
-            self._buf.clear()
+        if self._rest:  # the rest of an earlier piece comes first
+            data = self._rest + data
         try:
             left = self._parse(data)
         except UpstreamFailure as exc:
             self._fail(exc)
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             return
-        if left < len(data):
-            self._buf += data[left:]
+        self._rest = data[left:]
         self._wake()
         if self._data_bytes > self._high and not self._paused and self.transport is not None:
             self._paused = True
@@ -320,7 +308,7 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.complete and self._keep and not self.lost and not self._buf
+        return self.complete and self._keep and not self.lost and not self._rest
 
     @property
     def announced_length(self) -> int | None:
@@ -474,7 +462,8 @@ class H1Pool:
                 self.release(conn)
                 if not (conn.reused and conn.answered_nothing):
                     raise
-                conn = await self._fresh(key)  # the worker closed it while idle: afresh
+                # the worker closed it while idle: once more, on a new connection
+                conn = await self._acquire(key, reuse=False)
             except BaseException:
                 self.release(conn)
                 raise
@@ -514,20 +503,14 @@ class H1Pool:
             self._drop(conn)
         return None
 
-    async def _acquire(self, key: tuple[str, int]) -> _Connection:
-        """An idle connection to ``key``, else a new one (when there is room)."""
+    async def _acquire(self, key: tuple[str, int], reuse: bool = True) -> _Connection:
+        """An idle connection to ``key`` (``reuse``), else a new one (when there is room)."""
         while True:
-            conn = self._take(key)
+            conn = self._take(key) if reuse else None
             if conn is not None:
                 return conn
             if await self._room():
                 return await self._connect(key)
-
-    async def _fresh(self, key: tuple[str, int]) -> _Connection:
-        """A new connection to ``key`` (when there is room)."""
-        while not await self._room():
-            pass
-        return await self._connect(key)
 
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         self._open += 1
@@ -562,10 +545,14 @@ class H1Pool:
             self._idle[oldest.key].popleft()
             self._drop(oldest)
             return True
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._slots.append(waiter)
         try:
             await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._free_slot()  # woken as the wait ended: the next waiter looks instead
+            raise
         finally:
             if waiter in self._slots:
                 self._slots.remove(waiter)
