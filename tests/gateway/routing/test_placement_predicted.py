@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from cortex.gateway.routing.placement import PredictedBlocks
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source
@@ -100,3 +102,42 @@ def test_predicted_withdrawal_never_resurrects_evicted_or_forgotten_blocks() -> 
     assert gone is not None and not gone.live
     pred.withdraw(gone)
     assert pred.match([1, 2]) == {}
+
+
+def test_predicted_match_is_each_workers_leading_run_of_held_blocks() -> None:
+    """Differential: after random credits, withdrawals, evictions and expiries, ``match``
+    equals, per worker, the count of leading keys whose holders name that worker."""
+    rng = random.Random(7)
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=5.0, max_keys=400, clock=clock)
+    workers = ["a", "b", "c", "d", "e"]
+    live = []
+    for _ in range(3000):
+        op = rng.random()
+        start = rng.randrange(3)
+        chain = list(range(start, start + rng.randint(1, 30)))
+        if op < 0.55:
+            credit = pred.credit(rng.choice(workers), chain)
+            if credit is not None:
+                live.append(credit)
+        elif op < 0.65 and live:
+            pred.withdraw(live.pop(rng.randrange(len(live))))
+        elif op < 0.72:
+            pred.forget_keys(rng.choice(workers), rng.sample(range(35), 3))
+        elif op < 0.74:
+            pred.forget_worker(rng.choice(workers))
+        else:
+            clock.now += rng.random() * 0.3
+        query = list(range(rng.choice([0, 0, 1]), 36))
+        got = pred.match(query)
+        holders = pred._holders
+        expected = {}
+        for worker in workers:
+            run = 0
+            for key in query:
+                if worker not in holders.get(key, {}):
+                    break
+                run += 1
+            if run:
+                expected[worker] = run
+        assert got == expected

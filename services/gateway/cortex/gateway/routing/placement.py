@@ -173,17 +173,30 @@ class PredictedBlocks:
         """Per worker, how many leading blocks of ``keys`` are predicted (absent = 0)."""
         if not self._holders:
             return {}
-        now = self._clock()
-        self._expire(now)
+        self._expire(self._clock())
         out: dict[str, int] = {}
         holders = self._holders
-        for i, key in enumerate(keys):
+        # the workers whose run is unbroken so far (a run counts from the first block only);
+        # one that is not among a block's holders ends its run there, as set operations
+        # over the holders' keys (a block is shared by every worker of a popular prefix)
+        alive: set[str] = set()
+        depth = 0
+        for key in keys:
             entry = holders.get(key)
             if entry is None:
                 break
-            for worker_id in entry:
-                if out.get(worker_id, 0) == i:  # consecutive from the first block only
-                    out[worker_id] = i + 1
+            if not depth:
+                alive = set(entry)
+            elif not entry.keys() >= alive:
+                ended = alive - entry.keys()
+                for worker_id in ended:
+                    out[worker_id] = depth
+                alive -= ended
+                if not alive:
+                    return out
+            depth += 1
+        for worker_id in alive:
+            out[worker_id] = depth
         return out
 
     def forget_worker(self, worker_id: str) -> None:
