@@ -87,3 +87,15 @@ def test_variant_targets_sections_and_plot(tmp_path: Path) -> None:
                                                 " installed"}
     written = {p.name for p in write_plots(results, tmp_path)}
     assert "replicas.png" in written and (tmp_path / "replicas.png").stat().st_size > 1000
+
+
+def test_cortex_timing_line_says_what_the_gateway_did_not_time() -> None:
+    gateway = {"decisions": {"exact_kv/hit": 4},
+               "routing_ms_mean": {"first token out": 25.4, "total": 1.1}}
+    results = [_result("agents", {"cortex": _run("a", "cortex", 80, 80, gateway=gateway,
+                                                 ttft_mean_ms=26.9)})]
+    md = report_markdown(results, _config())
+    assert ("first token out 25.40, total 1.10; the client's mean TTFT minus the gateway's"
+            " first token out (the connection, the HTTP server, the client): 1.50 ms.") in md
+    gateway["routing_ms_mean"] = {"total": 1.1}  # an older gateway: no first token out
+    assert "minus the gateway's" not in report_markdown(results, _config())

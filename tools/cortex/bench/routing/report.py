@@ -252,8 +252,13 @@ def _workload_section(res: WorkloadResult) -> list[str]:
             p50 = gateway.get("routing_ms_p50")
             median = (f"; routing time per request p50 {p50:.2f} ms (histogram)"
                       if p50 is not None else "")
+            client, out = run.extra.get("ttft_mean_ms"), gateway["routing_ms_mean"].get(
+                "first token out")
+            outside = (f"; the client's mean TTFT minus the gateway's first token out (the"
+                       f" connection, the HTTP server, the client): {client - out:.2f} ms"
+                       if client is not None and out is not None else "")
             lines += ["", f"{c}: gateway decisions (mode/reason){note} {decided}; mean routing"
-                      f" time per request inside the gateway (ms): {timing}{median}."]
+                      f" time per request inside the gateway (ms): {timing}{median}{outside}."]
     if w.stages:
         ran = [c for c in CONTENDERS if c in res.runs]
         lines += ["", "Per step of the rate ladder (TTFT p50 / p90 ms, hit rate):", ""]
