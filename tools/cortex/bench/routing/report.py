@@ -244,7 +244,7 @@ def _workload_section(res: WorkloadResult) -> list[str]:
     for c in CONTENDERS:
         run = res.runs.get(c)
         gateway = run.extra.get("gateway") if run is not None else None
-        if gateway:
+        if run is not None and gateway:
             decided = ", ".join(f"{k} {v:,}" for k, v in gateway["decisions"].items())
             timing = ", ".join(f"{k} {v:.2f}" for k, v in gateway["routing_ms_mean"].items())
             note = (" (with alpha 0 the labels only say whether the chosen worker happened to"
