@@ -6,6 +6,9 @@ Put this directory on ``PYTHONPATH`` and name an output file in ``CORTEX_TTFTSPL
 every process whose command line is ``cortex.edge.main gateway`` then times, per routed
 request:
 
+* ``accepted to the handler``: a connection's first request, from the accept to the
+  inference handler's start (hypercorn's set-up, the first read, parsing the head, the
+  request's task, the app's own dispatch);
 * ``before dispatch``: from the inference handler's start (the request's head is parsed,
   its body not yet read) to the dispatcher's first attempt: reading, parsing, routing;
 * ``to the first answer byte``: the attempt until the worker's answer head (the worker's
@@ -105,17 +108,30 @@ def _segments() -> None:
     (and the dispatch it awaits inline) shares."""
     import cortex.gateway.api.inference as inference
     import cortex.gateway.dispatch.dispatcher as dispatcher
+    import cortex.gateway.http.admission as admission
 
     stamps: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
         "ttftsplit", default=None)
+    # the connection's accept time, in a list its requests' tasks share: the first request
+    # takes it (a later one on the same connection did not wait for an accept)
+    accepted: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+        "ttftsplit_accepted", default=None)
     lateness: list[asyncio.Task[None]] = []
     handle = inference.InferenceHandler.__call__
+    connection = admission.GuardedConnection.__init__
+
+    def connected(self: Any, *args: Any, **kwargs: Any) -> None:
+        # runs in the connection's task; the request's task, spawned by it, inherits this
+        accepted.set([time.perf_counter()])
+        connection(self, *args, **kwargs)
 
     async def handled(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not lateness:
             lateness.append(asyncio.ensure_future(_loop_lateness()))
         mine = {"start": time.perf_counter()}
         stamps.set(mine)
+        if (at := accepted.get()):
+            _add("connection: accepted to the handler", mine["start"] - at.pop())
         try:
             return await handle(self, *args, **kwargs)
         finally:
@@ -145,6 +161,7 @@ def _segments() -> None:
         return first_byte(self, *args, **kwargs)
 
     inference.InferenceHandler.__call__ = handled
+    admission.GuardedConnection.__init__ = connected
     dispatcher.Dispatcher.open = opened
     inference._Conversation._first_byte_sent = first
 
