@@ -6,9 +6,10 @@ Put this directory on ``PYTHONPATH`` and name an output file in ``CORTEX_TTFTSPL
 every process whose command line is ``cortex.edge.main gateway`` then times, per routed
 request:
 
-* ``accepted to the handler``: a connection's first request, from the accept to the
-  inference handler's start (hypercorn's set-up, the first read, parsing the head, the
-  request's task, the app's own dispatch);
+* ``accepted to its first bytes`` and ``first bytes to the handler``: a connection's first
+  request, from the accept to the first read's return (mostly the client's own time between
+  connecting and sending), then to the inference handler's start (hypercorn's set-up,
+  parsing the head, the request's task, the app's own dispatch);
 * ``before dispatch``: from the inference handler's start (the request's head is parsed,
   its body not yet read) to the dispatcher's first attempt: reading, parsing, routing;
 * ``to the first answer byte``: the attempt until the worker's answer head (the worker's
@@ -122,16 +123,29 @@ def _segments() -> None:
 
     def connected(self: Any, *args: Any, **kwargs: Any) -> None:
         # runs in the connection's task; the request's task, spawned by it, inherits this
-        accepted.set([time.perf_counter()])
+        stamped = [time.perf_counter()]
+        accepted.set(stamped)
         connection(self, *args, **kwargs)
+        reader = self.reader
+        read = reader.read
+
+        async def first_read(n: int = -1) -> bytes:  # the request's first bytes, once
+            data = await read(n)
+            stamped.append(time.perf_counter())
+            reader.read = read
+            return data
+
+        reader.read = first_read
 
     async def handled(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not lateness:
             lateness.append(asyncio.ensure_future(_loop_lateness()))
         mine = {"start": time.perf_counter()}
         stamps.set(mine)
-        if (at := accepted.get()):
-            _add("connection: accepted to the handler", mine["start"] - at.pop())
+        if (at := accepted.get()) and len(at) == 2:
+            _add("connection: accepted to its first bytes", at[1] - at[0])
+            _add("connection: first bytes to the handler", mine["start"] - at[1])
+            at.clear()
         try:
             return await handle(self, *args, **kwargs)
         finally:
