@@ -7,9 +7,10 @@ every process whose command line is ``cortex.edge.main gateway`` then times, per
 request:
 
 * ``accepted to its first bytes`` and ``first bytes to the handler``: a connection's first
-  request, from the accept to the first read's return (mostly the client's own time between
-  connecting and sending), then to the inference handler's start (hypercorn's set-up,
-  parsing the head, the request's task, the app's own dispatch);
+  request, from the accept to the first read's return (hypercorn's set-up of the
+  connection, and the client's own time between connecting and sending), then to the
+  inference handler's start (parsing the head and the body, the request's task, the app's
+  own dispatch);
 * ``before dispatch``: from the inference handler's start (the request's head is parsed,
   its body not yet read) to the dispatcher's first attempt: reading, parsing, routing;
 * ``to the first answer byte``: the attempt until the worker's answer head (the worker's
@@ -105,8 +106,8 @@ async def _loop_lateness() -> None:
 
 
 def _segments() -> None:
-    """The three segments of each request, stamped in a context variable the request's task
-    (and the dispatch it awaits inline) shares."""
+    """The segments of each request, stamped in context variables the request's task (and
+    the dispatch it awaits inline) shares."""
     import cortex.gateway.api.inference as inference
     import cortex.gateway.dispatch.dispatcher as dispatcher
     import cortex.gateway.http.admission as admission
