@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import random
 from array import array
+from collections.abc import Callable
 
 import pytest
 from tokenizers import AddedToken, Tokenizer
@@ -52,7 +53,7 @@ def _ids(tok: PromptTokenizer, text: str, special: bool) -> list[int]:
     """Planned and walked like routing does (the walk remembers the head); its block keys
     (a head's come from the head) are checked against the ids'."""
     w = walk(tok, tok.plan(text, special), 7, BLOCK, len, BytesPerToken())
-    ids = w.finish(tok)
+    ids = w.finish(tok).tolist()
     assert w.keys == block_keys(ids, BLOCK, 7)
     return ids
 
@@ -104,7 +105,13 @@ def test_texts_extending_remembered_heads_get_the_whole_texts_ids(
     assert tok.heads.hits > 100  # the memo was exercised
 
 
-def test_agent_turns_reuse_the_previous_turns_head() -> None:
+def _nobody(keys: list[int]) -> int:
+    return 0
+
+
+@pytest.mark.parametrize("deepest", [len, _nobody], ids=["walked-whole", "stopped-early"])
+def test_agent_turns_reuse_the_previous_turns_head(deepest: Callable[[list[int]], int]
+                                                   ) -> None:
     tok = PromptTokenizer(ChatTokenizer.load())
     assert tok.heads is not None
     messages = [{"role": "system", "content": "You are a coding agent. " * 40},
@@ -113,10 +120,17 @@ def test_agent_turns_reuse_the_previous_turns_head() -> None:
         prompt = tok.prompt(RenderArgs.of(Engine.SGLANG, messages))
         plan = tok.plan_prompt(prompt)
         if turn:  # the history up to the last turn's end is one part
-            assert isinstance(plan.parts[0], array)
+            assert isinstance(plan.parts[0], array) and plan.used is not None
             assert len(plan.parts) < 12
-        ids = walk(tok, plan, 7, BLOCK, len, BytesPerToken()).finish(tok)
+            # its keys came with it from the last turn's walk: this turn hashes none of them
+            head = plan.used
+            full = len(head.ids) // BLOCK * BLOCK
+            assert head._chains == {(7, BLOCK): block_keys(head.ids[:full].tolist(), BLOCK, 7)}
+        w = walk(tok, plan, 7, BLOCK, deepest, BytesPerToken())
+        assert w.complete is (deepest is len)  # the other stops at its first question
+        ids = w.finish(tok, keyed=True).tolist()
         assert ids == tok.chat.encode_prompt(prompt)
+        assert w.keys == block_keys(ids, BLOCK, 7)
         messages += [{"role": "assistant", "content": f"ran tool {turn}"},
                      {"role": "user", "content": f"tool output {turn} " * 5}]
 

@@ -16,6 +16,7 @@ from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest, Limits, parse_request
 from cortex.gateway.tokens.prompt import PromptTokenizer
+from cortex.hashing import block_keys
 from cortex.gateway.tokens.service import (
     INLINE_REST_BYTES_FASTOKENS,
     INLINE_REST_BYTES_HF,
@@ -62,10 +63,10 @@ async def test_a_never_seen_prompt_stops_early_and_the_rest_is_finished_later(
     exact = tok.fork().encode_prompt(tok.prompt(req.prompt.chat))
     lazy = tokenization.walk(req, 1, nobody)
     assert lazy is not None and not lazy.complete
-    assert len(lazy.ids) < len(exact) // 5 and lazy.ids == exact[:len(lazy.ids)]
+    assert len(lazy.ids) < len(exact) // 5 and lazy.ids.tolist() == exact[:len(lazy.ids)]
     future = tokenization.finish_later("m", lazy)
     assert future is not None
-    assert await asyncio.wait_for(asyncio.wrap_future(future), 30) == exact
+    assert list(await asyncio.wait_for(asyncio.wrap_future(future), 30)) == exact
     assert metrics.tokenize_lazy_rest.labels(model="m", result="done")._value.get() == 1
     assert tok.plan_prompt(tok.prompt(req.prompt.chat)).missing == []  # all in the cache
 
@@ -87,7 +88,9 @@ def test_a_small_rest_is_finished_at_once_a_large_one_is_left_to_the_thread(
     try:
         lazy = roomy.walk(req, 1, nobody)
         assert lazy is not None and not lazy.complete
-        assert roomy.finish_small("m", lazy) == exact and lazy.complete
+        whole = roomy.finish_small("m", lazy)
+        assert whole is not None and list(whole) == exact and lazy.complete
+        assert lazy.keys == block_keys(exact, 16, 1)  # on from the walked ones
         assert metrics.tokenize_lazy_rest.labels(model="m", result="inline")._value.get() == 1
     finally:
         roomy.close()
@@ -141,6 +144,7 @@ def test_the_context_check_uses_the_bound_then_the_exact_length(
     # fits, although the byte bound does not: encoded fully, accepted
     lazy = tokenization.walk(chat(config, text, Limits(prompt_tokens=exact)), 1, nobody)
     assert lazy is not None and lazy.complete and len(lazy.ids) == exact
+    assert lazy.keys == block_keys(lazy.ids, 16, 1)  # every block keyed, as complete says
     # does not fit: rejected like tokens() rejects it
     with pytest.raises(ClientError) as caught:
         tokenization.walk(chat(config, text, Limits(prompt_tokens=exact - 1)), 1, nobody)

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from cortex.chat import RenderArgs
 from cortex.chat.media import MediaItem, common_prefix, media_prompt
@@ -49,7 +49,7 @@ async def sized_items(req: InferenceRequest, headers: ImageHeaders | None,
     return tuple(out)
 
 
-async def media_keys(req: InferenceRequest, ids: list[int],
+async def media_keys(req: InferenceRequest, ids: Sequence[int],
                      encode: Callable[[RenderArgs], Awaitable[list[int]]],
                      items: tuple[MediaItem, ...] | None = None
                      ) -> tuple[list[int], int, int]:

@@ -36,7 +36,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -259,7 +259,7 @@ class Router:
         self.agents = AgentTerms(routing, metrics)
         self.image_headers: ImageHeaders | None = None
         """Reads URL images' headers (set by the runtime where a model asks for it)."""
-        self._open_walks: dict[int, asyncio.Future[list[int]]] = {}
+        self._open_walks: dict[int, asyncio.Future[Sequence[int]]] = {}
         """A recorded walk's last key → the encoding of its prompt's rest (:meth:`_follow`)."""
 
     # ---- tokens ----
@@ -323,7 +323,7 @@ class Router:
             # the held prefill tokens are exact from the start
             whole = self.tokenization.finish_small(model.name, lazy)
             if whole is not None:
-                keys, query_blocks, prompt_tokens = self._keyed(req, whole, None)
+                keys, query_blocks, prompt_tokens = self._keyed(req, whole, lazy)
                 placement.keys = keys
         if record:
             self._take_effect(placement, plan, prompt_tokens)
@@ -339,7 +339,7 @@ class Router:
             self.observer(routed)
         return routed
 
-    def _keyed(self, req: InferenceRequest, ids: list[int],
+    def _keyed(self, req: InferenceRequest, ids: Sequence[int],
                lazy: Walk | None) -> tuple[list[int], int, int]:
         """``(keys, query_blocks, prompt_tokens)`` of the prompt: its full blocks' keys, those
         that could be hits, its length (estimated while the prompt goes on past the walk:
@@ -363,7 +363,8 @@ class Router:
         if record:
             self._finish_later(req, lazy, placement)
             return keyed
-        keyed = self._keyed(req, lazy.finish(self.tokenizers[req.model.name]), None)
+        ids = lazy.finish(self.tokenizers[req.model.name], keyed=True)
+        keyed = self._keyed(req, ids, lazy)
         placement.keys = keyed[0]
         return keyed
 
@@ -423,7 +424,7 @@ class Router:
         if tail is not None:
             self._open_walks[tail] = future
 
-        def finished(done: asyncio.Future[list[int]]) -> None:
+        def finished(done: asyncio.Future[Sequence[int]]) -> None:
             if tail is not None and self._open_walks.get(tail) is done:
                 del self._open_walks[tail]
             if done.cancelled() or done.exception() is not None:
@@ -500,7 +501,7 @@ class Router:
             placement.hold(d_worker)
 
     @staticmethod
-    def _lookahead_keys(model: ModelConfig, ids: list[int], req: InferenceRequest,
+    def _lookahead_keys(model: ModelConfig, ids: Sequence[int], req: InferenceRequest,
                         everyone: list[WorkerState]) -> dict[int, list[int]]:
         """The prompt's lookahead keys (every block the engine caches once it has the
         prompt), per lookahead the candidates run; none for plain workers only."""

@@ -711,18 +711,22 @@ class BytesPerToken:
 class Walk:
     """A prompt encoded front to back as far as the match can reach.
 
-    ``ids``: the exact leading ids (all of them when ``complete``); ``keys``: the plain keys
-    of their full blocks; ``deepest``: leading blocks the best-placed worker holds (the
-    match cannot exceed it). ``rest_bytes`` / ``rest_pieces``: UTF-8 bytes and text pieces
-    not encoded yet."""
+    ``ids``: the exact leading ids (all of them when ``complete``), packed: a remembered
+    head's ids are copied in, not turned into a Python int each; ``keys``: the plain keys
+    of their full blocks; ``deepest``: leading blocks the best-placed worker holds, as of
+    the walk's last question (the match cannot exceed it; a walk that completes does not
+    ask again at its end: the router asks the ledger next). ``rest_bytes`` /
+    ``rest_pieces``: UTF-8 bytes and text pieces not encoded yet."""
 
-    ids: list[int]
+    ids: array[int]
     keys: list[int]
     deepest: int
     complete: bool
     rest_bytes: int
     rest_pieces: int
     _plan: EncodePlan = field(repr=False)
+    _root: int = field(default=0, repr=False)  # the chain root of ``keys``
+    _block_size: int = field(default=1, repr=False)
     _next: int = field(default=0, repr=False)  # the first part not taken yet
     _piece: int = field(default=0, repr=False)  # the first missing piece not encoded yet
     _fresh: list[tuple[SegmentKey, list[int]]] = field(default_factory=list, repr=False)
@@ -742,9 +746,11 @@ class Walk:
         return sum(1 if isinstance(p, int) else 0 if isinstance(p, str) else len(p)
                    for p in self._plan.parts[self._next:])
 
-    def finish(self, tokenizer: PromptTokenizer) -> list[int]:
+    def finish(self, tokenizer: PromptTokenizer, *, keyed: bool = False) -> array[int]:
         """Encode the rest (CPU-bound; safe on a worker thread): the whole ids, which equal
-        ``plan.finish()``'s; fresh pieces go into the segment cache."""
+        ``plan.finish()``'s; fresh pieces go into the segment cache. ``keyed``: ``keys`` then
+        go on to every full block (a new list; only where no other thread holds the walk);
+        else they stay as the walk left them (a router may hold that list meanwhile)."""
         if not self.complete:
             _take(self, tokenizer, len(self._plan.parts))
             self.complete = True
@@ -752,11 +758,26 @@ class Walk:
         if self._fresh:
             tokenizer.cache.put_many(self._fresh)
             self._fresh = []
+        if keyed:
+            self.keys = self._chained(len(self.ids) // self._block_size)
         head = self._plan.head
         if head is not None and self._head_ids >= 0 and tokenizer.heads is not None:
-            tokenizer.heads.remember(head[0], head[1], self.ids[:self._head_ids])
+            # the head's keys go with it: the next turn, which starts with this head, then
+            # hashes none of it again
+            chain = {(self._root, self._block_size):
+                     self._chained(self._head_ids // self._block_size)}
+            tokenizer.heads.remember(head[0], head[1], self.ids[:self._head_ids], chain)
             self._plan.head = None
         return self.ids
+
+    def _chained(self, blocks: int) -> list[int]:
+        """The keys of the first ``blocks`` full blocks of ``ids`` (a new list): those the
+        walk keyed, then the rest chained on from them."""
+        keys, size = self.keys, self._block_size
+        if len(keys) >= blocks:
+            return keys[:blocks]
+        return keys + block_keys(self.ids[len(keys) * size:blocks * size], size,
+                                 keys[-1] if keys else self._root)
 
 
 def _take(w: Walk, tokenizer: PromptTokenizer, stop: int) -> int:
@@ -812,9 +833,9 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
     after the part that completes a full block ``deepest`` says nobody holds (``root``: the
     chain root of the request's plain keys). ``ratio`` learns from the pieces encoded."""
     parts: Sequence[int | Sequence[int] | str] = plan.parts
-    w = Walk([], [], 0, False, sum(len(p.encode("utf-8", "surrogatepass"))
-                                   for p in parts if isinstance(p, str)),
-             sum(isinstance(p, str) for p in parts), plan)
+    w = Walk(array("I"), [], 0, False, sum(len(p.encode("utf-8", "surrogatepass"))
+                                           for p in parts if isinstance(p, str)),
+             sum(isinstance(p, str) for p in parts), plan, root, block_size)
     for i in range(len(parts)):
         before = len(w.ids)
         encoded = _take(w, tokenizer, i + 1)
@@ -834,7 +855,6 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
     full = len(w.ids) // block_size
     if full > len(w.keys):
         _chain(w, full, block_size, root)
-        w.deepest = deepest(w.keys)
     w.complete = True
     return w
 
@@ -914,13 +934,13 @@ class Head:
                                                       repr=False)
 
     def chain(self, root: int, block_size: int) -> list[int]:
-        """The keys of the head's full blocks chained from ``root`` (computed once; do not
-        modify the list)."""
+        """The keys of the head's full blocks chained from ``root`` (computed once, unless
+        the walk that remembered the head gave them; do not modify the list)."""
         keys = self._chains.get((root, block_size))
         if keys is None:
             full = len(self.ids) // block_size * block_size
-            keys = self._chains[root, block_size] = block_keys(self.ids[:full].tolist(),
-                                                               block_size, root)
+            keys = self._chains[root, block_size] = block_keys(self.ids[:full], block_size,
+                                                               root)
         return keys
 
 
@@ -975,9 +995,11 @@ class PrefixMemo:
             self.misses += 1
         return None
 
-    def remember(self, text: str, special: bool, ids: Sequence[int]) -> None:
-        """Keep ``text`` (ending with a cut token) and its exact ``ids``."""
-        head = Head(text, special, array("I", ids))
+    def remember(self, text: str, special: bool, ids: Sequence[int],
+                 chains: dict[tuple[int, int], list[int]] | None = None) -> None:
+        """Keep ``text`` (ending with a cut token) and its exact ``ids``; ``chains``: keys of
+        its full blocks already known, by ``(root, block_size)`` (:meth:`Head.chain`)."""
+        head = Head(text, special, array("I", ids), chains or {})
         cost = self.cost(head)
         if cost > self.max_bytes:
             return

@@ -24,7 +24,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cortex.chat import ChatError, Encoder, EncoderChoice, RenderArgs, render_args
@@ -226,7 +226,7 @@ class Tokenization:
         try:
             check_prompt_tokens(req.limits, req.body, lazy.max_tokens(), req.prompt_param)
         except ClientError:  # the bound does not fit: the exact length decides
-            check_prompt_tokens(req.limits, req.body, len(lazy.finish(tokenizer)),
+            check_prompt_tokens(req.limits, req.body, len(lazy.finish(tokenizer, keyed=True)),
                                 req.prompt_param)
         return lazy
 
@@ -240,18 +240,20 @@ class Tokenization:
         fast = self.tokenizers[model].encoder.name == "fastokens"
         return INLINE_REST_BYTES_FASTOKENS if fast else INLINE_REST_BYTES_HF
 
-    def finish_small(self, model: str, lazy: Walk) -> list[int] | None:
-        """The whole ids of ``lazy``, its rest encoded now on the event loop when that rest
-        is at most :meth:`inline_rest_bytes` (a thread hop would cost more than the
-        encoding; counted in ``tokenize_lazy_rest_total{result=inline}``); else ``None``:
-        use :meth:`finish_later`."""
+    def finish_small(self, model: str, lazy: Walk) -> Sequence[int] | None:
+        """The whole ids of ``lazy`` and its keys of every full block, its rest encoded now
+        on the event loop when that rest is at most :meth:`inline_rest_bytes` (a thread hop
+        would cost more than the encoding; counted in
+        ``tokenize_lazy_rest_total{result=inline}``); else ``None``: use
+        :meth:`finish_later`."""
         if lazy.complete or lazy.rest_bytes > self.inline_rest_bytes(model):
             return None
-        ids = lazy.finish(self.tokenizers[model])
+        ids = lazy.finish(self.tokenizers[model], keyed=True)
         self.metrics.child(self.metrics.tokenize_lazy_rest, model, "inline").inc()
         return ids
 
-    def finish_later(self, model: str, lazy: Walk) -> concurrent.futures.Future[list[int]] | None:
+    def finish_later(self, model: str, lazy: Walk
+                     ) -> concurrent.futures.Future[Sequence[int]] | None:
         """Encode the rest of ``lazy`` into the segment cache on the feeder thread (the next
         turn resends it); the future's result is the whole ids. ``None``: already complete,
         or shed because ``feed_queue`` jobs wait (counted in
@@ -271,7 +273,7 @@ class Tokenization:
             self._done_feeding()
             return None
 
-    def _finish_rest(self, model: str, lazy: Walk) -> list[int]:
+    def _finish_rest(self, model: str, lazy: Walk) -> Sequence[int]:
         m = self.metrics
         try:
             ids = lazy.finish(self.tokenizers[model])
