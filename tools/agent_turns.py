@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ANSWER_TOKENS = 300
 TOOL_TOKENS = 200
@@ -38,7 +37,7 @@ WARM_TURNS = 4
 async def _turns(system: int, sessions: int, turns: int) -> dict[str, list[float]]:
     """This tree's samples: ``{"parse_ms", "parse_cpu_ms", "route_ms", "route_cpu_ms"}``."""
     from cortex.bench.tokenize import Prose
-    from cortex.chat import RenderArgs
+    from cortex.chat import EncoderChoice, RenderArgs
     from cortex.gateway import (
         EngineLoad,
         GatewayConfig,
@@ -68,7 +67,7 @@ async def _turns(system: int, sessions: int, turns: int) -> dict[str, list[float
     for worker in pool:
         worker.health = Health.HEALTHY
         worker.engine = EngineLoad(0, 0, time.monotonic() + 3600)
-    tok = PromptTokenizer.load(None, None, encoder="fastokens")
+    tok = PromptTokenizer.load(None, None, encoder=EncoderChoice.FASTOKENS)
     replica = LedgerReplica()
     domain = model.domain
     for w in workers:

@@ -16,12 +16,12 @@ from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.request.payload import InferencePath, InferenceRequest, Limits, parse_request
 from cortex.gateway.tokens.prompt import PromptTokenizer
-from cortex.hashing import block_keys
 from cortex.gateway.tokens.service import (
     INLINE_REST_BYTES_FASTOKENS,
     INLINE_REST_BYTES_HF,
     Tokenization,
 )
+from cortex.hashing import block_keys
 
 CONFIG = GatewayConfig(models=(ModelConfig(name="m", block_size=16),))
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
