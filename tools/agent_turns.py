@@ -129,9 +129,18 @@ def _run(python: str, args: argparse.Namespace) -> dict[str, list[float]]:
     return result
 
 
+def _rev(python: Path) -> str:
+    """The commit of the checkout whose ``.venv/bin/python`` this is."""
+    done = subprocess.run(["git", "-C", str(python.parent.parent.parent), "rev-parse",
+                           "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
 def _report(args: argparse.Namespace, rounds: list[dict[str, dict[str, list[float]]]]) -> str:
     lines = [f"# Agent turns through `Router.route`, two trees ({time.strftime('%Y-%m-%d')})",
              "", f"`{' '.join(sys.argv)}`", "",
+             f"before: `{args.before}` at {_rev(Path(args.before))}; after: "
+             f"`{sys.executable}` at {_rev(Path(sys.executable))}.", "",
              f"{args.sessions} conversations interleaved, a {args.system:,}-token system prompt, "
              f"{args.turns} turns (+{ANSWER_TOKENS} answer and +{TOOL_TOKENS} tool tokens "
              f"each); medians of turns {WARM_TURNS + 1}..{args.turns}, ms per turn.", "",

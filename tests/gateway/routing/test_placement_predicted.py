@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import random
 
-from cortex.gateway.routing.placement import PredictedBlocks
+from cortex.gateway.ledger.replica_client import walk_depth
+from cortex.gateway.routing.placement import PredictedBlocks, WalkedPredictions
+from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Source
+from cortex.ledger.replica import LedgerReplica
+
+DOMAIN = HashDomain("m", 16, Engine.SGLANG)
 
 
 class Clock:
@@ -141,3 +146,50 @@ def test_predicted_match_is_each_workers_leading_run_of_held_blocks() -> None:
             if run:
                 expected[worker] = run
         assert got == expected
+
+
+def test_a_walks_predictions_answer_as_a_fresh_match_would() -> None:
+    """Differential: a walk asks about a growing chain (``walk_depth``), then the decision
+    asks about a query of that chain, shorter or longer; between them, sometimes, the
+    predictions change (a credit, a withdrawal, an eviction, an expiry). The answer always
+    equals ``PredictedBlocks.match`` of the query at that moment, and while nothing changed
+    it comes from the walk's runs: no key of the chain is matched twice."""
+    rng = random.Random(11)
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=5.0, max_keys=400, clock=clock)
+    fresh = pred.match
+    matched = 0
+
+    def counted(keys: list[int]) -> dict[str, int]:
+        nonlocal matched
+        matched += len(keys)
+        return fresh(keys)
+
+    pred.match = counted  # type: ignore[method-assign]
+    workers = ["a", "b", "c", "d"]
+    reused = 0
+    for _ in range(1500):
+        start = rng.randrange(2)
+        credit = pred.credit(rng.choice(workers), list(range(start, start + rng.randint(1, 30))))
+        if rng.random() < 0.1:
+            clock.now += rng.random()
+        walked, matched = WalkedPredictions(pred), 0
+        deepest = walk_depth(LedgerReplica(), DOMAIN, pred.match, walked.runs)
+        keys = list(range(rng.randint(0, 36)))
+        for end in sorted(rng.sample(range(1, 37), rng.randint(0, 3))):
+            deepest(keys[:end])
+        change = rng.random()
+        if change < 0.1 and credit is not None:
+            pred.withdraw(credit)
+        elif change < 0.2:
+            pred.forget_keys(rng.choice(workers), rng.sample(range(36), 3))
+        elif change < 0.3:
+            clock.now += rng.random() * 2
+        query = keys[:rng.randint(0, len(keys))] if rng.random() < 0.5 else keys
+        before = pred.version
+        got = walked.match(query)
+        if change >= 0.3 and pred.version == before:
+            reused += 1
+            assert matched <= len(keys)  # the walk's keys and the query's new ones, once
+        assert got == fresh(query)
+    assert reused > 500

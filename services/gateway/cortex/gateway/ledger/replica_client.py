@@ -85,12 +85,14 @@ class LeadingRuns(Generic[H]):
 
 
 def walk_depth(ledger: LedgerReplica, domain: HashDomain,
-               predicted: Callable[[list[int]], Mapping[str, int]]) -> Callable[[list[int]], int]:
+               predicted: Callable[[list[int]], Mapping[str, int]],
+               predictions: LeadingRuns[str] | None = None) -> Callable[[list[int]], int]:
     """The lazy walk's question (``tokens/prompt.py`` ``walk``): of a key chain that only
     grows, the leading blocks the best-placed holder has, a DP rank in ``ledger`` or a worker
-    in ``predicted``. Each key is matched once: per rank, and per worker predicted."""
+    in ``predicted``. Each key is matched once: per rank, and per worker predicted (their
+    runs kept in ``predictions``, when given)."""
     ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
-    predictions: LeadingRuns[str] = LeadingRuns()
+    workers: LeadingRuns[str] = predictions if predictions is not None else LeadingRuns()
 
     def deepest(keys: list[int]) -> int:
         new = keys[ranks.asked:]
@@ -102,8 +104,8 @@ def walk_depth(ledger: LedgerReplica, domain: HashDomain,
                 rank = (match.worker_id, match.dp_rank)
                 held[rank] = held.get(rank, 0) + match.blocks
         ranks.extend(held, len(new))
-        predictions.extend(predicted(new) if predictions.growing() else {}, len(new))
-        return max(ranks.deepest, predictions.deepest)
+        workers.extend(predicted(new) if workers.growing() else {}, len(new))
+        return max(ranks.deepest, workers.deepest)
 
     return deepest
 

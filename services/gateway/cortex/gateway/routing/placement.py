@@ -62,6 +62,7 @@ from typing import Any, TypedDict
 
 from cortex.gateway.config.gateway import RoutingConfig, SessionConfig
 from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.ledger.replica_client import LeadingRuns
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.gateway.routing.scoring import kv_pressure
 
@@ -78,6 +79,7 @@ __all__ = [
     "SessionHint",
     "SessionTable",
     "Turn",
+    "WalkedPredictions",
     "session_of",
 ]
 
@@ -108,7 +110,9 @@ class PredictedBlocks:
     TTL).
 
     Bounded by ``max_keys`` (key, worker) credits: the oldest credits go first. Pure and
-    synchronous; the clock (seconds) is injectable.
+    synchronous; the clock (seconds) is injectable. ``version`` grows with every change
+    (a credit, a withdrawal, a forgotten key or worker, an expiry), so an answer computed
+    earlier is still the answer while it is unchanged.
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class PredictedBlocks:
         self._log: deque[Credit] = deque()
         self._credits = 0
         self._evictions: defaultdict[str, int] = defaultdict(int)
+        self.version = 0
 
     def credit(self, worker_id: str, keys: list[int]) -> Credit | None:
         """Credit ``worker_id`` with the chain ``keys`` (a prompt's blocks) for ``ttl_s``;
@@ -132,6 +137,7 @@ class PredictedBlocks:
             return None
         now = self._clock()
         self._expire(now)
+        self.version += 1
         credit = Credit(worker_id, keys, now + self.ttl_s, self._evictions[worker_id])
         holders = self._holders
         for key in keys:
@@ -155,6 +161,7 @@ class PredictedBlocks:
         can only under-predict."""
         if not credit.live:
             return
+        self.version += 1
         orphaned = self._retire(credit)
         worker_id = credit.worker_id
         holders = self._holders
@@ -202,6 +209,7 @@ class PredictedBlocks:
     def forget_worker(self, worker_id: str) -> None:
         """Drop every prediction for ``worker_id`` (its cache was cleared or it left)."""
         self._evictions[worker_id] += 1
+        self.version += 1
         holders = self._holders
         for credit in self._log:
             if credit.worker_id != worker_id or not credit.live:
@@ -225,6 +233,12 @@ class PredictedBlocks:
                     del holders[key]
         if dropped:  # older credits of these keys must not come back on a withdrawal
             self._evictions[worker_id] += 1
+            self.version += 1
+
+    def expire(self) -> int:
+        """Drop the credits expired by now; the :attr:`version` after it."""
+        self._expire(self._clock())
+        return self.version
 
     def _expire(self, now: float) -> None:
         log = self._log
@@ -232,6 +246,7 @@ class PredictedBlocks:
             self._pop_oldest()
 
     def _pop_oldest(self) -> None:
+        self.version += 1
         credit = self._log.popleft()
         if credit.live:  # else withdrawn or forgotten: already accounted for
             self._retire(credit)
@@ -261,6 +276,33 @@ class PredictedBlocks:
             f"PredictedBlocks(keys={len(self._holders)}, credits={self._credits},"
             f" ttl_s={self.ttl_s})"
         )
+
+
+class WalkedPredictions:
+    """The predicted blocks a lazy walk asked about (``runs``: per worker, its leading run
+    of the walk's keys), so that the decision's own question about the same keys matches
+    only the keys past them: the walk's runs are the answer while the predictions are
+    unchanged since before the walk (:attr:`PredictedBlocks.version`), else the question is
+    asked anew."""
+
+    __slots__ = ("_predicted", "_version", "runs")
+
+    def __init__(self, predicted: PredictedBlocks) -> None:
+        self._predicted = predicted
+        self._version = predicted.expire()
+        self.runs: LeadingRuns[str] = LeadingRuns()
+
+    def match(self, keys: list[int]) -> dict[str, int]:
+        """``PredictedBlocks.match(keys)``, for ``keys`` of the walk's chain (the walked
+        keys, or more or fewer of them)."""
+        predicted, runs = self._predicted, self.runs
+        if predicted.expire() == self._version and len(keys) > runs.asked:
+            new = keys[runs.asked:]
+            runs.extend(predicted.match(new) if runs.growing() else {}, len(new))
+        if predicted.version != self._version:
+            return predicted.match(keys)
+        count = len(keys)
+        return {worker_id: min(run, count) for worker_id, run in runs.runs.items()} if count else {}
 
 
 # ---- placement ----

@@ -59,6 +59,7 @@ from cortex.gateway.routing.placement import (
     Placement,
     PredictedBlocks,
     RequestTerms,
+    WalkedPredictions,
 )
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
 from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
@@ -288,8 +289,8 @@ class Router:
         model = req.model
         t0, cpu0 = time.perf_counter(), 0.0 if record else time.thread_time()
         eligible = self.pool.eligible(model, req.adapter, allowed, pd=self.config.pd.enabled)
-        lazy = await self._follow(req, eligible, session,
-                                  self._walk(req, eligible, session), deadline)
+        lazy, walked = await self._follow(req, eligible, session,
+                                          self._walk(req, eligible, session), deadline)
         try:
             ids = lazy.ids if lazy is not None else await self.tokens(req)
         except ClientError:
@@ -309,7 +310,7 @@ class Router:
         keysets = ({} if req.prompt.media  # no lookahead keys for media: no credit there
                    else self._lookahead_keys(model, ids, req, eligible.everyone()))
         ledger = await self._ledger(model, prompt_tokens, keys[:query_blocks], keysets,
-                                    deadline)
+                                    deadline, walked)
         t3 = time.perf_counter()
         if record:
             self._turn += 1
@@ -369,18 +370,20 @@ class Router:
         return keyed
 
     def _walk(self, req: InferenceRequest, eligible: Eligible, session: str | None
-              ) -> Walk | None:
-        """The lazy walk of ``req``'s prompt (``tokenize.lazy``), or ``None`` where the
-        whole ids are needed or the match is not in process: PD (the pair's split reads the
-        exact length), workers with lookahead keys, the ledger over gRPC. A session's
-        walk goes at least as deep as its last turn (the ledger may not have seen it)."""
+              ) -> tuple[Walk | None, WalkedPredictions | None]:
+        """The lazy walk of ``req``'s prompt (``tokenize.lazy``) and the predictions it
+        asked about, or ``None`` where the whole ids are needed or the match is not in
+        process: PD (the pair's split reads the exact length), workers with lookahead keys,
+        the ledger over gRPC. A session's walk goes at least as deep as its last turn (the
+        ledger may not have seen it)."""
         replica = self.replica
         if (not self.config.tokenize.lazy or eligible.pairs is not None or replica is None
                 or req.prompt.media
                 or not replica.usable or any(w.kv_lookahead for w in eligible.everyone())):
-            return None
+            return None, None
         domain = req.model.domain
-        deepest = walk_depth(replica.replica, domain, self.predicted.match)
+        walked = WalkedPredictions(self.predicted)
+        deepest = walk_depth(replica.replica, domain, self.predicted.match, walked.runs)
         turn = self.agents.table.blocks(req.model.name, session) if session is not None else 0
         if turn:
             held = deepest
@@ -389,26 +392,28 @@ class Router:
                 return max(held(keys), turn)
 
         return self.tokenization.walk(
-            req, domain.root_key(req.lora_name, req.cache_salt), deepest)
+            req, domain.root_key(req.lora_name, req.cache_salt), deepest), walked
 
     async def _follow(self, req: InferenceRequest, eligible: Eligible, session: str | None,
-                      lazy: Walk | None, deadline: float) -> Walk | None:
+                      walked: tuple[Walk | None, WalkedPredictions | None], deadline: float
+                      ) -> tuple[Walk | None, WalkedPredictions | None]:
         """A walk that stopped where a recorded walk ends whose rest is still being encoded
         (a burst of one new prompt: the first request was routed on its first blocks) waits
         for that rest, at most ``tokenize.follow_ms``, and walks again: the first request's
         credit then covers its whole prompt, so this one is credited as far as the two
         prompts agree instead of with the first blocks only."""
+        lazy = walked[0]
         if lazy is None or lazy.complete or not lazy.deepest:
-            return lazy
+            return walked
         rest = self._open_walks.get(lazy.keys[lazy.deepest - 1])
         timeout = min(self.config.tokenize.follow_ms / 1000, deadline - time.monotonic())
         if rest is None or timeout <= 0:
-            return lazy
+            return walked
         await asyncio.wait([rest], timeout=timeout)  # never cancels the rest
         m = self.metrics
         m.child(m.tokenize_lazy_follow, req.model.name,
                 "followed" if rest.done() else "timeout").inc()
-        return self._walk(req, eligible, session) if rest.done() else lazy
+        return self._walk(req, eligible, session) if rest.done() else walked
 
     def _finish_later(self, req: InferenceRequest, lazy: Walk, placement: Placement) -> None:
         """Encode the rest of a walked prompt off the request path; once done, the
@@ -438,11 +443,14 @@ class Router:
         future.add_done_callback(finished)  # before any follower's wake-up: credit first
 
     async def _ledger(self, model: ModelConfig, prompt_tokens: int, query: list[int],
-                      keysets: Mapping[int, list[int]], deadline: float) -> _Ledger:
+                      keysets: Mapping[int, list[int]], deadline: float,
+                      walked: WalkedPredictions | None = None) -> _Ledger:
         """What the ledger and the predictions say of the prompt: the match of its plain
-        keys merged with that of each lookahead key set, and the predicted blocks."""
+        keys merged with that of each lookahead key set, and the predicted blocks (those of
+        the walk's keys as the walk found them, when ``walked`` and still current)."""
         answer, source = await self._match(model, query, deadline)
-        predicted = self.predicted.match(query) if answer is not None else {}
+        predicted = ({} if answer is None else walked.match(query) if walked is not None
+                     else self.predicted.match(query))
         for lookahead, lookahead_keys in keysets.items():
             lookahead_query = lookahead_keys[:lookahead_blocks(model, prompt_tokens, lookahead)]
             extra, _ = await self._match(model, lookahead_query, deadline)
