@@ -65,6 +65,13 @@ def test_config_errors_name_the_key(data: dict[str, object], fragment: str) -> N
         GatewayConfig.from_mapping(data)
 
 
+def test_load_polling_can_be_off_but_not_negative() -> None:
+    config = GatewayConfig.from_mapping({"models": [{"name": "m"}], "load": {"poll_interval_s": 0}})
+    assert config.load.poll_interval_s == 0
+    with pytest.raises(ConfigError, match=r"load\.poll_interval_s: must be >= 0"):
+        GatewayConfig.from_mapping({"models": [{"name": "m"}], "load": {"poll_interval_s": -1}})
+
+
 def test_a_load_poll_slower_than_the_staleness_bound_is_allowed_once_the_bound_moves() -> None:
     config = GatewayConfig.from_mapping({"models": [{"name": "m"}],
                                          "load": {"poll_interval_s": 2},

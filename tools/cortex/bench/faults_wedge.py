@@ -11,8 +11,8 @@ default ``upstream.wedge_after_s`` 4 s / ``wedge_probe_timeout_s`` 8 s and load 
   counters move, so nothing may be failed over (``wedged`` failures, wedges detected, and
   requests the sims saw beyond the 16 — a probe or a retry — must all be 0). The vLLM case
   then runs the same burst as a control, on fresh sims behind a gateway whose load poll is
-  off (``load.poll_interval_s`` 3600 s: no work mark, the probe alone decides — the watch as
-  it was before the progress signal).
+  off (``load.poll_interval_s`` 0: no work mark, the probe alone decides — the watch as it
+  was before the progress signal).
 - :class:`WedgedPDDecode` (vLLM): a prefill, two decodes, one regular worker; one decode's
   generation hangs while its ``/metrics`` answers (``http_down``). A PD leg cannot be probed,
   so its engine's flat counters alone must fail it within ``wedge_after_s`` + the probe
@@ -136,7 +136,7 @@ class SaturatedWorkers(_SideCluster):
     def run(self, b: Bench) -> None:
         self.burst(b, "")
         if self.control:
-            self.url = b.loop.call(self._start(LoadConfig(poll_interval_s=3600.0)),
+            self.url = b.loop.call(self._start(LoadConfig(poll_interval_s=0)),
                                    timeout_s=60)
             self.burst(b, "control, load poll off: ")
 

@@ -120,7 +120,7 @@ class GatewayConfig:
         if self.server.read_timeout_s <= self.upstream.request_timeout_s:
             raise ConfigError("server.read_timeout_s: must exceed upstream.request_timeout_s "
                               f"({self.upstream.request_timeout_s:g}), or streams get cut")
-        if self.load.poll_interval_s >= self.routing.load_stale_after_s:
+        if 0 < self.load.poll_interval_s >= self.routing.load_stale_after_s:
             raise ConfigError("load.poll_interval_s: must be under routing.load_stale_after_s "
                               f"({self.routing.load_stale_after_s:g}), or every engine's load "
                               "counts as missing before the next poll")

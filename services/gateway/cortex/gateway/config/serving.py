@@ -511,13 +511,16 @@ class BreakerConfig:
 
 @dataclass(frozen=True, slots=True)
 class LoadConfig:
-    """Engine load polling (SGLang ``/v1/loads`` | ``/get_load``, vLLM ``/metrics``)."""
+    """Engine load polling (SGLang ``/v1/loads`` | ``/get_load``, vLLM ``/metrics``);
+    ``poll_interval_s`` 0: off (the engines' queues, KV capacity and work marks are then
+    unknown: routing counts this gateway's own requests, the wedge watch probes)."""
 
     poll_interval_s: float = 0.5
     timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
-        positive("load", poll_interval_s=self.poll_interval_s, timeout_s=self.timeout_s)
+        non_negative("load", poll_interval_s=self.poll_interval_s)
+        positive("load", timeout_s=self.timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
