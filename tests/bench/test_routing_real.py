@@ -378,7 +378,7 @@ def test_the_model_is_picked_from_the_installs_models() -> None:
         _parse("--real-model", "model-qwen-vl")
 
 
-def _config(tmp_path: Path, name: str, **body: int) -> None:
+def _config(tmp_path: Path, name: str, **body: int | dict[str, int]) -> None:
     (tmp_path / name).mkdir()
     (tmp_path / name / "config.json").write_text(json.dumps(body))
 
