@@ -391,8 +391,9 @@ class Router:
             def deepest(keys: list[int]) -> int:
                 return max(held(keys), turn)
 
-        return self.tokenization.walk(
-            req, domain.root_key(req.lora_name, req.cache_salt), deepest), walked
+        lazy = self.tokenization.walk(req, domain.root_key(req.lora_name, req.cache_salt),
+                                      deepest)
+        return lazy, walked if lazy is not None else None
 
     async def _follow(self, req: InferenceRequest, eligible: Eligible, session: str | None,
                       walked: tuple[Walk | None, WalkedPredictions | None], deadline: float

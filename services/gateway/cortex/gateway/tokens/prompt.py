@@ -848,25 +848,25 @@ def walk(tokenizer: PromptTokenizer, plan: EncodePlan, root: int, block_size: in
         # overshoots the stop by at most an eighth plus a few blocks)
         if (i + 1 < len(parts) and isinstance(parts[i + 1], str)
                 and full - len(w.keys) >= max(MIN_NEW_BLOCKS, len(w.keys) // 8)):
-            _chain(w, full, block_size, root)
+            _chain(w, full)
             w.deepest = deepest(w.keys)
             if w.deepest < len(w.keys) and _more(parts, i + 1):
                 return w  # block ``deepest`` is held by no one: the match stops there
     full = len(w.ids) // block_size
     if full > len(w.keys):
-        _chain(w, full, block_size, root)
+        _chain(w, full)
     w.complete = True
     return w
 
 
-def _chain(w: Walk, full: int, block_size: int, root: int) -> None:
+def _chain(w: Walk, full: int) -> None:
     """Key ``w``'s blocks up to ``full``: a remembered head's keys come from the head."""
-    head = w._plan.used
+    head, size = w._plan.used, w._block_size
     if not w.keys and head is not None:  # the head is part 0: its ids were taken first
-        w.keys = list(head.chain(root, block_size))
+        w.keys = list(head.chain(w._root, size))
     if full > len(w.keys):
-        w.keys += block_keys(w.ids[len(w.keys) * block_size:full * block_size], block_size,
-                             w.keys[-1] if w.keys else root)
+        w.keys += block_keys(w.ids[len(w.keys) * size:full * size], size,
+                             w.keys[-1] if w.keys else w._root)
 
 
 # ---- the heads of recent prompts ------------------------------------------------------
