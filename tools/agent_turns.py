@@ -15,7 +15,9 @@ the chosen worker's ledger stores the prompt's blocks (as its engine's KV events
 the answer is encoded into the tokenizer's cache (as the gateway feeds answers). Per turn
 from the fifth on: the wall time and the thread's CPU time of parsing the request body
 (``parse_request``) and of ``Router.route`` (recorded, as a served request). Medians per
-round and tree; compare within rounds. Not a test: a measuring tool for docs/bench.
+round and tree; compare within rounds. Not a test: a measuring tool for docs/bench. It builds
+its router as ``cortex bench tokenize`` does rather than calling a shared helper: the older
+tree it runs against has only what both trees have.
 """
 
 from __future__ import annotations
