@@ -12,7 +12,9 @@ DeepSeek-V4 tokenizer with ``fastokens``), ``--sessions`` agent conversations in
 turn by turn, each a ``--system`` -token system prompt and task, then ``--turns`` turns that
 append the previous answer (~300 tokens) and a tool result (~200 tokens). After each turn
 the chosen worker's ledger stores the prompt's blocks (as its engine's KV events would) and
-the answer is encoded into the tokenizer's cache (as the gateway feeds answers). Per turn
+the answer is encoded into the tokenizer's cache (as the gateway feeds answers); with
+``--whole``, every prompt is encoded whole (``tokenize.lazy: false``: the path of PD pools,
+lookahead workers and a ledger over gRPC). Per turn
 from the fifth on: the wall time and the thread's CPU time of parsing the request body
 (``parse_request``) and of ``Router.route`` (recorded, as a served request). Medians per
 round and tree; compare within rounds. Not a test: a measuring tool for docs/bench. It builds
@@ -36,7 +38,8 @@ TOOL_TOKENS = 200
 WARM_TURNS = 4
 
 
-async def _turns(system: int, sessions: int, turns: int) -> dict[str, list[float]]:
+async def _turns(system: int, sessions: int, turns: int, lazy: bool = True
+                 ) -> dict[str, list[float]]:
     """This tree's samples: ``{"parse_ms", "parse_cpu_ms", "route_ms", "route_cpu_ms"}``."""
     from cortex.bench.tokenize import Prose
     from cortex.chat import EncoderChoice, RenderArgs
@@ -61,7 +64,8 @@ async def _turns(system: int, sessions: int, turns: int) -> dict[str, list[float
 
     block = 16
     model = ModelConfig(name="m", block_size=block, engine=Engine.SGLANG)
-    config = GatewayConfig(models=(model,), tokenize=TokenizeConfig(encoder="fastokens"))
+    config = GatewayConfig(models=(model,), tokenize=TokenizeConfig(encoder="fastokens",
+                                                                     lazy=lazy))
     workers = [f"w{i}" for i in range(8)]
     pool = WorkerPool(config.breaker)
     pool.sync({w: WorkerSpec(id=w, url=f"http://127.0.0.1:{9000 + i}", engine=Engine.SGLANG,
@@ -118,14 +122,14 @@ async def _turns(system: int, sessions: int, turns: int) -> dict[str, list[float
 
 
 def _child(args: argparse.Namespace) -> None:
-    samples = asyncio.run(_turns(args.system, args.sessions, args.turns))
+    samples = asyncio.run(_turns(args.system, args.sessions, args.turns, not args.whole))
     print(json.dumps(samples))
 
 
 def _run(python: str, args: argparse.Namespace) -> dict[str, list[float]]:
     done = subprocess.run(
         [python, __file__, "--child", "--system", str(args.system), "--sessions",
-         str(args.sessions), "--turns", str(args.turns)],
+         str(args.sessions), "--turns", str(args.turns), *(["--whole"] if args.whole else [])],
         check=True, capture_output=True, text=True)
     result: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -145,7 +149,8 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict[str, list[floa
              f"`{sys.executable}` at {_rev(Path(sys.executable))}.", "",
              f"{args.sessions} conversations interleaved, a {args.system:,}-token system prompt, "
              f"{args.turns} turns (+{ANSWER_TOKENS} answer and +{TOOL_TOKENS} tool tokens "
-             f"each); medians of turns {WARM_TURNS + 1}..{args.turns}, ms per turn.", "",
+             f"each){'; every prompt encoded whole (`tokenize.lazy: false`)' if args.whole else ''}"
+             f"; medians of turns {WARM_TURNS + 1}..{args.turns}, ms per turn.", "",
              "| round | tree | parse wall | parse CPU | route wall | route CPU |",
              "|---|---|---:|---:|---:|---:|"]
     for i, trees in enumerate(rounds, 1):
@@ -169,6 +174,8 @@ def main() -> None:
                         help="system prompt tokens (default 16000)")
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--whole", action="store_true",
+                        help="tokenize.lazy false: every prompt encoded whole (as for PD)")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -101,7 +101,9 @@ def test_texts_extending_remembered_heads_get_the_whole_texts_ids(
         special = rng.random() < 0.3
         expected = reference.encode(text, special)
         assert _ids(tok, text, special) == expected, text
-        assert tok.plan(text, special).finish() == expected, text
+        plan = tok.plan(text, special)
+        plan.remember = rng.random() < 0.5  # a routed prompt's full encode keeps its head
+        assert plan.finish() == expected, text
     assert tok.heads.hits > 100  # the memo was exercised
 
 
@@ -109,8 +111,9 @@ def _nobody(keys: list[int]) -> int:
     return 0
 
 
-@pytest.mark.parametrize("deepest", [len, _nobody], ids=["walked-whole", "stopped-early"])
-def test_agent_turns_reuse_the_previous_turns_head(deepest: Callable[[list[int]], int]
+@pytest.mark.parametrize("deepest", [len, _nobody, None],
+                         ids=["walked-whole", "stopped-early", "encoded-whole"])
+def test_agent_turns_reuse_the_previous_turns_head(deepest: Callable[[list[int]], int] | None
                                                    ) -> None:
     tok = PromptTokenizer(ChatTokenizer.load())
     assert tok.heads is not None
@@ -125,12 +128,17 @@ def test_agent_turns_reuse_the_previous_turns_head(deepest: Callable[[list[int]]
             # its keys came with it from the last turn's walk: this turn hashes none of them
             head = plan.used
             full = len(head.ids) // BLOCK * BLOCK
-            assert head._chains == {(7, BLOCK): block_keys(head.ids[:full].tolist(), BLOCK, 7)}
-        w = walk(tok, plan, 7, BLOCK, deepest, BytesPerToken())
-        assert w.complete is (deepest is len)  # the other stops at its first question
-        ids = w.finish(tok, keyed=True).tolist()
+            keyed = {(7, BLOCK): block_keys(head.ids[:full].tolist(), BLOCK, 7)}
+            assert head._chains == (keyed if deepest is not None else {})
+        if deepest is None:  # encoded whole (PD, the ledger over gRPC): no walk, no keys
+            plan.remember = True
+            ids = plan.finish()
+        else:
+            w = walk(tok, plan, 7, BLOCK, deepest, BytesPerToken())
+            assert w.complete is (deepest is len)  # the other stops at its first question
+            ids = w.finish(tok, keyed=True).tolist()
+            assert w.keys == block_keys(ids, BLOCK, 7)
         assert ids == tok.chat.encode_prompt(prompt)
-        assert w.keys == block_keys(ids, BLOCK, 7)
         messages += [{"role": "assistant", "content": f"ran tool {turn}"},
                      {"role": "user", "content": f"tool output {turn} " * 5}]
 

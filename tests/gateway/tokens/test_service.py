@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cortex.chat import RenderArgs
 from cortex.chat.encoder import Encoder
 from cortex.gateway.config.gateway import GatewayConfig, ModelConfig, TokenizeConfig
 from cortex.gateway.errors import ClientError, ConfigError, ErrorCode
@@ -20,8 +21,9 @@ from cortex.gateway.tokens.service import (
     INLINE_REST_BYTES_FASTOKENS,
     INLINE_REST_BYTES_HF,
     Tokenization,
+    next_turn,
 )
-from cortex.hashing import block_keys
+from cortex.hashing import Engine, block_keys
 
 CONFIG = GatewayConfig(models=(ModelConfig(name="m", block_size=16),))
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -192,3 +194,28 @@ async def test_start_up_warms_every_thread_a_request_encodes_on() -> None:
         assert len(threads.seen) >= 3 and threads.seen <= warmed
     finally:
         tokenization.close()
+
+
+async def test_a_routed_prompts_full_encode_keeps_its_head_an_answer_fed_does_not(
+        service: tuple[Tokenization, GatewayMetrics]) -> None:
+    """Encoded whole (PD, the ledger over gRPC), a routed turn's head is remembered: the next
+    turn plans only its new text. An answer fed to the cache leaves the heads alone (its
+    longer head would displace a walked one's, which carries its keys)."""
+    tokenization, _ = service
+    tok = tokenization.tokenizers["m"]
+    assert tok.heads is not None
+    model = CONFIG.models[0]
+    messages = [{"role": "user", "content": prose(4, 400)}]
+    args = RenderArgs.of(Engine.SGLANG, messages)
+    # the next turn's prompt encoded as the answer feed does: nothing remembered
+    tok.encode_prompt(tok.prompt(next_turn(args, {"role": "assistant", "content": "ok"})))
+    assert len(tok.heads) == 0
+    first = await tokenization.chat_tokens(model, args)
+    assert len(tok.heads) == 1
+    messages += [{"role": "assistant", "content": prose(5, 50)},
+                 {"role": "user", "content": prose(6, 50)}]
+    args = RenderArgs.of(Engine.SGLANG, messages)
+    plan = tok.plan_prompt(tok.prompt(args))
+    assert plan.used is not None and len(plan.used.ids) <= len(first)
+    assert await tokenization.chat_tokens(model, args) == tok.fork().encode_prompt(
+        tok.prompt(args))

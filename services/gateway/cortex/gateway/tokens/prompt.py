@@ -593,10 +593,12 @@ class PromptTokenizer:
 
 class EncodePlan:
     """A prompt's parts: token ids, cached pieces' ids, and texts still to encode
-    (``missing``, in order: the ``str`` parts)."""
+    (``missing``, in order: the ``str`` parts). ``remember``: :meth:`finish` keeps the
+    prompt's head (a routed prompt's; not an answer fed to the cache, whose head would
+    displace the routed one's, which carries its keys)."""
 
     __slots__ = ("_tokenizer", "head", "hits", "keys", "missing", "missing_chars", "parts",
-                 "used")
+                 "remember", "used")
 
     def __init__(self, tokenizer: PromptTokenizer, parts: list[int | Sequence[int] | str],
                  missing: list[tuple[str, bool]], keys: list[SegmentKey | None],
@@ -611,6 +613,7 @@ class EncodePlan:
         # last part (a cut token's id); None: none
         self.head: tuple[str, bool, int] | None = None
         self.used: Head | None = None  # the remembered head ``parts[0]`` holds the ids of
+        self.remember = False
 
     def extend(self, other: EncodePlan) -> EncodePlan:
         """This plan followed by ``other`` (of the same tokenizer)."""
@@ -631,7 +634,9 @@ class EncodePlan:
         out: list[int] = []
         fresh = iter(encoded)
         hit_tokens = 0
-        for part in self.parts:
+        head = self.head if self.remember and tok.heads is not None else None
+        last, head_ids = (head[2] if head is not None else -1), 0
+        for i, part in enumerate(self.parts):
             if isinstance(part, int):
                 out.append(part)
             elif isinstance(part, str):
@@ -640,6 +645,8 @@ class EncodePlan:
                 if isinstance(part, array):
                     hit_tokens += len(part)
                 out.extend(part)
+            if i == last:
+                head_ids = len(out)
         stored = [(key, list(ids)) for key, ids in zip(self.keys, encoded, strict=True)
                   if key is not None]
         if stored:
@@ -648,6 +655,9 @@ class EncodePlan:
             tok.observer(self.hits, len(self.missing))
         if tok.token_observer is not None:
             tok.token_observer(hit_tokens, sum(len(ids) for ids in encoded))
+        if head is not None and tok.heads is not None:
+            tok.heads.remember(head[0], head[1], out[:head_ids])
+            self.head = None
         return out
 
     def __repr__(self) -> str:

@@ -175,6 +175,7 @@ class Tokenization:
                 return await self.heavy.tokens(model.name, args)
             tokenizer = self.tokenizers[model.name]
             plan = tokenizer.plan_prompt(tokenizer.prompt(args))
+            plan.remember = True  # the next turn starts with its head
         except ChatError as exc:
             raise ClientError(f"messages cannot be rendered: {exc}",
                               code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
@@ -183,7 +184,9 @@ class Tokenization:
     async def text_tokens(self, model: ModelConfig, text: str, add_special_tokens: bool
                           ) -> list[int]:
         tokenizer = self.tokenizers[model.name]
-        return await self.finish(model, tokenizer, tokenizer.plan(text, add_special_tokens))
+        plan = tokenizer.plan(text, add_special_tokens)
+        plan.remember = True  # a completion prompt extended next time starts with its head
+        return await self.finish(model, tokenizer, plan)
 
     async def finish(self, model: ModelConfig, tokenizer: PromptTokenizer, plan: EncodePlan
                      ) -> list[int]:
