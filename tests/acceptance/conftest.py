@@ -9,7 +9,6 @@ so a test costs seconds. Requests go over real HTTP; decisions are read from the
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +43,6 @@ def chat(system: str, question: str, model: str = "cortex-sim") -> dict[str, Any
     return {"model": model, "max_tokens": 4,
             "messages": [{"role": "system", "content": system},
                          {"role": "user", "content": question}]}
-
-
-def metric_sum(metrics: str, name: str, labels: str = "") -> float:
-    """Sum of the samples of ``name`` whose label set (none: empty) contains ``labels``."""
-    pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
-    return sum(float(value) for found, value in re.findall(pattern, metrics, re.MULTILINE)
-               if labels in found)
 
 
 @dataclass

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 
 from cortex.devcluster.cluster import LocalCluster
-from cortex.testing import wait_until_async
+from cortex.testing import metric_sum, wait_until_async
 
-from .conftest import LEASE_TTL_S, Client, acceptance_spec, chat, long_prompt, metric_sum
+from .conftest import LEASE_TTL_S, Client, acceptance_spec, chat, long_prompt
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import pytest
 
 from cortex.devcluster.cluster import LocalCluster
 from cortex.hashing import Engine
-from cortex.testing import wait_until_async
+from cortex.testing import metric_sum, wait_until_async
 
-from .conftest import Client, Reply, acceptance_spec, chat, long_prompt, metric_sum
+from .conftest import Client, Reply, acceptance_spec, chat, long_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

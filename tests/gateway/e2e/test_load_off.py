@@ -6,15 +6,9 @@ from __future__ import annotations
 import aiohttp
 
 from cortex.gateway.config.gateway import LoadConfig
-from cortex.testing import wait_until_async
+from cortex.testing import metric_sum, wait_until_async
 
 from ..conftest import MODEL, StartGateway, StartSim, spec_of
-
-
-def _sample(metrics: str, name: str) -> float:
-    """The sum of a metric's samples in a Prometheus text page (0 when absent)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 async def test_a_gateway_with_load_polling_off_never_asks_an_engine_for_its_load(
@@ -28,14 +22,14 @@ async def test_a_gateway_with_load_polling_off_never_asks_an_engine_for_its_load
             return await resp.text()
 
     # the default polls each worker before it is ready; both keep probing health
-    assert _sample(await metrics(polled.url), "cortex_gateway_load_polls_total") >= 1
+    assert metric_sum(await metrics(polled.url), "cortex_gateway_load_polls_total") >= 1
 
     async def probed_twice() -> bool:
-        return _sample(await metrics(quiet.url), "cortex_gateway_health_probes_total") >= 3
+        return metric_sum(await metrics(quiet.url), "cortex_gateway_health_probes_total") >= 3
 
     await wait_until_async(probed_twice, what="three health probes of the quiet gateway")
     body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     async with http.post(quiet.url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200, await resp.text()
         assert resp.headers["x-cortex-assigned-worker"] == "w-quiet"
-    assert _sample(await metrics(quiet.url), "cortex_gateway_load_polls_total") == 0
+    assert metric_sum(await metrics(quiet.url), "cortex_gateway_load_polls_total") == 0
