@@ -242,16 +242,11 @@ class Runtime:
                                         self.metrics, self.upstream.auth)
         added = self.sync_pool()
         await self.health.probe_all(w for w in self.pool if w.id in added)
-        polled = config.load.poll_interval_s > 0
-        if polled:
-            await asyncio.gather(*(loads.poll(w) for w in self.pool if w.routable()))
-        else:
-            log.warning("engine load polling is off (load.poll_interval_s 0): routing counts "
-                        "only this gateway's requests, the wedge watch only probes")
+        await loads.poll_all(w for w in self.pool if w.routable())
         self._tasks += [
             asyncio.create_task(self._pool_loop(), name="gateway-pool"),
             asyncio.create_task(self.health.run(), name="gateway-health"),
-            *([asyncio.create_task(loads.run(), name="gateway-load")] if polled else []),
+            asyncio.create_task(loads.run(), name="gateway-load"),
             asyncio.create_task(self.dispatcher.watch.run(self.pool, self.upstream,
                                                           self.metrics),
                                 name="gateway-progress"),
@@ -359,9 +354,7 @@ class Runtime:
             urgent = [w for w in self.pool if w.id in added or not w.registered]
             if urgent:
                 await self.health.probe_all(urgent)
-                if self.config.load.poll_interval_s > 0:
-                    await asyncio.gather(*(self.loads.poll(w) for w in urgent
-                                           if w.id in added and w.routable()))
+                await self.loads.poll_all(w for w in urgent if w.id in added and w.routable())
 
     async def _status_loop(self) -> None:
         while True:

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from cortex.gateway.config.gateway import LoadConfig
 from cortex.gateway.fleet.pool import Health, WorkerPool, WorkerState
@@ -68,7 +68,8 @@ def _ok(status: int, body: bytes) -> bytes:
 
 class LoadPoller:
     """Polls every healthy worker's engine load each ``poll_interval_s``; a failed poll
-    leaves the last value to go stale (routing then treats the worker's load as missing)."""
+    leaves the last value to go stale (routing then treats the worker's load as missing).
+    ``poll_interval_s`` 0: off, nothing is ever polled."""
 
     def __init__(
         self,
@@ -87,12 +88,23 @@ class LoadPoller:
         self._whole_metrics: set[str] = set()  # vLLM workers not filtering /metrics by name
         self._capacity_asked: set[str] = set()  # SGLang workers asked for their capacity
 
+    @property
+    def off(self) -> bool:
+        return self.config.poll_interval_s == 0
+
     async def run(self) -> None:
+        if self.off:
+            log.warning("engine load polling is off (load.poll_interval_s 0): routing counts "
+                        "only this gateway's requests, the wedge watch only probes")
+            return
         while True:
-            workers = [w for w in self.pool if w.health is Health.HEALTHY]
-            if workers:
-                await asyncio.gather(*(self.poll(w) for w in workers))
+            await self.poll_all(w for w in self.pool if w.health is Health.HEALTHY)
             await asyncio.sleep(self.config.poll_interval_s)
+
+    async def poll_all(self, workers: Iterable[WorkerState]) -> None:
+        """Poll ``workers`` at once (none while polling is off)."""
+        if not self.off:
+            await asyncio.gather(*(self.poll(w) for w in workers))
 
     async def poll(self, worker: WorkerState) -> None:
         sent = time.monotonic()
