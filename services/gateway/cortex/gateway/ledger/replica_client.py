@@ -76,6 +76,12 @@ class LeadingRuns(Generic[H]):
                 runs[holder] = asked + run
         self.asked = asked + count
 
+    def ask(self, keys: list[int], runs_of: Callable[[list[int]], Mapping[H, int]]) -> None:
+        """Extend to ``keys`` (the chain so far): ``runs_of`` is asked about the keys past
+        those asked before, unless no holder can grow."""
+        new = keys[self.asked:]
+        self.extend(runs_of(new) if new and self.growing() else {}, len(new))
+
     @property
     def deepest(self) -> int:
         return max(self.runs.values(), default=0)
@@ -94,17 +100,18 @@ def walk_depth(ledger: LedgerReplica, domain: HashDomain,
     ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
     workers: LeadingRuns[str] = predictions if predictions is not None else LeadingRuns()
 
-    def deepest(keys: list[int]) -> int:
-        new = keys[ranks.asked:]
+    def held(new: list[int]) -> dict[tuple[str, int], int]:
         # a rank's host and disk tiers add blocks after its device prefix: their sum bounds
         # its leading run from above (over-estimating only walks further)
-        held: dict[tuple[str, int], int] = {}
-        if new and ranks.growing():
-            for match in ledger.match(domain, new).sources:
-                rank = (match.worker_id, match.dp_rank)
-                held[rank] = held.get(rank, 0) + match.blocks
-        ranks.extend(held, len(new))
-        workers.extend(predicted(new) if workers.growing() else {}, len(new))
+        out: dict[tuple[str, int], int] = {}
+        for match in ledger.match(domain, new).sources:
+            rank = (match.worker_id, match.dp_rank)
+            out[rank] = out.get(rank, 0) + match.blocks
+        return out
+
+    def deepest(keys: list[int]) -> int:
+        ranks.ask(keys, held)
+        workers.ask(keys, predicted)
         return max(ranks.deepest, workers.deepest)
 
     return deepest

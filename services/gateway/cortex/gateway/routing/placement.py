@@ -296,9 +296,8 @@ class WalkedPredictions:
         """``PredictedBlocks.match(keys)``, for ``keys`` of the walk's chain (the walked
         keys, or more or fewer of them)."""
         predicted, runs = self._predicted, self.runs
-        if predicted.expire() == self._version and len(keys) > runs.asked:
-            new = keys[runs.asked:]
-            runs.extend(predicted.match(new) if runs.growing() else {}, len(new))
+        if predicted.expire() == self._version:
+            runs.ask(keys, predicted.match)
         if predicted.version != self._version:
             return predicted.match(keys)
         count = len(keys)
