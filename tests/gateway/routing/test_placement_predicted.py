@@ -134,18 +134,62 @@ def test_predicted_match_is_each_workers_leading_run_of_held_blocks() -> None:
         else:
             clock.now += rng.random() * 0.3
         query = list(range(rng.choice([0, 0, 1]), 36))
-        got = pred.match(query)
-        holders = pred._holders
-        expected = {}
-        for worker in workers:
-            run = 0
-            for key in query:
-                if worker not in holders.get(key, {}):
-                    break
-                run += 1
-            if run:
-                expected[worker] = run
-        assert got == expected
+        assert pred.match(query) == leading_runs(pred, workers, query)
+
+
+def leading_runs(pred: PredictedBlocks, workers: list[str], keys: list[int]
+                 ) -> dict[str, int]:
+    """Per worker, the count of leading ``keys`` whose holders name it, key by key."""
+    out = {}
+    for worker in workers:
+        run = 0
+        for key in keys:
+            if worker not in pred._holders.get(key, {}):
+                break
+            run += 1
+        if run:
+            out[worker] = run
+    return out
+
+
+def test_predicted_match_over_chains_skips_what_a_credit_holds_and_no_more() -> None:
+    """Differential over real key chains (a block's key hashes its parent's, so two prompts
+    that share a key share every key before it): prompts from a small tree of
+    conversations, credited, withdrawn, evicted and expired at random; ``match`` from any
+    start equals each worker's leading run counted key by key, including where an eviction
+    took keys out of the middle of a credit that later credits cover again."""
+    rng = random.Random(23)
+    clock = Clock()
+    pred = PredictedBlocks(ttl_s=5.0, max_keys=3000, clock=clock)
+    workers = ["a", "b", "c", "d"]
+    tree: dict[tuple[int, int], int] = {}  # (parent key, branch) → key
+
+    def prompt() -> list[int]:
+        keys, parent = [], 0
+        for _ in range(rng.randint(1, 120)):
+            parent = tree.setdefault((parent, rng.choice([0, 0, 0, 0, 1, 2])),
+                                     rng.getrandbits(63))
+            keys.append(parent)
+        return keys
+
+    live = []
+    for _ in range(2500):
+        op = rng.random()
+        if op < 0.5:
+            credit = pred.credit(rng.choice(workers), prompt())
+            if credit is not None:
+                live.append(credit)
+        elif op < 0.6 and live:
+            pred.withdraw(live.pop(rng.randrange(len(live))))
+        elif op < 0.7 and tree:
+            pred.forget_keys(rng.choice(workers), rng.sample(sorted(tree.values()), 3))
+        elif op < 0.72:
+            pred.forget_worker(rng.choice(workers))
+        else:
+            clock.now += rng.random() * 0.5
+        query = prompt()
+        start = rng.choice([0, 0, rng.randrange(len(query))])
+        assert pred.match(query, start) == leading_runs(pred, workers, query[start:])
 
 
 def test_a_walks_predictions_answer_as_a_fresh_match_would() -> None:
@@ -160,10 +204,10 @@ def test_a_walks_predictions_answer_as_a_fresh_match_would() -> None:
     fresh = pred.match
     matched = 0
 
-    def counted(keys: list[int]) -> dict[str, int]:
+    def counted(keys: list[int], start: int = 0) -> dict[str, int]:
         nonlocal matched
-        matched += len(keys)
-        return fresh(keys)
+        matched += len(keys) - start
+        return fresh(keys, start)
 
     pred.match = counted  # type: ignore[method-assign]
     workers = ["a", "b", "c", "d"]

@@ -76,11 +76,15 @@ class LeadingRuns(Generic[H]):
                 runs[holder] = asked + run
         self.asked = asked + count
 
-    def ask(self, keys: list[int], runs_of: Callable[[list[int]], Mapping[H, int]]) -> None:
-        """Extend to ``keys`` (the chain so far): ``runs_of`` is asked about the keys past
-        those asked before, unless no holder can grow."""
-        new = keys[self.asked:]
-        self.extend(runs_of(new) if new and self.growing() else {}, len(new))
+    def ask(self, keys: list[int], runs_of: Callable[[list[int], int], Mapping[H, int]]
+            ) -> None:
+        """Extend to ``keys`` (the chain so far): ``runs_of(keys, start)`` is asked about
+        the keys past those asked before (each holder's leading run of ``keys[start:]``),
+        unless no holder can grow."""
+        asked = self.asked
+        new = len(keys) - asked
+        if new > 0:
+            self.extend(runs_of(keys, asked) if self.growing() else {}, new)
 
     @property
     def deepest(self) -> int:
@@ -91,20 +95,21 @@ class LeadingRuns(Generic[H]):
 
 
 def walk_depth(ledger: LedgerReplica, domain: HashDomain,
-               predicted: Callable[[list[int]], Mapping[str, int]],
+               predicted: Callable[[list[int], int], Mapping[str, int]],
                predictions: LeadingRuns[str] | None = None) -> Callable[[list[int]], int]:
     """The lazy walk's question (``tokens/prompt.py`` ``walk``): of a key chain that only
     grows, the leading blocks the best-placed holder has, a DP rank in ``ledger`` or a worker
-    in ``predicted``. Each key is matched once: per rank, and per worker predicted (their
+    in ``predicted`` (``(keys, start)`` → each worker's leading run of ``keys[start:]``,
+    as ``PredictedBlocks.match``). Each key is matched once: per rank, and per worker predicted (their
     runs kept in ``predictions``, when given)."""
     ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
     workers: LeadingRuns[str] = predictions if predictions is not None else LeadingRuns()
 
-    def held(new: list[int]) -> dict[tuple[str, int], int]:
+    def held(keys: list[int], start: int) -> dict[tuple[str, int], int]:
         # a rank's host and disk tiers add blocks after its device prefix: their sum bounds
         # its leading run from above (over-estimating only walks further)
         out: dict[tuple[str, int], int] = {}
-        for match in ledger.match(domain, new).sources:
+        for match in ledger.match(domain, keys[start:]).sources:
             rank = (match.worker_id, match.dp_rank)
             out[rank] = out.get(rank, 0) + match.blocks
         return out

@@ -176,34 +176,36 @@ class PredictedBlocks:
                     orphaned.discard(key)
                     holders.setdefault(key, {})[worker_id] = older
 
-    def match(self, keys: list[int]) -> dict[str, int]:
-        """Per worker, how many leading blocks of ``keys`` are predicted (absent = 0)."""
-        if not self._holders:
+    def match(self, keys: list[int], start: int = 0) -> dict[str, int]:
+        """Per worker, how many leading blocks of ``keys[start:]`` are predicted (absent =
+        0); ``keys`` is a chain from its root block."""
+        if not self._holders or start >= len(keys):
             return {}
         self._expire(self._clock())
-        out: dict[str, int] = {}
         holders = self._holders
-        # the workers whose run is unbroken so far (a run counts from the first block only);
-        # one that is not among a block's holders ends its run there, as set operations
-        # over the holders' keys (a block is shared by every worker of a popular prefix)
-        alive: set[str] = set()
-        depth = 0
-        for key in keys:
-            entry = holders.get(key)
-            if entry is None:
-                break
-            if not depth:
-                alive = set(entry)
-            elif not entry.keys() >= alive:
-                ended = alive - entry.keys()
-                for worker_id in ended:
-                    out[worker_id] = depth
-                alive -= ended
-                if not alive:
-                    return out
-            depth += 1
-        for worker_id in alive:
-            out[worker_id] = depth
+        entry = holders.get(keys[start])
+        if entry is None:
+            return {}
+        evictions, count = self._evictions, len(keys)
+        out: dict[str, int] = {}
+        for worker_id, credit in entry.items():
+            # the worker holds keys[at] by ``credit``; a credit made since its worker's
+            # last eviction still holds every one of its keys, so the run goes on at least
+            # as far as that credit's chain agrees with the query's (found by bisection:
+            # keys chain, so two chains that agree at a position agree before it)
+            at = start
+            while True:
+                if credit.evictions == evictions[worker_id]:
+                    at = _agreed(credit.keys, keys, at)
+                else:
+                    at += 1
+                if at == count:
+                    break
+                entry = holders.get(keys[at])
+                credit = entry.get(worker_id) if entry is not None else None
+                if credit is None:
+                    break
+            out[worker_id] = at - start
         return out
 
     def forget_worker(self, worker_id: str) -> None:
@@ -276,6 +278,26 @@ class PredictedBlocks:
             f"PredictedBlocks(keys={len(self._holders)}, credits={self._credits},"
             f" ttl_s={self.ttl_s})"
         )
+
+
+def _agreed(chain: list[int], keys: list[int], at: int) -> int:
+    """How many leading keys ``chain`` and ``keys`` share, knowing they share ``keys[at]``
+    at position ``at`` when ``chain`` has it there (else ``at + 1``: a key the worker holds
+    by another position of ``chain``, a run found one key at a time)."""
+    high = min(len(chain), len(keys))
+    if at >= high or chain[at] != keys[at]:
+        return at + 1
+    if chain[high - 1] == keys[high - 1]:
+        return high
+    low = at + 1  # chain[low - 1] agrees, chain[high - 1] does not
+    high -= 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if chain[mid - 1] == keys[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 class WalkedPredictions:
