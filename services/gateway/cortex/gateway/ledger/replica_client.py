@@ -100,8 +100,8 @@ def walk_depth(ledger: LedgerReplica, domain: HashDomain,
     """The lazy walk's question (``tokens/prompt.py`` ``walk``): of a key chain that only
     grows, the leading blocks the best-placed holder has, a DP rank in ``ledger`` or a worker
     in ``predicted`` (``(keys, start)`` → each worker's leading run of ``keys[start:]``,
-    as ``PredictedBlocks.match``). Each key is matched once: per rank, and per worker predicted (their
-    runs kept in ``predictions``, when given)."""
+    as ``PredictedBlocks.match``). Each key is matched once: per rank, and per worker
+    predicted (their runs kept in ``predictions``, when given)."""
     ranks: LeadingRuns[tuple[str, int]] = LeadingRuns()
     workers: LeadingRuns[str] = predictions if predictions is not None else LeadingRuns()
 
