@@ -202,9 +202,10 @@ class PredictedBlocks:
                 if at == count:
                     break
                 entry = holders.get(keys[at])
-                credit = entry.get(worker_id) if entry is not None else None
-                if credit is None:
+                later = entry.get(worker_id) if entry is not None else None
+                if later is None:
                     break
+                credit = later
             out[worker_id] = at - start
         return out
 
