@@ -14,6 +14,7 @@ from tokenizers import AddedToken, Tokenizer
 from cortex.chat import ChatTokenizer, EncoderChoice, RenderArgs
 from cortex.gateway.tokens.prompt import (
     BytesPerToken,
+    Encoded,
     PrefixMemo,
     PromptTokenizer,
     cut_tokens,
@@ -103,7 +104,7 @@ def test_texts_extending_remembered_heads_get_the_whole_texts_ids(
         assert _ids(tok, text, special) == expected, text
         plan = tok.plan(text, special)
         plan.remember = rng.random() < 0.5  # a routed prompt's full encode keeps its head
-        assert plan.finish() == expected, text
+        assert plan.finish().tolist() == expected, text
     assert tok.heads.hits > 100  # the memo was exercised
 
 
@@ -125,14 +126,16 @@ def test_agent_turns_reuse_the_previous_turns_head(deepest: Callable[[list[int]]
         if turn:  # the history up to the last turn's end is one part
             assert isinstance(plan.parts[0], array) and plan.used is not None
             assert len(plan.parts) < 12
-            # its keys came with it from the last turn's walk: this turn hashes none of them
+            # its keys came with it from the last turn's walk or keying: this turn hashes
+            # none of them
             head = plan.used
             full = len(head.ids) // BLOCK * BLOCK
-            keyed = {(7, BLOCK): block_keys(head.ids[:full].tolist(), BLOCK, 7)}
-            assert head._chains == (keyed if deepest is not None else {})
-        if deepest is None:  # encoded whole (PD, the ledger over gRPC): no walk, no keys
+            assert head._chains == {(7, BLOCK): block_keys(head.ids[:full].tolist(), BLOCK, 7)}
+        if deepest is None:  # encoded whole (PD, the ledger over gRPC): keyed on from the head
             plan.remember = True
-            ids = plan.finish()
+            encoded = Encoded(plan.finish(), plan.used, plan.remembered)
+            ids = list(encoded.ids)
+            assert encoded.chain(7, BLOCK) == block_keys(ids, BLOCK, 7)
         else:
             w = walk(tok, plan, 7, BLOCK, deepest, BytesPerToken())
             assert w.complete is (deepest is len)  # the other stops at its first question

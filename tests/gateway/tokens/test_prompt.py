@@ -127,15 +127,15 @@ def test_a_plan_counts_only_what_the_segment_cache_lacks() -> None:
     first = render(tok, [system, {"role": "user", "content": "question one"}])
     cold = tok.plan(first, False)
     assert cold.missing_chars >= len(system["content"])
-    assert cold.finish() == chat().encode(first, False)
+    assert cold.finish().tolist() == chat().encode(first, False)
     second = render(tok, [system, {"role": "user", "content": "question two"}])
     warm = tok.plan(second, False)
     assert 0 < warm.missing_chars < 100  # the new question only
-    assert warm.finish() == chat().encode(second, False)
+    assert warm.finish().tolist() == chat().encode(second, False)
     unsegmented = PromptTokenizer(_tokenizer_with(AddedToken("word", single_word=True)))
     whole = unsegmented.plan("a word, swords", True)
     assert whole.missing_chars == len("a word, swords")
-    assert whole.finish() == unsegmented.chat.encode_text("a word, swords")
+    assert whole.finish().tolist() == unsegmented.chat.encode_text("a word, swords")
 
 
 # chunk cuts everywhere they are allowed: tricky neighbours of " word" on both sides
@@ -166,7 +166,7 @@ def test_a_prompt_extending_an_earlier_one_encodes_only_its_tail() -> None:
     later = earlier + "And now a new question about the rules?"
     plan = tok.plan(later, True)
     assert plan.missing_chars < 256 + 64  # the last chunk of the earlier text and the tail
-    assert plan.finish() == chat().encode_text(later)
+    assert plan.finish().tolist() == chat().encode_text(later)
 
 
 def test_unknown_pre_tokenizers_are_not_chunked() -> None:

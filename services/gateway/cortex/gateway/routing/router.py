@@ -62,7 +62,7 @@ from cortex.gateway.routing.placement import (
     WalkedPredictions,
 )
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
-from cortex.gateway.tokens.prompt import PromptTokenizer, Walk
+from cortex.gateway.tokens.prompt import Encoded, PromptTokenizer, Walk
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.upstream.images import ImageHeaders
 from cortex.hashing import Engine, HashDomain, block_keys
@@ -265,7 +265,7 @@ class Router:
 
     # ---- tokens ----
 
-    async def tokens(self, req: InferenceRequest) -> list[int]:
+    async def tokens(self, req: InferenceRequest) -> Encoded:
         """The exact prompt token ids the engine will see (:class:`Tokenization`).
         Raises :class:`ClientError` for a prompt the engine would reject."""
         return await self.tokenization.tokens(req)
@@ -292,18 +292,19 @@ class Router:
         lazy, walked = await self._follow(req, eligible, session,
                                           self._walk(req, eligible, session), deadline)
         try:
-            ids = lazy.ids if lazy is not None else await self.tokens(req)
+            prompt: Walk | Encoded = lazy if lazy is not None else await self.tokens(req)
         except ClientError:
             if not req.prompt.media:
                 raise
-            ids = []  # a template that cannot render these media: the engine decides
+            prompt = Encoded([])  # a template that cannot render these media: the engine decides
+        ids = prompt.ids
         t1 = time.perf_counter()
         if req.prompt.media:
             items = await sized_items(req, self.image_headers, deadline)
             keys, query_blocks, prompt_tokens = await media_keys(
                 req, ids, lambda args: self.tokenization.chat_tokens(model, args), items)
         else:
-            keys, query_blocks, prompt_tokens = self._keyed(req, ids, lazy)
+            keys, query_blocks, prompt_tokens = self._keyed(req, ids, prompt)
         t2 = time.perf_counter()
         if not eligible.regular and eligible.pairs is None:
             raise _unavailable(req)
@@ -341,17 +342,18 @@ class Router:
         return routed
 
     def _keyed(self, req: InferenceRequest, ids: Sequence[int],
-               lazy: Walk | None) -> tuple[list[int], int, int]:
-        """``(keys, query_blocks, prompt_tokens)`` of the prompt: its full blocks' keys, those
-        that could be hits, its length (estimated while the prompt goes on past the walk:
-        then every walked block could be a hit)."""
+               prompt: Walk | Encoded) -> tuple[list[int], int, int]:
+        """``(keys, query_blocks, prompt_tokens)`` of the prompt ``ids``, walked or encoded
+        whole: its full blocks' keys, those that could be hits, its length (estimated while
+        the prompt goes on past the walk: then every walked block could be a hit)."""
         model = req.model
-        if lazy is None or lazy.complete:
-            keys = (model.domain.keys(ids, req.lora_name, req.cache_salt) if lazy is None
-                    else lazy.keys)
+        if isinstance(prompt, Encoded) or prompt.complete:
+            keys = (prompt.chain(model.domain.root_key(req.lora_name, req.cache_salt),
+                                 model.block_size) if isinstance(prompt, Encoded)
+                    else prompt.keys)
             return keys, max(len(ids) - 1, 0) // model.block_size, len(ids)
-        return (lazy.keys, len(lazy.keys),
-                lazy.estimated_tokens(self.tokenization.ratios[model.name]))
+        return (prompt.keys, len(prompt.keys),
+                prompt.estimated_tokens(self.tokenization.ratios[model.name]))
 
     def _rest_of_walk(self, req: InferenceRequest, lazy: Walk | None, placement: Placement,
                       record: bool, keyed: tuple[list[int], int, int]

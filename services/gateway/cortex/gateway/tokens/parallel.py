@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import threading
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -71,7 +72,7 @@ class _Fanout:
         self._left = len(groups)
         self._lock = threading.Lock()
 
-    def run(self, index: int) -> list[int] | None:
+    def run(self, index: int) -> array[int] | None:
         missing = self.plan.missing
         self.results[index] = self.tokenizer.encode_pieces(
             [missing[i] for i in self.groups[index]])
@@ -148,7 +149,7 @@ class ParallelEncoder:
         return None if path is None else str(path)
 
     async def finish(self, model: str, tokenizer: PromptTokenizer, plan: EncodePlan
-                     ) -> list[int]:
+                     ) -> array[int]:
         """``plan``'s ids, its missing pieces encoded off the event loop in parallel."""
         if not plan.missing:
             return plan.finish([])

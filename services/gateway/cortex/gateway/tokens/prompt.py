@@ -93,6 +93,7 @@ __all__ = [
     "BytesPerToken",
     "CacheStats",
     "EncodePlan",
+    "Encoded",
     "Head",
     "PrefixMemo",
     "PromptTokenizer",
@@ -510,15 +511,15 @@ class PromptTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Ids of ``text`` (a rendered chat prompt, or a plain prompt)."""
-        return self.plan(text, add_special_tokens).finish()
+        return self.plan(text, add_special_tokens).finish().tolist()
 
     def encode_prompt(self, prompt: ChatPrompt) -> list[int]:
         """Ids of a rendered chat prompt, assembled the engine's way."""
-        return self.plan_prompt(prompt).finish()
+        return self.plan_prompt(prompt).finish().tolist()
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of a plain completion prompt (the tokenizer's special tokens added)."""
-        return self.plan(text, add_special_tokens=True).finish()
+        return self.plan(text, add_special_tokens=True).finish().tolist()
 
     def encode_pieces(self, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
         """Ids of each ``(text, add_special_tokens)`` with the model's encoder, one at a
@@ -595,10 +596,10 @@ class EncodePlan:
     """A prompt's parts: token ids, cached pieces' ids, and texts still to encode
     (``missing``, in order: the ``str`` parts). ``remember``: :meth:`finish` keeps the
     prompt's head (a routed prompt's; not an answer fed to the cache, whose head would
-    displace the routed one's, which carries its keys)."""
+    displace the routed one's, which carries its keys) as :attr:`remembered`."""
 
     __slots__ = ("_tokenizer", "head", "hits", "keys", "missing", "missing_chars", "parts",
-                 "remember", "used")
+                 "remember", "remembered", "used")
 
     def __init__(self, tokenizer: PromptTokenizer, parts: list[int | Sequence[int] | str],
                  missing: list[tuple[str, bool]], keys: list[SegmentKey | None],
@@ -614,6 +615,7 @@ class EncodePlan:
         self.head: tuple[str, bool, int] | None = None
         self.used: Head | None = None  # the remembered head ``parts[0]`` holds the ids of
         self.remember = False
+        self.remembered: Head | None = None
 
     def extend(self, other: EncodePlan) -> EncodePlan:
         """This plan followed by ``other`` (of the same tokenizer)."""
@@ -624,14 +626,15 @@ class EncodePlan:
         self.missing_chars += other.missing_chars
         return self
 
-    def finish(self, encoded: Sequence[Sequence[int]] | None = None) -> list[int]:
-        """The ids. ``encoded``: the ids of :attr:`missing`, in order, when the caller
-        encoded them (elsewhere); else they are encoded here (CPU-bound for
-        ``missing_chars``; safe on a worker thread). Fresh pieces go into the cache."""
+    def finish(self, encoded: Sequence[Sequence[int]] | None = None) -> array[int]:
+        """The ids, packed (a cached piece's are copied, never made Python ints).
+        ``encoded``: the ids of :attr:`missing`, in order, when the caller encoded them
+        (elsewhere); else they are encoded here (CPU-bound for ``missing_chars``; safe on a
+        worker thread). Fresh pieces go into the cache."""
         tok = self._tokenizer
         if encoded is None:
             encoded = tok.encode_pieces(self.missing) if self.missing else []
-        out: list[int] = []
+        out: array[int] = array("I")
         fresh = iter(encoded)
         hit_tokens = 0
         head = self.head if self.remember and tok.heads is not None else None
@@ -656,7 +659,7 @@ class EncodePlan:
         if tok.token_observer is not None:
             tok.token_observer(hit_tokens, sum(len(ids) for ids in encoded))
         if head is not None and tok.heads is not None:
-            tok.heads.remember(head[0], head[1], out[:head_ids])
+            self.remembered = tok.heads.remember(head[0], head[1], out[:head_ids])
             self.head = None
         return out
 
@@ -945,13 +948,48 @@ class Head:
 
     def chain(self, root: int, block_size: int) -> list[int]:
         """The keys of the head's full blocks chained from ``root`` (computed once, unless
-        the walk that remembered the head gave them; do not modify the list)."""
+        the walk that remembered the head or :meth:`keep_chain` gave them; do not modify
+        the list)."""
         keys = self._chains.get((root, block_size))
         if keys is None:
             full = len(self.ids) // block_size * block_size
             keys = self._chains[root, block_size] = block_keys(self.ids[:full], block_size,
                                                                root)
         return keys
+
+    def keep_chain(self, root: int, block_size: int, keys: list[int]) -> None:
+        """Keep the head's keys from ``keys``, those of a prompt it begins (chained from
+        ``root``), when not known yet."""
+        if (root, block_size) not in self._chains:
+            self._chains[root, block_size] = keys[:len(self.ids) // block_size]
+
+
+class Encoded:
+    """A whole prompt's ids, with the remembered heads that make its keys cheap: ``used``,
+    the head the prompt begins with (its ids were copied in), and ``head``, the head
+    remembered from this prompt (the next turn begins with it)."""
+
+    __slots__ = ("head", "ids", "used")
+
+    def __init__(self, ids: Sequence[int], used: Head | None = None, head: Head | None = None
+                 ) -> None:
+        self.ids = ids
+        self.used = used
+        self.head = head
+
+    def chain(self, root: int, block_size: int) -> list[int]:
+        """The keys of the prompt's full blocks chained from ``root``: the used head's,
+        then those of the blocks past them (only the new part is hashed); the new head
+        keeps its own."""
+        known = self.used.chain(root, block_size) if self.used is not None else []
+        keys = [*known, *block_keys(self.ids[len(known) * block_size:], block_size,
+                                    known[-1] if known else root)]
+        if self.head is not None:
+            self.head.keep_chain(root, block_size, keys)
+        return keys
+
+    def __repr__(self) -> str:
+        return f"Encoded(tokens={len(self.ids)}, used={self.used is not None})"
 
 
 class PrefixMemo:
@@ -1006,13 +1044,16 @@ class PrefixMemo:
         return None
 
     def remember(self, text: str, special: bool, ids: Sequence[int],
-                 chains: dict[tuple[int, int], list[int]] | None = None) -> None:
-        """Keep ``text`` (ending with a cut token) and its exact ``ids``; ``chains``: keys of
-        its full blocks already known, by ``(root, block_size)`` (:meth:`Head.chain`)."""
-        head = Head(text, special, array("I", ids), chains or {})
+                 chains: dict[tuple[int, int], list[int]] | None = None) -> Head | None:
+        """Keep ``text`` (ending with a cut token) and its exact ``ids`` (a packed array is
+        kept as it is: do not modify it); ``chains``: keys of its full blocks already known,
+        by ``(root, block_size)`` (:meth:`Head.chain`). The head kept, or ``None`` (too
+        large to keep)."""
+        packed = ids if isinstance(ids, array) and ids.typecode == "I" else array("I", ids)
+        head = Head(text, special, packed, chains or {})
         cost = self.cost(head)
         if cost > self.max_bytes:
-            return
+            return None
         key = self._key(text, len(text), special)
         with self._lock:
             old = self._heads.pop(key, None)
@@ -1024,6 +1065,7 @@ class PrefixMemo:
             while self.bytes > self.max_bytes:
                 _, evicted = self._heads.popitem(last=False)
                 self._forget(evicted)
+        return head
 
     def _forget(self, head: Head) -> None:
         self.bytes -= self.cost(head)

@@ -43,6 +43,7 @@ from cortex.gateway.tokens.parallel import EncoderMode, ParallelEncoder
 from cortex.gateway.tokens.prompt import (
     BytesPerToken,
     Deepest,
+    Encoded,
     EncodePlan,
     PromptTokenizer,
     Walk,
@@ -144,7 +145,7 @@ class Tokenization:
 
     # ---- prompts ----
 
-    async def tokens(self, req: InferenceRequest) -> list[int]:
+    async def tokens(self, req: InferenceRequest) -> Encoded:
         """The exact prompt token ids the engine will see (first prompt of a batch).
 
         Raises :class:`ClientError` when the chat template rejects the messages or the
@@ -153,13 +154,13 @@ class Tokenization:
         if prompt.kind is not PromptKind.TOKENS and req.endpoint is not InferencePath.GENERATE:
             self.recent[req.model.name] = req.body  # for the alignment self-check
         if prompt.kind is PromptKind.TOKENS:
-            ids = list(prompt.token_ids)
+            encoded = Encoded(list(prompt.token_ids))
         elif prompt.chat is not None:
-            ids = await self.chat_tokens(req.model, prompt.chat)
+            encoded = await self._chat(req.model, prompt.chat)
         else:
-            ids = await self.text_tokens(req.model, prompt.text, prompt.add_special_tokens)
-        check_prompt_tokens(req.limits, req.body, len(ids), req.prompt_param)
-        return ids
+            encoded = await self._text(req.model, prompt.text, prompt.add_special_tokens)
+        check_prompt_tokens(req.limits, req.body, len(encoded.ids), req.prompt_param)
+        return encoded
 
     def is_heavy(self, args: RenderArgs) -> bool:
         """Whether ``args`` is rendered in a worker process."""
@@ -169,10 +170,18 @@ class Tokenization:
     async def chat_tokens(self, model: ModelConfig, args: RenderArgs) -> list[int]:
         """Ids of a chat prompt; raises :class:`ClientError` for what the template
         rejects."""
+        return list((await self._chat(model, args)).ids)
+
+    async def text_tokens(self, model: ModelConfig, text: str, add_special_tokens: bool
+                          ) -> list[int]:
+        """Ids of a completion prompt."""
+        return list((await self._text(model, text, add_special_tokens)).ids)
+
+    async def _chat(self, model: ModelConfig, args: RenderArgs) -> Encoded:
         try:
             if self.is_heavy(args):
                 self.metrics.child(self.metrics.tokenize_offloaded, model.name, "heavy").inc()
-                return await self.heavy.tokens(model.name, args)
+                return Encoded(await self.heavy.tokens(model.name, args))
             tokenizer = self.tokenizers[model.name]
             plan = tokenizer.plan_prompt(tokenizer.prompt(args))
             plan.remember = True  # the next turn starts with its head
@@ -181,20 +190,22 @@ class Tokenization:
                               code=ErrorCode.INVALID_REQUEST, param=exc.param) from None
         return await self.finish(model, tokenizer, plan)
 
-    async def text_tokens(self, model: ModelConfig, text: str, add_special_tokens: bool
-                          ) -> list[int]:
+    async def _text(self, model: ModelConfig, text: str, add_special_tokens: bool
+                    ) -> Encoded:
         tokenizer = self.tokenizers[model.name]
         plan = tokenizer.plan(text, add_special_tokens)
         plan.remember = True  # a completion prompt extended next time starts with its head
         return await self.finish(model, tokenizer, plan)
 
     async def finish(self, model: ModelConfig, tokenizer: PromptTokenizer, plan: EncodePlan
-                     ) -> list[int]:
+                     ) -> Encoded:
         """``plan``'s ids: inline when little is missing, else on the worker cores."""
         if plan.missing_chars <= self.config.offload_chars:
-            return plan.finish()
-        self.metrics.child(self.metrics.tokenize_offloaded, model.name, "parallel").inc()
-        return await self.encoder.finish(model.name, tokenizer, plan)
+            ids = plan.finish()
+        else:
+            self.metrics.child(self.metrics.tokenize_offloaded, model.name, "parallel").inc()
+            ids = await self.encoder.finish(model.name, tokenizer, plan)
+        return Encoded(ids, plan.used, plan.remembered)
 
     # ---- lazy ----
 
