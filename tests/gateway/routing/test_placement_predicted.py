@@ -160,7 +160,7 @@ def test_predicted_match_over_chains_skips_what_a_credit_holds_and_no_more() -> 
     took keys out of the middle of a credit that later credits cover again."""
     rng = random.Random(23)
     clock = Clock()
-    pred = PredictedBlocks(ttl_s=5.0, max_keys=3000, clock=clock)
+    pred = PredictedBlocks(ttl_s=5.0, max_keys=1500, clock=clock)  # the bound pops some
     workers = ["a", "b", "c", "d"]
     tree: dict[tuple[int, int], int] = {}  # (parent key, branch) → key
 
