@@ -181,6 +181,33 @@ async def test_sequencing_duplicates_gaps_stale_epochs_and_resync(
         assert match.matches == []
 
 
+async def test_quiet_batches_are_answered_only_to_ask_for_a_resync(
+    index_server: IndexServer, channel: Channel, stub: IndexStub
+) -> None:
+    """A quiet batch gets no reply unless it is the stream's first or a source must be
+    re-snapshotted; every batch is applied and the next reply's ack counts them all."""
+    keys = DOMAIN.keys(prompt(6))
+    w = LedgerUpdates("w", DOMAIN)
+    quiet = "cortex_index_quiet_batches_total"
+    quiet_before = index_server.metrics.registry.get_sample_value(quiet) or 0.0
+    async with SyncSession(channel) as session:
+        await session.post([w.snapshot([], [])], quiet=True)  # the first: answered
+        first = await session.reply()
+        assert first.applied_batches == 1 and first.index_id == index_server.index_id
+        await session.post([w.store(ROOT, keys[:2])], quiet=True)
+        await session.post([w.store(keys[1], keys[2:4])], quiet=True)
+        w.seq += 1  # a gap: the quiet batch is answered with the resync
+        await session.post([w.store(keys[4], keys[5:6])], quiet=True)
+        resync = await session.reply()
+        assert resync.applied_batches == 4 and [s.worker_id for s in resync.resync] == ["w"]
+        await session.post([w.chain_snapshot([(ROOT, keys[:4])])], quiet=True)
+        reply = await session.send([])  # asks: its ack counts the quiet one before it
+        assert reply.applied_batches == 6 and not reply.resync
+    match = await stub.match(match_request(DOMAIN.model, block_keys=keys))
+    assert by_worker(match) == {("w", 0): (4, 64, int(READY))}
+    assert index_server.metrics.registry.get_sample_value(quiet) - quiet_before == 3
+
+
 async def test_malformed_updates_are_rejected_and_resynced(
     channel: Channel, stub: IndexStub
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
@@ -44,13 +45,16 @@ B = SourceId("b", 1)
 
 
 class Recorder:
-    """Records every LedgerUpdate; replies once per batch, optionally asking for resyncs."""
+    """Records every LedgerUpdate and each batch's ``quiet``; replies as the index does (to
+    every batch that is not quiet, to a stream's first, and with a resync), optionally
+    asking for resyncs."""
 
     def __init__(self, *, mute: bool = False, held_epochs: Iterable[int] | None = ()) -> None:
         self.updates: list[pb.LedgerUpdate] = []
         self.batch_of: list[int] = []  # per update: the number of the batch it came in
         self.batches = 0
         self.empty_batches = 0
+        self.quiet: list[bool] = []  # per batch
         self.resync_next: list[SourceId] = []
         self.streams = 0
         self.mute = mute  # read batches, never reply (a wedged index)
@@ -83,8 +87,9 @@ class Recorder:
             self.batch_of.extend([self.batches] * len(batch.updates))
             self.batches += 1
             self.empty_batches += not batch.updates
+            self.quiet.append(batch.quiet)
             applied += 1
-            if self.mute:
+            if self.mute or (batch.quiet and applied > 1 and not self.resync_next):
                 continue
             resync, self.resync_next = self.resync_next, []
             await stream.send_message(pb.SyncReply(
@@ -260,6 +265,27 @@ async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
         fwd.publish(A, DOMAIN, [StoreBlocks(1, [2])])  # data still flows between heartbeats
         await wait_until_async(lambda: fwd.idle and len(recorder.of(A)) == 2, timeout=10)
     assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot", "store"]
+
+
+async def test_batches_ask_for_a_reply_only_to_fill_the_window_or_as_a_heartbeat() -> None:
+    """Replies on request: with a window of two batches, no two batches in a row are quiet
+    (the second fills the window: its reply acknowledges both); the last data batch of a
+    burst, when quiet, is acknowledged by the next heartbeat's reply."""
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([10])
+    async with serving(recorder, port), forwarding(port, ledgers, heartbeat_s=0.5) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        start = recorder.batches
+        for i in range(5):  # one batch each: published once the last was sent
+            fwd.publish(A, DOMAIN, [StoreBlocks(10 + i, [11 + i])])
+            await wait_until_async(lambda: fwd.queue_depth == 0, timeout=10)
+        await wait_until_async(lambda: fwd.idle, timeout=10, what="the last batch acked")
+    flags = recorder.quiet[start:]
+    assert sum(flags) >= 2 and not any(a and b for a, b in itertools.pairwise(flags)), flags
+    assert not flags[-1]  # the ack of everything came from a batch that asked
+    stores = recorder.of(A)[-5:]  # every update arrived, in order
+    assert [name for _, _, name, _ in stores] == ["store"] * 5
+    assert [seq for _, seq, _, _ in stores] == list(range(stores[0][1], stores[0][1] + 5))
 
 
 async def test_a_replica_that_never_replies_is_dropped_and_reconnected() -> None:

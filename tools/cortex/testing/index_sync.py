@@ -145,13 +145,13 @@ class SyncSession:
         await self.post(updates)
         return await self.reply()
 
-    async def post(self, updates: Sequence[pb.LedgerUpdate]) -> None:
+    async def post(self, updates: Sequence[pb.LedgerUpdate], quiet: bool = False) -> None:
         """Send one batch without waiting for its reply (:meth:`reply` takes replies in
-        order: an ingest keeps a few batches in flight)."""
+        order: an ingest keeps a few batches in flight; a ``quiet`` batch asks for none)."""
         if self._stream is None:
             raise RuntimeError("SyncSession is not open")
         await self._stream.send_message(
-            pb.UpdateBatch(ingest_id=self.ingest_id, updates=list(updates))
+            pb.UpdateBatch(ingest_id=self.ingest_id, updates=list(updates), quiet=quiet)
         )
 
     async def reply(self) -> pb.SyncReply:

@@ -150,6 +150,10 @@ class IndexMetrics:
         self.update_batches = Counter(
             "cortex_index_update_batches", "Sync batches received", registry=r
         )
+        self.quiet_batches = Counter(
+            "cortex_index_quiet_batches", "Sync batches applied without a reply (quiet)",
+            registry=r,
+        )
         self.rejected_updates = Counter(
             "cortex_index_rejected_updates", "Malformed ledger updates", registry=r
         )

@@ -317,7 +317,9 @@ class IndexService(IndexBase):
     async def sync_batches(
         self, batches: AsyncIterator[pb.UpdateBatch]
     ) -> AsyncIterator[pb.SyncReply]:
-        """One reply per received batch: acks, the version, sources to re-snapshot.
+        """A reply per received batch (acks, the version, sources to re-snapshot), except
+        for a ``quiet`` batch that asks for no resync and is not the stream's first: a
+        later reply's ``applied_batches`` acknowledges it.
 
         Each update is validated and applied on its own, so a bad update is rejected (its
         source asked to resync) and the rest of the batch applies. Every batch (empty ones
@@ -374,6 +376,9 @@ class IndexService(IndexBase):
                     if self._ingest_watch_idle:  # no deadline yet: this batch may set one
                         self._ingest_seen.set()
                     self.notify()
+                    if batch.quiet and not resync and applied > 1:
+                        metrics.quiet_batches.inc()
+                        continue
                     reply = pb.SyncReply(applied_batches=applied, index_version=self.core.version,
                                          index_id=self.index_id)
                     for s in resync:

@@ -158,6 +158,8 @@ class UpdateEncoder:
         return batch.SerializeToString()
 
 
-def encode_batch_bytes(ingest_id: str, updates: list[bytes]) -> bytes:
-    """An ``UpdateBatch`` of ``ingest_id`` from :class:`UpdateEncoder` parts."""
-    return pb.UpdateBatch(ingest_id=ingest_id).SerializeToString() + b"".join(updates)
+def encode_batch_bytes(ingest_id: str, updates: list[bytes], quiet: bool = False) -> bytes:
+    """An ``UpdateBatch`` of ``ingest_id`` from :class:`UpdateEncoder` parts (``quiet``: it
+    asks for no reply)."""
+    head = pb.UpdateBatch(ingest_id=ingest_id, quiet=quiet).SerializeToString()
+    return head + b"".join(updates)

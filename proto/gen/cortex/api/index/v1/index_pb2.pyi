@@ -209,12 +209,14 @@ class LedgerUpdate(_message.Message):
     def __init__(self, source: _Optional[_Union[Source, _Mapping]] = ..., domain: _Optional[_Union[Domain, _Mapping]] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., store: _Optional[_Union[StoreBlocks, _Mapping]] = ..., remove: _Optional[_Union[RemoveBlocks, _Mapping]] = ..., clear: _Optional[_Union[ClearBlocks, _Mapping]] = ..., state: _Optional[_Union[SetState, _Mapping]] = ..., snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., remove_source: _Optional[_Union[RemoveSource, _Mapping]] = ...) -> None: ...
 
 class UpdateBatch(_message.Message):
-    __slots__ = ("ingest_id", "updates")
+    __slots__ = ("ingest_id", "updates", "quiet")
     INGEST_ID_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
+    QUIET_FIELD_NUMBER: _ClassVar[int]
     ingest_id: str
     updates: _containers.RepeatedCompositeFieldContainer[LedgerUpdate]
-    def __init__(self, ingest_id: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[LedgerUpdate, _Mapping]]] = ...) -> None: ...
+    quiet: bool
+    def __init__(self, ingest_id: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[LedgerUpdate, _Mapping]]] = ..., quiet: _Optional[bool] = ...) -> None: ...
 
 class SyncReply(_message.Message):
     __slots__ = ("applied_batches", "index_version", "resync", "index_id")
