@@ -220,7 +220,7 @@ def _measure(cluster: LocalCluster, mode: str, text: BlockText, size: int,
     urls = [w.url for w in cluster.workers.values()]
     prompts = _prompts(text, size, args.requests, args.prefix_share, args.groups, first_block,
                        args.turns)
-    idle = _idle_cores(pids, args.idle_s)
+    idle_before = _idle_cores(pids, args.idle_s)
     cached0, evicted0 = asyncio.run(_cache_counters(urls))
     spies = []
     if args.profile:  # the ledger pipeline, over the whole drive (its expected length)
@@ -235,6 +235,11 @@ def _measure(cluster: LocalCluster, mode: str, text: BlockText, size: int,
     for spy in spies:
         spy.wait(60)
     cached1, evicted1 = asyncio.run(_cache_counters(urls))
+    # a process's baseline is the lower of its idle draws before and after the drive: the
+    # one before can still hold start-up work (a gateway's encoder warm-up and parity
+    # probe take seconds of CPU), which would be subtracted from the requests' cost
+    idle_after = _idle_cores(pids, args.idle_s)
+    idle = {name: min(idle_before[name], idle_after[name]) for name in pids}
     wall = measured["wall_s"]
     cpu = {name: max(measured["processes"][name] - idle[name] * wall, 0.0) for name in pids}
     evicted = evicted1 - evicted0
