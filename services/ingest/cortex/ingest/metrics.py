@@ -70,7 +70,8 @@ METRIC_NAMES: dict[str, str] = {
     # per index replica (label: index)
     f"{P}index_up": "1 while the Sync stream to the index replica is open.",
     f"{P}index_idle": "1 while the Sync stream is open with nothing left to send or "
-                      "acknowledge (every applied batch is in the index replica).",
+                      "acknowledge (every applied batch is in the index replica; a quiet "
+                      "batch is acknowledged by the next reply, a heartbeat's at the latest).",
     f"{P}index_queue_depth": "Updates waiting to be sent to the index replica.",
     f"{P}index_batches": "UpdateBatches sent to the index replica.",
     f"{P}index_updates": "LedgerUpdates sent to the index replica.",
