@@ -266,7 +266,8 @@ class Router:
     # ---- tokens ----
 
     async def tokens(self, req: InferenceRequest) -> Encoded:
-        """The exact prompt token ids the engine will see (:class:`Tokenization`).
+        """The exact prompt token ids the engine will see, and the heads that key them
+        (:meth:`Tokenization.tokens`).
         Raises :class:`ClientError` for a prompt the engine would reject."""
         return await self.tokenization.tokens(req)
 

@@ -146,7 +146,8 @@ class Tokenization:
     # ---- prompts ----
 
     async def tokens(self, req: InferenceRequest) -> Encoded:
-        """The exact prompt token ids the engine will see (first prompt of a batch).
+        """The exact prompt token ids the engine will see (first prompt of a batch), with
+        the remembered heads that key them cheaply (:class:`Encoded`).
 
         Raises :class:`ClientError` when the chat template rejects the messages or the
         prompt exceeds the model's limit."""
