@@ -268,12 +268,15 @@ async def test_an_idle_stream_sends_heartbeats_and_stays_synced() -> None:
 
 
 async def test_batches_ask_for_a_reply_only_to_fill_the_window_or_as_a_heartbeat() -> None:
-    """Replies on request: with a window of two batches, no two batches in a row are quiet
+    """Replies on request (``quiet_replies``; by default every batch asks, as the other tests
+    here show: the recorder answers only batches that ask): with a window of two batches,
+    no two batches in a row are quiet
     (the second fills the window: its reply acknowledges both); the last data batch of a
     burst, when quiet, is acknowledged by the next heartbeat's reply."""
     recorder, ledgers, port = Recorder(), Ledgers(), free_port()
     ledgers.views[A] = view([10])
-    async with serving(recorder, port), forwarding(port, ledgers, heartbeat_s=0.5) as fwd:
+    async with serving(recorder, port), forwarding(port, ledgers, heartbeat_s=0.5,
+                                                   quiet_replies=True) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         start = recorder.batches
         for i in range(5):  # one batch each: published once the last was sent

@@ -125,9 +125,7 @@ async def test_lease_expiry_prunes_the_worker_from_the_index(fleet: Fleet) -> No
     ingest = await fleet.ingest()
     fleet.traffic(keep, 10)
     fleet.traffic(gone, 10)
-    # the index holds gone's cache (not waiting for the ingest's ack of its last batch: a
-    # quiet one is acknowledged with the next heartbeat, past gone's 1 s lease)
-    await fleet.wait_converged(gone)
+    await fleet.wait_converged(gone, ingest)
     srv = fleet.index[0]
     # nobody renews "gone": its lease expires
     await wait_until_async(lambda: fleet.index_state(srv, "gone") is IndexState.REMOVED,

@@ -19,13 +19,14 @@ a replica that is down or slow never holds the others back.
   snapshot.
 - An idle stream sends an empty batch every ``heartbeat_s``: the replica counts an ingest it
   has not heard from for its grace as gone and stops crediting that ingest's sources.
-- Replies on request: a batch asks the replica for a reply when it fills the in-flight
-  window (the sender would wait for it anyway) or is a heartbeat; the others are ``quiet``
-  (answered only with a resync request; the next reply acknowledges them too). A reply
-  every second batch at most, and one per heartbeat while idle, so a stream without any
-  reply for ``reply_timeout_s`` has a dead or wedged replica at its other end: it is
-  dropped and reconnected. An ack can lag up to ``heartbeat_s`` behind the last batch of a
-  burst (:attr:`IndexForwarder.idle` waits for it); an older replica answers every batch.
+- Every batch is answered, heartbeats too, so a stream without any reply for
+  ``reply_timeout_s`` has a dead or wedged replica at its other end: it is dropped and
+  reconnected. With ``quiet_replies`` a batch asks for a reply only when it fills the
+  in-flight window (the sender would wait for it anyway) or is a heartbeat; the others are
+  ``quiet`` (answered only with a resync request; the next reply acknowledges them too):
+  still a reply every second batch at least and one per heartbeat while idle, but the ack
+  of a burst's last batch can lag up to ``heartbeat_s`` (:attr:`IndexForwarder.idle` waits
+  for it); an older replica answers every batch.
 - Epochs must grow even when the wall clock stepped back across an ingest restart (the
   replica rejects a lower epoch as stale): before each stream the forwarder reads the
   replica's ``Workers`` and starts its epochs above every epoch the replica holds.
@@ -376,7 +377,8 @@ class IndexForwarder:
                 self.heartbeats += 1  # nothing to send for a while: an empty batch
             # ask for a reply only where one is needed: the window is full after this batch
             # (the sender waits for an ack), or a heartbeat (the replica's liveness)
-            quiet = bool(updates) and self._stream_batches + 1 - self.acked_batches < inflight
+            quiet = (self.config.quiet_replies and bool(updates)
+                     and self._stream_batches + 1 - self.acked_batches < inflight)
             data = encode_batch_bytes(self.ingest_id, updates, quiet)
             await stream.send_message(data)  # type: ignore[arg-type]  # LedgerCodec: bytes
             last_sent = loop.time()

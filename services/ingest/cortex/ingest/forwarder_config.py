@@ -64,6 +64,12 @@ class ForwarderConfig:
     ``ingest_grace_s``)."""
     reply_timeout_s: float = 15.0
     """A stream that got no reply for this long is dropped and reconnected."""
+    quiet_replies: bool = False
+    """Ask the replica for a reply only with a batch that fills the in-flight window, or a
+    heartbeat (``UpdateBatch.quiet`` on the others): about half the replies at ordinary
+    rates, but the last batch of a burst is acknowledged only by the next batch's reply or
+    the next heartbeat's, so :attr:`IndexForwarder.idle` (``index_idle``) lags by up to
+    ``heartbeat_s``."""
 
     def __post_init__(self) -> None:
         if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys,
