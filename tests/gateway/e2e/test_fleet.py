@@ -148,13 +148,15 @@ async def test_a_worker_busy_with_this_gateways_request_is_not_removed(
     redis_server: RedisServer, registry: RedisRegistry,
 ) -> None:
     sim = await start_sim(timing=DECODE_ONLY)
-    gw = await start_gateway([], **fleet_sections(redis_server.url, lease_s=1.0,
+    # a 2 s lease (a renewal at most every 0.5 s: 0.2 s apart, probes time out at 0.3 s;
+    # margin for a loaded machine) that the 3 s request outlasts
+    gw = await start_gateway([], **fleet_sections(redis_server.url, lease_s=2.0,
                                                   remove_after_s=0, timeout_s=0.3))
-    await registry.register(spec_of(sim, "busy"), ttl_s=1.0)
+    await registry.register(spec_of(sim, "busy"), ttl_s=2.0)
     await wait_routable(http, gw, "busy")
-    # every path answers 2.5 s late: health probes time out (0.3 s) like those of an engine
-    # busy with one huge prompt, and the request itself takes 2.5 s
-    sim.set_faults(latency_ms=2500, fault_paths="all")
+    # every path answers 3 s late: health probes time out (0.3 s) like those of an engine
+    # busy with one huge prompt, and the request itself takes 3 s
+    sim.set_faults(latency_ms=3000, fault_paths="all")
     request = asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=chat("x")))
     present: list[bool] = []
 
@@ -165,7 +167,7 @@ async def test_a_worker_busy_with_this_gateways_request_is_not_removed(
     await wait_until_async(answered, timeout=20, interval=0.05, what="the slow answer")
     async with await request as resp:
         assert resp.status == 200
-    assert len(present) > 20 and all(present)  # > 1 s of lease: it was renewed throughout
+    assert len(present) > 20 and all(present)  # > 2 s of lease: it was renewed throughout
 
     # idle, the same timeouts are evidence: the lease lapses and the worker leaves
     async def removed() -> bool:
