@@ -58,15 +58,24 @@ def test_a_sessions_next_turn_gets_its_hint_and_the_others_count_as_load() -> No
 
 
 def test_kv_pressure_from_the_ledgers_blocks_and_the_workers_capacity() -> None:
-    metrics = GatewayMetrics()
-    terms = AgentTerms(RoutingConfig(), metrics)
+    metrics, now = GatewayMetrics(), [100.0]
+    terms = AgentTerms(RoutingConfig(), metrics, clock=lambda: now[0])
     w = workers(spec("a"), spec("b"), spec("c"))
     w["a"].kv_capacity, w["b"].kv_capacity = 1000, 1000
     held = {"a": 1000, "b": 341, "c": 500}
     req = terms.request("m", 16, None, [1], 1, lambda worker: held[worker.id])
     assert [req.candidate(w[x])["kv_pressure"] for x in "abc"] == [1.0, 0.0, 0.0]
-    assert metrics.registry.get_sample_value("cortex_gateway_worker_kv_occupancy_ratio",
-                                             {"worker": "b"}) == 0.341
+
+    def occupancy() -> float | None:
+        return metrics.registry.get_sample_value("cortex_gateway_worker_kv_occupancy_ratio",
+                                                 {"worker": "b"})
+
+    assert occupancy() == 0.341
+    # the gauge follows at most once a second; the pressure itself at every decision
+    held["b"] = 1000
+    assert req.candidate(w["b"])["kv_pressure"] == 1.0 and occupancy() == 0.341
+    now[0] += 1.0
+    assert req.candidate(w["b"])["kv_pressure"] == 1.0 and occupancy() == 1.0
     assert terms.request("m", 16, None, [1], 1, None).candidate(w["a"])["kv_pressure"] == 0.0
     off = AgentTerms(RoutingConfig(weights=RoutingWeights(kv_pressure=0.0)), metrics)
     assert off.request("m", 16, None, [1], 1, lambda _: 1000).candidate(

@@ -681,15 +681,24 @@ class RequestTerms:
         return f"RequestTerms(session={self.session!r}, hint={self.hint!r})"
 
 
+OCCUPANCY_EVERY_S = 1.0
+"""A worker's ``worker_kv_occupancy_ratio`` is set at most this often (seconds), not at every
+decision that reads it: a gauge is scraped every few seconds, and setting it costs each
+candidate of each request a lock."""
+
+
 class AgentTerms:
     """The session table and the KV-pressure rule of one router."""
 
     def __init__(self, config: RoutingConfig, metrics: GatewayMetrics,
-                 table: SessionTable | None = None) -> None:
+                 table: SessionTable | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.metrics = metrics
         self.table = table or SessionTable.from_config(config.sessions)
         self.evicted_seen = 0
+        self._clock = clock
+        self._occupancy_set: dict[str, float] = {}  # worker → when its gauge was last set
 
     def request(self, model: str, block_size: int, session: str | None, keys: list[int],
                 query_blocks: int, blocks_of: BlocksOf | None) -> RequestTerms:
@@ -703,7 +712,11 @@ class AgentTerms:
         blocks = blocks_of(worker)
         if blocks is None:
             return 0.0
-        self.metrics.worker(self.metrics.worker_kv_occupancy, worker.id).set(blocks / capacity)
+        now = self._clock()
+        if now - self._occupancy_set.get(worker.id, -OCCUPANCY_EVERY_S) >= OCCUPANCY_EVERY_S:
+            self._occupancy_set[worker.id] = now
+            self.metrics.worker(self.metrics.worker_kv_occupancy, worker.id).set(
+                blocks / capacity)
         return kv_pressure(blocks, capacity, self.config.kv_full_fraction)
 
     def forget_keys(self, worker_id: str, keys: list[int]) -> None:
@@ -711,6 +724,7 @@ class AgentTerms:
 
     def forget_worker(self, worker_id: str) -> None:
         self.table.forget_worker(worker_id)
+        self._occupancy_set.pop(worker_id, None)
         self.metrics.sessions.set(len(self.table))
 
     def __repr__(self) -> str:
