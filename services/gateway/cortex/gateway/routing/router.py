@@ -348,13 +348,15 @@ class Router:
         whole: its full blocks' keys, those that could be hits, its length (estimated while
         the prompt goes on past the walk: then every walked block could be a hit)."""
         model = req.model
-        if isinstance(prompt, Encoded) or prompt.complete:
-            keys = (prompt.chain(model.domain.root_key(req.lora_name, req.cache_salt),
-                                 model.block_size) if isinstance(prompt, Encoded)
-                    else prompt.keys)
-            return keys, max(len(ids) - 1, 0) // model.block_size, len(ids)
-        return (prompt.keys, len(prompt.keys),
-                prompt.estimated_tokens(self.tokenization.ratios[model.name]))
+        if isinstance(prompt, Encoded):
+            keys = prompt.chain(model.domain.root_key(req.lora_name, req.cache_salt),
+                                model.block_size)
+        elif prompt.complete:
+            keys = prompt.keys
+        else:
+            return (prompt.keys, len(prompt.keys),
+                    prompt.estimated_tokens(self.tokenization.ratios[model.name]))
+        return keys, max(len(ids) - 1, 0) // model.block_size, len(ids)
 
     def _rest_of_walk(self, req: InferenceRequest, lazy: Walk | None, placement: Placement,
                       record: bool, keyed: tuple[list[int], int, int]
