@@ -62,10 +62,10 @@ from cortex.gateway.routing.placement import (
     WalkedPredictions,
 )
 from cortex.gateway.routing.scoring import Candidate, Decision, PairDecision, Reason, Scored, decide
-from cortex.gateway.tokens.prompt import Encoded, PromptTokenizer, Walk
+from cortex.gateway.tokens.prompt import Encoded, PromptTokenizer, Walk, keys_past
 from cortex.gateway.tokens.service import Tokenization
 from cortex.gateway.upstream.images import ImageHeaders
-from cortex.hashing import Engine, HashDomain, block_keys
+from cortex.hashing import Engine, HashDomain
 from cortex.ledger.match import Match
 from cortex.ledger.model import LedgerState, Source, Tier
 from cortex.ledger.replica import LedgerReplica, ReplicaChanges
@@ -440,11 +440,9 @@ class Router:
                 del self._open_walks[tail]
             if done.cancelled() or done.exception() is not None:
                 return
-            ids = done.result()
             walked = placement.keys  # the rest's keys chain on from the walked ones
-            rest = block_keys(ids[len(walked) * domain.block_size:], domain.block_size,
-                              walked[-1] if walked else root)
-            placement.complete([*walked, *rest])
+            placement.complete(walked + keys_past(walked, done.result(), domain.block_size,
+                                                  root))
 
         future.add_done_callback(finished)  # before any follower's wake-up: credit first
 

@@ -106,6 +106,7 @@ __all__ = [
     "chunks",
     "cut_tokens",
     "held_prefix",
+    "keys_past",
     "splitter",
     "walk",
 ]
@@ -686,6 +687,15 @@ Deepest = Callable[[list[int]], int]
 """Leading blocks of ``keys`` the best-placed worker holds (0..len(keys))."""
 
 
+def keys_past(keys: Sequence[int], ids: Sequence[int], block_size: int, root: int,
+              blocks: int | None = None) -> list[int]:
+    """The keys of the full blocks of ``ids`` past the ``len(keys)`` already keyed (up to
+    ``blocks`` blocks in all; default: every full block), chained on from the last of
+    ``keys`` (``root`` when there is none)."""
+    end = len(ids) if blocks is None else blocks * block_size
+    return block_keys(ids[len(keys) * block_size:end], block_size, keys[-1] if keys else root)
+
+
 def held_prefix(keys: Sequence[int], held: Container[int]) -> int:
     """Leading ``keys`` in ``held`` (one holder's :data:`Deepest`, for an in-memory set)."""
     count = 0
@@ -786,11 +796,10 @@ class Walk:
     def _chained(self, blocks: int) -> list[int]:
         """The keys of the first ``blocks`` full blocks of ``ids`` (a new list): those the
         walk keyed, then the rest chained on from them."""
-        keys, size = self.keys, self._block_size
+        keys = self.keys
         if len(keys) >= blocks:
             return keys[:blocks]
-        return keys + block_keys(self.ids[len(keys) * size:blocks * size], size,
-                                 keys[-1] if keys else self._root)
+        return keys + keys_past(keys, self.ids, self._block_size, self._root, blocks)
 
 
 def _take(w: Walk, tokenizer: PromptTokenizer, stop: int) -> int:
@@ -878,8 +887,7 @@ def _chain(w: Walk, full: int) -> None:
     if not w.keys and head is not None:  # the head is part 0: its ids were taken first
         w.keys = list(head.chain(w._root, size))
     if full > len(w.keys):
-        w.keys += block_keys(w.ids[len(w.keys) * size:full * size], size,
-                             w.keys[-1] if w.keys else w._root)
+        w.keys += keys_past(w.keys, w.ids, size, w._root, full)
 
 
 # ---- the heads of recent prompts ------------------------------------------------------
@@ -982,8 +990,7 @@ class Encoded:
         then those of the blocks past them (only the new part is hashed); the new head
         keeps its own."""
         known = self.used.chain(root, block_size) if self.used is not None else []
-        keys = [*known, *block_keys(self.ids[len(known) * block_size:], block_size,
-                                    known[-1] if known else root)]
+        keys = known + keys_past(known, self.ids, block_size, root)
         if self.head is not None:
             self.head.keep_chain(root, block_size, keys)
         return keys
