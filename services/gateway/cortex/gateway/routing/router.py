@@ -305,7 +305,7 @@ class Router:
             keys, query_blocks, prompt_tokens = await media_keys(
                 req, ids, lambda args: self.tokenization.chat_tokens(model, args), items)
         else:
-            keys, query_blocks, prompt_tokens = self._keyed(req, ids, prompt)
+            keys, query_blocks, prompt_tokens = self._keyed(req, prompt)
         t2 = time.perf_counter()
         if not eligible.regular and eligible.pairs is None:
             raise _unavailable(req)
@@ -324,9 +324,8 @@ class Router:
         if record and lazy is not None and not lazy.complete:
             # a small rest is encoded now (a thread hop would cost more): the placement and
             # the held prefill tokens are exact from the start
-            whole = self.tokenization.finish_small(model.name, lazy)
-            if whole is not None:
-                keys, query_blocks, prompt_tokens = self._keyed(req, whole, lazy)
+            if self.tokenization.finish_small(model.name, lazy) is not None:
+                keys, query_blocks, prompt_tokens = self._keyed(req, lazy)
                 placement.keys = keys
         if record:
             self._take_effect(placement, plan, prompt_tokens)
@@ -342,11 +341,11 @@ class Router:
             self.observer(routed)
         return routed
 
-    def _keyed(self, req: InferenceRequest, ids: Sequence[int],
-               prompt: Walk | Encoded) -> tuple[list[int], int, int]:
-        """``(keys, query_blocks, prompt_tokens)`` of the prompt ``ids``, walked or encoded
-        whole: its full blocks' keys, those that could be hits, its length (estimated while
-        the prompt goes on past the walk: then every walked block could be a hit)."""
+    def _keyed(self, req: InferenceRequest, prompt: Walk | Encoded
+               ) -> tuple[list[int], int, int]:
+        """``(keys, query_blocks, prompt_tokens)`` of the prompt, walked or encoded whole:
+        its full blocks' keys, those that could be hits, its length (estimated while the
+        prompt goes on past the walk: then every walked block could be a hit)."""
         model = req.model
         if isinstance(prompt, Encoded):
             keys = prompt.chain(model.domain.root_key(req.lora_name, req.cache_salt),
@@ -356,7 +355,8 @@ class Router:
         else:
             return (prompt.keys, len(prompt.keys),
                     prompt.estimated_tokens(self.tokenization.ratios[model.name]))
-        return keys, max(len(ids) - 1, 0) // model.block_size, len(ids)
+        tokens = len(prompt.ids)
+        return keys, max(tokens - 1, 0) // model.block_size, tokens
 
     def _rest_of_walk(self, req: InferenceRequest, lazy: Walk | None, placement: Placement,
                       record: bool, keyed: tuple[list[int], int, int]
@@ -369,8 +369,8 @@ class Router:
         if record:
             self._finish_later(req, lazy, placement)
             return keyed
-        ids = lazy.finish(self.tokenizers[req.model.name], keyed=True)
-        keyed = self._keyed(req, ids, lazy)
+        lazy.finish(self.tokenizers[req.model.name], keyed=True)
+        keyed = self._keyed(req, lazy)
         placement.keys = keyed[0]
         return keyed
 
