@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-from grpclib.server import Stream
+from grpclib.server import Server, Stream
 
 from cortex.hashing import Engine, HashDomain, unpack_keys
 from cortex.index.config import IndexConfig
@@ -58,6 +58,7 @@ class Recorder:
         self.resync_next: list[SourceId] = []
         self.streams = 0
         self.mute = mute  # read batches, never reply (a wedged index)
+        self.transports: list[str] = []
         # None: Workers is UNIMPLEMENTED; else the epochs it reports as held
         self.held_epochs = None if held_epochs is None else list(held_epochs)
 
@@ -81,6 +82,7 @@ class Recorder:
 
     async def sync(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
         self.streams += 1
+        self.transports.append(type(stream).__name__)  # ServedCall: frames; Stream: gRPC
         applied = 0
         async for batch in stream:
             self.updates.extend(batch.updates)
@@ -140,6 +142,17 @@ async def serving(recorder: Recorder, port: int) -> AsyncIterator[GrpcServer]:
 
 
 @contextlib.asynccontextmanager
+async def serving_grpc_only(recorder: Recorder, port: int) -> AsyncIterator[Server]:
+    server = Server([recorder])  # grpclib's own: HTTP/2 and nothing else
+    await server.start("127.0.0.1", port)
+    try:
+        yield server
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
 async def forwarding(
     port: int, ledgers: Ledgers, *, epochs: EpochClock | None = None, **config: int | float
 ) -> AsyncIterator[IndexForwarder]:
@@ -155,10 +168,11 @@ async def forwarding(
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_snapshot_first_then_ordered_updates_and_epochs() -> None:
+@pytest.mark.parametrize("frames", [True, False])
+async def test_snapshot_first_then_ordered_updates_and_epochs(frames: bool) -> None:
     recorder, ledgers, port = Recorder(), Ledgers(), free_port()
     ledgers.views[A] = view([10, 11])
-    async with serving(recorder, port), forwarding(port, ledgers) as fwd:
+    async with serving(recorder, port), forwarding(port, ledgers, frames=frames) as fwd:
         await wait_until_async(lambda: fwd.idle, timeout=10)
         fwd.publish(A, DOMAIN, [StoreBlocks(11, [12]), RemoveBlocks([10]),
                                 SetState(LedgerState.STALE, "gap"),
@@ -181,6 +195,21 @@ async def test_snapshot_first_then_ordered_updates_and_epochs() -> None:
     b = recorder.of(B)
     assert [name for _, _, name, _ in b] == ["snapshot", "store"]
     assert b[0][3].state == pb.LEDGER_STATE_SYNCING  # type: ignore[attr-defined]
+    assert recorder.transports == ["ServedCall" if frames else "Stream"]
+
+
+async def test_an_index_that_speaks_only_grpc_gets_the_stream_over_grpc(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder, ledgers, port = Recorder(), Ledgers(), free_port()
+    ledgers.views[A] = view([10, 11])
+    async with serving_grpc_only(recorder, port), forwarding(port, ledgers) as fwd:
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+        fwd.publish(A, DOMAIN, [StoreBlocks(11, [12])])
+        await wait_until_async(lambda: fwd.idle, timeout=10)
+    assert [name for _, _, name, _ in recorder.of(A)] == ["snapshot", "store"]
+    assert not fwd.frames and recorder.transports == ["Stream"]
+    assert "does not answer Cortex frames" in caplog.text
 
 
 async def test_resync_request_gets_a_fresh_snapshot() -> None:

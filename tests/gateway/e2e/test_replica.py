@@ -17,12 +17,15 @@ from typing import Any
 import aiohttp
 import pytest
 from grpclib.client import Channel
+from grpclib.server import Server
 
 from cortex.gateway.server import GatewayServer
 from cortex.hashing import Engine, HashDomain
 from cortex.index.config import IndexConfig as IndexServerConfig
 from cortex.index.server import IndexServer
+from cortex.index.service import IndexService
 from cortex.ledger import cores
+from cortex.ledger.client import stream_channel
 from cortex.ledger.cores import node_bytes
 from cortex.ledger.grpc import LedgerCodec
 from cortex.ledger.tree import RadixHashTree
@@ -48,11 +51,11 @@ def index_config(port: int = 0, **overrides: Any) -> IndexServerConfig:
 
 
 @contextlib.asynccontextmanager
-async def ingest(index: IndexServer, worker: str = "w0") -> AsyncIterator[tuple[SyncSession,
-                                                                                LedgerUpdates]]:
-    """A Sync stream into ``index`` and an update builder for ``worker``'s ledger."""
-    host, _, port = index.target.rpartition(":")
-    channel = Channel(host, int(port), codec=LedgerCodec())
+async def ingest(index: IndexServer | str, worker: str = "w0", *, frames: bool = False
+                 ) -> AsyncIterator[tuple[SyncSession, LedgerUpdates]]:
+    """A Sync stream into ``index`` (a server or its target) and an update builder for
+    ``worker``'s ledger."""
+    channel = stream_channel(index if isinstance(index, str) else index.target, frames=frames)
     try:
         async with SyncSession(channel, ingest_id="test-ingest") as session:
             yield session, LedgerUpdates(worker, DOMAIN)
@@ -86,16 +89,18 @@ async def replica_gateway(start_sim: StartSim, start_gateway: StartGateway, targ
     return await start_gateway([spec_of(sim, "w0")], index=config)
 
 
+@pytest.mark.parametrize("frames", [True, False], ids=["frames", "grpc"])
 async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, frames: bool,
 ) -> None:
     monkeypatch.setattr(RadixHashTree, "sync_clear_max", 4)  # 7 blocks: a large clear
     tokens = prompt(1, 8)
     keys = DOMAIN.keys(tokens)
-    async with IndexServer(index_config()) as index, ingest(index) as (session, w0):
+    async with (IndexServer(index_config()) as index,
+                ingest(index, frames=frames) as (session, w0)):
         await session.send([w0.chain_snapshot([(DOMAIN.root_key(), keys)])])
-        gateway = await replica_gateway(start_sim, start_gateway, index.target)
+        gateway = await replica_gateway(start_sim, start_gateway, index.target, frames=frames)
 
         async def credited(tokens_held: int) -> bool:
             found = await explain(http, gateway, tokens)
@@ -113,7 +118,11 @@ async def test_routing_reads_the_replica_without_rpc_and_follows_changes(
         assert replica.replica.view.blocks == 2 and await credited(16)
         await session.send([w0.set_state(3, "gap")])  # STALE: no credit
         await wait_until_async(lambda: credited(0), timeout=5, what="a state replicated")
-        assert "cortex_index_match_requests_total{" not in index.metrics.render().decode()
+        index_metrics = index.metrics.render().decode()
+        assert "cortex_index_match_requests_total{" not in index_metrics
+        for call in ("Sync", "Replicate"):  # each stream over the transport asked for
+            assert (f'cortex_index_frames_calls_total{{method="{call}"}}' in index_metrics
+                    ) is frames
         body = await ready(http, gateway)
         assert body["replica"] == "synced" and "no_replica" not in body["degraded"]
         assert body["ledger_core"] == cores.active() == "native"  # the default where built
@@ -276,3 +285,34 @@ async def test_a_guarded_index_replicates_to_the_gateway_holding_its_token(
         assert "no_replica" in body["degraded"]
         assert index.tokens.refused > 0
 
+
+
+async def test_an_index_that_speaks_only_grpc_is_replicated_over_grpc(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the index's service behind grpclib's own server: HTTP/2 only, as an older index
+    # or a proxy that passes nothing else
+    index = IndexServer(index_config())
+    service = IndexService(index.core, index.config, index.metrics, index.index_id)
+    server = Server([service], codec=LedgerCodec())
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    target = f"127.0.0.1:{port}"
+    tokens = prompt(9, 4)
+    try:
+        async with ingest(target) as (session, w0):
+            await session.send([w0.chain_snapshot([(DOMAIN.root_key(), DOMAIN.keys(tokens))])])
+            gateway = await replica_gateway(start_sim, start_gateway, target)
+
+            async def credited() -> bool:
+                found = await explain(http, gateway, tokens)
+                return found["match_source"] == "replica" and credit(found) == 64
+
+            await wait_until_async(credited, timeout=10, what="the replica synced over gRPC")
+        replica = gateway.gateway.replica
+        assert replica is not None and not replica.frames
+        assert "does not answer Cortex frames" in caplog.text
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import TracebackType
 
-from grpclib.client import Channel, Stream
+from grpclib.client import Channel
 from grpclib.const import Cardinality
 
 from cortex.hashing import HashDomain, pack_keys
 from cortex.ledger.codec import domain_to_pb, pb
+from cortex.ledger.frames import CallStream, FramesChannel
 from cortex.ledger.grpc import bearer, method
 
 __all__ = [
@@ -110,13 +111,13 @@ class SyncSession:
     block ends the stream (half-close, then the server's trailers).
     """
 
-    def __init__(self, channel: Channel, ingest_id: str = "test-ingest",
+    def __init__(self, channel: Channel | FramesChannel, ingest_id: str = "test-ingest",
                  token: str | None = None) -> None:
         self.channel = channel
         self.ingest_id = ingest_id
         self._cm = channel.request(SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch,
                                    pb.SyncReply, metadata=bearer(token))
-        self._stream: Stream[pb.UpdateBatch, pb.SyncReply] | None = None
+        self._stream: CallStream | None = None
 
     def __repr__(self) -> str:
         return f"SyncSession(ingest_id={self.ingest_id!r}, open={self._stream is not None})"
@@ -158,7 +159,7 @@ class SyncSession:
         """The reply to the oldest batch sent and not yet answered."""
         if self._stream is None:
             raise RuntimeError("SyncSession is not open")
-        reply = await self._stream.recv_message()
+        reply: pb.SyncReply | None = await self._stream.recv_message()
         if reply is None:
             raise ConnectionError("Sync stream ended without a reply")
         return reply

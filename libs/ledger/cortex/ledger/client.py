@@ -22,15 +22,26 @@ from grpclib.const import Cardinality
 from cortex.api.index.v1 import index_grpc
 from cortex.hashing import Engine, pack_keys, pack_tokens
 from cortex.ledger.codec import ENGINE_KIND, pb
+from cortex.ledger.frames import FramesChannel
 from cortex.ledger.grpc import LedgerCodec, bearer, method
 
-__all__ = ["IndexStub", "index_channel", "match_request"]
+__all__ = ["IndexStub", "index_channel", "match_request", "stream_channel"]
 
 
 def index_channel(target: str) -> Channel:
     """A channel to ``host:port`` (IPv6 hosts in brackets) with Cortex's codec."""
     host, _, port = target.rpartition(":")
     return Channel(host.strip("[]"), int(port), codec=LedgerCodec())
+
+
+def stream_channel(target: str, *, frames: bool) -> Channel | FramesChannel:
+    """A channel for Cortex's own streams (Sync, Replicate) to ``host:port``: Cortex frames
+    (:mod:`cortex.ledger.frames`), or gRPC when ``frames`` is false (an index that refused
+    frames, or an operator's choice)."""
+    if not frames:
+        return index_channel(target)
+    host, _, port = target.rpartition(":")
+    return FramesChannel(host.strip("[]"), int(port), codec=LedgerCodec())
 
 
 def match_request(

@@ -28,6 +28,8 @@ from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
+from cortex.ledger.grpc_server import GrpcServer
+
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "PEER_METHODS",
@@ -136,7 +138,16 @@ class TokenCheck:
         self.refused = 0
 
     def install(self, server: Server) -> None:
+        """Check every gRPC call of ``server`` (and its frames calls, on a ``GrpcServer``)."""
         listen(server, RecvRequest, self._on_request)
+        if isinstance(server, GrpcServer):
+            server.check = self._frames_allowed
+
+    def _frames_allowed(self, method_name: str, presented: str | None) -> bool:
+        if self.allowed(method_name, presented):
+            return True
+        self.refused += 1
+        return False
 
     def allowed(self, method_name: str, presented: str | None) -> bool:
         if method_name in PEER_METHODS:

@@ -164,6 +164,10 @@ class IndexMetrics:
             "cortex_index_apply_batch_seconds", "Time to apply one Sync batch (s)",
             buckets=(1e-4, 5e-4, 1e-3, 5e-3, 10e-3, 50e-3, 0.1, 0.5, 1.0), registry=r,
         )
+        self.frames_calls = Counter(
+            "cortex_index_frames_calls", "Calls made over Cortex frames instead of gRPC, by "
+            "method (ingest Sync, gateway Replicate)", ["method"], registry=r,
+        )
         self.sync_streams = Gauge(
             "cortex_index_sync_streams", "Open Sync streams (ingest connections)", registry=r
         )

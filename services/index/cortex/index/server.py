@@ -100,7 +100,8 @@ class IndexServer:
         c = self.config
         service = self._service = IndexService(self.core, c, self.metrics, self.index_id)
         health = Health({service: [self._serving]})
-        server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec())
+        server = GrpcServer(ServerReflection.extend([service, health]), codec=LedgerCodec(),
+                            on_frames_call=self._frames_call)
         self.tokens.install(server)
         try:
             sock = bound_socket(c.host, c.port)
@@ -118,6 +119,9 @@ class IndexServer:
         log.info("index serving grpc=%s metrics=%s index_id=%s budget=%d ledger_core=%s",
                  self.target, self._metrics_port, self.index_id, c.memory_budget_bytes,
                  cores.active())
+
+    def _frames_call(self, path: str) -> None:
+        self.metrics.frames_calls.labels(method=path.rsplit("/", 1)[-1]).inc()
 
     async def _start_metrics(self, host: str, port: int) -> None:
         async def metrics(_: web.Request) -> web.Response:

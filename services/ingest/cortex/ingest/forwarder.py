@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Protocol
 
-from grpclib.client import Channel, Stream
+from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
@@ -55,8 +55,10 @@ from cortex.ingest.forwarder_config import ForwarderConfig, IndexTarget
 from cortex.ingest.ops import SnapshotView, SourceId
 from cortex.ingest.queues import SourceQueues
 from cortex.ingest.wire import UpdateEncoder, encode_batch_bytes
+from cortex.ledger.client import stream_channel
 from cortex.ledger.codec import pb
-from cortex.ledger.grpc import LedgerCodec, bearer, method
+from cortex.ledger.frames import CallStream, FramesChannel, FramesRefused
+from cortex.ledger.grpc import bearer, method
 from cortex.ledger.model import (
     ClearBlocks,
     Op,
@@ -152,6 +154,7 @@ class IndexForwarder:
         self.state = ForwarderState.CONNECTING
         self.index_id = ""
         self.last_error = ""
+        self.frames = self.config.frames  # off once the index refuses them
         # counters (read by metrics)
         self.connects = 0
         self.failures = 0
@@ -251,7 +254,7 @@ class IndexForwarder:
         try:
             while True:
                 self.state = ForwarderState.CONNECTING
-                channel = Channel(self.target.host, self.target.port, codec=LedgerCodec())
+                channel = stream_channel(str(self.target), frames=self.frames)
                 try:
                     await self._stream(channel)
                 except (
@@ -270,7 +273,7 @@ class IndexForwarder:
             self.state = ForwarderState.STOPPED
             self._reset_stream()
 
-    async def _stream(self, channel: Channel) -> None:
+    async def _stream(self, channel: Channel | FramesChannel) -> None:
         await self._learn_epoch_floor(channel)
         async with channel.request(
             SYNC_METHOD, Cardinality.STREAM_STREAM, pb.UpdateBatch, pb.SyncReply,
@@ -294,7 +297,7 @@ class IndexForwarder:
             for task in done:
                 task.result()  # re-raise the failure
 
-    async def _learn_epoch_floor(self, channel: Channel) -> None:
+    async def _learn_epoch_floor(self, channel: Channel | FramesChannel) -> None:
         """Start this stream's epochs above every epoch the replica holds (tombstones too,
         other ingests' sources too: only growth matters). An index without ``Workers``
         leaves the wall clock alone; any other failure fails the connect (retried)."""
@@ -340,6 +343,10 @@ class IndexForwarder:
         self._wake.set()
 
     def _disconnected(self, exc: BaseException) -> None:
+        if isinstance(exc, FramesRefused):
+            log.warning("index %s does not answer Cortex frames; streaming over gRPC",
+                        self.target)
+            self.frames = False
         self.failures += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
         if self.state is ForwarderState.STREAMING:
@@ -356,7 +363,7 @@ class IndexForwarder:
 
     # ---- sending ------------------------------------------------------------------------
 
-    async def _send_loop(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
+    async def _send_loop(self, stream: CallStream) -> None:
         loop = asyncio.get_running_loop()
         heartbeat = self.config.heartbeat_s
         last_sent = loop.time()
@@ -380,7 +387,7 @@ class IndexForwarder:
             quiet = (self.config.quiet_replies and bool(updates)
                      and self._stream_batches + 1 - self.acked_batches < inflight)
             data = encode_batch_bytes(self.ingest_id, updates, quiet)
-            await stream.send_message(data)  # type: ignore[arg-type]  # LedgerCodec: bytes
+            await stream.send_message(data)  # LedgerCodec passes bytes through
             last_sent = loop.time()
             self.sent_batches += 1
             self._stream_batches += 1
@@ -494,7 +501,7 @@ class IndexForwarder:
 
     # ---- replies ------------------------------------------------------------------------
 
-    async def _recv_loop(self, stream: Stream[pb.UpdateBatch, pb.SyncReply]) -> None:
+    async def _recv_loop(self, stream: CallStream) -> None:
         timeout = self.config.reply_timeout_s
         while True:
             try:

@@ -70,6 +70,10 @@ class ForwarderConfig:
     rates, but the last batch of a burst is acknowledged only by the next batch's reply or
     the next heartbeat's, so :attr:`IndexForwarder.idle` (``index_idle``) lags by up to
     ``heartbeat_s``."""
+    frames: bool = True
+    """Stream to the index over Cortex frames (its gRPC port, without HTTP/2: a fraction of
+    the CPU per batch at both ends); an index that does not answer them is streamed to over
+    gRPC from then on."""
 
     def __post_init__(self) -> None:
         if min(self.queue_max_updates, self.batch_max_updates, self.snapshot_chunk_keys,

@@ -391,12 +391,14 @@ class IndexConfig:
     ``match_timeout_ms`` bounds one gRPC Match; ``retry_after_ms``: a failed index is skipped
     this long; ``workers_poll_s``: ledger states polled while the replica is not usable.
     ``token_file``: a file with the index's peer token (its ``--peer-token-file``), presented
-    on every call.
+    on every call. ``frames``: the replica streams over Cortex frames (the index's port
+    without HTTP/2); an index that does not answer them is replicated over gRPC.
     """
 
     targets: tuple[str, ...] = ()
     token_file: str = ""
     replica: bool = True
+    frames: bool = True
     replica_grace_s: float = 2.0
     replica_touch_interval_s: float = 1.0
     match_timeout_ms: float = 100.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from grpclib.client import Channel, Stream
+from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
@@ -34,8 +34,9 @@ from cortex.edge.tasks import stop_tasks
 from cortex.gateway.config.gateway import IndexConfig
 from cortex.gateway.metrics import GatewayMetrics
 from cortex.hashing import HashDomain
-from cortex.ledger.client import index_channel
+from cortex.ledger.client import stream_channel
 from cortex.ledger.codec import pb
+from cortex.ledger.frames import CallStream, FramesChannel, FramesRefused
 from cortex.ledger.grpc import bearer, method
 from cortex.ledger.match import Match, SourceMatch
 from cortex.ledger.model import LedgerState, Tier
@@ -214,7 +215,6 @@ def merge_matches(first: Match | None, other: Match | None) -> Match | None:
 # ---- replica_client ----
 
 
-_Stream = Stream[pb.ReplicaRequest, pb.ReplicaBatch]
 _ERRORS = (GRPCError, StreamTerminatedError, ProtocolError, OSError, TimeoutError, OutOfSync)
 
 
@@ -243,6 +243,7 @@ class ReplicaClient:
         self.replica = LedgerReplica(clock)
         self.replica_id = replica_id
         self._metadata = bearer(token)
+        self.frames = config.frames  # off once the index refuses them
         self.connected = False
         self.last_error: str | None = None
         self._on_changes = on_changes
@@ -282,7 +283,7 @@ class ReplicaClient:
         targets = self.config.targets
         while True:
             target = targets[self._target % len(targets)]
-            channel = index_channel(target)
+            channel = stream_channel(target, frames=self.frames)
             synced_before = self.replica.snapshots
             try:
                 await self._stream(channel)
@@ -301,6 +302,10 @@ class ReplicaClient:
             backoff = min(backoff * 2, 2.0)
 
     def _lost(self, target: str, exc: BaseException) -> None:
+        if isinstance(exc, FramesRefused):
+            log.warning("index %s does not answer Cortex frames; replicating over gRPC",
+                        target)
+            self.frames = False
         reason = "out_of_sync" if isinstance(exc, OutOfSync) else type(exc).__name__
         self.last_error = f"{target}: {reason}"
         self.metrics.replica_resyncs.labels(reason=reason).inc()
@@ -309,7 +314,7 @@ class ReplicaClient:
         else:
             log.info("ledger replica: index %s unreachable (%r)", target, exc)
 
-    async def _stream(self, channel: Channel) -> None:
+    async def _stream(self, channel: Channel | FramesChannel) -> None:
         grace = self.config.replica_grace_s
         async with channel.request(method("Replicate"), Cardinality.STREAM_STREAM,
                                    pb.ReplicaRequest, pb.ReplicaBatch,
@@ -352,7 +357,7 @@ class ReplicaClient:
                 return
             await asyncio.sleep(0)  # one loop turn between steps
 
-    async def _touch_loop(self, stream: _Stream) -> None:
+    async def _touch_loop(self, stream: CallStream) -> None:
         while True:
             await asyncio.sleep(self.config.replica_touch_interval_s)
             touched = self.replica.take_touched()
@@ -368,7 +373,7 @@ class ReplicaClient:
         m.replica_bytes.set(self.replica.view.bytes_estimate)
 
 
-async def _batches(stream: _Stream, timeout: float) -> AsyncIterator[pb.ReplicaBatch]:
+async def _batches(stream: CallStream, timeout: float) -> AsyncIterator[pb.ReplicaBatch]:
     """The stream's batches; TimeoutError when none arrives for ``timeout`` s (the index
     heartbeats far more often: a silent stream is a dead one)."""
     while True:
