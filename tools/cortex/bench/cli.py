@@ -16,6 +16,7 @@ from cortex.edge.main import register_subcommands
 BENCHMARKS: dict[str, str] = {
     "hashing": "cortex.bench.hashing",
     "wire": "cortex.bench.wire",
+    "transport": "cortex.bench.transport",
     "index": "cortex.bench.index",
     "ingest": "cortex.bench.ingest",
     "sim": "cortex.bench.sim",
