@@ -176,8 +176,8 @@ def _render(cells: dict[tuple[str, bool], list[tuple[float, float]]], messages: 
         f"Messages: an `UpdateBatch` of {STORES} stores ({batch_bytes:,} bytes) answered by a "
         f"`SyncReply` (*Sync*: the client sends, the server replies); the same bytes as "
         f"`ReplicaBatch`es, server to client, paced (*Replicate*). {messages:,} messages "
-        f"per round, {rounds} rounds per cell, µs of CPU per message (a Sync message is a batch and "
-        "its reply), median of rounds.", "",
+        f"per round, {rounds} rounds per cell, µs of CPU per message (a Sync message is a "
+        "batch and its reply), median of rounds.", "",
         "| stream | end | gRPC µs | frames µs | frames / gRPC |",
         "|---|---|---:|---:|---:|",
     ]
