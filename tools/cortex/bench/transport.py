@@ -185,8 +185,8 @@ def _render(cells: dict[tuple[str, bool], list[tuple[float, float]]], messages: 
                         ("Replicate", ("client (gateway)", "server (index)"))):
         for end, name in enumerate(ends):
             grpc, frames = median(shape, False, end), median(shape, True, end)
-            lines.append(f"| {shape} | {name} | {grpc:.1f} | {frames:.1f} | "
-                         f"{frames / grpc:.2f} |")
+            ratio = f"{frames / grpc:.2f}" if grpc else "—"  # /proc counts 10 ms ticks
+            lines.append(f"| {shape} | {name} | {grpc:.1f} | {frames:.1f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
