@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 def test_bench_transport_writes_every_cell(tmp_path: Path) -> None:
     assert transport.main(["--out", str(tmp_path), "--messages", "50", "--rounds", "1"]) == 0
     report = (tmp_path / "transport.md").read_text()
-    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ")][2:]
+    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ")][1:]
     assert [(r[0].removeprefix("| "), r[1].split(" ")[0]) for r in rows] == [
         ("Sync", "client"), ("Sync", "server"), ("Replicate", "client"),
         ("Replicate", "server")]

@@ -17,12 +17,13 @@ big-endian body length, a kind byte (:class:`Kind`) and the body:
 - ``STATUS`` (server, last): a gRPC status code byte and its message (UTF-8); ``OK`` ends
   the call.
 
-The server answers :data:`PREFACE` before anything else: a peer that answers otherwise is
-not a Cortex index speaking frames (an older index, or a proxy that only passes HTTP/2), and
-the client raises :class:`FramesRefused` so that its caller can fall back to gRPC. Messages
-go through the same codec as on gRPC (``LedgerCodec``: a message over its bound is refused
-from its header, ``RESOURCE_EXHAUSTED``; one that does not parse is ``INVALID_ARGUMENT``),
-and the server runs the same handlers, with the same token check.
+The server answers :data:`PREFACE` once it has read ``CALL``, before anything else: a peer
+that answers otherwise is not a Cortex index speaking frames (an older index, or a proxy
+that only passes HTTP/2), and the client raises :class:`FramesRefused` so that its caller
+can fall back to gRPC. Messages go through the same codec as on gRPC (``LedgerCodec``: a
+message over its bound is refused from its header, ``RESOURCE_EXHAUSTED``; one that does
+not parse is ``INVALID_ARGUMENT``), and the server runs the same handlers, with the same
+token check.
 
 :class:`FramesChannel` mirrors the part of grpclib's ``Channel`` that Cortex's streams use
 (``request(...)`` as an async context manager with ``send_request``, ``send_message``,
@@ -55,6 +56,7 @@ PREFACE = b"\xc3CORTEX1"
 
 _HEADER = struct.Struct(">IB")
 _INBOX_FRAMES = 64  # frames read ahead of the consumer before the socket stops being read
+_CALL_LIMIT = 16 << 10  # bytes before a call is named: a method path and a token
 _LINGER_S = 5.0  # a call's end waits this long for the client to close, then aborts
 _DEFAULT_LIMIT = 64 << 20
 
@@ -89,7 +91,7 @@ class FrameReader:
     header, before it is buffered; an unknown kind raises ``ProtocolError``."""
 
     def __init__(self, limit: int = _DEFAULT_LIMIT) -> None:
-        self.limit = limit
+        self.limit = limit  # bytes; may change between feeds
         self._buffer = bytearray()
 
     def __repr__(self) -> str:
@@ -189,8 +191,8 @@ Check = Callable[[str, str | None], bool]
 class ServedCall:
     """The server's end of one frames call, fed by the connection's protocol (which owns
     the transport): ``data_received`` / ``connection_lost`` / ``pause_writing`` /
-    ``resume_writing``. It answers the preface, reads ``CALL``, checks it, runs the
-    method's handler in a task (added to ``tasks`` while it runs) with itself as the
+    ``resume_writing``. It reads the preface and ``CALL`` (at most :data:`_CALL_LIMIT`
+    bytes), answers the preface, checks the call, runs the method's handler in a task (added to ``tasks`` while it runs) with itself as the
     stream, and ends with ``STATUS`` and closing the connection. ``started(method_path)``
     hears of every call whose handler runs."""
 
@@ -203,7 +205,9 @@ class ServedCall:
         self._check = check
         self._tasks = tasks
         self._started = started
-        self._reader = FrameReader(getattr(codec, "max_message_bytes", _DEFAULT_LIMIT))
+        self._limit = getattr(codec, "max_message_bytes", _DEFAULT_LIMIT)
+        self._reader = FrameReader(_CALL_LIMIT)
+        self._greeted = False
         self._preface = b""
         self._handler: Handler | None = None
         self._task: asyncio.Task[None] | None = None
@@ -225,7 +229,6 @@ class ServedCall:
             data = data[need:]
             if len(self._preface) < len(PREFACE):
                 return
-            self._pipe.transport.write(PREFACE)
         try:
             frames = self._reader.feed(data)
         except FrameTooLarge as exc:
@@ -239,7 +242,8 @@ class ServedCall:
             if kind is not Kind.CALL:
                 self._refuse(Status.INTERNAL, "the first frame must be CALL")
                 return
-            self._start(body)
+            if not self._start(body):
+                return
         if frames:
             self._pipe.put(frames)
 
@@ -285,24 +289,35 @@ class ServedCall:
 
     # ---- the call -----------------------------------------------------------------------------
 
-    def _start(self, body: bytes) -> None:
+    def _start(self, body: bytes) -> bool:
+        """Greet, then run the named method or refuse it; whether it runs. The preface goes
+        out only now, so nothing the client sends after it can share a read with ``CALL``:
+        until then a frame may be :data:`_CALL_LIMIT` bytes, then the codec's bound."""
+        self._greet()
         path, _, authorization = body.decode("utf-8", "replace").partition("\n")
         self.method = path
         handler = self._mapping.get(path)
         if handler is None:
             self._refuse(Status.UNIMPLEMENTED, "Method not found")
-            return
+            return False
         if self._check is not None and not self._check(path, authorization or None):
             self._refuse(Status.UNAUTHENTICATED,
                          "a valid token is required for " + path.rsplit("/", 1)[-1])
-            return
+            return False
         self._handler = handler
+        self._reader.limit = self._limit
         if self._started is not None:
             self._started(path)
         self._task = asyncio.get_running_loop().create_task(self._run(handler),
                                                             name=f"frames {path}")
         self._tasks.add(self._task)
         self._task.add_done_callback(self._tasks.discard)
+        return True
+
+    def _greet(self) -> None:
+        if not self._greeted:
+            self._greeted = True
+            self._pipe.transport.write(PREFACE)
 
     async def _run(self, handler: Handler) -> None:
         try:
@@ -318,6 +333,7 @@ class ServedCall:
             self._end(Status.OK, "")
 
     def _refuse(self, status: Status, message: str) -> None:
+        self._greet()  # a status, not a refused preface: the client asked for frames
         self._end(status, message)
         self._pipe.close(None)
         if self._task is not None:
