@@ -192,9 +192,10 @@ class ServedCall:
     """The server's end of one frames call, fed by the connection's protocol (which owns
     the transport): ``data_received`` / ``connection_lost`` / ``pause_writing`` /
     ``resume_writing``. It reads the preface and ``CALL`` (at most :data:`_CALL_LIMIT`
-    bytes), answers the preface, checks the call, runs the method's handler in a task (added to ``tasks`` while it runs) with itself as the
-    stream, and ends with ``STATUS`` and closing the connection. ``started(method_path)``
-    hears of every call whose handler runs."""
+    bytes), answers the preface, checks the call, runs the method's handler in a task
+    (added to ``tasks`` while it runs) with itself as the stream, and ends with ``STATUS``
+    and closing the connection. ``started(method_path)`` hears of every call whose handler
+    runs."""
 
     def __init__(self, transport: asyncio.Transport, mapping: Mapping[str, Handler],
                  codec: CodecBase, check: Check | None, tasks: set[asyncio.Task[None]],
