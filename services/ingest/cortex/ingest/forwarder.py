@@ -338,8 +338,8 @@ class IndexForwarder:
             # A removal applies in any epoch (forgetting only under-estimates).
             encoder = UpdateEncoder(source, domain)
             self._send_later(source, encoder.remove_source(self.epochs.next(), 0, reason))
-        log.info("index %s: Sync stream open; sending %d snapshots", self.target,
-                 len(self._dirty))
+        log.info("index %s: Sync stream open (%s); sending %d snapshots", self.target,
+                 "frames" if self.frames else "gRPC", len(self._dirty))
         self._wake.set()
 
     def _disconnected(self, exc: BaseException) -> None:

@@ -337,9 +337,9 @@ class ReplicaClient:
         m.replica_batches.inc()
         if batch.snapshot and batch.synced:
             m.replica_snapshots.inc()
-            log.info("ledger replica synced from index %s: %d blocks, %d sources, version %d",
-                     batch.index_id, replica.view.blocks, len(replica.view.places),
-                     replica.version)
+            log.info("ledger replica synced from index %s over %s: %d blocks, %d sources, "
+                     "version %d", batch.index_id, "frames" if self.frames else "gRPC",
+                     replica.view.blocks, len(replica.view.places), replica.version)
         if batch.applied_unix_s and batch.ops:
             m.replica_lag.observe(max(0.0, time.time() - batch.applied_unix_s))
         if changes.reset or changes.removed or changes.cleared:
