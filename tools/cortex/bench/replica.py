@@ -66,15 +66,13 @@ async def _feeder(target: str, rate: float, seconds: float, blocks: int, per_bat
     """Stores at ``rate`` blocks/s for ``seconds``, two batches in flight as an ingest keeps
     them (``max_inflight_batches``); prints how many blocks it sent."""
     import numpy as np
-    from grpclib.client import Channel
 
-    from cortex.ledger.grpc import LedgerCodec
+    from cortex.ledger.client import stream_channel
     from cortex.testing.index_sync import LedgerUpdates, SyncSession
 
-    host, _, port = target.rpartition(":")
     rng = random.Random(seed)
     keygen = np.random.default_rng(seed)
-    channel = Channel(host, int(port), codec=LedgerCodec())
+    channel = stream_channel(target, frames=True)  # as the ingest streams
     builders = [LedgerUpdates(f"w{i}", DOMAIN, epoch=seed + 1) for i in range(SOURCES)]
     tails = [DOMAIN.root_key()] * SOURCES
     sent = 0
@@ -292,6 +290,7 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         f"{os.getloadavg()[1]:.1f} over the last 5 minutes. One `cortex index`, "
         f"one feeder process (Sync, {blocks}-block stores over {SOURCES} sources, {per_batch} "
         f"updates a batch), {replicas} replica processes (a gateway's `ReplicaClient` each), "
+        "both streams over Cortex frames as the ingest's and gateways' are, "
         "all on 127.0.0.1 and one machine: the replicas compete with the index for the cores.",
         "",
         *table(("offered blocks/s", "index and replicas apply", "sent", "achieved blocks/s",
