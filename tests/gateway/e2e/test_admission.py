@@ -34,12 +34,14 @@ def chat(text: str, **extra: Any) -> dict[str, Any]:
 async def test_a_full_queue_is_a_429_and_a_long_wait_a_503_both_with_retry_after(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession,
 ) -> None:
-    sim = await start_sim(timing=DECODE_ONLY)  # 20 ms a token: 50 tokens hold the slot 1 s
-    admission = AdmissionConfig(max_concurrent_requests=1, queue_size=1, queue_timeout_s=0.3,
+    # 20 ms a token: 150 tokens hold the slot 3 s, past the queue's 2 s timeout, which in
+    # turn leaves a loaded machine time to send the third request while the second waits
+    sim = await start_sim(timing=DECODE_ONLY)
+    admission = AdmissionConfig(max_concurrent_requests=1, queue_size=1, queue_timeout_s=2.0,
                                 retry_after_s=2)
     gw = await start_gateway([spec_of(sim, "w")], admission=admission)
     slow = asyncio.create_task(http.post(gw.url + "/v1/chat/completions",
-                                         json=chat("long", max_tokens=50, ignore_eos=True)))
+                                         json=chat("long", max_tokens=150, ignore_eos=True)))
     await wait_until_async(lambda: gw.gateway.admission.active == 1, timeout=10,
                            what="the slot taken")
     queued = asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=chat("q")))
