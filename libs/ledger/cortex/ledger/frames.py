@@ -190,12 +190,12 @@ Check = Callable[[str, str | None], bool]
 
 class ServedCall:
     """The server's end of one frames call, fed by the connection's protocol (which owns
-    the transport): ``data_received`` / ``connection_lost`` / ``pause_writing`` /
-    ``resume_writing``. It reads the preface and ``CALL`` (at most :data:`_CALL_LIMIT`
-    bytes), answers the preface, checks the call, runs the method's handler in a task
-    (added to ``tasks`` while it runs) with itself as the stream, and ends with ``STATUS``
-    and closing the connection. ``started(method_path)`` hears of every call whose handler
-    runs."""
+    the transport and has read the client's preface): ``data_received`` /
+    ``connection_lost`` / ``pause_writing`` / ``resume_writing``. It reads ``CALL`` (at most
+    :data:`_CALL_LIMIT` bytes), answers the preface, checks the call, runs the method's
+    handler in a task (added to ``tasks`` while it runs) with itself as the stream, and
+    ends with ``STATUS`` and closing the connection. ``started(method_path)`` hears of
+    every call whose handler runs."""
 
     def __init__(self, transport: asyncio.Transport, mapping: Mapping[str, Handler],
                  codec: CodecBase, check: Check | None, tasks: set[asyncio.Task[None]],
@@ -209,7 +209,6 @@ class ServedCall:
         self._limit = getattr(codec, "max_message_bytes", _DEFAULT_LIMIT)
         self._reader = FrameReader(_CALL_LIMIT)
         self._greeted = False
-        self._preface = b""
         self._handler: Handler | None = None
         self._task: asyncio.Task[None] | None = None
         self._ended = False
@@ -224,12 +223,6 @@ class ServedCall:
     def data_received(self, data: bytes) -> None:
         if self._ended:
             return
-        if len(self._preface) < len(PREFACE):
-            need = len(PREFACE) - len(self._preface)
-            self._preface += data[:need]
-            data = data[need:]
-            if len(self._preface) < len(PREFACE):
-                return
         try:
             frames = self._reader.feed(data)
         except FrameTooLarge as exc:
@@ -389,7 +382,7 @@ class _Client(asyncio.Protocol):
         assert self.pipe is not None
         if not self.greeted.done():
             self._head += data
-            if PREFACE.startswith(self._head[:len(PREFACE)]) and len(self._head) < len(PREFACE):
+            if len(self._head) < len(PREFACE) and PREFACE.startswith(self._head):
                 return
             if not self._head.startswith(PREFACE):
                 self.greeted.set_exception(FramesRefused(
@@ -403,9 +396,6 @@ class _Client(asyncio.Protocol):
         except (FrameTooLarge, ProtocolError) as exc:
             self.pipe.close(exc)
             self.pipe.transport.abort()
-
-    def eof_received(self) -> bool | None:
-        return None  # close the transport: the server has said all it will
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self.greeted.done():

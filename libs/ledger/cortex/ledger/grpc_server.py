@@ -67,7 +67,7 @@ class _Connection(H2Protocol):
             assert self.transport is not None
             if head.startswith(PREFACE):
                 self._frames = self._server._frames_call(self.transport)
-                self._frames.data_received(head)
+                self._frames.data_received(head[len(PREFACE):])
             else:
                 self._h2 = True
                 super().connection_made(self.transport)
