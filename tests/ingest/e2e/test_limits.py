@@ -173,7 +173,12 @@ async def test_a_quiet_source_stays_fresh_while_another_floods(fleet: Fleet) -> 
                                what="the flood arriving")
         rank, domain = quiet.ranks[0], HashDomain(MODEL, 4, Engine.VLLM)
         quiet_tracker = ingest.trackers[SourceId("quiet", 0)]
-        held = fleet.index[0].core.trees[domain].keys_of
+        trees = fleet.index[0].core.trees  # the quiet domain's tree comes with its first update
+
+        def held(source: Source) -> set[int]:
+            tree = trees.get(domain)
+            return set() if tree is None else tree.keys_of(source)
+
         applied: list[float] = []  # batch timestamp -> applied by the ingest
         arrived: list[float] = []  # published -> held by the index
         for i in range(20):  # one small update every 100 ms while the flood runs
