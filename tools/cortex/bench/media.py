@@ -11,7 +11,7 @@ is what the pixels say); every image is new
 report gives each target's TTFT p50 / p90 and the p50 added over calling the sim directly.
 
 With ``--profile``, py-spy samples the gateway during a closed loop of requests with the
-largest image (``--profile-image flat``: the one-colour one; ``--nonblocking``); the top
+largest image (``--profile-image flat``: the one-colour one; ``--nonblocking --gil``); the top
 frames and the gateway's CPU time per request go into the report.
 """
 

@@ -584,8 +584,8 @@ def _report(args: argparse.Namespace, routing: dict[str, dict[str, list[float]]]
         lines += [
             "## 5. Where the gateway's CPU goes, by function (py-spy)",
             "",
-            f"py-spy (`record --nonblocking --rate 200`) on the gateway during section 3's"
-            f" closed loop: {samples:,} samples. *self*: share of samples with the function on"
+            f"py-spy (`record --nonblocking --gil --rate 200`) on the gateway during section"
+            f" 3's closed loop: {samples:,} samples. *self*: share of samples with the function on"
             " top of the stack; *total*: with it anywhere on the stack.",
             "",
             *table(("function", "self %", "total %"), frames_table(frames), "lrr"),

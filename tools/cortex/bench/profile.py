@@ -1,10 +1,11 @@
 """``Profile``: py-spy sampling one process while a benchmark loads it, and its top frames.
 
-``with Profile(pid, path) as p: ...`` records every thread of ``pid`` (``--nonblocking``: the
-process is never paused, so the profile does not slow what it measures) into ``path`` as
-collapsed stacks; afterwards ``p.top(n)`` is the ``n`` functions with the most samples on top
-of the stack (self) and each one's share of all samples including callees (total). Frames are
-named ``function (module)``: line numbers are dropped so that one function is one row.
+``with Profile(pid, path) as p: ...`` records ``pid`` as every benchmark does
+(:data:`~cortex.bench.pyspy.SAMPLE_FLAGS`: never pausing it, the thread holding the GIL)
+into ``path`` as collapsed stacks; afterwards ``p.top(n)`` is the ``n`` functions with the
+most samples on top of the stack (self) and each one's share of all samples including callees
+(total). Frames are named ``function (module)``: line numbers are dropped so that one
+function is one row.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from cortex.bench.pyspy import SAMPLE_FLAGS
 
 __all__ = ["Frame", "Profile", "frames_table"]
 
@@ -44,7 +47,7 @@ class Profile:
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self._child = subprocess.Popen(
             [spy, "record", "--pid", str(self.pid), "--rate", str(self.rate), "--format", "raw",
-             "--nonblocking", "--output", str(self.path)],
+             *SAMPLE_FLAGS, "--output", str(self.path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return self
 

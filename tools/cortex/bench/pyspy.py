@@ -14,7 +14,16 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["find_py_spy", "record", "top_frames", "top_frames_table"]
+__all__ = ["SAMPLE_FLAGS", "find_py_spy", "record", "top_frames", "top_frames_table"]
+
+SAMPLE_FLAGS = ("--nonblocking", "--gil")
+"""How every benchmark samples: never pausing the process (``--nonblocking``: the profile
+does not slow what it measures), and only the thread holding the GIL (``--gil``). py-spy's
+own idle filter misses threads waiting where it does not look: an event loop on uvloop
+waits in ``epoll_pwait``, an idle executor thread in a lock, and both were counted as
+running (on a gateway at 3 % CPU, half of all samples were idle threads, a quarter the
+loop's wait). What the GIL filter leaves out: native work that releases it (an encoder
+running in a thread without the GIL)."""
 
 _FRAME = re.compile(r"(?P<name>.*) \((?P<file>.*?)(?::\d+)?\)$")
 
@@ -32,7 +41,7 @@ def record(py_spy: str, pid: int, seconds: float, out: Path, rate: int = 250
     """Start sampling ``pid`` for ``seconds`` into ``out`` (raw collapsed stacks)."""
     return subprocess.Popen(
         [py_spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-         "--rate", str(rate), "--format", "raw", "--output", str(out), "--nonblocking"],
+         "--rate", str(rate), "--format", "raw", "--output", str(out), *SAMPLE_FLAGS],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -44,7 +53,8 @@ def _name(frame: str) -> str:
 def top_frames(raw: Path, n: int = 15) -> tuple[int, list[tuple[str, float, float]]]:
     """``(samples, [(function, inclusive %, self %)])``, the ``n`` largest by inclusive share,
     leaving out the frames every sample has. py-spy samples by wall clock and skips idle
-    threads, so a thread preempted while runnable (a busy machine) still counts."""
+    threads (:data:`SAMPLE_FLAGS`), so a thread preempted while runnable (a busy machine)
+    still counts."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0

@@ -868,9 +868,9 @@ def _profile_lines(row: dict[str, Any]) -> list[str]:
     found = row["profile"]
     frames = [Frame(**f) for f in found["frames"]]
     lines = [f"## Where {row['contender']}'s {found['process']} spends its time (py-spy)", "",
-             f"`py-spy record --nonblocking --rate 200` on {found['process']} for the "
+             f"`py-spy record --nonblocking --gil --rate 200` on {found['process']} for the "
              f"contender's whole workload ({row['requests']} requests): {found['samples']:,} "
-             "samples of its busy threads (py-spy leaves idle ones out); share of samples with "
+             "samples of the thread holding the GIL (idle threads hold none); share with "
              f"the function on top of the stack (self) and anywhere on it (total). Raw stacks: "
              f"`real-{row['contender']}.profile.txt`.", "",
              "| function | self % | total % |", "|---|---:|---:|"]
