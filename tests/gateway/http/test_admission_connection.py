@@ -228,9 +228,14 @@ async def test_a_client_that_stops_reading_loses_its_connection(
 class _Transport:
     def __init__(self) -> None:
         self.closing = False
+        self.buffered = 0  # bytes the client has not taken
+        self.writes: list[bytes] = []
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
 
     def is_closing(self) -> bool:
         return self.closing
@@ -283,3 +288,21 @@ async def test_a_request_that_comes_before_the_idle_watch_runs_gets_no_deadline(
         await watch.restart(SimpleNamespace(_task_group=group), None)  # answered: idle
         assert watch.deadline is not None and watch.deadline.when() is not None
         await watch.end()
+
+
+async def test_write_now_sends_at_once_joins_a_pending_flush_and_never_waits() -> None:
+    writer = _Writer()
+    conn = GuardedConnection(None, asyncio.get_running_loop(), None, None, None, None, writer,
+                             deadlines=ConnectionDeadlines(1.0, 1.0, 1.0),
+                             on_timeout=lambda phase: None)
+    transport = writer.transport
+    await conn.protocol_send(RawData(b"HTTP/1.1 200 OK\r\n\r\n"))  # headers, this turn
+    assert conn.write_now(b"first") and transport.writes == []  # after them, in their flush
+    await asyncio.sleep(0)
+    assert writer.sends == [b"HTTP/1.1 200 OK\r\n\r\nfirst"]
+    assert conn.write_now(b"next") and transport.writes == [b"next"]  # nothing pending
+    transport.buffered = 1  # the client is behind: the ASGI send must wait for it
+    assert not conn.write_now(b"held")
+    transport.buffered, transport.closing = 0, True
+    assert not conn.write_now(b"late")
+    assert transport.writes == [b"next"] and len(writer.sends) == 1

@@ -1,18 +1,29 @@
 """cortex.gateway.http.admission, the wire: LeanH11Connection sends what h11.Connection sends
-(a differential test over the cases h11's framing step treats apart); checked_headers checks
-what h11's normalize_and_validate checks; CachedDateConfig writes hypercorn's Date."""
+(a differential test over the cases h11's framing step treats apart); the body writer sends
+what h11 sends for a piece of a chunked body, and only in the middle of one; checked_headers
+checks what h11's normalize_and_validate checks; CachedDateConfig writes hypercorn's Date."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import h11
 import pytest
 from h11._headers import normalize_and_validate
+from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Event, RawData
 
 from cortex.gateway.http import admission
-from cortex.gateway.http.admission import CachedDateConfig, LeanH11Connection, checked_headers
+from cortex.gateway.http.admission import (
+    BODY_WRITER,
+    CachedDateConfig,
+    LeanH11Connection,
+    LeanH11Protocol,
+    body_writer,
+    checked_headers,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -67,6 +78,93 @@ def test_lean_connection_sends_what_h11_sends(request_name: str, response_name: 
     request = REQUESTS[request_name]
     expected = _exchange(h11.Connection(h11.SERVER), request, status, headers)
     assert _exchange(LeanH11Connection(h11.SERVER), request, status, headers) == expected
+
+
+class _Spawner:
+    """hypercorn's task group as the protocol uses it: the app is not run, its scope kept."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, Any]] = []
+
+    async def spawn_app(self, app: object, config: object, scope: dict[str, Any],
+                        send: object) -> Any:
+        self.scopes.append(scope)
+
+        async def put(message: object) -> None:
+            pass
+        return put
+
+
+class _Guarded:
+    """What the body writer writes through (GuardedConnection.write_now, tested below)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write_now(self, data: bytes) -> bool:
+        self.written.append(data)
+        return True
+
+
+async def _served(request: bytes) -> tuple[LeanH11Protocol, _Guarded, list[bytes],
+                                           dict[str, Any]]:
+    """A LeanH11Protocol that read ``request``: (it, its guarded connection, the bytes its
+    ASGI side sent, the app's scope)."""
+    guarded, sent, spawner = _Guarded(), [], _Spawner()
+
+    async def send(event: Event) -> None:
+        if isinstance(event, RawData):
+            sent.append(bytes(event.data))
+
+    protocol = LeanH11Protocol(None, HypercornConfig(), WorkerContext(None), spawner, {},
+                               False, None, None, send,
+                               guarded=guarded)  # type: ignore[arg-type]
+    await protocol.handle(RawData(request))
+    (scope,) = spawner.scopes
+    return protocol, guarded, sent, scope
+
+
+@pytest.mark.parametrize("response_name", ["stream", "chunked given", "close given"])
+async def test_the_body_writer_sends_what_h11_sends_for_a_chunk(response_name: str) -> None:
+    status, headers = RESPONSES[response_name]
+    request = REQUESTS["post 1.1"]
+    protocol, guarded, sent, scope = await _served(request)
+    assert body_writer(scope) == protocol.write_body  # the app finds it in its scope
+    assert scope["extensions"][BODY_WRITER] == protocol.write_body
+    assert not protocol.write_body(b"data: early\n\n")  # no response started
+    stream = protocol.stream
+    assert stream is not None
+    await stream.app_send({"type": "http.response.start", "status": status, "headers": headers})
+    for chunk in STREAMED:
+        assert protocol.write_body(chunk) == bool(chunk)  # an empty one is no chunk
+    await stream.app_send({"type": "http.response.body", "body": b"", "more_body": False})
+    assert not protocol.write_body(b"data: late\n\n")  # the body ended
+    reference = h11.Connection(h11.SERVER)
+    reference.receive_data(request)
+    while type(reference.next_event()) is not h11.EndOfMessage:
+        pass
+    reference.send(h11.Response(status_code=status, headers=headers))
+    assert guarded.written == [reference.send(h11.Data(data=c)) for c in STREAMED if c]
+    assert sent[-1] == reference.send(h11.EndOfMessage())
+
+
+@pytest.mark.parametrize(("request_name", "response_name"),
+                         [("post 1.1", "sized"), ("post 1.0", "stream"),
+                          ("head 1.1", "stream"), ("post 1.1", "no content")])
+async def test_the_body_writer_writes_no_body_that_is_not_chunked(
+        request_name: str, response_name: str) -> None:
+    status, headers = RESPONSES[response_name]
+    protocol, guarded, _, _ = await _served(REQUESTS[request_name])
+    stream = protocol.stream
+    assert stream is not None
+    await stream.app_send({"type": "http.response.start", "status": status, "headers": headers})
+    assert not protocol.write_body(b"{}")  # the ASGI send frames it, or refuses it
+    assert guarded.written == []
+
+
+def test_no_body_writer_is_one_that_never_writes() -> None:
+    assert body_writer({"type": "http", "extensions": {}})(b"data") is False
+    assert body_writer({"type": "http"})(b"data") is False
 
 
 def test_lean_connection_still_refuses_data_after_the_end() -> None:

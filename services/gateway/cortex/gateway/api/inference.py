@@ -36,6 +36,7 @@ from cortex.gateway.errors import (
     anthropic_error_event,
     relayed_error,
 )
+from cortex.gateway.http.admission import body_writer
 from cortex.gateway.http.asgi import Message, Receive, Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -517,12 +518,14 @@ class _Conversation:
         idle_s = Timeouts.of(req.model, self.gw.config.upstream).stream_idle_s
         progressed = self._dispatcher.watch.progressed
         worker_id = opened.worker.id
+        write = body_writer(self.request.scope)
         async for chunk in opened.response.chunks(idle_s):
             progressed(worker_id)
             out = _checked(forwarder, chunk)
             if out:
                 self.answered = forwarder.done  # before the send: the client may close in it
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+                if not write(out):
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
                 if first:
                     self._first_byte_sent("true", opened)
                     first = False
@@ -554,13 +557,15 @@ class _Conversation:
                 progressed(worker_id)
                 yield chunk
 
+        write = body_writer(self.request.scope)
         async for chunk in chunks():
             out = events.feed(chunk)
             if events.malformed:
                 raise UpstreamFailure(FailureKind.BAD_ANSWER,
                                       "an event that is not the engines' SSE")
             self.answered = events.done
-            await send({"type": "http.response.body", "body": out, "more_body": True})
+            if out and not write(out):
+                await send({"type": "http.response.body", "body": out, "more_body": True})
             if first:
                 self._first_byte_sent("true", opened)
                 first = False

@@ -34,6 +34,12 @@ every client out. Here:
   h11's (``tests/gateway/http/test_admission_wire.py`` compares both).
   :class:`CachedDateConfig` formats the ``Date`` header once per second (its resolution),
   not per response.
+- a streamed answer's events can skip the ASGI ``send`` (hypercorn's stream, h11's event
+  machinery, a coroutine chain: a dozen calls and objects per event): the request's
+  :data:`BODY_WRITER` extension writes one piece of a chunked body at once, in h11's
+  framing, whenever the client has taken what was sent before; otherwise (the client is
+  behind, the answer is not a chunked body under way) it writes nothing and says so, and
+  the ``send`` that waits for the client takes the piece.
 
 Each deadline that fires is reported through ``on_timeout`` (``header`` | ``write``).
 """
@@ -44,7 +50,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from ssl import SSLError
 from typing import Any, cast
@@ -53,6 +59,7 @@ from wsgiref.handlers import format_date_time
 import h11
 from h11._connection import _body_framing
 from h11._headers import Headers, get_comma_header, normalize_and_validate
+from h11._writers import ChunkedWriter
 from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.config import Config as HypercornConfig
@@ -60,12 +67,34 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Response as HypercornResponse
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
 
 from cortex.gateway.config.gateway import AdmissionConfig
 from cortex.gateway.errors import ErrorCode, ServiceUnavailable
 
-__all__ = ["Admission", "CachedDateConfig", "ConnectionDeadlines", "GuardedConnection",
-           "IdleWatch", "LeanH11Connection", "LeanH11Protocol", "checked_headers"]
+__all__ = ["BODY_WRITER", "Admission", "BodyWriter", "CachedDateConfig", "ConnectionDeadlines",
+           "GuardedConnection", "IdleWatch", "LeanH11Connection", "LeanH11Protocol",
+           "body_writer", "checked_headers"]
+
+BODY_WRITER = "cortex.body_writer"
+"""The ASGI extension (``scope["extensions"]``) of a request on an HTTP/1.1 connection: a
+:data:`BodyWriter` for its response."""
+
+BodyWriter = Callable[[bytes], bool]
+"""``write(data)``: one piece of a streamed response's body sent at once; ``False`` when it
+was not (nothing was written: send it with the ASGI ``send``, which waits for the client)."""
+
+
+def _never(data: bytes) -> bool:
+    return False
+
+
+def body_writer(scope: Mapping[str, Any]) -> BodyWriter:
+    """The request's :data:`BODY_WRITER` (one that never writes where there is none: HTTP/2,
+    another server)."""
+    extensions = scope.get("extensions") or {}
+    writer: BodyWriter = extensions.get(BODY_WRITER, _never)
+    return writer
 
 
 # ---- connection ----
@@ -125,7 +154,8 @@ class GuardedConnection(TCPServer):
         if type(wrapper.protocol) is H11Protocol:
             wrapper.protocol = LeanH11Protocol(
                 wrapper.app, wrapper.config, wrapper.context, wrapper.task_group,
-                wrapper.state, wrapper.ssl, wrapper.client, wrapper.server, wrapper.send)
+                wrapper.state, wrapper.ssl, wrapper.client, wrapper.server, wrapper.send,
+                guarded=self)
 
     @property
     def _idle_watch(self) -> IdleWatch:
@@ -180,6 +210,20 @@ class GuardedConnection(TCPServer):
             self._on_timeout("write")
             self.writer.transport.abort()  # drops the unsent bytes; the read ends too
             await self.protocol.handle(Closed())
+
+    def write_now(self, data: bytes) -> bool:
+        """``data`` written without waiting, when the client has taken everything sent
+        before (after what this turn of the loop wrote, in its flush); ``False`` (nothing
+        written) when it has not: :meth:`protocol_send` waits for it, within the write
+        deadline."""
+        transport = self.writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        if self._unsent:
+            self._unsent.append(data)
+        else:
+            transport.write(data)
+        return True
 
     async def _close(self) -> None:
         self._flush()  # what the last turn wrote goes out before the end of the stream
@@ -316,10 +360,30 @@ class LeanH11Protocol(H11Protocol):
     """hypercorn's HTTP/1.1 protocol over :class:`LeanH11Connection`, a response's headers
     checked by :func:`checked_headers`."""
 
-    def __init__(self, *args: Any) -> None:
+    def __init__(self, *args: Any, guarded: GuardedConnection | None = None) -> None:
         super().__init__(*args)
         self.connection = LeanH11Connection(
             h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
+        self._guarded = guarded
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        await super()._create_stream(request)
+        stream = self.stream
+        if type(stream) is HTTPStream and self._guarded is not None:
+            # the app's task was made, not yet run; it reads the extension when it streams
+            extensions: dict[str, Any] = stream.scope["extensions"]
+            extensions[BODY_WRITER] = self.write_body
+
+    def write_body(self, data: bytes) -> bool:
+        """A :data:`BodyWriter`: ``data`` as one chunk of the chunked body under way, the
+        bytes h11 would write for it, without h11's event (which changes no state in the
+        middle of a body)."""
+        connection = self.connection
+        if (not data or connection.our_state is not h11.SEND_BODY
+                or type(connection._writer) is not ChunkedWriter):
+            return False
+        assert self._guarded is not None
+        return self._guarded.write_now(b"%x\r\n%b\r\n" % (len(data), data))
 
     async def stream_send(self, event: StreamEvent) -> None:
         if (type(event) is HypercornResponse and event.status_code >= 200
