@@ -3,7 +3,7 @@ engine decodes them (not all at once, as from the zero-cost sims of ``cortex ben
 overhead``'s closed loop), per worker HTTP client, against the relay floor.
 
     flock /tmp/cortex-heavy.lock .venv/bin/python tools/paced_relay.py \
-        --clients lean,aiohttp,floor --tokens 2,65 --requests 60 --rounds 2 \
+        --clients lean,floor,raw --tokens 2,65 --requests 60 --rounds 2 \
         --out docs/bench/paced_relay
 
 For each ``upstream.http_client``, a ``cortex up`` deployment (2 simulated SGLang workers that
@@ -11,9 +11,11 @@ decode one token every ``--decode-ms`` ms) serves one client sending ``--request
 sequential streamed chat requests (a 600-word system prompt shared by all, a new 60-word
 user turn each) of each ``--tokens`` answer length, ``--warm-s`` after start-up; ``floor``
 sends them instead to ``cortex bench overhead``'s relay floor (hypercorn relaying with
-aiohttp, no routing) in front of the same sims. The server's CPU (``/proc``) over those
-requests, less its idle draw (measured alone for ``--idle-s`` after them), per request; the
-slope between the shortest and the longest answer is the relay's cost per streamed event.
+aiohttp, no routing), ``raw`` to its raw floor (asyncio protocols passing bytes, no HTTP
+library: what any Python relay pays at least), in front of the same sims. The server's CPU
+(``/proc``) over those requests, less its idle draw (measured alone for ``--idle-s`` after
+them), per request; the slope between the shortest and the longest answer is the relay's
+cost per streamed event.
 Rounds alternate the servers. Not a test: a measuring tool for docs/bench.
 """
 
@@ -55,18 +57,20 @@ async def _requests(url: str, count: int, tokens: int, seed: int) -> None:
 
 
 FLOOR = "from cortex.bench.overhead import floor_main; floor_main()"
+FLOORS = {"floor": "proxy", "raw": "raw"}  # --clients that name a floor: its floor_main mode
 
 
 def _measure(client: str, tokens: list[int], requests: int, decode_ms: float,
              warm_s: float, idle_s: float, seed: int) -> dict[str, float]:
     """One deployment with ``client`` (``floor``: hypercorn relaying to the first worker
-    with aiohttp, no routing, measured instead of the gateway): ms of that server's CPU per
+    with aiohttp, no routing; ``raw``: asyncio protocols passing bytes, no HTTP library;
+    either measured instead of the gateway): ms of that server's CPU per
     request beyond idle, per answer length, and its idle draw (ms/s)."""
     floor: subprocess.Popen[bytes] | None = None
     with tempfile.TemporaryDirectory(prefix="paced-relay-") as tmp:
         state = Path(tmp) / "state.json"
         env = {**os.environ,
-               "CORTEX_GATEWAY_UPSTREAM_HTTP_CLIENT": "lean" if client == "floor" else client}
+               "CORTEX_GATEWAY_UPSTREAM_HTTP_CLIENT": "lean" if client in FLOORS else client}
         up = subprocess.Popen(
             [str(Path(sys.executable).with_name("cortex")), "up", "--workers", "2",
              "--port", "0", "--state-file", str(state), "--log-dir", str(Path(tmp) / "logs"),
@@ -80,10 +84,10 @@ def _measure(client: str, tokens: list[int], requests: int, decode_ms: float,
                 time.sleep(0.2)
             described = json.loads(state.read_text())
             pid, url = described["gateways"][0]["pid"], described["gateways"][0]["url"]
-            if client == "floor":
+            if client in FLOORS:
                 port = free_port()
-                floor = subprocess.Popen([sys.executable, "-c", FLOOR, "proxy", str(port),
-                                          described["workers"][0]["url"]],
+                floor = subprocess.Popen([sys.executable, "-c", FLOOR, FLOORS[client],
+                                          str(port), described["workers"][0]["url"]],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 pid, url = floor.pid, f"http://127.0.0.1:{port}"
                 _wait_answering(url, seed)
@@ -123,8 +127,9 @@ def _wait_answering(url: str, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", default="lean,aiohttp,floor",
-                        help="worker clients (and `floor`: the hypercorn + aiohttp relay)")
+    parser.add_argument("--clients", default="lean,floor,raw",
+                        help="worker clients (and `floor`: the hypercorn + aiohttp relay; "
+                             "`raw`: a relay of bare asyncio protocols)")
     parser.add_argument("--tokens", default="2,65", help="answer lengths (tokens), comma list")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--decode-ms", type=float, default=12.0)
@@ -150,7 +155,8 @@ def main() -> None:
         "One client, sequential streamed chat requests through `cortex up`'s gateway (2 sims "
         f"decoding a token every {args.decode_ms:g} ms, so every event comes alone, as from "
         "a real engine), or through the relay floor (hypercorn relaying with aiohttp, no "
-        "routing) in front of the same sims. The server's CPU per request beyond its idle "
+        "routing) or the raw floor (asyncio protocols passing bytes, no HTTP library) in "
+        "front of the same sims. The server's CPU per request beyond its idle "
         "draw, ms (median of rounds); *per event*: the slope between the shortest and the "
         "longest answer.", "",
         "| server (worker client) | idle ms/s | " + " | ".join(f"{t} tokens" for t in tokens)

@@ -317,16 +317,97 @@ _FLOOR_CHUNK = (b'data: {"id":"chatcmpl-floor","object":"chat.completion.chunk",
                 b'"finish_reason":null}]}\n\n')
 
 
+class _RawUpstream(asyncio.Protocol):
+    """The ``raw`` floor's connection to the worker: the answer's bytes to the client as
+    they arrive, until the chunked body's end."""
+
+    def __init__(self, client: _RawClient) -> None:
+        self.client = client
+        self.tail = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.client.transport.write(data)
+        self.tail = (self.tail + data)[-5:]
+        if self.tail == b"0\r\n\r\n":
+            self.tail = b""
+            self.client.answered()
+
+
+class _RawClient(asyncio.Protocol):
+    """The ``raw`` floor's client connection: each request (a sized body) goes as it came
+    to one kept-alive worker connection, the next once the answer ended."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.target = upstream
+        self.buffer = b""
+        self.busy = False
+        self.upstream: _RawUpstream | None = None
+        self.transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._next()
+
+    def _next(self) -> None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if self.busy or end < 0:
+            return
+        head = self.buffer[:end].lower()
+        at = head.find(b"content-length:")
+        size = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+        if len(self.buffer) < end + 4 + size:
+            return
+        request, self.buffer = self.buffer[:end + 4 + size], self.buffer[end + 4 + size:]
+        self.busy = True
+        asyncio.get_running_loop().create_task(self._send(request))
+
+    async def _send(self, request: bytes) -> None:
+        if self.upstream is None:
+            _, self.upstream = await asyncio.get_running_loop().create_connection(
+                lambda: _RawUpstream(self), *self.target)
+        assert self.upstream.transport is not None
+        self.upstream.transport.write(request)
+
+    def answered(self) -> None:
+        self.busy = False
+        self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+
+
+async def _raw_floor(port: int, upstream: str) -> None:
+    host, _, upstream_port = upstream.split("//", 1)[1].rstrip("/").rpartition(":")
+    target = (host, int(upstream_port))
+    server = await asyncio.get_running_loop().create_server(
+        lambda: _RawClient(target), "127.0.0.1", port)
+    await server.serve_forever()
+
+
 def floor_main() -> None:
     """``python -c 'from cortex.bench.overhead import floor_main; floor_main()' MODE PORT
     [UPSTREAM]``: hypercorn, configured like ``GatewayServer``, with an app that answers
     every request with a canned 16-event stream (``canned``) or relays it to ``UPSTREAM``
-    with aiohttp like the gateway's upstream client, without any routing (``proxy``)."""
+    with aiohttp like the gateway's upstream client, without any routing (``proxy``); or
+    (``raw``) no HTTP library at all: asyncio protocols passing each request's bytes to the
+    worker and the answer's back as they arrive (nothing parsed but the request's length
+    and the chunked end: what any Python relay pays at least)."""
 
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HypercornConfig
 
     mode, port, upstream = sys.argv[1], int(sys.argv[2]), (sys.argv[3:] or [""])[0]
+    if mode == "raw":
+        choose_loop(os.environ.get("CORTEX_EVENT_LOOP", "auto")).run(_raw_floor(port, upstream))
+        return
     canned = _FLOOR_CHUNK * 16 + b"data: [DONE]\n\n"
     sse = [(b"content-type", b"text/event-stream")]
     http: list[aiohttp.ClientSession] = []
