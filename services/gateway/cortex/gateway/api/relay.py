@@ -49,6 +49,7 @@ from cortex.gateway.errors import (
     relayed_error,
 )
 from cortex.gateway.fleet.pool import WorkerState
+from cortex.gateway.http.admission import BodyWriter, body_writer
 from cortex.gateway.http.asgi import Send
 from cortex.gateway.http.messages import (
     ClientDisconnected,
@@ -391,8 +392,8 @@ class RelayHandler:
         try:
             answer = SentResponse(send)
             gone = await race_disconnect(request.receive, self._answer(
-                answer, target, response, head, base, path, stream, timeouts.stream_idle_s),
-                ended=lambda: answer.ended)
+                answer, target, response, head, base, path, stream, timeouts.stream_idle_s,
+                body_writer(request.scope)), ended=lambda: answer.ended)
             return 499 if gone else response.status
         finally:
             response.close()
@@ -451,8 +452,8 @@ class RelayHandler:
         return response, slot, head
 
     async def _answer(self, send: Send, target: _Target, response: Response,
-                      head: bytes, base: Headers, path: str, stream: bool, idle_s: float
-                      ) -> None:
+                      head: bytes, base: Headers, path: str, stream: bool, idle_s: float,
+                      write: BodyWriter) -> None:
         if response.status >= 500:
             try:
                 body = await response.read()
@@ -477,7 +478,8 @@ class RelayHandler:
                     if found is not None:
                         self.owners.learn(found, owner.id)
                         owner = None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if not write(chunk):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamFailure as failure:  # after the first byte: the answer is cut short
             log.warning("worker failed mid-answer worker=%s: %s", target.name, failure,
                         extra={"worker": target.name})
