@@ -9,6 +9,7 @@ import pytest
 
 from cortex.gateway.config.gateway import DiscoveryConfig, GatewayConfig, ModelConfig
 from cortex.gateway.errors import ConfigError
+from cortex.gateway.fleet.pool import Health
 from cortex.registry import WorkerSpec
 from cortex.testing import wait_until_async
 
@@ -47,14 +48,18 @@ async def test_a_denied_spec_in_the_registry_never_enters_the_pool(
     await wait_until_async(lambda: gw.gateway.pool.get("later") is not None, timeout=10,
                            what="the registry read")
     assert gw.gateway.pool.get("bad") is None
-    # a worker let in before is checked again when its entry changes
+    # a worker let in before is checked again when its entry changes; a healthy one stays in
+    # the pool with its last allowed spec (an unprobed one would leave it at once)
+    later = gw.gateway.pool.get("later")
+    assert later is not None
+    await wait_until_async(lambda: later.health is Health.HEALTHY, timeout=10,
+                           what="the first probe of later")
     moved = WorkerSpec.from_dict({**spec_of(sim, "later").to_dict(),
                                   "url": "http://169.254.169.254:80"})
     await gw.gateway.registry.register(moved, 30)
-    later = gw.gateway.pool.get("later")
-    assert later is not None
     await wait_until_async(lambda: not later.registered, timeout=10,
                            what="the moved entry left out of the view")
+    assert gw.gateway.pool.get("later") is later
     assert later.spec == spec_of(sim, "later")
 
 
