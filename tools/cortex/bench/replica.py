@@ -113,6 +113,7 @@ async def _replica(target: str, seconds: float, per_op: bool = False) -> None:
     exactness check against the index's Match, as JSON on stdout. ``per_op``: its replica
     applies every op one by one (the baseline)."""
     import numpy as np
+    from grpclib.exceptions import GRPCError, StreamTerminatedError
 
     from cortex.gateway import GatewayMetrics, IndexConfig, ReplicaClient
     from cortex.ledger.client import IndexStub, index_channel, match_request
@@ -150,11 +151,16 @@ async def _replica(target: str, seconds: float, per_op: bool = False) -> None:
         started = time.perf_counter()
         local = [replica.match(DOMAIN, q) for q in queries]
         match_s = (time.perf_counter() - started) / max(1, len(queries))
-        mismatches = 0
+        mismatches = unanswered = 0
         channel = index_channel(target)
         stub = IndexStub(channel)
         for query, mine in zip(queries, local, strict=True):
-            reply = await stub.match(match_request(DOMAIN.model, block_keys=query), timeout=5)
+            try:
+                reply = await stub.match(match_request(DOMAIN.model, block_keys=query),
+                                         timeout=5)
+            except (TimeoutError, GRPCError, StreamTerminatedError, ConnectionError):
+                unanswered += 1  # a saturated index: counted, the other answers still checked
+                continue
             theirs = sorted((m.worker_id, m.dp_rank, m.matched_blocks) for m in reply.matches)
             if reply.index_version == version and theirs != sorted(
                     (s.worker_id, s.dp_rank, b) for s, b, _ in mine.sources):
@@ -162,7 +168,8 @@ async def _replica(target: str, seconds: float, per_op: bool = False) -> None:
         channel.close()
     print(json.dumps({"lags": lags, "blocks": blocks, "rss_growth": rss - rss0,
                       "match_us": match_s * 1e6, "queries": len(queries),
-                      "mismatches": mismatches, "snapshots": replica.snapshots}), flush=True)
+                      "mismatches": mismatches, "unanswered": unanswered,
+                      "snapshots": replica.snapshots}), flush=True)
 
 
 # ---- the driver ---------------------------------------------------------------------------
@@ -185,6 +192,8 @@ class RateResult:
     index_bytes_per_block: float
     profiles: dict[str, Path] = field(default_factory=dict)  # process -> raw py-spy stacks
     per_op: bool = False  # the baseline: index update by update, replicas op by op
+    unanswered: int = 0  # sampled queries the index's Match did not answer in time
+    failed: list[str] = field(default_factory=list)  # replica processes that did not finish
 
 
 def _child(sup: Supervisor, name: str, *args: str) -> Child:
@@ -237,11 +246,19 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
         for spy in spies:
             spy.wait(30)
         index_rss = rss_bytes(index.pid) or 0
-        outs = [_result(c, seconds + 120) for c in children]
+        outs, finished, failed = [], [], []
+        for c in children:  # a replica that fell over is reported, not the end of the run
+            try:
+                outs.append(_result(c, seconds + 120))
+                finished.append(c)
+            except RuntimeError as exc:
+                failed.append(f"{c.name}: {str(exc).splitlines()[-1][:200]}")
+    if not outs:
+        raise RuntimeError(f"no replica finished at {rate:,.0f} blocks/s: {'; '.join(failed)}")
     sent = max(1, fed["blocks"])
     lags = sorted(x for o in outs for x in o["lags"])
     q = statistics.quantiles(lags, n=100) if len(lags) > 1 else [0.0] * 99
-    replica_cpu = statistics.fmean(cpu1[c.pid] - cpu0[c.pid] for c in children)
+    replica_cpu = statistics.fmean(cpu1[c.pid] - cpu0[c.pid] for c in finished)
     held = max(1, statistics.fmean(o["blocks"] for o in outs))
     return RateResult(
         rate=rate, blocks=sent, seconds=fed["seconds"],
@@ -255,6 +272,8 @@ def run_rate(rate: float, replicas: int, seconds: float, blocks: int, per_batch:
         index_bytes_per_block=index_rss / held,
         profiles=profiles,
         per_op=per_op,
+        unanswered=sum(o.get("unanswered", 0) for o in outs),
+        failed=failed,
     )
 
 
@@ -302,8 +321,15 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
                  f"{r.lag_p99_ms:.1f} ms", f"{r.lag_max_ms:.0f} ms",
                  f"{r.index_cpu_us_per_block:.2f} µs", f"{r.replica_cpu_us_per_block:.2f} µs",
                  f"{r.replica_bytes_per_block:.0f} B", f"{r.match_us:.0f} µs",
-                 f"{r.mismatches} of {r.queries}") for r in results], "rl" + "r" * 10),
+                 f"{r.mismatches} of {r.queries}"
+                 + (f" ({r.unanswered} unanswered)" if r.unanswered else ""))
+                for r in results], "rl" + "r" * 10),
     ]
+    for r in results:
+        if r.failed:
+            lines += ["", f"**At {r.rate:,.0f} blocks/s, {len(r.failed)} of {replicas} replica "
+                      "processes did not finish** (the row is the others'): "
+                      + "; ".join(f"`{f}`" for f in r.failed)]
     pairs = [(b, r) for b, r in itertools.pairwise(results)
              if b.per_op and not r.per_op and b.rate == r.rate]
     if pairs:
@@ -326,7 +352,8 @@ def render(results: list[RateResult], replicas: int, blocks: int, per_batch: int
         "- **RSS / block**: a replica process's RSS growth divided by the blocks it holds",
         "  (target ≤ 256 B; the tree's estimate is 146 B + 8 B per 64 sources).",
         "- **answers ≠ index**: sampled prefix queries whose per-source matched blocks differ",
-        "  between the replica and the index's gRPC Match at the same version.",
+        "  between the replica and the index's gRPC Match at the same version (*unanswered*:",
+        "  the index's Match did not answer within 5 s; the others are still compared).",
         "",
     ]
     last = results[-1]
@@ -388,7 +415,10 @@ def _main(args: argparse.Namespace) -> int:
             print(f"  lag p50 {result.lag_p50_ms:.1f} ms p99 {result.lag_p99_ms:.1f} ms, "
                   f"index {result.index_cpu_us_per_block:.2f} µs/block, "
                   f"replica {result.replica_cpu_us_per_block:.2f} µs/block, "
-                  f"{result.mismatches} mismatches", flush=True)
+                  f"{result.mismatches} mismatches"
+                  + (f", {result.unanswered} unanswered" if result.unanswered else "")
+                  + (f", failed: {'; '.join(result.failed)}" if result.failed else ""),
+                  flush=True)
             results.append(result)
     command = "cortex bench replica " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
     (out / "replica.md").write_text(render(results, args.replicas, args.blocks_per_update,
