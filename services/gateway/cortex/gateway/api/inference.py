@@ -509,16 +509,17 @@ class _Conversation:
                                  if tokenization.config.feed_answers else 0)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, *self._headers(opened)]})
+        write = body_writer(self.request.scope)
         first = True
         out = _checked(forwarder, opened.head)
         if out:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
+            if not write(out):  # joined to the headers, in one send
+                await send({"type": "http.response.body", "body": out, "more_body": True})
             self._first_byte_sent("true", opened)
             first = False
         idle_s = Timeouts.of(req.model, self.gw.config.upstream).stream_idle_s
         progressed = self._dispatcher.watch.progressed
         worker_id = opened.worker.id
-        write = body_writer(self.request.scope)
         async for chunk in opened.response.chunks(idle_s):
             progressed(worker_id)
             out = _checked(forwarder, chunk)
