@@ -384,11 +384,17 @@ class _RawClient(asyncio.Protocol):
             self.upstream.transport.close()
 
 
-async def _raw_floor(port: int, upstream: str) -> None:
+async def start_raw_floor(port: int, upstream: str) -> asyncio.Server:
+    """The ``raw`` floor listening on ``127.0.0.1:port`` in front of ``upstream``
+    (``http://HOST:PORT``)."""
     host, _, upstream_port = upstream.split("//", 1)[1].rstrip("/").rpartition(":")
     target = (host, int(upstream_port))
-    server = await asyncio.get_running_loop().create_server(
+    return await asyncio.get_running_loop().create_server(
         lambda: _RawClient(target), "127.0.0.1", port)
+
+
+async def _raw_floor(port: int, upstream: str) -> None:
+    server = await start_raw_floor(port, upstream)
     await server.serve_forever()
 
 
