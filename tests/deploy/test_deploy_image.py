@@ -323,16 +323,16 @@ def test_what_an_image_does_not_need_is_really_absent_there(
         assert not any(imports(image, m) for m in ("pytest", "mypy", "matplotlib")), image
     # each service image has what it speaks, not what the others do
     assert all(imports("gateway", m) for m in (
-        "grpclib", "aiohttp", "hypercorn", "tokenizers", "google.protobuf",
+        "grpclib", "aiohttp", "httptools", "tokenizers", "google.protobuf",
         "envoy.service.ext_proc.v3.external_processor_pb2"))
     assert not any(imports("gateway", m) for m in ("zmq", "msgpack", "cortex.index",
                                                     "cortex.ingest", "cortex.sim"))
     assert all(imports("ingest", m) for m in ("zmq", "msgpack", "redis", "cortex.registry",
                                                "cortex.kvevents"))
-    assert not any(imports("ingest", m) for m in ("hypercorn", "tokenizers", "envoy",
+    assert not any(imports("ingest", m) for m in ("httptools", "tokenizers", "envoy",
                                                    "cortex.gateway", "cortex.index"))
     assert all(imports("index", m) for m in ("grpclib", "numpy", "cortex.ledger"))
-    assert not any(imports("index", m) for m in ("zmq", "redis", "hypercorn", "tokenizers",
+    assert not any(imports("index", m) for m in ("zmq", "redis", "httptools", "tokenizers",
                                                   "cortex.gateway", "cortex.registry"))
     assert imports("tools", "cortex.sim.server") and imports("tools", "cortex.devcluster.up")
     assert not imports("tools", "cortex.devcluster.nonexistent")

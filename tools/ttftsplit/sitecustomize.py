@@ -7,10 +7,10 @@ every process whose command line is ``cortex.edge.main gateway`` then times, per
 request:
 
 * ``accepted to its first bytes`` and ``first bytes to the handler``: a connection's first
-  request, from the accept to the first read's return (hypercorn's set-up of the
+  request, from the accept to its first bytes read (the server's set-up of the
   connection, and the client's own time between connecting and sending), then to the
-  inference handler's start (parsing the head and the body, the request's task, the app's
-  own dispatch);
+  inference handler's start (parsing the head, the request's task, the app's own
+  dispatch);
 * ``before dispatch``: from the inference handler's start (the request's head is parsed,
   its body not yet read) to the dispatcher's first attempt: reading, parsing, routing;
 * ``to the first answer byte``: the attempt until the worker's answer head (the worker's
@@ -110,45 +110,45 @@ def _segments() -> None:
     the dispatch it awaits inline) shares."""
     import cortex.gateway.api.inference as inference
     import cortex.gateway.dispatch.dispatcher as dispatcher
-    import cortex.gateway.http.admission as admission
+    import cortex.gateway.http.h1 as h1
 
     stamps: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
         "ttftsplit", default=None)
-    # the connection's accept time, in a list its requests' tasks share: the first request
-    # takes it (a later one on the same connection did not wait for an accept)
-    accepted: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
-        "ttftsplit_accepted", default=None)
     lateness: list[asyncio.Task[None]] = []
     handle = inference.InferenceHandler.__call__
-    connection = admission.GuardedConnection.__init__
+    made = h1.H1Connection.connection_made
+    received = h1.H1Connection.data_received
+    start = h1.H1Connection._start
 
-    def connected(self: Any, *args: Any, **kwargs: Any) -> None:
-        # runs in the connection's task; the request's task, spawned by it, inherits this
-        stamped = [time.perf_counter()]
-        accepted.set(stamped)
-        connection(self, *args, **kwargs)
-        reader = self.reader
-        read = reader.read
+    # a connection's accept time and its first bytes', handed to its first request's scope
+    # (a later request on the same connection did not wait for an accept)
+    def connected(self: Any, transport: Any) -> None:
+        self.ttftsplit = [time.perf_counter()]
+        made(self, transport)
 
-        async def first_read(n: int = -1) -> bytes:  # the request's first bytes, once
-            data = await read(n)
+    def read(self: Any, data: bytes) -> None:
+        stamped = getattr(self, "ttftsplit", None)
+        if stamped is not None and len(stamped) == 1:
             stamped.append(time.perf_counter())
-            reader.read = read
-            return data
+        received(self, data)
 
-        reader.read = first_read
+    def started(self: Any, exchange: Any) -> None:
+        stamped = getattr(self, "ttftsplit", None)
+        if stamped is not None and len(stamped) == 2:
+            exchange.scope["ttftsplit.connection"] = stamped
+            self.ttftsplit = None
+        start(self, exchange)
 
-    async def handled(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def handled(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         if not lateness:
             lateness.append(asyncio.ensure_future(_loop_lateness()))
         mine = {"start": time.perf_counter()}
         stamps.set(mine)
-        if (at := accepted.get()) and len(at) == 2:
+        if (at := request.scope.pop("ttftsplit.connection", None)) is not None:
             _add("connection: accepted to its first bytes", at[1] - at[0])
             _add("connection: first bytes to the handler", mine["start"] - at[1])
-            at.clear()
         try:
-            return await handle(self, *args, **kwargs)
+            return await handle(self, request, *args, **kwargs)
         finally:
             if {"open", "opened", "first"} <= mine.keys():
                 _add("request: before dispatch", mine["open"] - mine["start"])
@@ -176,7 +176,9 @@ def _segments() -> None:
         return first_byte(self, *args, **kwargs)
 
     inference.InferenceHandler.__call__ = handled
-    admission.GuardedConnection.__init__ = connected
+    h1.H1Connection.connection_made = connected
+    h1.H1Connection.data_received = read
+    h1.H1Connection._start = started
     dispatcher.Dispatcher.open = opened
     inference._Conversation._first_byte_sent = first
 

@@ -1,6 +1,6 @@
 """The Cortex gateway: OpenAI-compatible HTTP entry point with KV-cache-aware routing.
 
-``async with GatewayServer(config) as gw:`` runs one on hypercorn in the current event loop;
+``async with GatewayServer(config) as gw:`` runs one in the current event loop;
 ``cortex gateway`` runs it as a process. See ``docs/gateway.md``.
 
 Besides the server and its configuration, the package exports the stages that the

@@ -45,7 +45,7 @@ Handler = Callable[[Request, Send], Awaitable[None]]
 
 
 class App:
-    """``App(config)`` is the ASGI callable hypercorn serves."""
+    """``App(config)`` is the ASGI callable the server (:mod:`cortex.gateway.http.h1`) serves."""
 
     def __init__(self, config: GatewayConfig, *, registry: Registry | None = None,
                  environ: Mapping[str, str] | None = None) -> None:

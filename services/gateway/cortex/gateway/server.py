@@ -1,4 +1,4 @@
-"""``GatewayServer``: the gateway on hypercorn inside the current event loop.
+"""``GatewayServer``: the gateway's HTTP/1.1 server inside the current event loop.
 
 ``async with GatewayServer(config) as gw:`` binds ``server.host:server.port`` (port 0 → a
 free port, see :attr:`port` / :attr:`url`), runs startup (ready when it returns) and on exit
@@ -7,10 +7,9 @@ tests, the dev-cluster launcher and ``cortex gateway``.
 
 The listening socket is a :class:`~cortex.gateway.http.listener.CappedListener`: past
 ``server.max_connections`` open client connections (``server.max_connections_per_peer``
-from one address), a new one is answered 503 at once. Each connection is served by a
-:class:`~cortex.gateway.http.admission.GuardedConnection` (hypercorn's, with the header,
-write and peer-closed deadlines), so this module runs hypercorn's lifespan and accept loop
-itself instead of ``worker_serve``.
+from one address), a new one is answered 503 at once. Each connection is an
+:class:`~cortex.gateway.http.h1.H1Connection` (the request parsed by llhttp, the header,
+keep-alive, read and write deadlines); the app's ASGI lifespan runs here.
 """
 
 from __future__ import annotations
@@ -21,15 +20,10 @@ import socket
 from collections.abc import Mapping
 from types import TracebackType
 
-from hypercorn.asyncio.lifespan import Lifespan
-from hypercorn.asyncio.worker_context import WorkerContext
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.typing import AppWrapper, LifespanState
-from hypercorn.utils import wrap_app
-
 from cortex.gateway.app import App
 from cortex.gateway.config.gateway import GatewayConfig
-from cortex.gateway.http.admission import CachedDateConfig, ConnectionDeadlines, GuardedConnection
+from cortex.gateway.http.asgi import Message
+from cortex.gateway.http.h1 import ConnectionDeadlines, H1Server
 from cortex.gateway.http.listener import CappedListener
 from cortex.gateway.runtime import Runtime
 from cortex.registry import Registry
@@ -61,21 +55,6 @@ class GatewayServer:
             raise RuntimeError("the gateway is not running")
         return gateway
 
-    def _hypercorn_config(self) -> HypercornConfig:
-        server = self.config.server
-        hc = CachedDateConfig()
-        hc.graceful_timeout = server.graceful_timeout_s
-        hc.keep_alive_timeout = server.keep_alive_timeout_s
-        hc.read_timeout = server.read_timeout_s  # type: ignore[assignment]
-        hc.backlog = server.backlog
-        hc.accesslog = None
-        hc.errorlog = None
-        hc.include_server_header = False
-        # h11 answers 431 itself to headers still incomplete past this; complete ones over
-        # server.max_header_bytes get the App's 431 (the request line needs the slack)
-        hc.h11_max_incomplete_size = server.max_header_bytes + 8 * 1024
-        return hc
-
     async def __aenter__(self) -> GatewayServer:
         server = self.config.server
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -90,12 +69,7 @@ class GatewayServer:
         except BaseException:
             sock.close()
             raise
-        config = self._hypercorn_config()
-        self._task = asyncio.create_task(
-            self._serve(wrap_app(self.app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
-                        config, sock),
-            name="gateway-hypercorn",
-        )
+        self._task = asyncio.create_task(self._serve(sock), name="gateway-http")
         started = asyncio.create_task(self._wait_started())
         await asyncio.wait((self._task, started), return_when=asyncio.FIRST_COMPLETED)
         if self._task.done():
@@ -104,57 +78,28 @@ class GatewayServer:
             raise RuntimeError("the gateway failed to start") from error
         return self
 
-    async def _serve(self, app: AppWrapper, config: HypercornConfig,
-                     sock: CappedListener) -> None:
-        """hypercorn's lifespan and accept loop over ``sock`` until :attr:`_shutdown`; then
-        stop accepting, give open connections ``graceful_timeout`` and shut the app down."""
+    async def _serve(self, sock: CappedListener) -> None:
+        """The app's startup, then the connections over ``sock`` until :attr:`_shutdown`;
+        then stop accepting, give open connections ``graceful_timeout_s`` and shut the app
+        down."""
         loop = asyncio.get_running_loop()
-        state: LifespanState = {}
-        lifespan = Lifespan(app, config, loop, state)
-        lifespan_task = loop.create_task(lifespan.handle_lifespan())
-        await lifespan.wait_for_startup()
-        if lifespan_task.done() and (error := lifespan_task.exception()) is not None:
-            raise error
-        self._wire_metrics(sock)
         server = self.config.server
-        deadlines = ConnectionDeadlines(server.header_timeout_s, server.keep_alive_timeout_s,
-                                        server.write_timeout_s)
-        context = WorkerContext(None)
-        connections: set[asyncio.Task[None]] = set()
-
-        async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            peer = _peer(writer.get_extra_info("peername"))
-            refusal = sock.admit(peer)
-            if refusal is not None:
-                writer.write(refusal)  # small: fits the empty send buffer
-                writer.close()
-                return
-            task = asyncio.current_task()
-            if task is not None:
-                connections.add(task)
-                task.add_done_callback(connections.discard)
+        async with _Lifespan(self.app):
+            self._wire_metrics(sock)
+            # h11's bound before: the request line needs slack beyond the headers' bound
+            # (complete heads over server.max_header_bytes get the App's 431)
+            http = H1Server(
+                self.app, sock, ConnectionDeadlines(
+                    server.header_timeout_s, server.keep_alive_timeout_s,
+                    server.write_timeout_s, server.read_timeout_s),
+                max_head_bytes=server.max_header_bytes + 8 * 1024, on_timeout=self._timed_out)
+            listening = await loop.create_server(http.connection, sock=sock,
+                                                 backlog=server.backlog)
             try:
-                await GuardedConnection(app, loop, config, context, state, reader, writer,
-                                        deadlines=deadlines, on_timeout=self._timed_out)
+                await self._shutdown.wait()
             finally:
-                sock.release(peer)
-
-        listening = await asyncio.start_server(connected, sock=sock, backlog=config.backlog)
-        try:
-            await self._shutdown.wait()
-        finally:
-            await context.terminated.set()
-            listening.close()
-            await listening.wait_closed()
-            if connections:
-                _, late = await asyncio.wait(set(connections), timeout=config.graceful_timeout)
-                for task in late:  # past the grace period: cut
-                    task.cancel()
-                await asyncio.gather(*late, return_exceptions=True)
-            await lifespan.wait_for_shutdown()
-            lifespan_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lifespan_task
+                listening.close()
+                await http.shutdown(server.graceful_timeout_s)
 
     def _wire_metrics(self, listener: CappedListener) -> None:
         gateway = self.app.gateway
@@ -201,6 +146,50 @@ class GatewayServer:
         return f"GatewayServer(url={self.url!r}, running={self.app.gateway is not None})"
 
 
-def _peer(address: object) -> str:
-    """A client's address as the per-peer bound counts it (its host)."""
-    return str(address[0]) if isinstance(address, tuple) else str(address)
+
+class _Lifespan:
+    """The app's ASGI lifespan: ``async with`` runs its startup (``RuntimeError`` if it
+    failed) and, on the way out, its shutdown."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._replies: asyncio.Queue[Message] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"},
+                 "state": {}}
+        self._task = asyncio.create_task(self._app(scope, self._inbox.get, self._replies.put),
+                                         name="gateway-lifespan")
+        self._inbox.put_nowait({"type": "lifespan.startup"})
+        reply = await self._reply()
+        if reply["type"] != "lifespan.startup.complete":
+            await self._task
+            raise RuntimeError(f"the gateway's startup failed: {reply.get('message')}")
+
+    async def _reply(self) -> Message:
+        """The app's next lifespan message (its error if it ended without one)."""
+        assert self._task is not None
+        reply = asyncio.ensure_future(self._replies.get())
+        await asyncio.wait((reply, self._task), return_when=asyncio.FIRST_COMPLETED)
+        if reply.done():
+            return reply.result()
+        reply.cancel()
+        self._task.result()  # the app's error, if it failed
+        raise RuntimeError("the app's lifespan ended without an answer")
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        assert self._task is not None
+        self._inbox.put_nowait({"type": "lifespan.shutdown"})
+        try:
+            await self._reply()
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def __repr__(self) -> str:
+        return f"_Lifespan(running={self._task is not None and not self._task.done()})"

@@ -36,8 +36,8 @@ from cortex.gateway.errors import (
     anthropic_error_event,
     relayed_error,
 )
-from cortex.gateway.http.admission import body_writer
 from cortex.gateway.http.asgi import Message, Receive, Send
+from cortex.gateway.http.h1 import body_writer
 from cortex.gateway.http.messages import (
     ClientDisconnected,
     Headers,

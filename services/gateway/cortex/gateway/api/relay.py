@@ -49,8 +49,8 @@ from cortex.gateway.errors import (
     relayed_error,
 )
 from cortex.gateway.fleet.pool import WorkerState
-from cortex.gateway.http.admission import BodyWriter, body_writer
 from cortex.gateway.http.asgi import Send
+from cortex.gateway.http.h1 import BodyWriter, body_writer
 from cortex.gateway.http.messages import (
     ClientDisconnected,
     Headers,

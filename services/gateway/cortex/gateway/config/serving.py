@@ -65,7 +65,7 @@ class ServerConfig:
 
     Slow or silent clients: ``keep_alive_timeout_s`` bounds an idle connection and the
     arrival of a request's headers; ``body_timeout_s`` the arrival of its whole body (408
-    after); ``read_timeout_s`` (hypercorn's) closes a connection nothing was read from for
+    after); ``read_timeout_s`` closes a connection nothing was read from for
     that long — a client reading a stream sends nothing, so it must exceed the longest
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.

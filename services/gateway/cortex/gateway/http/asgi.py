@@ -1,4 +1,4 @@
-"""The ASGI contract as type aliases (the shapes hypercorn hands the app)."""
+"""The ASGI contract as type aliases (the shapes the server hands the app)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """A listening socket that bounds the client connections open at once, in all and per peer.
 
-hypercorn accepts every connection it is offered, so the server asks this listener to admit
-each one (and releases it when it closes); at a bound, a new one is answered with a 503
-``Retry-After`` response and closed at once, instead of letting a flood of idle connections
-take every file descriptor of the process. A place is held only while the
-socket is open: :class:`~cortex.gateway.http.admission.GuardedConnection` closes one whose
-peer left, or that sent no request in time, at once.
+The server asks this listener to admit each connection it accepts (and releases it when it
+closes); at a bound, a new one is answered with a 503 ``Retry-After`` response and closed at
+once, instead of letting a flood of idle connections take every file descriptor of the
+process. A place is held only while the socket is open:
+:class:`~cortex.gateway.http.h1.H1Connection` closes one whose peer left, or that sent no
+request in time, at once.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Connection deadlines and bounds (cortex.gateway.http.admission, .listener) on real
-sockets on 127.0.0.1: closed and idle connections give their place back at once or after
+"""Connection deadlines and bounds (cortex.gateway.http.h1, .listener) on real sockets on
+127.0.0.1: closed and idle connections give their place back at once or after
 ``server.header_timeout_s``; one address cannot take every place; oversized headers are 431;
 a client that stops reading loses its connection after ``server.write_timeout_s``."""
 
@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from types import SimpleNamespace
 
 import aiohttp
 import pytest
-from hypercorn.asyncio.worker_context import EventWrapper
-from hypercorn.events import RawData, Updated
 
 from cortex.gateway.config.gateway import ServerConfig, UpstreamConfig
-from cortex.gateway.http.admission import ConnectionDeadlines, GuardedConnection, IdleWatch
 from cortex.gateway.server import GatewayServer
 from cortex.testing import wait_until_async
 
@@ -223,86 +219,3 @@ async def test_a_client_that_stops_reading_loses_its_connection(
                                what="the request ended")
     finally:
         client.close()
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.closing = False
-        self.buffered = 0  # bytes the client has not taken
-        self.writes: list[bytes] = []
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-
-class _Writer:
-    """What GuardedConnection writes through: each ``write`` is one send."""
-
-    def __init__(self) -> None:
-        self.transport = _Transport()
-        self.sends: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.sends.append(data)
-
-
-async def test_bytes_written_in_one_turn_of_the_loop_go_out_in_one_send() -> None:
-    writer = _Writer()
-    deadlines = ConnectionDeadlines(1.0, 1.0, 1.0)
-    conn = GuardedConnection(None, asyncio.get_running_loop(), None, None, None, None, writer,
-                             deadlines=deadlines, on_timeout=lambda phase: None)
-    await conn.protocol_send(RawData(b"HTTP/1.1 200 OK\r\n\r\n"))  # headers
-    await conn.protocol_send(RawData(b"data: first\n\n"))  # the first event
-    assert writer.sends == []  # not yet: the step goes on
-    await asyncio.sleep(0)  # the loop turns: flushed, not held
-    assert writer.sends == [b"HTTP/1.1 200 OK\r\n\r\ndata: first\n\n"]
-    await conn.protocol_send(RawData(b"data: next\n\n"))
-    await asyncio.sleep(0)
-    assert writer.sends[1:] == [b"data: next\n\n"]
-    await conn.protocol_send(RawData(b"late"))
-    writer.transport.closing = True  # the connection closed meanwhile: nothing is written
-    await asyncio.sleep(0)
-    assert len(writer.sends) == 2
-
-
-async def test_a_request_that_comes_before_the_idle_watch_runs_gets_no_deadline() -> None:
-    # the first request's headers can be read before the idle watch's task first runs
-    context = SimpleNamespace(terminated=EventWrapper())
-    conn = GuardedConnection(None, asyncio.get_running_loop(), None, context, None, None,
-                             _Writer(), deadlines=ConnectionDeadlines(50.0, 0.01, 1.0),
-                             on_timeout=lambda phase: None)
-    watch = conn.idle_task
-    assert isinstance(watch, IdleWatch)
-    async with asyncio.TaskGroup() as group:
-        await watch.restart(SimpleNamespace(_task_group=group), None)  # a new connection
-        await conn.protocol_send(Updated(idle=False))  # its request, before the watch ran
-        await wait_until_async(lambda: watch.deadline is not None, timeout=5,
-                               what="the watch waits")
-        assert watch.deadline is not None and watch.deadline.when() is None
-        await watch.restart(SimpleNamespace(_task_group=group), None)  # answered: idle
-        assert watch.deadline is not None and watch.deadline.when() is not None
-        await watch.end()
-
-
-async def test_write_now_sends_at_once_joins_a_pending_flush_and_never_waits() -> None:
-    writer = _Writer()
-    conn = GuardedConnection(None, asyncio.get_running_loop(), None, None, None, None, writer,
-                             deadlines=ConnectionDeadlines(1.0, 1.0, 1.0),
-                             on_timeout=lambda phase: None)
-    transport = writer.transport
-    await conn.protocol_send(RawData(b"HTTP/1.1 200 OK\r\n\r\n"))  # headers, this turn
-    assert conn.write_now(b"first") and transport.writes == []  # after them, in their flush
-    await asyncio.sleep(0)
-    assert writer.sends == [b"HTTP/1.1 200 OK\r\n\r\nfirst"]
-    assert conn.write_now(b"next") and transport.writes == [b"next"]  # nothing pending
-    transport.buffered = 1  # the client is behind: the ASGI send must wait for it
-    assert not conn.write_now(b"held")
-    transport.buffered, transport.closing = 0, True
-    assert not conn.write_now(b"late")
-    assert transport.writes == [b"next"] and len(writer.sends) == 1
