@@ -357,6 +357,16 @@ async def test_an_upgrade_is_ignored_and_the_connection_closed_after_the_answer(
     await wire.settled()
     ((response, got),) = wire.responses()
     assert response.status_code == 200 and got == b"hello" and wire.transport.closed
+    # with a body (curl --http2 sends one), in the head's read and after it
+    wire = Wire(echo())
+    wire.feed(b"POST / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+              b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"
+              b"content-length: 9\r\n\r\nbody")
+    wire.feed(b" and")
+    wire.feed(b"!PRI * HTTP/2.0")
+    await wire.settled()
+    ((response, got),) = wire.responses(b"POST")
+    assert response.status_code == 200 and got == b"body and!" and wire.transport.closed
 
 
 async def test_an_app_that_fails_before_answering_gets_a_500_and_after_a_cut() -> None:

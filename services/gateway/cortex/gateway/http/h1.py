@@ -279,7 +279,7 @@ class H1Connection(asyncio.Protocol):
         self._client: tuple[str, int] | None = None
         self._local: tuple[str, int] | None = None
         self._admitted = False
-        self._refused = False  # a request was refused: nothing more is read
+        self._read_ended = False  # refused, or upgraded: nothing more is read
         self._lost = False
         self._requests = 0
         # the request being parsed
@@ -289,6 +289,7 @@ class H1Connection(asyncio.Protocol):
         self._in_head = False
         self._head_raw = 0  # bytes read while inside the head (its unfinished parts too)
         self._reading: Exchange | None = None  # the request whose body is arriving
+        self._upgrade_body = 0  # body bytes of an Upgrade request still to come (below)
         # the request being answered, those waiting behind it, its task
         self.current: Exchange | None = None
         self._waiting: deque[Exchange] = deque()
@@ -332,23 +333,24 @@ class H1Connection(asyncio.Protocol):
             self.shutdown()
 
     def data_received(self, data: bytes) -> None:
-        if not self._admitted or self._refused:
+        if self._upgrade_body:
+            self._take_upgrade_body(data)
+        if not self._admitted or self._read_ended:
             return
         self._last_read = self.loop.time()
         was_in_head = self._in_head
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as upgrade:
             # an Upgrade (h2c, websocket) is ignored, as a server may: the request is
-            # answered over HTTP/1.1, and the connection closed after it (what follows its
-            # head is in the other protocol)
-            if self._reading is not None:
-                self._reading.keep_alive = False
-            for exchange in self._waiting:
-                exchange.keep_alive = False
-            if self.current is not None:
-                self.current.keep_alive = False
-            self._pause_reading()
+            # answered over HTTP/1.1 and the connection closed after it; llhttp stops at
+            # its head, so its body (curl --http2 sends one) is taken here, by its length
+            self._read_ended = True
+            for exchange in (self._reading, self.current, *self._waiting):
+                if exchange is not None:
+                    exchange.keep_alive = False
+            if self._upgrade_body:
+                self._take_upgrade_body(data[upgrade.args[0]:])
         except httptools.HttpParserError:
             too_large = self._head_bytes > self.server.max_head_bytes
             self._refuse(_HEAD_TOO_LARGE if too_large else _BAD_REQUEST)
@@ -358,6 +360,19 @@ class H1Connection(asyncio.Protocol):
             self._head_raw += len(data)
             if self._head_raw > self.server.max_head_bytes:
                 self._refuse(_HEAD_TOO_LARGE)
+
+    def _take_upgrade_body(self, data: bytes | memoryview) -> None:
+        take = bytes(data[:self._upgrade_body])
+        self._upgrade_body -= len(take)
+        self._last_read = self.loop.time()
+        exchange = self._reading
+        if exchange is None:
+            return
+        if take:
+            exchange.arrived(take)
+        if not self._upgrade_body:
+            self._reading = None
+            exchange.complete()
 
     def eof_received(self) -> bool:
         return False  # the peer closed: the connection ends, whatever is under way
@@ -430,6 +445,9 @@ class H1Connection(asyncio.Protocol):
             "root_path": "", "query_string": query, "headers": self._headers,
             "client": self._client, "server": self._local, "extensions": {},
         }, keep_alive=parser.should_keep_alive(), http_11=version == "1.1")
+        if parser.should_upgrade():  # llhttp passes no body of it: taken by its length
+            length = next((v for n, v in self._headers if n == b"content-length"), b"0")
+            self._upgrade_body = int(length) if length.isdigit() else 0
         self._headers = []
         self._reading = exchange
         if self.current is None:
@@ -443,6 +461,8 @@ class H1Connection(asyncio.Protocol):
             self._reading.arrived(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrade_body:
+            return  # the body of an Upgrade request is still to come
         exchange, self._reading = self._reading, None
         if exchange is not None:
             exchange.complete()
@@ -497,7 +517,7 @@ class H1Connection(asyncio.Protocol):
         after the one under way (if any), then the connection closes."""
         transport = self.transport
         assert transport is not None
-        self._refused = True
+        self._read_ended = True
         self._reading = None
         self._waiting.clear()
         if self.current is None:
