@@ -19,7 +19,7 @@ from cortex.gateway.config.gateway import (
     UpstreamConfig,
 )
 from cortex.gateway.errors import ConfigError, ServiceUnavailable
-from cortex.gateway.http.admission import Admission
+from cortex.gateway.http.messages import Admission
 from cortex.testing import wait_until_async
 
 from ..conftest import DECODE_ONLY, MODEL, TOKEN, StartGateway, StartSim, spec_of

@@ -32,8 +32,8 @@ from cortex.gateway.fleet.health import HealthMonitor
 from cortex.gateway.fleet.load import LoadPoller
 from cortex.gateway.fleet.pool import WorkerPool
 from cortex.gateway.fleet.seeding import UrlSeeder
-from cortex.gateway.http.admission import Admission
 from cortex.gateway.http.auth import WorkerCredentials
+from cortex.gateway.http.messages import Admission
 from cortex.gateway.ledger.index_client import IndexClient
 from cortex.gateway.ledger.replica_client import ReplicaClient
 from cortex.gateway.metrics import GatewayMetrics

@@ -70,7 +70,7 @@ class ServerConfig:
     response (``upstream.request_timeout_s``). ``max_connections``: open client connections
     per process (0 = no cap); one more is answered 503 and closed at once.
 
-    Connections that never become requests (:mod:`cortex.gateway.http.admission`): one the
+    Connections that never become requests (:mod:`cortex.gateway.http.h1`): one the
     peer closed frees its place at once; ``header_timeout_s`` bounds the wait for the first
     request's headers on a new connection (closed after, no answer);
     ``max_connections_per_peer`` caps the connections of one client address (0 = no cap;
@@ -599,9 +599,10 @@ class UpstreamConfig:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """Load shedding (:mod:`cortex.gateway.http.admission`): at most ``max_concurrent_requests``
-    inference requests in service per process (0 = no limit), ``queue_size`` more waiting
-    up to ``queue_timeout_s``; refusals carry ``Retry-After: retry_after_s``."""
+    """Load shedding (:class:`cortex.gateway.http.messages.Admission`): at most
+    ``max_concurrent_requests`` inference requests in service per process (0 = no limit),
+    ``queue_size`` more waiting up to ``queue_timeout_s``; refusals carry ``Retry-After:
+    retry_after_s``."""
 
     max_concurrent_requests: int = 1024
     """Inference requests in service at once, 0 = no limit."""

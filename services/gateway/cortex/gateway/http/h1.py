@@ -288,11 +288,11 @@ class H1Connection(asyncio.Protocol):
         self._head_bytes = 0  # of the head's complete parts (URL, header lines)
         self._in_head = False
         self._head_raw = 0  # bytes read while inside the head (its unfinished parts too)
-        self._reading: Exchange | None = None  # the request whose body is arriving
+        self._reading: Cycle | None = None  # the request whose body is arriving
         self._upgrade_body = 0  # body bytes of an Upgrade request still to come (below)
         # the request being answered, those waiting behind it, its task
-        self.current: Exchange | None = None
-        self._waiting: deque[Exchange] = deque()
+        self.current: Cycle | None = None
+        self._waiting: deque[Cycle] = deque()
         # writing
         self._unsent: list[bytes] = []
         self._paused = False
@@ -439,7 +439,7 @@ class H1Connection(asyncio.Protocol):
         if "%" in path:
             path = unquote(path, encoding="latin-1")
         version = parser.get_http_version()
-        exchange = Exchange(self, {
+        exchange = Cycle(self, {
             "type": "http", "asgi": _ASGI, "http_version": version, "scheme": "http",
             "method": parser.get_method().decode("ascii"), "path": path, "raw_path": raw_path,
             "root_path": "", "query_string": query, "headers": self._headers,
@@ -469,7 +469,7 @@ class H1Connection(asyncio.Protocol):
 
     # -- requests --
 
-    def _start(self, exchange: Exchange) -> None:
+    def _start(self, exchange: Cycle) -> None:
         self.current = exchange
         self._requests += 1
         if self._idle is not None:
@@ -481,7 +481,7 @@ class H1Connection(asyncio.Protocol):
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _serve(self, exchange: Exchange) -> None:
+    async def _serve(self, exchange: Cycle) -> None:
         try:
             await self.server.app(exchange.scope, exchange.receive, exchange.send)
         except Exception:
@@ -491,7 +491,7 @@ class H1Connection(asyncio.Protocol):
             if not exchange.ended:
                 exchange.abandoned()
 
-    def answered(self, exchange: Exchange) -> None:
+    def answered(self, exchange: Cycle) -> None:
         """``exchange``'s response was sent to its end: the next request, or the idle wait."""
         if exchange is not self.current or self._lost:
             return
@@ -624,8 +624,9 @@ class H1Connection(asyncio.Protocol):
                 f"lost={self._lost})")
 
 
-class Exchange:
-    """One request and its response: the ASGI ``receive`` and ``send`` of its app call."""
+class Cycle:
+    """One request/response cycle of a connection: the ASGI ``receive`` and ``send`` of its
+    app call."""
 
     __slots__ = ("_body", "_buffered", "_complete", "_connection", "_continue", "_delivered",
                  "_framing", "_gone", "_head_only", "_http_11", "_length", "_sent",
@@ -785,6 +786,6 @@ class Exchange:
             connection.transport.abort()
 
     def __repr__(self) -> str:
-        return (f"Exchange({self.scope['method']} {self.scope['path']}, "
+        return (f"Cycle({self.scope['method']} {self.scope['path']}, "
                 f"started={self.started}, ended={self.ended}, gone={self._gone})")
 
