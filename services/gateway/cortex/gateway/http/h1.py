@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Protocol, cast
 from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
@@ -103,16 +104,7 @@ class ConnectionBounds(Protocol):
 
 _NO_BODY = frozenset((204, 304))
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
-_REASONS = {
-    200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content", 206: b"Partial Content",
-    301: b"Moved Permanently", 302: b"Found", 304: b"Not Modified", 307: b"Temporary Redirect",
-    400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
-    405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict",
-    413: b"Content Too Large", 415: b"Unsupported Media Type", 422: b"Unprocessable Content",
-    429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
-    499: b"Client Closed Request", 500: b"Internal Server Error", 501: b"Not Implemented",
-    502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout",
-}
+_REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
                    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _FORBIDDEN_IN_VALUE = frozenset(b"\r\n\x00")
@@ -248,9 +240,12 @@ class H1Server:
 
     async def shutdown(self, grace_s: float) -> None:
         """Idle connections close at once, busy ones after their answer; after ``grace_s``
-        the rest are cut (their requests cancelled)."""
+        the rest are cut and the requests still running (an answer's bookkeeping after its
+        last byte included) cancelled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
         self.closing = True
-        self._all_closed = asyncio.get_running_loop().create_future()
+        self._all_closed = loop.create_future()
         for connection in list(self.connections):
             connection.shutdown()
         if self.connections:
@@ -259,9 +254,12 @@ class H1Server:
             except TimeoutError:
                 for connection in list(self.connections):
                     connection.cut()
-        for task in self.tasks:
-            task.cancel()  # an app still at work on a connection that is gone
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.tasks:
+            _, late = await asyncio.wait(set(self.tasks),
+                                         timeout=max(0.0, deadline - loop.time()))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
     def __repr__(self) -> str:
         return f"H1Server(connections={len(self.connections)}, closing={self.closing})"
@@ -290,12 +288,12 @@ class H1Connection(asyncio.Protocol):
         self._head_raw = 0  # bytes read while inside the head (its unfinished parts too)
         self._reading: Cycle | None = None  # the request whose body is arriving
         self._upgrade_body = 0  # body bytes of an Upgrade request still to come (below)
-        # the request being answered, those waiting behind it, its task
+        # the request being answered, those waiting after it
         self.current: Cycle | None = None
         self._waiting: deque[Cycle] = deque()
         # writing
         self._unsent: list[bytes] = []
-        self._paused = False
+        self.behind = False  # the client is behind: the transport paused our writing
         self._drained: asyncio.Future[None] | None = None
         self._reading_paused = False
         # deadlines
@@ -397,10 +395,10 @@ class H1Connection(asyncio.Protocol):
             self.server.closed(self)
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self.behind = True
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self.behind = False
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
@@ -454,7 +452,7 @@ class H1Connection(asyncio.Protocol):
             self._start(exchange)
         else:
             self._waiting.append(exchange)
-            self._pause_reading()
+            self.pause_reading()
 
     def on_body(self, body: bytes) -> None:
         if self._reading is not None:
@@ -499,7 +497,7 @@ class H1Connection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         if not exchange.keep_alive or not exchange.received or self.server.closing:
-            self._flush()
+            self.flush()
             transport.close()
             return
         if self._waiting:
@@ -521,14 +519,14 @@ class H1Connection(asyncio.Protocol):
         self._reading = None
         self._waiting.clear()
         if self.current is None:
-            self._write(answer)
-            self._flush()
+            self.write(answer)
+            self.flush()
             transport.close()
         else:
             self.current.keep_alive = False
-            self._pause_reading()
+            self.pause_reading()
 
-    def _pause_reading(self) -> None:
+    def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self._lost:
             self._reading_paused = True
             self.transport.pause_reading()
@@ -575,10 +573,10 @@ class H1Connection(asyncio.Protocol):
 
     # -- writing --
 
-    def _write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         """``data`` sent with whatever else this turn of the loop writes, in its flush."""
         if not self._unsent:
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self.flush)
         self._unsent.append(data)
 
     def write_now(self, data: bytes) -> bool:
@@ -586,7 +584,7 @@ class H1Connection(asyncio.Protocol):
         before (after what this turn of the loop wrote, in its flush); ``False`` (nothing
         written) when it has not."""
         transport = self.transport
-        if (transport is None or self._paused or transport.is_closing()
+        if (transport is None or self.behind or transport.is_closing()
                 or transport.get_write_buffer_size()):
             return False
         if self._unsent:
@@ -595,7 +593,7 @@ class H1Connection(asyncio.Protocol):
             transport.write(data)
         return True
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Write what this turn of the loop produced, in one piece."""
         unsent, self._unsent = self._unsent, []
         transport = self.transport
@@ -606,7 +604,7 @@ class H1Connection(asyncio.Protocol):
     async def drain(self) -> None:
         """Wait until the client took enough of what was written (within the write
         deadline: past it the connection is aborted)."""
-        if not self._paused or self._lost:
+        if not self.behind or self._lost:
             return
         if self._drained is None:
             self._drained = self.loop.create_future()
@@ -665,7 +663,7 @@ class Cycle:
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > _BODY_HIGH_WATER:
-            self._connection._pause_reading()
+            self._connection.pause_reading()
         self._wake()
 
     def complete(self) -> None:
@@ -700,7 +698,7 @@ class Cycle:
                 return {"type": "http.disconnect"}  # the exchange is over
             if self._continue and not self.started:
                 self._continue = False
-                self._connection._write(_CONTINUE)
+                self._connection.write(_CONTINUE)
             waiter = self._waiter = self._connection.loop.create_future()
             await waiter
 
@@ -713,7 +711,7 @@ class Cycle:
             self._body_part(message.get("body", b""), more)
             if not more:
                 self._end()
-            elif self._connection._paused:
+            elif self._connection.behind:
                 await self._connection.drain()
         elif kind == "http.response.start":
             if self.started:
@@ -726,7 +724,7 @@ class Cycle:
             self.started = True
             self._continue = False
             if not self._gone:
-                self._connection._write(head)
+                self._connection.write(head)
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
 
@@ -737,17 +735,17 @@ class Cycle:
         connection = self._connection
         if framing == _CHUNKED:
             if data:
-                connection._write(b"%x\r\n%b\r\n" % (len(data), data))
+                connection.write(b"%x\r\n%b\r\n" % (len(data), data))
             if not more:
-                connection._write(b"0\r\n\r\n")
+                connection.write(b"0\r\n\r\n")
         elif framing == _SIZED:
             self._sent += len(data)
             if self._sent > self._length:
                 raise RuntimeError("response body longer than its Content-Length")
             if data:
-                connection._write(data)
+                connection.write(data)
         elif framing == _UNTIL_CLOSE and data:
-            connection._write(data)
+            connection.write(data)
 
     def _end(self) -> None:
         self.ended = True
@@ -774,14 +772,14 @@ class Cycle:
             return
         if not self.started:
             self.keep_alive = False
-            self._connection._write(_INTERNAL)
+            self._connection.write(_INTERNAL)
             self._connection.answered(self)
         else:
             self._cut()
 
     def _cut(self) -> None:
         connection = self._connection
-        connection._flush()
+        connection.flush()
         if connection.transport is not None:
             connection.transport.abort()
 
