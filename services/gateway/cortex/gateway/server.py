@@ -86,8 +86,9 @@ class GatewayServer:
         server = self.config.server
         async with _Lifespan(self.app):
             self._wire_metrics(sock)
-            # h11's bound before: the request line needs slack beyond the headers' bound
-            # (complete heads over server.max_header_bytes get the App's 431)
+            # a head past this bound is refused by the server (431) before it is whole;
+            # complete ones over server.max_header_bytes get the App's 431 (the slack is
+            # the request line's)
             http = H1Server(
                 self.app, sock, ConnectionDeadlines(
                     server.header_timeout_s, server.keep_alive_timeout_s,
