@@ -253,6 +253,8 @@ class _ClosesAfterEachAnswer(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Length", str(len(self.answer)))
         self.send_header("x-cortex-assigned-worker", "vllm-1")
+        self.send_header("x-cortex-match-mode", "exact_kv")
+        self.send_header("x-cortex-match-reason", "hit")
         self.end_headers()
         self.wfile.write(self.answer)
         self.close_connection = True
@@ -277,6 +279,8 @@ def test_the_client_sends_again_on_a_connection_the_server_closed() -> None:
                 shot, text = client.stream(url, {"messages": []})
                 assert (text, shot.prompt_tokens, shot.cached_tokens) == ("hi", 3, 1)
                 assert shot.worker == "vllm-1"  # what Cortex says it chose
+                assert shot.decision == "exact_kv/hit"  # and why
+                assert shot.sent_s < shot.done_s
                 sent.append(shot.sent_s)
                 assert closed.acquire(timeout=10)  # the server closed that connection
             assert 0 <= sent[0] < sent[1]  # since the client began
@@ -308,6 +312,8 @@ def test_clients_send_at_once_each_its_own_share() -> None:
     with _served(ThreadingHTTPServer(("127.0.0.1", 0), Paired)) as url:
         shots = _workload([url], 4, 4, 0, clients=2)
     assert [s.prompt_tokens for s in shots] == [3] * 4
+    assert sorted(s.client for s in shots) == [0, 0, 1, 1]
+    assert all(s.decision == "" for s in shots)  # no Cortex headers: a peer
 
 
 def test_windows_pool_their_seconds_and_weigh_their_cores_by_wall_time() -> None:

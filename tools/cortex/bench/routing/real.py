@@ -87,8 +87,11 @@ class Shot:
     """One answered request: TTFT (s), the engine's counts, Cortex's prediction (-1: none),
     the engine that served it (its index; -1: not known) and whether that engine differs from
     the previous request's in the same window (1), is the same (0) or is not known (-1);
-    the worker Cortex says it chose (``x-cortex-assigned-worker``; empty for a peer) and
-    when the request was sent (s since its workload began; -1: not recorded)."""
+    the worker Cortex says it chose (``x-cortex-assigned-worker``; empty for a peer), when
+    the request was sent and when its answer ended (s since its workload began; -1: not
+    recorded), the client that sent it (its index among the workload's clients) and Cortex's
+    decision (``mode/reason`` from ``x-cortex-match-mode`` / ``-reason``; empty for a peer):
+    enough to tell which rule put two clients' requests on one engine at once."""
 
     ttft_s: float
     prompt_tokens: int
@@ -98,6 +101,9 @@ class Shot:
     moved: int = -1
     worker: str = ""
     sent_s: float = -1.0
+    done_s: float = -1.0
+    client: int = 0
+    decision: str = ""
 
 
 class Conversations:
@@ -160,6 +166,8 @@ class Client:
             raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
         predicted = int(response.headers.get("x-cortex-cache-hit-tokens", "-1"))
         worker = response.headers.get("x-cortex-assigned-worker", "")
+        mode = response.headers.get("x-cortex-match-mode")
+        decision = f"{mode}/{response.headers.get('x-cortex-match-reason', '')}" if mode else ""
         ttft = None
         text: list[str] = []
         usage: dict[str, Any] = {}
@@ -177,7 +185,8 @@ class Client:
         details = usage.get("prompt_tokens_details") or {}
         shot = Shot(ttft if ttft is not None else time.perf_counter() - started,
                     int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens") or 0),
-                    predicted, worker=worker, sent_s=started - self.epoch)
+                    predicted, worker=worker, sent_s=started - self.epoch,
+                    done_s=time.perf_counter() - self.epoch, decision=decision)
         return shot, "".join(text)
 
     def close(self) -> None:
@@ -201,13 +210,13 @@ def _workload(urls: list[str], requests: int, conversations: int, seed: int,
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         futures = [pool.submit(_client, urls[t % len(urls):] + urls[:t % len(urls)], share,
                                Conversations(max(1, conversations // clients), seed + 1000 * t),
-                               model, (), epoch)
+                               model, (), epoch, t)
                    for t, share in enumerate(shares)]
         return [shot for future in futures for shot in future.result()]
 
 
 def _client(urls: list[str], requests: int, chats: Conversations, model: str,
-            engines: tuple[str, ...], epoch: float) -> list[Shot]:
+            engines: tuple[str, ...], epoch: float, index: int = 0) -> list[Shot]:
     """One client's requests, one at a time (see :func:`_workload`)."""
     shots: list[Shot] = []
     client = Client(epoch)
@@ -219,6 +228,7 @@ def _client(urls: list[str], requests: int, chats: Conversations, model: str,
                     "stream_options": {"include_usage": True}, "ignore_eos": True,
                     "temperature": 0, "max_tokens": chats.rng.randrange(4, 24)}
             shot, answer = client.stream(urls[n % len(urls)], body)
+            shot = dataclasses.replace(shot, client=index)
             chats.answered(i, messages, answer, shot.prompt_tokens)
             if engines:
                 before, marks = marks, [_work_mark(url) for url in engines]
