@@ -42,7 +42,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol, cast
@@ -55,7 +55,7 @@ from cortex.gateway.errors import ErrorCode, error_body
 from cortex.gateway.http.asgi import ASGIApp, Message
 
 __all__ = ["BODY_WRITER", "BodyWriter", "ConnectionBounds", "ConnectionDeadlines",
-           "H1Connection", "H1Server", "body_writer", "response_head"]
+           "H1Connection", "H1Server", "body_writer", "refusal", "response_head"]
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def _date() -> bytes:
 _SIZED, _CHUNKED, _UNTIL_CLOSE, _NONE = range(4)
 
 
-def response_head(status: int, headers: list[tuple[bytes, bytes]] | Any, *, head_only: bool,
+def response_head(status: int, headers: Iterable[tuple[bytes, bytes]], *, head_only: bool,
                   http_11: bool, keep_alive: bool) -> tuple[bytes, int, int, bool]:
     """The head of a response: (its bytes, its body's framing, the declared length (-1 if
     none), whether the connection stays open after it). ``head_only``: the request was a
@@ -192,16 +192,20 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]] | Any, *, head
     return b"".join(parts), framing, length, keep_alive
 
 
-def _refusal(status: int, message: str, code: ErrorCode) -> bytes:
+def refusal(status: int, message: str, code: ErrorCode, *,
+            retry_after_s: int | None = None) -> bytes:
+    """A whole answer the server (or the listener) writes itself before closing the
+    connection: the OpenAI error object, ``Retry-After`` when given."""
     body = error_body(status, message, code)
+    retry = b"retry-after: %d\r\n" % retry_after_s if retry_after_s is not None else b""
     return (b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%b" % (status, _REASONS[status], len(body), body))
+            b"%bconnection: close\r\n\r\n%b"
+            % (status, _REASONS[status], len(body), retry, body))
 
 
-_BAD_REQUEST = _refusal(400, "malformed HTTP/1.1 request", ErrorCode.INVALID_REQUEST)
-_HEAD_TOO_LARGE = _refusal(431, "request headers too large",
-                           ErrorCode.HEADERS_TOO_LARGE)
-_INTERNAL = _refusal(500, "internal error", ErrorCode.INTERNAL_ERROR)
+_BAD_REQUEST = refusal(400, "malformed HTTP/1.1 request", ErrorCode.INVALID_REQUEST)
+_HEAD_TOO_LARGE = refusal(431, "request headers too large", ErrorCode.HEADERS_TOO_LARGE)
+_INTERNAL = refusal(500, "internal error", ErrorCode.INTERNAL_ERROR)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _BODY_HIGH_WATER = 256 << 10  # request body bytes buffered before reading pauses
 
@@ -344,9 +348,9 @@ class H1Connection(asyncio.Protocol):
             # answered over HTTP/1.1 and the connection closed after it; llhttp stops at
             # its head, so its body (curl --http2 sends one) is taken here, by its length
             self._read_ended = True
-            for exchange in (self._reading, self.current, *self._waiting):
-                if exchange is not None:
-                    exchange.keep_alive = False
+            for cycle in (self._reading, self.current, *self._waiting):
+                if cycle is not None:
+                    cycle.keep_alive = False
             if self._upgrade_body:
                 self._take_upgrade_body(data[upgrade.args[0]:])
         except httptools.HttpParserError:
@@ -363,14 +367,14 @@ class H1Connection(asyncio.Protocol):
         take = bytes(data[:self._upgrade_body])
         self._upgrade_body -= len(take)
         self._last_read = self.loop.time()
-        exchange = self._reading
-        if exchange is None:
+        cycle = self._reading
+        if cycle is None:
             return
         if take:
-            exchange.arrived(take)
+            cycle.arrived(take)
         if not self._upgrade_body:
             self._reading = None
-            exchange.complete()
+            cycle.complete()
 
     def eof_received(self) -> bool:
         return False  # the peer closed: the connection ends, whatever is under way
@@ -386,8 +390,8 @@ class H1Connection(asyncio.Protocol):
             drained.set_result(None)
         if self.current is not None:
             self.current.gone()
-        for exchange in self._waiting:
-            exchange.gone()
+        for cycle in self._waiting:
+            cycle.gone()
         self._waiting.clear()
         if self._admitted:
             self._admitted = False
@@ -437,7 +441,7 @@ class H1Connection(asyncio.Protocol):
         if "%" in path:
             path = unquote(path, encoding="latin-1")
         version = parser.get_http_version()
-        exchange = Cycle(self, {
+        cycle = Cycle(self, {
             "type": "http", "asgi": _ASGI, "http_version": version, "scheme": "http",
             "method": parser.get_method().decode("ascii"), "path": path, "raw_path": raw_path,
             "root_path": "", "query_string": query, "headers": self._headers,
@@ -447,11 +451,11 @@ class H1Connection(asyncio.Protocol):
             length = next((v for n, v in self._headers if n == b"content-length"), b"0")
             self._upgrade_body = int(length) if length.isdigit() else 0
         self._headers = []
-        self._reading = exchange
+        self._reading = cycle
         if self.current is None:
-            self._start(exchange)
+            self._start(cycle)
         else:
-            self._waiting.append(exchange)
+            self._waiting.append(cycle)
             self.pause_reading()
 
     def on_body(self, body: bytes) -> None:
@@ -461,42 +465,42 @@ class H1Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._upgrade_body:
             return  # the body of an Upgrade request is still to come
-        exchange, self._reading = self._reading, None
-        if exchange is not None:
-            exchange.complete()
+        cycle, self._reading = self._reading, None
+        if cycle is not None:
+            cycle.complete()
 
     # -- requests --
 
-    def _start(self, exchange: Cycle) -> None:
-        self.current = exchange
+    def _start(self, cycle: Cycle) -> None:
+        self.current = cycle
         self._requests += 1
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        exchange.scope["extensions"][BODY_WRITER] = exchange.write_body
-        task = self.loop.create_task(self._serve(exchange))
+        cycle.scope["extensions"][BODY_WRITER] = cycle.write_body
+        task = self.loop.create_task(self._serve(cycle))
         tasks = self.server.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _serve(self, exchange: Cycle) -> None:
+    async def _serve(self, cycle: Cycle) -> None:
         try:
-            await self.server.app(exchange.scope, exchange.receive, exchange.send)
+            await self.server.app(cycle.scope, cycle.receive, cycle.send)
         except Exception:
-            log.exception("the app failed serving %s %s", exchange.scope["method"],
-                          exchange.scope["path"])
+            log.exception("the app failed serving %s %s", cycle.scope["method"],
+                          cycle.scope["path"])
         finally:
-            if not exchange.ended:
-                exchange.abandoned()
+            if not cycle.ended:
+                cycle.abandoned()
 
-    def answered(self, exchange: Cycle) -> None:
-        """``exchange``'s response was sent to its end: the next request, or the idle wait."""
-        if exchange is not self.current or self._lost:
+    def answered(self, cycle: Cycle) -> None:
+        """``cycle``'s response was sent to its end: the next request, or the idle wait."""
+        if cycle is not self.current or self._lost:
             return
         self.current = None
         transport = self.transport
         assert transport is not None
-        if not exchange.keep_alive or not exchange.received or self.server.closing:
+        if not cycle.keep_alive or not cycle.received or self.server.closing:
             self.flush()
             transport.close()
             return
@@ -695,7 +699,7 @@ class Cycle:
                 self._connection.body_taken()
                 return {"type": "http.request", "body": body, "more_body": not self._complete}
             if self.ended and self._delivered:
-                return {"type": "http.disconnect"}  # the exchange is over
+                return {"type": "http.disconnect"}  # the cycle is over
             if self._continue and not self.started:
                 self._continue = False
                 self._connection.write(_CONTINUE)

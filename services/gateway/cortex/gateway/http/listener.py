@@ -14,16 +14,14 @@ import collections
 import socket
 from collections.abc import Callable
 
-from cortex.gateway.errors import ErrorCode, error_body
+from cortex.gateway.errors import ErrorCode
+from cortex.gateway.http.h1 import refusal
 
 __all__ = ["CappedListener", "Refusal"]
 
 
 def _refusal(message: str) -> bytes:
-    body = error_body(503, message, ErrorCode.OVERLOADED)
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"retry-after: 1\r\nconnection: close\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return refusal(503, message, ErrorCode.OVERLOADED, retry_after_s=1)
 
 
 REFUSAL = _refusal("the gateway has too many open connections; retry later")
